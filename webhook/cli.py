@@ -1,0 +1,61 @@
+"""The one CLI, `muster` (also `python -m webhook`).
+
+Each area registers its own subcommands from a light `cli.py` that imports its engine lazily,
+so `muster policy check` does not pay for gRPC or the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+from webhook import log
+
+# module providing `register(subparsers)`; each handler is set with `parser.set_defaults(func=...)`
+_AREAS = (
+    "webhook.policy.cli",
+    "webhook.admission.cli",
+    "webhook.binder.cli",
+    "webhook.agent.cli",
+    "webhook.topology.cli",
+    "webhook.certs.cli",
+    "webhook.demo.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="muster",
+        description="Gang scheduling and NVLink-aware GPU placement for training jobs on Kubernetes.",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-json", action="store_true", help="one JSON object per log line")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in _AREAS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # a real import error inside an existing area
+                raise
+            continue
+        register: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]
+        register = module.register
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    log.setup(args.log_level, args.log_json)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

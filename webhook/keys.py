@@ -1,0 +1,64 @@
+"""Names Muster owns or reads: the contract between webhook, binder and node agent.
+
+Every component imports these instead of spelling the strings, so a rename is one edit.
+See ../shared/DESIGN.md ("Keys Muster owns") and docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import re
+
+DOMAIN = "muster.io"
+
+# --- pod annotations -------------------------------------------------------------------------
+#: name(s) of the policies applied, comma separated (audit trail)
+ANN_POLICY = "muster.io/policy"
+#: JSON topology request the binder reads, see webhook.topology.model.TopologyRequest
+ANN_GPU_TOPOLOGY = "muster.io/gpu-topology"
+#: JSON GPU assignment, written only by the binder, see webhook.topology.model.GpuAssignment
+ANN_GPU_ASSIGNMENT = "muster.io/gpu-assignment"
+#: gang of pods scheduled by Muster's own binder (gang backend "muster")
+ANN_GANG_NAME = "muster.io/gang-name"
+ANN_GANG_MIN_MEMBER = "muster.io/gang-min-member"
+ANN_GANG_TIMEOUT = "muster.io/gang-timeout-seconds"
+
+# --- node label / annotation / taint ---------------------------------------------------------
+#: node label value "enabled" marks nodes managed by the agent; also the optional taint key
+LABEL_GPU_TOPOLOGY = "muster.io/gpu-topology"
+LABEL_GPU_TOPOLOGY_ENABLED = "enabled"
+TAINT_GPU_TOPOLOGY = "muster.io/gpu-topology"
+#: node label: topology class hash published by the agent
+LABEL_TOPOLOGY_CLASS = "muster.io/gpu-topology-class"
+#: node label: GPU model (sanitised by gpu_model_label_value), used by policies' allowedModels
+LABEL_GPU_MODEL = "muster.io/gpu-model"
+#: node annotation: the discovered topology (compact JSON, schema version + class hash)
+ANN_NODE_TOPOLOGY = "muster.io/gpu-topology"
+#: node label "true" while NVML discovery fails on the node
+LABEL_GPU_DEGRADED = "muster.io/gpu-degraded"
+
+# --- defaults ---------------------------------------------------------------------------------
+DEFAULT_BINDER_SCHEDULER_NAME = "muster-binder"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# --- upstream keys (reference facts in DESIGN.md) --------------------------------------------
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
+COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+LEGACY_COSCHEDULING_GROUP_LABEL = "pod-group.scheduling.sigs.k8s.io"
+ISTIO_INJECT = "sidecar.istio.io/inject"
+
+VOLCANO_API = ("scheduling.volcano.sh", "v1beta1", "podgroups")
+COSCHEDULING_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
+
+_LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def gpu_model_label_value(model: str) -> str:
+    """A GPU model name ("Tesla V100-SXM2-16GB") as a valid label value ("Tesla-V100-SXM2-16GB").
+
+    Label values are at most 63 characters of [A-Za-z0-9._-], starting and ending alphanumeric.
+    The agent writes the node label and the policy engine writes node affinity with this function,
+    so both sides always agree.
+    """
+    value = _LABEL_BAD.sub("-", model.strip())[:63]
+    return value.strip("-._")

@@ -1,0 +1,80 @@
+"""The policy engine's output: typed, immutable, and independent of how it is applied.
+
+`webhook.policy.evaluate(...)` returns a Decision; `webhook.policy.render_patch(pod, decision)`
+turns it into an RFC 6902 JSON Patch; the admission server ensures `decision.pod_group`
+(via `webhook.policy.podgroup_manifest`) before answering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Backend = Literal["volcano", "coscheduling", "muster"]
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRef:
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+    def as_owner_reference(self) -> dict[str, Any]:
+        """The ownerReference a PodGroup carries so that it is garbage-collected with the job."""
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PodGroupSpec:
+    backend: Backend
+    name: str
+    namespace: str
+    min_member: int
+    min_resources: Mapping[str, str] | None = None
+    queue: str | None = None
+    priority_class: str | None = None
+    timeout_seconds: int | None = None
+    owner: OwnerRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyMatch:
+    """Why one policy matched the pod or not (for `muster policy explain` and audit)."""
+
+    policy: str
+    matched: bool
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    #: every policy considered, in evaluation order, with the reasons it matched or not
+    matches: tuple[PolicyMatch, ...] = ()
+    #: names of the policies applied (also written to the muster.io/policy annotation)
+    policies: tuple[str, ...] = ()
+    #: PodGroup to ensure before the pod is admitted (None: no gang, or gang backend "muster")
+    pod_group: PodGroupSpec | None = None
+    #: desired pod state: keys to set (value) or remove (None)
+    labels: Mapping[str, str | None] = field(default_factory=dict)
+    annotations: Mapping[str, str | None] = field(default_factory=dict)
+    scheduler_name: str | None = None
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    #: nodeSelectorTerms' matchExpressions to AND into required node affinity
+    node_affinity: tuple[Mapping[str, Any], ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def changes_pod(self) -> bool:
+        return bool(
+            self.labels or self.annotations or self.scheduler_name or self.tolerations
+            or self.node_affinity
+        )

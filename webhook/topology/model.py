@@ -1,0 +1,156 @@
+"""Typed data of GPU topology and placement, kept apart from the engines that use them.
+
+Contracts shared by the placement engine (webhook.topology), the binder (webhook.binder) and the
+node agent (webhook.agent). Fields are part of the contract: extend, do not rename.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+class PCIeLevel(enum.IntEnum):
+    """Closest common PCIe ancestor of two GPUs, as NVML's nvmlGpuTopologyLevel_t."""
+
+    INTERNAL = 0  # same board (multi-GPU boards)
+    PIX = 10  # single PCIe switch
+    PXB = 20  # multiple PCIe switches, no host bridge
+    PHB = 30  # same PCIe host bridge
+    NODE = 40  # same NUMA node, different host bridges
+    SYS = 50  # across the CPU interconnect (QPI/UPI)
+
+
+@dataclass(frozen=True, slots=True)
+class GPU:
+    index: int
+    uuid: str
+    pci_bus_id: str
+    model: str
+    numa_node: int | None = None
+    memory_mib: int | None = None
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """One node's GPUs and how they are connected.
+
+    `nvlinks[i][j]` is the number of NVLink links directly between GPU i and GPU j (symmetric,
+    0 on the diagonal). GPUs in `nvswitch` hang off an NVSwitch fabric: every pair of them is
+    connected with `nvswitch_links` links' worth of bandwidth. `pcie[i][j]` is the PCIe level.
+    `nvlink_gbps` is the unidirectional bandwidth of one NVLink link in GB/s for this generation.
+    """
+
+    gpus: tuple[GPU, ...]
+    nvlinks: tuple[tuple[int, ...], ...]
+    pcie: tuple[tuple[PCIeLevel, ...], ...]
+    nvlink_gbps: float = 25.0
+    nvswitch: frozenset[int] = frozenset()
+    nvswitch_links: int = 0
+    name: str = ""  # built-in node type name, or "" for discovered ones
+
+    @property
+    def size(self) -> int:
+        return len(self.gpus)
+
+
+# --- what a pod asks for (pod annotation muster.io/gpu-topology) ------------------------------
+
+TopologyMode = Literal["required", "preferred"]
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyRequest:
+    """Written by the webhook from the policy, read by the binder.
+
+    JSON form: {"v": 1, "mode": "required", "singleNode": true, "minRingGBps": 50.0}
+    (`minRingGBps` may be null/absent).
+    """
+
+    mode: TopologyMode = "required"
+    single_node: bool = False
+    min_ring_gbps: float | None = None
+
+
+# --- what the binder decided (pod annotation muster.io/gpu-assignment) ------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerGpus:
+    indices: tuple[int, ...]
+    uuids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuAssignment:
+    """Written only by the binder, read by the node agent's device plugin.
+
+    JSON form: {"v": 1, "node": "node-a", "containers": {"name": {"indices": [0, 2],
+    "uuids": ["GPU-...", "GPU-..."]}}}
+    """
+
+    node: str
+    containers: Mapping[str, ContainerGpus]
+
+
+# --- placement engine input / output ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """A node as the placement engine sees it: what is free right now."""
+
+    name: str
+    topology: Topology | None  # None: a node without published topology (GPUs unknown)
+    free_gpus: frozenset[int]
+    free_cpu_milli: int
+    free_memory_bytes: int
+    free_pods: int = 110
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRequest:
+    """One pod of a gang. `eligible_nodes` None means every node passes the binder's fit filters
+    (selectors, affinity, taints); otherwise only the named nodes may host it."""
+
+    key: str  # "namespace/name"
+    gpus: int
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+    eligible_nodes: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GangRequest:
+    name: str
+    members: tuple[MemberRequest, ...]
+    mode: TopologyMode = "required"
+    single_node: bool = False
+    min_ring_gbps: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberPlacement:
+    key: str
+    node: str
+    gpus: tuple[int, ...]  # GPU indices on that node, empty for 0-GPU members
+
+
+@dataclass(frozen=True, slots=True)
+class GangPlacement:
+    members: tuple[MemberPlacement, ...]
+    nodes_used: int
+    #: per node: allreduce ring bandwidth (GB/s) of the GPU set chosen on that node
+    ring_gbps: Mapping[str, float] = field(default_factory=dict)
+    #: the gang's allreduce bandwidth: slowest node ring, or the inter-node bandwidth if split
+    gang_gbps: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaceable:
+    """Why a gang cannot be placed now, in words an ML engineer understands."""
+
+    reason: str
