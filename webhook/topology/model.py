@@ -42,6 +42,7 @@ class Topology:
     0 on the diagonal). GPUs in `nvswitch` hang off an NVSwitch fabric: every pair of them is
     connected with `nvswitch_links` links' worth of bandwidth. `pcie[i][j]` is the PCIe level.
     `nvlink_gbps` is the unidirectional bandwidth of one NVLink link in GB/s for this generation.
+    `pcie_gen` is the GPUs' PCIe generation (x16 assumed); it scales the PCIe-only hop bandwidths.
     """
 
     gpus: tuple[GPU, ...]
@@ -51,6 +52,7 @@ class Topology:
     nvswitch: frozenset[int] = frozenset()
     nvswitch_links: int = 0
     name: str = ""  # built-in node type name, or "" for discovered ones
+    pcie_gen: int = 3
 
     @property
     def size(self) -> int:
