@@ -1,0 +1,290 @@
+"""A fake NVML: pynvml's function names, return types and errors, answering from an NvmlRecord.
+
+Discovery code cannot tell it from the real `pynvml` module: strings come back as `str` (pynvml
+decodes them), PCI and memory answers are the real ctypes structures, and failures raise
+`pynvml.NVMLError` with the real return codes. The answers come from a recorded JSON file
+(`muster agent discover --record`) or a built-in profile; `lose_gpu_after` injects a GPU that
+falls off the bus mid-discovery.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pynvml
+
+from webhook.agent.nvmlrecord import DeviceRecord, Err, LinkRecord, NvmlRecord
+
+T = TypeVar("T")
+
+_BUS_ID = re.compile(
+    r"^(?P<domain>[0-9a-fA-F]+):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})\.\d$")
+
+
+@dataclass(frozen=True, slots=True)
+class FakeHandle:
+    """Opaque device handle, as nvmlDeviceGetHandleByIndex's c_nvmlDevice_t."""
+
+    index: int
+
+
+def _pci_info(bus_id: str) -> Any:
+    match = _BUS_ID.match(bus_id)
+    if match is None:
+        raise ValueError(f"not a PCI bus id: {bus_id!r}")
+    info = pynvml.nvmlPciInfo_t()
+    info.busId = bus_id.encode()
+    info.busIdLegacy = f"{int(match['domain'], 16):04x}:{match['bus']}:{match['dev']}.0".encode()
+    info.domain = int(match["domain"], 16)
+    info.bus = int(match["bus"], 16)
+    info.device = int(match["dev"], 16)
+    return info
+
+
+def _value(answer: T | Err) -> T:
+    if isinstance(answer, Err):
+        raise pynvml.NVMLError(answer.error)
+    return answer
+
+
+class FakeNvml:
+    """Stands in for the `pynvml` module. Not thread safe (neither is discovery)."""
+
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, record: NvmlRecord) -> None:
+        self.record = record
+        self.initialised = 0
+        self.calls: list[str] = []
+        self._lost: dict[int, int] = {}  # GPU index -> calls left before it is lost
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> FakeNvml:
+        return cls(NvmlRecord.model_validate_json(Path(path).read_text()))
+
+    @classmethod
+    def profile(cls, name: str) -> FakeNvml:
+        return cls(profile_record(name))
+
+    def lose_gpu_after(self, index: int, calls: int) -> None:
+        """After `calls` more NVML calls on this GPU, every call on it raises GPU_IS_LOST."""
+        self._lost[index] = calls
+
+    def __getattr__(self, name: str) -> Any:
+        # constants (NVML_*) are the real module's, so code can use either object for them
+        if name.startswith("NVML"):
+            return getattr(pynvml, name)
+        raise AttributeError(name)
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _enter(self, fn: str, *handles: FakeHandle) -> None:
+        self.calls.append(fn)
+        if not self.initialised:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        for handle in handles:
+            if not isinstance(handle, FakeHandle):
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            left = self._lost.get(handle.index)
+            if left is not None:
+                if left <= 0:
+                    raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+                self._lost[handle.index] = left - 1
+
+    def _device(self, fn: str, handle: FakeHandle) -> DeviceRecord:
+        self._enter(fn, handle)
+        return self.record.devices[handle.index]
+
+    def _link(self, fn: str, handle: FakeHandle, link: int) -> LinkRecord:
+        dev = self._device(fn, handle)
+        if not 0 <= link < pynvml.NVML_NVLINK_MAX_LINKS:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return dev.link(link)
+
+    # --- the pynvml API ----------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.calls.append("nvmlInit")
+        if self.record.init_error is not None:
+            raise pynvml.NVMLError(self.record.init_error)
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+        self.initialised -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._enter("nvmlSystemGetDriverVersion")
+        return _value(self.record.driver_version)
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return _value(self.record.device_count)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.record.devices):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        dev = self.record.devices[index]
+        if dev.handle_error is not None:
+            raise pynvml.NVMLError(dev.handle_error)
+        if self._lost.get(index, 1) <= 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return FakeHandle(index)
+
+    def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str:
+        return _value(self._device("nvmlDeviceGetUUID", handle).uuid)
+
+    def nvmlDeviceGetName(self, handle: FakeHandle) -> str:
+        return _value(self._device("nvmlDeviceGetName", handle).name)
+
+    def nvmlDeviceGetPciInfo(self, handle: FakeHandle) -> Any:
+        return _pci_info(_value(self._device("nvmlDeviceGetPciInfo", handle).pci_bus_id))
+
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: int | None = None) -> Any:
+        total = _value(self._device("nvmlDeviceGetMemoryInfo", handle).memory_total)
+        return pynvml.c_nvmlMemory_t(total=total, free=total, used=0)
+
+    def nvmlDeviceGetNumaNodeId(self, handle: FakeHandle) -> int:
+        return _value(self._device("nvmlDeviceGetNumaNodeId", handle).numa_node)
+
+    def nvmlDeviceGetNvLinkVersion(self, handle: FakeHandle, link: int) -> int:
+        state = self._link("nvmlDeviceGetNvLinkVersion", handle, link).state
+        _value(state)  # a link the GPU does not have answers like nvmlDeviceGetNvLinkState
+        return _value(self.record.devices[handle.index].nvlink_version)
+
+    def nvmlDeviceGetNvLinkState(self, handle: FakeHandle, link: int) -> int:
+        return _value(self._link("nvmlDeviceGetNvLinkState", handle, link).state)
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: FakeHandle, link: int) -> Any:
+        rec = self._link("nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+        _value(rec.state)
+        if rec.remote_pci_bus_id is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return _pci_info(_value(rec.remote_pci_bus_id))
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: FakeHandle, link: int) -> int:
+        rec = self._link("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+        _value(rec.state)
+        if rec.remote_type is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return _value(rec.remote_type)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, first: FakeHandle, second: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetTopologyCommonAncestor", first, second)
+        if first.index == second.index:
+            return int(pynvml.NVML_TOPOLOGY_INTERNAL)
+        answer = self.record.devices[first.index].common_ancestor.get(second.index)
+        if answer is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return _value(answer)
+
+
+# --- built-in profiles: real machines' answers ---------------------------------------------------
+
+#: DGX-1 (Volta) NVLink hybrid cube-mesh, links between GPU i and j (DESIGN.md reference facts)
+DGX1_V100_NVLINKS = (
+    (0, 1, 1, 2, 2, 0, 0, 0),
+    (1, 0, 2, 1, 0, 2, 0, 0),
+    (1, 2, 0, 2, 0, 0, 1, 0),
+    (2, 1, 2, 0, 0, 0, 0, 1),
+    (2, 0, 0, 0, 0, 1, 1, 2),
+    (0, 2, 0, 0, 1, 0, 2, 1),
+    (0, 0, 1, 0, 1, 2, 0, 2),
+    (0, 0, 0, 1, 2, 1, 2, 0),
+)
+_DGX1_BUS = ("06", "07", "0A", "0B", "85", "86", "89", "8A")
+_HGX_A100_BUS = ("07", "0F", "47", "4E", "87", "90", "B7", "BD")
+_HGX_A100_SWITCH_BUS = ("C4", "C5", "C6", "C7", "C8", "C9")
+
+
+def _bus(bus: str) -> str:
+    return f"00000000:{bus}:00.0"
+
+
+def _uuid(model: str, index: int) -> str:
+    # fixed, UUID-shaped, obviously synthetic
+    return f"GPU-{model[:8].ljust(8, '0')}-0000-4000-8000-{index:012d}"
+
+
+def _pcie_level(i: int, j: int, same_pair: int, same_socket: int) -> int:
+    """8-GPU boards: GPUs (0,1) (2,3) (4,5) (6,7) share a switch, 0-3 and 4-7 a CPU socket."""
+    if i // 2 == j // 2:
+        return same_pair
+    if i // 4 == j // 4:
+        return same_socket
+    return int(pynvml.NVML_TOPOLOGY_SYSTEM)
+
+
+def _dgx1_v100(remote_type: str) -> NvmlRecord:
+    devices = []
+    for i in range(8):
+        peers = [j for j in range(8) for _ in range(DGX1_V100_NVLINKS[i][j])]
+        links = []
+        for j in peers:
+            rtype: int | Err | None
+            if remote_type == "gpu":
+                rtype = int(pynvml.NVML_NVLINK_DEVICE_TYPE_GPU)
+            else:
+                # R418-era drivers (what DGX-1 systems ran) lack the call entirely
+                rtype = Err(error=pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            links.append(LinkRecord(state=pynvml.NVML_FEATURE_ENABLED,
+                                    remote_pci_bus_id=_bus(_DGX1_BUS[j]), remote_type=rtype))
+        devices.append(DeviceRecord(
+            uuid=_uuid("v100sxm2", i),
+            name="Tesla V100-SXM2-16GB",
+            pci_bus_id=_bus(_DGX1_BUS[i]),
+            memory_total=16945512448,  # 16160 MiB, what a V100-SXM2-16GB reports
+            numa_node=i // 4,
+            nvlink_version=pynvml.NVML_NVLINK_VERSION_2_0,
+            links=links,
+            common_ancestor={j: _pcie_level(
+                i, j, pynvml.NVML_TOPOLOGY_SINGLE, pynvml.NVML_TOPOLOGY_HOSTBRIDGE)
+                            for j in range(8) if j != i},
+        ))
+    return NvmlRecord(source=f"profile dgx1-v100 (remote type: {remote_type})",
+                      driver_version="418.165.02" if remote_type != "gpu" else "535.183.01",
+                      device_count=8, devices=devices)
+
+
+def _hgx_a100() -> NvmlRecord:
+    devices = []
+    for i in range(8):
+        links = [LinkRecord(state=pynvml.NVML_FEATURE_ENABLED,
+                            remote_pci_bus_id=_bus(_HGX_A100_SWITCH_BUS[n // 2]),
+                            remote_type=pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+                 for n in range(12)]
+        devices.append(DeviceRecord(
+            uuid=_uuid("a100sxm4", i),
+            name="NVIDIA A100-SXM4-40GB",
+            pci_bus_id=_bus(_HGX_A100_BUS[i]),
+            memory_total=42949672960,
+            numa_node=i // 4,
+            nvlink_version=pynvml.NVML_NVLINK_VERSION_3_0,
+            links=links,
+            common_ancestor={j: _pcie_level(
+                i, j, pynvml.NVML_TOPOLOGY_MULTIPLE, pynvml.NVML_TOPOLOGY_NODE)
+                            for j in range(8) if j != i},
+        ))
+    return NvmlRecord(source="profile hgx-a100", driver_version="535.183.01", device_count=8,
+                      devices=devices)
+
+
+PROFILES: dict[str, Callable[[], NvmlRecord]] = {
+    # remote device type raises FunctionNotFound (old driver): discovery must use the fallback
+    "dgx1-v100": lambda: _dgx1_v100("function-not-found"),
+    # the same machine on a current driver, which answers the remote device type
+    "dgx1-v100-r535": lambda: _dgx1_v100("gpu"),
+    "hgx-a100": _hgx_a100,
+}
+
+
+def profile_record(name: str) -> NvmlRecord:
+    try:
+        return PROFILES[name]()
+    except KeyError:
+        raise ValueError(f"unknown fake NVML profile {name!r}; known: {sorted(PROFILES)}") from None
