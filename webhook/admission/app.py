@@ -1,0 +1,121 @@
+"""The aiohttp application: routes, HTTP-level errors as JSON, never a 5xx on admission paths."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from webhook.admission.admit import Admitter
+from webhook.admission.deadline import budget
+from webhook.admission.metrics import CONTENT_TYPE_LATEST, Metrics
+from webhook.admission.review import AdmissionReview, BadReview, parse_review, response
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ReviewFn = Callable[[AdmissionReview, float], Awaitable[tuple[dict[str, Any], str]]]
+
+
+def _json(status: int, body: dict[str, Any]) -> web.Response:
+    return web.Response(status=status, body=json.dumps(body).encode(),
+                        content_type="application/json")
+
+
+def _error(status: int, message: str, details: list[str] | None = None) -> web.Response:
+    body: dict[str, Any] = {"error": message, "code": status}
+    if details:
+        body["details"] = details
+    return _json(status, body)
+
+
+@web.middleware
+async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, exc.reason)
+    except Exception:
+        # Admission handlers catch their own failures (and fail open); this is the last resort
+        # for anything else, which still must not surface as a 500 with a traceback.
+        log.exception("unhandled error", extra={"path": request.path})
+        return _error(400, "request could not be processed")
+
+
+def build_app(admitter: Admitter, metrics: Metrics, max_body_bytes: int) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors_as_json])
+
+    def review_route(endpoint: str, decide: ReviewFn) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            start = time.perf_counter()
+            resp, outcome = await _review(request, decide, max_body_bytes,
+                                          admitter.config.deadline_margin, metrics)
+            metrics.requests.labels(endpoint, outcome).inc()
+            metrics.latency.labels(endpoint, outcome).observe(time.perf_counter() - start)
+            return resp
+        return handle
+
+    async def validate(review: AdmissionReview, _budget: float) -> tuple[dict[str, Any], str]:
+        return await admitter.validate_policies(review)
+
+    async def healthz(_: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.StreamResponse:
+        if admitter.ready():
+            return web.Response(text="ok")
+        reasons = []
+        if admitter.policies.current is None:
+            reasons.append("policies not loaded" + (
+                f": {admitter.policies.last_error}" if admitter.policies.last_error else ""))
+        if admitter.context is not None and not admitter.context.ready():
+            reasons.append("cluster caches not synced")
+        return web.Response(status=503, text="; ".join(reasons) + "\n")
+
+    async def metrics_page(_: web.Request) -> web.StreamResponse:
+        resp = web.Response(body=metrics.render())
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    app.router.add_post("/mutate/pods", review_route("mutate", admitter.mutate))
+    app.router.add_post("/validate/policies", review_route("validate", validate))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_page)
+    return app
+
+
+async def _review(
+    request: web.Request, decide: ReviewFn, max_body_bytes: int, margin: float, metrics: Metrics
+) -> tuple[web.Response, str]:
+    if request.content_type != "application/json":
+        return _error(415, f"content type must be application/json, got "
+                           f"{request.content_type!r}"), "unsupported_media"
+    if request.content_length is not None and request.content_length > max_body_bytes:
+        return _error(413, f"body of {request.content_length} bytes exceeds the limit of "
+                           f"{max_body_bytes}"), "too_large"
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, f"body exceeds the limit of {max_body_bytes} bytes"), "too_large"
+    try:
+        review = parse_review(body)
+    except BadReview as exc:
+        return _error(400, "not an admission.k8s.io/v1 AdmissionReview request",
+                      exc.errors), "bad_request"
+    try:
+        answer, outcome = await decide(review, budget(request.query.get("timeout"), margin))
+    except Exception:
+        log.exception("admission handler failed; admitting unchanged",
+                      extra={"uid": review.request.uid})
+        answer = response(review, allowed=True, warnings=[
+            "muster: internal error; pod admitted unchanged"])
+        outcome = "fail_open"
+        metrics.fail_open.labels("error").inc()
+    return _json(200, answer), outcome

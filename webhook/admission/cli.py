@@ -1,0 +1,72 @@
+"""`muster serve`: the admission webhook server (argparse only; the server is imported lazily)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "serve", help="run the admission webhook server (HTTPS)",
+        description="Apply Muster policies to every pod created: mutating webhook /mutate/pods, "
+                    "validating webhook /validate/policies, /healthz, /readyz, /metrics.")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    p.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    p.add_argument("--policies", nargs="+", type=Path, required=True, metavar="DIR|FILE",
+                   help="policy files or directories (a mounted ConfigMap); reloaded on change")
+    p.add_argument("--tls-cert-file", type=Path, help="serving certificate (PEM); reloaded on "
+                   "change")
+    p.add_argument("--tls-key-file", type=Path, help="serving certificate's key (PEM)")
+    p.add_argument("--self-signed", action="store_true",
+                   help="generate a CA and serving certificate at start (local use)")
+    p.add_argument("--self-signed-dir", type=Path,
+                   help="where --self-signed writes ca.crt, tls.crt, tls.key (default: a "
+                        "temporary directory, logged)")
+    p.add_argument("--kubeconfig", help="kubeconfig file; default: in-cluster config when "
+                   "running in a pod, else no cluster context")
+    p.add_argument("--cert-mode", choices=["files", "self"], default="files",
+                   help="files: serve --tls-cert-file/--tls-key-file as given (cert-manager, "
+                        "external); self: also run the self-signed certificate manager")
+    p.add_argument("--service-name", default="muster-webhook",
+                   help="webhook Service name (certificate SANs, self mode)")
+    p.add_argument("--namespace", default="muster-system",
+                   help="the server's own namespace: never mutated; holds the policies "
+                        "ConfigMap and the certificate Secret")
+    p.add_argument("--exclude-namespace", action="append", default=[], metavar="NS",
+                   help="another namespace never mutated (repeatable); kube-system, "
+                        "kube-public and kube-node-lease always are")
+    p.add_argument("--policies-configmap", default="muster-policies",
+                   help="ConfigMap that Events about refused policy updates are attached to")
+    p.add_argument("--on-user-assignment", choices=["strip", "deny"], default="strip",
+                   help="a pod that sets muster.io/gpu-assignment itself: remove it (default) "
+                        "or deny the pod")
+    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
+                   help="larger requests get HTTP 413 (default 8 MiB)")
+    p.add_argument("--owner-cache-ttl", type=float, default=5.0,
+                   help="seconds an owner object (MPIJob, Job...) is reused (default 5)")
+    p.add_argument("--log-json", action="store_true", default=argparse.SUPPRESS,
+                   help="one JSON object per log line (same as the global --log-json)")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from webhook.admission.server import ServeOptions, run  # noqa: PLC0415
+
+    if not args.self_signed and not (args.tls_cert_file and args.tls_key_file):
+        print("muster serve: give --tls-cert-file and --tls-key-file, or --self-signed",
+              file=sys.stderr)
+        return 2
+    opts = ServeOptions(
+        policies=args.policies, host=args.host, port=args.port,
+        tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
+        self_signed=args.self_signed, self_signed_dir=args.self_signed_dir,
+        kubeconfig=args.kubeconfig, cert_mode=args.cert_mode,
+        service_name=args.service_name, namespace=args.namespace,
+        on_user_assignment=args.on_user_assignment, max_body_bytes=args.max_body_bytes,
+        exclude_namespaces=args.exclude_namespace, policies_configmap=args.policies_configmap,
+        owner_cache_ttl=args.owner_cache_ttl)
+    asyncio.run(run(opts))
+    return 0

@@ -1,0 +1,176 @@
+"""Cluster context for admission, from caches: namespace labels, owner objects, PodGroups.
+
+- Namespaces: an informer (list + watch); a request never calls the API for labels.
+- Owners (MPIJob, Job, PyTorchJob, ...): fetched on first use, cached by uid for a short TTL so
+  that a scaled job is noticed quickly, with concurrent lookups of one owner sharing one GET (20
+  workers of a job arriving together make one request).
+- PodGroups: `PodGroupWriter`, invalidated by PodGroup informers started on first use of a
+  backend (a cluster without Volcano never gets a failing watch on its CRD).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from webhook.admission.metrics import Metrics
+from webhook.admission.podgroups import PodGroupWriter, resource_for
+from webhook.kube import CONFIGMAPS, NAMESPACES, ApiError, Informer, KubeApi, Resource
+from webhook.policy.decision import PodGroupSpec
+
+log = logging.getLogger(__name__)
+
+#: how far up the controller chain owners are fetched (pod → Job → MPIJob is 2)
+MAX_OWNER_DEPTH = 3
+#: how long a missing or unreadable owner is remembered as such
+NEGATIVE_TTL = 2.0
+
+
+def owner_resource(api_version: str, kind: str) -> Resource:
+    """The REST resource of an owner kind; CRD plurals are the lower-cased kind plus "s"."""
+    group, _, version = api_version.rpartition("/")
+    return Resource(group, version, kind.lower() + "s", True)
+
+
+def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    meta = obj.get("metadata")
+    refs = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
+    if not isinstance(refs, list):
+        return None
+    for ref in refs:
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return ref
+    return None
+
+
+class OwnerCache:
+    def __init__(self, api: KubeApi, ttl: float) -> None:
+        self.api = api
+        self.ttl = ttl
+        self._entries: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self._inflight: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
+        self.fetches = 0
+
+    async def get(self, ref: Mapping[str, Any], namespace: str) -> dict[str, Any] | None:
+        uid = str(ref.get("uid", ""))
+        now = time.monotonic()
+        entry = self._entries.get(uid)
+        if entry is not None and entry[0] > now:
+            return entry[1]
+        pending = self._inflight.get(uid)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[dict[str, Any] | None] = (
+            asyncio.get_running_loop().create_future())
+        self._inflight[uid] = future
+        try:
+            obj = await self._fetch(ref, namespace)
+            ttl = self.ttl if obj is not None else NEGATIVE_TTL
+            self._entries[uid] = (time.monotonic() + ttl, obj)
+            self._prune(now)
+            future.set_result(obj)
+            return obj
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved here: waiters re-raise it, nobody else must
+            raise
+        finally:
+            del self._inflight[uid]
+
+    async def _fetch(self, ref: Mapping[str, Any], namespace: str) -> dict[str, Any] | None:
+        self.fetches += 1
+        resource = owner_resource(str(ref.get("apiVersion", "")), str(ref.get("kind", "")))
+        try:
+            obj = await self.api.get(resource, str(ref.get("name", "")), namespace=namespace)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        meta = obj.get("metadata") or {}
+        if ref.get("uid") and meta.get("uid") != ref.get("uid"):
+            return None  # same name, another object: the pod's owner is gone
+        return obj
+
+    def _prune(self, now: float) -> None:
+        if len(self._entries) > 4096:
+            for uid in [u for u, (exp, _) in self._entries.items() if exp <= now]:
+                del self._entries[uid]
+
+
+async def policies_configmap_ref(api: KubeApi, namespace: str, name: str) -> dict[str, Any]:
+    """The policies ConfigMap for an Event's involvedObject (a minimal one if it cannot be read)."""
+    try:
+        return await api.get(CONFIGMAPS, name, namespace=namespace)
+    except ApiError:
+        return {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": namespace}}
+
+
+class KubeContext:
+    def __init__(self, api: KubeApi, metrics: Metrics, *, owner_ttl: float = 5.0) -> None:
+        self.api = api
+        self.namespaces = Informer(api, NAMESPACES)
+        self.owner_cache = OwnerCache(api, owner_ttl)
+        self.podgroups = PodGroupWriter(api, metrics)
+        self._podgroup_informers: dict[str, asyncio.Task[None]] = {}
+
+    def ready(self) -> bool:
+        return self.namespaces.synced.is_set()
+
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        if not self.namespaces.synced.is_set():
+            return None
+        obj = self.namespaces.store.get(namespace)
+        if obj is None:
+            return None
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return labels if isinstance(labels, Mapping) else {}
+
+    async def owners(self, pod: Mapping[str, Any], namespace: str) -> tuple[
+            list[dict[str, Any]], list[str]]:
+        owners: list[dict[str, Any]] = []
+        current: Mapping[str, Any] = pod
+        for _ in range(MAX_OWNER_DEPTH):
+            ref = controller_ref(current)
+            if ref is None:
+                break
+            try:
+                obj = await self.owner_cache.get(ref, namespace)
+            except Exception as exc:  # API or connection error: decide without the owner
+                log.warning("owner lookup failed", extra={
+                    "owner": f"{namespace}/{ref.get('kind')}/{ref.get('name')}",
+                    "error": repr(exc)})
+                return owners, [f"muster: owner {ref.get('kind')}/{ref.get('name')} could not "
+                                "be read; decided from the pod alone"]
+            if obj is None:
+                return owners, [f"muster: owner {ref.get('kind')}/{ref.get('name')} not found; "
+                                "decided from the pod alone"]
+            owners.append(obj)
+            current = obj
+        return owners, []
+
+    async def ensure_pod_group(self, spec: PodGroupSpec, *, dry_run: bool) -> list[str]:
+        self._watch_podgroups(spec.backend)
+        return await self.podgroups.ensure(spec, dry_run=dry_run)
+
+    def _watch_podgroups(self, backend: str) -> None:
+        if backend in self._podgroup_informers:
+            return
+        informer = Informer(self.api, resource_for(backend))
+        informer.add_handler(lambda event, obj, _old: self.podgroups.observe(event, obj))
+        self._podgroup_informers[backend] = asyncio.create_task(
+            informer.run(), name=f"podgroups-{backend}")
+
+    async def run(self) -> None:
+        try:
+            await self.namespaces.run()
+        finally:
+            for task in self._podgroup_informers.values():
+                task.cancel()
+            for task in self._podgroup_informers.values():
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task

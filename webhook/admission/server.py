@@ -1,0 +1,196 @@
+"""`muster serve`: wires certificates, policies, cluster context and the app, and runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import tempfile
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from webhook.admission.admit import AdmissionConfig, Admitter, ClusterContext, UserAssignment
+from webhook.admission.app import build_app
+from webhook.admission.metrics import Metrics
+from webhook.admission.reload import PolicyStore
+from webhook.admission.tls import CertReloader
+from webhook.certs import generate_ca, issue_serving_cert, service_dns_names, write_pair
+from webhook.certs.pki import LOCAL_IPS
+from webhook.policy import PolicyError, PolicySet, load_policies
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServeOptions:
+    policies: list[Path]
+    host: str = "0.0.0.0"
+    port: int = 8443
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    self_signed: bool = False
+    self_signed_dir: Path | None = None
+    kubeconfig: str | None = None
+    cert_mode: str = "files"
+    service_name: str = "muster-webhook"
+    namespace: str = "muster-system"
+    on_user_assignment: UserAssignment = "strip"
+    max_body_bytes: int = 8 * 1024 * 1024
+    exclude_namespaces: list[str] = field(default_factory=list)
+    policies_configmap: str = "muster-policies"
+    policy_poll_interval: float = 2.0
+    cert_poll_interval: float = 2.0
+    owner_cache_ttl: float = 5.0
+    deadline_margin: float = 0.5
+    shutdown_timeout: float = 5.0
+
+
+def in_cluster() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def _self_signed_pair(opts: ServeOptions) -> tuple[Path, Path]:
+    """A fresh CA and serving certificate for local use; ca.crt is written for clients."""
+    out = opts.self_signed_dir or Path(tempfile.mkdtemp(prefix="muster-serve-"))
+    ca = generate_ca("muster-webhook-ca", days=365)
+    pair = issue_serving_cert(ca, service_dns_names(opts.service_name, opts.namespace),
+                              LOCAL_IPS, days=365)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ca.crt").write_bytes(ca.cert_pem)
+    write_pair(pair, out / "tls.crt", out / "tls.key")
+    log.info("self-signed serving certificate written", extra={"dir": str(out)})
+    return out / "tls.crt", out / "tls.key"
+
+
+class WebhookServer:
+    """The running server; `async with WebhookServer(opts) as srv:` in tests, `run()` in the CLI."""
+
+    def __init__(self, opts: ServeOptions) -> None:
+        self.opts = opts
+        self.metrics = Metrics()
+        self.port = opts.port
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._runner: web.AppRunner | None = None
+        self._closers: list[Any] = []
+        self.context: ClusterContext | None = None
+        self.policy_store: PolicyStore[PolicySet] = PolicyStore(
+            opts.policies, load_policies, error_types=(PolicyError,), metrics=self.metrics,
+            count=len, on_refused=self._policy_refused)
+        self._events: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=name))
+
+    async def _policy_refused(self, message: str) -> None:
+        if self._events is None:
+            return
+        from webhook.admission.context import policies_configmap_ref  # noqa: PLC0415
+
+        obj = await policies_configmap_ref(self._events.api, self.opts.namespace,
+                                           self.opts.policies_configmap)
+        await self._events.emit(obj, "Warning", "PolicyUpdateRefused",
+                                f"policy update refused, previous policies stay active: "
+                                f"{message}"[:1024])
+
+    async def _tls(self) -> CertReloader:
+        opts = self.opts
+        if opts.self_signed:
+            cert, key = await asyncio.to_thread(_self_signed_pair, opts)
+        elif opts.tls_cert_file and opts.tls_key_file:
+            cert, key = opts.tls_cert_file, opts.tls_key_file
+        else:
+            raise ValueError("give --tls-cert-file and --tls-key-file, or --self-signed")
+        return CertReloader(cert, key, self.metrics)
+
+    async def _cluster(self) -> None:
+        opts = self.opts
+        if opts.kubeconfig is None and not in_cluster():
+            log.warning("no cluster context (no --kubeconfig, not in a cluster): namespace "
+                        "labels unknown, owners not looked up, PodGroups not created")
+            return
+        # The Kubernetes client is imported only when there is a cluster to talk to.
+        from webhook.admission.context import KubeContext  # noqa: PLC0415
+        from webhook.kube import EventRecorder, KubeApi, make_api_client  # noqa: PLC0415
+
+        client = await make_api_client(opts.kubeconfig)
+        self._closers.append(client)
+        api = KubeApi(client)
+        context = KubeContext(api, self.metrics, owner_ttl=opts.owner_cache_ttl)
+        self.context = context
+        self._events = EventRecorder(api, "muster-webhook", os.environ.get("HOSTNAME", "local"))
+        self._spawn("cluster-context", context.run())
+        if opts.cert_mode == "self":
+            from webhook.certs.manager import run_manager  # noqa: PLC0415
+
+            self._spawn("cert-manager", run_manager(api, opts.service_name, opts.namespace))
+
+    async def start(self) -> None:
+        opts = self.opts
+        reloader = await self._tls()
+        await self._cluster()
+        await self.policy_store.reload()
+        excluded = frozenset(opts.exclude_namespaces) | {opts.namespace}
+        self.admitter = Admitter(
+            AdmissionConfig(opts.on_user_assignment, excluded, opts.deadline_margin),
+            self.policy_store, self.context, self.metrics)
+        app = build_app(self.admitter, self.metrics, opts.max_body_bytes)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     shutdown_timeout=opts.shutdown_timeout)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, opts.host, opts.port, ssl_context=reloader.context,
+                           backlog=1024)
+        await site.start()
+        server = site._server
+        if opts.port == 0 and server is not None:
+            sockets = getattr(server, "sockets", None) or []
+            self.port = sockets[0].getsockname()[1]
+        self._spawn("cert-reload", reloader.run(opts.cert_poll_interval))
+        self._spawn("policy-reload", self.policy_store.run(opts.policy_poll_interval))
+        log.info("muster webhook serving", extra={"host": opts.host, "port": self.port})
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if hasattr(self, "admitter"):
+            await self.admitter.drain(self.opts.shutdown_timeout)
+        for closer in self._closers:
+            await closer.close()
+        self._closers.clear()
+
+    async def __aenter__(self) -> WebhookServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def run(opts: ServeOptions) -> None:
+    server = WebhookServer(opts)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    try:
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await server.stop()
