@@ -1,0 +1,90 @@
+"""Raw Kubernetes objects (plain dicts, as the API server sends them) for binder tests."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from webhook import keys
+from webhook.topology import codec
+from webhook.topology.builtin import builtin
+
+SCHED = keys.DEFAULT_BINDER_SCHEDULER_NAME
+TOPO_REQUIRED = json.dumps({"v": 1, "mode": "required", "singleNode": True, "minRingGBps": None})
+
+
+def node(name: str, *, kind: str | None = "dgx1-v100", cpu: str = "64", memory: str = "512Gi",
+         pods: str = "110", gpus: int | None = None, labels: dict[str, str] | None = None,
+         taints: list[dict[str, str]] | None = None, unschedulable: bool = False,
+         rv: str = "1") -> dict[str, Any]:
+    ann: dict[str, str] = {}
+    alloc = {"cpu": cpu, "memory": memory, "pods": pods}
+    if kind is not None:
+        topo = builtin(kind)
+        ann[keys.ANN_NODE_TOPOLOGY] = codec.encode(topo)
+        alloc[keys.GPU_RESOURCE] = str(topo.size if gpus is None else gpus)
+    elif gpus:
+        alloc[keys.GPU_RESOURCE] = str(gpus)
+    obj: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "resourceVersion": rv,
+                     "labels": {"kubernetes.io/hostname": name, **(labels or {})},
+                     "annotations": ann},
+        "spec": {},
+        "status": {"allocatable": alloc, "capacity": dict(alloc)},
+    }
+    if taints:
+        obj["spec"]["taints"] = taints
+    if unschedulable:
+        obj["spec"]["unschedulable"] = True
+    return obj
+
+
+def pod(name: str, *, ns: str = "team-a", gang: str | None = None, min_member: int | None = None,
+        gpus: int = 0, cpu: str = "1", memory: str = "1Gi", node_name: str | None = None,
+        assignment: str | None = None, priority: int | None = None,
+        created: str = "2026-11-21T05:00:00Z", scheduler: str = SCHED,
+        topology: str | None = TOPO_REQUIRED, timeout: int | None = None,
+        phase: str = "Pending", rv: str = "1", extra_spec: dict[str, Any] | None = None,
+        labels: dict[str, str] | None = None) -> dict[str, Any]:
+    ann: dict[str, str] = {}
+    if gang is not None:
+        ann[keys.ANN_GANG_NAME] = gang
+        ann[keys.ANN_GANG_MIN_MEMBER] = str(min_member if min_member is not None else 1)
+    if timeout is not None:
+        ann[keys.ANN_GANG_TIMEOUT] = str(timeout)
+    if topology is not None and gpus:
+        ann[keys.ANN_GPU_TOPOLOGY] = topology
+    if assignment is not None:
+        ann[keys.ANN_GPU_ASSIGNMENT] = assignment
+    limits: dict[str, Any] = {"cpu": cpu, "memory": memory}
+    if gpus:
+        limits[keys.GPU_RESOURCE] = str(gpus)
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "containers": [{"name": "main", "image": "train:1", "resources": {"limits": limits}}],
+        "tolerations": [{"key": keys.TAINT_GPU_TOPOLOGY, "operator": "Exists",
+                         "effect": "NoSchedule"}],
+    }
+    if node_name is not None:
+        spec["nodeName"] = node_name
+    if priority is not None:
+        spec["priority"] = priority
+    spec.update(extra_spec or {})
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{ns}-{name}",
+                     "resourceVersion": rv, "creationTimestamp": created,
+                     "annotations": ann, "labels": labels or {}},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def job(name: str, workers: int = 4, gpus: int = 1, **kw: Any) -> list[dict[str, Any]]:
+    """The reference MPIJob's pods: `workers` GPU workers and a 0-GPU launcher, one gang."""
+    members = workers + 1
+    out = [pod(f"{name}-worker-{i}", gang=name, min_member=members, gpus=gpus, **kw)
+           for i in range(workers)]
+    out.append(pod(f"{name}-launcher", gang=name, min_member=members, gpus=0, **kw))
+    return out

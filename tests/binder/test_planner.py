@@ -1,0 +1,208 @@
+"""The planner's rules (gang readiness, order, starvation, recovery) with a simple first-fit
+engine, so that these tests are about the binder's rules; tests/binder/test_engine_plan.py runs
+the same paths with the real placement engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from binder_objects import job, node, pod
+
+from webhook.binder.assignment import build_assignment, encode_assignment
+from webhook.binder.fit import FitCache
+from webhook.binder.gangs import PodGroupInfo
+from webhook.binder.nodes import parse_node
+from webhook.binder.planner import Plan, PlanConfig, plan
+from webhook.binder.pods import parse_pod
+from webhook.binder.queue import GangQueue
+from webhook.topology.builtin import builtin
+from webhook.topology.model import (
+    GangPlacement,
+    GangRequest,
+    MemberPlacement,
+    NodeState,
+    Unplaceable,
+)
+
+CFG = PlanConfig(scheduler_name="muster-binder", starvation_seconds=30)
+TOPO = builtin("dgx1-v100")
+
+
+def first_fit(nodes: Sequence[NodeState], gang: GangRequest) -> GangPlacement | Unplaceable:
+    free = {n.name: [sorted(n.free_gpus), n.free_cpu_milli, n.free_pods] for n in nodes}
+    need = sum(m.gpus for m in gang.members)
+    home = [n for n in nodes if len(n.free_gpus) >= need][:1] if gang.single_node else nodes
+    out = []
+    for m in gang.members:
+        for n in home if m.gpus else nodes:
+            f = free[n.name]
+            ok = (m.eligible_nodes is None or n.name in m.eligible_nodes) and \
+                len(f[0]) >= m.gpus and f[1] >= m.cpu_milli and f[2] >= 1
+            if ok:
+                out.append(MemberPlacement(m.key, n.name, tuple(f[0][:m.gpus])))
+                f[0], f[1], f[2] = f[0][m.gpus:], f[1] - m.cpu_milli, f[2] - 1
+                break
+        else:
+            return Unplaceable(f"{m.key} does not fit")
+    return GangPlacement(tuple(out), len({p.node for p in out}))
+
+
+def run(pods: list[dict[str, Any]], nodes: list[dict[str, Any]], *, queue: GangQueue | None = None,
+        now: float = 1795237200.0 + 10, groups: dict[str, PodGroupInfo] | None = None,
+        inflight: tuple[str, ...] = (), generation: int = 0) -> Plan:
+    return plan([parse_pod(p) for p in pods], {n["metadata"]["name"]: parse_node(n)
+                                               for n in nodes},
+                groups, config=CFG, queue=queue or GangQueue(), fit=FitCache(), place=first_fit,
+                now=now, inflight=inflight, generation=generation)
+
+
+def placed(p: Plan) -> dict[str, str]:
+    return {pod.name: a.node for place in p.places for pod, a in place.assignments}
+
+
+def test_nothing_is_placed_before_min_member() -> None:
+    pods = job("j1")
+    p = run(pods[:4], [node("n1")])
+    assert not p.places
+    assert p.waits[0].kind == "members" and "4 of minMember 5" in p.waits[0].reason
+    p = run(pods, [node("n1")])
+    assert len(p.places) == 1 and len(placed(p)) == 5
+
+
+def test_assignments_follow_the_placement_and_are_not_reused_in_one_cycle() -> None:
+    jobs = [pod_ for n in range(5) for pod_ in job(f"j{n}")]
+    p = run(jobs, [node("n1"), node("n2")])
+    assert len(p.places) == 4
+    gpus = [(a.node, i) for place in p.places for _, a in place.assignments
+            for c in a.containers.values() for i in c.indices]
+    assert len(gpus) == 16 and len(set(gpus)) == 16
+    launcher = next(a for place in p.places for pod_, a in place.assignments
+                    if pod_.name == "j1-launcher")
+    assert launcher.containers == {}
+    assert [w.gang.key for w in p.waits] == ["team-a/j4"]
+    assert p.waits[0].kind == "unplaceable"
+
+
+def test_priority_then_age_decide_who_gets_scarce_gpus() -> None:
+    old = job("old", workers=8, created="2026-11-21T04:00:00Z")
+    new = job("new", workers=8, created="2026-11-21T05:00:00Z")
+    assert set(placed(run(new + old, [node("n1")]))) == {p["metadata"]["name"] for p in old}
+    vip = job("vip", workers=8, created="2026-11-21T05:00:00Z", priority=1000)
+    assert set(placed(run(old + vip, [node("n1")]))) == {p["metadata"]["name"] for p in vip}
+
+
+def test_a_starving_big_gang_reserves_against_later_small_ones() -> None:
+    busy = [pod("busy", gpus=4, node_name="n1",
+                assignment=encode_assignment(build_assignment("n1", TOPO, (0, 1, 2, 3),
+                                                              [("main", 4)])))]
+    big = job("big", workers=8, created="2026-11-21T04:00:00Z")
+    small = job("small", workers=2, created="2026-11-21T05:00:00Z")
+    queue = GangQueue()
+    t0 = 1795237200.0
+    p = run(busy + big + small, [node("n1")], queue=queue, now=t0)
+    assert "small-worker-0" in placed(p)  # big has not waited long: small backfills
+    queue.failed("team-a/big", t0, 0, p.waits[0].reason)
+    later = t0 + 31
+    p = run(busy + big + small, [node("n1")], queue=queue, now=later)
+    assert not p.places
+    blocked = next(w for w in p.waits if w.gang.key == "team-a/small")
+    assert blocked.kind == "blocked" and "team-a/big" in blocked.reason
+    assert next(w for w in p.waits if w.gang.key == "team-a/big").reserves
+
+
+def test_a_gang_that_can_never_fit_does_not_block_others() -> None:
+    huge = job("huge", workers=9, created="2026-11-21T04:00:00Z")  # 9 GPUs on 8-GPU nodes
+    small = job("small", workers=2, created="2026-11-21T05:00:00Z")
+    queue = GangQueue()
+    queue.failed("team-a/huge", 0.0, 0, "too big")
+    p = run(huge + small, [node("n1")], queue=queue, now=1795237200.0 + 3600, )
+    assert "small-worker-0" in placed(p)
+    assert not next(w for w in p.waits if w.gang.key == "team-a/huge").reserves
+
+
+def test_backoff_skips_until_due_or_cluster_changes() -> None:
+    queue = GangQueue(initial=10)
+    queue.failed("team-a/j1", 100.0, generation=1, reason="x")
+    assert not queue.due("team-a/j1", 105.0, 1)
+    assert queue.due("team-a/j1", 105.0, 2)
+    assert queue.due("team-a/j1", 110.0, 1)
+    p = run(job("j1"), [node("n1")], queue=queue, now=105.0, generation=1)
+    assert not p.places and p.waits[0].kind == "backoff"
+
+
+def reserved_job(name: str, node_name: str, gpus: Sequence[int], bound: int = 0,
+                 members: int | None = None) -> list[dict[str, Any]]:
+    """A job whose members carry assignments (as a binder writes them) and `bound` are bound."""
+    out = []
+    for i, obj in enumerate(job(name, workers=len(gpus))):
+        is_worker = i < len(gpus)
+        a = build_assignment(node_name, TOPO, (gpus[i],) if is_worker else (),
+                             [("main", 1 if is_worker else 0)])
+        obj["metadata"]["annotations"]["muster.io/gpu-assignment"] = encode_assignment(a)
+        if i < bound:
+            obj["spec"]["nodeName"] = node_name
+        out.append(obj)
+    return out[:members] if members is not None else out
+
+
+def test_recovery_binds_a_fully_reserved_consistent_gang() -> None:
+    p = run(reserved_job("j1", "n1", [0, 1, 2, 3]), [node("n1")])
+    assert [len(f.pods) for f in p.finishes] == [5] and not p.strips and not p.places
+
+
+def test_recovery_finishes_a_partially_bound_gang() -> None:
+    p = run(reserved_job("j1", "n1", [0, 1, 2, 3], bound=2), [node("n1")])
+    assert [len(f.pods) for f in p.finishes] == [3]
+
+
+def test_recovery_strips_an_incomplete_reservation() -> None:
+    pods = reserved_job("j1", "n1", [0, 1, 2, 3], members=2) + job("j1")[2:]
+    p = run(pods, [node("n1")])
+    assert not p.finishes and not p.places
+    assert [len(s.pods) for s in p.strips] == [2]
+    assert "only 2 of minMember 5" in p.strips[0].reason
+
+
+def test_recovery_strips_reservations_on_vanished_nodes_or_doubled_gpus() -> None:
+    p = run(reserved_job("j1", "gone", [0, 1, 2, 3]), [node("n1")])
+    assert [len(s.pods) for s in p.strips] == [5] and "no longer exists" in p.strips[0].reason
+    thief = pod("thief", gpus=1, node_name="n1", scheduler="other",
+                assignment=encode_assignment(build_assignment("n1", TOPO, (2,), [("main", 1)])))
+    p = run([thief, *reserved_job("j1", "n1", [0, 1, 2, 3])], [node("n1")])
+    assert not p.finishes and "assigned to another pod" in p.strips[0].reason
+    p = run([thief, *reserved_job("j1", "n1", [0, 1, 2, 3], bound=1)], [node("n1")])
+    assert [len(f.pods) for f in p.finishes] == [3]  # the doubled one is stripped, not bound
+    assert [s.pods[0].name for s in p.strips] == ["j1-worker-2"]
+
+
+def test_inflight_gangs_are_left_alone() -> None:
+    p = run(reserved_job("j1", "n1", [0, 1, 2, 3]), [node("n1")], inflight=("team-a/j1",))
+    assert not (p.finishes or p.strips or p.places or p.waits)
+
+
+def test_pod_groups_and_invalid_gangs() -> None:
+    labelled = [pod(f"w{i}", gpus=1, labels={"scheduling.x-k8s.io/pod-group": "pg"})
+                for i in range(3)]
+    p = run(labelled, [node("n1")], groups={})
+    assert p.waits[0].kind == "invalid" and "PodGroup team-a/pg not found" in p.waits[0].reason
+    p = run(labelled, [node("n1")], groups={"team-a/pg": PodGroupInfo(min_member=4)})
+    assert p.waits[0].kind == "members" and p.gangs["team-a/pg"].timeout_seconds == 60
+    p = run(labelled, [node("n1")], groups={"team-a/pg": PodGroupInfo(min_member=3)})
+    assert len(placed(p)) == 3
+    bad = pod("bad", gang="g", gpus=1, topology='{"v": 1, "mode": "never"}')
+    p = run([bad], [node("n1")])
+    assert p.waits[0].kind == "invalid" and not p.places
+
+
+def test_no_eligible_node_says_why() -> None:
+    p = run(job("j1"), [node("n1", taints=[{"key": "x", "value": "y", "effect": "NoSchedule"}])])
+    assert p.waits[0].kind == "unplaceable"
+    assert "0/1 nodes are eligible" in p.waits[0].reason and "untolerated taint x" in \
+        p.waits[0].reason
+
+
+def test_timeout_is_reported() -> None:
+    pods = job("j1", timeout=30)[:3]
+    assert not run(pods, [node("n1")], now=1795237200.0 + 10).waits[0].timed_out
+    assert run(pods, [node("n1")], now=1795237200.0 + 31).waits[0].timed_out

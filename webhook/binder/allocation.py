@@ -1,0 +1,94 @@
+"""Allocation state derived from the cluster: what every live pod uses on every node.
+
+Rebuilt from pods on each cycle, so a restarted binder knows exactly what its predecessor did.
+A pod holds node resources when it is bound, or when it carries a GPU assignment but is not yet
+bound (the binder reserved them); GPUs are held by every non-terminated pod whose assignment
+names them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from webhook.binder.assignment import assigned_indices
+from webhook.binder.nodes import NodeInfo
+from webhook.binder.pods import PodInfo
+from webhook.topology.model import NodeState
+
+
+def holding_node(pod: PodInfo) -> str | None:
+    """The node whose resources a live pod holds, if any."""
+    if pod.terminated:
+        return None
+    if pod.node_name is not None:
+        return pod.node_name
+    return pod.assignment.node if pod.assignment is not None else None
+
+
+@dataclass(slots=True)
+class NodeUsage:
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+    pods: int = 0
+    #: GPU index → keys of live pods whose assignment names it
+    gpus: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
+    #: GPUs used by bound pods without a (readable) assignment: count known, indices not
+    unknown_gpus: int = 0
+
+
+class Allocation:
+    def __init__(self, usage: Mapping[str, NodeUsage]) -> None:
+        self.usage = dict(usage)
+
+    @classmethod
+    def from_pods(cls, pods: Iterable[PodInfo]) -> Allocation:
+        usage: dict[str, NodeUsage] = defaultdict(NodeUsage)
+        for pod in pods:
+            node = holding_node(pod)
+            if node is None:
+                continue
+            u = usage[node]
+            u.cpu_milli += pod.cpu_milli
+            u.memory_bytes += pod.memory_bytes
+            u.pods += 1
+            if pod.assignment is not None and pod.assignment.node == node:
+                for index in assigned_indices(pod.assignment):
+                    u.gpus[index].append(pod.key)
+            elif pod.gpus and pod.node_name is not None:
+                u.unknown_gpus += pod.gpus
+        return cls(usage)
+
+    def conflicts(self) -> dict[str, dict[int, list[str]]]:
+        """GPUs named by more than one live pod's assignment, per node."""
+        out: dict[str, dict[int, list[str]]] = {}
+        for node, u in self.usage.items():
+            dup = {i: keys for i, keys in u.gpus.items() if len(keys) > 1}
+            if dup:
+                out[node] = dup
+        return out
+
+    def assigned_gpus(self, node: str) -> int:
+        u = self.usage.get(node)
+        return 0 if u is None else len(u.gpus) + u.unknown_gpus
+
+    def node_state(self, node: NodeInfo) -> NodeState:
+        u = self.usage.get(node.name) or NodeUsage()
+        free = node.healthy_gpus - u.gpus.keys()
+        if u.unknown_gpus:
+            # Someone else's pods use GPUs here without telling us which: hold back that many,
+            # from the top, rather than risk handing one out twice.
+            free = frozenset(sorted(free)[: max(0, len(free) - u.unknown_gpus)])
+        if node.topology is not None and node.gpus < node.topology.size:
+            # the device plugin advertises fewer than the topology lists: never exceed it
+            allowed = max(0, node.gpus - len(u.gpus) - u.unknown_gpus)
+            free = frozenset(sorted(free)[:allowed])
+        return NodeState(
+            name=node.name,
+            topology=node.topology,
+            free_gpus=free,
+            free_cpu_milli=node.cpu_milli - u.cpu_milli,
+            free_memory_bytes=node.memory_bytes - u.memory_bytes,
+            free_pods=node.pods - u.pods,
+        )

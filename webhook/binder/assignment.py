@@ -1,0 +1,81 @@
+"""The muster.io/gpu-assignment annotation: JSON form and construction from a placement."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from webhook.topology.model import ContainerGpus, GpuAssignment, Topology
+
+
+class AssignmentError(ValueError):
+    pass
+
+
+def encode_assignment(a: GpuAssignment) -> str:
+    return json.dumps(
+        {"v": 1, "node": a.node, "containers": {
+            name: {"indices": list(c.indices), "uuids": list(c.uuids)}
+            for name, c in a.containers.items()}},
+        separators=(",", ":"),
+    )
+
+
+def decode_assignment(text: str) -> GpuAssignment:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise AssignmentError(f"not JSON: {exc.msg}") from exc
+    if not isinstance(doc, dict) or doc.get("v") != 1:
+        raise AssignmentError('expected an object with "v": 1')
+    node, containers = doc.get("node"), doc.get("containers")
+    if not isinstance(node, str) or not node or not isinstance(containers, dict):
+        raise AssignmentError('"node" (string) and "containers" (object) are required')
+    out: dict[str, ContainerGpus] = {}
+    for name, c in containers.items():
+        if not isinstance(c, dict):
+            raise AssignmentError(f"container {name!r}: expected an object")
+        indices, uuids = c.get("indices"), c.get("uuids")
+        if (not isinstance(indices, list) or not isinstance(uuids, list)
+                or len(indices) != len(uuids)
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in indices)
+                or not all(isinstance(u, str) for u in uuids)):
+            raise AssignmentError(f"container {name!r}: indices and uuids must be lists of "
+                                  "equal length of integers and strings")
+        out[name] = ContainerGpus(tuple(indices), tuple(uuids))
+    return GpuAssignment(node=node, containers=out)
+
+
+def assigned_indices(a: GpuAssignment) -> frozenset[int]:
+    return frozenset(i for c in a.containers.values() for i in c.indices)
+
+
+def build_assignment(node: str, topology: Topology | None, gpus: Sequence[int],
+                     container_gpus: Sequence[tuple[str, int]],
+                     init_containers: int = 0) -> GpuAssignment:
+    """Give containers GPUs in spec order, as many as their nvidia.com/gpu limit.
+
+    The first `init_containers` entries are init containers: they run before the app containers,
+    so each reuses the start of the pod's set instead of consuming its own GPUs.
+    """
+    uuid = {g.index: g.uuid for g in topology.gpus} if topology is not None else {}
+    out: dict[str, ContainerGpus] = {}
+    pos = 0
+    for n, (name, count) in enumerate(container_gpus):
+        if count <= 0:
+            continue
+        start = 0 if n < init_containers else pos
+        chosen = tuple(gpus[start:start + count])
+        if len(chosen) != count:
+            raise AssignmentError(f"container {name!r} needs {count} GPUs, placement has "
+                                  f"{len(gpus)}")
+        out[name] = ContainerGpus(chosen, tuple(uuid.get(i, "") for i in chosen))
+        if n >= init_containers:
+            pos += count
+    return GpuAssignment(node=node, containers=out)
+
+
+def shape_matches(a: GpuAssignment, container_gpus: Sequence[tuple[str, int]]) -> bool:
+    """Does an assignment give each container exactly the GPUs it asks for?"""
+    wanted = {name: count for name, count in container_gpus if count > 0}
+    return {n: len(c.indices) for n, c in a.containers.items()} == wanted

@@ -1,0 +1,94 @@
+"""Node filters: which nodes may host a pod (selectors, affinity, taints, cordon).
+
+Resource fit (CPU, memory, pods, GPUs) is the placement engine's job, from NodeState's free
+amounts; this module decides MemberRequest.eligible_nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from webhook.binder.nodes import NodeInfo, Taint, tolerates
+from webhook.binder.pods import Constraints, Requirement, Term
+
+#: effects a pod must tolerate to be scheduled (PreferNoSchedule is only a preference)
+_HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+_UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")
+
+
+def _int(value: str) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def _matches(req: Requirement, labels: Mapping[str, str]) -> bool:
+    present = req.key in labels
+    value = labels.get(req.key, "")
+    op = req.operator
+    if op == "In":
+        return present and value in req.values
+    if op == "NotIn":
+        return not present or value not in req.values
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt") and present and len(req.values) == 1:
+        have, want = _int(value), _int(req.values[0])
+        if have is None or want is None:
+            return False
+        return have > want if op == "Gt" else have < want
+    return False  # unknown operator: the API server would have refused it; match nothing
+
+
+def _term_matches(term: Term, node: NodeInfo) -> bool:
+    if not term.expressions and not term.fields:
+        return False  # an empty term matches no objects (k8s NodeSelectorTerm semantics)
+    fields = {"metadata.name": node.name}
+    return (all(_matches(r, node.labels) for r in term.expressions)
+            and all(_matches(r, fields) for r in term.fields))
+
+
+def why_not(c: Constraints, node: NodeInfo) -> str | None:
+    """None when the pod may run on the node, else a short reason."""
+    if node.unschedulable and not tolerates(c.tolerations, _UNSCHEDULABLE_TAINT):
+        return "node is unschedulable (cordoned)"
+    for key, value in c.node_selector:
+        if node.labels.get(key) != value:
+            return f"nodeSelector {key}={value} does not match"
+    if c.terms is not None and not any(_term_matches(t, node) for t in c.terms):
+        return "required node affinity does not match"
+    for taint in node.taints:
+        if taint.effect in _HARD_EFFECTS and not tolerates(c.tolerations, taint):
+            return f"untolerated taint {taint.key}:{taint.effect}"
+    return None
+
+
+def eligible_nodes(c: Constraints, nodes: Iterable[NodeInfo], needs_gpu: bool) -> frozenset[str]:
+    """Names of nodes the pod may use. GPU pods need a node with published topology: the binder
+    always hands out a concrete GPU set, which an unknown node cannot honour."""
+    return frozenset(
+        n.name for n in nodes
+        if (not needs_gpu or n.topology is not None) and why_not(c, n) is None
+    )
+
+
+class FitCache:
+    """Eligible node sets per (constraints, needs GPU). Pods of one job share constraints, so a
+    gang costs a handful of node scans. Invalidate whenever the node set changes."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[Constraints, bool], frozenset[str]] = {}
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+    def eligible(self, c: Constraints, nodes: Mapping[str, NodeInfo],
+                 needs_gpu: bool) -> frozenset[str]:
+        key = (c, needs_gpu)
+        found = self._cache.get(key)
+        if found is None:
+            found = self._cache[key] = eligible_nodes(c, nodes.values(), needs_gpu)
+        return found

@@ -1,0 +1,263 @@
+"""One scheduling cycle as a pure function: cluster snapshot in, actions out.
+
+Rules (docs/binder.md has the reasoning):
+- Recovery: unbound pods carrying an assignment (a binder wrote it, then died or failed) are
+  bound when their gang already has bound members or when the consistent reserved members reach
+  minMember with the bound ones; otherwise every reserved member is stripped and the gang is
+  placed afresh. Inconsistent reservations (node gone, GPUs changed or doubly assigned, pod no
+  longer fits) are always stripped. The binder writes every member's assignment before any
+  Binding, so no crash point leaves a gang bound below minMember.
+- Queue: ready gangs go in order (priority desc, oldest first). A gang that has failed for
+  longer than `starvation_seconds` and that would fit on the empty cluster reserves: no gang
+  after it in the order is placed until it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from webhook.binder.allocation import Allocation
+from webhook.binder.assignment import assigned_indices, build_assignment, shape_matches
+from webhook.binder.fit import FitCache, why_not
+from webhook.binder.gangs import Gang, PodGroupInfo, assemble
+from webhook.binder.nodes import NodeInfo
+from webhook.binder.pods import PodInfo
+from webhook.binder.queue import GangQueue
+from webhook.topology.model import (
+    GangPlacement,
+    GangRequest,
+    GpuAssignment,
+    MemberRequest,
+    NodeState,
+    Unplaceable,
+)
+
+PlaceFn = Callable[[Sequence[NodeState], GangRequest], "GangPlacement | Unplaceable"]
+WaitKind = Literal["members", "invalid", "unplaceable", "blocked", "backoff"]
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    gang: Gang
+    placement: GangPlacement
+    assignments: tuple[tuple[PodInfo, GpuAssignment], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """Bind reserved pods whose assignments are still valid."""
+
+    gang: Gang
+    pods: tuple[PodInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Strip:
+    """Remove assignments from unbound pods so that the gang is placed afresh."""
+
+    gang: Gang
+    pods: tuple[PodInfo, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    gang: Gang
+    kind: WaitKind
+    reason: str
+    timed_out: bool = False
+    reserves: bool = False  # unplaceable gang that now holds back later gangs
+
+
+@dataclass(slots=True)
+class Plan:
+    places: list[Place] = field(default_factory=list)
+    finishes: list[Finish] = field(default_factory=list)
+    strips: list[Strip] = field(default_factory=list)
+    waits: list[Wait] = field(default_factory=list)
+    gangs: dict[str, Gang] = field(default_factory=dict)
+    allocation: Allocation = field(default_factory=lambda: Allocation({}))
+
+
+@dataclass(frozen=True, slots=True)
+class PlanConfig:
+    scheduler_name: str
+    starvation_seconds: float = 60.0
+    #: coscheduling's default when a PodGroup sets no scheduleTimeoutSeconds
+    podgroup_default_timeout: int = 60
+
+
+def _reservation_problem(pod: PodInfo, nodes: Mapping[str, NodeInfo],
+                         conflicts: Mapping[str, Mapping[int, list[str]]],
+                         states: Mapping[str, NodeState]) -> str | None:
+    a = pod.assignment
+    if a is None:
+        return "assignment annotation is unreadable"
+    node = nodes.get(a.node)
+    if node is None:
+        return f"node {a.node} no longer exists"
+    reason = why_not(pod.constraints, node)
+    if reason is not None:
+        return f"node {a.node}: {reason}"
+    if not shape_matches(a, pod.container_gpus):
+        return "assignment does not match the containers' GPU limits"
+    indices = assigned_indices(a)
+    if indices - node.healthy_gpus:
+        return f"GPUs {sorted(indices - node.healthy_gpus)} are not healthy GPUs of {a.node}"
+    uuid = {g.index: g.uuid for g in node.topology.gpus} if node.topology else {}
+    for c in a.containers.values():
+        if any(uuid.get(i) != u for i, u in zip(c.indices, c.uuids, strict=True)):
+            return f"GPU UUIDs on {a.node} changed"
+    doubled = sorted(i for i in indices if i in conflicts.get(a.node, {}))
+    if doubled:
+        return f"GPUs {doubled} on {a.node} are assigned to another pod too"
+    s = states[a.node]
+    if s.free_cpu_milli < 0 or s.free_memory_bytes < 0 or s.free_pods < 0:
+        return f"node {a.node} is overcommitted"
+    return None
+
+
+def _consume(state: NodeState, member: MemberRequest, gpus: Collection[int]) -> NodeState:
+    return replace(
+        state,
+        free_gpus=state.free_gpus - frozenset(gpus),
+        free_cpu_milli=state.free_cpu_milli - member.cpu_milli,
+        free_memory_bytes=state.free_memory_bytes - member.memory_bytes,
+        free_pods=state.free_pods - 1,
+    )
+
+
+def _empty_state(node: NodeInfo) -> NodeState:
+    gpus = frozenset(sorted(node.healthy_gpus)[: node.gpus])
+    return NodeState(node.name, node.topology, gpus, node.cpu_milli, node.memory_bytes, node.pods)
+
+
+def _request(gang: Gang, nodes: Mapping[str, NodeInfo],
+             fit: FitCache) -> GangRequest | str:
+    members = []
+    for pod in gang.pending:
+        eligible = fit.eligible(pod.constraints, nodes, pod.gpus > 0)
+        if not eligible:
+            return _no_node_reason(pod, nodes)
+        members.append(MemberRequest(
+            key=pod.key, gpus=pod.gpus, cpu_milli=pod.cpu_milli,
+            memory_bytes=pod.memory_bytes,
+            eligible_nodes=None if len(eligible) == len(nodes) else eligible,
+        ))
+    topo = gang.topology
+    return GangRequest(
+        name=gang.key, members=tuple(members),
+        mode=topo.mode if topo is not None else "preferred",
+        single_node=topo.single_node if topo is not None else False,
+        min_ring_gbps=topo.min_ring_gbps if topo is not None else None,
+    )
+
+
+def _no_node_reason(pod: PodInfo, nodes: Mapping[str, NodeInfo]) -> str:
+    if not nodes:
+        return "no nodes in the cluster"
+    reasons: dict[str, int] = {}
+    for node in nodes.values():
+        r = why_not(pod.constraints, node)
+        if r is None and pod.gpus:
+            r = "no published GPU topology"
+        if r is not None:
+            reasons[r] = reasons.get(r, 0) + 1
+    detail = ", ".join(f"{n} node(s): {r}" for r, n in sorted(reasons.items(),
+                                                                key=lambda kv: -kv[1])[:3])
+    return f"pod {pod.name}: 0/{len(nodes)} nodes are eligible ({detail})"
+
+
+def plan(pods: Sequence[PodInfo], nodes: Mapping[str, NodeInfo],
+         pod_groups: Mapping[str, PodGroupInfo] | None, *, config: PlanConfig,
+         queue: GangQueue, fit: FitCache, place: PlaceFn, now: float,
+         generation: int = 0, inflight: Collection[str] = ()) -> Plan:
+    gangs = assemble(pods, config.scheduler_name, pod_groups, config.podgroup_default_timeout)
+    allocation = Allocation.from_pods(pods)
+    states = {name: allocation.node_state(node) for name, node in nodes.items()}
+    conflicts = allocation.conflicts()
+    out = Plan(gangs=gangs, allocation=allocation)
+
+    candidates: list[Gang] = []
+    for gang in gangs.values():
+        if gang.key in inflight:
+            continue
+        timed_out = (gang.timeout_seconds is not None
+                     and now - gang.created >= gang.timeout_seconds)
+        if gang.problems:
+            out.waits.append(Wait(gang, "invalid", "; ".join(gang.problems), timed_out))
+            continue
+        reserved = gang.reserved
+        if reserved:
+            ok: list[PodInfo] = []
+            bad: list[tuple[PodInfo, str]] = []
+            for pod in reserved:
+                problem = _reservation_problem(pod, nodes, conflicts, states)
+                if problem is None:
+                    ok.append(pod)
+                else:
+                    bad.append((pod, problem))
+            if gang.bound or len(gang.bound) + len(ok) >= gang.min_member:
+                if ok:
+                    out.finishes.append(Finish(gang, tuple(ok)))
+                if bad:
+                    out.strips.append(Strip(gang, tuple(p for p, _ in bad), bad[0][1]))
+            else:
+                why = bad[0][1] if bad else (
+                    f"only {len(ok)} of minMember {gang.min_member} members were reserved")
+                out.strips.append(Strip(gang, tuple(reserved), why))
+            continue
+        pending = gang.pending
+        if not pending:
+            continue
+        have = len(gang.bound) + len(pending)
+        if have < gang.min_member:
+            out.waits.append(Wait(gang, "members",
+                                  f"waiting for members: {have} of minMember "
+                                  f"{gang.min_member} exist", timed_out))
+            continue
+        candidates.append(gang)
+
+    candidates.sort(key=Gang.order_key)
+    blocker: Gang | None = None
+    for gang in candidates:
+        timed_out = (gang.timeout_seconds is not None
+                     and now - gang.created >= gang.timeout_seconds)
+        if blocker is not None:
+            out.waits.append(Wait(gang, "blocked",
+                                  f"queued behind gang {blocker.key}, which has waited "
+                                  f"longer than {config.starvation_seconds:g}s for resources",
+                                  timed_out))
+            continue
+        if not queue.due(gang.key, now, generation):
+            if queue.reserves(gang.key):
+                blocker = gang
+            out.waits.append(Wait(gang, "backoff", "", timed_out, queue.reserves(gang.key)))
+            continue
+        request = _request(gang, nodes, fit)
+        if isinstance(request, str):
+            out.waits.append(Wait(gang, "unplaceable", request, timed_out))
+            continue
+        result = place(list(states.values()), request)
+        if isinstance(result, Unplaceable):
+            since = queue.waiting_since(gang.key)
+            starving = since is not None and now - since >= config.starvation_seconds
+            reserves = starving and isinstance(
+                place([_empty_state(n) for n in nodes.values()], request), GangPlacement)
+            if reserves:
+                blocker = gang
+            out.waits.append(Wait(gang, "unplaceable", result.reason, timed_out, reserves))
+            continue
+        by_key = {p.key: p for p in gang.pending}
+        members = {m.key: m for m in request.members}
+        assignments = []
+        for mp in result.members:
+            pod = by_key[mp.key]
+            node = nodes[mp.node]
+            assignments.append((pod, build_assignment(mp.node, node.topology, mp.gpus,
+                                                      pod.container_gpus, pod.init_containers)))
+            states[mp.node] = _consume(states[mp.node], members[mp.key], mp.gpus)
+        out.places.append(Place(gang, result, tuple(assignments)))
+    return out

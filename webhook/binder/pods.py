@@ -1,0 +1,257 @@
+"""What the binder needs from a pod, parsed once from the raw API object (plain dict)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from webhook import keys
+from webhook.binder.assignment import AssignmentError, decode_assignment
+from webhook.binder.quantity import QuantityError, cpu_milli, whole
+from webhook.topology.model import GpuAssignment, TopologyRequest
+
+TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One matchExpressions / matchFields entry of a node selector term."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """A nodeSelectorTerm: every expression and field requirement must hold."""
+
+    expressions: tuple[Requirement, ...] = ()
+    fields: tuple[Requirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Constraints:
+    """Where a pod may run. Hashable: pods of one job share it, so node filtering is cached."""
+
+    node_selector: tuple[tuple[str, str], ...] = ()
+    #: required node affinity terms (ORed); None when the pod has no required node affinity
+    terms: tuple[Term, ...] | None = None
+    tolerations: tuple[Toleration, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    key: str  # "namespace/name"
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    scheduler_name: str
+    node_name: str | None
+    terminated: bool
+    priority: int
+    created: float  # epoch seconds
+    cpu_milli: int
+    memory_bytes: int
+    gpus: int  # effective GPU count (max of app sum and any init container)
+    #: (container name, GPUs) for init containers then app containers, in spec order
+    container_gpus: tuple[tuple[str, int], ...]
+    init_containers: int  # how many leading entries of container_gpus are init containers
+    constraints: Constraints
+    gang_name: str | None = None  # from muster.io/gang-name
+    pod_group: str | None = None  # from the coscheduling label
+    min_member: int | None = None
+    timeout_seconds: int | None = None
+    topology: TopologyRequest | None = None
+    assignment: GpuAssignment | None = None
+    #: raw assignment annotation text (present even when it does not parse)
+    assignment_raw: str | None = None
+    has_annotations: bool = False
+    #: problems with Muster's annotations, in words for an Event
+    problems: tuple[str, ...] = ()
+
+    @property
+    def bound(self) -> bool:
+        return self.node_name is not None
+
+
+def parse_time(value: str | None) -> float:
+    if not value:
+        return 0.0
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _requests(container: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(cpu milli, memory bytes, GPUs) of one container; a limit stands in for a missing request
+    (the API server defaults requests to limits)."""
+    res = container.get("resources") or {}
+    requests: Mapping[str, Any] = res.get("requests") or {}
+    limits: Mapping[str, Any] = res.get("limits") or {}
+
+    def pick(name: str) -> Any:
+        return requests.get(name, limits.get(name))
+
+    cpu, mem = pick("cpu"), pick("memory")
+    gpu = limits.get(keys.GPU_RESOURCE, requests.get(keys.GPU_RESOURCE))
+    return (
+        cpu_milli(cpu) if cpu is not None else 0,
+        whole(mem) if mem is not None else 0,
+        whole(gpu) if gpu is not None else 0,
+    )
+
+
+def _requirements(items: Any) -> tuple[Requirement, ...]:
+    return tuple(
+        Requirement(str(e.get("key", "")), str(e.get("operator", "")),
+                    tuple(str(v) for v in e.get("values") or ()))
+        for e in items or ()
+    )
+
+
+def parse_constraints(spec: Mapping[str, Any]) -> Constraints:
+    selector = spec.get("nodeSelector") or {}
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    terms: tuple[Term, ...] | None = None
+    if required is not None:
+        terms = tuple(
+            Term(_requirements(t.get("matchExpressions")), _requirements(t.get("matchFields")))
+            for t in required.get("nodeSelectorTerms") or ()
+        )
+    tolerations = tuple(
+        Toleration(str(t.get("key") or ""), str(t.get("operator") or "Equal"),
+                   str(t.get("value") or ""), str(t.get("effect") or ""))
+        for t in spec.get("tolerations") or ()
+    )
+    return Constraints(tuple(sorted((str(k), str(v)) for k, v in selector.items())), terms,
+                       tolerations)
+
+
+def parse_topology_request(text: str) -> TopologyRequest:
+    """The webhook's muster.io/gpu-topology pod annotation; ValueError when malformed."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{keys.ANN_GPU_TOPOLOGY} is not JSON: {exc.msg}") from exc
+    if not isinstance(doc, dict) or doc.get("v") != 1:
+        raise ValueError(f"{keys.ANN_GPU_TOPOLOGY} must be an object with \"v\": 1")
+    mode = doc.get("mode", "required")
+    if mode not in ("required", "preferred"):
+        raise ValueError(f"{keys.ANN_GPU_TOPOLOGY}: mode must be required or preferred, "
+                         f"not {mode!r}")
+    ring = doc.get("minRingGBps")
+    if ring is not None and (isinstance(ring, bool) or not isinstance(ring, int | float)):
+        raise ValueError(f"{keys.ANN_GPU_TOPOLOGY}: minRingGBps must be a number")
+    return TopologyRequest(mode=mode, single_node=bool(doc.get("singleNode", False)),
+                           min_ring_gbps=None if ring is None else float(ring))
+
+
+def _positive_int(text: str, what: str, problems: list[str]) -> int | None:
+    try:
+        value = int(text)
+    except ValueError:
+        problems.append(f"{what} must be an integer, got {text!r}")
+        return None
+    if value < 1:
+        problems.append(f"{what} must be at least 1, got {value}")
+        return None
+    return value
+
+
+def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
+    """Never raises for bad user input: problems are collected for an Event instead."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    ann: Mapping[str, str] = meta.get("annotations") or {}
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    problems: list[str] = []
+
+    cpu = mem = gpus = 0
+    init_cpu = init_mem = init_gpus = 0
+    container_gpus: list[tuple[str, int]] = []
+    try:
+        for c in spec.get("initContainers") or ():
+            c_cpu, c_mem, c_gpu = _requests(c)
+            init_cpu, init_mem, init_gpus = max(init_cpu, c_cpu), max(init_mem, c_mem), max(
+                init_gpus, c_gpu)
+            container_gpus.append((str(c.get("name", "")), c_gpu))
+        for c in spec.get("containers") or ():
+            c_cpu, c_mem, c_gpu = _requests(c)
+            cpu, mem, gpus = cpu + c_cpu, mem + c_mem, gpus + c_gpu
+            container_gpus.append((str(c.get("name", "")), c_gpu))
+        overhead = spec.get("overhead") or {}
+        cpu = max(cpu, init_cpu) + (cpu_milli(overhead["cpu"]) if "cpu" in overhead else 0)
+        mem = max(mem, init_mem) + (whole(overhead["memory"]) if "memory" in overhead else 0)
+        gpus = max(gpus, init_gpus)
+    except QuantityError as exc:
+        problems.append(f"bad resource quantity: {exc}")
+
+    min_member = timeout = None
+    if keys.ANN_GANG_MIN_MEMBER in ann:
+        min_member = _positive_int(ann[keys.ANN_GANG_MIN_MEMBER], keys.ANN_GANG_MIN_MEMBER,
+                                   problems)
+    elif keys.ANN_GANG_NAME in ann:
+        problems.append(f"{keys.ANN_GANG_NAME} is set but {keys.ANN_GANG_MIN_MEMBER} is missing")
+    if keys.ANN_GANG_TIMEOUT in ann:
+        timeout = _positive_int(ann[keys.ANN_GANG_TIMEOUT], keys.ANN_GANG_TIMEOUT, problems)
+
+    topology = None
+    if keys.ANN_GPU_TOPOLOGY in ann:
+        try:
+            topology = parse_topology_request(ann[keys.ANN_GPU_TOPOLOGY])
+        except ValueError as exc:
+            problems.append(str(exc))
+
+    assignment = None
+    raw = ann.get(keys.ANN_GPU_ASSIGNMENT)
+    if raw is not None:
+        try:
+            assignment = decode_assignment(raw)
+        except AssignmentError:
+            assignment = None  # treated as unknown GPUs in use; the planner decides
+
+    priority = spec.get("priority")
+    return PodInfo(
+        key=f"{ns}/{name}",
+        namespace=ns,
+        name=name,
+        uid=str(meta.get("uid") or ""),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
+        node_name=spec.get("nodeName") or None,
+        terminated=status.get("phase") in TERMINATED_PHASES,
+        priority=priority if isinstance(priority, int) else 0,
+        created=parse_time(meta.get("creationTimestamp")),
+        cpu_milli=cpu,
+        memory_bytes=mem,
+        gpus=gpus,
+        container_gpus=tuple(container_gpus),
+        init_containers=len(spec.get("initContainers") or ()),
+        constraints=parse_constraints(spec),
+        gang_name=ann.get(keys.ANN_GANG_NAME) or None,
+        pod_group=labels.get(keys.COSCHEDULING_GROUP_LABEL) or None,
+        min_member=min_member,
+        timeout_seconds=timeout,
+        topology=topology,
+        assignment=assignment,
+        assignment_raw=raw,
+        has_annotations=bool(meta.get("annotations")),
+        problems=tuple(problems),
+    )
