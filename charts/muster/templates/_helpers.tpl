@@ -1,0 +1,175 @@
+{{/* Names ------------------------------------------------------------------------------- */}}
+
+{{- define "muster.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "muster.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "muster.webhook.fullname" -}}{{ include "muster.fullname" . }}-webhook{{- end }}
+{{- define "muster.binder.fullname" -}}{{ include "muster.fullname" . }}-binder{{- end }}
+{{- define "muster.agent.fullname" -}}{{ include "muster.fullname" . }}-agent{{- end }}
+{{- define "muster.policies.fullname" -}}{{ include "muster.fullname" . }}-policies{{- end }}
+
+{{/* Secret holding tls.crt/tls.key (+ca.crt) mounted by the webhook, for every cert mode */}}
+{{- define "muster.tls.secretName" -}}
+{{- if eq .Values.certs.mode "external" -}}
+{{- required "certs.external.secretName is required when certs.mode=external" .Values.certs.external.secretName }}
+{{- else -}}
+{{- include "muster.webhook.fullname" . }}-tls
+{{- end }}
+{{- end }}
+{{- define "muster.ca.secretName" -}}{{ include "muster.webhook.fullname" . }}-ca{{- end }}
+
+{{/* Webhook configuration names: must sort byte-wise before istio-sidecar-injector */}}
+{{- define "muster.webhookConfigName" -}}
+{{- $name := printf "%s%s" .Values.webhook.configurationNamePrefix (include "muster.fullname" .) | trunc 253 -}}
+{{- if not (lt $name "istio-sidecar-injector") -}}
+{{- fail (printf "webhook.configurationNamePrefix: configuration name %q must sort before \"istio-sidecar-injector\" so Muster mutates pods before Istio injects its sidecar" $name) -}}
+{{- end -}}
+{{- $name -}}
+{{- end }}
+
+{{/* Labels ------------------------------------------------------------------------------ */}}
+
+{{- define "muster.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "muster.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: muster
+{{- end }}
+
+{{/* selector labels for one component: (dict "ctx" $ "component" "webhook") */}}
+{{- define "muster.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "muster.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "muster.componentLabels" -}}
+{{ include "muster.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "muster.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- end }}
+{{- end }}
+
+{{/* Security contexts ------------------------------------------------------------------- */}}
+
+{{- define "muster.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+privileged: false
+capabilities:
+  drop: ["ALL"]
+{{- end }}
+
+{{/* CLI flags: every flag the chart passes to `muster` is here, in one place -------------- */}}
+
+{{- define "muster.globalArgs" -}}
+- --log-level={{ .Values.log.level }}
+{{- if .Values.log.json }}
+- --log-json
+{{- end }}
+{{- end }}
+
+{{/* `muster certs` flags naming the objects the self-mode certificate manager owns */}}
+{{- define "muster.selfCertArgs" -}}
+- --namespace={{ .Release.Namespace }}
+- --service-name={{ include "muster.webhook.fullname" . }}
+- --tls-secret={{ include "muster.tls.secretName" . }}
+- --ca-secret={{ include "muster.ca.secretName" . }}
+- --mutating-webhook-configuration={{ include "muster.webhookConfigName" . }}
+- --validating-webhook-configuration={{ include "muster.webhookConfigName" . }}
+- --ca-days={{ .Values.certs.self.caDays }}
+- --cert-days={{ .Values.certs.self.certDays }}
+- --rotate-before-days={{ .Values.certs.self.rotateBeforeDays }}
+{{- end }}
+
+{{- define "muster.webhook.args" -}}
+{{ include "muster.globalArgs" . }}
+- serve
+- --port={{ .Values.webhook.port }}
+- --policies=/etc/muster/policies
+- --tls-cert-file=/etc/muster/tls/tls.crt
+- --tls-key-file=/etc/muster/tls/tls.key
+- --on-user-assignment={{ .Values.webhook.onUserAssignment }}
+# certificates are files in every mode; in self mode the `certs` sidecar keeps them current
+- --cert-mode=files
+- --namespace={{ .Release.Namespace }}
+- --service-name={{ include "muster.webhook.fullname" . }}
+- --policies-configmap={{ include "muster.policies.fullname" . }}
+{{- range .Values.webhook.excludeNamespaces }}
+- --exclude-namespace={{ . }}
+{{- end }}
+{{- range .Values.webhook.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "muster.binder.args" -}}
+{{ include "muster.globalArgs" . }}
+- bind
+- --scheduler-name={{ .Values.binder.schedulerName }}
+- --metrics-port={{ .Values.binder.metricsPort }}
+{{- if .Values.binder.leaderElection.enabled }}
+- --leader-elect
+- --lease-name={{ .Values.binder.leaderElection.leaseName }}
+- --lease-namespace={{ .Release.Namespace }}
+- --identity=$(POD_NAME)
+{{- end }}
+{{- range .Values.binder.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* the self-mode certificate sidecar in each webhook pod: reconcile, then every interval */}}
+{{- define "muster.certsSidecar.args" -}}
+{{ include "muster.globalArgs" . }}
+- certs
+- run
+- --interval={{ .Values.certs.self.checkIntervalSeconds }}
+{{ include "muster.selfCertArgs" . }}
+{{- end }}
+
+{{- define "muster.agent.args" -}}
+{{ include "muster.globalArgs" . }}
+- agent
+- --node-name=$(NODE_NAME)
+- --kubelet-dir=/var/lib/kubelet/device-plugins
+- --resource-name={{ .Values.agent.resourceName }}
+{{- range .Values.agent.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* the mutating and validating configuration names, for hooks deleting/patching them */}}
+{{- define "muster.hookPodSpecCommon" -}}
+serviceAccountName: {{ .sa }}
+restartPolicy: Never
+automountServiceAccountToken: true
+{{- with .ctx.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .ctx.Values.podSecurityContext | nindent 2 }}
+{{- end }}
