@@ -2,6 +2,7 @@
 
 from webhook.topology.builtin import NAMES, builtin
 from webhook.topology.codec import TopologyFormatError, decode, encode, topology_class
+from webhook.topology.inode import choose_gpus, set_score
 from webhook.topology.model import (
     GPU,
     ContainerGpus,
@@ -16,6 +17,7 @@ from webhook.topology.model import (
     TopologyRequest,
     Unplaceable,
 )
+from webhook.topology.scoring import SetScore, allreduce_gbps, bisection_gbps, ring_gbps
 
 __all__ = [
     "GPU",
@@ -28,12 +30,18 @@ __all__ = [
     "MemberRequest",
     "NodeState",
     "PCIeLevel",
+    "SetScore",
     "Topology",
     "TopologyFormatError",
     "TopologyRequest",
     "Unplaceable",
+    "allreduce_gbps",
+    "bisection_gbps",
     "builtin",
+    "choose_gpus",
     "decode",
     "encode",
+    "ring_gbps",
+    "set_score",
     "topology_class",
 ]

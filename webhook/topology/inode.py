@@ -1,0 +1,160 @@
+"""Optimal choice of k free GPUs inside one node, cached per topology class.
+
+The choice maximises, in this order: allreduce bandwidth, best single ring, bisection bandwidth,
+NUMA alignment (fewest NUMA nodes), then what is left behind: the sum over every size j of the
+best allreduce bandwidth a later j-GPU request could still get from the remaining free GPUs
+(fragmentation-aware). Remaining ties go to the lowest GPU indices. Every k-subset of the free
+GPUs is considered (at most 70 on an 8-GPU node), so the choice is exact, not a proxy. On
+uniform NVSwitch nodes every set has the same bandwidth and only NUMA packing differs, which a
+best-fit over NUMA nodes solves exactly without enumerating.
+
+Caches are per topology class (`codec.topology_class`): all DGX-1 V100 nodes share one table of
+set scores and one table of choices per (free mask, k).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterable
+from math import comb
+
+from webhook.topology import scoring
+from webhook.topology.codec import topology_class
+from webhook.topology.model import Topology
+from webhook.topology.scoring import SetScore
+
+#: above this many candidate subsets a uniform (NVSwitch) node uses the NUMA best-fit instead
+_ENUMERATION_LIMIT = 5000
+
+
+class ClassTables:
+    """Memoised scores and choices for one topology class. Thread-safe enough for the binder:
+    entries are computed from immutable data and a race only computes one twice."""
+
+    def __init__(self, t: Topology) -> None:
+        self.topology = t
+        self.key = topology_class(t)
+        self.n = t.size
+        self.uniform = bool(t.nvswitch) and len(t.nvswitch) == t.size and not any(
+            any(row) for row in t.nvlinks
+        )
+        self._scores: dict[int, SetScore] = {}
+        self._best: dict[int, tuple[float, ...]] = {}
+        self._choice: dict[tuple[int, int], int | None] = {}
+
+    def score(self, mask: int) -> SetScore:
+        s = self._scores.get(mask)
+        if s is None:
+            s = self._scores[mask] = scoring.score(self.topology, mask)
+        return s
+
+    def best_by_size(self, mask: int) -> tuple[float, ...]:
+        """Entry j: the best allreduce bandwidth of any j-subset of `mask`."""
+        b = self._best.get(mask)
+        if b is not None:
+            return b
+        size = mask.bit_count()
+        if size == 0:
+            b = (0.0,)
+        else:
+            best = [0.0] * (size + 1)
+            rest = mask
+            while rest:
+                low = rest & -rest
+                rest ^= low
+                for j, v in enumerate(self.best_by_size(mask ^ low)):
+                    best[j] = max(best[j], v)
+            best[size] = self.score(mask).allreduce_gbps
+            b = tuple(best)
+        self._best[mask] = b
+        return b
+
+    def future(self, remaining: int) -> float:
+        """How good the GPUs left free stay for later requests of every size."""
+        return sum(self.best_by_size(remaining)[2:])
+
+    def choose(self, free: int, k: int) -> int | None:
+        """Best k-subset (bitmask) of `free`, or None if fewer than k are free."""
+        key = (free, k)
+        if key in self._choice:
+            return self._choice[key]
+        if k <= 0 or free.bit_count() < k:
+            result = None
+        elif self.uniform and comb(free.bit_count(), k) > _ENUMERATION_LIMIT:
+            result = self._numa_best_fit(free, k)
+        else:
+            result = self._enumerate(free, k)
+        self._choice[key] = result
+        return result
+
+    def _enumerate(self, free: int, k: int) -> int:
+        best_mask = 0
+        best_key: tuple[float, float, float, int, float] | None = None
+        for combo in itertools.combinations(scoring.members(free), k):
+            mask = scoring.to_mask(combo)
+            s = self.score(mask).rank_key()
+            key = (*s, self.future(free & ~mask))
+            if best_key is None or key > best_key:  # strict: lowest indices win ties
+                best_key, best_mask = key, mask
+        return best_mask
+
+    def _numa_best_fit(self, free: int, k: int) -> int:
+        # All sets have equal bandwidth: use as few NUMA nodes as possible, taking whole groups
+        # largest first and the last one best-fit, so other groups stay whole.
+        groups: dict[int | None, list[int]] = {}
+        for i in scoring.members(free):
+            groups.setdefault(self.topology.gpus[i].numa_node, []).append(i)
+        ordered = sorted(groups.values(), key=lambda g: (-len(g), g[0]))
+        chosen: list[int] = []
+        while len(chosen) < k:
+            need = k - len(chosen)
+            fits = [g for g in ordered if len(g) >= need]
+            group = min(fits, key=lambda g: (len(g), g[0])) if fits else ordered[0]
+            ordered.remove(group)
+            chosen.extend(group[: min(need, len(group))])
+        return scoring.to_mask(chosen)
+
+
+_TABLES: dict[str, ClassTables] = {}
+_BY_ID: dict[int, tuple[Topology, ClassTables]] = {}
+_BY_ID_LIMIT = 100_000
+_LOCK = threading.Lock()
+
+
+def tables_for(t: Topology) -> ClassTables:
+    """The shared tables of `t`'s class. Looked up by object identity first: the binder keeps
+    one decoded Topology per node, so the class hash is computed once per node, not per call."""
+    hit = _BY_ID.get(id(t))
+    if hit is not None and hit[0] is t:
+        return hit[1]
+    cls = topology_class(t)
+    with _LOCK:
+        tables = _TABLES.get(cls)
+        if tables is None:
+            tables = _TABLES[cls] = ClassTables(t)
+        if len(_BY_ID) >= _BY_ID_LIMIT:
+            _BY_ID.clear()
+        _BY_ID[id(t)] = (t, tables)  # holding t keeps its id from being reused
+    return tables
+
+
+def usable_mask(t: Topology, free: Iterable[int]) -> int:
+    """Free GPUs that exist and are healthy, as a bitmask."""
+    m = 0
+    for i in free:
+        if 0 <= i < t.size and t.gpus[i].healthy:
+            m |= 1 << i
+    return m
+
+
+def choose_gpus(t: Topology, free: Iterable[int], k: int) -> tuple[int, ...] | None:
+    """The best k GPUs among `free` on a node of topology `t` (sorted indices), or None when
+    fewer than k healthy GPUs are free."""
+    mask = tables_for(t).choose(usable_mask(t, free), k)
+    return None if mask is None else tuple(scoring.members(mask))
+
+
+def set_score(t: Topology, gpus: Iterable[int]) -> SetScore:
+    """Scores of a given GPU set (cached per class)."""
+    return tables_for(t).score(scoring.to_mask(gpus))
