@@ -1,0 +1,291 @@
+"""The policy engine: (pod, namespace labels, owners, policies) → Decision. Pure; never raises.
+
+Matching policies are merged field by field, the higher spec.priority winning (equal priorities
+cannot disagree: the loader refuses such conflicts). The job's own runPolicy.schedulingPolicy wins
+over any policy. Applying the engine to a pod it already mutated yields the same Decision, so
+render_patch then returns an empty patch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from webhook import keys
+from webhook.policy.decision import Backend, Decision, PodGroupSpec, PolicyMatch
+from webhook.policy.policyset import PolicySet
+from webhook.policy.schema import Match, SchedulingPolicy
+from webhook.policy.selectors import mismatch
+from webhook.policy.workload import Workload, analyse
+
+TOPOLOGY_TOLERATION: Mapping[str, str] = {
+    "key": keys.TAINT_GPU_TOPOLOGY, "operator": "Exists", "effect": "NoSchedule"}
+_DEFAULT_SCHEDULER: dict[str, str | None] = {
+    # coscheduling usually runs inside the default scheduler: leave schedulerName alone
+    "volcano": "volcano", "coscheduling": None, "muster": keys.DEFAULT_BINDER_SCHEDULER_NAME}
+_GROUP_KEYS = (  # (where, key, backend) of every key that puts a pod into a gang
+    ("annotation", keys.VOLCANO_GROUP_ANNOTATION, "volcano"),
+    ("label", keys.COSCHEDULING_GROUP_LABEL, "coscheduling"),
+    ("label", keys.LEGACY_COSCHEDULING_GROUP_LABEL, None),
+    ("annotation", keys.ANN_GANG_NAME, "muster"),
+)
+
+
+def _d(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _str_map(value: Any) -> dict[str, str]:
+    return {k: v for k, v in _d(value).items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def match_policy(match: Match, namespace: str, ns_labels: Mapping[str, str],
+                 pod_labels: Mapping[str, str], work: Workload, *,
+                 all_reasons: bool = False) -> tuple[bool, tuple[str, ...]]:
+    """Whether the match applies and why. Stops at the first failed condition unless
+    all_reasons (for `muster policy explain`)."""
+    reasons: list[str] = []
+    ok = True
+
+    def check(passed: bool, why: str) -> bool:
+        nonlocal ok
+        reasons.append(("✓ " if passed else "✗ ") + why)
+        ok = ok and passed
+        return passed or all_reasons
+
+    if match.namespaces is not None and not check(
+            namespace in match.namespaces,
+            f"namespace {namespace or '(none)'} {'is' if namespace in match.namespaces else 'not'}"
+            f" in {match.namespaces}"):
+        return False, tuple(reasons)
+    if match.namespaceSelector is not None:
+        miss = mismatch(match.namespaceSelector, ns_labels)
+        if not check(miss is None, f"namespaceSelector: {miss or 'matches'}"):
+            return False, tuple(reasons)
+    if match.podSelector is not None:
+        miss = mismatch(match.podSelector, pod_labels)
+        if not check(miss is None, f"podSelector: {miss or 'matches'}"):
+            return False, tuple(reasons)
+    if match.ownerKinds is not None:
+        hit = sorted(work.owner_kinds.intersection(match.ownerKinds))
+        chain = ", ".join(sorted(work.owner_kinds)) or "no owner"
+        why = f"owned by {hit[0]}" if hit else f"owner kinds {match.ownerKinds} not in ({chain})"
+        if not check(bool(hit), why):
+            return False, tuple(reasons)
+    if match.gpus is not None:
+        lo, hi = match.gpus.min, match.gpus.max
+        inside = (lo is None or work.gpus >= lo) and (hi is None or work.gpus <= hi)
+        what = "job" if work.members is not None and work.kind != "Pod" else "pod"
+        if not check(inside, f"{what} requests {work.gpus} GPUs, range [{lo}, {hi}]"):
+            return False, tuple(reasons)
+    if not reasons:
+        reasons.append("✓ no conditions: matches every pod")
+    return ok, tuple(reasons)
+
+
+def _merge(matched: Sequence[SchedulingPolicy]) -> dict[str, tuple[Any, str]]:
+    """field → (value, policy name); the first writer wins (policies come highest priority
+    first)."""
+    merged: dict[str, tuple[Any, str]] = {}
+    for policy in matched:
+        spec = policy.spec
+        for section in (spec.gang, spec.istio, spec.topology):
+            if section is None:
+                continue
+            prefix = type(section).__name__.lower()
+            for name in section.model_fields_set:
+                merged.setdefault(f"{prefix}.{name}", (getattr(section, name), policy.name))
+        for key, value in spec.labels.items():
+            merged.setdefault(f"labels.{key}", (value, policy.name))
+        for key, value in spec.annotations.items():
+            merged.setdefault(f"annotations.{key}", (value, policy.name))
+    return merged
+
+
+def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
+             owners: Sequence[Mapping[str, Any]], policies: PolicySet) -> Decision:
+    """The Decision for a pod being created. `owners` are the owner objects from the pod's
+    controller up to the root (e.g. [Job, MPIJob] for an MPI launcher); when they are missing
+    the engine falls back on the pod's ownerReferences and labels and says so in a warning."""
+    pod = _d(pod)
+    meta = _d(pod.get("metadata"))
+    namespace = _s(meta.get("namespace")) or ""
+    pod_labels = _str_map(meta.get("labels"))
+    pod_ann = _str_map(meta.get("annotations"))
+    ns_labels = _str_map(namespace_labels)
+    work = analyse(pod, owners if isinstance(owners, Sequence) else ())
+
+    matches: list[PolicyMatch] = []
+    matched: list[SchedulingPolicy] = []
+    for policy in policies.policies:
+        ok, reasons = match_policy(policy.spec.match, namespace, ns_labels, pod_labels, work)
+        matches.append(PolicyMatch(policy.name, ok, reasons))
+        if ok:
+            matched.append(policy)
+
+    labels: dict[str, str | None] = {}
+    annotations: dict[str, str | None] = {}
+    warnings: list[str] = []
+    if keys.ANN_GPU_ASSIGNMENT in _d(meta.get("annotations")):
+        annotations[keys.ANN_GPU_ASSIGNMENT] = None
+        warnings.append(f"removed {keys.ANN_GPU_ASSIGNMENT}: only Muster's binder assigns GPUs")
+    if not matched:
+        return Decision(matches=tuple(matches), annotations=annotations,
+                        warnings=tuple(warnings))
+
+    merged = _merge(matched)
+    value = {k: v for k, (v, _) in merged.items()}
+    scheduler_name: str | None = None
+    tolerations: list[Mapping[str, Any]] = []
+    node_affinity: list[Mapping[str, Any]] = []
+
+    pod_group = None
+    backend: Backend | None = value.get("gang.backend")
+    if backend is not None:
+        warnings.extend(work.warnings)
+        pod_group, why_not = _gang(backend, value, merged, work, namespace=namespace,
+                                   pod_labels=pod_labels, pod_ann=pod_ann, warnings=warnings)
+        if pod_group is None:
+            warnings.append(f"gang policy {merged['gang.backend'][1]} not applied: {why_not}")
+        else:
+            scheduler_name = value.get("gang.schedulerName") or _DEFAULT_SCHEDULER[backend]
+            _join(pod_group, labels, annotations)
+            if backend == "muster":
+                tolerations.append(TOPOLOGY_TOLERATION)
+
+    mode = value.get("topology.mode", "off")
+    if mode != "off":
+        if pod_group is None or pod_group.backend != "muster":
+            warnings.append(f"topology policy {merged['topology.mode'][1]} not applied: it needs "
+                            "a gang with backend muster")
+        else:
+            request = {"v": 1, "mode": mode, "singleNode": bool(value.get("topology.singleNode")),
+                       "minRingGBps": value.get("topology.minRingGBps")}
+            annotations[keys.ANN_GPU_TOPOLOGY] = json.dumps(request, separators=(",", ":"))
+            models = value.get("topology.allowedModels") or []
+            if models:
+                node_affinity.append({
+                    "key": keys.LABEL_GPU_MODEL, "operator": "In",
+                    "values": sorted({keys.gpu_model_label_value(m) for m in models})})
+
+    if value.get("istio.optOut"):
+        labels[keys.ISTIO_INJECT] = "false"
+        annotations[keys.ISTIO_INJECT] = "false"
+    for name, v in value.items():
+        if name.startswith("labels."):
+            labels[name[7:]] = v
+        elif name.startswith("annotations."):
+            annotations[name[12:]] = v
+    annotations[keys.ANN_POLICY] = ",".join(p.name for p in matched)
+
+    return Decision(
+        matches=tuple(matches), policies=tuple(p.name for p in matched), pod_group=pod_group,
+        labels=labels, annotations=annotations, scheduler_name=scheduler_name,
+        tolerations=tuple(tolerations), node_affinity=tuple(node_affinity),
+        warnings=tuple(warnings))
+
+
+def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple[Any, str]],
+          work: Workload, *, namespace: str, pod_labels: Mapping[str, str],
+          pod_ann: Mapping[str, str], warnings: list[str]) -> tuple[PodGroupSpec | None, str]:
+    name = work.name
+    if not name:
+        return None, "the pod has no name yet (generateName) and no owner to name a gang after"
+    # A group key from another controller (e.g. the MPI operator's --gang-scheduling) stays.
+    # Our own keys, from an earlier pass, are recognised by the audit annotation.
+    ours = keys.ANN_POLICY in pod_ann
+    for where, key, key_backend in _GROUP_KEYS:
+        present = (pod_labels if where == "label" else pod_ann).get(key)
+        if present is not None and not (ours and key_backend == backend and present == name):
+            return None, f"the pod already joins gang {present!r} through {where} {key}"
+
+    sp = work.scheduling_policy
+    job_min = sp.get("minAvailable")
+    if isinstance(job_min, int) and not isinstance(job_min, bool) and job_min >= 1:
+        min_member = job_min
+    else:
+        wanted = value.get("gang.minAvailable", "auto")
+        total = work.members
+        if wanted == "auto":
+            if work.auto_min_member is None:
+                return None, f"minAvailable auto needs the {work.kind} object to count its pods"
+            min_member = work.auto_min_member
+        elif isinstance(wanted, int):
+            min_member = wanted
+            if total is not None and wanted > total:
+                warnings.append(f"minAvailable {wanted} is more than the job's {total} pods: "
+                                f"using {total}")
+                min_member = total
+        else:
+            if total is None:
+                return None, f"minAvailable {wanted} needs the {work.kind} object to count its pods"
+            min_member = max(1, math.ceil(int(wanted[:-1]) * total / 100))
+    if min_member < 1:
+        return None, f"the {work.kind} has no pods to gang"
+
+    for field, only in (("gang.queue", "volcano"), ("gang.priorityClass", "volcano"),
+                        ("gang.scheduleTimeoutSeconds", "coscheduling|muster")):
+        if field in merged and backend not in only.split("|"):
+            warnings.append(f"{field} of policy {merged[field][1]} ignored: backend is {backend}")
+
+    queue = priority_class = None
+    if backend == "volcano":
+        queue = _s(sp.get("queue")) or work.queue or value.get("gang.queue")
+        priority_class = (_s(sp.get("priorityClass")) or work.priority_class
+                          or value.get("gang.priorityClass"))
+    timeout = None
+    if backend != "volcano":
+        job_timeout = sp.get("scheduleTimeoutSeconds")
+        timeout = job_timeout if isinstance(job_timeout, int) and job_timeout > 0 \
+            else value.get("gang.scheduleTimeoutSeconds")
+    min_resources = None
+    if backend != "muster":
+        job_res = sp.get("minResources")
+        if isinstance(job_res, Mapping) and job_res:
+            min_resources = {str(k): str(v) for k, v in job_res.items()}
+        else:
+            wanted_res = value.get("gang.minResources", "auto")
+            if isinstance(wanted_res, dict):
+                min_resources = dict(wanted_res)
+            elif wanted_res == "auto":
+                min_resources = work.min_resources(min_member)
+    return PodGroupSpec(backend=backend, name=name, namespace=namespace, min_member=min_member,
+                        min_resources=min_resources, queue=queue, priority_class=priority_class,
+                        timeout_seconds=timeout, owner=work.owner), ""
+
+
+def _s(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _join(group: PodGroupSpec, labels: dict[str, str | None],
+          annotations: dict[str, str | None]) -> None:
+    """The keys that make the pod a member of its gang, per backend."""
+    if group.backend == "volcano":
+        annotations[keys.VOLCANO_GROUP_ANNOTATION] = group.name
+        if group.queue:
+            annotations[keys.VOLCANO_QUEUE_ANNOTATION] = group.queue
+    elif group.backend == "coscheduling":
+        labels[keys.COSCHEDULING_GROUP_LABEL] = group.name
+    else:
+        annotations[keys.ANN_GANG_NAME] = group.name
+        annotations[keys.ANN_GANG_MIN_MEMBER] = str(group.min_member)
+        if group.timeout_seconds:
+            annotations[keys.ANN_GANG_TIMEOUT] = str(group.timeout_seconds)
+
+
+def explain(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
+            owners: Sequence[Mapping[str, Any]], policies: PolicySet) -> tuple[PolicyMatch, ...]:
+    """Every condition of every policy, met or not (evaluate stops at the first failure)."""
+    pod = _d(pod)
+    meta = _d(pod.get("metadata"))
+    namespace = _s(meta.get("namespace")) or ""
+    work = analyse(pod, owners)
+    out = []
+    for policy in policies.policies:
+        ok, reasons = match_policy(policy.spec.match, namespace, _str_map(namespace_labels),
+                                   _str_map(meta.get("labels")), work, all_reasons=True)
+        out.append(PolicyMatch(policy.name, ok, reasons))
+    return tuple(out)

@@ -1,0 +1,87 @@
+"""Render a Decision as an RFC 6902 JSON Patch against the pod it was made for.
+
+Only differences are rendered, so a pod that already has everything gets an empty patch; keys are
+escaped per RFC 6901 (`muster.io/policy` → `muster.io~1policy`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from webhook.jsonpatch import escape
+from webhook.policy.decision import Decision
+
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def _d(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _map_ops(current: Any, wanted: Mapping[str, str | None], base: str) -> list[dict[str, Any]]:
+    if not isinstance(current, Mapping):
+        fresh = {k: v for k, v in wanted.items() if v is not None}
+        return [{"op": "add", "path": base, "value": fresh}] if fresh else []
+    ops: list[dict[str, Any]] = []
+    for key, value in wanted.items():
+        path = f"{base}/{escape(key)}"
+        if value is None:
+            if key in current:
+                ops.append({"op": "remove", "path": path})
+        elif current.get(key) != value:
+            ops.append({"op": "add", "path": path, "value": value})
+    return ops
+
+
+def _affinity_ops(spec: Mapping[str, Any], exprs: tuple[Mapping[str, Any], ...]
+                  ) -> list[dict[str, Any]]:
+    if not exprs:
+        return []
+    wanted = [dict(e) for e in exprs]
+    term = {"matchExpressions": wanted}
+    affinity = spec.get("affinity")
+    if not isinstance(affinity, Mapping):
+        return [{"op": "add", "path": "/spec/affinity",
+                 "value": {"nodeAffinity": {_REQUIRED: {"nodeSelectorTerms": [term]}}}}]
+    node = affinity.get("nodeAffinity")
+    if not isinstance(node, Mapping):
+        return [{"op": "add", "path": "/spec/affinity/nodeAffinity",
+                 "value": {_REQUIRED: {"nodeSelectorTerms": [term]}}}]
+    required = node.get(_REQUIRED)
+    base = f"/spec/affinity/nodeAffinity/{_REQUIRED}"
+    terms = _d(required).get("nodeSelectorTerms")
+    if not isinstance(terms, list) or not terms:
+        return [{"op": "add", "path": base, "value": {"nodeSelectorTerms": [term]}}]
+    # Terms are ORed: the requirement must hold in each of them.
+    ops: list[dict[str, Any]] = []
+    for i, t in enumerate(terms):
+        have = _d(t).get("matchExpressions")
+        if not isinstance(have, list):
+            ops.append({"op": "add", "path": f"{base}/nodeSelectorTerms/{i}/matchExpressions",
+                        "value": wanted})
+            continue
+        ops.extend({"op": "add", "path": f"{base}/nodeSelectorTerms/{i}/matchExpressions/-",
+                    "value": e} for e in wanted if e not in have)
+    return ops
+
+
+def render_patch(pod: Mapping[str, Any], decision: Decision) -> list[dict[str, Any]]:
+    """RFC 6902 operations that bring `pod` to the state the decision describes."""
+    pod = _d(pod)
+    meta = _d(pod.get("metadata"))
+    spec = _d(pod.get("spec"))
+    ops = _map_ops(meta.get("labels"), decision.labels, "/metadata/labels")
+    ops += _map_ops(meta.get("annotations"), decision.annotations, "/metadata/annotations")
+    if decision.scheduler_name and spec.get("schedulerName") != decision.scheduler_name:
+        ops.append({"op": "add", "path": "/spec/schedulerName", "value": decision.scheduler_name})
+    if decision.tolerations:
+        have = spec.get("tolerations")
+        missing = [dict(t) for t in decision.tolerations
+                   if not isinstance(have, list) or dict(t) not in have]
+        if not isinstance(have, list):
+            ops.append({"op": "add", "path": "/spec/tolerations", "value": missing})
+        else:
+            ops.extend({"op": "add", "path": "/spec/tolerations/-", "value": t} for t in missing)
+    ops += _affinity_ops(spec, decision.node_affinity)
+    return ops

@@ -1,0 +1,38 @@
+"""The PodGroup object for a Decision's PodGroupSpec, as Volcano or scheduler-plugins expect it.
+
+Shapes follow the upstream CRDs (checked against their OpenAPI schemas in the tests) and the MPI
+operator: Volcano gets queue and priorityClassName but has no timeout; coscheduling gets
+scheduleTimeoutSeconds but has no queue or priority class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from webhook import keys
+from webhook.policy.decision import PodGroupSpec
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "muster"}
+
+
+def podgroup_manifest(spec: PodGroupSpec) -> dict[str, Any] | None:
+    """The PodGroup to create, or None for backend muster (its gang lives on pod annotations)."""
+    if spec.backend == "muster":
+        return None
+    group, version, _ = keys.VOLCANO_API if spec.backend == "volcano" else keys.COSCHEDULING_API
+    metadata: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace,
+                                "labels": dict(MANAGED_BY)}
+    if spec.owner is not None:
+        metadata["ownerReferences"] = [spec.owner.as_owner_reference()]
+    body: dict[str, Any] = {"minMember": spec.min_member}
+    if spec.min_resources:
+        body["minResources"] = dict(spec.min_resources)
+    if spec.backend == "volcano":
+        if spec.queue:
+            body["queue"] = spec.queue
+        if spec.priority_class:
+            body["priorityClassName"] = spec.priority_class
+    elif spec.timeout_seconds:
+        body["scheduleTimeoutSeconds"] = spec.timeout_seconds
+    return {"apiVersion": f"{group}/{version}", "kind": "PodGroup", "metadata": metadata,
+            "spec": body}

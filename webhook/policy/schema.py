@@ -1,0 +1,284 @@
+"""The SchedulingPolicy schema (muster.io/v1alpha1): pydantic v2 models, unknown fields rejected.
+
+Every field is documented in docs/policies.md. Validators raise ValueError with a message an
+admin can act on; the loader adds file, line, column and field path.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    field_validator,
+)
+
+from webhook import keys
+from webhook.policy.quantity import QuantityError, parse_quantity
+
+API_VERSION = "muster.io/v1alpha1"
+KIND = "SchedulingPolicy"
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_OWNER_KIND = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Z][A-Za-z0-9]*$")
+_PERCENT = re.compile(r"^([0-9]{1,3})%$")
+
+#: keys that Muster itself writes: a policy may neither set nor select on them
+RESERVED_KEYS = frozenset({
+    keys.ISTIO_INJECT, keys.VOLCANO_GROUP_ANNOTATION, keys.VOLCANO_QUEUE_ANNOTATION,
+    keys.COSCHEDULING_GROUP_LABEL, keys.LEGACY_COSCHEDULING_GROUP_LABEL,
+})
+
+
+def _dns_subdomain(value: str, what: str) -> str:
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(f"{value!r} is not a valid {what} (lowercase DNS-1123 subdomain)")
+    return value
+
+
+def check_label_key(key: str) -> str:
+    prefix, _, name = key.rpartition("/")
+    if prefix:
+        _dns_subdomain(prefix, "key prefix")
+    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
+        raise ValueError(f"{key!r} is not a valid label/annotation key")
+    return key
+
+
+def check_label_value(value: str) -> str:
+    if len(value) > 63 or not _LABEL_NAME.match(value):
+        raise ValueError(f"{value!r} is not a valid label value (≤ 63 of [A-Za-z0-9._-])")
+    return value
+
+
+def _namespace(value: str) -> str:
+    if len(value) > 63:
+        raise ValueError(f"{value!r} is not a valid namespace name (too long)")
+    return _dns_subdomain(value, "namespace name")
+
+
+def _owner_kind(value: str) -> str:
+    if not _OWNER_KIND.match(value):
+        raise ValueError(f"{value!r} is not an owner kind: write group/Kind, e.g. "
+                         "kubeflow.org/MPIJob, batch/Job, or Kind alone for the core group")
+    return value
+
+
+def _gpu_model(value: str) -> str:
+    if not keys.gpu_model_label_value(value):
+        raise ValueError(f"{value!r} is not a GPU model name")
+    return value
+
+
+def _not_reserved(key: str) -> str:
+    if key in RESERVED_KEYS or key.split("/", 1)[0] == keys.DOMAIN:
+        raise ValueError(f"{key!r} is written by Muster itself; set it through gang/istio/topology")
+    return key
+
+
+LabelKey = Annotated[str, AfterValidator(check_label_key)]
+LabelValue = Annotated[str, AfterValidator(check_label_value)]
+OwnKey = Annotated[str, AfterValidator(check_label_key), AfterValidator(_not_reserved)]
+Namespace = Annotated[str, AfterValidator(_namespace)]
+OwnerKind = Annotated[str, AfterValidator(_owner_kind)]
+GpuModel = Annotated[str, AfterValidator(_gpu_model)]
+
+
+def _min_available(value: Any) -> int | str:
+    """"auto", an integer ≥ 1, or "NN%" (1-100)."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    if isinstance(value, str) and (m := _PERCENT.match(value)) and 1 <= int(m[1]) <= 100:
+        return value
+    raise ValueError('must be "auto", an integer ≥ 1 or a percentage such as "80%"')
+
+
+def _min_resources(value: Any) -> str | dict[str, str]:
+    if value in ("auto", "none"):
+        return str(value)
+    if isinstance(value, dict) and value:
+        out: dict[str, str] = {}
+        for name, qty in value.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"resource name {name!r} must be a non-empty string")
+            try:
+                parse_quantity(qty)
+            except QuantityError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+            out[name] = str(qty)
+        return out
+    raise ValueError('must be "auto", "none" or a map of resource name to quantity')
+
+
+MinAvailable = Annotated[int | str, PlainValidator(_min_available)]
+MinResources = Annotated[str | dict[str, str], PlainValidator(_min_resources)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class LabelSelectorRequirement(_Model):
+    key: LabelKey
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+
+
+class LabelSelector(_Model):
+    matchLabels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    matchExpressions: list[LabelSelectorRequirement] = Field(default_factory=list)
+
+    def keys(self) -> set[str]:
+        return set(self.matchLabels) | {e.key for e in self.matchExpressions}
+
+
+class GpuRange(_Model):
+    min: int | None = Field(default=None, ge=0)
+    max: int | None = Field(default=None, ge=0)
+
+
+class Match(_Model):
+    namespaces: list[Namespace] | None = None
+    namespaceSelector: LabelSelector | None = None
+    podSelector: LabelSelector | None = None
+    ownerKinds: list[OwnerKind] | None = None
+    gpus: GpuRange | None = None
+
+    @field_validator("podSelector")
+    @classmethod
+    def _pod_selector(cls, v: LabelSelector | None) -> LabelSelector | None:
+        if v is not None and (bad := v.keys() & RESERVED_KEYS):
+            raise ValueError(
+                f"cannot select on {sorted(bad)[0]!r}: Muster writes that label itself, so the "
+                "result would change when the pod is evaluated again")
+        return v
+
+
+class Gang(_Model):
+    backend: Literal["volcano", "coscheduling", "muster"]
+    minAvailable: MinAvailable = "auto"
+    queue: str | None = None
+    priorityClass: str | None = None
+    minResources: MinResources = "auto"
+    scheduleTimeoutSeconds: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    schedulerName: str | None = None
+
+    @field_validator("queue")
+    @classmethod
+    def _queue(cls, v: str | None) -> str | None:
+        return None if v is None else _dns_subdomain(v, "queue name")
+
+    @field_validator("priorityClass", "schedulerName")
+    @classmethod
+    def _names(cls, v: str | None) -> str | None:
+        return None if v is None else _dns_subdomain(v, "name")
+
+
+class Istio(_Model):
+    optOut: bool = False
+
+
+class Topology(_Model):
+    mode: Literal["required", "preferred", "off"]
+    singleNode: bool = False
+    minRingGBps: float | None = Field(default=None, gt=0)
+    allowedModels: list[GpuModel] = Field(default_factory=list)
+
+    @field_validator("minRingGBps", mode="before")
+    @classmethod
+    def _number(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):
+            return float(v)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError("must be a finite number of GB/s")
+        return v
+
+
+class Spec(_Model):
+    priority: int = 0
+    match: Match = Field(default_factory=Match)
+    gang: Gang | None = None
+    istio: Istio | None = None
+    topology: Topology | None = None
+    labels: dict[OwnKey, LabelValue] = Field(default_factory=dict)
+    annotations: dict[OwnKey, str] = Field(default_factory=dict)
+
+
+class Metadata(BaseModel):
+    # labels/annotations on the policy document itself are allowed and ignored
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _dns_subdomain(v, "policy name")
+
+
+class SchedulingPolicy(_Model):
+    apiVersion: Literal["muster.io/v1alpha1"]
+    kind: Literal["SchedulingPolicy"]
+    metadata: Metadata
+    spec: Spec
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+
+Path = tuple[str | int, ...]
+
+
+def contradictions(policy: SchedulingPolicy) -> list[tuple[Path, str]]:
+    """Combinations of individually valid fields that cannot work together, with exact paths."""
+    spec = policy.spec
+    out: list[tuple[Path, str]] = []
+    for sel_name in ("namespaceSelector", "podSelector"):
+        sel: LabelSelector | None = getattr(spec.match, sel_name)
+        for i, req in enumerate(sel.matchExpressions if sel else ()):
+            at: Path = ("spec", "match", sel_name, "matchExpressions", i, "values")
+            if req.operator in ("In", "NotIn") and not req.values:
+                out.append((at, f"operator {req.operator} needs at least one value"))
+            if req.operator in ("Exists", "DoesNotExist") and req.values:
+                out.append((at, f"operator {req.operator} takes no values"))
+    gpus = spec.match.gpus
+    if gpus and gpus.min is not None and gpus.max is not None and gpus.min > gpus.max:
+        out.append((("spec", "match", "gpus", "max"),
+                    f"max ({gpus.max}) is smaller than min ({gpus.min})"))
+    gang = spec.gang
+    if gang is not None:
+        if gang.backend != "volcano" and gang.queue is not None:
+            out.append((("spec", "gang", "queue"),
+                        f"queue is a Volcano setting; backend {gang.backend} has no queues"))
+        if gang.backend != "volcano" and gang.priorityClass is not None:
+            out.append((("spec", "gang", "priorityClass"),
+                        f"priorityClass is written to Volcano PodGroups only; backend "
+                        f"{gang.backend} uses the pods' own priority"))
+        if gang.backend == "volcano" and gang.scheduleTimeoutSeconds is not None:
+            out.append((("spec", "gang", "scheduleTimeoutSeconds"),
+                        "Volcano PodGroups have no schedule timeout; use backend coscheduling "
+                        "or muster, or remove it"))
+    topo = spec.topology
+    if topo is not None and topo.mode == "off" and (
+            topo.singleNode or topo.minRingGBps is not None or topo.allowedModels):
+        out.append((("spec", "topology", "mode"),
+                    "mode off turns topology placement off: singleNode, minRingGBps and "
+                    "allowedModels would have no effect, remove them"))
+    if topo is not None and topo.mode != "off" and (gang is None or gang.backend != "muster"):
+        got = f"backend {gang.backend}" if gang else "no gang"
+        out.append((("spec", "topology", "mode"),
+                    f"topology mode {topo.mode} needs gang backend muster (Muster's binder does "
+                    f"topology-aware placement), got {got}"))
+    return out

@@ -1,0 +1,215 @@
+"""What job a pod belongs to, read from the pod and its owner objects (pure, never raises).
+
+Gang settings follow the MPI operator's (v2beta1) semantics, which users already know; the same
+rules apply to the Kubeflow PyTorchJob/TFJob (sum of replicas), a batch/Job (parallelism) and a
+bare pod (a gang of one). Every pod of one job must come out with the same group, so everything
+here is read from the job object, never from the individual pod, when the job is known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from webhook import keys
+from webhook.policy.decision import OwnerRef
+from webhook.policy.quantity import QuantityError, add_quantities, format_quantity
+
+MPIJOB = "kubeflow.org/MPIJob"
+PYTORCHJOB = "kubeflow.org/PyTorchJob"
+TFJOB = "kubeflow.org/TFJob"
+BATCH_JOB = "batch/Job"
+POD = "Pod"
+#: spec field holding the replica specs of each Kubeflow job kind
+_REPLICA_FIELD = {MPIJOB: "mpiReplicaSpecs", PYTORCHJOB: "pytorchReplicaSpecs",
+                  TFJOB: "tfReplicaSpecs"}
+#: replica types that go first when minResources is summed over the minMember first replicas
+_LEADERS = ("Launcher", "Master", "Chief", "PS")
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+OPERATOR_LABEL = "training.kubeflow.org/operator-name"
+
+
+def _d(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _l(value: Any) -> Sequence[Any]:
+    return value if isinstance(value, list | tuple) else ()
+
+
+def _s(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _i(value: Any, default: int | None = None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def group_kind(api_version: Any, kind: Any) -> str:
+    """"kubeflow.org/MPIJob" from apiVersion kubeflow.org/v2beta1; "Pod" for the core group."""
+    group = api_version.rpartition("/")[0] if isinstance(api_version, str) else ""
+    return f"{group}/{kind}" if group else str(kind)
+
+
+def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    refs = [r for r in _l(_d(obj.get("metadata")).get("ownerReferences")) if isinstance(r, Mapping)]
+    for ref in refs:
+        if ref.get("controller") is True:
+            return ref
+    return refs[0] if len(refs) == 1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    role: str
+    count: int
+    pod_spec: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    kind: str  # group/Kind of the job, or "Pod"
+    name: str | None  # gang name; None when no stable name can be derived
+    owner: OwnerRef | None  # owner of the PodGroup (the job), when known with its uid
+    members: int | None  # all pods of the job, None when the job object is unknown
+    auto_min_member: int | None  # minAvailable "auto": MPI workers + 1, else all members
+    gpus: int  # GPUs of the whole job when its spec is known, else of this pod
+    scheduling_policy: Mapping[str, Any]  # the job's runPolicy.schedulingPolicy
+    queue: str | None  # the job's scheduling.volcano.sh/queue-name annotation
+    priority_class: str | None  # from the job's pod templates
+    replicas: tuple[Replica, ...]
+    owner_kinds: frozenset[str]  # every kind in the ownership chain
+    warnings: tuple[str, ...] = ()
+
+    def min_resources(self, min_member: int) -> dict[str, str] | None:
+        """Sum of requests (limits where no request) over the first min_member replicas in role
+        order, as the MPI operator does for equal-priority replicas (the launcher first)."""
+        if not self.replicas:
+            return None
+        total: dict[str, tuple[Fraction, bool]] = {}
+        left = min_member
+        for rep in sorted(self.replicas, key=lambda r: r.role not in _LEADERS):
+            take = min(rep.count, left)
+            left -= take
+            if take <= 0:
+                continue
+            for c in _l(rep.pod_spec.get("containers")):
+                res = _d(_d(c).get("resources"))
+                merged = {**_d(res.get("limits")), **_d(res.get("requests"))}
+                for name, qty in merged.items():
+                    try:
+                        add_quantities(total, str(name), qty, take)
+                    except QuantityError:
+                        continue  # the API server rejects such pods anyway
+        return {k: format_quantity(v, b) for k, (v, b) in sorted(total.items())} or None
+
+
+def pod_gpus(spec: Mapping[str, Any]) -> int:
+    def one(c: Any) -> int:
+        res = _d(_d(c).get("resources"))
+        raw = _d(res.get("limits")).get(keys.GPU_RESOURCE, _d(res.get("requests")).get(
+            keys.GPU_RESOURCE, 0))
+        try:
+            return int(raw) if isinstance(raw, int | str) and not isinstance(raw, bool) else 0
+        except ValueError:
+            return 0
+
+    main = sum(one(c) for c in _l(spec.get("containers")))
+    init = max((one(c) for c in _l(spec.get("initContainers"))), default=0)
+    return max(main, init)
+
+
+def _template_spec(replica: Any) -> Mapping[str, Any]:
+    return _d(_d(_d(replica).get("template")).get("spec"))
+
+
+def _replicas(kind: str, obj: Mapping[str, Any]) -> tuple[Replica, ...]:
+    spec = _d(obj.get("spec"))
+    if kind in _REPLICA_FIELD:
+        out = []
+        for role, rep in sorted(_d(spec.get(_REPLICA_FIELD[kind])).items()):
+            default = 0 if (kind == MPIJOB and role == "Worker") else 1
+            count = _i(_d(rep).get("replicas"), default) or 0
+            out.append(Replica(str(role), max(count, 0), _template_spec(rep)))
+        return tuple(out)
+    if kind == BATCH_JOB:
+        parallelism = _i(spec.get("parallelism"), 1) or 0
+        completions = _i(spec.get("completions"))
+        count = min(parallelism, completions) if completions is not None else parallelism
+        return (Replica("Job", max(count, 0), _template_spec(spec)),)
+    return ()
+
+
+def analyse(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Workload:
+    meta = _d(pod.get("metadata"))
+    labels = _d(meta.get("labels"))
+    warnings: list[str] = []
+    objs = [o for o in owners if isinstance(o, Mapping)]
+
+    # Follow controller references from the pod up, attaching owner objects where we have them.
+    chain: list[tuple[str, Mapping[str, Any], Mapping[str, Any] | None]] = []
+    ref = controller_ref(pod)
+    seen = 0
+    while ref is not None and seen < 8:
+        seen += 1
+        kind = group_kind(ref.get("apiVersion"), ref.get("kind"))
+        obj = next((o for o in objs if _d(o.get("metadata")).get("name") == ref.get("name")
+                    and group_kind(o.get("apiVersion"), o.get("kind")) == kind), None)
+        chain.append((kind, ref, obj))
+        ref = controller_ref(obj) if obj is not None else None
+    if chain and chain[-1][2] is None and chain[-1][0] in (*_REPLICA_FIELD, BATCH_JOB):
+        warnings.append(f"owner {chain[-1][0]} {chain[-1][1].get('name')} not available: gang "
+                        "settings derived from the pod's ownerReferences and labels")
+        # An MPI v2 launcher is a Job owned by the MPIJob: its labels still name the MPIJob.
+        job_name = _s(labels.get(JOB_NAME_LABEL))
+        if chain[-1][0] == BATCH_JOB and job_name and labels.get(OPERATOR_LABEL) == "mpi-operator":
+            chain.append((MPIJOB, {"name": job_name}, None))
+    owner_kinds = frozenset(k for k, _, _ in chain)
+
+    known = [c for c in chain if c[0] in _REPLICA_FIELD or c[0] == BATCH_JOB]
+    if not known:
+        name = _s(meta.get("name"))
+        spec = _d(pod.get("spec"))
+        ann = _d(meta.get("annotations"))
+        return Workload(
+            kind=POD, name=name, owner=None, members=1, auto_min_member=1,
+            gpus=pod_gpus(spec), scheduling_policy={},
+            queue=_s(ann.get(keys.VOLCANO_QUEUE_ANNOTATION)),
+            priority_class=_s(spec.get("priorityClassName")),
+            replicas=(Replica("Pod", 1, spec),), owner_kinds=owner_kinds,
+            warnings=tuple(warnings))
+
+    kind, ref, obj = known[-1]  # the outermost job: the MPIJob above a launcher's Job
+    uid = _s(ref.get("uid")) or (_s(_d(obj.get("metadata")).get("uid")) if obj else None)
+    name = _s(ref.get("name"))
+    api_version = _s(ref.get("apiVersion")) or (_s(obj.get("apiVersion")) if obj else None)
+    owner = OwnerRef(api_version, kind.rpartition("/")[2], name, uid) \
+        if name and uid and api_version else None
+    if obj is None:
+        return Workload(
+            kind=kind, name=name, owner=owner, members=None, auto_min_member=None,
+            gpus=pod_gpus(_d(pod.get("spec"))), scheduling_policy={}, queue=None,
+            priority_class=None, replicas=(), owner_kinds=owner_kinds, warnings=tuple(warnings))
+
+    replicas = _replicas(kind, obj)
+    members = sum(r.count for r in replicas)
+    if kind == MPIJOB:
+        workers = next((r.count for r in replicas if r.role == "Worker"), 0)
+        auto = workers + 1
+    else:
+        auto = members
+    by_role = {r.role: r for r in replicas}
+    priority_class = next(
+        (pc for role in ("Launcher", "Worker", *sorted(by_role))
+         if role in by_role and (pc := _s(by_role[role].pod_spec.get("priorityClassName")))),
+        None)
+    spec = _d(obj.get("spec"))
+    policy = _d(_d(spec.get("runPolicy")).get("schedulingPolicy"))
+    queue = _s(_d(_d(obj.get("metadata")).get("annotations")).get(keys.VOLCANO_QUEUE_ANNOTATION))
+    return Workload(
+        kind=kind, name=name, owner=owner, members=members, auto_min_member=auto,
+        gpus=sum(r.count * pod_gpus(r.pod_spec) for r in replicas), scheduling_policy=policy,
+        queue=queue, priority_class=priority_class, replicas=replicas, owner_kinds=owner_kinds,
+        warnings=tuple(warnings))
