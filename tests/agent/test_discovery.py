@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from webhook.agent.discovery import discover
 from webhook.agent.fakenvml import FakeHandle, FakeNvml, profile_record
 from webhook.agent.nvmlrecord import Err, NvmlRecord, record_nvml
+from webhook.topology import builtin, decode, encode, topology_class
 from webhook.topology.model import PCIeLevel
 
 
@@ -66,6 +67,7 @@ def test_nvswitch_from_remote_device_type() -> None:
     assert topo.nvswitch == frozenset(range(8)) and topo.nvswitch_links == 12
     assert all(n == 0 for row in topo.nvlinks for n in row)
     assert topo.pcie[0][1] == PCIeLevel.PXB and topo.pcie[0][2] == PCIeLevel.NODE
+    assert topo.pcie_gen == 4
 
 
 def test_nvswitch_fallback_when_remote_type_not_supported() -> None:
@@ -130,7 +132,7 @@ def test_handle_failure_keeps_index_positions() -> None:
     found = discover(FakeNvml(record))
     topo = found.topology
     assert topo is not None and topo.size == 8
-    assert topo.gpus[3].uuid == "" and not topo.gpus[3].healthy
+    assert topo.gpus[3].uuid == "unknown-gpu-3" and not topo.gpus[3].healthy
     assert topo.gpus[4].uuid == record.devices[4].uuid  # later GPUs keep their index
     # GPU 3's PCI id is unknown: links to it are not mistaken for an NVSwitch, they are degraded
     assert topo.nvlinks[0][3] == 0 and topo.nvswitch == frozenset()
@@ -239,3 +241,17 @@ def test_any_mix_of_failures_degrades_but_never_raises(
     if any(not (w == "pair" and g >= o) and not (w == "link" and c == 3)
            for g, w, o, c in faults):
         assert found.degraded
+
+
+@pytest.mark.parametrize("name", ["dgx1-v100", "dgx1-v100-r535", "hgx-a100"])
+def test_discovered_fake_machine_is_the_builtin_node_type(name: str) -> None:
+    node_type = name.removesuffix("-r535")
+    found = discover(FakeNvml.profile(name)).topology
+    assert found is not None
+    want = builtin(node_type)
+    assert topology_class(found) == topology_class(want)
+    # everything but the built-in's name: the fake machine is that node type, GPU for GPU
+    assert decode(encode(found)) == found
+    assert found.gpus == want.gpus and found.nvlinks == want.nvlinks and found.pcie == want.pcie
+    assert (found.nvswitch, found.nvswitch_links, found.nvlink_gbps, found.pcie_gen) == (
+        want.nvswitch, want.nvswitch_links, want.nvlink_gbps, want.pcie_gen)

@@ -36,6 +36,7 @@ _NVLINK_GBPS = {
     pynvml.NVML_NVLINK_VERSION_5_0: 50.0,  # B200
 }
 DEFAULT_NVLINK_GBPS = 25.0
+DEFAULT_PCIE_GEN = 3
 
 _MIB = 1024 * 1024
 
@@ -134,12 +135,13 @@ def _discover(probe: _Probe) -> Discovery:
     gpus = tuple(
         GPU(
             index=i,
-            uuid=f.get("uuid", ""),
+            # a GPU whose UUID NVML would not give keeps its index, under a name no GPU has
+            uuid=f.get("uuid", f"unknown-gpu-{i}"),
             pci_bus_id=f.get("pci_bus_id", ""),
             model=f.get("model", ""),
             numa_node=f.get("numa_node"),
             memory_mib=f.get("memory_mib"),
-            healthy=i not in probe.lost and bool(f.get("uuid")),
+            healthy=i not in probe.lost and "uuid" in f,
         )
         for i, f in enumerate(fields)
     )
@@ -158,6 +160,9 @@ def _discover(probe: _Probe) -> Discovery:
         nvlink_gbps=gbps,
         nvswitch=on_switch,
         nvswitch_links=min((reach[i].to_switch for i in on_switch), default=0),
+        # the slowest GPU's link generation bounds PCIe transfers between them
+        pcie_gen=min((f["pcie_gen"] for f in fields if "pcie_gen" in f),
+                     default=DEFAULT_PCIE_GEN),
     )
     return Discovery(topology, tuple(probe.problems), driver or "")
 
@@ -182,6 +187,10 @@ def _gpu_fields(probe: _Probe, i: int, handle: Any) -> dict[str, Any]:
                         facts=_ABSENT)
     if numa is not None and int(numa) >= 0:  # -1: the kernel has no NUMA affinity for it
         out["numa_node"] = int(numa)
+    gen, _ = probe.ask(f"gpu[{i}].pcieGen", i, nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle,
+                       facts=_ABSENT)
+    if gen is not None and int(gen) > 0:
+        out["pcie_gen"] = int(gen)
     return out
 
 

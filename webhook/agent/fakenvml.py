@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from webhook.agent.nvmlrecord import DeviceRecord, Err, LinkRecord, NvmlRecord
+from webhook.topology.builtin import builtin
 
 T = TypeVar("T")
 
@@ -152,6 +153,9 @@ class FakeNvml:
     def nvmlDeviceGetNumaNodeId(self, handle: FakeHandle) -> int:
         return _value(self._device("nvmlDeviceGetNumaNodeId", handle).numa_node)
 
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: FakeHandle) -> int:
+        return _value(self._device("nvmlDeviceGetMaxPcieLinkGeneration", handle).max_pcie_gen)
+
     def nvmlDeviceGetNvLinkVersion(self, handle: FakeHandle, link: int) -> int:
         state = self._link("nvmlDeviceGetNvLinkVersion", handle, link).state
         _value(state)  # a link the GPU does not have answers like nvmlDeviceGetNvLinkState
@@ -206,9 +210,9 @@ def _bus(bus: str) -> str:
     return f"00000000:{bus}:00.0"
 
 
-def _uuid(model: str, index: int) -> str:
-    # fixed, UUID-shaped, obviously synthetic
-    return f"GPU-{model[:8].ljust(8, '0')}-0000-4000-8000-{index:012d}"
+def _uuid(node_type: str, index: int) -> str:
+    # synthetic; the built-in node type's, so that the fake machine is exactly that node type
+    return builtin(node_type).gpus[index].uuid
 
 
 def _pcie_level(i: int, j: int, same_pair: int, same_socket: int) -> int:
@@ -235,11 +239,12 @@ def _dgx1_v100(remote_type: str) -> NvmlRecord:
             links.append(LinkRecord(state=pynvml.NVML_FEATURE_ENABLED,
                                     remote_pci_bus_id=_bus(_DGX1_BUS[j]), remote_type=rtype))
         devices.append(DeviceRecord(
-            uuid=_uuid("v100sxm2", i),
+            uuid=_uuid("dgx1-v100", i),
             name="Tesla V100-SXM2-16GB",
             pci_bus_id=_bus(_DGX1_BUS[i]),
             memory_total=16945512448,  # 16160 MiB, what a V100-SXM2-16GB reports
             numa_node=i // 4,
+            max_pcie_gen=3,
             nvlink_version=pynvml.NVML_NVLINK_VERSION_2_0,
             links=links,
             common_ancestor={j: _pcie_level(
@@ -259,11 +264,12 @@ def _hgx_a100() -> NvmlRecord:
                             remote_type=pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
                  for n in range(12)]
         devices.append(DeviceRecord(
-            uuid=_uuid("a100sxm4", i),
-            name="NVIDIA A100-SXM4-40GB",
+            uuid=_uuid("hgx-a100", i),
+            name="NVIDIA A100-SXM4-80GB",
             pci_bus_id=_bus(_HGX_A100_BUS[i]),
-            memory_total=42949672960,
+            memory_total=85899345920,  # 81920 MiB
             numa_node=i // 4,
+            max_pcie_gen=4,
             nvlink_version=pynvml.NVML_NVLINK_VERSION_3_0,
             links=links,
             common_ancestor={j: _pcie_level(

@@ -47,6 +47,9 @@ class DeviceRecord(BaseModel):
     numa_node: int | Err = Field(
         default=Err(error=pynvml.NVML_ERROR_NOT_SUPPORTED), alias="numaNode"
     )
+    max_pcie_gen: int | Err = Field(
+        default=Err(error=pynvml.NVML_ERROR_NOT_SUPPORTED), alias="maxPcieLinkGeneration"
+    )
     nvlink_version: int | Err = Field(
         default=Err(error=pynvml.NVML_ERROR_NOT_SUPPORTED), alias="nvlinkVersion"
     )
@@ -160,6 +163,7 @@ def _record_device(nvml: Any, handle: Any) -> DeviceRecord:
         pci_bus_id=pci if isinstance(pci, Err) else str(pci.busId),
         memory_total=memory if isinstance(memory, Err) else int(memory.total),
         numa_node=_answer(nvml.nvmlDeviceGetNumaNodeId, handle),
+        max_pcie_gen=_answer(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
         nvlink_version=_answer(nvml.nvmlDeviceGetNvLinkVersion, handle, 0),
         links=links,
         links_beyond=beyond,
