@@ -1,0 +1,54 @@
+"""`muster policy check | test | explain`: argparse only, handlers in webhook.policy.commands."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    policy = subparsers.add_parser("policy", help="validate, test and explain scheduling policies")
+    sub = policy.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
+
+    check = sub.add_parser("check", help="validate policy files or directories (exit 1 on errors)")
+    check.add_argument("paths", nargs="+", metavar="PATH")
+    check.set_defaults(func=_check)
+
+    def context(p: argparse.ArgumentParser) -> None:
+        p.add_argument("-p", "--policies", action="append", required=True, metavar="PATH",
+                       help="policy file or directory (repeatable)")
+        p.add_argument("--namespace-labels", default="", metavar="K=V,...",
+                       help="labels of the pod's namespace")
+        p.add_argument("--owner", action="append", default=[], metavar="OWNER.yaml",
+                       help="owner object, from the pod's controller up to the root (repeatable)")
+
+    test = sub.add_parser(
+        "test", help="apply policies to a pod, or run PolicyTest files",
+        description="TARGET is a Pod manifest (or a captured AdmissionReview): prints the "
+        "decision, the JSON Patch and the mutated pod. Or a PolicyTest file or directory: runs "
+        "every case. Exit 1 on any failure, including a patch that is not idempotent.")
+    context(test)
+    test.add_argument("targets", nargs="+", metavar="TARGET")
+    test.set_defaults(func=_test)
+
+    explain = sub.add_parser("explain", help="show, per policy, why it matches a pod or not")
+    context(explain)
+    explain.add_argument("pods", nargs="+", metavar="POD.yaml")
+    explain.set_defaults(func=_explain)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from webhook.policy import commands  # noqa: PLC0415 (keep the CLI light)
+
+    return commands.check(args)
+
+
+def _test(args: argparse.Namespace) -> int:
+    from webhook.policy import commands  # noqa: PLC0415
+
+    return commands.test(args)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from webhook.policy import commands  # noqa: PLC0415
+
+    return commands.explain_pods(args)

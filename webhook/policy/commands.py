@@ -1,0 +1,166 @@
+"""Handlers of `muster policy ...` (registered by webhook.policy.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from webhook.policy.engine import evaluate, explain
+from webhook.policy.errors import PolicyError
+from webhook.policy.loader import load_policies
+from webhook.policy.podgroup import podgroup_manifest
+from webhook.policy.policyset import PolicySet
+from webhook.policy.testfile import (
+    TEST_KIND,
+    PolicyTest,
+    idempotency_failure,
+    load_tests,
+    mutate,
+    read_object,
+    run_case,
+)
+
+
+def _labels(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--namespace-labels: {item!r} is not key=value")
+        out[key] = value
+    return out
+
+
+def check(args: argparse.Namespace) -> int:
+    try:
+        policies = load_policies(args.paths)
+    except PolicyError as exc:
+        for issue in exc.issues:
+            print(issue)
+        print(f"{len(exc.issues)} error(s)")
+        return 1
+    for policy, origin in zip(policies.policies, policies.origins, strict=True):
+        print(f"ok  {policy.name:<32} priority {policy.spec.priority:<4} {origin}")
+    print(f"{len(policies)} policies valid, digest {policies.digest[:12]}")
+    return 0
+
+
+def _load(args: argparse.Namespace) -> PolicySet | None:
+    try:
+        return load_policies(args.policies)
+    except PolicyError as exc:
+        for issue in exc.issues:
+            print(issue)
+        return None
+
+
+def test(args: argparse.Namespace) -> int:
+    policies = _load(args)
+    if policies is None:
+        return 1
+    failed = 0
+    for target in map(Path, args.targets):
+        if target.is_file() and _kind(target) != TEST_KIND:
+            failed += _pod_mode(target, args, policies)
+            continue
+        tests, problems = load_tests(target)
+        for problem in problems:
+            print(f"ERROR {problem}")
+        failed += len(problems)
+        if not tests and not problems:
+            print(f"ERROR {target}: no PolicyTest documents found")
+            failed += 1
+        failed += _run_tests(tests, policies)
+    return 1 if failed else 0
+
+
+def _kind(path: Path) -> str | None:
+    try:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict):
+                return str(doc.get("kind"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def _run_tests(tests: list[tuple[PolicyTest, Path]], policies: PolicySet) -> int:
+    failed = 0
+    for test, file in tests:
+        result = run_case(test, file, policies)
+        applied = ",".join(result.decision.policies) if result.decision else ""
+        if result.passed:
+            print(f"PASS  {result.name:<40} {file}  [{applied or 'no policy'}]")
+            continue
+        failed += 1
+        print(f"FAIL  {result.name:<40} {file}  [{applied or 'no policy'}]")
+        for failure in result.failures:
+            print("      " + failure.replace("\n", "\n      "))
+    if tests:
+        print(f"\n{len(tests) - failed} passed, {failed} failed")
+    return failed
+
+
+def _pod_mode(target: Path, args: argparse.Namespace, policies: PolicySet) -> int:
+    try:
+        pod = read_object(target)
+        owners = [read_object(Path(p)) for p in args.owner]
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        print(f"ERROR {exc}")
+        return 1
+    labels = _labels(args.namespace_labels)
+    decision = evaluate(pod, namespace_labels=labels, owners=owners, policies=policies)
+    ops, mutated = mutate(pod, decision)
+    print(f"# {target}")
+    print("## decision")
+    for m in decision.matches:
+        print(f"  {'match' if m.matched else 'skip ':<5} {m.policy}: {'; '.join(m.reasons)}")
+    for w in decision.warnings:
+        print(f"  warning: {w}")
+    pg = podgroup_manifest(decision.pod_group) if decision.pod_group else None
+    if decision.pod_group and pg is None:
+        g = decision.pod_group
+        print(f"  gang {g.name}: backend muster, minMember {g.min_member} (pod annotations)")
+    if pg:
+        print("## PodGroup")
+        print(yaml.safe_dump(pg, sort_keys=False).rstrip())
+    print("## JSON Patch")
+    print(json.dumps(ops, indent=2))
+    print("## mutated pod")
+    print(yaml.safe_dump(mutated, sort_keys=False).rstrip())
+    problem = idempotency_failure(mutated, decision, namespace_labels=labels, owners=owners,
+                                  policies=policies)
+    if problem:
+        print(f"FAIL {problem}")
+        return 1
+    print("idempotent: evaluating the mutated pod again gives an empty patch")
+    return 0
+
+
+def explain_pods(args: argparse.Namespace) -> int:
+    policies = _load(args)
+    if policies is None:
+        return 1
+    labels = _labels(args.namespace_labels)
+    try:
+        owners = [read_object(Path(p)) for p in args.owner]
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        print(f"ERROR {exc}")
+        return 1
+    for path in map(Path, args.pods):
+        try:
+            pod = read_object(path)
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            print(f"ERROR {exc}")
+            return 1
+        meta = pod.get("metadata") or {}
+        print(f"{path}: pod {meta.get('namespace', '')}/"
+              f"{meta.get('name') or str(meta.get('generateName', '')) + '*'}")
+        for m in explain(pod, namespace_labels=labels, owners=owners, policies=policies):
+            print(f"  {'MATCH' if m.matched else 'no   '}  {m.policy}")
+            for reason in m.reasons:
+                print(f"         {reason}")
+    return 0
