@@ -33,7 +33,7 @@ NEGATIVE_TTL = 2.0
 def owner_resource(api_version: str, kind: str) -> Resource:
     """The REST resource of an owner kind; CRD plurals are the lower-cased kind plus "s"."""
     group, _, version = api_version.rpartition("/")
-    return Resource(group, version, kind.lower() + "s", True)
+    return Resource(group, version, kind.lower() + "s", True, kind)
 
 
 def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -150,10 +150,8 @@ class WebhookServer:
         site = web.TCPSite(self._runner, opts.host, opts.port, ssl_context=reloader.context,
                            backlog=1024)
         await site.start()
-        server = site._server
-        if opts.port == 0 and server is not None:
-            sockets = getattr(server, "sockets", None) or []
-            self.port = sockets[0].getsockname()[1]
+        if opts.port == 0:
+            self.port = int(self._runner.addresses[0][1])
         self._spawn("cert-reload", reloader.run(opts.cert_poll_interval))
         self._spawn("policy-reload", self.policy_store.run(opts.policy_poll_interval))
         log.info("muster webhook serving", extra={"host": opts.host, "port": self.port})

@@ -1,0 +1,328 @@
+"""Load against `muster serve` vs. a no-op aiohttp TLS webhook: same machine, run and client.
+
+    .venv/bin/python bench/bench_serve.py [--duration 8] [--connections 50] [--client auto]
+
+Both servers run as their own processes with the same certificate; the client is `wrk` when it
+is installed (a C client, so the client's own CPU cost distorts less), else an aiohttp client;
+both keep 50 connections open, as kube-apiserver does. The request is the real captured MPI worker
+AdmissionReview. `muster serve` runs against the API server emulator (MPIJob present, so the
+decision includes the owner lookup and the PodGroup check from its caches) with the shipped
+example policies plus 40 generated ones that do not match. The no-op parses the JSON and answers
+allowed:true with the uid, the least any correct webhook does. Rounds alternate (no-op, muster,
+no-op, muster, ...) so that drift on a shared machine hits both; the best round of each is kept.
+Targets (issue 3): throughput >= 75 % of the no-op, p99 latency <= 1.5x the no-op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from webhook.certs import generate_ca, issue_serving_cert, write_pair  # noqa: E402
+
+FIXTURES = REPO.parent / "shared" / "fixtures"
+EXTRA_POLICY = """\
+apiVersion: muster.io/v1alpha1
+kind: SchedulingPolicy
+metadata: {{name: generated-{i}}}
+spec:
+  match:
+    namespaces: [other-{i}]
+    podSelector: {{matchLabels: {{app: svc-{i}}}}}
+  labels: {{generated: "p{i}"}}
+"""
+
+
+@dataclass
+class Result:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- the no-op webhook (run as `bench_serve.py --noop-server PORT CERT KEY`) -------------------
+
+def noop_server(port: int, cert: str, key: str) -> None:
+    async def mutate(request: web.Request) -> web.Response:
+        review = json.loads(await request.read())
+        body = {"apiVersion": review["apiVersion"], "kind": "AdmissionReview",
+                "response": {"uid": review["request"]["uid"], "allowed": True}}
+        return web.Response(body=json.dumps(body).encode(), content_type="application/json")
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application(client_max_size=8 * 1024 * 1024)
+    app.router.add_post("/mutate/pods", mutate)
+    app.router.add_get("/readyz", healthz)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    web.run_app(app, host="127.0.0.1", port=port, ssl_context=ctx, access_log=None,
+                print=None)
+
+
+# --- clients -------------------------------------------------------------------------------
+
+_WRK_LUA = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = io.open("{body}", "rb")
+wrk.body = f:read("*a")
+f:close()
+"""
+
+
+def _ms(text: str) -> float:
+    m = re.match(r"([\d.]+)(us|ms|s)", text)
+    if m is None:
+        raise ValueError(f"unexpected wrk latency {text!r}")
+    return float(m[1]) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m[2]]
+
+
+def run_wrk(url: str, body_file: Path, connections: int, duration: float,
+            work: Path) -> Result:
+    lua = work / "post.lua"
+    lua.write_text(_WRK_LUA.format(body=body_file))
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{connections}", f"-d{int(duration)}s", "--latency", "-s", str(lua),
+         url], capture_output=True, text=True, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
+    p50 = _ms(re.search(r"\s50%\s+(\S+)", out)[1])  # type: ignore[index]
+    p99 = _ms(re.search(r"\s99%\s+(\S+)", out)[1])  # type: ignore[index]
+    errors = 0
+    if m := re.search(r"Non-2xx or 3xx responses: (\d+)", out):
+        errors += int(m[1])
+    if m := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)",
+                      out):
+        errors += sum(int(x) for x in m.groups())
+    return Result(rps, p50, p99, errors)
+
+
+async def _aiohttp_load(url: str, body: bytes, connections: int, duration: float,
+                        cafile: Path) -> Result:
+    ctx = ssl.create_default_context(cafile=str(cafile))
+    latencies: list[float] = []
+    errors = 0
+    conn = aiohttp.TCPConnector(ssl=ctx, limit=connections)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        end = time.perf_counter() + duration
+
+        async def worker() -> None:
+            nonlocal errors
+            while time.perf_counter() < end:
+                start = time.perf_counter()
+                try:
+                    async with session.post(url, data=body, headers={
+                            "Content-Type": "application/json"}) as resp:
+                        await resp.read()
+                        ok = resp.status == 200
+                except aiohttp.ClientError:
+                    ok = False
+                latencies.append(time.perf_counter() - start)
+                errors += not ok
+
+        begin = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(connections)))
+        elapsed = time.perf_counter() - begin
+    qs = statistics.quantiles(latencies, n=100)
+    return Result(len(latencies) / elapsed, qs[49] * 1000, qs[98] * 1000, errors)
+
+
+# --- processes -------------------------------------------------------------------------------
+
+@contextmanager
+def process(cmd: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_ready(url: str, cafile: Path, proc: subprocess.Popen[bytes], log: Path,
+               within: float = 60.0) -> None:
+    ctx = ssl.create_default_context(cafile=str(cafile))
+    import urllib.request  # noqa: PLC0415
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{url} exited:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", context=ctx, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} not ready in {within}s:\n{log.read_text()[-3000:]}")
+
+
+def start_emulator(work: Path) -> tuple[list[str], Path] | None:
+    """The emulator command and its kubeconfig, or None when the emulator is unavailable."""
+    try:
+        import webhook.emulator.__main__  # noqa: F401, PLC0415
+    except ImportError:
+        return None
+    kubeconfig = work / "kubeconfig"
+    seed = work / "seed.json"
+    job = _mpijob()
+    seed.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}, job]}))
+    cmd = [sys.executable, "-m", "webhook.emulator", "--port", str(free_port()),
+           "--kubeconfig", str(kubeconfig), "--crds", str(REPO.parent / "shared" / "crds"),
+           "--seed", str(seed)]
+    return cmd, kubeconfig
+
+
+def _mpijob() -> dict[str, Any]:
+    import yaml  # noqa: PLC0415
+
+    job: dict[str, Any] = yaml.safe_load((FIXTURES / "jobs" / "mpijob-vgg16-4workers.yaml")
+                                         .read_text())
+    job["metadata"]["uid"] = "1c5b470f-a297-11e9-964d-88d7f67c6e6d"
+    return job
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--connections", type=int, default=50)
+    parser.add_argument("--client", choices=["auto", "wrk", "aiohttp"], default="auto")
+    parser.add_argument("--no-cluster", action="store_true",
+                        help="run muster serve without the emulator (no owner/PodGroup work)")
+    parser.add_argument("--noop-server", nargs=3, metavar=("PORT", "CERT", "KEY"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.noop_server:
+        noop_server(int(args.noop_server[0]), args.noop_server[1], args.noop_server[2])
+        return 0
+    client = args.client
+    if client == "auto":
+        client = "wrk" if shutil.which("wrk") else "aiohttp"
+
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        work = Path(tmp)
+        ca = generate_ca("bench-ca", days=1)
+        write_pair(issue_serving_cert(ca, ["localhost"], ["127.0.0.1"], days=1),
+                   work / "tls.crt", work / "tls.key")
+        cafile = work / "ca.crt"
+        cafile.write_bytes(ca.cert_pem)
+        policies = work / "policies"
+        shutil.copytree(REPO / "policies", policies,
+                        ignore=shutil.ignore_patterns("tests", "*.md"))
+        for i in range(40):
+            (policies / f"generated-{i:02d}.yaml").write_text(EXTRA_POLICY.format(i=i))
+        body_file = work / "review.json"
+        body_file.write_bytes((FIXTURES / "admission" / "pod-create-worker.json").read_bytes())
+        body = body_file.read_bytes()
+
+        emulator = None if args.no_cluster else start_emulator(work)
+        muster_port, noop_port = free_port(), free_port()
+        serve_cmd = [sys.executable, "-m", "webhook", "--log-level", "warning", "serve",
+                     "--host", "127.0.0.1", "--port", str(muster_port),
+                     "--policies", str(policies), "--tls-cert-file", str(work / "tls.crt"),
+                     "--tls-key-file", str(work / "tls.key")]
+        noop_cmd = [sys.executable, __file__, "--noop-server", str(noop_port),
+                    str(work / "tls.crt"), str(work / "tls.key")]
+        with contextmanager_chain(emulator, work) as kubeconfig:
+            if kubeconfig is not None:
+                serve_cmd += ["--kubeconfig", str(kubeconfig)]
+            with process(serve_cmd, work / "serve.log") as serve, \
+                    process(noop_cmd, work / "noop.log") as noop:
+                targets = {"no-op": (f"https://127.0.0.1:{noop_port}", noop, "noop.log"),
+                           "muster": (f"https://127.0.0.1:{muster_port}", serve, "serve.log")}
+                for url, proc, log in targets.values():
+                    wait_ready(url, cafile, proc, work / log)
+                results: dict[str, list[Result]] = {"no-op": [], "muster": []}
+                for round_no in range(args.rounds + 1):  # round 0 warms both up
+                    for name, (url, _, _) in targets.items():
+                        target = f"{url}/mutate/pods?timeout=10s"
+                        duration = 2.0 if round_no == 0 else args.duration
+                        if client == "wrk":
+                            res = run_wrk(target, body_file, args.connections, duration, work)
+                        else:
+                            res = asyncio.run(_aiohttp_load(target, body, args.connections,
+                                                            duration, cafile))
+                        if round_no:
+                            results[name].append(res)
+                            print(f"round {round_no} {name:7s} {res.rps:8.0f} req/s  "
+                                  f"p50 {res.p50_ms:7.2f} ms  p99 {res.p99_ms:7.2f} ms  "
+                                  f"errors {res.errors}", flush=True)
+        report(results, client, args.connections, emulator is not None)
+    return 0
+
+
+@contextmanager
+def contextmanager_chain(emulator: tuple[list[str], Path] | None,
+                         work: Path) -> Iterator[Path | None]:
+    if emulator is None:
+        yield None
+        return
+    cmd, kubeconfig = emulator
+    with process(cmd, work / "emulator.log") as proc:
+        deadline = time.monotonic() + 30
+        while not kubeconfig.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"emulator failed:\n{(work / 'emulator.log').read_text()}")
+            time.sleep(0.1)
+        yield kubeconfig
+
+
+def report(results: dict[str, list[Result]], client: str, connections: int,
+           cluster: bool) -> None:
+    best = {name: max(rs, key=lambda r: r.rps) for name, rs in results.items()}
+    p99 = {name: min(r.p99_ms for r in rs) for name, rs in results.items()}
+    ratio_rps = best["muster"].rps / best["no-op"].rps
+    ratio_p99 = p99["muster"] / p99["no-op"]
+    print()
+    print(f"client {client}, {connections} connections, cpus {os.cpu_count()}, "
+          f"muster with {'emulator (owner + PodGroup caches)' if cluster else 'no cluster'}")
+    print(f"no-op : {best['no-op'].rps:8.0f} req/s  p99 {p99['no-op']:7.2f} ms")
+    print(f"muster: {best['muster'].rps:8.0f} req/s  p99 {p99['muster']:7.2f} ms  "
+          f"errors {sum(r.errors for r in results['muster'])}")
+    print(f"throughput ratio {ratio_rps:.2f} (target >= 0.75: "
+          f"{'met' if ratio_rps >= 0.75 else 'NOT met'})")
+    print(f"p99 ratio        {ratio_p99:.2f} (target <= 1.5: "
+          f"{'met' if ratio_p99 <= 1.5 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

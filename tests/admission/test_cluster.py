@@ -1,0 +1,274 @@
+"""`muster serve` against the API server emulator (kubernetes-asyncio over real HTTP): the real
+captured requests, PodGroup before the pod, concurrency, dry-run, scaled jobs, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from admission_helpers import (
+    POLICIES,
+    Tls,
+    client,
+    decode_patch,
+    load_fixture,
+    review,
+    running,
+    wait_for,
+)
+from aiohttp import web
+
+from webhook import jsonpatch
+from webhook.emulator import ApiServerEmulator
+from webhook.keys import (
+    ANN_POLICY,
+    COSCHEDULING_GROUP_LABEL,
+    ISTIO_INJECT,
+    VOLCANO_GROUP_ANNOTATION,
+)
+
+JOB = "tensorflow-topo-4-vgg16"
+
+
+async def _mpijob(api: ApiServerEmulator, shared_dir: Path) -> dict[str, Any]:
+    job = yaml.safe_load((shared_dir / "fixtures" / "jobs" / "mpijob-vgg16-4workers.yaml")
+                         .read_text())
+    return await api.create("mpijobs.kubeflow.org", job, namespace="team-a")
+
+
+def _owned_by(body: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
+    """The captured request with its ownerReference pointing at the object the emulator made."""
+    body = copy.deepcopy(body)
+    ref = body["request"]["object"]["metadata"]["ownerReferences"][0]
+    ref["uid"] = owner["metadata"]["uid"]
+    ref["name"] = owner["metadata"]["name"]
+    return body
+
+
+def _worker(body: dict[str, Any], i: int) -> dict[str, Any]:
+    body = copy.deepcopy(body)
+    name = f"{JOB}-worker-{i}"
+    body["request"]["uid"] = f"uid-{i}"
+    body["request"]["name"] = name
+    body["request"]["object"]["metadata"]["name"] = name
+    return body
+
+
+def _podgroups(api: ApiServerEmulator) -> list[dict[str, Any]]:
+    return api.objects("podgroups.scheduling.volcano.sh", namespace="team-a")
+
+
+def _metric(srv: Any, name: str, **labels: str) -> float:
+    return srv.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_real_requests_against_the_cluster(
+        tls: Tls, policy_dir: Path, apiserver: ApiServerEmulator, kubeconfig: Path,
+        shared_dir: Path) -> None:
+    job = await _mpijob(apiserver, shared_dir)
+    launcher_job = await apiserver.create("jobs.batch", {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": f"{JOB}-launcher", "namespace": "team-a", "ownerReferences": [{
+            "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": JOB,
+            "uid": job["metadata"]["uid"], "controller": True}]},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+            {"name": "c", "image": "i"}]}}}}, namespace="team-a")
+    dry = _owned_by(load_fixture(shared_dir, "pod-create-worker-dryrun.json"), job)
+    worker = _owned_by(load_fixture(shared_dir, "pod-create-worker.json"), job)
+    launcher = _owned_by(load_fixture(shared_dir, "pod-create-launcher-generatename.json"),
+                         launcher_job)
+    async with running(tls, [policy_dir], kubeconfig=str(kubeconfig)) as srv, \
+            client(tls) as s:
+        await wait_for(srv.admitter.ready)
+        url = f"{srv.url}/mutate/pods"
+
+        resp = await review(s, url, dry)
+        assert resp["allowed"] is True
+        assert _podgroups(apiserver) == []  # dry run: no side effects
+        dry_pod = jsonpatch.apply_patch(dry["request"]["object"], decode_patch(resp))
+        assert dry_pod["metadata"]["annotations"][VOLCANO_GROUP_ANNOTATION] == JOB
+
+        resp = await review(s, url, worker)
+        assert resp["allowed"] is True and "warnings" not in resp, resp.get("warnings")
+        groups = _podgroups(apiserver)
+        assert len(groups) == 1
+        group = groups[0]
+        assert group["metadata"]["name"] == JOB
+        assert group["spec"]["minMember"] == 5  # 4 workers + the launcher
+        assert group["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+        pod = jsonpatch.apply_patch(worker["request"]["object"], decode_patch(resp))
+        assert pod["metadata"]["annotations"][VOLCANO_GROUP_ANNOTATION] == JOB
+        assert pod["metadata"]["annotations"][ANN_POLICY] == "mpi-volcano"
+        assert pod["spec"]["schedulerName"] == "volcano"
+        assert resp["auditAnnotations"] == {"policy": "mpi-volcano"}
+
+        resp = await review(s, url, launcher)
+        assert resp["allowed"] is True and "warnings" not in resp, resp.get("warnings")
+        pod = jsonpatch.apply_patch(launcher["request"]["object"], decode_patch(resp))
+        assert pod["metadata"]["labels"][ISTIO_INJECT] == "false"
+        assert pod["metadata"]["annotations"][ISTIO_INJECT] == "false"
+        assert pod["metadata"]["annotations"][VOLCANO_GROUP_ANNOTATION] == JOB
+        assert len(_podgroups(apiserver)) == 1  # same gang, same PodGroup
+        assert _metric(srv, "muster_podgroup_writes_total", result="created") == 1
+        assert _metric(srv, "muster_podgroup_writes_total", result="dry_run") == 1
+
+
+async def test_twenty_pods_of_one_job_make_one_podgroup(
+        tls: Tls, policy_dir: Path, apiserver: ApiServerEmulator, kubeconfig: Path,
+        shared_dir: Path) -> None:
+    job = await _mpijob(apiserver, shared_dir)
+    worker = _owned_by(load_fixture(shared_dir, "pod-create-worker.json"), job)
+    async with running(tls, [policy_dir], kubeconfig=str(kubeconfig)) as srv, \
+            client(tls) as s:
+        await wait_for(srv.admitter.ready)
+        answers = await asyncio.gather(*(
+            review(s, f"{srv.url}/mutate/pods", _worker(worker, i)) for i in range(20)))
+        for resp in answers:
+            assert resp["allowed"] is True and "warnings" not in resp, resp.get("warnings")
+            assert decode_patch(resp)
+        assert len(_podgroups(apiserver)) == 1
+        assert _metric(srv, "muster_podgroup_writes_total", result="created") == 1
+        assert _metric(srv, "muster_podgroup_writes_total", result="error") == 0
+        assert srv.context is not None
+        assert srv.context.owner_cache.fetches == 1  # one GET of the MPIJob for 20 pods
+
+
+async def test_existing_podgroup_409_and_scaled_job_update(
+        tls: Tls, policy_dir: Path, apiserver: ApiServerEmulator, kubeconfig: Path,
+        shared_dir: Path) -> None:
+    job = await _mpijob(apiserver, shared_dir)
+    # a PodGroup made before this server started (another replica): 409, then read and compare
+    await apiserver.create("podgroups.scheduling.volcano.sh", {
+        "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": JOB, "namespace": "team-a"},
+        "spec": {"minMember": 5}}, namespace="team-a")
+    worker = _owned_by(load_fixture(shared_dir, "pod-create-worker.json"), job)
+    async with running(tls, [policy_dir], kubeconfig=str(kubeconfig),
+                       owner_cache_ttl=0.05) as srv, client(tls) as s:
+        await wait_for(srv.admitter.ready)
+        resp = await review(s, f"{srv.url}/mutate/pods", _worker(worker, 0))
+        assert "warnings" not in resp, resp.get("warnings")
+        assert len(_podgroups(apiserver)) == 1
+        writes = {r: _metric(srv, "muster_podgroup_writes_total", result=r)
+                  for r in ("created", "exists", "updated")}
+        assert writes["created"] == 0 and writes["exists"] + writes["updated"] == 1
+
+        # the job is scaled to 6 workers: the next pod updates minMember to 7
+        scaled = apiserver.get("mpijobs.kubeflow.org", JOB, namespace="team-a")
+        assert scaled is not None
+        scaled["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = 6
+        await srv.context.api.replace(  # type: ignore[union-attr]
+            _mpijobs(), JOB, scaled, namespace="team-a")
+        await asyncio.sleep(0.1)  # past the owner cache TTL
+        resp = await review(s, f"{srv.url}/mutate/pods", _worker(worker, 5))
+        assert "warnings" not in resp, resp.get("warnings")
+        groups = _podgroups(apiserver)
+        assert [g["spec"]["minMember"] for g in groups] == [7]
+        assert _metric(srv, "muster_podgroup_writes_total", result="updated") >= 1
+
+        # a deleted PodGroup is forgotten (informer) and made again by the next pod
+        await apiserver.delete("podgroups.scheduling.volcano.sh", JOB, namespace="team-a")
+        await wait_for(lambda: not srv.context.podgroups.known)  # type: ignore[union-attr]
+        await review(s, f"{srv.url}/mutate/pods", _worker(worker, 6))
+        assert len(_podgroups(apiserver)) == 1
+
+
+def _mpijobs() -> Any:
+    from webhook.kube import MPIJOBS  # noqa: PLC0415
+
+    return MPIJOBS
+
+
+async def test_podgroup_api_error_fails_open(
+        tls: Tls, tmp_path: Path, apiserver: ApiServerEmulator, kubeconfig: Path,
+        shared_dir: Path) -> None:
+    """Coscheduling is not installed: the PodGroup create fails, the pod is still admitted."""
+    await apiserver.delete("customresourcedefinitions", "podgroups.scheduling.x-k8s.io")
+    job = await _mpijob(apiserver, shared_dir)
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "co.yaml").write_text(POLICIES.replace("backend: volcano",
+                                                             "backend: coscheduling"))
+    worker = _owned_by(load_fixture(shared_dir, "pod-create-worker.json"), job)
+    async with running(tls, [tmp_path / "p"], kubeconfig=str(kubeconfig)) as srv, \
+            client(tls) as s:
+        await wait_for(srv.admitter.ready)
+        resp = await review(s, f"{srv.url}/mutate/pods", worker)
+    assert resp["allowed"] is True
+    pod = jsonpatch.apply_patch(worker["request"]["object"], decode_patch(resp))
+    assert pod["metadata"]["labels"][COSCHEDULING_GROUP_LABEL] == JOB  # still joins its gang
+    assert any("PodGroup" in w and "could not be written" in w for w in resp["warnings"]), \
+        resp["warnings"]
+    assert _metric(srv, "muster_podgroup_writes_total", result="error") == 1
+    assert _metric(srv, "muster_admission_fail_open_total", reason="podgroup") == 1
+
+
+async def test_deadline_fails_open_in_time(tls: Tls, policy_dir: Path, tmp_path: Path,
+                                           shared_dir: Path) -> None:
+    """An API server that never answers: the webhook still answers before ?timeout=."""
+    async def hang(_: web.Request) -> web.Response:
+        await asyncio.sleep(60)
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", hang)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    try:
+        async with running(tls, [policy_dir], kubeconfig=str(kubeconfig)) as srv, \
+                client(tls) as s:
+            start = time.monotonic()
+            resp = await review(s, f"{srv.url}/mutate/pods",
+                                load_fixture(shared_dir, "pod-create-worker.json"),
+                                api_timeout="1s")
+            elapsed = time.monotonic() - start
+            assert elapsed < 1.0, elapsed
+            assert resp["allowed"] is True
+            assert "patch" not in resp
+            assert any("deadline" in w for w in resp["warnings"]), resp["warnings"]
+            assert _metric(srv, "muster_admission_fail_open_total", reason="deadline") == 1
+            async with s.get(f"{srv.url}/readyz") as r:
+                assert r.status == 503  # caches never synced
+    finally:
+        await runner.cleanup()
+
+
+async def test_refused_policy_update_keeps_previous_and_emits_event(
+        tls: Tls, policy_dir: Path, apiserver: ApiServerEmulator, kubeconfig: Path,
+        shared_dir: Path) -> None:
+    await apiserver.create("namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                          "metadata": {"name": "muster"}})
+    await apiserver.create("configmaps", {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "muster-policies", "namespace": "muster"},
+        "data": {"mpi.yaml": POLICIES}}, namespace="muster")
+    body = load_fixture(shared_dir, "pod-create-launcher-generatename.json")
+    async with running(tls, [policy_dir], kubeconfig=str(kubeconfig),
+                       namespace="muster") as srv, client(tls) as s:
+        await wait_for(srv.admitter.ready)
+        (policy_dir / "mpi.yaml").write_text(POLICIES.replace("optOut: true", "optOut: maybe"))
+        await wait_for(lambda: _metric(srv, "muster_policy_reloads_total", result="error") == 1)
+        resp = await review(s, f"{srv.url}/mutate/pods", body)
+        pod = jsonpatch.apply_patch(body["request"]["object"], decode_patch(resp))
+        assert pod["metadata"]["labels"][ISTIO_INJECT] == "false"  # previous policies apply
+
+        def refused_event() -> list[dict[str, Any]]:
+            return [e for e in apiserver.objects("events", namespace="muster")
+                    if e.get("reason") == "PolicyUpdateRefused"]
+        await wait_for(lambda: bool(refused_event()))
+        event = refused_event()[0]
+        assert event["involvedObject"]["name"] == "muster-policies"
+        assert event["type"] == "Warning"
+        assert "mpi.yaml" in event["message"] and "optOut" in event["message"]

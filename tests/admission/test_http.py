@@ -1,0 +1,191 @@
+"""`muster serve` over real HTTPS without a cluster: HTTP errors, safety rules, probes, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from admission_helpers import (
+    POLICIES,
+    Tls,
+    client,
+    decode_patch,
+    load_fixture,
+    review,
+    running,
+)
+
+from webhook import jsonpatch
+from webhook.keys import (
+    ANN_GPU_ASSIGNMENT,
+    ANN_POLICY,
+    ISTIO_INJECT,
+    VOLCANO_GROUP_ANNOTATION,
+)
+
+
+def _plain_pod_review(uid: str = "0b1c", namespace: str = "team-a") -> dict[str, Any]:
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "web", "namespace": namespace, "labels": {"app": "web"}},
+           "spec": {"containers": [{"name": "nginx", "image": "nginx"}]}}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                        "resource": {"group": "", "version": "v1", "resource": "pods"},
+                        "name": "web", "namespace": namespace, "operation": "CREATE",
+                        "object": pod, "dryRun": False}}
+
+
+async def test_http_errors_are_json_and_never_5xx(tls: Tls, policy_dir: Path) -> None:
+    async with running(tls, [policy_dir], max_body_bytes=4096) as srv, client(tls) as s:
+        url = f"{srv.url}/mutate/pods"
+        async with s.post(url, data=b"{", headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 400
+            body = await r.json()
+            assert "AdmissionReview" in body["error"]
+            assert any("invalid JSON" in d for d in body["details"])
+        async with s.post(url, data=b"{}", headers={"Content-Type": "text/plain"}) as r:
+            assert r.status == 415
+            assert "application/json" in (await r.json())["error"]
+        big = json.dumps({"x": "a" * 10_000}).encode()
+        async with s.post(url, data=big, headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 413
+            assert (await r.json())["code"] == 413
+        async with s.post(url, json={"apiVersion": "admission.k8s.io/v1",
+                                     "kind": "AdmissionReview", "request": {"uid": "u"}}) as r:
+            assert r.status == 400
+            details = (await r.json())["details"]
+            assert any(d.startswith("request.kind") for d in details), details
+        async with s.get(f"{srv.url}/nope") as r:
+            assert r.status == 404
+            assert (await r.json())["code"] == 404
+        async with s.get(url) as r:
+            assert r.status == 405
+        async with s.get(f"{srv.url}/metrics") as r:
+            text = await r.text()
+        assert 'muster_admission_requests_total{endpoint="mutate",outcome="bad_request"} 2.0' \
+            in text
+        assert 'outcome="unsupported_media"' in text and 'outcome="too_large"' in text
+
+
+async def test_non_matching_pod_gets_no_patch(tls: Tls, policy_dir: Path) -> None:
+    async with running(tls, [policy_dir]) as srv, client(tls) as s:
+        resp = await review(s, f"{srv.url}/mutate/pods", _plain_pod_review())
+    assert resp == {"uid": "0b1c", "allowed": True}
+
+
+async def test_launcher_without_cluster(tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    body = load_fixture(shared_dir, "pod-create-launcher-generatename.json")
+    async with running(tls, [policy_dir]) as srv, client(tls) as s:
+        resp = await review(s, f"{srv.url}/mutate/pods", body)
+    assert resp["allowed"] is True
+    pod = jsonpatch.apply_patch(body["request"]["object"], decode_patch(resp))
+    assert pod["metadata"]["labels"][ISTIO_INJECT] == "false"
+    assert pod["metadata"]["annotations"][ISTIO_INJECT] == "false"
+    assert pod["metadata"]["annotations"][ANN_POLICY] == "mpi-volcano"
+    assert resp["auditAnnotations"] == {"policy": "mpi-volcano"}
+    # no cluster: owners cannot be read, so no gang, and the answer says why
+    assert VOLCANO_GROUP_ANNOTATION not in pod["metadata"]["annotations"]
+    assert any("MPIJob" in w for w in resp["warnings"]), resp["warnings"]
+
+
+async def test_user_gpu_assignment_is_stripped_or_denied(tls: Tls, policy_dir: Path) -> None:
+    body = _plain_pod_review()
+    body["request"]["object"]["metadata"]["annotations"] = {
+        ANN_GPU_ASSIGNMENT: '{"v":1,"node":"n1","containers":{}}', "keep": "me"}
+    async with running(tls, [policy_dir]) as srv, client(tls) as s:
+        resp = await review(s, f"{srv.url}/mutate/pods", body)
+    assert resp["allowed"] is True
+    pod = jsonpatch.apply_patch(body["request"]["object"], decode_patch(resp))
+    assert pod["metadata"]["annotations"] == {"keep": "me"}
+    assert any(ANN_GPU_ASSIGNMENT in w for w in resp["warnings"])
+
+    async with running(tls, [policy_dir], on_user_assignment="deny") as srv, client(tls) as s:
+        resp = await review(s, f"{srv.url}/mutate/pods", body)
+    assert resp["allowed"] is False
+    assert resp["status"]["code"] == 403
+    assert ANN_GPU_ASSIGNMENT in resp["status"]["message"]
+    assert "patch" not in resp
+
+
+async def test_system_and_own_namespaces_are_never_mutated(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    (policy_dir / "all.yaml").write_text(
+        "apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: everyone}\n"
+        "spec:\n  istio: {optOut: true}\n")
+    async with running(tls, [policy_dir], namespace="muster",
+                       exclude_namespaces=["infra"]) as srv, client(tls) as s:
+        for ns in ("kube-system", "kube-public", "kube-node-lease", "muster", "infra"):
+            body = _plain_pod_review(namespace=ns)
+            body["request"]["object"]["metadata"]["annotations"] = {ANN_GPU_ASSIGNMENT: "{}"}
+            assert await review(s, f"{srv.url}/mutate/pods", body) == {
+                "uid": "0b1c", "allowed": True}, ns
+        resp = await review(s, f"{srv.url}/mutate/pods", _plain_pod_review(namespace="team-b"))
+        assert "patch" in resp  # the same pod elsewhere is mutated
+
+
+async def test_non_create_and_non_pod_requests_pass(tls: Tls, policy_dir: Path,
+                                                    shared_dir: Path) -> None:
+    worker = load_fixture(shared_dir, "pod-create-worker.json")
+    update = copy.deepcopy(worker)
+    update["request"]["operation"] = "UPDATE"
+    update["request"]["oldObject"] = worker["request"]["object"]
+    cm = load_fixture(shared_dir, "configmap-create-policies.json")
+    async with running(tls, [policy_dir]) as srv, client(tls) as s:
+        for body in (update, cm):
+            resp = await review(s, f"{srv.url}/mutate/pods", body)
+            assert resp == {"uid": body["request"]["uid"], "allowed": True}
+
+
+async def test_validate_policies_fixtures_are_denied_with_loader_message(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    async with running(tls, [policy_dir]) as srv, client(tls) as s:
+        for name in ("configmap-create-policies.json", "configmap-update-policies.json"):
+            resp = await review(s, f"{srv.url}/validate/policies", load_fixture(shared_dir, name))
+            assert resp["allowed"] is False
+            assert resp["status"]["code"] == 422
+            message = resp["status"]["message"]
+            assert "policy.yaml:1:" in message, message  # file:line:col from the loader
+        good = load_fixture(shared_dir, "configmap-update-policies.json")
+        good["request"]["object"]["data"] = {"mpi.yaml": (policy_dir / "mpi.yaml").read_text()}
+        resp = await review(s, f"{srv.url}/validate/policies", good)
+        assert resp == {"uid": good["request"]["uid"], "allowed": True}
+
+
+async def test_probes_and_metrics(tls: Tls, tmp_path: Path, shared_dir: Path) -> None:
+    broken = tmp_path / "p"
+    broken.mkdir()
+    (broken / "p.yaml").write_text("kind: SchedulingPolicy\n")
+    body = load_fixture(shared_dir, "pod-create-worker.json")
+    async with running(tls, [broken]) as srv, client(tls) as s:
+        async with s.get(f"{srv.url}/healthz") as r:
+            assert r.status == 200
+        async with s.get(f"{srv.url}/readyz") as r:
+            assert r.status == 503
+            assert "policies not loaded" in await r.text()
+        resp = await review(s, f"{srv.url}/mutate/pods", body)
+        assert resp["allowed"] is True and "patch" not in resp
+        assert any("no valid policies" in w for w in resp["warnings"])
+        (broken / "p.yaml").write_text(POLICIES)
+
+        async def ready() -> bool:
+            async with s.get(f"{srv.url}/readyz") as r:
+                return r.status == 200
+        for _ in range(200):
+            if await ready():
+                break
+            await asyncio.sleep(0.02)
+        assert await ready()
+        resp = await review(s, f"{srv.url}/mutate/pods", body)
+        assert "patch" in resp
+        async with s.get(f"{srv.url}/metrics") as r:
+            text = await r.text()
+    for needle in ('muster_admission_fail_open_total{reason="not_ready"} 1.0',
+                   'muster_policy_reloads_total{result="error"} 1.0',
+                   'muster_policy_reloads_total{result="success"} 1.0',
+                   'muster_policy_decisions_total{policy="mpi-volcano"} 1.0',
+                   "muster_certificate_expiry_timestamp_seconds ",
+                   'muster_admission_request_duration_seconds_bucket{endpoint="mutate"'):
+        assert needle in text, needle
