@@ -17,6 +17,7 @@ from webhook.topology.model import (
     TopologyRequest,
     Unplaceable,
 )
+from webhook.topology.placement import place_gang
 from webhook.topology.scoring import SetScore, allreduce_gbps, bisection_gbps, ring_gbps
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "choose_gpus",
     "decode",
     "encode",
+    "place_gang",
     "ring_gbps",
     "set_score",
     "topology_class",
