@@ -1,0 +1,49 @@
+"""Helpers for the agent tests (imported by name: pytest runs in importlib mode)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from webhook import keys
+from webhook.binder.assignment import encode_assignment
+from webhook.topology.model import ContainerGpus, GpuAssignment, Topology
+
+NODE = "gpu-node-1"
+
+
+def make_pod(name: str, *, node: str = NODE, assign: dict[str, list[int]] | None = None,
+             topology: Topology | None = None, created: str = "2026-01-01T00:00:00Z",
+             phase: str = "Pending", assignment_node: str | None = None) -> dict[str, Any]:
+    """A pod dict as the API server returns it, bound to `node`, with the binder's assignment of
+    GPU indices per container (UUIDs from `topology`)."""
+    annotations = {}
+    containers = []
+    for cname, indices in (assign or {"main": []}).items():
+        limits = {keys.GPU_RESOURCE: str(len(indices))}
+        containers.append({"name": cname, "resources": {"limits": limits}})
+    if assign is not None:
+        assert topology is not None
+        annotations[keys.ANN_GPU_ASSIGNMENT] = encode_assignment(GpuAssignment(
+            node=assignment_node or node,
+            containers={c: ContainerGpus(tuple(ix), tuple(topology.gpus[i].uuid for i in ix))
+                        for c, ix in assign.items()}))
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}",
+                     "creationTimestamp": created, "annotations": annotations},
+        "spec": {"nodeName": node, "containers": containers},
+        "status": {"phase": phase},
+    }
+
+
+class ListedPods:
+    """A PodSource over a list the test edits (the API-backed source is tested with the
+    emulator in test_agent_kube.py)."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.lists = 0
+
+    async def pods(self) -> list[dict[str, Any]]:
+        self.lists += 1
+        return list(self.items)

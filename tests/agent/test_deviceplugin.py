@@ -1,0 +1,228 @@
+"""The device plugin against the fake kubelet: real gRPC over real unix sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from agent_helpers import NODE, ListedPods, make_pod
+
+from webhook.agent.deviceplugin.plugin import GpuDevicePlugin, PluginConfig
+from webhook.agent.deviceplugin.regen import OUTPUTS, ROOT, regenerate
+from webhook.agent.fakekubelet import FakeKubelet
+from webhook.topology.model import Topology
+
+
+@pytest.fixture
+def pods() -> ListedPods:
+    return ListedPods()
+
+
+@pytest.fixture
+async def plugin(sock_dir: Path, dgx1: Topology, pods: ListedPods,
+                 kubelet: FakeKubelet) -> AsyncIterator[GpuDevicePlugin]:
+    p = GpuDevicePlugin(PluginConfig(node=NODE, kubelet_dir=sock_dir, assignment_wait_s=0.6,
+                                     poll_s=0.05, kubelet_check_s=0.05), dgx1, pods)
+    yield p
+    await p.stop()
+
+
+def uuids(topo: Topology, *indices: int) -> set[str]:
+    return {topo.gpus[i].uuid for i in indices}
+
+
+async def test_registers_and_advertises_eight_gpus(
+        plugin: GpuDevicePlugin, kubelet: FakeKubelet, dgx1: Topology) -> None:
+    assert await plugin.ensure_registered()
+    ep = await kubelet.wait_for("nvidia.com/gpu", count=8)
+    assert kubelet.registrations == [("nvidia.com/gpu", "muster-gpu.sock")]
+    assert ep.options.get_preferred_allocation_available
+    assert ep.devices == {g.uuid: "Healthy" for g in dgx1.gpus}
+    assert ep.numa[dgx1.gpus[0].uuid] == [0] and ep.numa[dgx1.gpus[7].uuid] == [1]
+
+
+async def test_allocate_gives_exactly_the_assigned_gpus(
+        plugin: GpuDevicePlugin, kubelet: FakeKubelet, dgx1: Topology, pods: ListedPods) -> None:
+    pods.items.append(make_pod("worker-0", assign={"main": [0, 2, 3, 4]}, topology=dgx1))
+    await plugin.ensure_registered()
+    await kubelet.wait_for("nvidia.com/gpu", count=8)
+    got = await kubelet.admit("nvidia.com/gpu", 4)
+    visible = got.envs["NVIDIA_VISIBLE_DEVICES"].split(",")
+    assert len(visible) == 4 and set(visible) == uuids(dgx1, 0, 2, 3, 4)
+    assert set(got.envs) == {"NVIDIA_VISIBLE_DEVICES"} and got.cdi_devices == []
+    # GetPreferredAllocation steered the kubelet's own accounting to the same GPUs
+    assert set(got.devices) == uuids(dgx1, 0, 2, 3, 4)
+
+
+async def test_pod_without_assignment_gets_a_clear_error_after_the_wait(
+        plugin: GpuDevicePlugin, kubelet: FakeKubelet, pods: ListedPods) -> None:
+    pods.items.append(make_pod("plain"))
+    await plugin.ensure_registered()
+    await kubelet.wait_for("nvidia.com/gpu", count=8)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.admit("nvidia.com/gpu", 1)
+    assert loop.time() - start >= 0.6  # the bounded wait (GetPreferredAllocation + Allocate)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    detail = err.value.details() or ""
+    assert "gpu-node-1" in detail and "ml/plain: no muster.io/gpu-assignment annotation" in detail
+    assert pods.lists > 2  # it kept looking during the wait
+
+
+async def test_assignment_that_appears_during_the_wait_is_used(
+        plugin: GpuDevicePlugin, kubelet: FakeKubelet, dgx1: Topology, pods: ListedPods) -> None:
+    pods.items.append(make_pod("late"))
+    await plugin.ensure_registered()
+    await kubelet.wait_for("nvidia.com/gpu", count=8)
+
+    async def binder_writes() -> None:
+        await asyncio.sleep(0.2)
+        pods.items[0] = make_pod("late", assign={"main": [6, 7]}, topology=dgx1)
+
+    task = asyncio.create_task(binder_writes())
+    got = await kubelet.admit("nvidia.com/gpu", 2)
+    await task
+    assert set(got.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == uuids(dgx1, 6, 7)
+
+
+async def test_containers_in_order_and_never_served_twice(
+        plugin: GpuDevicePlugin, kubelet: FakeKubelet, dgx1: Topology, pods: ListedPods) -> None:
+    pods.items += [
+        make_pod("old", assign={"a": [0, 1], "b": [2]}, topology=dgx1,
+                 created="2026-01-01T00:00:00Z"),
+        make_pod("new", assign={"main": [4, 5]}, topology=dgx1, created="2026-01-01T00:00:05Z"),
+        make_pod("running", assign={"main": [6, 7]}, topology=dgx1, phase="Running"),
+    ]
+    await plugin.ensure_registered()
+    await kubelet.wait_for("nvidia.com/gpu", count=8)
+    first = await kubelet.admit("nvidia.com/gpu", 2)  # oldest pod's first container
+    assert set(first.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == uuids(dgx1, 0, 1)
+    second = await kubelet.admit("nvidia.com/gpu", 2)  # "old"/a is served: now "new"
+    assert set(second.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == uuids(dgx1, 4, 5)
+    third = await kubelet.admit("nvidia.com/gpu", 1)  # "old"/b
+    assert third.envs["NVIDIA_VISIBLE_DEVICES"] == dgx1.gpus[2].uuid
+    with pytest.raises(grpc.aio.AioRpcError):  # the running pod's GPUs are not handed out
+        await kubelet.admit("nvidia.com/gpu", 2)
+
+
+async def test_assignment_for_another_node_is_refused(
+        plugin: GpuDevicePlugin, kubelet: FakeKubelet, dgx1: Topology, pods: ListedPods) -> None:
+    pods.items.append(make_pod("moved", assign={"main": [0]}, topology=dgx1,
+                               assignment_node="gpu-node-2"))
+    await plugin.ensure_registered()
+    await kubelet.wait_for("nvidia.com/gpu", count=8)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.admit("nvidia.com/gpu", 1)
+    assert "assigned GPUs on node 'gpu-node-2'" in (err.value.details() or "")
+
+
+async def test_restarted_kubelet_gets_the_plugin_back(
+        plugin: GpuDevicePlugin, kubelet: FakeKubelet, dgx1: Topology, pods: ListedPods) -> None:
+    run = asyncio.create_task(plugin.run())
+    try:
+        await kubelet.wait_for("nvidia.com/gpu", count=8)
+        await kubelet.restart()  # deletes every socket, plugin's included, forgets the plugin
+        assert not plugin.socket_path.exists()
+        ep = await kubelet.wait_for("nvidia.com/gpu", count=8)
+        assert len(kubelet.registrations) == 1  # the fresh kubelet's own record
+        assert plugin.registrations == 2 and plugin.socket_path.exists()
+        pods.items.append(make_pod("after", assign={"main": [3]}, topology=dgx1))
+        got = await kubelet.admit("nvidia.com/gpu", 1)
+        assert got.envs["NVIDIA_VISIBLE_DEVICES"] == dgx1.gpus[3].uuid
+        assert ep.devices == {g.uuid: "Healthy" for g in dgx1.gpus}
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+    assert not plugin.socket_path.exists()  # cleaned up on the way out
+
+
+async def test_plugin_started_before_the_kubelet_registers_when_it_appears(
+        dgx1: Topology, pods: ListedPods) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
+    plugin = GpuDevicePlugin(PluginConfig(node=NODE, kubelet_dir=directory,
+                                          kubelet_check_s=0.05), dgx1, pods)
+    run = asyncio.create_task(plugin.run())
+    kubelet = FakeKubelet(directory)
+    try:
+        await asyncio.sleep(0.2)
+        assert plugin.registrations == 0
+        await kubelet.start()
+        await kubelet.wait_for("nvidia.com/gpu", count=8)
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await kubelet.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_health_change_is_streamed(
+        plugin: GpuDevicePlugin, kubelet: FakeKubelet, dgx1: Topology) -> None:
+    await plugin.ensure_registered()
+    await kubelet.wait_for("nvidia.com/gpu", count=8)
+    sick = dataclasses.replace(dgx1, gpus=tuple(
+        dataclasses.replace(g, healthy=g.index != 5) for g in dgx1.gpus))
+    await plugin.set_topology(sick)
+    ep = await kubelet.wait_for("nvidia.com/gpu", min_updates=2)
+    assert ep.devices[dgx1.gpus[5].uuid] == "Unhealthy"
+    assert sum(h == "Healthy" for h in ep.devices.values()) == 7
+    await plugin.set_topology(sick)  # no change: nothing sent
+    await asyncio.sleep(0.1)
+    assert ep.updates == 2
+
+
+async def test_cdi_names_and_custom_resource_name(
+        sock_dir: Path, kubelet: FakeKubelet, dgx1: Topology, pods: ListedPods) -> None:
+    pods.items.append(make_pod("cdi", assign={"main": [1, 5]}, topology=dgx1))
+    plugin = GpuDevicePlugin(PluginConfig(node=NODE, kubelet_dir=sock_dir, cdi=True,
+                                          resource_name="muster.io/gpu", endpoint="m.sock"),
+                             dgx1, pods)
+    try:
+        await plugin.ensure_registered()
+        await kubelet.wait_for("muster.io/gpu", count=8)
+        got = await kubelet.admit("muster.io/gpu", 2)
+    finally:
+        await plugin.stop()
+    assert sorted(got.cdi_devices) == sorted(f"nvidia.com/gpu={u}" for u in uuids(dgx1, 1, 5))
+    assert set(got.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == uuids(dgx1, 1, 5)
+
+
+async def test_unassigned_kubelet_mode_uses_the_kubelets_pick(
+        sock_dir: Path, kubelet: FakeKubelet, dgx1: Topology, pods: ListedPods) -> None:
+    plugin = GpuDevicePlugin(PluginConfig(node=NODE, kubelet_dir=sock_dir, unassigned="kubelet",
+                                          assignment_wait_s=0.1, poll_s=0.05), dgx1, pods)
+    try:
+        await plugin.ensure_registered()
+        await kubelet.wait_for("nvidia.com/gpu", count=8)
+        got = await kubelet.admit("nvidia.com/gpu", 2)
+    finally:
+        await plugin.stop()
+    assert got.envs["NVIDIA_VISIBLE_DEVICES"].split(",") == got.devices
+
+
+async def test_kubelet_refuses_a_bad_resource_name(
+        sock_dir: Path, kubelet: FakeKubelet, dgx1: Topology, pods: ListedPods) -> None:
+    plugin = GpuDevicePlugin(PluginConfig(node=NODE, kubelet_dir=sock_dir,
+                                          resource_name="gpu"), dgx1, pods)
+    try:
+        assert not await plugin.ensure_registered()
+    finally:
+        await plugin.stop()
+    assert plugin.registrations == 0 and kubelet.registrations == []
+
+
+def test_generated_grpc_modules_match_the_proto(tmp_path: Path) -> None:
+    for generated in regenerate(tmp_path):
+        committed = ROOT / generated.relative_to(tmp_path)
+        assert generated.read_text() == committed.read_text(), (
+            f"{committed} is stale: run python -m webhook.agent.deviceplugin.regen")
+    assert len(OUTPUTS) == 2

@@ -1,0 +1,108 @@
+"""Which pod is the kubelet starting? Pure matching of Allocate calls to binder assignments.
+
+The kubelet's Allocate and GetPreferredAllocation requests name devices, never the pod. The pod
+being started is one bound to this node, still Pending, whose `muster.io/gpu-assignment` gives
+its next container (init containers first, then spec order, as the kubelet allocates them) as
+many GPUs as the kubelet asks for. Among several, the one whose assigned GPUs are exactly what
+the kubelet asked for wins, then the oldest. What was already handed out is remembered so that a
+container is never served twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook import keys
+from webhook.binder.assignment import AssignmentError, decode_assignment
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The next container of a pending pod and the GPU UUIDs the binder gave it."""
+
+    pod: str  # namespace/name
+    uid: str
+    container: str
+    uuids: tuple[str, ...]
+    created: str  # creationTimestamp (RFC 3339 sorts as text)
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """What the pods on this node offer to an Allocate call right now."""
+
+    grants: tuple[Grant, ...]
+    #: pods that cannot be served, with the reason (for the error message)
+    refused: Mapping[str, str] = field(default_factory=dict)
+    #: uids of pods still waiting to start (others' handed-out entries can be forgotten)
+    live: frozenset[str] = frozenset()
+
+
+def _is_pending(pod: Mapping[str, Any], node: str) -> bool:
+    meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status", {})
+    return (spec.get("nodeName") == node and not meta.get("deletionTimestamp")
+            and status.get("phase", "Pending") == "Pending")
+
+
+def pending(pods: Iterable[Mapping[str, Any]], node: str, devices: Mapping[int, str],
+            handed: Collection[tuple[str, str]]) -> Pending:
+    """Grants offered by `pods` (raw pod dicts) on `node`; `devices` maps GPU index → UUID of
+    this node's GPUs; `handed` holds (pod uid, container) pairs already served."""
+    grants: list[Grant] = []
+    refused: dict[str, str] = {}
+    live: set[str] = set()
+    known = set(devices.values())
+    for pod in pods:
+        if not _is_pending(pod, node):
+            continue
+        meta = pod.get("metadata", {})
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        uid = str(meta.get("uid", key))
+        live.add(uid)
+        text = (meta.get("annotations") or {}).get(keys.ANN_GPU_ASSIGNMENT)
+        if text is None:
+            refused[key] = f"no {keys.ANN_GPU_ASSIGNMENT} annotation"
+            continue
+        try:
+            assignment = decode_assignment(text)
+        except AssignmentError as exc:
+            refused[key] = f"unreadable {keys.ANN_GPU_ASSIGNMENT}: {exc}"
+            continue
+        if assignment.node != node:
+            refused[key] = f"assigned GPUs on node {assignment.node!r}, not {node!r}"
+            continue
+        todo = [(n, c) for n, c in assignment.containers.items() if (uid, n) not in handed]
+        if not todo:
+            continue  # every container served: the pod is starting
+        name, gpus = todo[0]
+        # the binder may not know UUIDs (node published no topology): resolve by index here
+        uuids = tuple(u or devices.get(i, "") for i, u in zip(gpus.indices, gpus.uuids,
+                                                               strict=True))
+        wrong = [u for u in uuids if u not in known]
+        if wrong:
+            refused[key] = f"container {name!r} is assigned GPUs not on this node: {wrong}"
+            continue
+        grants.append(Grant(key, uid, name, uuids, str(meta.get("creationTimestamp", ""))))
+    grants.sort(key=lambda g: (g.created, g.pod))
+    return Pending(tuple(grants), refused, frozenset(live))
+
+
+def choose(offer: Pending, count: int, wanted: Collection[str] = ()) -> Grant | None:
+    """The grant for a container asking for `count` devices: one whose GPUs are exactly
+    `wanted` (the kubelet's pick) if any, else the oldest with the right count."""
+    fits = [g for g in offer.grants if len(g.uuids) == count]
+    exact = [g for g in fits if set(g.uuids) == set(wanted)]
+    best = exact or fits
+    return best[0] if best else None
+
+
+def explain(offer: Pending, node: str, count: int) -> str:
+    """Why no grant fits: for the gRPC error the kubelet records on the pod."""
+    parts = [f"{pod}: {why}" for pod, why in sorted(offer.refused.items())]
+    parts += [f"{g.pod}: container {g.container!r} is assigned {len(g.uuids)} GPU(s)"
+              for g in offer.grants]
+    waiting = "; ".join(parts) if parts else "none"
+    return (f"no pod bound to node {node!r} is waiting for {count} GPU(s) with a "
+            f"{keys.ANN_GPU_ASSIGNMENT} annotation from the binder (pending pods here: {waiting})")

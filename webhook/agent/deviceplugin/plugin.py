@@ -1,0 +1,272 @@
+"""The kubelet device plugin (API v1beta1, gRPC over unix sockets) that honours the binder.
+
+It advertises the node's GPUs by UUID, and answers GetPreferredAllocation and Allocate with the
+GPUs the binder wrote into the pod's `muster.io/gpu-assignment` (see `matcher`): the container sees
+exactly those through NVIDIA_VISIBLE_DEVICES (and CDI device names when configured). A kubelet
+restart deletes every socket in its directory and recreates kubelet.sock: the plugin notices,
+serves again on a fresh socket and registers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import grpc
+
+from webhook import keys
+from webhook.agent.deviceplugin import api_pb2, api_pb2_grpc
+from webhook.agent.deviceplugin.matcher import Grant, Pending, choose, explain, pending
+from webhook.topology.model import Topology
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+KUBELET_SOCKET = "kubelet.sock"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+
+
+class PodSource(Protocol):
+    """The pods bound to this node, as raw API dicts, fresh enough to see a new assignment."""
+
+    async def pods(self) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PluginConfig:
+    node: str
+    kubelet_dir: Path = Path(DEVICE_PLUGIN_DIR)
+    resource_name: str = keys.GPU_RESOURCE
+    endpoint: str = "muster-gpu.sock"
+    #: also hand out CDI device names ("<cdi_kind>=<uuid>")
+    cdi: bool = False
+    cdi_kind: str = "nvidia.com/gpu"
+    #: how long Allocate waits for the pod's assignment to become visible
+    assignment_wait_s: float = 10.0
+    poll_s: float = 0.2
+    #: how often kubelet.sock and our socket are checked (kubelet restarts)
+    kubelet_check_s: float = 1.0
+    #: a container with no assignment: "error" (refuse) or "kubelet" (the kubelet's own pick)
+    unassigned: Literal["error", "kubelet"] = "error"
+
+
+def device_list(topology: Topology) -> list[Any]:
+    """ListAndWatch's devices: UUID as ID, health, NUMA node for the kubelet's topology manager."""
+    out = []
+    for gpu in topology.gpus:
+        numa = (api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=gpu.numa_node)])
+                if gpu.numa_node is not None else None)
+        out.append(api_pb2.Device(ID=gpu.uuid, health=HEALTHY if gpu.healthy else UNHEALTHY,
+                                  topology=numa))
+    return out
+
+
+class _Servicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
+    def __init__(self, plugin: GpuDevicePlugin) -> None:
+        self.plugin = plugin
+
+    async def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+        return api_pb2.DevicePluginOptions(pre_start_required=False,
+                                           get_preferred_allocation_available=True)
+
+    async def ListAndWatch(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        seen = -1
+        while True:
+            devices, seen = await self.plugin.devices_after(seen)
+            yield api_pb2.ListAndWatchResponse(devices=devices)
+
+    async def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+        responses = []
+        for creq in request.container_requests:
+            ids = await self.plugin.preferred(list(creq.available_deviceIDs),
+                                              list(creq.must_include_deviceIDs),
+                                              creq.allocation_size)
+            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+    async def Allocate(self, request: Any, context: Any) -> Any:
+        responses = []
+        for creq in request.container_requests:
+            try:
+                uuids = await self.plugin.allocate(list(creq.devices_ids))
+            except AllocationRefused as exc:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            responses.append(self.plugin.container_response(uuids))
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    async def PreStartContainer(self, request: Any, context: Any) -> Any:
+        return api_pb2.PreStartContainerResponse()
+
+
+class AllocationRefused(Exception):
+    """No pending pod's assignment matches what the kubelet asks for."""
+
+
+class GpuDevicePlugin:
+    def __init__(self, config: PluginConfig, topology: Topology, source: PodSource) -> None:
+        self.config = config
+        self.source = source
+        self._topology = topology
+        self._devices = device_list(topology)
+        self._version = 0
+        self._changed = asyncio.Condition()
+        self._handed: set[tuple[str, str]] = set()
+        self._lock = asyncio.Lock()
+        self._server: grpc.aio.Server | None = None
+        self._kubelet_id: tuple[int, int] | None = None
+        self.registrations = 0  # successful Register calls (tests, metrics)
+
+    @property
+    def socket_path(self) -> Path:
+        return self.config.kubelet_dir / self.config.endpoint
+
+    # --- devices -----------------------------------------------------------------------------
+
+    async def set_topology(self, topology: Topology) -> None:
+        """New discovery result: ListAndWatch streams send the new list if it changed."""
+        self._topology = topology
+        devices = device_list(topology)
+        if devices != self._devices:
+            async with self._changed:
+                self._devices = devices
+                self._version += 1
+                self._changed.notify_all()
+            log.info("device list changed", extra={
+                "unhealthy": [d.ID for d in devices if d.health != HEALTHY]})
+
+    async def devices_after(self, seen: int) -> tuple[list[Any], int]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._version != seen)
+            return list(self._devices), self._version
+
+    # --- allocation --------------------------------------------------------------------------
+
+    async def _offer(self) -> Pending:
+        pods = await self.source.pods()
+        devices = {g.index: g.uuid for g in self._topology.gpus}
+        offer = pending(pods, self.config.node, devices, self._handed)
+        # forget containers of pods that have started or gone: they are never asked again
+        self._handed = {(uid, c) for uid, c in self._handed if uid in offer.live}
+        return offer
+
+    async def _wait_for(self, count: int, wanted: list[str]) -> tuple[Grant | None, Pending]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.assignment_wait_s
+        while True:
+            offer = await self._offer()
+            grant = choose(offer, count, wanted)
+            if grant is not None or loop.time() >= deadline:
+                return grant, offer
+            await asyncio.sleep(self.config.poll_s)
+
+    async def preferred(self, available: list[str], must: list[str], size: int) -> list[str]:
+        async with self._lock:
+            grant, _ = await self._wait_for(size, [])
+        if grant is not None and set(must) <= set(grant.uuids) <= set(available) | set(must):
+            return list(grant.uuids)
+        # no assignment to honour: the kubelet's own default order
+        return (must + [d for d in available if d not in must])[:size]
+
+    async def allocate(self, requested: list[str]) -> list[str]:
+        async with self._lock:
+            grant, offer = await self._wait_for(len(requested), requested)
+            if grant is None:
+                if self.config.unassigned == "kubelet":
+                    log.info("no assignment: kubelet's pick", extra={"devices": requested})
+                    return requested
+                message = explain(offer, self.config.node, len(requested))
+                log.warning("allocate refused", extra={"reason": message})
+                raise AllocationRefused(message)
+            self._handed.add((grant.uid, grant.container))
+        if set(grant.uuids) != set(requested):
+            log.warning("kubelet picked other GPUs than the binder; the binder's are used",
+                        extra={"pod": grant.pod, "kubelet": requested, "binder": grant.uuids})
+        log.info("allocated", extra={"pod": grant.pod, "container": grant.container,
+                                     "gpus": list(grant.uuids)})
+        return list(grant.uuids)
+
+    def container_response(self, uuids: list[str]) -> Any:
+        cdi = ([api_pb2.CDIDevice(name=f"{self.config.cdi_kind}={u}") for u in uuids]
+               if self.config.cdi else [])
+        return api_pb2.ContainerAllocateResponse(
+            envs={VISIBLE_DEVICES_ENV: ",".join(uuids)}, cdi_devices=cdi)
+
+    # --- serving and registration ------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """(Re)start the gRPC server on a fresh socket."""
+        await self.stop()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = grpc.aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        await server.start()
+        self._server = server
+        log.info("device plugin serving", extra={"socket": str(self.socket_path)})
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=0.5)
+            self._server = None
+
+    async def register(self) -> None:
+        """Register with the kubelet; raises grpc.aio.AioRpcError if it refuses or is down."""
+        target = f"unix://{self.config.kubelet_dir / KUBELET_SOCKET}"
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = api_pb2_grpc.RegistrationStub(channel)
+            await stub.Register(api_pb2.RegisterRequest(
+                version=API_VERSION, endpoint=self.config.endpoint,
+                resource_name=self.config.resource_name,
+                options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
+            ), timeout=5)
+        self.registrations += 1
+        log.info("registered with the kubelet", extra={
+            "resource": self.config.resource_name, "endpoint": self.config.endpoint})
+
+    def _kubelet_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.config.kubelet_dir / KUBELET_SOCKET)
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    async def ensure_registered(self) -> bool:
+        """One check: serve and register again if the kubelet restarted (new kubelet.sock) or
+        our socket was removed. True when registered with the current kubelet."""
+        current = self._kubelet_identity()
+        if current is None:
+            self._kubelet_id = None
+            return False
+        if current == self._kubelet_id and self.socket_path.exists() and self._server:
+            return True
+        if self._server is None or not self.socket_path.exists():
+            await self.serve()
+        try:
+            await self.register()
+        except grpc.aio.AioRpcError as exc:
+            log.warning("registration failed; will retry", extra={
+                "code": exc.code().name, "detail": exc.details()})
+            return False
+        self._kubelet_id = current
+        return True
+
+    async def run(self) -> None:
+        """Serve until cancelled, re-registering across kubelet restarts."""
+        try:
+            while True:
+                await self.ensure_registered()
+                await asyncio.sleep(self.config.kubelet_check_s)
+        finally:
+            await self.stop()
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()

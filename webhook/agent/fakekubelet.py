@@ -1,0 +1,229 @@
+"""A fake kubelet device manager: the real gRPC protocol on real unix sockets, for tests and e2e.
+
+Like the kubelet it serves `Registration` on `<dir>/kubelet.sock`; when a plugin registers it
+dials the plugin's socket, asks its options and follows its `ListAndWatch` stream. `admit`
+allocates devices for a container the way the kubelet's device manager does: free healthy
+devices, the plugin's GetPreferredAllocation if offered, then Allocate. `restart` does what a
+kubelet restart does to the directory: every socket is deleted and kubelet.sock is recreated.
+
+Runnable as a process: `python -m webhook.agent.fakekubelet --dir DIR` serves and prints one JSON
+line per event (registered, devices); `--admit N` (repeatable) admits containers once devices
+have arrived and prints the allocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from webhook.agent.deviceplugin import api_pb2, api_pb2_grpc
+from webhook.agent.deviceplugin.plugin import API_VERSION, HEALTHY, KUBELET_SOCKET
+
+log = logging.getLogger(__name__)
+
+# the kubelet's check of extended resource names: <domain>/<name>, not kubernetes.io
+_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+@dataclass
+class Endpoint:
+    """One registered plugin, as the kubelet's device manager tracks it."""
+
+    resource: str
+    socket: Path
+    options: Any
+    channel: grpc.aio.Channel
+    stub: Any
+    devices: dict[str, str] = field(default_factory=dict)  # ID -> health
+    numa: dict[str, list[int]] = field(default_factory=dict)
+    allocated: set[str] = field(default_factory=set)
+    updates: int = 0
+    watcher: asyncio.Task[None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What the kubelet would give the container runtime for one container."""
+
+    devices: list[str]  # what the device manager recorded as allocated
+    envs: dict[str, str]
+    cdi_devices: list[str]
+
+
+class _Registration(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
+    def __init__(self, kubelet: FakeKubelet) -> None:
+        self.kubelet = kubelet
+
+    async def Register(self, request: Any, context: Any) -> Any:
+        if request.version != API_VERSION:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"unsupported device plugin API version {request.version!r}")
+        if not _RESOURCE.match(request.resource_name):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"invalid extended resource name {request.resource_name!r}")
+        # the kubelet answers first and connects to the plugin afterwards
+        asyncio.get_running_loop().create_task(self.kubelet.connect(request))
+        return api_pb2.Empty()
+
+
+class FakeKubelet:
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.endpoints: dict[str, Endpoint] = {}
+        self.registrations: list[tuple[str, str]] = []  # (resource, endpoint) per Register
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._server: grpc.aio.Server | None = None
+        self._changed = asyncio.Condition()
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / KUBELET_SOCKET
+
+    async def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket.unlink()
+        server = grpc.aio.server()
+        api_pb2_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        server.add_insecure_port(f"unix://{self.socket}")
+        await server.start()
+        self._server = server
+
+    async def stop(self) -> None:
+        for ep in self.endpoints.values():
+            if ep.watcher is not None:
+                ep.watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await ep.watcher
+            await ep.channel.close()
+        self.endpoints.clear()
+        if self._server is not None:
+            await self._server.stop(grace=0)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.socket.unlink()
+
+    async def restart(self) -> None:
+        """A kubelet restart: forget every plugin, delete every socket, recreate kubelet.sock."""
+        await self.stop()
+        for path in self.dir.glob("*.sock"):
+            path.unlink()
+        self.registrations.clear()
+        await self.start()
+
+    async def connect(self, request: Any) -> None:
+        socket = self.dir / request.endpoint
+        old = self.endpoints.pop(request.resource_name, None)
+        if old is not None and old.watcher is not None:
+            old.watcher.cancel()
+            await old.channel.close()
+        channel = grpc.aio.insecure_channel(f"unix://{socket}")
+        stub = api_pb2_grpc.DevicePluginStub(channel)
+        options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=5)
+        ep = Endpoint(request.resource_name, socket, options, channel, stub)
+        ep.watcher = asyncio.get_running_loop().create_task(self._watch(ep))
+        self.endpoints[request.resource_name] = ep
+        self.registrations.append((request.resource_name, request.endpoint))
+        await self.events.put({"event": "registered", "resource": request.resource_name,
+                               "endpoint": request.endpoint})
+
+    async def _watch(self, ep: Endpoint) -> None:
+        try:
+            async for update in ep.stub.ListAndWatch(api_pb2.Empty()):
+                async with self._changed:
+                    ep.devices = {d.ID: d.health for d in update.devices}
+                    ep.numa = {d.ID: [n.ID for n in d.topology.nodes] for d in update.devices}
+                    ep.updates += 1
+                    self._changed.notify_all()
+                await self.events.put({"event": "devices", "resource": ep.resource,
+                                       "devices": ep.devices})
+        except grpc.aio.AioRpcError as exc:
+            # the plugin went away: the kubelet marks its devices unhealthy until it re-registers
+            log.info("ListAndWatch ended", extra={"resource": ep.resource, "code": exc.code().name})
+            async with self._changed:
+                ep.devices = dict.fromkeys(ep.devices, "Unhealthy")
+                self._changed.notify_all()
+
+    async def wait_for(self, resource: str, *, count: int | None = None,
+                       min_updates: int = 1, within: float = 10.0) -> Endpoint:
+        """Wait until `resource` is registered and has sent `min_updates` device lists (with
+        `count` devices when given)."""
+        def ready() -> bool:
+            ep = self.endpoints.get(resource)
+            return (ep is not None and ep.updates >= min_updates
+                    and (count is None or len(ep.devices) == count))
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(ready), within)
+        return self.endpoints[resource]
+
+    async def admit(self, resource: str, count: int) -> Admission:
+        """Allocate `count` devices for one container, as the kubelet's device manager does."""
+        ep = self.endpoints[resource]
+        free = sorted(d for d, h in ep.devices.items() if h == HEALTHY and d not in ep.allocated)
+        if len(free) < count:
+            raise RuntimeError(f"{resource}: {count} requested, {len(free)} free")
+        chosen = free[:count]
+        if ep.options.get_preferred_allocation_available:
+            pref = await ep.stub.GetPreferredAllocation(api_pb2.PreferredAllocationRequest(
+                container_requests=[api_pb2.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=free, allocation_size=count)]), timeout=30)
+            ids = list(pref.container_responses[0].deviceIDs)
+            if len(ids) == count and set(ids) <= set(free):
+                chosen = ids
+        resp = await ep.stub.Allocate(api_pb2.AllocateRequest(container_requests=[
+            api_pb2.ContainerAllocateRequest(devices_ids=chosen)]), timeout=30)
+        ep.allocated.update(chosen)
+        cresp = resp.container_responses[0]
+        return Admission(chosen, dict(cresp.envs), [c.name for c in cresp.cdi_devices])
+
+
+async def _main(directory: Path, admit: list[int], resource: str) -> int:
+    kubelet = FakeKubelet(directory)
+    await kubelet.start()
+    out = sys.stdout
+    try:
+        if admit:
+            await kubelet.wait_for(resource, within=60)
+        for count in admit:
+            try:
+                got = await kubelet.admit(resource, count)
+                out.write(json.dumps({"event": "admitted", "count": count,
+                                      "devices": got.devices, "envs": got.envs,
+                                      "cdi": got.cdi_devices}) + "\n")
+            except grpc.aio.AioRpcError as exc:
+                out.write(json.dumps({"event": "refused", "count": count,
+                                      "code": exc.code().name, "detail": exc.details()}) + "\n")
+            out.flush()
+        while True:
+            event = await kubelet.events.get()
+            out.write(json.dumps(event) + "\n")
+            out.flush()
+    finally:
+        await kubelet.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m webhook.agent.fakekubelet")
+    parser.add_argument("--dir", type=Path, required=True, help="device plugin directory")
+    parser.add_argument("--resource", default="nvidia.com/gpu")
+    parser.add_argument("--admit", type=int, action="append", default=[],
+                        help="admit a container asking for N devices (repeatable)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(_main(args.dir, args.admit, args.resource))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
