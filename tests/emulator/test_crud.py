@@ -1,0 +1,265 @@
+"""CRUD, errors and subresources over HTTP, through kubernetes-asyncio's typed APIs and the
+raw KubeApi, against the emulator (wire format: Status bodies, codes, reasons)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from webhook.emulator import ApiServerEmulator
+from webhook.kube import (
+    CONFIGMAPS,
+    MPIJOBS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    VOLCANO_PODGROUPS,
+    ApiError,
+    KubeApi,
+    make_api_client,
+)
+
+
+def pod(name: str | None = None, gpus: int = 1, labels: dict[str, str] | None = None,
+        generate: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"labels": labels or {}}
+    if name:
+        meta["name"] = name
+    if generate:
+        meta["generateName"] = generate
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": [
+        {"name": "main", "image": "busybox:1.36",
+         "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+
+
+async def test_typed_core_api_create_get_list(kubeconfig: Path) -> None:
+    api_client = await make_api_client(str(kubeconfig))
+    try:
+        core = client.CoreV1Api(api_client)
+        created = await core.create_namespaced_pod("team-a", pod("w-0"))
+        assert created.metadata.uid and int(created.metadata.resource_version) > 0
+        assert created.metadata.creation_timestamp is not None
+        # apiserver defaulting the real captured requests show
+        assert created.spec.scheduler_name == "default-scheduler"
+        assert created.spec.containers[0].resources.requests == {"nvidia.com/gpu": "1"}
+        assert created.status.phase == "Pending"
+        got = await core.read_namespaced_pod("w-0", "team-a")
+        assert got.metadata.uid == created.metadata.uid
+        listed = await core.list_namespaced_pod("team-a")
+        assert [p.metadata.name for p in listed.items] == ["w-0"]
+        assert int(listed.metadata.resource_version) >= int(created.metadata.resource_version)
+        nodes = await core.list_node()
+        assert nodes.items == []
+        with pytest.raises(ApiException) as err:
+            await core.read_namespaced_pod("missing", "team-a")
+        assert err.value.status == 404
+    finally:
+        await api_client.close()
+
+
+async def test_custom_objects_api_and_crd_discovery(kubeconfig: Path) -> None:
+    api_client = await make_api_client(str(kubeconfig))
+    try:
+        custom = client.CustomObjectsApi(api_client)
+        body = {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+                "metadata": {"name": "job-1"}, "spec": {"minMember": 5, "queue": "default"}}
+        await custom.create_namespaced_custom_object(
+            "scheduling.volcano.sh", "v1beta1", "team-a", "podgroups", body)
+        listed = await custom.list_namespaced_custom_object(
+            "scheduling.volcano.sh", "v1beta1", "team-a", "podgroups")
+        assert [i["spec"]["minMember"] for i in listed["items"]] == [5]
+        groups = await client.ApisApi(api_client).get_api_versions()
+        names = {g.name for g in groups.groups}
+        assert {"scheduling.volcano.sh", "scheduling.x-k8s.io", "kubeflow.org"} <= names
+    finally:
+        await api_client.close()
+
+
+async def test_status_errors_have_the_apiserver_shape(kube: KubeApi) -> None:
+    await kube.create(PODS, pod("a"), "team-a")
+    with pytest.raises(ApiError) as err:
+        await kube.create(PODS, pod("a"), "team-a")
+    assert (err.value.status, err.value.reason) == (409, "AlreadyExists")
+    assert err.value.message == 'pods "a" already exists'
+    assert err.value.body["details"] == {"name": "a", "kind": "pods"}
+    with pytest.raises(ApiError) as err:
+        await kube.get(VOLCANO_PODGROUPS, "nope", "team-a")
+    assert err.value.message == 'podgroups.scheduling.volcano.sh "nope" not found'
+    assert err.value.body["details"]["group"] == "scheduling.volcano.sh"
+    with pytest.raises(ApiError) as err:
+        await kube.create(PODS, pod(), "team-a")
+    assert (err.value.status, err.value.reason) == (422, "Invalid")
+    assert "name or generateName is required" in err.value.message
+    with pytest.raises(ApiError) as err:
+        await kube.create(PODS, pod("x"), "no-such-namespace")
+    assert err.value.status == 404
+    assert err.value.message == 'namespaces "no-such-namespace" not found'
+    with pytest.raises(ApiError) as err:
+        await kube.request("PUT", "/api/v1/namespaces/team-a/pods")
+    assert (err.value.status, err.value.reason) == (405, "MethodNotAllowed")
+
+
+async def test_generate_name(kube: KubeApi) -> None:
+    names = set()
+    for _ in range(5):
+        obj = await kube.create(PODS, pod(generate="launcher-"), "team-a")
+        assert obj["metadata"]["generateName"] == "launcher-"
+        suffix = obj["metadata"]["name"].removeprefix("launcher-")
+        assert len(suffix) == 5 and suffix.isalnum()
+        names.add(obj["metadata"]["name"])
+    assert len(names) == 5
+
+
+async def test_optimistic_concurrency_on_replace(kube: KubeApi) -> None:
+    cm = await kube.create(CONFIGMAPS, {"metadata": {"name": "c"}, "data": {"k": "1"}}, "team-a")
+    fresh = {**cm, "data": {"k": "2"}}
+    updated = await kube.replace(CONFIGMAPS, "c", fresh, "team-a")
+    assert int(updated["metadata"]["resourceVersion"]) > int(cm["metadata"]["resourceVersion"])
+    stale = {**cm, "data": {"k": "3"}}  # still carries the old resourceVersion
+    with pytest.raises(ApiError) as err:
+        await kube.replace(CONFIGMAPS, "c", stale, "team-a")
+    assert (err.value.status, err.value.reason) == (409, "Conflict")
+    assert "the object has been modified" in err.value.message
+    assert (await kube.get(CONFIGMAPS, "c", "team-a"))["data"] == {"k": "2"}
+
+
+async def test_noop_update_keeps_resource_version(kube: KubeApi) -> None:
+    cm = await kube.create(CONFIGMAPS, {"metadata": {"name": "c"}, "data": {"k": "1"}}, "team-a")
+    same = await kube.patch(CONFIGMAPS, "c", {"data": {"k": "1"}}, "team-a")
+    assert same["metadata"]["resourceVersion"] == cm["metadata"]["resourceVersion"]
+
+
+async def test_patch_types(kube: KubeApi) -> None:
+    await kube.create(PODS, pod("p", labels={"a": "1", "b": "2"}), "team-a")
+    merged = await kube.patch(PODS, "p", {"metadata": {"labels": {"a": None, "c": "3"}}},
+                              "team-a")
+    assert merged["metadata"]["labels"] == {"b": "2", "c": "3"}
+    patched = await kube.patch(PODS, "p", [{"op": "add", "path": "/metadata/annotations",
+                                            "value": {"x/y": "z"}}], "team-a", patch_type="json")
+    assert patched["metadata"]["annotations"] == {"x/y": "z"}
+    with pytest.raises(ApiError) as err:
+        await kube.patch(PODS, "p", [{"op": "remove", "path": "/metadata/nothing"}], "team-a",
+                         patch_type="json")
+    assert err.value.status == 422
+    smp = await kube.patch(PODS, "p", {"spec": {"containers": [
+        {"name": "main", "image": "busybox:1.37"}]}}, "team-a", patch_type="strategic")
+    container = smp["spec"]["containers"][0]
+    assert container["image"] == "busybox:1.37"
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}  # merged by name
+    with pytest.raises(ApiError) as err:
+        await kube.patch(VOLCANO_PODGROUPS, "x", {"spec": {}}, "team-a", patch_type="strategic")
+    assert err.value.status in (404, 415)
+
+
+async def test_pod_spec_is_immutable_but_binding_sets_node(kube: KubeApi) -> None:
+    created = await kube.create(PODS, pod("p"), "team-a")
+    with pytest.raises(ApiError) as err:
+        await kube.patch(PODS, "p", {"spec": {"nodeName": "n1"}}, "team-a")
+    assert err.value.status == 422 and "pod updates may not change" in err.value.message
+    status = await kube.bind("team-a", "p", "n1", uid=created["metadata"]["uid"],
+                             annotations={"muster.io/gpu-assignment": "{}"})
+    assert status == {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                      "status": "Success", "code": 201}
+    bound = await kube.get(PODS, "p", "team-a")
+    assert bound["spec"]["nodeName"] == "n1"
+    assert bound["metadata"]["annotations"]["muster.io/gpu-assignment"] == "{}"
+    assert {"type": "PodScheduled", "status": "True"}.items() <= \
+        bound["status"]["conditions"][0].items()
+    with pytest.raises(ApiError) as err:
+        await kube.bind("team-a", "p", "n2")
+    assert (err.value.status, err.value.reason) == (409, "Conflict")
+    assert err.value.message == ('Operation cannot be fulfilled on pods/binding "p": '
+                                 'pod p is already assigned to node "n1"')
+
+
+async def test_status_subresource_separates_spec_and_status(kube: KubeApi) -> None:
+    job = await kube.create(MPIJOBS, {
+        "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "j"},
+        "spec": {"mpiReplicaSpecs": {}}, "status": {"conditions": []}}, "team-a")
+    assert job["metadata"]["generation"] == 1
+    upd = await kube.patch(MPIJOBS, "j", {"status": {"startTime": "2026-01-01T00:00:00Z"}},
+                           "team-a", subresource="status")
+    assert upd["status"]["startTime"] == "2026-01-01T00:00:00Z"
+    assert upd["metadata"]["generation"] == 1
+    ignored = await kube.patch(MPIJOBS, "j", {"status": {"startTime": None}}, "team-a")
+    assert ignored["status"]["startTime"] == "2026-01-01T00:00:00Z"  # main resource: no status
+    spec = await kube.patch(MPIJOBS, "j", {"spec": {"slotsPerWorker": 2}}, "team-a")
+    assert spec["metadata"]["generation"] == 2
+
+
+async def test_crd_schema_prunes_and_validates(kube: KubeApi) -> None:
+    pg = await kube.create(VOLCANO_PODGROUPS, {
+        "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": "g"}, "spec": {"minMember": 2, "unknownField": 1}}, "team-a")
+    assert pg["spec"] == {"minMember": 2}
+    with pytest.raises(ApiError) as err:
+        await kube.create(VOLCANO_PODGROUPS, {
+            "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": "h"}, "spec": {"minMember": "two"}}, "team-a")
+    assert err.value.status == 422
+    assert err.value.body["details"]["causes"][0]["field"] == "spec.minMember"
+    assert "must be of type integer" in err.value.message
+
+
+async def test_cluster_scoped_and_namespace_labels(kube: KubeApi) -> None:
+    node = await kube.create(NODES, {"metadata": {"name": "n1", "labels": {"a": "b"}}})
+    assert "namespace" not in node["metadata"]
+    ns = await kube.create(NAMESPACES, {"metadata": {"name": "team-b"}})
+    assert ns["metadata"]["labels"]["kubernetes.io/metadata.name"] == "team-b"
+    assert ns["status"]["phase"] == "Active"
+
+
+async def test_delete_returns_object_and_dry_run_persists_nothing(
+        kube: KubeApi, apiserver: ApiServerEmulator) -> None:
+    dry = await kube.create(PODS, pod("d"), "team-a", dry_run=True)
+    assert dry["metadata"]["name"] == "d"
+    assert apiserver.get("pods", "d", "team-a") is None
+    await kube.create(PODS, pod("d"), "team-a")
+    gone = await kube.delete(PODS, "d", "team-a")
+    assert gone["kind"] == "Pod"
+    assert apiserver.get("pods", "d", "team-a") is None
+    await kube.create(CONFIGMAPS, {"metadata": {"name": "c"}}, "team-a")
+    status = await kube.delete(CONFIGMAPS, "c", "team-a")
+    assert status["kind"] in ("Status", "ConfigMap")
+
+
+async def test_garbage_collection_of_dependents(kube: KubeApi,
+                                                apiserver: ApiServerEmulator) -> None:
+    job = await kube.create(MPIJOBS, {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+                                      "metadata": {"name": "j"}, "spec": {"mpiReplicaSpecs": {}}},
+                            "team-a")
+    owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": "j",
+             "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    await kube.create(VOLCANO_PODGROUPS, {
+        "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": "j", "ownerReferences": [owner]}, "spec": {"minMember": 5}},
+        "team-a")
+    await kube.create(PODS, {**pod("j-worker-0"), "metadata": {"name": "j-worker-0",
+                                                              "ownerReferences": [owner]}},
+                      "team-a")
+    await kube.create(PODS, pod("unrelated"), "team-a")
+    await kube.delete(MPIJOBS, "j", "team-a")
+    assert apiserver.get(VOLCANO_PODGROUPS.plural + ".scheduling.volcano.sh", "j",
+                         "team-a") is None
+    assert [p["metadata"]["name"] for p in apiserver.objects("pods", "team-a")] == ["unrelated"]
+
+
+async def test_finalizers_delay_deletion(kube: KubeApi, apiserver: ApiServerEmulator) -> None:
+    await kube.create(CONFIGMAPS, {"metadata": {"name": "f", "finalizers": ["x/y"]}}, "team-a")
+    marked = await kube.delete(CONFIGMAPS, "f", "team-a")
+    assert marked["metadata"]["deletionTimestamp"]
+    assert apiserver.get("configmaps", "f", "team-a") is not None
+    await kube.patch(CONFIGMAPS, "f", {"metadata": {"finalizers": None}}, "team-a")
+    assert apiserver.get("configmaps", "f", "team-a") is None
+
+
+async def test_in_process_helpers_share_the_store(apiserver: ApiServerEmulator,
+                                                  kube: KubeApi) -> None:
+    made = await apiserver.create("pods", pod("inproc"), "team-a")
+    over_http = await kube.get(PODS, "inproc", "team-a")
+    assert over_http["metadata"]["uid"] == made["metadata"]["uid"]
+    assert [o["metadata"]["name"] for o in apiserver.objects("PodGroup")] == []

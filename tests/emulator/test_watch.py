@@ -1,0 +1,153 @@
+"""Watch streams: initial state, resume from a resourceVersion, 410 Expired, selectors,
+bookmarks, timeouts, slow watchers; through kubernetes-asyncio's Watch and KubeApi.watch."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from webhook.emulator import ApiServerEmulator
+from webhook.kube import CONFIGMAPS, PODS, ApiError, KubeApi, make_api_client
+
+
+def cm(name: str, labels: dict[str, str] | None = None, **data: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels or {}}, "data": data}
+
+
+async def collect(kube: KubeApi, n: int, **kwargs: Any) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    async for kind, obj in kube.watch(CONFIGMAPS, "team-a", **kwargs):
+        out.append((kind, obj["metadata"].get("name", "")))
+        if len(out) >= n:
+            break
+    return out
+
+
+async def test_typed_watch_stream_sees_initial_and_live_events(kubeconfig: Path,
+                                                              kube: KubeApi) -> None:
+    await kube.create(PODS, {"metadata": {"name": "before"}, "spec": {"containers": [
+        {"name": "c", "image": "x"}]}}, "team-a")
+    api_client = await make_api_client(str(kubeconfig))
+    core = client.CoreV1Api(api_client)
+    seen: list[tuple[str, str]] = []
+
+    async def writer() -> None:
+        await asyncio.sleep(0.05)
+        await kube.create(PODS, {"metadata": {"name": "after"}, "spec": {"containers": [
+            {"name": "c", "image": "x"}]}}, "team-a")
+        await kube.delete(PODS, "before", "team-a")
+
+    task = asyncio.create_task(writer())
+    try:
+        w = watch.Watch()
+        async for ev in w.stream(core.list_namespaced_pod, "team-a", timeout_seconds=5):
+            seen.append((ev["type"], ev["object"].metadata.name))
+            if len(seen) == 3:
+                w.stop()
+                break
+    finally:
+        await task
+        await api_client.close()
+    assert seen == [("ADDED", "before"), ("ADDED", "after"), ("DELETED", "before")]
+
+
+async def test_resume_from_resource_version(kube: KubeApi) -> None:
+    first = await kube.create(CONFIGMAPS, cm("a"), "team-a")
+    await kube.create(CONFIGMAPS, cm("b"), "team-a")
+    await kube.patch(CONFIGMAPS, "a", {"data": {"k": "v"}}, "team-a")
+    events = await collect(kube, 2, resource_version=first["metadata"]["resourceVersion"],
+                           timeout_seconds=2)
+    assert events == [("ADDED", "b"), ("MODIFIED", "a")]
+
+
+async def test_too_old_resource_version_is_410_expired(tmp_path: Path) -> None:
+    async with ApiServerEmulator(history=3) as api:
+        api.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
+        client_ = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
+        kube = KubeApi(client_)
+        try:
+            first = await kube.create(CONFIGMAPS, cm("a"), "team-a")
+            for i in range(5):
+                await kube.patch(CONFIGMAPS, "a", {"data": {"i": str(i)}}, "team-a")
+            with pytest.raises(ApiError) as err:
+                await collect(kube, 1, resource_version=first["metadata"]["resourceVersion"])
+            assert (err.value.status, err.value.reason) == (410, "Expired")
+            assert err.value.message.startswith("too old resource version: ")
+            # and the typed client sees the same ERROR event
+            core = client.CoreV1Api(client_)
+            with pytest.raises(ApiException) as exc:
+                async for _ in watch.Watch().stream(
+                        core.list_namespaced_config_map, "team-a", timeout_seconds=1,
+                        resource_version=first["metadata"]["resourceVersion"]):
+                    pass
+            assert exc.value.status == 410
+        finally:
+            await client_.close()
+
+
+async def test_selectors_filter_and_transitions(kube: KubeApi) -> None:
+    async def writer() -> None:
+        await asyncio.sleep(0.05)
+        await kube.create(CONFIGMAPS, cm("x", {"app": "a"}), "team-a")
+        await kube.create(CONFIGMAPS, cm("y", {"app": "b"}), "team-a")
+        await kube.patch(CONFIGMAPS, "y", {"metadata": {"labels": {"app": "a"}}}, "team-a")
+        await kube.patch(CONFIGMAPS, "x", {"metadata": {"labels": {"app": "c"}}}, "team-a")
+
+    task = asyncio.create_task(writer())
+    events = await collect(kube, 3, label_selector="app in (a)", timeout_seconds=3)
+    await task
+    # y enters the selection (ADDED), x leaves it (DELETED), as the apiserver's cacher reports
+    assert events == [("ADDED", "x"), ("ADDED", "y"), ("DELETED", "x")]
+
+
+async def test_field_selector_on_pods(kube: KubeApi) -> None:
+    spec = {"containers": [{"name": "c", "image": "x"}]}
+    await kube.create(PODS, {"metadata": {"name": "p1"}, "spec": spec}, "team-a")
+    await kube.create(PODS, {"metadata": {"name": "p2"}, "spec": spec}, "team-a")
+    await kube.bind("team-a", "p2", "node-1")
+    unbound = await kube.list(PODS, "team-a", field_selector="spec.nodeName=")
+    assert [p["metadata"]["name"] for p in unbound["items"]] == ["p1"]
+    on_node = await kube.list(PODS, field_selector="spec.nodeName=node-1,status.phase=Pending")
+    assert [p["metadata"]["name"] for p in on_node["items"]] == ["p2"]
+    with pytest.raises(ApiError) as err:
+        await kube.list(PODS, field_selector="spec.bogus=1")
+    assert err.value.status == 400
+
+
+async def test_bookmarks_and_timeout(tmp_path: Path) -> None:
+    async with ApiServerEmulator(bookmark_interval=0.1) as api:
+        client_ = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
+        kube = KubeApi(client_)
+        try:
+            kinds = [k async for k, _ in kube.watch(CONFIGMAPS, "default", timeout_seconds=1,
+                                                     allow_bookmarks=True)]
+        finally:
+            await client_.close()
+    # the stream ends by itself after timeoutSeconds, with bookmarks in between
+    assert kinds and set(kinds) == {"BOOKMARK"}
+
+
+async def test_slow_watcher_is_dropped_with_410_and_never_blocks_writers(tmp_path: Path) -> None:
+    async with ApiServerEmulator(watch_buffer=10) as api:
+        client_ = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
+        kube = KubeApi(client_)
+        try:
+            stream = kube.watch(CONFIGMAPS, "default", resource_version=str(api.store.rv))
+            # the watch is open; write much more than its buffer before reading anything
+            first = asyncio.ensure_future(stream.__anext__())
+            await asyncio.sleep(0.05)
+            for i in range(50):
+                api.seed({"apiVersion": "v1", "kind": "ConfigMap",
+                          "metadata": {"name": f"c{i}", "namespace": "default"}})
+            with pytest.raises(ApiError) as err:
+                await first
+                async for _ in stream:
+                    pass
+            assert err.value.status == 410
+        finally:
+            await client_.close()

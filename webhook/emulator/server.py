@@ -1,0 +1,860 @@
+"""`ApiServerEmulator`: the Kubernetes REST API over real HTTP (aiohttp), on the store."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import copy
+import datetime as dt
+import json
+import logging
+import ssl
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from . import defaults, errors
+from .admission import DEFAULT_USER, AdmissionChain, Attributes, WebhookCall
+from .errors import ApiStatusError
+from .patch import apply_patch_body
+from .resources import (
+    CRDS,
+    MUTATING,
+    NAMESPACES,
+    PODS,
+    RETURNS_DELETED_OBJECT,
+    VALIDATING,
+    Registry,
+    ResourceType,
+    types_from_crd,
+)
+from .schema import validate_custom
+from .selectors import Selector
+from .store import Store, Stored, Watcher, dumps
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+_NO_GENERATION = frozenset({("", "namespaces"), ("", "configmaps"), ("", "secrets"),
+                            ("", "serviceaccounts"), ("", "events"), ("events.k8s.io", "events"),
+                            ("coordination.k8s.io", "leases"), ("", "nodes"), ("", "services")})
+#: pod spec fields an update may change (validation.ValidatePodUpdate)
+_POD_MUTABLE_SPEC = ("activeDeadlineSeconds", "tolerations", "schedulingGates")
+VERSION_INFO = {"major": "1", "minor": "33", "gitVersion": "v1.33.0-muster-emulator",
+                "gitCommit": "", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
+                "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64"}
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _json(body: Any, status: int = 200, warnings: Iterable[str] = ()) -> web.Response:
+    raw = body if isinstance(body, bytes) else dumps(body)
+    resp = web.Response(body=raw, status=status, content_type="application/json")
+    for w in warnings:
+        resp.headers.add("Warning", f'299 - "{w}"')
+    return resp
+
+
+def _truthy(value: str | None) -> bool:
+    return value is not None and value.lower() in ("1", "true")
+
+
+def _spec_like(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything but metadata and status: what a generation bump tracks."""
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "kind", "apiVersion")}
+
+
+class ApiServerEmulator:
+    """An in-process Kubernetes API server for tests, e2e and the demo.
+
+    `async with ApiServerEmulator() as api:` → `api.url`, `api.write_kubeconfig(path)`,
+    `api.get/objects/create/...` (same store and same code path as HTTP requests).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
+                 ssl_context: ssl.SSLContext | None = None, ca_pem: bytes | None = None,
+                 crds: Iterable[dict[str, Any]] = (),
+                 service_hosts: Mapping[tuple[str, str], str] | None = None,
+                 history: int = 10_000, watch_buffer: int = 20_000,
+                 bookmark_interval: float = 5.0,
+                 user: Mapping[str, Any] | None = None) -> None:
+        self.host = host
+        self.port = port
+        self._ssl = ssl_context
+        self._ca_pem = ca_pem
+        self.registry = Registry()
+        self.store = Store(history=history, watch_buffer=watch_buffer)
+        self.bookmark_interval = bookmark_interval
+        self.user = dict(user or DEFAULT_USER)
+        self.admission = AdmissionChain(self._webhook_configurations, self._namespace_labels,
+                                        service_hosts)
+        self._runner: web.AppRunner | None = None
+        self._watch_tasks: set[asyncio.Task[Any]] = set()
+        for ns in DEFAULT_NAMESPACES:
+            self.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        for crd in crds:
+            self.seed(crd)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                                     shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self._ssl)
+        await site.start()
+        if self.port == 0:
+            self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        self.store.close_watchers()
+        await self.admission.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> ApiServerEmulator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.stop()
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self._ssl else 'http'}://{self.host}:{self.port}"
+
+    @property
+    def webhook_calls(self) -> list[WebhookCall]:
+        return self.admission.calls
+
+    @property
+    def service_hosts(self) -> dict[tuple[str, str], str]:
+        """(namespace, service name) → "host:port" used for clientConfig.service webhooks."""
+        return self.admission.service_hosts
+
+    def kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
+        cluster: dict[str, Any] = {"server": self.url}
+        if self._ca_pem:
+            cluster["certificate-authority-data"] = base64.b64encode(self._ca_pem).decode()
+        return {"apiVersion": "v1", "kind": "Config",
+                "clusters": [{"name": "muster-emulator", "cluster": cluster}],
+                "users": [{"name": "admin", "user": {"token": "muster-emulator-admin"}}],
+                "contexts": [{"name": "muster-emulator", "context": {
+                    "cluster": "muster-emulator", "user": "admin", "namespace": namespace}}],
+                "current-context": "muster-emulator"}
+
+    def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
+        path = Path(path)
+        path.write_text(yaml.safe_dump(self.kubeconfig(namespace), sort_keys=False))
+        return path
+
+    # --- in-process helpers -------------------------------------------------------------------
+
+    def resource(self, ref: str | ResourceType) -> ResourceType:
+        """"pods", "podgroups.scheduling.volcano.sh", "PodGroup" or a ResourceType."""
+        if isinstance(ref, ResourceType):
+            return ref
+        plural, _, group = ref.partition(".")
+        found = [rt for rt in self.registry.all()
+                 if (rt.plural == plural and rt.group == group)
+                 or (rt.kind == ref) or (rt.plural == plural and not group)]
+        if not found:
+            raise KeyError(f"unknown resource {ref!r}")
+        found.sort(key=lambda rt: (rt.group != group, rt.group != "", rt.group))
+        return found[0]
+
+    def get(self, ref: str | ResourceType, name: str,
+            namespace: str | None = None) -> dict[str, Any] | None:
+        """A copy of the stored object, or None."""
+        rt = self.resource(ref)
+        st = self.store.get(rt.key, namespace or "" if rt.namespaced else "", name)
+        return None if st is None else json.loads(st.raw)
+
+    def objects(self, ref: str | ResourceType, namespace: str | None = None,
+                label_selector: str | None = None,
+                field_selector: str | None = None) -> list[dict[str, Any]]:
+        rt = self.resource(ref)
+        sel = Selector(rt.group, rt.plural, label_selector, field_selector)
+        return [json.loads(st.raw) for st in self.store.items(rt.key, namespace, sel)]
+
+    async def create(self, ref: str | ResourceType, obj: dict[str, Any],
+                     namespace: str | None = None, dry_run: bool = False) -> dict[str, Any]:
+        """Create through the same path as POST (admission webhooks included)."""
+        rt = self.resource(ref)
+        ns = namespace or (obj.get("metadata") or {}).get("namespace") or "default"
+        created, _ = await self._create(rt, ns if rt.namespaced else "", copy.deepcopy(obj),
+                                        dry_run=dry_run, query={}, user=self.user)
+        return created
+
+    async def delete(self, ref: str | ResourceType, name: str,
+                     namespace: str | None = None) -> None:
+        rt = self.resource(ref)
+        await self._delete(rt, namespace or "" if rt.namespaced else "", name, query={},
+                           opts={}, user=self.user)
+
+    def seed(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store an object directly (no admission, no validation beyond the basics): for
+        fixtures and `--seed` files. CRDs become served at once."""
+        rt = self.registry.by_kind(obj.get("apiVersion", ""), obj.get("kind", ""))
+        if rt is None:
+            raise KeyError(f"unknown kind {obj.get('apiVersion')}/{obj.get('kind')}")
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if rt.namespaced:
+            meta.setdefault("namespace", "default")
+        else:
+            meta.pop("namespace", None)
+        if rt.key == NAMESPACES.key:
+            defaults.default_namespace(obj)
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = defaults.generated_name(meta["generateName"])
+        self._finish_create(rt, obj)
+        existing = self.store.get(rt.key, meta.get("namespace", ""), meta["name"])
+        if existing is not None:
+            meta["uid"] = existing.obj["metadata"]["uid"]
+        self._persist(rt, obj)
+        return obj
+
+    def load_yaml(self, path: str | Path) -> list[dict[str, Any]]:
+        """Seed every document of a YAML file (CRDs, nodes, namespaces...)."""
+        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+        return [self.seed(d) for d in docs]
+
+    # --- store access used by admission ---------------------------------------------------------
+
+    def _webhook_configurations(self, kind: str) -> list[dict[str, Any]]:
+        rt = MUTATING if kind == "mutating" else VALIDATING
+        return [st.obj for st in self.store.items(rt.key)]
+
+    def _namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        st = self.store.get(NAMESPACES.key, "", namespace)
+        return None if st is None else st.obj["metadata"].get("labels") or {}
+
+    # --- HTTP ---------------------------------------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._route(request)
+        except ApiStatusError as exc:
+            return _json(exc.to_status(), exc.code)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("emulator request failed", extra={"path": request.path})
+            err = errors.internal(repr(exc))
+            return _json(err.to_status(), 500)
+
+    def _user(self, request: web.Request) -> Mapping[str, Any]:
+        return self.user
+
+    async def _body(self, request: web.Request) -> Any:
+        raw = await request.read()
+        if not raw:
+            return None
+        try:
+            if request.content_type in ("application/yaml", "application/apply-patch+yaml"):
+                return yaml.safe_load(raw)
+            return json.loads(raw)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise errors.bad_request(f"error decoding request body: {exc}") from exc
+
+    async def _route(self, request: web.Request) -> web.StreamResponse:
+        parts = [p for p in request.path.split("/") if p]
+        discovery = self._discovery(parts)
+        if discovery is not None:
+            return discovery
+        if len(parts) < 3 or parts[0] not in ("api", "apis") or \
+                (parts[0] == "apis" and len(parts) < 4):
+            raise errors.server_not_found()
+        if parts[0] == "api":
+            group, version, rest = "", parts[1], parts[2:]
+        else:
+            group, version, rest = parts[1], parts[2], parts[3:]
+        watch_path = rest[0] == "watch"
+        if watch_path:
+            rest = rest[1:]
+        ns = ""
+        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] not in ("status", "finalize"):
+            ns, rest = rest[1], rest[2:]
+        if not rest or len(rest) > 3:
+            raise errors.server_not_found()
+        rt = self.registry.lookup(group, version, rest[0])
+        if rt is None or (ns and not rt.namespaced):
+            raise errors.server_not_found()
+        name = rest[1] if len(rest) > 1 else ""
+        sub = rest[2] if len(rest) > 2 else ""
+        if sub and sub not in rt.subresources:
+            raise errors.server_not_found()
+        if rt.namespaced and name and not ns:
+            raise errors.server_not_found()
+        q = request.query
+        method = request.method
+        user = self._user(request)
+        dry_run = q.get("dryRun") == "All"
+        if method == "GET":
+            if watch_path or _truthy(q.get("watch")):
+                return await self._watch(request, rt, ns, name)
+            if name:
+                return _json(self._get(rt, ns, name).raw)
+            return self._list(request, rt, ns)
+        body = await self._body(request) if method in ("POST", "PUT", "PATCH", "DELETE") else None
+        warnings: list[str] = []
+        if method == "POST" and not name:
+            if not isinstance(body, dict):
+                raise errors.bad_request("the request body must be a JSON object")
+            created, warnings = await self._create(rt, ns, body, dry_run=dry_run,
+                                                   query=dict(q), user=user)
+            return _json(created, 201, warnings)
+        if method == "POST" and sub == "binding":
+            status, warnings = await self._bind(ns, name, body, dry_run, user)
+            return _json(status, 201, warnings)
+        if method == "PUT" and name:
+            if not isinstance(body, dict):
+                raise errors.bad_request("the request body must be a JSON object")
+            obj, warnings = await self._update(rt, ns, name, sub=sub, body=body, dry_run=dry_run,
+                                               query=dict(q), user=user)
+            return _json(obj, 200, warnings)
+        if method == "PATCH" and name:
+            current = self._get(rt, ns, name).obj
+            new = apply_patch_body(request.headers.get("Content-Type", ""), current, body,
+                                   custom=rt.schema is not None)
+            if not isinstance(new, dict):
+                raise errors.bad_request("the patch result is not an object")
+            obj, warnings = await self._update(rt, ns, name, sub=sub, body=new, dry_run=dry_run,
+                                               query=dict(q), user=user, patch=True)
+            return _json(obj, 200, warnings)
+        if method == "DELETE" and name and not sub:
+            opts = body if isinstance(body, dict) else {}
+            result, warnings = await self._delete(rt, ns, name, query=dict(q), opts=opts,
+                                                  user=user)
+            return _json(result, 200, warnings)
+        if method == "DELETE" and not name:
+            sel = Selector(rt.group, rt.plural, q.get("labelSelector"), q.get("fieldSelector"))
+            items = []
+            for st in list(self.store.items(rt.key, ns or None, sel)):
+                meta = st.obj["metadata"]
+                await self._delete(rt, meta.get("namespace", ""), meta["name"], query=dict(q),
+                                   opts={}, user=user)
+                items.append(st.obj)
+            return _json({"kind": rt.list_kind, "apiVersion": rt.api_version,
+                          "metadata": {"resourceVersion": str(self.store.rv)}, "items": items})
+        raise errors.method_not_allowed()
+
+    def _discovery(self, parts: list[str]) -> web.Response | None:
+        reg = self.registry
+        doc: Any = None
+        if parts == ["version"]:
+            doc = VERSION_INFO
+        elif parts in (["healthz"], ["readyz"], ["livez"]):
+            return web.Response(text="ok")
+        elif parts == ["api"]:
+            doc = reg.api_versions()
+        elif parts == ["apis"]:
+            doc = reg.api_group_list()
+        elif len(parts) == 2 and parts[0] == "api":
+            doc = reg.resource_list("", parts[1])
+            if doc is None:
+                raise errors.server_not_found()
+        elif len(parts) == 2 and parts[0] == "apis":
+            doc = reg.api_group(parts[1])
+            if doc is None:
+                raise errors.server_not_found()
+        elif len(parts) == 3 and parts[0] == "apis":
+            doc = reg.resource_list(parts[1], parts[2])
+            if doc is None:
+                raise errors.server_not_found()
+        else:
+            return None
+        return _json(doc)
+
+    # --- reads --------------------------------------------------------------------------------
+
+    def _get(self, rt: ResourceType, ns: str, name: str) -> Stored:
+        st = self.store.get(rt.key, ns, name)
+        if st is None:
+            raise errors.not_found(rt.group, rt.plural, name)
+        return st
+
+    def _list(self, request: web.Request, rt: ResourceType, ns: str) -> web.Response:
+        q = request.query
+        sel = Selector(rt.group, rt.plural, q.get("labelSelector"), q.get("fieldSelector"))
+        items = list(self.store.items(rt.key, ns or None, sel))
+        meta: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
+        start = 0
+        if q.get("continue"):
+            try:
+                token = json.loads(base64.urlsafe_b64decode(q["continue"]))
+                after = (token["ns"], token["name"])
+                meta["resourceVersion"] = token["rv"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise errors.bad_request("continue key is not valid") from exc
+            keys = [(st.obj["metadata"].get("namespace", ""), st.obj["metadata"]["name"])
+                    for st in items]
+            start = next((i for i, k in enumerate(keys) if k > after), len(items))
+        limit = int(q.get("limit") or 0)
+        page = items[start:start + limit] if limit > 0 else items[start:]
+        if limit > 0 and start + limit < len(items):
+            last = page[-1].obj["metadata"]
+            meta["continue"] = base64.urlsafe_b64encode(dumps(
+                {"rv": meta["resourceVersion"], "ns": last.get("namespace", ""),
+                 "name": last["name"]})).decode()
+            meta["remainingItemCount"] = len(items) - start - limit
+        if "as=Table" in request.headers.get("Accept", ""):
+            return _json(self._table(rt, [st.obj for st in page], meta))
+        head = dumps({"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": meta})
+        body = head[:-1] + b',"items":[' + b",".join(st.raw for st in page) + b"]}"
+        return _json(body)
+
+    def _table(self, rt: ResourceType, objs: list[dict[str, Any]],
+               meta: dict[str, Any]) -> dict[str, Any]:
+        """meta.k8s.io/v1 Table, as `kubectl get` asks for: name, printer columns, age."""
+        cols: list[dict[str, Any]] = [{"name": "Name", "type": "string", "format": "name",
+                                       "description": "Name", "priority": 0}]
+        paths: list[list[str]] = []
+        for pc in rt.printer_columns:
+            if pc.get("jsonPath") == ".metadata.creationTimestamp":
+                continue
+            cols.append({"name": pc["name"], "type": pc.get("type", "string"), "format": "",
+                         "description": pc.get("description", ""),
+                         "priority": pc.get("priority", 0)})
+            paths.append(pc["jsonPath"].lstrip(".").split("."))
+        if rt.key == PODS.key:
+            cols += [{"name": "Status", "type": "string", "format": "", "description": "",
+                      "priority": 0},
+                     {"name": "Node", "type": "string", "format": "", "description": "",
+                      "priority": 0}]
+            paths += [["status", "phase"], ["spec", "nodeName"]]
+        cols.append({"name": "Created At", "type": "date", "format": "",
+                     "description": "creation time", "priority": 0})
+        rows = []
+        for obj in objs:
+            cells: list[Any] = [obj["metadata"]["name"]]
+            for path in paths:
+                cur: Any = obj
+                for k in path:
+                    cur = cur.get(k) if isinstance(cur, dict) else None
+                cells.append(cur if cur is not None else "<none>")
+            cells.append(obj["metadata"].get("creationTimestamp"))
+            rows.append({"cells": cells, "object": {
+                "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                "metadata": obj["metadata"]}})
+        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
+                "columnDefinitions": cols, "rows": rows}
+
+    async def _watch(self, request: web.Request, rt: ResourceType, ns: str,
+                     name: str) -> web.StreamResponse:
+        q = request.query
+        field_sel = q.get("fieldSelector")
+        if name:
+            field_sel = f"metadata.name={name}" + (f",{field_sel}" if field_sel else "")
+        sel = Selector(rt.group, rt.plural, q.get("labelSelector"), field_sel)
+        rv_param = q.get("resourceVersion") or ""
+        try:
+            since = None if rv_param in ("", "0") else int(rv_param)
+        except ValueError as exc:
+            raise errors.bad_request(f"invalid resource version: {rv_param}") from exc
+        timeout = float(q.get("timeoutSeconds") or 1800)
+        bookmarks = _truthy(q.get("allowWatchBookmarks"))
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        try:
+            watcher, first = self.store.watch(rt, ns or None, sel, since)
+        except ApiStatusError as exc:
+            # kube-apiserver answers 200 and sends the 410 as an ERROR event
+            await resp.prepare(request)
+            await resp.write(dumps({"type": "ERROR", "object": exc.to_status()}) + b"\n")
+            await resp.write_eof()
+            return resp
+        try:
+            await resp.prepare(request)
+            if first:
+                await resp.write(b"".join(first))
+            await self._pump(resp, rt, watcher, timeout, bookmarks)
+        except (ConnectionResetError, ConnectionError):
+            pass
+        finally:
+            self.store.unwatch(rt, watcher)
+        return resp
+
+    async def _pump(self, resp: web.StreamResponse, rt: ResourceType, watcher: Watcher,
+                    duration: float, bookmarks: bool) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + duration
+        next_bookmark = loop.time() + self.bookmark_interval
+        while not watcher.closed:
+            now = loop.time()
+            if now >= deadline:
+                break
+            wait = min(deadline, next_bookmark if bookmarks else deadline) - now
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(watcher.wake.wait(), max(wait, 0.0))
+            watcher.wake.clear()
+            if watcher.buf:
+                chunk = b"".join(watcher.buf)
+                watcher.buf.clear()
+                await resp.write(chunk)
+            if watcher.failed is not None:
+                await resp.write(watcher.failed)
+                break
+            if bookmarks and loop.time() >= next_bookmark:
+                next_bookmark = loop.time() + self.bookmark_interval
+                await resp.write(dumps({"type": "BOOKMARK", "object": {
+                    "kind": rt.kind, "apiVersion": rt.api_version,
+                    "metadata": {"resourceVersion": str(self.store.rv)}}}) + b"\n")
+        await resp.write_eof()
+
+    # --- writes -------------------------------------------------------------------------------
+
+    def _options(self, kind: str, query: Mapping[str, str], dry_run: bool) -> dict[str, Any]:
+        opts: dict[str, Any] = {"kind": kind, "apiVersion": "meta.k8s.io/v1"}
+        if dry_run:
+            opts["dryRun"] = ["All"]
+        for key in ("fieldManager", "fieldValidation"):
+            if query.get(key):
+                opts[key] = query[key]
+        return opts
+
+    def _check_namespace(self, rt: ResourceType, ns: str) -> None:
+        if rt.namespaced and self.store.get(NAMESPACES.key, "", ns) is None:
+            raise errors.not_found("", "namespaces", ns)
+
+    def _check_kind(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+        api_version, kind = obj.get("apiVersion"), obj.get("kind")
+        if kind and kind != rt.kind:
+            raise errors.bad_request(f"the kind in the data ({kind}) does not match the "
+                                     f"expected kind ({rt.kind})")
+        if api_version and api_version != rt.api_version:
+            raise errors.bad_request(f"the API version in the data ({api_version}) does not "
+                                     f"match the expected API version ({rt.api_version})")
+        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+
+    async def _create(self, rt: ResourceType, ns: str, obj: dict[str, Any], *, dry_run: bool,
+                      query: Mapping[str, str], user: Mapping[str, Any]
+                      ) -> tuple[dict[str, Any], list[str]]:
+        self._check_kind(rt, obj)
+        meta = obj.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise errors.bad_request("metadata must be an object")
+        if rt.namespaced:
+            if meta.get("namespace") and meta["namespace"] != ns:
+                raise errors.bad_request("the namespace of the provided object does not match "
+                                         "the namespace sent on the request")
+            meta["namespace"] = ns
+        else:
+            meta.pop("namespace", None)
+        self._check_namespace(rt, ns)
+        for key in ("uid", "resourceVersion", "generation", "deletionTimestamp",
+                    "deletionGracePeriodSeconds"):
+            meta.pop(key, None)
+        meta["creationTimestamp"] = None
+        if rt.key == PODS.key:
+            defaults.default_pod(obj)
+        elif rt.key == NAMESPACES.key:
+            defaults.default_namespace(obj)
+        warnings: list[str] = []
+        attrs = Attributes("CREATE", rt, ns, meta.get("name") or "", old_object=None,
+                           dry_run=dry_run,
+                           options=self._options("CreateOptions", query, dry_run), user=user)
+        mutated = await self.admission.mutate(attrs, obj, warnings)
+        obj = mutated if mutated is not None else obj
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise errors.invalid(rt.group, rt.kind, "", [(
+                    "metadata.name", "FieldValueRequired",
+                    "Required value: name or generateName is required")])
+            meta["name"] = defaults.generated_name(meta["generateName"])
+        self._validate(rt, obj)
+        self._finish_create(rt, obj)
+        if self.store.get(rt.key, ns, meta["name"]) is not None:
+            raise errors.already_exists(rt.group, rt.plural, meta["name"])
+        await self.admission.validate(attrs, obj, warnings)
+        if self.store.get(rt.key, ns, meta["name"]) is not None:
+            raise errors.already_exists(rt.group, rt.plural, meta["name"])
+        if dry_run:
+            return obj, warnings
+        return self._persist(rt, obj), warnings
+
+    def _finish_create(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+        """rest.BeforeCreate: identity, timestamps, generation, initial status."""
+        meta = obj["metadata"]
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = now_rfc3339()
+        if rt.key not in _NO_GENERATION:
+            meta["generation"] = 1
+        if rt.key == PODS.key:
+            defaults.pod_status_on_create(obj)
+        elif rt.key == NAMESPACES.key:
+            defaults.default_namespace(obj)
+        elif rt.key == CRDS.key:
+            names = obj["spec"]["names"]
+            obj["status"] = {"acceptedNames": dict(names), "storedVersions": [
+                v["name"] for v in obj["spec"].get("versions", []) if v.get("storage")],
+                "conditions": [
+                    {"type": t, "status": "True", "lastTransitionTime": meta["creationTimestamp"],
+                     "reason": r, "message": m} for t, r, m in (
+                        ("NamesAccepted", "NoConflicts", "no conflicts found"),
+                        ("Established", "InitialNamesAccepted",
+                         "the initial names have been accepted"))]}
+
+    def _validate(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        name = meta.get("name", "")
+        if not defaults.valid_dns_subdomain(name) and rt.key != ("", "events"):
+            raise errors.invalid(rt.group, rt.kind, name, [(
+                "metadata.name", "FieldValueInvalid",
+                f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower '
+                "case alphanumeric characters, '-' or '.', and must start and end with an "
+                "alphanumeric character")])
+        if rt.schema is not None:
+            validate_custom(rt, obj)
+        if rt.key == CRDS.key:
+            try:
+                types_from_crd(obj)
+            except (KeyError, TypeError) as exc:
+                raise errors.invalid(rt.group, rt.kind, name, [(
+                    "spec", "FieldValueRequired", f"Required value: {exc}")]) from exc
+
+    def _persist(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+        rv = self.store.next_rv()
+        obj["metadata"]["resourceVersion"] = str(rv)
+        self.store.put(rt.key, obj, rv)
+        if rt.key == CRDS.key:
+            self.registry.set_crd(obj["metadata"]["name"], types_from_crd(obj))
+        return obj
+
+    async def _update(self, rt: ResourceType, ns: str, name: str, *, sub: str,
+                      body: dict[str, Any], dry_run: bool, query: Mapping[str, str],
+                      user: Mapping[str, Any], patch: bool = False
+                      ) -> tuple[dict[str, Any], list[str]]:
+        current = self._get(rt, ns, name).obj
+        self._check_kind(rt, body)
+        meta = body.setdefault("metadata", {})
+        if meta.get("name", name) != name:
+            raise errors.bad_request(f"the name of the object ({meta.get('name')}) does not "
+                                     f"match the name on the URL ({name})")
+        if rt.namespaced and meta.get("namespace", ns) != ns:
+            raise errors.bad_request("the namespace of the provided object does not match the "
+                                     "namespace sent on the request")
+        cur_meta = current["metadata"]
+        rv = meta.get("resourceVersion")
+        if rv and rv != cur_meta["resourceVersion"]:
+            raise errors.conflict(rt.group, rt.plural, name)
+        if not rv and rt.schema is not None and not patch:
+            raise errors.invalid(rt.group, rt.kind, name, [(
+                "metadata.resourceVersion", "FieldValueInvalid",
+                "Invalid value: 0x0: must be specified for an update")])
+        new = body
+        if sub == "status":
+            new = copy.deepcopy(current)
+            if "status" in body:
+                new["status"] = body["status"]
+            else:
+                new.pop("status", None)
+        elif "status" in rt.subresources:
+            new = dict(body)
+            if "status" in current:
+                new["status"] = current["status"]
+            else:
+                new.pop("status", None)
+        new_meta = new.setdefault("metadata", {})
+        for key in ("uid", "creationTimestamp", "namespace", "deletionTimestamp",
+                    "deletionGracePeriodSeconds", "generateName", "generation",
+                    "resourceVersion"):
+            if key in cur_meta:
+                new_meta[key] = cur_meta[key]
+            else:
+                new_meta.pop(key, None)
+        new_meta["name"] = name
+        if rt.key == PODS.key and sub != "status":
+            _check_pod_update(current, new)
+        if rt.key == NAMESPACES.key:
+            defaults.default_namespace(new)
+        if new == current:
+            return current, []  # a no-op update changes nothing, not even resourceVersion
+        warnings: list[str] = []
+        attrs = Attributes("UPDATE", rt, ns, name, sub, old_object=current, dry_run=dry_run,
+                           options=self._options("UpdateOptions", query, dry_run), user=user)
+        mutated = await self.admission.mutate(attrs, new, warnings)
+        new = mutated if mutated is not None else new
+        for key in ("uid", "creationTimestamp", "resourceVersion"):
+            new["metadata"][key] = cur_meta[key]
+        self._validate(rt, new)
+        if "generation" in cur_meta and _spec_like(new) != _spec_like(current):
+            new["metadata"]["generation"] = cur_meta["generation"] + 1
+        await self.admission.validate(attrs, new, warnings)
+        if self.store.get(rt.key, ns, name) is None:
+            raise errors.not_found(rt.group, rt.plural, name)
+        if self.store.get(rt.key, ns, name).obj is not current:  # type: ignore[union-attr]
+            raise errors.conflict(rt.group, rt.plural, name)
+        if dry_run:
+            return new, warnings
+        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            return self._remove(rt, new), warnings
+        return self._persist(rt, new), warnings
+
+    async def _bind(self, ns: str, name: str, body: Any, dry_run: bool,
+                    user: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        if not isinstance(body, dict) or not (body.get("target") or {}).get("name"):
+            raise errors.invalid("", "Binding", name, [(
+                "target.name", "FieldValueRequired", "Required value")])
+        current = self._get(PODS, ns, name).obj
+        warnings: list[str] = []
+        body.setdefault("metadata", {}).setdefault("name", name)
+        body["metadata"].setdefault("namespace", ns)
+        attrs = Attributes("CREATE", PODS, ns, name, "binding", kind=("", "v1", "Binding"),
+                           dry_run=dry_run, options=self._options("CreateOptions", {}, dry_run),
+                           user=user)
+        body = await self.admission.mutate(attrs, body, warnings) or body
+        await self.admission.validate(attrs, body, warnings)
+        current = self._get(PODS, ns, name).obj
+        node = body["target"]["name"]
+        why = None
+        if current["metadata"].get("deletionTimestamp"):
+            why = f"pod {name} is being deleted, cannot be assigned to a host"
+        elif (current.get("spec") or {}).get("nodeName"):
+            why = f'pod {name} is already assigned to node "{current["spec"]["nodeName"]}"'
+        if why:
+            raise errors.conflict("", "pods/binding", name, why)
+        uid = (body.get("metadata") or {}).get("uid")
+        if uid and uid != current["metadata"]["uid"]:
+            raise errors.conflict("", "pods/binding", name, "Precondition failed: UID in "
+                                  f"precondition: {uid}, UID in object meta: "
+                                  f"{current['metadata']['uid']}")
+        if not dry_run:
+            pod = copy.deepcopy(current)
+            pod["spec"]["nodeName"] = node
+            anns = (body.get("metadata") or {}).get("annotations") or {}
+            if anns:
+                pod["metadata"].setdefault("annotations", {}).update(anns)
+            conds = [c for c in pod.setdefault("status", {}).get("conditions") or []
+                     if c.get("type") != "PodScheduled"]
+            conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                          "lastTransitionTime": now_rfc3339()})
+            pod["status"]["conditions"] = conds
+            self._persist(PODS, pod)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "code": 201}, warnings
+
+    async def _delete(self, rt: ResourceType, ns: str, name: str, *, query: Mapping[str, str],
+                      opts: Mapping[str, Any], user: Mapping[str, Any]
+                      ) -> tuple[dict[str, Any], list[str]]:
+        current = self._get(rt, ns, name).obj
+        dry_run = query.get("dryRun") == "All" or "All" in (opts.get("dryRun") or [])
+        pre = opts.get("preconditions") or {}
+        if pre.get("uid") and pre["uid"] != current["metadata"]["uid"]:
+            raise errors.conflict(rt.group, rt.plural, name,
+                                  f"Precondition failed: UID in precondition: {pre['uid']}, "
+                                  f"UID in object meta: {current['metadata']['uid']}")
+        if pre.get("resourceVersion") and \
+                pre["resourceVersion"] != current["metadata"]["resourceVersion"]:
+            raise errors.conflict(rt.group, rt.plural, name)
+        warnings: list[str] = []
+        options = self._options("DeleteOptions", query, dry_run)
+        if opts.get("propagationPolicy"):
+            options["propagationPolicy"] = opts["propagationPolicy"]
+        attrs = Attributes("DELETE", rt, ns, name, old_object=current, dry_run=dry_run,
+                           options=options, user=user)
+        await self.admission.mutate(attrs, None, warnings)
+        await self.admission.validate(attrs, None, warnings)
+        policy = opts.get("propagationPolicy") or query.get("propagationPolicy") or "Background"
+        if dry_run:
+            return current, warnings
+        if current["metadata"].get("finalizers"):
+            if not current["metadata"].get("deletionTimestamp"):
+                obj = copy.deepcopy(current)
+                obj["metadata"]["deletionTimestamp"] = now_rfc3339()
+                obj["metadata"]["deletionGracePeriodSeconds"] = 0
+                current = self._persist(rt, obj)
+            return current, warnings
+        final = self._remove(rt, current, orphan=policy == "Orphan")
+        if rt.key in RETURNS_DELETED_OBJECT:
+            return final, warnings
+        details: dict[str, Any] = {"name": name, "kind": rt.plural,
+                                   "uid": current["metadata"]["uid"]}
+        if rt.group:
+            details = {"name": name, "group": rt.group, "kind": rt.plural,
+                       "uid": current["metadata"]["uid"]}
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "details": details}, warnings
+
+    def _remove(self, rt: ResourceType, obj: dict[str, Any],
+                orphan: bool = False) -> dict[str, Any]:
+        """Delete from the store now, then the namespace's content or the dependents."""
+        meta = obj["metadata"]
+        ns, name = meta.get("namespace", ""), meta["name"]
+        rv = self.store.next_rv()
+        final = copy.deepcopy(obj)
+        final["metadata"]["resourceVersion"] = str(rv)
+        self.store.remove(rt.key, ns, name, final, rv)
+        if rt.key == NAMESPACES.key:
+            for other in self.registry.all():
+                if other.namespaced:
+                    for st in list(self.store.items(other.key, name)):
+                        self._remove(other, st.obj)
+        elif rt.key == CRDS.key:
+            for gone in self.registry.remove_crd(name):
+                self.store.drop_type(gone.key)
+        self._collect_garbage(meta["uid"], orphan)
+        return final
+
+    def _collect_garbage(self, owner_uid: str, orphan: bool) -> None:
+        """The garbage collector, synchronously: dependents with no owner left are deleted
+        (background propagation) or lose the owner reference (orphan)."""
+        for tk, (ns, name) in sorted(self.store.dependents.get(owner_uid, set())):
+            st = self.store.get(tk, ns, name)
+            if st is None:
+                continue
+            rt = next((r for r in self.registry.all() if r.key == tk), None)
+            if rt is None:
+                continue
+            refs = st.obj["metadata"].get("ownerReferences") or []
+            alive = [r for r in refs if r.get("uid") != owner_uid and
+                     r.get("uid") in self.store.by_uid]
+            if orphan or alive:
+                obj = copy.deepcopy(st.obj)
+                obj["metadata"]["ownerReferences"] = [r for r in refs
+                                                      if r.get("uid") != owner_uid]
+                if not obj["metadata"]["ownerReferences"]:
+                    del obj["metadata"]["ownerReferences"]
+                self._persist(rt, obj)
+            elif st.obj["metadata"].get("finalizers"):
+                obj = copy.deepcopy(st.obj)
+                obj["metadata"].setdefault("deletionTimestamp", now_rfc3339())
+                self._persist(rt, obj)
+            else:
+                self._remove(rt, st.obj)
+
+
+def _check_pod_update(old: dict[str, Any], new: dict[str, Any]) -> None:
+    """ValidatePodUpdate: only images and a few fields of a pod's spec may change."""
+    old_spec, new_spec = dict(old.get("spec") or {}), dict(new.get("spec") or {})
+    for spec in (old_spec, new_spec):
+        for key in _POD_MUTABLE_SPEC:
+            spec.pop(key, None)
+        for field in ("containers", "initContainers"):
+            spec[field] = [{k: v for k, v in c.items() if k != "image"}
+                           for c in spec.get(field) or []]
+    if old_spec != new_spec:
+        name = old["metadata"]["name"]
+        changed = sorted(k for k in set(old_spec) | set(new_spec)
+                         if old_spec.get(k) != new_spec.get(k))
+        raise errors.invalid("", "Pod", name, [(
+            "spec", "FieldValueForbidden",
+            "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
+            "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
+            "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
+            f"(allow it to be set to 1 if it was previously negative); changed: "
+            f"{', '.join('spec.' + k for k in changed)}")])
