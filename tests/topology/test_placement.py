@@ -206,7 +206,7 @@ def test_random_clusters_give_valid_minimal_placements(seed: int, count: int, si
         n = by_name[m.node]
         assert set(m.gpus) <= n.free_gpus and len(m.gpus) == (size if m.key != "ns/launcher" else 0)
         taken.update((m.node, g) for g in m.gpus)
-        cpu[m.node] += 1000
+        cpu[m.node] += 1000 if m.gpus else 0
     assert max(taken.values()) == 1  # no GPU given twice
     assert all(cpu[name] <= by_name[name].free_cpu_milli for name in cpu)
     gpu_nodes = {m.node for m in p.members if m.gpus}
