@@ -51,6 +51,13 @@ class Tls:
         write_pair(pair, self.cert, self.key)
         return pair
 
+    async def rotate_in_two_steps(self, gap: float) -> KeyPair:
+        pair = issue_serving_cert(self.ca, ["localhost"], ["127.0.0.1"], days=1)
+        self.cert.write_bytes(pair.cert_pem)
+        await asyncio.sleep(gap)
+        self.key.write_bytes(pair.key_pem)
+        return pair
+
 
 def make_tls(directory: Path) -> Tls:
     out = Tls(generate_ca("muster-test-ca", days=2), directory / "tls.crt", directory / "tls.key")

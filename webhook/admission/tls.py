@@ -4,6 +4,11 @@ The pair is reloaded into the *live* SSLContext: OpenSSL copies the certificate 
 connection when it is created, so open connections keep theirs and new handshakes get the new
 pair. Nothing is dropped. A half-written pair (cert and key not matching yet) is refused and the
 old pair stays in use until the next poll sees a consistent one.
+
+The live context is only ever given a pair that already loaded into a scratch context, from the
+same snapshot of the bytes: a failed load_cert_chain is not atomic (the certificate is replaced
+before the key is checked), so trying a mismatched pair on the live context would break every
+new handshake.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import hashlib
 import logging
 import ssl
+import tempfile
 from pathlib import Path
 
 from webhook.admission.metrics import Metrics
@@ -20,22 +26,27 @@ from webhook.certs import PkiError, not_after
 log = logging.getLogger(__name__)
 
 
-def server_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
+def server_context() -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert_file, key_file)
     return ctx
 
 
-def _digest(*paths: Path) -> str | None:
-    h = hashlib.sha256()
+def _snapshot(cert_file: Path, key_file: Path) -> tuple[bytes, bytes, str] | None:
     try:
-        for path in paths:
-            h.update(path.read_bytes())
-            h.update(b"\0")
+        cert, key = cert_file.read_bytes(), key_file.read_bytes()
     except OSError:
         return None
-    return h.hexdigest()
+    return cert, key, hashlib.sha256(cert + b"\0" + key).hexdigest()
+
+
+def _load_pair(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """load_cert_chain from bytes (it only takes paths): via a private temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="muster-tls-") as tmp:
+        cert_path, key_path = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+        cert_path.write_bytes(cert)
+        key_path.write_bytes(key)
+        ctx.load_cert_chain(cert_path, key_path)
 
 
 class CertReloader:
@@ -45,25 +56,31 @@ class CertReloader:
         self.cert_file = cert_file
         self.key_file = key_file
         self.metrics = metrics
-        self.context = server_context(cert_file, key_file)
-        self._digest = _digest(cert_file, key_file)
+        snapshot = _snapshot(cert_file, key_file)
+        if snapshot is None:
+            raise FileNotFoundError(f"cannot read {cert_file} or {key_file}")
+        cert, key, self._digest = snapshot
+        self.context = server_context()
+        _load_pair(self.context, cert, key)
         self._refused: str | None = None
-        self._record_expiry()
+        self._record_expiry(cert)
 
-    def _record_expiry(self) -> None:
+    def _record_expiry(self, cert: bytes) -> None:
         try:
-            expiry = not_after(self.cert_file.read_bytes())
-        except (OSError, PkiError):
+            expiry = not_after(cert)
+        except PkiError:
             return
         self.metrics.cert_expiry.set(expiry.timestamp())
 
     def check(self) -> bool:
         """Reload if the files changed; True when a new pair is now in use."""
-        digest = _digest(self.cert_file, self.key_file)
-        if digest is None or digest in (self._digest, self._refused):
+        snapshot = _snapshot(self.cert_file, self.key_file)
+        if snapshot is None or snapshot[2] in (self._digest, self._refused):
             return False
+        cert, key, digest = snapshot
         try:
-            self.context.load_cert_chain(self.cert_file, self.key_file)
+            _load_pair(server_context(), cert, key)  # a scratch context first: see above
+            _load_pair(self.context, cert, key)
         except (OSError, ssl.SSLError) as exc:
             # Mid-rotation (cert written, key not yet) or a broken pair: keep serving the old one.
             # Only this exact content is refused: the next change is tried again.
@@ -73,7 +90,7 @@ class CertReloader:
                         extra={"cert_file": str(self.cert_file), "error": str(exc)})
             return False
         self._digest = digest
-        self._record_expiry()
+        self._record_expiry(cert)
         self.metrics.cert_reloads.labels("success").inc()
         log.info("serving certificate reloaded", extra={"cert_file": str(self.cert_file)})
         return True
