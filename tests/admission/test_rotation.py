@@ -15,7 +15,7 @@ from cryptography import x509
 
 async def _handshake_serial(port: int, ctx: ssl.SSLContext) -> int:
     """Serial number of the certificate a new TLS handshake is served."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
+    _reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
     obj: ssl.SSLObject = writer.get_extra_info("ssl_object")
     der = obj.getpeercert(binary_form=True)
     writer.close()
