@@ -55,7 +55,8 @@ def test_bad_min_available_names_exact_place() -> None:
 
 
 @pytest.mark.parametrize(("bad", "where", "message"), [
-    ("gang:\n  backend: slurm", ":7:14: spec.gang.backend:", "'volcano', 'coscheduling' or 'muster'"),
+    ("gang:\n  backend: slurm", ":7:14: spec.gang.backend:",
+     "'volcano', 'coscheduling' or 'muster'"),
     ("gang:\n  backend: volcano\n  minAvailable: 150%", ":8:19: spec.gang.minAvailable:",
      "percentage"),
     ("gang:\n  backend: volcano\n  quue: x", ":8:5: spec.gang.quue:",

@@ -1,0 +1,223 @@
+"""Engine on the real captured requests: gang per backend, Istio opt-out, MPI semantics."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from webhook import keys
+from webhook.jsonpatch import apply_patch
+from webhook.policy import Decision, PolicySet, evaluate, podgroup_manifest, render_patch
+
+from .conftest import MPIJOB_UID, Policies, deep, policy
+
+GANG = {
+    "volcano": "gang:\n  backend: volcano\n  queue: training",
+    "coscheduling": "gang:\n  backend: coscheduling\n  scheduleTimeoutSeconds: 120",
+    "muster": "gang:\n  backend: muster\ntopology:\n  mode: required\n  singleNode: true\n"
+              "  allowedModels: [Tesla V100-SXM2-16GB]",
+}
+ISTIO = policy("istio", "match:\n  ownerKinds: [batch/Job]\nistio:\n  optOut: true")
+
+
+def run(pod: dict[str, Any], owners: list[dict[str, Any]], ps: PolicySet,
+        ns_labels: dict[str, str] | None = None) -> tuple[Decision, Any]:
+    decision = evaluate(pod, namespace_labels=ns_labels or {}, owners=owners, policies=ps)
+    mutated = apply_patch(pod, render_patch(pod, decision))
+    again = evaluate(mutated, namespace_labels=ns_labels or {}, owners=owners, policies=ps)
+    assert render_patch(mutated, again) == [], "patch must be idempotent"
+    assert again.pod_group == decision.pod_group
+    return decision, mutated
+
+
+@pytest.mark.parametrize("backend", ["volcano", "coscheduling", "muster"])
+def test_fixture_worker_gets_min_member_5_and_join_key(
+        backend: str, worker_pod: dict[str, Any], mpijob: dict[str, Any],
+        policies: Policies) -> None:
+    ps = policies(policy("mpi", "match:\n  ownerKinds: [kubeflow.org/MPIJob]\n" + GANG[backend]))
+    decision, pod = run(worker_pod, [mpijob], ps)
+    group = decision.pod_group
+    assert group is not None and group.min_member == 5 and group.name == "tensorflow-topo-4-vgg16"
+    assert group.owner is not None and group.owner.uid == MPIJOB_UID
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["annotations"][keys.ANN_POLICY] == "mpi"
+    if backend == "volcano":
+        assert meta["annotations"][keys.VOLCANO_GROUP_ANNOTATION] == "tensorflow-topo-4-vgg16"
+        # the MPIJob's own queue annotation beats the policy's queue
+        assert meta["annotations"][keys.VOLCANO_QUEUE_ANNOTATION] == "research"
+        assert spec["schedulerName"] == "volcano"
+        assert keys.COSCHEDULING_GROUP_LABEL not in meta["labels"]
+        assert podgroup_manifest(group)["spec"]["queue"] == "research"  # type: ignore[index]
+    elif backend == "coscheduling":
+        assert meta["labels"][keys.COSCHEDULING_GROUP_LABEL] == "tensorflow-topo-4-vgg16"
+        assert keys.VOLCANO_GROUP_ANNOTATION not in meta.get("annotations", {})
+        assert spec["schedulerName"] == "default-scheduler"  # unchanged unless the policy says
+        assert group.timeout_seconds == 120
+    else:
+        ann = meta["annotations"]
+        assert ann[keys.ANN_GANG_NAME] == "tensorflow-topo-4-vgg16"
+        assert ann[keys.ANN_GANG_MIN_MEMBER] == "5"
+        assert json.loads(ann[keys.ANN_GPU_TOPOLOGY]) == {
+            "v": 1, "mode": "required", "singleNode": True, "minRingGBps": None}
+        assert spec["schedulerName"] == keys.DEFAULT_BINDER_SCHEDULER_NAME
+        assert {"key": keys.TAINT_GPU_TOPOLOGY, "operator": "Exists",
+                "effect": "NoSchedule"} in spec["tolerations"]
+        assert len(spec["tolerations"]) == 3  # the two defaults kept
+        terms = spec["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms == [{"matchExpressions": [{"key": keys.LABEL_GPU_MODEL, "operator": "In",
+                                                "values": ["Tesla-V100-SXM2-16GB"]}]}]
+        assert podgroup_manifest(group) is None
+    assert "priorityClassName" not in spec
+
+
+def test_launcher_and_worker_share_group(worker_pod: dict[str, Any], launcher_pod: dict[str, Any],
+                                         mpijob: dict[str, Any], launcher_job: dict[str, Any],
+                                         policies: Policies) -> None:
+    ps = policies(policy("mpi", "match:\n  ownerKinds: [kubeflow.org/MPIJob]\n"
+                                + GANG["volcano"]), ISTIO)
+    w, _ = run(worker_pod, [mpijob], ps)
+    launcher, _ = run(launcher_pod, [launcher_job, mpijob], ps)
+    assert w.pod_group == launcher.pod_group
+    assert w.pod_group is not None and w.pod_group.min_resources == {
+        "cpu": "16500m", "memory": "65Gi", "nvidia.com/gpu": "4"}
+
+
+def test_generatename_launcher_gets_istio_label_and_annotation_false(
+        launcher_pod: dict[str, Any], launcher_job: dict[str, Any], mpijob: dict[str, Any],
+        policies: Policies) -> None:
+    assert "name" not in launcher_pod["metadata"]
+    assert launcher_pod["metadata"]["annotations"][keys.ISTIO_INJECT] == "true"
+    _, pod = run(launcher_pod, [launcher_job, mpijob], policies(ISTIO))
+    assert pod["metadata"]["labels"][keys.ISTIO_INJECT] == "false"
+    assert pod["metadata"]["annotations"][keys.ISTIO_INJECT] == "false"
+
+
+def test_degraded_owners_still_consistent(worker_pod: dict[str, Any],
+                                          launcher_pod: dict[str, Any],
+                                          policies: Policies) -> None:
+    ps = policies(policy("mpi", "match:\n  ownerKinds: [kubeflow.org/MPIJob]\ngang:\n"
+                                "  backend: coscheduling\n  minAvailable: 5"))
+    w, _ = run(worker_pod, [], ps)
+    launcher, _ = run(launcher_pod, [], ps)
+    assert w.pod_group is not None and launcher.pod_group is not None
+    assert (w.pod_group.name, w.pod_group.min_member) == ("tensorflow-topo-4-vgg16", 5)
+    assert (launcher.pod_group.name, launcher.pod_group.min_member) == (w.pod_group.name, 5)
+    assert any("not available" in m for m in w.warnings + launcher.warnings)
+    # minAvailable auto cannot be counted without the MPIJob: no gang, a warning, pod admitted
+    auto = policies(policy("mpi", "match:\n  ownerKinds: [kubeflow.org/MPIJob]\ngang:\n"
+                                  "  backend: coscheduling"))
+    d, _ = run(worker_pod, [], auto)
+    assert d.pod_group is None and any("needs the kubeflow.org/MPIJob object" in m
+                                       for m in d.warnings)
+
+
+def test_job_scheduling_policy_beats_the_policy(worker_pod: dict[str, Any],
+                                                mpijob: dict[str, Any],
+                                                policies: Policies) -> None:
+    mpijob["spec"]["runPolicy"]["schedulingPolicy"] = {
+        "minAvailable": 3, "queue": "urgent", "priorityClass": "high",
+        "scheduleTimeoutSeconds": 99}
+    ps = policies(policy("v", "gang:\n  backend: volcano\n  queue: training\n  minAvailable: 2"))
+    d, _ = run(worker_pod, [mpijob], ps)
+    assert d.pod_group is not None
+    assert (d.pod_group.min_member, d.pod_group.queue, d.pod_group.priority_class) == \
+        (3, "urgent", "high")
+    # launcher + the 2 workers minMember 3 needs
+    assert d.pod_group.min_resources == {"cpu": "8500m", "memory": "33Gi", "nvidia.com/gpu": "2"}
+
+
+@pytest.mark.parametrize(("wanted", "expected"), [("auto", 5), (3, 3), (9, 5), ("50%", 3),
+                                                  ("100%", 5), ("1%", 1)])
+def test_min_available_forms(wanted: object, expected: int, worker_pod: dict[str, Any],
+                             mpijob: dict[str, Any], policies: Policies) -> None:
+    value = f"'{wanted}'" if isinstance(wanted, str) else wanted
+    ps = policies(policy("v", f"gang:\n  backend: coscheduling\n  minAvailable: {value}"))
+    d, _ = run(worker_pod, [mpijob], ps)
+    assert d.pod_group is not None and d.pod_group.min_member == expected
+
+
+def test_foreign_group_key_is_left_alone(worker_pod: dict[str, Any], mpijob: dict[str, Any],
+                                         policies: Policies) -> None:
+    """The MPI operator run with --gang-scheduling already set the Volcano annotation."""
+    worker_pod["metadata"]["annotations"] = {keys.VOLCANO_GROUP_ANNOTATION: "other"}
+    ps = policies(policy("v", "gang:\n  backend: coscheduling"), ISTIO)
+    d, pod = run(worker_pod, [mpijob], ps)
+    assert d.pod_group is None
+    assert keys.COSCHEDULING_GROUP_LABEL not in pod["metadata"]["labels"]
+    assert pod["spec"]["schedulerName"] == "default-scheduler"
+    assert any("already joins gang 'other'" in w for w in d.warnings)
+    worker_pod["metadata"]["annotations"] = {}
+    worker_pod["metadata"]["labels"][keys.LEGACY_COSCHEDULING_GROUP_LABEL] = "x"
+    assert evaluate(worker_pod, namespace_labels={}, owners=[mpijob],
+                    policies=ps).pod_group is None
+
+
+def test_pytorchjob_batch_job_and_bare_pod(worker_pod: dict[str, Any],
+                                           policies: Policies) -> None:
+    ps = policies(policy("g", "gang:\n  backend: volcano"))
+    pod = deep(worker_pod)
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                                           "name": "pt", "uid": "u1", "controller": True}]
+    pt = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+          "metadata": {"name": "pt", "uid": "u1"},
+          "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1},
+                                           "Worker": {"replicas": 3}}}}
+    d, _ = run(pod, [pt], ps)
+    assert d.pod_group is not None and (d.pod_group.name, d.pod_group.min_member) == ("pt", 4)
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job",
+                                           "name": "j", "uid": "u2", "controller": True}]
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "uid": "u2"},
+           "spec": {"parallelism": 6, "completions": 4}}
+    d, _ = run(pod, [job], ps)
+    assert d.pod_group is not None and d.pod_group.min_member == 4
+    del pod["metadata"]["ownerReferences"]
+    d, _ = run(pod, [], ps)
+    assert d.pod_group is not None and d.pod_group.name == pod["metadata"]["name"]
+    assert d.pod_group.min_member == 1 and d.pod_group.owner is None
+
+
+def test_priority_merge_per_field(worker_pod: dict[str, Any], mpijob: dict[str, Any],
+                                  policies: Policies) -> None:
+    low = policy("low", "gang:\n  backend: coscheduling\n  scheduleTimeoutSeconds: 60\n"
+                        "labels:\n  team: vision")
+    high = policy("high", "priority: 5\ngang:\n  backend: coscheduling\n  minAvailable: 2\n"
+                          "labels:\n  team: nlp")
+    d, pod = run(worker_pod, [mpijob], policies(low, high))
+    assert d.policies == ("high", "low")
+    assert d.pod_group is not None
+    assert (d.pod_group.min_member, d.pod_group.timeout_seconds) == (2, 60)
+    assert pod["metadata"]["labels"]["team"] == "nlp"
+    assert pod["metadata"]["annotations"][keys.ANN_POLICY] == "high,low"
+
+
+def test_user_gpu_assignment_is_stripped(worker_pod: dict[str, Any], policies: Policies) -> None:
+    worker_pod["metadata"]["annotations"] = {keys.ANN_GPU_ASSIGNMENT: '{"v":1}'}
+    d, pod = run(worker_pod, [], policies())
+    assert keys.ANN_GPU_ASSIGNMENT not in pod["metadata"]["annotations"]
+    assert d.warnings and not d.policies
+
+
+def test_no_match_no_patch(worker_pod: dict[str, Any], policies: Policies) -> None:
+    ps = policies(policy("elsewhere", "match:\n  namespaces: [team-z]\nistio: {optOut: true}"))
+    d = evaluate(worker_pod, namespace_labels={}, owners=[], policies=ps)
+    assert render_patch(worker_pod, d) == []
+    assert d.matches[0].reasons == ("✗ namespace team-a not in ['team-z']",)
+
+
+def test_affinity_is_anded_into_every_existing_term(worker_pod: dict[str, Any],
+                                                    policies: Policies) -> None:
+    worker_pod["spec"]["affinity"] = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}
+    del worker_pod["metadata"]["ownerReferences"]  # a bare pod: a gang of one
+    d, pod = run(worker_pod, [], policies(policy("t", GANG["muster"])))
+    assert d.pod_group is not None and d.pod_group.min_member == 1
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    model = {"key": keys.LABEL_GPU_MODEL, "operator": "In", "values": ["Tesla-V100-SXM2-16GB"]}
+    assert all(model in t["matchExpressions"] for t in terms)
+    assert terms[0]["matchExpressions"][0]["key"] == "zone"
