@@ -19,6 +19,7 @@ from webhook.topology.model import (
 )
 from webhook.topology.placement import place_gang
 from webhook.topology.scoring import SetScore, allreduce_gbps, bisection_gbps, ring_gbps
+from webhook.topology.smi import parse_nvidia_smi_topo
 
 __all__ = [
     "GPU",
@@ -42,6 +43,7 @@ __all__ = [
     "choose_gpus",
     "decode",
     "encode",
+    "parse_nvidia_smi_topo",
     "place_gang",
     "ring_gbps",
     "set_score",
