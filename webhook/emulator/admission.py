@@ -22,7 +22,7 @@ import aiohttp
 from . import errors
 from .patch import json_patch
 from .resources import ResourceType
-from .selectors import label_selector_object, labels_match
+from .selectors import Requirement, label_selector_object, labels_match
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,11 @@ def _rule_matches(rule: Mapping[str, Any], attrs: Attributes) -> bool:
     return False
 
 
-def _labels(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
-    return ((obj or {}).get("metadata") or {}).get("labels") or {}
+def _selects(reqs: list[Requirement], obj: Mapping[str, Any] | None) -> bool:
+    """A selector never matches an absent object (oldObject on CREATE, object on DELETE)."""
+    if obj is None:
+        return False
+    return labels_match(reqs, (obj.get("metadata") or {}).get("labels") or {})
 
 
 class AdmissionChain:
@@ -129,15 +132,13 @@ class AdmissionChain:
         ns_reqs = label_selector_object(hook.get("namespaceSelector"))
         if ns_reqs:
             if attrs.resource.group == "" and attrs.resource.plural == "namespaces":
-                if not (labels_match(ns_reqs, _labels(obj))
-                        or labels_match(ns_reqs, _labels(attrs.old_object))):
+                if not (_selects(ns_reqs, obj) or _selects(ns_reqs, attrs.old_object)):
                     return False
             elif attrs.resource.namespaced and not labels_match(
                     ns_reqs, self._namespace_labels(attrs.namespace) or {}):
                 return False
         obj_reqs = label_selector_object(hook.get("objectSelector"))
-        return not obj_reqs or (labels_match(obj_reqs, _labels(obj))
-                                or labels_match(obj_reqs, _labels(attrs.old_object)))
+        return not obj_reqs or _selects(obj_reqs, obj) or _selects(obj_reqs, attrs.old_object)
 
     def _hooks(self, kind: str) -> list[tuple[str, dict[str, Any]]]:
         configs = sorted(self._configurations(kind), key=lambda c: c["metadata"]["name"])
