@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from webhook import keys
 from webhook.topology import codec
 from webhook.topology.builtin import builtin
+from webhook.topology.model import Topology
 
 SCHED = keys.DEFAULT_BINDER_SCHEDULER_NAME
 TOPO_REQUIRED = json.dumps({"v": 1, "mode": "required", "singleNode": True, "minRingGBps": None})
@@ -88,3 +92,46 @@ def job(name: str, workers: int = 4, gpus: int = 1, **kw: Any) -> list[dict[str,
            for i in range(workers)]
     out.append(pod(f"{name}-launcher", gang=name, min_member=members, gpus=0, **kw))
     return out
+
+
+def best_ring_links(topology: Topology, gpus: Iterable[int]) -> int:
+    """Independent brute force: the most NVLink links every hop of some ring through `gpus`
+    has (0: no NVLink ring)."""
+    s = sorted(gpus)
+    if len(s) < 2:
+        return 0
+    links = topology.nvlinks
+    best = 0
+    for rest in itertools.permutations(s[1:]):
+        cycle = [s[0], *rest]
+        best = max(best, min(links[cycle[i]][cycle[(i + 1) % len(cycle)]]
+                             for i in range(len(cycle))))
+    return best
+
+
+def gpu_claims(pods: Iterable[dict[str, Any]]) -> list[tuple[str, int, str]]:
+    """(node, GPU index, pod) for every GPU named by a live pod's assignment."""
+    out = []
+    for p in pods:
+        if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        text = (p["metadata"].get("annotations") or {}).get(keys.ANN_GPU_ASSIGNMENT)
+        if text is None:
+            continue
+        doc = json.loads(text)
+        for c in doc["containers"].values():
+            out.extend((doc["node"], i, p["metadata"]["name"]) for i in c["indices"])
+    return out
+
+
+async def eventually(predicate: Callable[[], Any], within: float = 10.0,
+                     interval: float = 0.02) -> Any:
+    """Poll until predicate() is truthy; its value, or AssertionError after `within` s."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {within}s")
+        await asyncio.sleep(interval)

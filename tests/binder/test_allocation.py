@@ -24,7 +24,7 @@ def test_bound_and_reserved_pods_hold_resources_terminated_do_not() -> None:
         pod("pending", gpus=1, cpu="16"),
     )]
     state = Allocation.from_pods(pods).node_state(parse_node(node("n1")))
-    assert state.free_gpus == {2, 3, 4, 6, 7}
+    assert state.free_gpus == {2, 3, 4, 6, 7} and isinstance(state.free_gpus, frozenset)
     assert state.free_cpu_milli == 64000 - 6000
     assert state.free_pods == 108
 

@@ -75,7 +75,7 @@ class Allocation:
 
     def node_state(self, node: NodeInfo) -> NodeState:
         u = self.usage.get(node.name) or NodeUsage()
-        free = node.healthy_gpus - u.gpus.keys()
+        free = node.healthy_gpus.difference(u.gpus)
         if u.unknown_gpus:
             # Someone else's pods use GPUs here without telling us which: hold back that many,
             # from the top, rather than risk handing one out twice.

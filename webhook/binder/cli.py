@@ -1,0 +1,57 @@
+"""`muster bind`: the gang binder (argparse only; the controller is imported when run)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+
+from webhook import keys
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "bind", help="run the gang binder (places whole gangs on nodes and GPU sets)",
+        description="Watch pods with the binder's schedulerName, place each gang at once with "
+                    "the topology engine, write muster.io/gpu-assignment, then bind.")
+    p.add_argument("--kubeconfig", default=None,
+                   help="kubeconfig path (default: in-cluster, then $KUBECONFIG)")
+    p.add_argument("--scheduler-name", default=keys.DEFAULT_BINDER_SCHEDULER_NAME,
+                   help="spec.schedulerName of the pods to bind (default: %(default)s)")
+    p.add_argument("--leader-elect", action="store_true",
+                   help="run several replicas; only the Lease holder binds")
+    p.add_argument("--lease-name", default="muster-binder")
+    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
+    p.add_argument("--identity", default=None,
+                   help="this replica's holderIdentity (default: hostname_pid)")
+    p.add_argument("--lease-duration", type=float, default=15.0, metavar="SECONDS")
+    p.add_argument("--renew-deadline", type=float, default=10.0, metavar="SECONDS")
+    p.add_argument("--retry-period", type=float, default=2.0, metavar="SECONDS")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve /metrics and /healthz on this port")
+    p.add_argument("--starvation-seconds", type=float, default=60.0,
+                   help="an unplaceable gang waiting longer reserves resources against gangs "
+                        "after it in the queue (default: %(default)s)")
+    p.add_argument("--backoff-max", type=float, default=60.0, metavar="SECONDS")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    # the controller and the Kubernetes client load only when the command runs
+    from webhook.binder.controller import BinderConfig  # noqa: PLC0415
+    from webhook.binder.service import ServiceConfig, serve  # noqa: PLC0415
+    from webhook.kube.leader import LeaseConfig  # noqa: PLC0415
+
+    lease = None
+    if args.leader_elect:
+        identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
+        lease = LeaseConfig(args.lease_name, args.lease_namespace, identity,
+                            args.lease_duration, args.renew_deadline, args.retry_period)
+    config = ServiceConfig(
+        binder=BinderConfig(scheduler_name=args.scheduler_name,
+                            starvation_seconds=args.starvation_seconds,
+                            backoff_max=args.backoff_max),
+        lease=lease, metrics_port=args.metrics_port)
+    asyncio.run(serve(args.kubeconfig, config))
+    return 0

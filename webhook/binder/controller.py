@@ -1,0 +1,481 @@
+"""The binder controller: informers in, assignments and Bindings out.
+
+Each cycle plans from the informer caches (webhook.binder.planner, pure) and starts the I/O of
+the plan as tasks, one per gang. Writes are visible to the next cycle at once through an
+"assumed" overlay (as kube-scheduler's assume cache): a pod we annotated or bound counts as such
+until the informer shows it, so a lagging cache never hands out a GPU twice.
+
+Per gang the order of writes is the crash-safety argument: every member's assignment is
+PATCHed (with a resourceVersion test, so a concurrent writer is detected) before any member's
+Binding is created. Wherever the process dies, the planner's recovery rule on restart either
+binds a complete reservation or strips an incomplete one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from webhook import keys
+from webhook.binder.assignment import encode_assignment
+from webhook.binder.fit import FitCache
+from webhook.binder.gangs import PodGroupInfo
+from webhook.binder.metrics import Metrics
+from webhook.binder.nodes import NodeInfo, parse_node
+from webhook.binder.planner import (
+    Finish,
+    Place,
+    PlaceFn,
+    Plan,
+    PlanConfig,
+    Strip,
+    Wait,
+    plan,
+)
+from webhook.binder.pods import PodInfo, parse_pod
+from webhook.binder.queue import GangQueue
+from webhook.kube.api import COSCHEDULING_PODGROUPS, NODES, PODS, ApiError, KubeApi
+from webhook.kube.events import EventRecorder
+from webhook.kube.informer import Informer
+from webhook.topology.model import GpuAssignment
+from webhook.topology.placement import place_gang
+
+log = logging.getLogger(__name__)
+
+_ANN_PATH = "/metadata/annotations/" + keys.ANN_GPU_ASSIGNMENT.replace("~", "~0").replace(
+    "/", "~1")
+
+
+@dataclass(frozen=True, slots=True)
+class BinderConfig:
+    scheduler_name: str = keys.DEFAULT_BINDER_SCHEDULER_NAME
+    #: an unplaceable gang waiting longer than this reserves resources (see planner)
+    starvation_seconds: float = 60.0
+    backoff_initial: float = 1.0
+    backoff_max: float = 60.0
+    podgroup_default_timeout: int = 60
+    #: at most one FailedScheduling Event per gang per this many seconds for the same reason
+    event_interval: float = 30.0
+    #: component name on Events
+    component: str = "muster-binder"
+
+
+@dataclass(slots=True)
+class _Assumed:
+    """Our belief about a pod we wrote, kept until the informer shows the write."""
+
+    pod: PodInfo
+    min_rv: int  # informer versions below this predate our write
+    need_bound: bool  # also wait for the informer to show spec.nodeName
+
+
+def _rv(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+class WriteFenced(Exception):
+    """Raised before a write when this replica may no longer be leader."""
+
+
+class Binder:
+    def __init__(self, api: KubeApi, config: BinderConfig | None = None, *,
+                 metrics: Metrics | None = None, recorder: EventRecorder | None = None,
+                 place: PlaceFn | None = None,
+                 fence: Callable[[], bool] = lambda: True,
+                 clock: Callable[[], float] = time.time) -> None:
+        if place is None:
+            place = place_gang
+        self.api = api
+        self.config = config or BinderConfig()
+        self.metrics = metrics or Metrics()
+        self.recorder = recorder or EventRecorder(api, self.config.component, "binder")
+        self._place = place
+        self._fence = fence
+        self._clock = clock
+        self.plan_config = PlanConfig(self.config.scheduler_name,
+                                      self.config.starvation_seconds,
+                                      self.config.podgroup_default_timeout)
+        self.queue = GangQueue(self.config.backoff_initial, self.config.backoff_max)
+        self.fit = FitCache()
+        self.synced = asyncio.Event()
+        self.last_plan: Plan | None = None
+        self._pods: dict[str, PodInfo] = {}
+        self._raw_pods: dict[str, dict[str, Any]] = {}
+        self._nodes: dict[str, NodeInfo] = {}
+        self._pod_groups: dict[str, PodGroupInfo] | None = None
+        self._assumed: dict[str, _Assumed] = {}
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._ready_since: dict[str, float] = {}
+        self._last_event: dict[str, tuple[str, float]] = {}
+        self._generation = 0
+        self._dirty = asyncio.Event()
+
+    # --- informer handlers ----------------------------------------------------------------
+
+    def _on_pod(self, event: str, obj: dict[str, Any], _old: dict[str, Any] | None) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        prev = self._pods.get(key)
+        if event == "DELETED":
+            self._pods.pop(key, None)
+            self._raw_pods.pop(key, None)
+            self._assumed.pop(key, None)
+            self._generation += 1
+            self._dirty.set()
+            return
+        pod = parse_pod(obj)
+        self._pods[key] = pod
+        if pod.scheduler_name == self.config.scheduler_name and not pod.bound:
+            self._raw_pods[key] = obj  # conditions for status patches
+        else:
+            self._raw_pods.pop(key, None)
+        assumed = self._assumed.get(key)
+        if assumed is not None and _rv(pod.resource_version) >= assumed.min_rv and (
+                not assumed.need_bound or pod.bound):
+            del self._assumed[key]
+        freed = prev is not None and (
+            (pod.terminated and not prev.terminated)
+            or (prev.assignment_raw is not None and pod.assignment_raw is None))
+        if freed:
+            self._generation += 1
+        if (prev is None or freed or pod.scheduler_name == self.config.scheduler_name
+                or pod.node_name != prev.node_name):
+            self._dirty.set()
+
+    def _on_node(self, event: str, obj: dict[str, Any], _old: dict[str, Any] | None) -> None:
+        name = str((obj.get("metadata") or {}).get("name"))
+        if event == "DELETED":
+            self._nodes.pop(name, None)
+        else:
+            node = parse_node(obj)
+            if self._nodes.get(name) == node:
+                return  # heartbeat-only change: nothing the binder reads
+            self._nodes[name] = node
+        self.fit.clear()
+        self._generation += 1
+        self._dirty.set()
+
+    def _on_pod_group(self, event: str, obj: dict[str, Any],
+                      _old: dict[str, Any] | None) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        groups = self._pod_groups if self._pod_groups is not None else {}
+        if event == "DELETED":
+            groups.pop(key, None)
+        else:
+            spec = obj.get("spec") or {}
+            try:
+                groups[key] = PodGroupInfo(max(1, int(spec.get("minMember") or 1)),
+                                           int(spec.get("scheduleTimeoutSeconds") or 0) or None)
+            except (TypeError, ValueError):
+                groups.pop(key, None)
+        self._pod_groups = groups
+        self._dirty.set()
+
+    # --- main loop --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Watch and bind until cancelled; cancels its own writes on the way out."""
+        informers = [Informer(self.api, PODS), Informer(self.api, NODES)]
+        informers[0].add_handler(self._on_pod)
+        informers[1].add_handler(self._on_node)
+        try:
+            await self.api.list(COSCHEDULING_PODGROUPS, limit=1)
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            log.info("coscheduling PodGroup CRD not installed: only muster.io gang annotations")
+        else:
+            self._pod_groups = {}
+            pg = Informer(self.api, COSCHEDULING_PODGROUPS)
+            pg.add_handler(self._on_pod_group)
+            informers.append(pg)
+        tasks = [asyncio.create_task(i.run(), name=f"informer:{i.resource.plural}")
+                 for i in informers]
+        try:
+            for informer in informers:
+                await informer.synced.wait()
+            self.synced.set()
+            log.info("binder synced", extra={"pods": len(self._pods),
+                                             "nodes": len(self._nodes),
+                                             "scheduler": self.config.scheduler_name})
+            await self._loop()
+        finally:
+            pending = [*tasks, *self._inflight.values(), *self._background]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            self._inflight.clear()
+            self._background.clear()
+
+    async def _loop(self) -> None:
+        while True:
+            deadline = self.queue.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - self._clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), timeout)
+            self._dirty.clear()
+            try:
+                self.cycle()
+            except Exception:
+                # a bug in planning must not stop binding for good: log, pause, retry
+                log.exception("scheduling cycle failed")
+                self.metrics.placements.labels("error").inc()
+                await asyncio.sleep(1.0)
+                self._dirty.set()
+            await asyncio.sleep(0)  # let handlers and writes run between cycles
+
+    def _view(self) -> list[PodInfo]:
+        assumed = self._assumed
+        return [assumed[k].pod if k in assumed else p for k, p in self._pods.items()]
+
+    def cycle(self) -> Plan:
+        """Plan once from the caches and start the plan's writes."""
+        started = time.perf_counter()
+        now = self._clock()
+        result = plan(self._view(), self._nodes, self._pod_groups, config=self.plan_config,
+                      queue=self.queue, fit=self.fit, place=self._place, now=now,
+                      generation=self._generation, inflight=self._inflight.keys())
+        self.metrics.cycle_seconds.observe(time.perf_counter() - started)
+        self.last_plan = result
+        for place in result.places:
+            self._ready_since.setdefault(place.gang.key, now)
+            for pod, assignment in place.assignments:
+                self._assume(replace(pod, assignment=assignment,
+                                     assignment_raw=encode_assignment(assignment),
+                                     node_name=assignment.node), 0, True)
+            self._start(place.gang.key, self._bind_gang(place))
+        for finish in result.finishes:
+            for pod in finish.pods:
+                self._assume(replace(pod, node_name=pod.assignment.node if pod.assignment
+                                     else None), 0, True)
+            self._start(finish.gang.key, self._finish(finish))
+        for strip in result.strips:
+            self._start(strip.gang.key, self._strip(strip))
+        self._report_waits(result.waits, now)
+        live = set(result.gangs)
+        self.queue.retain(live | set(self._inflight))
+        for key in [k for k in self._ready_since if k not in live]:
+            del self._ready_since[key]
+        counts: dict[str, int] = {}
+        for w in result.waits:
+            counts[w.kind] = counts.get(w.kind, 0) + 1
+        for state in ("members", "unplaceable", "invalid", "blocked", "backoff"):
+            self.metrics.pending_gangs.labels(state).set(counts.get(state, 0))
+        return result
+
+    def gpu_counts(self) -> dict[str, tuple[int, int]]:
+        """Per node with a topology: (GPUs held by live pods, healthy GPUs)."""
+        alloc = self.last_plan.allocation if self.last_plan else None
+        return {name: (alloc.assigned_gpus(name) if alloc else 0, len(node.healthy_gpus))
+                for name, node in self._nodes.items() if node.topology is not None}
+
+    def _assume(self, pod: PodInfo, min_rv: int, need_bound: bool) -> None:
+        self._assumed[pod.key] = _Assumed(pod, min_rv, need_bound)
+
+    def _start(self, key: str, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work, name=f"gang:{key}")
+        self._inflight[key] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self._inflight.get(key) is t:
+                del self._inflight[key]
+            if not t.cancelled() and t.exception() is not None:
+                log.error("gang write failed", extra={"gang": key},
+                          exc_info=t.exception())
+                self.metrics.placements.labels("error").inc()
+            self._dirty.set()
+
+        task.add_done_callback(done)
+
+    def _spawn(self, work: Awaitable[Any]) -> None:
+        """Fire-and-forget writes (Events, status conditions), cancelled on shutdown."""
+        async def run() -> None:
+            await work
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def _check_fence(self) -> None:
+        if not self._fence():
+            raise WriteFenced("not leader")
+
+    async def _annotate(self, pod: PodInfo, assignment: GpuAssignment) -> None:
+        self._check_fence()
+        text = encode_assignment(assignment)
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": pod.resource_version}]
+        if pod.has_annotations:
+            ops.append({"op": "add", "path": _ANN_PATH, "value": text})
+        else:
+            ops.append({"op": "add", "path": "/metadata/annotations",
+                        "value": {keys.ANN_GPU_ASSIGNMENT: text}})
+        obj = await self.api.patch(PODS, pod.name, ops, pod.namespace, patch_type="json")
+        written = parse_pod(obj)
+        self._assume(replace(written, node_name=assignment.node),
+                     _rv(written.resource_version), True)
+
+    async def _unannotate(self, pod: PodInfo) -> None:
+        self._check_fence()
+        ops = [{"op": "test", "path": "/metadata/resourceVersion",
+                "value": pod.resource_version},
+               {"op": "remove", "path": _ANN_PATH}]
+        obj = await self.api.patch(PODS, pod.name, ops, pod.namespace, patch_type="json")
+        written = parse_pod(obj)
+        self._assume(written, _rv(written.resource_version), False)
+        self._generation += 1
+        self.metrics.stripped.inc()
+
+    async def _bind(self, pod: PodInfo, node: str) -> None:
+        self._check_fence()
+        try:
+            await self.api.bind(pod.namespace, pod.name, node, uid=pod.uid or None)
+        except ApiError as exc:
+            if not (exc.conflict and f"node {node}" in exc.message):
+                raise
+            # already bound to this node: an earlier attempt succeeded after all
+
+    async def _bind_gang(self, place: Place) -> None:
+        gang = place.gang
+        pods = place.assignments
+        # phase 1: every member's assignment, before any Binding
+        results = await asyncio.gather(*(self._annotate(p, a) for p, a in pods),
+                                       return_exceptions=True)
+        failed = [(p, r) for (p, _), r in zip(pods, results, strict=True)
+                  if isinstance(r, BaseException)]
+        if failed:
+            self._raise_unexpected(r for _, r in failed)
+            self.metrics.placements.labels("conflict").inc()
+            log.info("gang assignment lost a race; rolling back", extra={
+                "gang": gang.key, "pod": failed[0][0].name, "error": str(failed[0][1])})
+            for p, _ in failed:
+                self._assumed.pop(p.key, None)
+            written = [self._assumed[p.key].pod for (p, _), r in zip(pods, results, strict=True)
+                       if not isinstance(r, BaseException) and p.key in self._assumed]
+            undo = await asyncio.gather(*(self._unannotate(replace(w, node_name=None))
+                                          for w in written), return_exceptions=True)
+            self._raise_unexpected(undo)
+            return
+        # phase 2: Bindings
+        await self._bind_all(gang.key, [(self._current(p), a.node) for p, a in pods], "placed")
+        self.metrics.placements.labels("placed").inc()
+        self.queue.forget(gang.key)
+        started = self._ready_since.pop(gang.key, None)
+        if started is not None:
+            self.metrics.bind_seconds.observe(max(0.0, self._clock() - started))
+        log.info("gang bound", extra={
+            "gang": gang.key, "members": len(pods), "nodes": place.placement.nodes_used,
+            "gbps": round(place.placement.gang_gbps, 1)})
+        for pod, a in pods:
+            gpus = ",".join(str(i) for c in a.containers.values() for i in c.indices)
+            self._spawn(self.recorder.emit(
+                self._raw_pods.get(pod.key) or _ref(pod), "Normal", "Scheduled",
+                f"Successfully assigned {pod.key} to {a.node}"
+                + (f" (GPUs {gpus})" if gpus else "") + f" as part of gang {gang.key}"))
+
+    def _current(self, pod: PodInfo) -> PodInfo:
+        assumed = self._assumed.get(pod.key)
+        return assumed.pod if assumed is not None else pod
+
+    async def _bind_all(self, gang: str, targets: Sequence[tuple[PodInfo, str]],
+                        path: str) -> None:
+        results = await asyncio.gather(*(self._bind(p, n) for p, n in targets),
+                                       return_exceptions=True)
+        for (pod, _), r in zip(targets, results, strict=True):
+            if isinstance(r, BaseException):
+                # stays reserved; the recovery rule binds or strips it on a later cycle
+                self._assumed.pop(pod.key, None)
+                log.warning("binding failed", extra={"gang": gang, "pod": pod.key,
+                                                     "error": str(r)})
+            else:
+                self.metrics.bindings.labels(path).inc()
+        self._raise_unexpected(results)
+
+    async def _finish(self, finish: Finish) -> None:
+        targets = [(p, p.assignment.node) for p in finish.pods if p.assignment is not None]
+        log.info("binding reserved members", extra={"gang": finish.gang.key,
+                                                    "members": len(targets)})
+        await self._bind_all(finish.gang.key, targets, "recovered")
+
+    async def _strip(self, strip: Strip) -> None:
+        log.info("removing assignments of unbound members", extra={
+            "gang": strip.gang.key, "members": len(strip.pods), "reason": strip.reason})
+        results = await asyncio.gather(*(self._unannotate(p) for p in strip.pods),
+                                       return_exceptions=True)
+        self._raise_unexpected(results)
+
+    @staticmethod
+    def _raise_unexpected(results: Any) -> None:
+        """API errors are expected (conflicts, deleted pods); anything else is a bug, and
+        cancellation or fencing must propagate."""
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, ApiError):
+                raise r
+
+    # --- reporting --------------------------------------------------------------------------
+
+    def _report_waits(self, waits: Sequence[Wait], now: float) -> None:
+        for w in waits:
+            key = w.gang.key
+            if w.kind in ("unplaceable", "blocked"):
+                self._ready_since.setdefault(key, now)
+            if w.kind in ("unplaceable", "invalid", "blocked"):
+                self.metrics.placements.labels(
+                    "invalid" if w.kind == "invalid" else "unplaceable").inc()
+                new = self.queue.failed(key, now, self._generation, w.reason, w.reserves)
+                last = self._last_event.get(key)
+                if new or last is None or last[0] != w.reason or \
+                        now - last[1] >= self.config.event_interval:
+                    self._last_event[key] = (w.reason, now)
+                    log.info("gang waits", extra={"gang": key, "kind": w.kind,
+                                                  "reason": w.reason})
+                    self._announce(w, "FailedScheduling",
+                                   f"gang {key} cannot be placed: {w.reason}", new)
+            if w.timed_out and self.queue.mark_timeout_reported(key, now):
+                why = w.reason or "still waiting"
+                log.warning("gang timed out", extra={"gang": key, "reason": why})
+                self._announce(w, "GangScheduleTimeout",
+                               f"gang {key} was not scheduled within "
+                               f"{w.gang.timeout_seconds}s: {why}", True)
+
+    def _announce(self, w: Wait, reason: str, message: str, condition: bool) -> None:
+        for pod in w.gang.members:
+            if pod.bound:
+                continue
+            raw = self._raw_pods.get(pod.key)
+            self._spawn(self.recorder.emit(raw or _ref(pod), "Warning", reason, message))
+            if condition and raw is not None:
+                self._spawn(self._set_unschedulable(pod, raw, message))
+
+    async def _set_unschedulable(self, pod: PodInfo, raw: dict[str, Any], message: str) -> None:
+        """PodScheduled=False reason Unschedulable, as kube-scheduler reports it."""
+        conditions = [c for c in (raw.get("status") or {}).get("conditions") or ()
+                      if c.get("type") != "PodScheduled"]
+        conditions.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                           "message": message[:1024],
+                           "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                               time.gmtime(self._clock()))})
+        try:
+            await self.api.patch(PODS, pod.name, {"status": {"conditions": conditions}},
+                                 pod.namespace, subresource="status")
+        except ApiError as exc:
+            log.info("could not set PodScheduled condition",
+                     extra={"pod": pod.key, "error": str(exc)})
+
+
+def _ref(pod: PodInfo) -> dict[str, Any]:
+    """The minimal object an Event can refer to, when the raw pod is not cached."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
+                         "resourceVersion": pod.resource_version}}

@@ -1,0 +1,101 @@
+"""`muster bind` as a process: API client, optional leader election, metrics endpoint.
+
+Each leadership term runs a fresh Binder, whose state is rebuilt from the cluster: taking over
+from a dead leader is exactly the restart path (recovery rule in webhook.binder.planner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from webhook.binder.controller import Binder, BinderConfig
+from webhook.binder.metrics import CONTENT_TYPE_LATEST, Metrics
+from webhook.kube.api import KubeApi
+from webhook.kube.client import make_api_client
+from webhook.kube.leader import LeaderElector, LeaseConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    binder: BinderConfig
+    lease: LeaseConfig | None = None  # None: no leader election (a single replica)
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"  # scraped from other pods
+
+
+class BinderService:
+    def __init__(self, api: KubeApi, config: ServiceConfig) -> None:
+        self.api, self.config = api, config
+        self.binder: Binder | None = None  # the current term's binder while leading
+        self.metrics = Metrics(node_gpus=lambda: self.binder.gpu_counts() if self.binder
+                               else {})
+        self.elector = (LeaderElector(api, config.lease,
+                                      on_started=lambda: self.metrics.is_leader.set(1),
+                                      on_stopped=lambda: self.metrics.is_leader.set(0))
+                        if config.lease is not None else None)
+        self.terms = 0
+
+    def _fence(self) -> bool:
+        return self.elector is None or self.elector.is_leader
+
+    async def _term(self) -> None:
+        self.terms += 1
+        self.binder = Binder(self.api, self.config.binder, metrics=self.metrics,
+                             fence=self._fence)
+        try:
+            await self.binder.run()
+        finally:
+            self.binder = None
+
+    async def run(self) -> None:
+        runner = await self._serve_metrics() if self.config.metrics_port is not None else None
+        try:
+            if self.elector is None:
+                self.metrics.is_leader.set(1)
+                await self._term()
+            else:
+                await self.elector.run(self._term)
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+
+    async def _serve_metrics(self) -> web.AppRunner:
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(body=self.metrics.render(),
+                                headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        async def healthz(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/healthz", healthz)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.config.metrics_host, self.config.metrics_port)
+        await site.start()
+        log.info("metrics listening", extra={"port": self.config.metrics_port})
+        return runner
+
+
+async def serve(kubeconfig: str | None, config: ServiceConfig) -> None:
+    """Run until SIGTERM/SIGINT; the leader releases its Lease on the way out."""
+    client = await make_api_client(kubeconfig)
+    task = asyncio.create_task(BinderService(KubeApi(client), config).run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, task.cancel)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        await client.close()
