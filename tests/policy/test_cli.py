@@ -1,0 +1,83 @@
+"""`muster policy check | test | explain` through the real CLI entry point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from webhook.cli import main
+
+from .conftest import REPO
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(argv)
+    return code, capsys.readouterr().out
+
+
+def test_readme_command_passes(capsys: pytest.CaptureFixture[str],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    code, out = run(["policy", "test", "-p", "policies/", "policies/tests/"], capsys)
+    assert code == 0, out
+    assert "9 passed, 0 failed" in out
+    assert "PASS  volcano-worker-joins-podgroup" in out
+
+
+def test_check_reports_errors_and_exit_code(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run(["policy", "check", str(REPO / "policies")], capsys)
+    assert code == 0 and "5 policies valid" in out
+    bad = tmp_path / "mpi.yaml"
+    bad.write_text("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata:\n"
+                   "  name: mpi\nspec:\n  gang:\n    backend: volcano\n    minAvailable: 0\n")
+    code, out = run(["policy", "check", str(bad)], capsys)
+    assert code == 1
+    assert f"{bad}:8:19: spec.gang.minAvailable: must be" in out
+
+
+def test_failing_policy_test_exits_1_with_diff(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    objects = REPO / "policies/tests/objects"
+    (tmp_path / "t.yaml").write_text(f"""
+apiVersion: muster.io/v1alpha1
+kind: PolicyTest
+metadata: {{name: wrong-queue}}
+spec:
+  podFile: {objects}/worker-team-a.yaml
+  ownerFiles: [{objects}/mpijob-team-a.yaml]
+  expect:
+    podContains:
+      metadata: {{annotations: {{scheduling.volcano.sh/queue-name: training}}}}
+    podGroup: {{spec: {{minMember: 4}}}}
+""")
+    code, out = run(["policy", "test", "-p", str(REPO / "policies"), str(tmp_path)], capsys)
+    assert code == 1
+    assert "FAIL  wrong-queue" in out
+    assert ('pod metadata.annotations.scheduling.volcano.sh/queue-name: expected "training", '
+            'found "research"') in out
+    assert "podGroup spec.minMember: expected 4, found 5" in out
+
+
+def test_pod_mode_prints_decision_patch_and_mutated_pod(
+        shared_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    objects = REPO / "policies/tests/objects"
+    code, out = run(["policy", "test", "-p", str(REPO / "policies"),
+                     str(shared_dir / "fixtures/admission/pod-create-worker.json"),
+                     "--namespace-labels", "muster.io/gpu-topology=enabled",
+                     "--owner", str(objects / "mpijob-team-a.yaml")], capsys)
+    assert code == 0, out
+    assert "match mpi-topology" in out and "## JSON Patch" in out and "## mutated pod" in out
+    assert '"path": "/metadata/annotations"' in out
+    assert "muster.io/gang-min-member: '5'" in out
+    assert "idempotent" in out
+
+
+def test_explain_lists_every_condition(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run(["policy", "explain", "-p", str(REPO / "policies"),
+                     str(REPO / "policies/tests/objects/worker-team-a.yaml")], capsys)
+    assert code == 0
+    assert "no     mpi-coscheduling" in out
+    assert "✗ namespace team-a not in ['team-b']" in out
+    assert "MATCH  mpi-volcano" in out
