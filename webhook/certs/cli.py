@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from webhook.certs.options import add_self_cert_arguments, self_cert_config
+
+if TYPE_CHECKING:
+    from webhook.certs.manager import SelfCertManager
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,6 +35,39 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     init.add_argument("--force", action="store_true", help="regenerate even valid files")
     init.set_defaults(func=_init)
 
+    ensure = csub.add_parser(
+        "ensure", help="one reconcile of the self-managed certificates (Helm hook Job)",
+        description="Creates the CA and serving Secrets if missing (never replacing valid ones), "
+        "rotates what is due, and sets the caBundle of the named webhook configurations.")
+    _kube_arguments(ensure)
+    add_self_cert_arguments(ensure)
+    ensure.set_defaults(func=_ensure)
+
+    run = csub.add_parser(
+        "run", help="keep the self-managed certificates current (webhook pod sidecar)",
+        description="`ensure`, then again every --interval seconds and when a rotation is due.")
+    _kube_arguments(run)
+    add_self_cert_arguments(run)
+    run.add_argument("--interval", type=float, default=3600.0,
+                     help="seconds between checks (default 3600)")
+    run.set_defaults(func=_run)
+
+    remove = csub.add_parser(
+        "remove-webhooks", help="delete Muster's webhook configurations (uninstall hook Job)",
+        description="Takes Muster out of the admission path first on uninstall; missing "
+        "configurations are not an error.")
+    _kube_arguments(remove)
+    remove.add_argument("--mutating-webhook-configuration", action="append", default=[],
+                        metavar="NAME", help="(repeatable)")
+    remove.add_argument("--validating-webhook-configuration", action="append", default=[],
+                        metavar="NAME", help="(repeatable)")
+    remove.set_defaults(func=_remove)
+
+
+def _kube_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account "
+                   "in a pod, else $KUBECONFIG or ~/.kube/config)")
+
 
 def _init(args: argparse.Namespace) -> int:
     from webhook.certs.local import init_local  # noqa: PLC0415 (keep the CLI light)
@@ -41,3 +85,74 @@ def _init(args: argparse.Namespace) -> int:
     print(f"{state}: {files.ca_cert} {files.cert} {files.key}")
     print(f"serve with: muster serve --tls-cert-file {files.cert} --tls-key-file {files.key}")
     return 0
+
+
+def _with_manager(args: argparse.Namespace,
+                  body: Callable[[SelfCertManager], Awaitable[int]]) -> int:
+    from webhook.certs.manager import SelfCertManager  # noqa: PLC0415
+    from webhook.kube import KubeApi, make_api_client  # noqa: PLC0415
+
+    try:
+        cfg = self_cert_config(args)
+    except ValueError as exc:
+        print(f"muster certs: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        client = await make_api_client(args.kubeconfig)
+        try:
+            return await body(SelfCertManager(KubeApi(client), cfg))
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def _ensure(args: argparse.Namespace) -> int:
+    from webhook.certs.manager import CertManagerError  # noqa: PLC0415
+
+    async def once(manager: SelfCertManager) -> int:
+        try:
+            result = await manager.reconcile_once()
+        except CertManagerError as exc:
+            print(f"muster certs ensure: {exc}", file=sys.stderr)
+            return 1
+        print(f"certificates ready: serving certificate valid until {result.cert_not_after}, "
+              f"{result.trusted_cas} trusted CA(s), patched {result.patched or 'nothing'}"
+              + (f", not found (yet) {result.missing}" if result.missing else ""))
+        return 0
+
+    return _with_manager(args, once)
+
+
+def _run(args: argparse.Namespace) -> int:
+    async def forever(manager: SelfCertManager) -> int:
+        task = asyncio.ensure_future(manager.run(args.interval))
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return 0
+
+    return _with_manager(args, forever)
+
+
+def _remove(args: argparse.Namespace) -> int:
+    from webhook.certs.manager import remove_webhook_configurations  # noqa: PLC0415
+    from webhook.kube import ApiError, KubeApi, make_api_client  # noqa: PLC0415
+
+    async def main() -> int:
+        client = await make_api_client(args.kubeconfig)
+        try:
+            removed = await remove_webhook_configurations(
+                KubeApi(client), tuple(args.mutating_webhook_configuration),
+                tuple(args.validating_webhook_configuration))
+        except ApiError as exc:
+            print(f"muster certs remove-webhooks: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            await client.close()
+        print(f"removed: {', '.join(removed) or 'nothing (already gone)'}")
+        return 0
+
+    return asyncio.run(main())

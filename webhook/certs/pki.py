@@ -60,7 +60,8 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-def _cert_pem(cert: x509.Certificate) -> bytes:
+def cert_pem(cert: x509.Certificate) -> bytes:
+    """PEM encoding of a certificate object."""
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
@@ -92,7 +93,7 @@ def generate_ca(common_name: str, days: int, *, now: dt.datetime | None = None) 
         .add_extension(ski, critical=False)
         .sign(key, hashes.SHA256())
     )
-    return KeyPair(_cert_pem(cert), _key_pem(key))
+    return KeyPair(cert_pem(cert), _key_pem(key))
 
 
 def issue_serving_cert(
@@ -149,7 +150,7 @@ def issue_serving_cert(
         )
         .sign(ca_key, hashes.SHA256())
     )
-    return KeyPair(_cert_pem(cert), _key_pem(key))
+    return KeyPair(cert_pem(cert), _key_pem(key))
 
 
 def service_dns_names(service: str, namespace: str) -> list[str]:
@@ -205,7 +206,7 @@ def bundle(pems: Iterable[bytes]) -> bytes:
             der = cert.public_bytes(serialization.Encoding.DER)
             if der not in seen:
                 seen.add(der)
-                out.append(_cert_pem(cert))
+                out.append(cert_pem(cert))
     return b"".join(out)
 
 

@@ -1,0 +1,505 @@
+"""charts/muster rendered by the real helm binary: lint, every certificate mode, object checks."""
+
+from __future__ import annotations
+
+import base64
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from chart_helpers import CHART, NAMESPACE, REPO, Obj, find, hook, one, pod_specs, run_helm
+
+Render = Callable[..., list[Obj]]
+
+CA_B64 = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+CA_B64 = CA_B64.decode()
+EXTERNAL = {"certs": {"mode": "external",
+                      "external": {"secretName": "admin-tls", "caBundle": CA_B64}}}
+CERT_MODES: dict[str, Obj] = {
+    "self": {},
+    "certManager": {"certs": {"mode": "certManager"}},
+    "certManager-issuer": {"certs": {"mode": "certManager", "certManager": {
+        "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}},
+    "external": EXTERNAL,
+}
+COMBOS: dict[str, Obj] = {
+    **CERT_MODES,
+    "fail-closed+conditions": {"webhook": {
+        "failurePolicy": "Fail", "excludeNamespaces": ["monitoring"],
+        "objectSelector": {"matchExpressions": [
+            {"key": "training.kubeflow.org/job-name", "operator": "Exists"}]},
+        "matchConditions": [{"name": "gpu", "expression": "object.spec.containers.size() > 0"}]}},
+    "webhook-only": {"binder": {"enabled": False}, "agent": {"enabled": False}},
+    "no-leader-election": {"binder": {"leaderElection": {"enabled": False, "leaseName": "x"}}},
+    "monitoring": {"metrics": {"serviceMonitor": {"enabled": True},
+                               "prometheusRule": {"enabled": True}}},
+    "no-pdb-no-uninstall-hook": {"webhook": {"podDisruptionBudget": {
+        "enabled": False, "minAvailable": 1}}, "uninstall": {"removeWebhooksFirst": False}},
+}
+ISTIO_INJECTOR = "istio-sidecar-injector"
+
+
+def test_lint_is_clean_also_strict() -> None:
+    for extra in ([], ["--strict"]):
+        proc = run_helm("lint", str(CHART), *extra)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+        assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("mode", ["certManager", "external"])
+def test_lint_strict_in_each_cert_mode(tmp_path: Path, mode: str) -> None:
+    import yaml  # noqa: PLC0415
+
+    values = tmp_path / "v.yaml"
+    values.write_text(yaml.safe_dump(EXTERNAL if mode == "external" else CERT_MODES[mode]))
+    proc = run_helm("lint", str(CHART), "--strict", "-f", str(values))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout
+
+
+# --- invariants that hold for every combination ------------------------------------------------
+
+
+def _rules(objs: list[Obj]) -> list[tuple[Obj, Obj]]:
+    return [(o, r) for o in objs if o["kind"] in ("Role", "ClusterRole") for r in o["rules"]]
+
+
+@pytest.mark.parametrize("combo", list(COMBOS))
+def test_invariants(helm_template: Render, combo: str) -> None:
+    objs = helm_template(COMBOS[combo])
+    assert objs, "nothing rendered"
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                      "ValidatingWebhookConfiguration"}
+    for o in objs:
+        assert o["apiVersion"] and o["metadata"]["name"], o
+        if o["kind"] in cluster_scoped:
+            assert "namespace" not in o["metadata"]
+        elif o["kind"] not in ("Role", "RoleBinding"):  # the test Role lives in tests.namespace
+            assert o["metadata"]["namespace"] == NAMESPACE, o["metadata"]
+
+    # least privilege: never a wildcard
+    for role, rule in _rules(objs):
+        for field in ("verbs", "resources", "apiGroups", "resourceNames"):
+            assert "*" not in rule.get(field, []), (role["metadata"]["name"], rule)
+            assert not any("*" in str(v) for v in rule.get(field, [])), (role["metadata"], rule)
+
+    # security contexts on every pod the chart creates
+    for owner, spec in pod_specs(objs):
+        where = f"{owner['kind']}/{owner['metadata']['name']}"
+        psc = spec["securityContext"]
+        assert psc["seccompProfile"]["type"] == "RuntimeDefault", where
+        is_agent = owner["kind"] == "DaemonSet"
+        if not is_agent:
+            assert psc["runAsNonRoot"] is True and psc["runAsUser"] != 0, where
+        assert not spec.get("hostNetwork") and not spec.get("hostPID"), where
+        for c in spec["containers"] + spec.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["privileged"] is False, where
+            assert sc["capabilities"] == {"drop": ["ALL"]}, where
+            assert c["resources"]["limits"]["memory"], where
+
+    # the webhook configurations: ordering, fail-open, exclusions
+    mwc = one(objs, "MutatingWebhookConfiguration")
+    name = mwc["metadata"]["name"]
+    assert name < ISTIO_INJECTOR
+    assert sorted([ISTIO_INJECTOR, "istio-revision-tag-default", name])[0] == name
+    (wh,) = mwc["webhooks"]
+    assert wh["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                            "resources": ["pods"], "scope": "Namespaced"}]
+    assert wh["sideEffects"] == "NoneOnDryRun"
+    assert wh["reinvocationPolicy"] == "IfNeeded"
+    assert wh["admissionReviewVersions"] == ["v1"]
+    assert 1 <= wh["timeoutSeconds"] <= 10
+    assert wh["clientConfig"]["service"]["path"] == "/mutate/pods"
+    (expr, *_) = wh["namespaceSelector"]["matchExpressions"]
+    assert expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "NotIn"
+    assert {"kube-system", NAMESPACE} <= set(expr["values"])
+    vwc = one(objs, "ValidatingWebhookConfiguration")
+    assert vwc["metadata"]["name"] == name
+    (vwh,) = vwc["webhooks"]
+    assert vwh["clientConfig"]["service"]["path"] == "/validate/policies"
+    assert vwh["sideEffects"] == "None"
+    policies_cm = one(objs, "ConfigMap")
+    for key, value in vwh["objectSelector"]["matchLabels"].items():
+        assert policies_cm["metadata"]["labels"][key] == value
+    assert vwh["rules"][0]["resources"] == ["configmaps"]
+
+
+def test_default_webhook_is_fail_open_and_excludes_system_namespaces(helm_template: Render) -> None:
+    objs = helm_template()
+    (wh,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
+    assert wh["failurePolicy"] == "Ignore"
+    (vwh,) = one(objs, "ValidatingWebhookConfiguration")["webhooks"]
+    assert vwh["failurePolicy"] == "Ignore"
+    values = wh["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert values == ["kube-system", NAMESPACE, "kube-public", "kube-node-lease"]
+
+
+def test_admin_listed_exclusions_and_selectors(helm_template: Render) -> None:
+    objs = helm_template(COMBOS["fail-closed+conditions"])
+    (wh,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
+    assert wh["failurePolicy"] == "Fail"
+    assert wh["namespaceSelector"]["matchExpressions"][0]["values"] == [
+        "kube-system", NAMESPACE, "monitoring"]
+    assert wh["objectSelector"]["matchExpressions"][0]["operator"] == "Exists"
+    assert wh["matchConditions"][0]["name"] == "gpu"
+    args = one(objs, "Deployment", "muster-webhook")["spec"]["template"]["spec"]["containers"][0]
+    assert "--exclude-namespace=monitoring" in args["args"]
+
+
+def test_release_namespace_is_always_excluded(helm_template: Render) -> None:
+    objs = helm_template({"webhook": {"excludeNamespaces": []}}, namespace="gpu-infra")
+    (wh,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
+    assert wh["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system", "gpu-infra"]
+
+
+def test_name_that_would_sort_after_istio_is_refused(
+    helm_template_error: Callable[..., str],
+) -> None:
+    err = helm_template_error({"webhook": {"configurationNamePrefix": ""}})
+    assert 'must sort before \\"istio-sidecar-injector\\"' in err or "must sort before" in err
+
+
+# --- certificates ------------------------------------------------------------------------------
+
+
+def _webhook_pod(objs: list[Obj]) -> Obj:
+    return one(objs, "Deployment", "muster-webhook")["spec"]["template"]["spec"]
+
+
+def _tls_volume_secret(objs: list[Obj]) -> str:
+    vols = {v["name"]: v for v in _webhook_pod(objs)["volumes"]}
+    return str(vols["tls"]["secret"]["secretName"])
+
+
+def _arg(args: list[str], flag: str) -> str:
+    values = [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+    assert len(values) == 1, (flag, args)
+    return values[0]
+
+
+def test_self_mode_never_templates_ca_bundle(helm_template: Render) -> None:
+    objs = helm_template()
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        cfg = one(objs, kind)
+        for wh in cfg["webhooks"]:
+            assert "caBundle" not in wh["clientConfig"], kind
+        assert "cert-manager.io/inject-ca-from" not in (cfg["metadata"].get("annotations") or {})
+    # the certificate manager (sidecar and hook Job) owns exactly the objects the chart uses
+    containers = {c["name"]: c for c in _webhook_pod(objs)["containers"]}
+    sidecar = containers["certs"]["args"]
+    job = one(objs, "Job", "muster-webhook-certs")
+    job_args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    name = one(objs, "MutatingWebhookConfiguration")["metadata"]["name"]
+    for args in (sidecar, job_args):
+        assert _arg(args, "--tls-secret") == _tls_volume_secret(objs)
+        assert _arg(args, "--service-name") == one(objs, "Service", "muster-webhook")[
+            "metadata"]["name"]
+        assert _arg(args, "--namespace") == NAMESPACE
+        assert _arg(args, "--mutating-webhook-configuration") == name
+        assert _arg(args, "--validating-webhook-configuration") == name
+    assert hook(job) == "pre-install,pre-upgrade,post-install,post-upgrade"
+    assert _arg(containers["webhook"]["args"], "--cert-mode") == "files"
+    # the Secrets are not Helm objects: upgrade and uninstall cannot drop them
+    assert not find(objs, "Secret")
+    # in-process rights: get/update its own Secrets and webhook configurations, by name
+    role = one(objs, "Role", "muster-webhook-secrets")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"],
+                              "resourceNames": ["muster-webhook-tls", "muster-webhook-ca"],
+                              "verbs": ["get", "update"]}]
+    webhook_rules = one(objs, "ClusterRole", "muster-webhook")["rules"]
+    admreg = [r for r in webhook_rules if r["apiGroups"] == ["admissionregistration.k8s.io"]]
+    assert [r["resourceNames"] for r in admreg] == [[name], [name]]
+
+
+@pytest.mark.parametrize("mode", ["certManager", "certManager-issuer"])
+def test_cert_manager_mode(helm_template: Render, mode: str) -> None:
+    objs = helm_template(CERT_MODES[mode])
+    certs = {c["metadata"]["name"]: c for c in find(objs, "Certificate")}
+    serving = certs["muster-webhook"]
+    assert serving["spec"]["secretName"] == _tls_volume_secret(objs)
+    assert "muster-webhook.muster-system.svc" in serving["spec"]["dnsNames"]
+    assert "server auth" in serving["spec"]["usages"]
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        cfg = one(objs, kind)
+        assert cfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
+            f"{NAMESPACE}/muster-webhook")
+        assert all("caBundle" not in wh["clientConfig"] for wh in cfg["webhooks"])
+    assert not find(objs, "Job", "muster-webhook-certs")
+    assert "certs" not in {c["name"] for c in _webhook_pod(objs)["containers"]}
+    if mode == "certManager":  # bootstrap chain: self-signed Issuer -> CA Certificate -> CA Issuer
+        assert certs["muster-webhook-ca"]["spec"]["isCA"] is True
+        assert serving["spec"]["issuerRef"]["name"] == "muster-webhook-ca"
+        assert {i["metadata"]["name"] for i in find(objs, "Issuer")} == {
+            "muster-webhook-ca", "muster-webhook-ca-bootstrap"}
+    else:
+        assert serving["spec"]["issuerRef"] == {
+            "name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+        assert not find(objs, "Issuer") and len(certs) == 1
+
+
+def test_external_mode_uses_admin_secret_and_bundle(helm_template: Render) -> None:
+    objs = helm_template(EXTERNAL)
+    assert _tls_volume_secret(objs) == "admin-tls"
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for wh in one(objs, kind)["webhooks"]:
+            assert wh["clientConfig"]["caBundle"] == CA_B64
+    assert not find(objs, "Certificate") and not find(objs, "Job", "muster-webhook-certs")
+    # no rights on webhook configurations or Secrets in this mode
+    assert all("admissionregistration.k8s.io" not in r["apiGroups"]
+               for r in one(objs, "ClusterRole", "muster-webhook")["rules"])
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"certs": {"mode": "external", "external": {"caBundle": CA_B64}}},
+     "certs.external.secretName is required"),
+    ({"certs": {"mode": "external", "external": {"secretName": "s"}}},
+     "certs.external.caBundle (base64 PEM) is required"),
+])
+def test_external_mode_requires_its_values(
+    helm_template_error: Callable[..., str], values: Obj, message: str
+) -> None:
+    assert message in helm_template_error(values)
+
+
+# --- workloads ---------------------------------------------------------------------------------
+
+
+def test_webhook_deployment_is_highly_available(helm_template: Render) -> None:
+    objs = helm_template()
+    dep = one(objs, "Deployment", "muster-webhook")
+    spec = dep["spec"]
+    assert spec["replicas"] >= 2
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = spec["template"]["spec"]
+    selector = spec["selector"]["matchLabels"]
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
+    assert pod["topologySpreadConstraints"][0]["labelSelector"]["matchLabels"] == selector
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["podAffinityTerm"]["labelSelector"]["matchLabels"] == selector
+    pdb = one(objs, "PodDisruptionBudget", "muster-webhook")
+    assert pdb["spec"]["selector"]["matchLabels"] == selector
+    assert pdb["spec"]["minAvailable"] == 1 < spec["replicas"]
+    c = next(c for c in pod["containers"] if c["name"] == "webhook")
+    assert c["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https",
+                                             "scheme": "HTTPS"}
+    sleep = int(c["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert 0 < sleep < pod["terminationGracePeriodSeconds"]
+    assert c["args"][c["args"].index("serve") + 1:][:5] == [
+        "--port=8443", "--policies=/etc/muster/policies",
+        "--tls-cert-file=/etc/muster/tls/tls.crt", "--tls-key-file=/etc/muster/tls/tls.key",
+        "--on-user-assignment=strip"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["tls"] == "/etc/muster/tls" and mounts["policies"] == "/etc/muster/policies"
+    svc = one(objs, "Service", "muster-webhook")
+    assert svc["spec"]["selector"] == selector
+    assert svc["spec"]["ports"][0]["targetPort"] == "https"
+    (wh,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
+    assert wh["clientConfig"]["service"] == {"name": "muster-webhook", "namespace": NAMESPACE,
+                                             "path": "/mutate/pods", "port": 443}
+
+
+def test_binder_runs_leader_elected(helm_template: Render) -> None:
+    objs = helm_template()
+    dep = one(objs, "Deployment", "muster-binder")
+    assert dep["spec"]["replicas"] == 2
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "bind" in args and "--leader-elect" in args
+    assert _arg(args, "--lease-namespace") == NAMESPACE
+    assert _arg(args, "--scheduler-name") == "muster-binder"
+    lease_role = one(objs, "Role", "muster-binder-leader")
+    named = [r for r in lease_role["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": [_arg(args, "--lease-name")], "verbs": ["get", "update"]}]
+    env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert "--identity=$(POD_NAME)" in args
+
+
+def test_agent_daemonset(helm_template: Render) -> None:
+    objs = helm_template()
+    ds = one(objs, "DaemonSet", "muster-agent")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"muster.io/gpu-topology": "enabled"}
+    assert {"key": "muster.io/gpu-topology", "operator": "Exists"} in pod["tolerations"]
+    (c,) = pod["containers"]
+    assert "agent" in c["args"] and "--node-name=$(NODE_NAME)" in c["args"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    (hp,) = [v for v in pod["volumes"] if "hostPath" in v]
+    assert hp["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
+    mount = next(m for m in c["volumeMounts"] if m["name"] == hp["name"])
+    assert mount["mountPath"] == "/var/lib/kubelet/device-plugins"
+    # root for the root-owned kubelet socket directory, but no capability and not privileged
+    assert pod["securityContext"]["runAsUser"] == 0
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_disabled_components_render_nothing(helm_template: Render) -> None:
+    objs = helm_template(COMBOS["webhook-only"])
+    names = {o["metadata"]["name"] for o in objs}
+    assert not any("binder" in n or "agent" in n for n in names)
+    assert one(objs, "Deployment", "muster-webhook")
+
+
+# --- RBAC: exactly the verbs docs/operations.md lists -----------------------------------------
+
+
+def _grants(objs: list[Obj], kind: str, name: str) -> set[tuple[str, str, str]]:
+    out = set()
+    for rule in one(objs, kind, name)["rules"]:
+        for g in rule["apiGroups"]:
+            for res in rule["resources"]:
+                for verb in rule["verbs"]:
+                    out.add((g, res, verb))
+    return out
+
+
+def _expand(spec: dict[tuple[str, ...], str]) -> set[tuple[str, str, str]]:
+    """{(group..., "res1,res2"): "verb1,verb2"} as (group, resource, verb) triples."""
+    out = set()
+    for key, verbs in spec.items():
+        *groups, resources = key
+        for g in groups:
+            for res in resources.split(","):
+                for v in verbs.split(","):
+                    out.add((g, res, v))
+    return out
+
+
+def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> None:
+    objs = helm_template()
+    assert _grants(objs, "ClusterRole", "muster-webhook") == _expand({
+        ("", "namespaces"): "get,list,watch",
+        ("kubeflow.org", "mpijobs,pytorchjobs,tfjobs"): "get,list,watch",
+        ("batch", "jobs"): "get,list,watch",
+        ("scheduling.volcano.sh", "scheduling.x-k8s.io", "podgroups"):
+            "get,list,watch,create,update,patch",
+        ("", "events.k8s.io", "events"): "create,patch",
+        ("admissionregistration.k8s.io",
+         "mutatingwebhookconfigurations,validatingwebhookconfigurations"): "get,update,patch",
+    })
+    assert _grants(objs, "ClusterRole", "muster-binder") == _expand({
+        ("", "pods"): "get,list,watch,patch",
+        ("", "pods/binding"): "create",
+        ("", "pods/status"): "patch",
+        ("", "nodes"): "get,list,watch",
+        ("scheduling.volcano.sh", "scheduling.x-k8s.io", "podgroups"): "get,list,watch",
+        ("", "events.k8s.io", "events"): "create,patch",
+    })
+    assert _grants(objs, "Role", "muster-binder-leader") == _expand({
+        ("coordination.k8s.io", "leases"): "create,get,update"})
+    assert _grants(objs, "ClusterRole", "muster-agent") == _expand({
+        ("", "nodes"): "get,patch",
+        ("", "pods"): "get,list,watch",
+    })
+    # hooks: the uninstall Job may only delete Muster's two configurations
+    name = one(objs, "MutatingWebhookConfiguration")["metadata"]["name"]
+    (rule,) = one(objs, "ClusterRole", "muster-uninstall")["rules"]
+    assert rule["verbs"] == ["delete"] and rule["resourceNames"] == [name]
+    # every binding points at an existing role and a rendered ServiceAccount
+    sas = {(o["metadata"]["namespace"], o["metadata"]["name"])
+           for o in find(objs, "ServiceAccount")}
+    for b in find(objs, "RoleBinding") + find(objs, "ClusterRoleBinding"):
+        one(objs, b["roleRef"]["kind"], b["roleRef"]["name"])
+        for s in b["subjects"]:
+            assert (s["namespace"], s["name"]) in sas
+    # and every pod runs as a ServiceAccount the chart renders
+    for owner, spec in pod_specs(objs):
+        assert (owner["metadata"]["namespace"], spec["serviceAccountName"]) in sas
+
+
+# --- lifecycle ---------------------------------------------------------------------------------
+
+
+def test_uninstall_removes_webhook_configurations_first(helm_template: Render) -> None:
+    objs = helm_template()
+    job = one(objs, "Job", "muster-uninstall")
+    assert hook(job) == "pre-delete"
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    name = one(objs, "MutatingWebhookConfiguration")["metadata"]["name"]
+    assert args[args.index("certs"):args.index("certs") + 2] == ["certs", "remove-webhooks"]
+    assert _arg(args, "--mutating-webhook-configuration") == name
+    assert _arg(args, "--validating-webhook-configuration") == name
+    # its RBAC exists before it (lower weight) and everything is cleaned up after success
+    for o in objs:
+        if hook(o) == "pre-delete":
+            ann = o["metadata"]["annotations"]
+            assert "hook-succeeded" in ann["helm.sh/hook-delete-policy"]
+            assert int(ann["helm.sh/hook-weight"]) <= int(
+                job["metadata"]["annotations"]["helm.sh/hook-weight"])
+    assert not find(helm_template(COMBOS["no-pdb-no-uninstall-hook"]), "Job", "muster-uninstall")
+
+
+def test_policies_configmap_from_values(helm_template: Render) -> None:
+    shipped = {p.name: p.read_text() for p in sorted((REPO / "policies").glob("*.yaml"))}
+    if not shipped:  # the shipped examples are another area's; any policy text will do
+        shipped = {"a.yaml": "apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\n"}
+    objs = helm_template({"policies": shipped})
+    cm = one(objs, "ConfigMap", "muster-policies")
+    assert cm["data"] == {k: v.rstrip("\n") for k, v in shipped.items()}
+    vol = next(v for v in _webhook_pod(objs)["volumes"] if v["name"] == "policies")
+    assert vol["configMap"]["name"] == "muster-policies"
+    assert _arg(next(c for c in _webhook_pod(objs)["containers"] if c["name"] == "webhook")[
+        "args"], "--policies-configmap") == "muster-policies"
+
+
+def test_helm_test_pod_dry_runs_a_pod_create(helm_template: Render) -> None:
+    objs = helm_template()
+    (pod,) = [o for o in objs if o["kind"] == "Pod" and hook(o) == "test"]
+    script = pod["spec"]["containers"][0]["args"][0]
+    assert "dryRun=All" in script and "muster.io/policy" in script
+    compile(script, "helm-test", "exec")  # it is valid Python
+    role = one(objs, "Role", "muster-test")
+    assert role["metadata"]["namespace"] == "default"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]
+
+
+def test_monitoring_objects_only_when_enabled(helm_template: Render) -> None:
+    assert not find(helm_template(), "ServiceMonitor")
+    objs = helm_template(COMBOS["monitoring"])
+    sm = one(objs, "ServiceMonitor")
+    ports = {e["port"] for e in sm["spec"]["endpoints"]}
+    assert ports == {"https", "metrics"}
+    rule = one(objs, "PrometheusRule")
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert {"MusterWebhookDown", "MusterCertificateExpiringSoon"} <= alerts
+
+
+def _container_args(objs: list[Obj]) -> dict[str, list[str]]:
+    out = {}
+    for owner, spec in pod_specs(objs):
+        for c in spec["containers"]:
+            if c.get("args") and not c.get("command"):  # the helm test pod runs python itself
+                out[f"{owner['metadata']['name']}/{c['name']}"] = c["args"]
+    return out
+
+
+@pytest.mark.parametrize("container", [
+    "muster-webhook/webhook", "muster-webhook/certs", "muster-webhook-certs/certs",
+    "muster-uninstall/uninstall", "muster-binder/binder", "muster-agent/agent",
+])
+def test_every_flag_the_chart_passes_parses(helm_template: Render, container: str) -> None:
+    """The chart's container args against the real `muster` CLI parser of each area."""
+    from webhook.cli import build_parser  # noqa: PLC0415
+
+    parser = build_parser()
+    args = _container_args(helm_template(COMBOS["monitoring"]))[container]
+    sub = next(a for a in args if not a.startswith("-"))
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    if sub not in commands and sub in ("bind", "agent"):
+        pytest.skip(f"`muster {sub}` is another area's and has not landed yet")
+    try:
+        ns = parser.parse_args(args)
+    except SystemExit as exc:  # argparse printed why on stderr
+        pytest.fail(f"{container}: muster {' '.join(args)} -> exit {exc}")
+    assert ns.command == sub
