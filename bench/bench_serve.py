@@ -32,7 +32,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -43,6 +42,7 @@ sys.path.insert(0, str(REPO))
 from webhook.certs import generate_ca, issue_serving_cert, write_pair  # noqa: E402
 
 FIXTURES = REPO.parent / "shared" / "fixtures"
+JOB = "tensorflow-topo-4-vgg16"
 EXTRA_POLICY = """\
 apiVersion: muster.io/v1alpha1
 kind: SchedulingPolicy
@@ -194,30 +194,31 @@ def wait_ready(url: str, cafile: Path, proc: subprocess.Popen[bytes], log: Path,
     raise SystemExit(f"{url} not ready in {within}s:\n{log.read_text()[-3000:]}")
 
 
-def start_emulator(work: Path) -> tuple[list[str], Path] | None:
-    """The emulator command and its kubeconfig, or None when the emulator is unavailable."""
-    try:
-        import webhook.emulator.__main__  # noqa: F401, PLC0415
-    except ImportError:
-        return None
+def emulator_cmd(work: Path) -> tuple[list[str], Path]:
+    """The API server emulator as a process, seeded with namespace team-a and the MPIJob."""
     kubeconfig = work / "kubeconfig"
-    seed = work / "seed.json"
-    job = _mpijob()
-    seed.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}, job]}))
+    seed = work / "seed.yaml"
+    seed.write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n---\n"
+                    + (FIXTURES / "jobs" / "mpijob-vgg16-4workers.yaml").read_text())
     cmd = [sys.executable, "-m", "webhook.emulator", "--port", str(free_port()),
            "--kubeconfig", str(kubeconfig), "--crds", str(REPO.parent / "shared" / "crds"),
-           "--seed", str(seed)]
+           "--seed", str(seed), "--log-level", "warning"]
     return cmd, kubeconfig
 
 
-def _mpijob() -> dict[str, Any]:
+def owned_review(kubeconfig: Path) -> bytes:
+    """The captured worker request, its ownerReference pointing at the emulator's MPIJob."""
+    import urllib.request  # noqa: PLC0415
+
     import yaml  # noqa: PLC0415
 
-    job: dict[str, Any] = yaml.safe_load((FIXTURES / "jobs" / "mpijob-vgg16-4workers.yaml")
-                                         .read_text())
-    job["metadata"]["uid"] = "1c5b470f-a297-11e9-964d-88d7f67c6e6d"
-    return job
+    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    url = f"{server}/apis/kubeflow.org/v2beta1/namespaces/team-a/mpijobs/{JOB}"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        job = json.loads(resp.read())
+    review = json.loads((FIXTURES / "admission" / "pod-create-worker.json").read_text())
+    review["request"]["object"]["metadata"]["ownerReferences"][0]["uid"] = job["metadata"]["uid"]
+    return json.dumps(review).encode()
 
 
 def main() -> int:
@@ -252,9 +253,7 @@ def main() -> int:
             (policies / f"generated-{i:02d}.yaml").write_text(EXTRA_POLICY.format(i=i))
         body_file = work / "review.json"
         body_file.write_bytes((FIXTURES / "admission" / "pod-create-worker.json").read_bytes())
-        body = body_file.read_bytes()
-
-        emulator = None if args.no_cluster else start_emulator(work)
+        emulator = None if args.no_cluster else emulator_cmd(work)
         muster_port, noop_port = free_port(), free_port()
         serve_cmd = [sys.executable, "-m", "webhook", "--log-level", "warning", "serve",
                      "--host", "127.0.0.1", "--port", str(muster_port),
@@ -265,6 +264,8 @@ def main() -> int:
         with contextmanager_chain(emulator, work) as kubeconfig:
             if kubeconfig is not None:
                 serve_cmd += ["--kubeconfig", str(kubeconfig)]
+                body_file.write_bytes(owned_review(kubeconfig))
+            body = body_file.read_bytes()
             with process(serve_cmd, work / "serve.log") as serve, \
                     process(noop_cmd, work / "noop.log") as noop:
                 targets = {"no-op": (f"https://127.0.0.1:{noop_port}", noop, "noop.log"),

@@ -36,6 +36,8 @@ class ClusterContext(Protocol):
     async def owners(self, pod: Mapping[str, Any], namespace: str) -> tuple[
         list[dict[str, Any]], list[str]]: ...
 
+    def pod_group_current(self, spec: PodGroupSpec) -> bool: ...
+
     async def ensure_pod_group(self, spec: PodGroupSpec, *, dry_run: bool) -> list[str]: ...
 
     def ready(self) -> bool: ...
@@ -199,10 +201,12 @@ class Admitter:
                                    f"{spec.namespace}/{spec.name} was not created")
             result.fail_open = "podgroup"
             return
+        dry_run = bool(review.request.dry_run)
+        if not dry_run and self.context.pod_group_current(spec):
+            return
         # The write is shielded: if the deadline cuts the wait short it still completes in the
         # background, so the gang's next pod finds the PodGroup in place.
-        task = asyncio.ensure_future(
-            self.context.ensure_pod_group(spec, dry_run=bool(review.request.dry_run)))
+        task = asyncio.ensure_future(self.context.ensure_pod_group(spec, dry_run=dry_run))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         try:

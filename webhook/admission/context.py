@@ -153,6 +153,9 @@ class KubeContext:
             current = obj
         return owners, []
 
+    def pod_group_current(self, spec: PodGroupSpec) -> bool:
+        return self.podgroups.current(spec)
+
     async def ensure_pod_group(self, spec: PodGroupSpec, *, dry_run: bool) -> list[str]:
         self._watch_podgroups(spec.backend)
         return await self.podgroups.ensure(spec, dry_run=dry_run)

@@ -57,6 +57,14 @@ class PodGroupWriter:
         elif isinstance(obj.get("spec"), Mapping):
             self.known[key] = obj["spec"]
 
+    def current(self, spec: PodGroupSpec) -> bool:
+        """Whether the PodGroup is known to exist as wanted (the common case: no write, no task)."""
+        manifest = podgroup_manifest(spec)
+        if manifest is None:
+            return True
+        known = self.known.get(key_of(manifest))
+        return known is not None and covers(known, manifest.get("spec") or {})
+
     async def ensure(self, spec: PodGroupSpec, *, dry_run: bool) -> list[str]:
         """Make the PodGroup exist with this spec; warnings (never raises) when it could not."""
         manifest = podgroup_manifest(spec)
