@@ -1,0 +1,94 @@
+"""Handlers of `muster simulate` and `muster topology ...` (imported lazily by cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from webhook.topology.builtin import NAMES, builtin
+from webhook.topology.codec import TopologyFormatError, decode, to_dict, topology_class
+from webhook.topology.inode import choose_gpus, set_score
+from webhook.topology.simulate import format_report, run_reference
+from webhook.topology.smi import parse_nvidia_smi_topo
+
+
+def _print_topology(doc: dict[str, object], pretty: bool) -> None:
+    print(json.dumps(doc, indent=2 if pretty else None,
+                     separators=None if pretty else (",", ":")))
+
+
+def simulate(args: argparse.Namespace) -> int:
+    report = run_reference()
+    if args.json:
+        print(json.dumps({
+            "calibration": {
+                "computeSeconds": report.calibration.compute_s,
+                "interNodeGBps": report.calibration.inter_node_gbps,
+                "nvlinkEfficiency": report.calibration.nvlink_efficiency,
+            },
+            "placements": [
+                {"label": o.label, "busGBps": o.bus_gbps, "effectiveGBps": o.effective_gbps,
+                 "imagesPerSecond": o.images_per_s,
+                 "members": [{"key": m.key, "node": m.node, "gpus": list(m.gpus)}
+                             for m in o.placement.members]}
+                for o in report.outcomes
+            ],
+            "inNode": [{"label": label, "gpus": list(g), "busGBps": bw, "imagesPerSecond": ips}
+                       for label, g, bw, ips in report.in_node],
+        }, indent=2))
+    else:
+        print(format_report(report))
+    return 0
+
+
+def show(args: argparse.Namespace) -> int:
+
+    try:
+        t = decode(args.file.read_text()) if args.file is not None else builtin(args.name)
+    except (KeyError, TopologyFormatError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _print_topology(to_dict(t), args.pretty)
+    return 0
+
+
+def list_types(args: argparse.Namespace) -> int:
+
+    for name in NAMES:
+        t = builtin(name)
+        print(f"{name:20} {t.size:2} x {t.gpus[0].model:24} class {topology_class(t)}")
+    return 0
+
+
+def parse_smi(args: argparse.Namespace) -> int:
+
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        t = parse_nvidia_smi_topo(text, model=args.model, nvlink_gbps=args.nvlink_gbps,
+                                  pcie_gen=args.pcie_gen, name=args.name)
+    except (TopologyFormatError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _print_topology(to_dict(t), args.pretty)
+    return 0
+
+
+def choose(args: argparse.Namespace) -> int:
+
+    try:
+        t = builtin(args.name)
+        free = [int(x) for x in args.free.split(",") if x.strip()] if args.free else range(t.size)
+    except (KeyError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    chosen = choose_gpus(t, free, args.k)
+    if chosen is None:
+        print(f"error: fewer than {args.k} healthy GPUs free", file=sys.stderr)
+        return 1
+    s = set_score(t, chosen)
+    print(f"GPUs {','.join(map(str, chosen))}: allreduce {s.allreduce_gbps:g} GB/s, best ring "
+          f"{s.ring_gbps:g} GB/s, bisection {s.bisection_gbps:g} GB/s, "
+          f"{s.numa_nodes} NUMA node(s)")
+    return 0
