@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pynvml
@@ -37,6 +37,8 @@ _NVLINK_GBPS = {
 }
 DEFAULT_NVLINK_GBPS = 25.0
 DEFAULT_PCIE_GEN = 3
+#: UUID of a GPU that NVML lists but will not identify (keeps its index; never a real UUID)
+UNKNOWN_UUID_PREFIX = "unknown-gpu-"
 
 _MIB = 1024 * 1024
 
@@ -136,7 +138,7 @@ def _discover(probe: _Probe) -> Discovery:
         GPU(
             index=i,
             # a GPU whose UUID NVML would not give keeps its index, under a name no GPU has
-            uuid=f.get("uuid", f"unknown-gpu-{i}"),
+            uuid=f.get("uuid", f"{UNKNOWN_UUID_PREFIX}{i}"),
             pci_bus_id=f.get("pci_bus_id", ""),
             model=f.get("model", ""),
             numa_node=f.get("numa_node"),
@@ -258,3 +260,16 @@ def _pcie_level(probe: _Probe, i: int, j: int, hi: Any, hj: Any) -> PCIeLevel:
     except ValueError:
         probe.degrade(where, 0, f"unknown topology level {value}; assuming SYS")
         return PCIeLevel.SYS
+
+
+def keep_identity(previous: Topology | None, current: Topology) -> Topology:
+    """A GPU whose UUID NVML no longer gives (lost since) keeps the UUID it had, so that the
+    kubelet sees that device turn unhealthy rather than a new device appear."""
+    if previous is None or previous.size != current.size:
+        return current
+    gpus = tuple(
+        replace(old, healthy=False)
+        if new.uuid.startswith(UNKNOWN_UUID_PREFIX) and not old.uuid.startswith(UNKNOWN_UUID_PREFIX)
+        else new
+        for old, new in zip(previous.gpus, current.gpus, strict=True))
+    return replace(current, gpus=gpus)

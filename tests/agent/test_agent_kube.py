@@ -1,0 +1,185 @@
+"""The agent against the API server emulator (kubernetes-asyncio over real HTTP) and the fake
+kubelet (real gRPC): publishing the topology, and Allocate reading pods from the API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from agent_helpers import NODE, make_pod
+
+from webhook import keys
+from webhook.agent.deviceplugin.plugin import PluginConfig
+from webhook.agent.discovery import Discovery, discover, keep_identity
+from webhook.agent.fakekubelet import FakeKubelet
+from webhook.agent.fakenvml import FakeNvml
+from webhook.agent.runner import Agent, AgentConfig, nvml_discoverer, static_discoverer
+from webhook.emulator import ApiServerEmulator
+from webhook.kube.api import KubeApi
+from webhook.topology import builtin, decode, encode, topology_class
+from webhook.topology.model import Topology
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cluster(apiserver: ApiServerEmulator) -> ApiServerEmulator:
+    apiserver.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
+    apiserver.seed({"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": NODE, "labels": {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED}}})
+    return apiserver
+
+
+def agent_config(sock_dir: Path, wait: float = 0.5) -> AgentConfig:
+    return AgentConfig(node=NODE, rediscover_s=0.1, plugin=PluginConfig(
+        node=NODE, kubelet_dir=sock_dir, assignment_wait_s=wait, poll_s=0.05,
+        kubelet_check_s=0.05))
+
+
+def node_meta(cluster: ApiServerEmulator) -> tuple[dict[str, str], dict[str, str]]:
+    node = cluster.get("nodes", NODE)
+    assert node is not None
+    meta = node["metadata"]
+    return meta.get("labels") or {}, meta.get("annotations") or {}
+
+
+async def test_published_annotation_is_exactly_the_builtin_dgx1_v100(
+        cluster: ApiServerEmulator, kube: KubeApi, sock_dir: Path) -> None:
+    agent = Agent(agent_config(sock_dir), nvml_discoverer("dgx1-v100"), kube)
+    await agent.step()
+    labels, annotations = node_meta(cluster)
+    published = decode(annotations[keys.ANN_NODE_TOPOLOGY])
+    assert published == builtin("dgx1-v100")  # name, UUIDs, links, PCIe, NUMA: everything
+    assert labels[keys.LABEL_TOPOLOGY_CLASS] == topology_class(builtin("dgx1-v100"))
+    assert labels[keys.LABEL_GPU_MODEL] == "Tesla-V100-SXM2-16GB"
+    assert keys.LABEL_GPU_DEGRADED not in labels
+    assert labels[keys.LABEL_GPU_TOPOLOGY] == "enabled"  # the admin's label is left alone
+    await agent.step()
+    assert agent.publisher.writes == 1  # nothing changed: nothing written
+
+
+async def test_republishes_on_change_and_marks_degraded(
+        cluster: ApiServerEmulator, kube: KubeApi, sock_dir: Path) -> None:
+    healthy = discover(FakeNvml.profile("dgx1-v100"))
+    lost = FakeNvml.profile("dgx1-v100")
+    lost.lose_gpu_after(6, 5)
+    results = [healthy, discover(lost), Discovery(None), healthy]
+    agent = Agent(agent_config(sock_dir), lambda: results.pop(0), kube)
+
+    await agent.step()
+    labels, first = node_meta(cluster)
+    assert keys.LABEL_GPU_DEGRADED not in labels
+
+    await agent.step()  # GPU 6 fell off the bus
+    labels, annotations = node_meta(cluster)
+    assert labels[keys.LABEL_GPU_DEGRADED] == "true"
+    gpus = decode(annotations[keys.ANN_NODE_TOPOLOGY]).gpus
+    assert [g.index for g in gpus if not g.healthy] == [6]
+    assert gpus[6].uuid == builtin("dgx1-v100").gpus[6].uuid
+
+    await agent.step()  # NVML unusable: the last topology stays, the node is degraded
+    labels, kept = node_meta(cluster)
+    assert labels[keys.LABEL_GPU_DEGRADED] == "true"
+    assert kept[keys.ANN_NODE_TOPOLOGY] == annotations[keys.ANN_NODE_TOPOLOGY]
+
+    await agent.step()  # recovered
+    labels, annotations = node_meta(cluster)
+    assert keys.LABEL_GPU_DEGRADED not in labels
+    assert annotations[keys.ANN_NODE_TOPOLOGY] == first[keys.ANN_NODE_TOPOLOGY]
+    assert agent.publisher.writes == 3  # round 3 changed nothing: already degraded
+
+
+async def test_static_topology_file_and_node_type(
+        cluster: ApiServerEmulator, kube: KubeApi, sock_dir: Path, tmp_path: Path) -> None:
+    path = tmp_path / "topology.json"
+    path.write_text(encode(builtin("hgx-a100")))
+    await Agent(agent_config(sock_dir), static_discoverer(str(path)), kube).step()
+    labels, annotations = node_meta(cluster)
+    assert decode(annotations[keys.ANN_NODE_TOPOLOGY]) == builtin("hgx-a100")
+    assert labels[keys.LABEL_GPU_MODEL] == "NVIDIA-A100-SXM4-80GB"
+    await Agent(agent_config(sock_dir), static_discoverer(node_type="dgx2"), kube).step()
+    labels, _ = node_meta(cluster)
+    assert labels[keys.LABEL_TOPOLOGY_CLASS] == topology_class(builtin("dgx2"))
+
+
+async def create_pod(cluster: ApiServerEmulator, pod: dict[str, Any]) -> None:
+    pod = dict(pod)
+    pod.pop("status")
+    await cluster.create("pods", pod)
+
+
+async def test_allocate_reads_the_assignment_from_the_api(
+        cluster: ApiServerEmulator, kube: KubeApi, sock_dir: Path, kubelet: FakeKubelet) -> None:
+    agent = Agent(agent_config(sock_dir), nvml_discoverer("dgx1-v100"), kube)
+    run = asyncio.create_task(agent.run())
+    topo: Topology = builtin("dgx1-v100")
+    try:
+        ep = await kubelet.wait_for("nvidia.com/gpu", count=8)
+        assert set(ep.devices) == {g.uuid for g in topo.gpus}
+        await create_pod(cluster, make_pod("worker-0", assign={"main": [0, 2, 3, 4]},
+                                           topology=topo))
+        await create_pod(cluster, make_pod("worker-x", assign={"main": [1]}, topology=topo,
+                                           node="other-node"))
+        got = await kubelet.admit("nvidia.com/gpu", 4)
+        visible = got.envs["NVIDIA_VISIBLE_DEVICES"].split(",")
+        assert sorted(visible) == sorted(topo.gpus[i].uuid for i in (0, 2, 3, 4))
+
+        await create_pod(cluster, make_pod("no-assignment"))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await kubelet.admit("nvidia.com/gpu", 1)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "ml/no-assignment: no muster.io/gpu-assignment" in (err.value.details() or "")
+        assert "worker-x" not in (err.value.details() or "")  # another node's pod
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+
+
+async def test_agent_process_end_to_end(cluster: ApiServerEmulator, sock_dir: Path,
+                                        kubelet: FakeKubelet, tmp_path: Path) -> None:
+    """`muster agent` as a process: publishes, registers, serves; SIGTERM ends it cleanly."""
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    topo = builtin("dgx1-v100")
+    await create_pod(cluster, make_pod("w", assign={"main": [5, 6]}, topology=topo))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "webhook", "agent", "--node-name", NODE,
+        "--kubeconfig", str(kubeconfig), "--fake-nvml", "dgx1-v100",
+        "--kubelet-dir", str(sock_dir), "--rediscover-seconds", "0.5", "--cdi",
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        await kubelet.wait_for("nvidia.com/gpu", count=8, within=30)
+        got = await kubelet.admit("nvidia.com/gpu", 2)
+        assert sorted(got.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(
+            topo.gpus[i].uuid for i in (5, 6))
+        assert sorted(got.cdi_devices) == sorted(f"nvidia.com/gpu={topo.gpus[i].uuid}"
+                                                 for i in (5, 6))
+        _, annotations = node_meta(cluster)
+        assert json.loads(annotations[keys.ANN_NODE_TOPOLOGY])["name"] == "dgx1-v100"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, out.decode()
+    assert not (sock_dir / "muster-gpu.sock").exists()
+
+
+def test_lost_gpu_keeps_its_uuid_across_rediscovery() -> None:
+    before = discover(FakeNvml.profile("dgx1-v100")).topology
+    record = FakeNvml.profile("dgx1-v100").record
+    record.devices[2].handle_error = 15  # GPU_IS_LOST at the very first call
+    after = discover(FakeNvml(record)).topology
+    assert before is not None and after is not None
+    assert after.gpus[2].uuid == "unknown-gpu-2"
+    kept = keep_identity(before, after)
+    assert kept.gpus[2] == dataclasses.replace(before.gpus[2], healthy=False)
+    assert kept.gpus[3] == after.gpus[3]

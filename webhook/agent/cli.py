@@ -1,0 +1,65 @@
+"""`muster agent` (the node agent) and `muster agent discover` (print what NVML shows)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from webhook import keys
+
+
+def _source_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fake-nvml", nargs="?", const="dgx1-v100", metavar="PROFILE|FILE",
+                        help="use the fake NVML: a built-in profile (dgx1-v100, dgx1-v100-r535, "
+                             "hgx-a100; default dgx1-v100) or a file recorded with --record")
+    parser.add_argument("--topology-file", metavar="FILE",
+                        help="static topology (the node annotation's JSON) instead of NVML")
+    parser.add_argument("--node-type", metavar="NAME",
+                        help="built-in node type (e.g. dgx1-v100) instead of NVML")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    agent = subparsers.add_parser(
+        "agent", help="node agent: GPU topology discovery and the kubelet device plugin",
+        description="Discover the node's GPU interconnect (NVML), publish it on the Node, and "
+                    "serve the GPUs to the kubelet honouring the binder's assignment.")
+    agent.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+                       help="this node's name (default: $NODE_NAME)")
+    agent.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, else $KUBECONFIG)")
+    _source_args(agent)
+    agent.add_argument("--kubelet-dir", default="/var/lib/kubelet/device-plugins",
+                       help="the kubelet's device plugin directory")
+    agent.add_argument("--resource-name", default=keys.GPU_RESOURCE,
+                       help="extended resource the plugin registers (default nvidia.com/gpu)")
+    agent.add_argument("--cdi", action="store_true",
+                       help="also hand out CDI device names (nvidia.com/gpu=<uuid>)")
+    agent.add_argument("--rediscover-seconds", type=float, default=60.0,
+                       help="re-run discovery and re-publish on change this often")
+    agent.add_argument("--assignment-wait-seconds", type=float, default=10.0,
+                       help="how long Allocate waits for the pod's GPU assignment")
+    agent.add_argument("--unassigned", choices=["error", "kubelet"], default="error",
+                       help="a container without assignment: refuse it (error) or give it the "
+                            "kubelet's pick (kubelet)")
+    agent.set_defaults(func=_run)
+    sub = agent.add_subparsers(dest="agent_command", metavar="SUBCOMMAND")
+    disc = sub.add_parser("discover", help="print the discovered topology as JSON",
+                          description="Run discovery once and print the topology JSON, "
+                                      "degradations and class hash.")
+    _source_args(disc)
+    disc.add_argument("--record", metavar="FILE",
+                      help="also write what NVML answered to FILE (replayable with --fake-nvml)")
+    disc.add_argument("--keep-uuids", action="store_true",
+                      help="record real GPU UUIDs (default: anonymised)")
+    disc.set_defaults(func=_discover)
+
+
+def _discover(args: argparse.Namespace) -> int:
+    from webhook.agent import commands  # noqa: PLC0415 (keep the CLI light)
+
+    return commands.discover(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from webhook.agent import commands  # noqa: PLC0415
+
+    return commands.run(args)

@@ -1,0 +1,90 @@
+"""Handlers of `muster agent` and `muster agent discover` (imported lazily by cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import sys
+from pathlib import Path
+
+from webhook.agent import runner
+from webhook.agent.deviceplugin.plugin import PluginConfig
+from webhook.agent.nvmlrecord import record_nvml
+from webhook.agent.publisher import identify
+from webhook.agent.runner import Agent, AgentConfig, Discoverer
+from webhook.kube.api import KubeApi
+from webhook.kube.client import make_api_client
+from webhook.topology.codec import to_dict, topology_class
+
+
+def _discoverer(args: argparse.Namespace) -> Discoverer:
+    if args.topology_file or args.node_type:
+        return runner.static_discoverer(args.topology_file, args.node_type)
+    return runner.nvml_discoverer(args.fake_nvml)
+
+
+def discover(args: argparse.Namespace) -> int:
+    try:
+        found = _discoverer(args)()
+    except (ValueError, KeyError, OSError) as exc:
+        sys.stderr.write(f"muster agent discover: {exc}\n")
+        return 2
+    topology = identify(found.topology) if found.topology is not None else None
+    doc = {
+        "class": topology_class(topology) if topology is not None else None,
+        "degraded": found.degraded,
+        "driverVersion": found.driver_version,
+        "degradations": [{"field": d.field, "code": d.code, "message": d.message}
+                         for d in found.degradations],
+        "topology": to_dict(topology) if topology is not None else None,
+    }
+    sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    if args.record:
+        if args.topology_file or args.node_type:
+            sys.stderr.write("muster agent discover: --record needs NVML (or --fake-nvml)\n")
+            return 2
+        nvml = runner.nvml_source(args.fake_nvml)
+        salt = None if args.keep_uuids else secrets.token_hex(8)
+        rec = record_nvml(nvml, source=f"muster agent discover on {os.uname().nodename}",
+                          anonymise_salt=salt)
+        Path(args.record).write_text(rec.to_json() + "\n")
+        sys.stderr.write(f"recorded NVML answers to {args.record}\n")
+    return 0 if topology is not None else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.node_name:
+        sys.stderr.write("muster agent: --node-name (or $NODE_NAME) is required\n")
+        return 2
+    try:
+        discoverer = _discoverer(args)
+    except (ValueError, KeyError, OSError) as exc:
+        sys.stderr.write(f"muster agent: {exc}\n")
+        return 2
+    config = AgentConfig(
+        node=args.node_name,
+        rediscover_s=args.rediscover_seconds,
+        plugin=PluginConfig(node=args.node_name, kubelet_dir=Path(args.kubelet_dir),
+                            resource_name=args.resource_name, cdi=args.cdi,
+                            assignment_wait_s=args.assignment_wait_seconds,
+                            unassigned=args.unassigned))
+
+    async def main() -> None:
+        client = await make_api_client(args.kubeconfig)
+        task = asyncio.create_task(Agent(config, discoverer, KubeApi(client)).run())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+    return 0

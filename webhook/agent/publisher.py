@@ -1,0 +1,93 @@
+"""Publish the discovered topology on the Node: annotation, class and model labels, degraded label.
+
+`node_patch` is pure: discovery result + the Node as it is → the merge patch that brings the Node
+up to date, or None when it already is (so re-discovery every few seconds costs a GET, not a
+write). When NVML fails completely the last published topology stays (the hardware did not
+change) and only the degraded label is set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from webhook import keys
+from webhook.agent.discovery import Discovery
+from webhook.kube.api import NODES, KubeApi
+from webhook.topology.builtin import NAMES, builtin
+from webhook.topology.codec import encode, topology_class
+from webhook.topology.model import Topology
+
+log = logging.getLogger(__name__)
+
+
+def identify(topology: Topology) -> Topology:
+    """Name a discovered topology after the built-in node type of the same class, if any: the
+    node then reads as "dgx1-v100" in the annotation and in `muster simulate`."""
+    cls = topology_class(topology)
+    for name in NAMES:
+        if topology_class(builtin(name)) == cls:
+            return dataclasses.replace(topology, name=name)
+    return topology
+
+
+def gpu_model(topology: Topology) -> str:
+    """The node's GPU model: the most common one (nodes rarely mix models)."""
+    models = Counter(g.model for g in topology.gpus if g.model)
+    return models.most_common(1)[0][0] if models else ""
+
+
+def desired(found: Discovery) -> tuple[dict[str, str | None], dict[str, str | None]]:
+    """(labels, annotations) the Node should carry; None values are removed."""
+    labels: dict[str, str | None] = {
+        keys.LABEL_GPU_DEGRADED: "true" if found.degraded else None}
+    annotations: dict[str, str | None] = {}
+    if found.topology is not None:
+        topology = identify(found.topology)
+        annotations[keys.ANN_NODE_TOPOLOGY] = encode(topology)
+        labels[keys.LABEL_TOPOLOGY_CLASS] = topology_class(topology)
+        model = keys.gpu_model_label_value(gpu_model(topology))
+        labels[keys.LABEL_GPU_MODEL] = model or None
+    return labels, annotations
+
+
+def node_patch(found: Discovery, node: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The JSON merge patch that makes `node` carry `found`, or None if it already does."""
+    meta = node.get("metadata") or {}
+    labels, annotations = desired(found)
+    have_labels = meta.get("labels") or {}
+    have_annotations = meta.get("annotations") or {}
+    patch: dict[str, Any] = {}
+    label_changes = {k: v for k, v in labels.items() if have_labels.get(k) != v}
+    annotation_changes = {k: v for k, v in annotations.items() if have_annotations.get(k) != v}
+    if label_changes:
+        patch["labels"] = label_changes
+    if annotation_changes:
+        patch["annotations"] = annotation_changes
+    return {"metadata": patch} if patch else None
+
+
+class NodePublisher:
+    """Writes discovery results onto one Node through the API server."""
+
+    def __init__(self, api: KubeApi, node: str) -> None:
+        self.api = api
+        self.node = node
+        self.writes = 0
+
+    async def publish(self, found: Discovery) -> bool:
+        """Patch the Node if it differs; True when a write was made. Raises ApiError."""
+        current = await self.api.get(NODES, self.node)
+        patch = node_patch(found, current)
+        if patch is None:
+            return False
+        await self.api.patch(NODES, self.node, patch, patch_type="merge")
+        self.writes += 1
+        log.info("published node topology", extra={
+            "node": self.node, "degraded": found.degraded,
+            "class": (patch["metadata"].get("labels") or {}).get(keys.LABEL_TOPOLOGY_CLASS),
+            "problems": [d.field for d in found.degradations][:10]})
+        return True
