@@ -190,3 +190,33 @@ class Registry:
         return {"kind": "APIResourceList", "apiVersion": "v1",
                 "groupVersion": f"{group}/{version}" if group else version,
                 "resources": resources}
+
+
+    # --- OpenAPI v3: just enough for kubectl to use server-side field validation ------------
+
+    def openapi_v3_root(self) -> dict[str, Any]:
+        gvs = {("", "v1")} | {(rt.group, rt.version) for rt in self._types.values()}
+        paths = {}
+        for group, version in sorted(gvs):
+            key = f"apis/{group}/{version}" if group else f"api/{version}"
+            paths[key] = {"serverRelativeURL": f"/openapi/v3/{key}"}
+        return {"paths": paths}
+
+    def openapi_v3(self, group: str, version: str) -> dict[str, Any] | None:
+        """Paths with their PATCH operation's GVK and query parameters (kubectl checks there
+        that `fieldValidation` is supported); no schemas."""
+        types = [rt for rt in self._types.values() if rt.group == group and rt.version == version]
+        if not types:
+            return None
+        paths: dict[str, Any] = {}
+        params = [{"name": n, "in": "query", "schema": {"type": "string"}}
+                  for n in ("dryRun", "fieldManager", "fieldValidation", "force")]
+        for rt in types:
+            base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+            ns = "/namespaces/{namespace}" if rt.namespaced else ""
+            gvk = {"group": group, "version": version, "kind": rt.kind}
+            paths[f"{base}{ns}/{rt.plural}/{{name}}"] = {"patch": {
+                "operationId": f"patch{rt.kind}", "parameters": params,
+                "x-kubernetes-action": "patch", "x-kubernetes-group-version-kind": gvk}}
+        return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.33.0"},
+                "paths": paths, "components": {"schemas": {}}}

@@ -361,6 +361,13 @@ class ApiServerEmulator:
             return web.Response(text="ok")
         elif parts == ["api"]:
             doc = reg.api_versions()
+        elif parts == ["openapi", "v3"]:
+            doc = reg.openapi_v3_root()
+        elif parts[:2] == ["openapi", "v3"] and len(parts) in (4, 5):
+            gv = parts[2:] if parts[2] == "api" else parts[3:]
+            doc = reg.openapi_v3(parts[3] if parts[2] == "apis" else "", gv[-1])
+            if doc is None:
+                raise errors.server_not_found()
         elif parts == ["apis"]:
             doc = reg.api_group_list()
         elif len(parts) == 2 and parts[0] == "api":
@@ -436,8 +443,8 @@ class ApiServerEmulator:
                      {"name": "Node", "type": "string", "format": "", "description": "",
                       "priority": 0}]
             paths += [["status", "phase"], ["spec", "nodeName"]]
-        cols.append({"name": "Created At", "type": "date", "format": "",
-                     "description": "creation time", "priority": 0})
+        cols.append({"name": "Age", "type": "string", "format": "",
+                     "description": "time since creation", "priority": 0})
         rows = []
         for obj in objs:
             cells: list[Any] = [obj["metadata"]["name"]]
@@ -446,7 +453,7 @@ class ApiServerEmulator:
                 for k in path:
                     cur = cur.get(k) if isinstance(cur, dict) else None
                 cells.append(cur if cur is not None else "<none>")
-            cells.append(obj["metadata"].get("creationTimestamp"))
+            cells.append(_age(obj["metadata"].get("creationTimestamp")))
             rows.append({"cells": cells, "object": {
                 "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
                 "metadata": obj["metadata"]}})
@@ -836,6 +843,18 @@ class ApiServerEmulator:
                 self._persist(rt, obj)
             else:
                 self._remove(rt, st.obj)
+
+
+def _age(timestamp: str | None) -> str:
+    """Server-side printing of a date column, as kubectl shows AGE: 42s, 7m, 3h, 2d."""
+    if not timestamp:
+        return "<unknown>"
+    then = dt.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    secs = max(0, int((dt.datetime.now(dt.UTC) - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            return f"{secs // size}{unit}"
+    return f"{secs}s"
 
 
 def _check_pod_update(old: dict[str, Any], new: dict[str, Any]) -> None:
