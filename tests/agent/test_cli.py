@@ -1,0 +1,95 @@
+"""`muster agent discover` and the fake kubelet as processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from agent_helpers import NODE, ListedPods, make_pod
+
+from webhook.agent.deviceplugin.plugin import GpuDevicePlugin, PluginConfig
+from webhook.agent.nvmlrecord import NvmlRecord
+from webhook.cli import main
+from webhook.topology import builtin, topology_class
+from webhook.topology.model import Topology
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_discover_record_and_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = tmp_path / "node.json"
+    assert main(["agent", "discover", "--fake-nvml", "dgx1-v100", "--record", str(record)]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["class"] == topology_class(builtin("dgx1-v100"))
+    assert first["topology"]["name"] == "dgx1-v100" and first["degraded"] is False
+    saved = NvmlRecord.model_validate_json(record.read_text())
+    assert len(saved.devices) == 8
+    # anonymised by default: no UUID of the machine is in the file
+    assert not {g.uuid for g in builtin("dgx1-v100").gpus} & {d.uuid for d in saved.devices}
+    assert main(["agent", "discover", "--fake-nvml", str(record)]) == 0
+    replay = json.loads(capsys.readouterr().out)
+    assert replay["class"] == first["class"]
+    assert replay["topology"]["nvlinks"] == first["topology"]["nvlinks"]
+
+
+def test_discover_keep_uuids(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = tmp_path / "node.json"
+    assert main(["agent", "discover", "--fake-nvml", "hgx-a100", "--record", str(record),
+                 "--keep-uuids"]) == 0
+    capsys.readouterr()
+    saved = NvmlRecord.model_validate_json(record.read_text())
+    assert [d.uuid for d in saved.devices] == [g.uuid for g in builtin("hgx-a100").gpus]
+
+
+def test_discover_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "discover", "--fake-nvml", "no-such-profile"]) == 2
+    assert "neither a profile" in capsys.readouterr().err
+    assert main(["agent", "discover", "--node-type", "dgx1-v100", "--record",
+                 str(tmp_path / "x.json")]) == 2
+    assert "--record needs NVML" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"v": 1, "gpus": []}')
+    assert main(["agent", "discover", "--topology-file", str(bad)]) == 2
+    assert "topology" in capsys.readouterr().err
+
+
+def test_agent_needs_a_node_name(monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert main(["agent", "--fake-nvml"]) == 2
+    assert "--node-name" in capsys.readouterr().err
+
+
+async def test_fake_kubelet_process_admits_through_the_plugin(
+        sock_dir: Path, dgx1: Topology) -> None:
+    pods = ListedPods()
+    pods.items.append(make_pod("p", assign={"main": [0, 2, 3, 4]}, topology=dgx1))
+    plugin = GpuDevicePlugin(PluginConfig(node=NODE, kubelet_dir=sock_dir, kubelet_check_s=0.05,
+                                          assignment_wait_s=0.3, poll_s=0.05), dgx1, pods)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "webhook.agent.fakekubelet", "--dir", str(sock_dir),
+        "--admit", "4", "--admit", "1", cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    run = asyncio.create_task(plugin.run())
+    events: list[dict[str, object]] = []
+    try:
+        assert proc.stdout is not None
+        while len([e for e in events if e["event"] in ("admitted", "refused")]) < 2:
+            line = await asyncio.wait_for(proc.stdout.readline(), 30)
+            events.append(json.loads(line))
+    finally:
+        proc.terminate()
+        await proc.wait()
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+    admitted = next(e for e in events if e["event"] == "admitted")
+    envs = admitted["envs"]
+    assert isinstance(envs, dict)
+    assert sorted(envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(
+        dgx1.gpus[i].uuid for i in (0, 2, 3, 4))
+    refused = next(e for e in events if e["event"] == "refused")
+    assert refused["code"] == "FAILED_PRECONDITION"
