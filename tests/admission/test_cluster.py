@@ -4,11 +4,14 @@ captured requests, PodGroup before the pod, concurrency, dry-run, scaled jobs, f
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
+import ssl
 import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 from admission_helpers import (
     POLICIES,
@@ -272,3 +275,43 @@ async def test_refused_policy_update_keeps_previous_and_emits_event(
         assert event["involvedObject"]["name"] == "muster-policies"
         assert event["type"] == "Warning"
         assert "mpi.yaml" in event["message"] and "optOut" in event["message"]
+
+
+async def test_self_cert_mode_serves_the_managed_secret(
+        tls: Tls, policy_dir: Path, apiserver: ApiServerEmulator, kubeconfig: Path,
+        tmp_path: Path) -> None:
+    """--cert-mode self: the manager creates the serving Secret and the caBundle; the files the
+    kubelet projects from that Secret are what the server serves."""
+    await apiserver.create("namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                          "metadata": {"name": "muster"}})
+    await apiserver.create("mutatingwebhookconfigurations", {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "muster"}, "webhooks": [{
+            "name": "pods.muster.io", "admissionReviewVersions": ["v1"],
+            "sideEffects": "NoneOnDryRun", "clientConfig": {"service": {
+                "namespace": "muster", "name": "muster-webhook", "path": "/mutate/pods"}}}]})
+    mount = tmp_path / "mount"
+
+    async def kubelet() -> None:  # projects the Secret into the pod's volume once it exists
+        def secret() -> dict[str, Any] | None:
+            return apiserver.get("secrets", "muster-webhook-tls", namespace="muster")
+        await wait_for(lambda: secret() is not None, within=10)
+        data = secret()["data"]  # type: ignore[index]
+        mount.mkdir()
+        for key in ("tls.crt", "tls.key", "ca.crt"):
+            (mount / key).write_bytes(base64.b64decode(data[key]))
+
+    projector = asyncio.create_task(kubelet())
+    async with running(tls, [policy_dir], kubeconfig=str(kubeconfig), cert_mode="self",
+                       namespace="muster", service_name="muster-webhook",
+                       webhook_configurations=["muster"], tls_cert_file=mount / "tls.crt",
+                       tls_key_file=mount / "tls.key", cert_wait=10.0) as srv:
+        await projector
+        ctx = ssl.create_default_context(cadata=(mount / "ca.crt").read_text())
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s, \
+                s.get(f"{srv.url}/healthz") as r:
+            assert r.status == 200
+    config = apiserver.get("mutatingwebhookconfigurations", "muster")
+    assert config is not None
+    bundle = base64.b64decode(config["webhooks"][0]["clientConfig"]["caBundle"])
+    assert bundle.strip() == (mount / "ca.crt").read_bytes().strip()

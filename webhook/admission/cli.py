@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--cert-mode", choices=["files", "self"], default="files",
                    help="files: serve --tls-cert-file/--tls-key-file as given (cert-manager, "
                         "external); self: also run the self-signed certificate manager")
+    p.add_argument("--webhook-configuration", action="append", default=[], metavar="NAME",
+                   help="self mode: Mutating/ValidatingWebhookConfiguration whose caBundle is "
+                        "kept current (repeatable)")
     p.add_argument("--service-name", default="muster-webhook",
                    help="webhook Service name (certificate SANs, self mode)")
     p.add_argument("--namespace", default="muster-system",
@@ -67,6 +70,8 @@ def _serve(args: argparse.Namespace) -> int:
         service_name=args.service_name, namespace=args.namespace,
         on_user_assignment=args.on_user_assignment, max_body_bytes=args.max_body_bytes,
         exclude_namespaces=args.exclude_namespace, policies_configmap=args.policies_configmap,
-        owner_cache_ttl=args.owner_cache_ttl)
+        owner_cache_ttl=args.owner_cache_ttl, webhook_configurations=args.webhook_configuration,
+        # in self mode the serving Secret may reach its volume only after the manager made it
+        cert_wait=60.0 if args.cert_mode == "self" else 0.0)
     asyncio.run(run(opts))
     return 0

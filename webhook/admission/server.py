@@ -49,6 +49,11 @@ class ServeOptions:
     owner_cache_ttl: float = 5.0
     deadline_margin: float = 0.5
     shutdown_timeout: float = 5.0
+    #: self mode: webhook configurations whose caBundle the manager keeps current
+    webhook_configurations: list[str] = field(default_factory=list)
+    cert_manager_interval: float = 3600.0
+    #: seconds to wait at start for certificate files that are not there yet
+    cert_wait: float = 0.0
 
 
 def in_cluster() -> bool:
@@ -110,6 +115,11 @@ class WebhookServer:
             cert, key = opts.tls_cert_file, opts.tls_key_file
         else:
             raise ValueError("give --tls-cert-file and --tls-key-file, or --self-signed")
+        # A freshly created Secret reaches its volume after a kubelet sync: wait for it a while.
+        for _ in range(int(opts.cert_wait * 2)):
+            if cert.exists() and key.exists():
+                break
+            await asyncio.sleep(0.5)
         return CertReloader(cert, key, self.metrics)
 
     async def _cluster(self) -> None:
@@ -130,14 +140,32 @@ class WebhookServer:
         self._events = EventRecorder(api, "muster-webhook", os.environ.get("HOSTNAME", "local"))
         self._spawn("cluster-context", context.run())
         if opts.cert_mode == "self":
-            from webhook.certs.manager import run_manager  # noqa: PLC0415
+            await self._self_certs(api)
 
-            self._spawn("cert-manager", run_manager(api, opts.service_name, opts.namespace))
+    async def _self_certs(self, api: Any) -> None:
+        """`--cert-mode self`: keep Muster's CA, serving Secret and caBundles current in-process.
+        The serving Secret is mounted at --tls-cert-file/--tls-key-file; the kubelet updates
+        the files and the CertReloader picks them up."""
+        from webhook.certs.manager import (  # noqa: PLC0415
+            CertManagerError,
+            SelfCertConfig,
+            SelfCertManager,
+        )
+
+        names = tuple(self.opts.webhook_configurations)
+        manager = SelfCertManager(api, SelfCertConfig.for_service(
+            self.opts.service_name, self.opts.namespace,
+            mutating_webhook_configurations=names, validating_webhook_configurations=names))
+        try:
+            await manager.reconcile_once()
+        except CertManagerError as exc:
+            log.warning("certificate reconcile failed at start", extra={"error": str(exc)})
+        self._spawn("cert-manager", manager.run(self.opts.cert_manager_interval))
 
     async def start(self) -> None:
         opts = self.opts
-        reloader = await self._tls()
         await self._cluster()
+        reloader = await self._tls()
         await self.policy_store.reload()
         excluded = frozenset(opts.exclude_namespaces) | {opts.namespace}
         self.admitter = Admitter(
