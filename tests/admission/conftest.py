@@ -24,25 +24,3 @@ def policy_dir(tmp_path: Path) -> Path:
     (d / "mpi.yaml").write_text(POLICIES)
     return d
 
-
-# TEMPORARY until tests/conftest.py provides them
-from collections.abc import AsyncIterator  # noqa: E402
-
-from webhook.emulator.server import ApiServerEmulator  # noqa: E402
-
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-
-
-@pytest.fixture
-async def apiserver() -> AsyncIterator[ApiServerEmulator]:
-    api = ApiServerEmulator()
-    for f in sorted((SHARED / "crds").glob("*.yaml")):
-        api.load_yaml(f)
-    api.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
-    async with api:
-        yield api
-
-
-@pytest.fixture
-def kubeconfig(apiserver: ApiServerEmulator, tmp_path: Path) -> Path:
-    return apiserver.write_kubeconfig(tmp_path / "kubeconfig")
