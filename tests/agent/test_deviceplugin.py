@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -226,3 +227,39 @@ def test_generated_grpc_modules_match_the_proto(tmp_path: Path) -> None:
         assert generated.read_text() == committed.read_text(), (
             f"{committed} is stale: run python -m webhook.agent.deviceplugin.regen")
     assert len(OUTPUTS) == 2
+
+
+class BrokenApi:
+    """A PodSource whose API server is down."""
+
+    async def pods(self) -> list[dict[str, Any]]:
+        raise ConnectionError("connection refused")
+
+
+async def test_api_outage_gives_a_clear_refusal_not_a_crash(
+        sock_dir: Path, kubelet: FakeKubelet, dgx1: Topology) -> None:
+    plugin = GpuDevicePlugin(PluginConfig(node=NODE, kubelet_dir=sock_dir, assignment_wait_s=0.2,
+                                          poll_s=0.05), dgx1, BrokenApi())
+    try:
+        await plugin.ensure_registered()
+        await kubelet.wait_for("nvidia.com/gpu", count=8)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await kubelet.admit("nvidia.com/gpu", 2)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "reading this node's pods failed: connection refused" in (err.value.details() or "")
+        # the plugin still serves: the device list stream is alive
+        assert (await kubelet.wait_for("nvidia.com/gpu", count=8)).updates == 1
+    finally:
+        await plugin.stop()
+
+
+async def test_allocate_after_a_fruitless_preference_does_not_wait_twice(
+        plugin: GpuDevicePlugin, kubelet: FakeKubelet, pods: ListedPods) -> None:
+    pods.items.append(make_pod("plain"))
+    await plugin.ensure_registered()
+    await kubelet.wait_for("nvidia.com/gpu", count=8)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(grpc.aio.AioRpcError):
+        await kubelet.admit("nvidia.com/gpu", 1)
+    assert 0.6 <= loop.time() - start < 1.1  # one wait of 0.6 s, not two

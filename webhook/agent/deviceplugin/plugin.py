@@ -120,6 +120,7 @@ class GpuDevicePlugin:
         self._version = 0
         self._changed = asyncio.Condition()
         self._handed: set[tuple[str, str]] = set()
+        self._missed: tuple[int, float] | None = None  # (count, when) of a fruitless preference
         self._lock = asyncio.Lock()
         self._server: grpc.aio.Server | None = None
         self._kubelet_id: tuple[int, int] | None = None
@@ -158,19 +159,28 @@ class GpuDevicePlugin:
         self._handed = {(uid, c) for uid, c in self._handed if uid in offer.live}
         return offer
 
-    async def _wait_for(self, count: int, wanted: list[str]) -> tuple[Grant | None, Pending]:
+    async def _wait_for(self, count: int, wanted: list[str],
+                        wait_s: float) -> tuple[Grant | None, Pending, str]:
+        """Poll the pods until a grant fits or `wait_s` passes; (grant, offer, API error)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.assignment_wait_s
+        deadline = loop.time() + wait_s
+        offer, error = Pending(()), ""
         while True:
-            offer = await self._offer()
+            try:
+                offer, error = await self._offer(), ""
+            except Exception as exc:  # an API outage must end in a clear refusal, not a crash
+                error = f"reading this node's pods failed: {exc}"
+                log.warning("pod lookup failed", extra={"error": str(exc)})
             grant = choose(offer, count, wanted)
             if grant is not None or loop.time() >= deadline:
-                return grant, offer
+                return grant, offer, error
             await asyncio.sleep(self.config.poll_s)
 
     async def preferred(self, available: list[str], must: list[str], size: int) -> list[str]:
         async with self._lock:
-            grant, _ = await self._wait_for(size, [])
+            grant, _, _ = await self._wait_for(size, [], self.config.assignment_wait_s)
+            # the Allocate that follows need not wait a second time for the same answer
+            self._missed = None if grant else (size, asyncio.get_running_loop().time())
         if grant is not None and set(must) <= set(grant.uuids) <= set(available) | set(must):
             return list(grant.uuids)
         # no assignment to honour: the kubelet's own default order
@@ -178,12 +188,20 @@ class GpuDevicePlugin:
 
     async def allocate(self, requested: list[str]) -> list[str]:
         async with self._lock:
-            grant, offer = await self._wait_for(len(requested), requested)
+            wait_s = self.config.assignment_wait_s
+            now = asyncio.get_running_loop().time()
+            if self._missed and self._missed[0] == len(requested) and (
+                    now - self._missed[1] < wait_s + 1.0):
+                wait_s = 0.0
+            self._missed = None
+            grant, offer, error = await self._wait_for(len(requested), requested, wait_s)
             if grant is None:
                 if self.config.unassigned == "kubelet":
                     log.info("no assignment: kubelet's pick", extra={"devices": requested})
                     return requested
                 message = explain(offer, self.config.node, len(requested))
+                if error:
+                    message = f"{message}; {error}"
                 log.warning("allocate refused", extra={"reason": message})
                 raise AllocationRefused(message)
             self._handed.add((grant.uid, grant.container))
