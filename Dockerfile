@@ -1,0 +1,31 @@
+# syntax=docker/dockerfile:1
+# One image for the webhook (`muster serve`), the binder (`muster bind`), the node agent
+# (`muster agent`) and the chart's hook Jobs (`muster certs ...`).
+#   docker build -t ghcr.io/muster/muster:0.1.0 .
+ARG PYTHON=python:3.11-slim-bookworm
+
+FROM ${PYTHON} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY webhook ./webhook
+# wheels only for the dependencies (grpcio, cryptography...): no compiler in the image
+RUN pip install --only-binary=:all: --prefix=/install . \
+ && python -m compileall -q /install
+
+FROM ${PYTHON}
+LABEL org.opencontainers.image.title="muster" \
+      org.opencontainers.image.description="Gang scheduling and NVLink-aware GPU placement for Kubernetes" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# bytecode was compiled at build time: nothing is written under a read-only root filesystem
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+COPY --from=build /install /usr/local
+# 65532: the uid/gid the chart's pod securityContext runs as (runAsNonRoot needs a numeric USER)
+RUN groupadd --system --gid 65532 muster \
+ && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin muster \
+ && muster --help >/dev/null
+USER 65532:65532
+EXPOSE 8443
+ENTRYPOINT ["muster"]
+CMD ["--help"]
