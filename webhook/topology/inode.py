@@ -42,6 +42,7 @@ class ClassTables:
         self._scores: dict[int, SetScore] = {}
         self._best: dict[int, tuple[float, ...]] = {}
         self._choice: dict[tuple[int, int], int | None] = {}
+        self._placement: dict[tuple[int, int], tuple[float, ...]] = {}
 
     def score(self, mask: int) -> SetScore:
         s = self._scores.get(mask)
@@ -88,6 +89,27 @@ class ClassTables:
         self._choice[key] = result
         return result
 
+    def placement_key(self, free: int, k: int) -> tuple[float, ...]:
+        """Sort key (smaller is better) for putting k GPUs on a node with `free` GPUs: the
+        best set's scores, then best fit (fewest GPUs left free), then what the rest is worth.
+        Element 0 is minus the set's allreduce bandwidth. Requires k <= free GPUs."""
+        key = self._placement.get((free, k))
+        if key is None:
+            mask = self.choose(free, k)
+            assert mask is not None, "placement_key needs k free GPUs"
+            a, r, b, numa = self.score(mask).rank_key()
+            left = free & ~mask
+            key = (-a, -r, -b, -numa, left.bit_count(), -self.future(left))
+            self._placement[(free, k)] = key
+        return key
+
+    def warm(self) -> None:
+        """Precompute every (free mask, k) choice; about 25 ms for an 8-GPU class."""
+        if self.n <= 8:
+            for free in range(1 << self.n):
+                for k in range(1, free.bit_count() + 1):
+                    self.placement_key(free, k)
+
     def _enumerate(self, free: int, k: int) -> int:
         best_mask = 0
         best_key: tuple[float, float, float, int, float] | None = None
@@ -133,6 +155,7 @@ def tables_for(t: Topology) -> ClassTables:
         tables = _TABLES.get(cls)
         if tables is None:
             tables = _TABLES[cls] = ClassTables(t)
+            tables.warm()
         if len(_BY_ID) >= _BY_ID_LIMIT:
             _BY_ID.clear()
         _BY_ID[id(t)] = (t, tables)  # holding t keeps its id from being reused

@@ -14,7 +14,7 @@ k), so the per-node cost is a few dictionary lookups. See bench/bench_placement.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from webhook.topology import scoring
@@ -25,21 +25,36 @@ from webhook.topology.model import (
     MemberPlacement,
     MemberRequest,
     NodeState,
+    Topology,
     Unplaceable,
 )
 
 #: GB/s between GPUs on different nodes when nothing better is known: one 100 Gb/s NIC
 DEFAULT_INTER_NODE_GBPS = 12.5
 
-_MASKS: dict[tuple[int, frozenset[int]], int] = {}
+_MASKS: dict[tuple[int, frozenset[int]], tuple[ClassTables, int]] = {}
 _MASKS_LIMIT = 200_000
+
+
+def _lookup(t: Topology, free: frozenset[int]) -> tuple[ClassTables, int]:
+    """(class tables, usable free mask) of a node, cached: nodes keep their decoded Topology
+    and `frozenset` caches its hash, so this is one dictionary lookup per node and call."""
+    key = (id(t), free)
+    hit = _MASKS.get(key)
+    if hit is None:
+        if len(_MASKS) >= _MASKS_LIMIT:
+            _MASKS.clear()
+        hit = _MASKS[key] = (tables_for(t), usable_mask(t, free))
+    return hit
 
 
 @dataclass(slots=True)
 class _Node:
+    """A node during one placement: what is still free after the members put on it."""
+
     state: NodeState
     tables: ClassTables | None
-    free: int  # usable free GPUs, bitmask
+    free: int  # usable free GPUs at the start, bitmask
     nfree: int
     cpu: int
     mem: int
@@ -62,41 +77,38 @@ class _Node:
         self.pods -= 1
         self.nfree -= m.gpus
 
+    def key(self, k: int) -> tuple[object, ...]:
+        """Sort key for hosting k GPUs: best bandwidth, best fit, what stays, then name."""
+        assert self.tables is not None
+        return (self.tables.placement_key(self.free, k), self.state.name)
 
-def _view(n: NodeState) -> _Node:
-    t = n.topology
-    free = 0
-    tables = None
-    if t is not None:
-        tables = tables_for(t)
-        key = (id(t), n.free_gpus)
-        free = _MASKS.get(key, -1)
-        if free < 0:
-            free = usable_mask(t, n.free_gpus)
-            if len(_MASKS) >= _MASKS_LIMIT:
-                _MASKS.clear()
-            _MASKS[key] = free
-    return _Node(n, tables, free, free.bit_count(), n.free_cpu_milli, n.free_memory_bytes,
-                 n.free_pods)
+    def gbps(self, k: int) -> float:
+        assert self.tables is not None
+        return -self.tables.placement_key(self.free, k)[0] if k >= 2 else math.inf
 
 
-def _option(node: _Node, k: int) -> tuple[tuple[float, float, float, int], int, float]:
-    """(rank key of the best k-set, free GPUs left, quality of what is left) on `node`."""
-    assert node.tables is not None
-    mask = node.tables.choose(node.free, k)
-    assert mask is not None
-    left = node.free & ~mask
-    return node.tables.score(mask).rank_key(), left.bit_count(), node.tables.future(left)
+class _Views:
+    """Per-call node views, made only for nodes that are looked at closely."""
 
+    def __init__(self, nodes: Sequence[NodeState]) -> None:
+        self.nodes = nodes
+        self._views: dict[int, _Node] = {}
 
-def _rank(node: _Node, k: int) -> tuple[object, ...]:
-    """Sort key for hosting k GPUs: best bandwidth, then best fit, then what stays, then name."""
-    key, left, future = _option(node, k)
-    return (tuple(-x for x in key), left, -future, node.state.name)
+    def get(self, n: NodeState) -> _Node:
+        v = self._views.get(id(n))
+        if v is None:
+            tables, free = _lookup(n.topology, n.free_gpus) if n.topology else (None, 0)
+            v = self._views[id(n)] = _Node(n, tables, free, free.bit_count(), n.free_cpu_milli,
+                                           n.free_memory_bytes, n.free_pods)
+        return v
 
-
-def _gbps(node: _Node, k: int) -> float:
-    return _option(node, k)[0][0] if k >= 2 else math.inf
+    def gpu_nodes(self) -> Iterator[tuple[NodeState, ClassTables, int]]:
+        """(node, tables, free mask) of every node with a topology and a free GPU."""
+        for n in self.nodes:
+            if n.topology is not None and n.free_gpus:
+                tables, free = _lookup(n.topology, n.free_gpus)
+                if free:
+                    yield n, tables, free
 
 
 def _assign_gpus(node: _Node) -> dict[str, tuple[int, ...]]:
@@ -134,7 +146,7 @@ def place_gang(
     if not gang.members:
         return Unplaceable(f"gang {gang.name} has no members")
     gpu_members = [m for m in gang.members if m.gpus > 0]
-    views = [_view(n) for n in nodes]
+    views = _Views(nodes)
     used: list[_Node] = []
     if gpu_members:
         placed = _place_single(views, gang, gpu_members)
@@ -163,42 +175,45 @@ def place_gang(
 
 
 def _place_single(
-    views: list[_Node], gang: GangRequest, gpu_members: list[MemberRequest]
+    views: _Views, gang: GangRequest, gpu_members: list[MemberRequest]
 ) -> _Node | Unplaceable:
     total = sum(m.gpus for m in gpu_members)
     cpu = sum(m.cpu_milli for m in gpu_members)
     mem = sum(m.memory_bytes for m in gpu_members)
+    pods = len(gpu_members)
+    eligible = [m.eligible_nodes for m in gpu_members if m.eligible_nodes is not None]
     floor = gang.min_ring_gbps if gang.mode == "required" and total >= 2 else None
-    best: _Node | None = None
+    best: NodeState | None = None
     best_key: tuple[object, ...] | None = None
-    most_free: _Node | None = None
+    most_free: tuple[int, str] | None = None
     best_gbps: tuple[float, str] | None = None
-    for v in views:
-        if v.tables is None or v.nfree == 0:
-            continue
-        if most_free is None or v.nfree > most_free.nfree:
-            most_free = v
+    for n, tables, free in views.gpu_nodes():
+        nfree = free.bit_count()
+        if most_free is None or nfree > most_free[0]:
+            most_free = (nfree, n.name)
         if (
-            v.nfree < total
-            or v.cpu < cpu
-            or v.mem < mem
-            or v.pods < len(gpu_members)
-            or not all(m.eligible_nodes is None or v.state.name in m.eligible_nodes
-                       for m in gpu_members)
+            nfree < total
+            or n.free_cpu_milli < cpu
+            or n.free_memory_bytes < mem
+            or n.free_pods < pods
+            or any(n.name not in e for e in eligible)
         ):
             continue
-        gbps = _gbps(v, total)
-        if best_gbps is None or gbps > best_gbps[0]:
-            best_gbps = (gbps, v.state.name)
-        if floor is not None and gbps < floor:
-            continue
-        key = _rank(v, total)
+        pkey = tables.placement_key(free, total)
+        if floor is not None:
+            gbps = -pkey[0]
+            if best_gbps is None or gbps > best_gbps[0]:
+                best_gbps = (gbps, n.name)
+            if gbps < floor:
+                continue
+        key = (pkey, n.name)
         if best_key is None or key < best_key:
-            best, best_key = v, key
+            best, best_key = n, key
     if best is not None:
+        v = views.get(best)
         for m in gpu_members:
-            best.take(m)
-        return best
+            v.take(m)
+        return v
     if best_gbps is not None and floor is not None:
         return Unplaceable(
             f"gang {gang.name} needs {total} GPUs with an allreduce ring of at least "
@@ -206,7 +221,7 @@ def _place_single(
             f"{best_gbps[0]:g} GB/s"
         )
     where = (
-        f"the node with the most free GPUs ({most_free.state.name}) has {most_free.nfree}"
+        f"the node with the most free GPUs ({most_free[1]}) has {most_free[0]}"
         if most_free is not None
         else "no node with a published GPU topology has a free GPU"
     )
@@ -217,7 +232,7 @@ def _place_single(
 
 
 def _place_multi(
-    views: list[_Node], gang: GangRequest, gpu_members: list[MemberRequest], inter_gbps: float
+    views: _Views, gang: GangRequest, gpu_members: list[MemberRequest], inter_gbps: float
 ) -> list[_Node] | Unplaceable:
     shape = {(m.gpus, m.cpu_milli, m.memory_bytes, m.eligible_nodes) for m in gpu_members}
     if len(shape) == 1:
@@ -226,8 +241,10 @@ def _place_multi(
         chosen = _multi_mixed(views, gpu_members)
     total = sum(m.gpus for m in gpu_members)
     if isinstance(chosen, int):
-        free = sum(v.nfree for v in views if v.tables is not None)
-        hosts = sum(1 for v in views if v.tables is not None and v.nfree)
+        free = hosts = 0
+        for _, _, mask in views.gpu_nodes():
+            free += mask.bit_count()
+            hosts += 1
         return Unplaceable(
             f"gang {gang.name} needs {total} GPUs ({_describe_members(gpu_members)}); the "
             f"eligible nodes can host {chosen} of its {len(gpu_members)} GPU members now "
@@ -235,7 +252,7 @@ def _place_multi(
         )
     floor = gang.min_ring_gbps if gang.mode == "required" else None
     if floor is not None and len(chosen) > 1:
-        rings = [_gbps(v, k) for v in chosen if (k := sum(m.gpus for m in v.members)) >= 2]
+        rings = [v.gbps(k) for v in chosen if (k := sum(m.gpus for m in v.members)) >= 2]
         slowest = min([inter_gbps, *rings])
         if slowest < floor:
             where = "between nodes" if slowest == inter_gbps else "on the nodes it would use"
@@ -247,39 +264,41 @@ def _place_multi(
     return chosen
 
 
-def _capacity(v: _Node, m: MemberRequest) -> int:
-    if v.tables is None or not v.fits(m):
+def _capacity(n: NodeState, free: int, m: MemberRequest) -> int:
+    if m.eligible_nodes is not None and n.name not in m.eligible_nodes:
         return 0
-    c = v.nfree // m.gpus
+    c = min(free.bit_count() // m.gpus, n.free_pods)
     if m.cpu_milli:
-        c = min(c, v.cpu // m.cpu_milli)
+        c = min(c, n.free_cpu_milli // m.cpu_milli)
     if m.memory_bytes:
-        c = min(c, v.mem // m.memory_bytes)
-    return min(c, v.pods)
+        c = min(c, n.free_memory_bytes // m.memory_bytes)
+    return c
 
 
-def _multi_uniform(views: list[_Node], members: list[MemberRequest]) -> list[_Node] | int:
+def _multi_uniform(views: _Views, members: list[MemberRequest]) -> list[_Node] | int:
     """Identical members: take the nodes that hold the most of them (ties: best bandwidth, best
     fit), and finish on the best node that fits the rest. Fewest nodes is exact here."""
     m = members[0]
-    caps = [(c, v) for v in views if (c := _capacity(v, m)) > 0]
-    if sum(c for c, _ in caps) < len(members):
-        return sum(c for c, _ in caps)
-    caps.sort(key=lambda cv: (-cv[0], _rank(cv[1], cv[0] * m.gpus)))
+    caps = [
+        (c, n, tables, free)
+        for n, tables, free in views.gpu_nodes()
+        if (c := _capacity(n, free, m)) > 0
+    ]
+    if sum(c for c, *_ in caps) < len(members):
+        return sum(c for c, *_ in caps)
+    caps.sort(key=lambda e: (-e[0], e[2].placement_key(e[3], e[0] * m.gpus), e[1].name))
     chosen: list[_Node] = []
     need = len(members)
     i = 0
     while need:
-        c, v = caps[i]
-        if c >= need:  # the rest fits on one node: pick the best of those that can take it
-            finish = min(
-                (cv for cv in caps[i:] if cv[0] >= need),
-                key=lambda cv: _rank(cv[1], need * m.gpus),
+        c, n, *_ = caps[i]
+        take = min(c, need)
+        if c >= need:  # the rest fits on one node: the best of those that can take it
+            n = min(
+                (e for e in caps[i:] if e[0] >= need),
+                key=lambda e: (e[2].placement_key(e[3], need * m.gpus), e[1].name),
             )[1]
-            take = need
-            v = finish
-        else:
-            take = c
+        v = views.get(n)
         for _ in range(take):
             v.take(members[len(members) - need])
             need -= 1
@@ -288,10 +307,10 @@ def _multi_uniform(views: list[_Node], members: list[MemberRequest]) -> list[_No
     return chosen
 
 
-def _multi_mixed(views: list[_Node], members: list[MemberRequest]) -> list[_Node] | int:
+def _multi_mixed(views: _Views, members: list[MemberRequest]) -> list[_Node] | int:
     """Different member sizes: first-fit decreasing over nodes ordered by free GPUs."""
     order = sorted(
-        (v for v in views if v.tables is not None and v.nfree),
+        (views.get(n) for n, _, _ in views.gpu_nodes()),
         key=lambda v: (-v.nfree, v.state.name),
     )
     chosen: list[_Node] = []
@@ -305,23 +324,22 @@ def _multi_mixed(views: list[_Node], members: list[MemberRequest]) -> list[_Node
             chosen.append(host)
         host.take(m)
         placed += 1
-    if placed < len(members):
-        for v in chosen:  # leave the views as they were: nothing is placed
-            v.members.clear()
-        return placed
-    return chosen
+    return chosen if placed == len(members) else placed
 
 
-def _place_cpu_member(views: list[_Node], used: list[_Node], m: MemberRequest) -> _Node | None:
+def _place_cpu_member(views: _Views, used: list[_Node], m: MemberRequest) -> _Node | None:
     for v in used:
         if v.fits(m):
             v.take(m)
             return v
-    best = min(
-        (v for v in views if v.fits(m)),
-        key=lambda v: (v.nfree, -v.cpu, v.state.name),
-        default=None,
-    )
+    best: _Node | None = None
+    best_key: tuple[int, int, str] | None = None
+    for n in views.nodes:
+        v = views.get(n)
+        if v.fits(m):
+            key = (v.nfree, -v.cpu, n.name)  # spare GPU nodes' CPUs for GPU pods
+            if best_key is None or key < best_key:
+                best, best_key = v, key
     if best is not None:
         best.take(m)
     return best
@@ -334,7 +352,7 @@ def _result(used: list[_Node], gang: GangRequest, inter_gbps: float) -> GangPlac
         gpus = _assign_gpus(v)
         k = sum(len(g) for g in gpus.values())
         if k:
-            ring[v.state.name] = _gbps(v, k) if k >= 2 else 0.0
+            ring[v.state.name] = v.gbps(k) if k >= 2 else 0.0
         for m in v.members:
             by_key[m.key] = MemberPlacement(key=m.key, node=v.state.name, gpus=gpus.get(m.key, ()))
     placements = [by_key[m.key] for m in gang.members]
