@@ -6,11 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from webhook.emulator import ApiServerEmulator
+from webhook.emulator.testing import make_certs
 from webhook.kube import (
     CONFIGMAPS,
     MPIJOBS,
@@ -263,3 +265,31 @@ async def test_in_process_helpers_share_the_store(apiserver: ApiServerEmulator,
     over_http = await kube.get(PODS, "inproc", "team-a")
     assert over_http["metadata"]["uid"] == made["metadata"]["uid"]
     assert [o["metadata"]["name"] for o in apiserver.objects("PodGroup")] == []
+
+
+async def test_field_validation_modes_for_custom_resources(apiserver: ApiServerEmulator) -> None:
+    body = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+            "metadata": {"name": "g"}, "spec": {"minMember": 2, "typo": 1}}
+    url = f"{apiserver.url}/apis/scheduling.x-k8s.io/v1alpha1/namespaces/team-a/podgroups"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url + "?fieldValidation=Strict", json=body) as resp:
+            status = await resp.json()
+            assert resp.status == 400
+            assert status["message"].endswith('strict decoding error: unknown field "spec.typo"')
+        async with http.post(url, json=body) as resp:  # default: Warn
+            assert resp.status == 201
+            assert resp.headers.getall("Warning") == ['299 - "unknown field \\"spec.typo\\""']
+            assert (await resp.json())["spec"] == {"minMember": 2}
+
+
+async def test_serves_https_with_its_ca_in_the_kubeconfig(tmp_path: Path) -> None:
+    certs = make_certs(["localhost"])
+    ctx = certs.server_context(tmp_path)
+    async with ApiServerEmulator(ssl_context=ctx, ca_pem=certs.ca_pem) as api:
+        assert api.url.startswith("https://")
+        api_client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
+        try:
+            nss = await KubeApi(api_client).list(NAMESPACES)
+            assert "default" in [n["metadata"]["name"] for n in nss["items"]]
+        finally:
+            await api_client.close()

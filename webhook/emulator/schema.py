@@ -37,7 +37,8 @@ def _show(value: Any) -> str:
         if isinstance(value, bool) else json.dumps(value)
 
 
-def _walk(schema: dict[str, Any], value: Any, path: str, causes: list[Cause]) -> Any:
+def _walk(schema: dict[str, Any], value: Any, path: str, causes: list[Cause],
+          pruned: list[str]) -> Any:
     """Returns the pruned value; appends validation failures to causes."""
     if schema.get("x-kubernetes-int-or-string"):
         if not (isinstance(value, str) or (isinstance(value, int)
@@ -68,15 +69,16 @@ def _walk(schema: dict[str, Any], value: Any, path: str, causes: list[Cause]) ->
     if isinstance(value, list):
         items = schema.get("items")
         if isinstance(items, dict):
-            return [_walk(items, v, f"{path}[{i}]", causes) for i, v in enumerate(value)]
+            return [_walk(items, v, f"{path}[{i}]", causes, pruned)
+                    for i, v in enumerate(value)]
         return value
     if isinstance(value, dict) and (kind == "object" or "properties" in schema):
-        return _walk_object(schema, value, path, causes)
+        return _walk_object(schema, value, path, causes, pruned)
     return value
 
 
 def _walk_object(schema: dict[str, Any], value: dict[str, Any], path: str,
-                 causes: list[Cause]) -> dict[str, Any]:
+                 causes: list[Cause], pruned: list[str]) -> dict[str, Any]:
     props: dict[str, Any] = schema.get("properties") or {}
     extra = schema.get("additionalProperties")
     keep_unknown = bool(schema.get("x-kubernetes-preserve-unknown-fields"))
@@ -89,10 +91,11 @@ def _walk_object(schema: dict[str, Any], value: dict[str, Any], path: str,
         if sub is None:
             if keep_unknown or extra is True:
                 out[key] = item
-            continue  # pruned, as the apiserver silently drops unknown fields
+            pruned.append(child)  # dropped, as the apiserver prunes unknown fields
+            continue
         if item is None and not sub.get("nullable"):
             continue
-        out[key] = _walk(sub, item, child, causes)
+        out[key] = _walk(sub, item, child, causes, pruned)
     for req in schema.get("required") or []:
         if req not in out:
             child = f"{path}.{req}" if path else req
@@ -100,18 +103,21 @@ def _walk_object(schema: dict[str, Any], value: dict[str, Any], path: str,
     return out
 
 
-def validate_custom(rt: ResourceType, obj: dict[str, Any]) -> None:
-    """Prune obj in place and raise 422 Invalid listing every failure."""
+def validate_custom(rt: ResourceType, obj: dict[str, Any]) -> list[str]:
+    """Prune obj in place and raise 422 Invalid listing every failure; returns the paths of
+    the unknown fields dropped (for fieldValidation Warn / Strict)."""
     schema = rt.schema or {}
     causes: list[Cause] = []
+    pruned: list[str] = []
     body = {k: v for k, v in obj.items() if k not in _TOP_LEVEL}
     top = {**schema, "properties": {k: v for k, v in (schema.get("properties") or {}).items()
                                      if k not in _TOP_LEVEL}}
     top["required"] = [r for r in schema.get("required") or [] if r not in _TOP_LEVEL]
-    pruned = _walk_object(top, body, "", causes)
+    kept = _walk_object(top, body, "", causes, pruned)
     for key in list(obj):
         if key not in _TOP_LEVEL:
             del obj[key]
-    obj.update(pruned)
+    obj.update(kept)
     if causes:
         raise errors.invalid(rt.group, rt.kind, obj["metadata"].get("name", ""), causes)
+    return pruned

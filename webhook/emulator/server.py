@@ -59,7 +59,9 @@ def _json(body: Any, status: int = 200, warnings: Iterable[str] = ()) -> web.Res
     raw = body if isinstance(body, bytes) else dumps(body)
     resp = web.Response(body=raw, status=status, content_type="application/json")
     for w in warnings:
-        resp.headers.add("Warning", f'299 - "{w}"')
+        # RFC 7234 warn-text is a quoted-string, escaped as the apiserver's NewWarningHeader
+        text = w.replace("\\", "\\\\").replace('"', '\\"')
+        resp.headers.add("Warning", f'299 - "{text}"')
     return resp
 
 
@@ -583,7 +585,7 @@ class ApiServerEmulator:
                     "metadata.name", "FieldValueRequired",
                     "Required value: name or generateName is required")])
             meta["name"] = defaults.generated_name(meta["generateName"])
-        self._validate(rt, obj)
+        self._validate(rt, obj, query, warnings)
         self._finish_create(rt, obj)
         if self.store.get(rt.key, ns, meta["name"]) is not None:
             raise errors.already_exists(rt.group, rt.plural, meta["name"])
@@ -616,7 +618,10 @@ class ApiServerEmulator:
                         ("Established", "InitialNamesAccepted",
                          "the initial names have been accepted"))]}
 
-    def _validate(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+    def _validate(self, rt: ResourceType, obj: dict[str, Any], query: Mapping[str, str],
+                  warnings: list[str]) -> None:
+        """Name, CRD schema (pruning unknown fields: an error under fieldValidation=Strict, a
+        warning under Warn, the default), and that a CRD is well formed."""
         meta = obj["metadata"]
         name = meta.get("name", "")
         if not defaults.valid_dns_subdomain(name) and rt.key != ("", "events"):
@@ -626,7 +631,15 @@ class ApiServerEmulator:
                 "case alphanumeric characters, '-' or '.', and must start and end with an "
                 "alphanumeric character")])
         if rt.schema is not None:
-            validate_custom(rt, obj)
+            unknown = validate_custom(rt, obj)
+            mode = query.get("fieldValidation", "Warn")
+            if unknown and mode == "Strict":
+                raise errors.bad_request(
+                    f"{rt.kind} in version \"{rt.version}\" cannot be handled as a {rt.kind}: "
+                    "strict decoding error: "
+                    + ", ".join(f'unknown field "{u}"' for u in unknown))
+            if mode == "Warn":
+                warnings.extend(f'unknown field "{u}"' for u in unknown)
         if rt.key == CRDS.key:
             try:
                 types_from_crd(obj)
@@ -698,7 +711,7 @@ class ApiServerEmulator:
         new = mutated if mutated is not None else new
         for key in ("uid", "creationTimestamp", "resourceVersion"):
             new["metadata"][key] = cur_meta[key]
-        self._validate(rt, new)
+        self._validate(rt, new, query, warnings)
         if "generation" in cur_meta and _spec_like(new) != _spec_like(current):
             new["metadata"]["generation"] = cur_meta["generation"] + 1
         await self.admission.validate(attrs, new, warnings)
