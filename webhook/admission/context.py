@@ -95,6 +95,9 @@ class OwnerCache:
             return None  # same name, another object: the pod's owner is gone
         return obj
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def _prune(self, now: float) -> None:
         if len(self._entries) > 4096:
             for uid in [u for u, (exp, _) in self._entries.items() if exp <= now]:
@@ -117,6 +120,11 @@ class KubeContext:
         self.owner_cache = OwnerCache(api, owner_ttl)
         self.podgroups = PodGroupWriter(api, metrics)
         self._podgroup_informers: dict[str, asyncio.Task[None]] = {}
+        metrics.cache_objects.labels("namespaces").set_function(
+            lambda: len(self.namespaces.store))
+        metrics.cache_objects.labels("owners").set_function(lambda: len(self.owner_cache))
+        metrics.cache_objects.labels("podgroups").set_function(
+            lambda: len(self.podgroups.known))
 
     def ready(self) -> bool:
         return self.namespaces.synced.is_set()

@@ -40,6 +40,9 @@ class Metrics:
         self.cert_expiry = Gauge(
             "muster_certificate_expiry_timestamp_seconds",
             "notAfter of the serving certificate in use", registry=r)
+        self.cache_objects = Gauge(
+            "muster_cache_objects", "Objects held in the cluster caches (namespaces, owners, "
+            "podgroups)", ["cache"], registry=r)
         self.cert_reloads = Counter(
             "muster_certificate_reloads", "Serving certificate reloads, by result",
             ["result"], registry=r)
