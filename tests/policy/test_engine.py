@@ -9,7 +9,14 @@ import pytest
 
 from webhook import keys
 from webhook.jsonpatch import apply_patch
-from webhook.policy import Decision, PolicySet, evaluate, podgroup_manifest, render_patch
+from webhook.policy import (
+    Decision,
+    PolicySet,
+    evaluate,
+    explain,
+    podgroup_manifest,
+    render_patch,
+)
 
 from .conftest import MPIJOB_UID, Policies, deep, policy
 
@@ -204,7 +211,13 @@ def test_no_match_no_patch(worker_pod: dict[str, Any], policies: Policies) -> No
     ps = policies(policy("elsewhere", "match:\n  namespaces: [team-z]\nistio: {optOut: true}"))
     d = evaluate(worker_pod, namespace_labels={}, owners=[], policies=ps)
     assert render_patch(worker_pod, d) == []
-    assert d.matches[0].reasons == ("✗ namespace team-a not in ['team-z']",)
+    assert d.matches == ()  # skipped by the namespace index
+    [m] = explain(worker_pod, namespace_labels={}, owners=[], policies=ps)
+    assert m.reasons == ("✗ namespace team-a not in ['team-z']",)
+    other = policies(policy("other", "match:\n  podSelector: {matchLabels: {a: b}}\n"
+                                     "istio: {optOut: true}"))
+    d = evaluate(worker_pod, namespace_labels={}, owners=[], policies=other)
+    assert d.matches[0].reasons == ("✗ podSelector does not match",)
 
 
 def test_affinity_is_anded_into_every_existing_term(worker_pod: dict[str, Any],

@@ -14,9 +14,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from webhook import keys
+from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.decision import Backend, Decision, PodGroupSpec, PolicyMatch
 from webhook.policy.policyset import PolicySet
-from webhook.policy.schema import Match, SchedulingPolicy
+from webhook.policy.schema import Match
 from webhook.policy.selectors import mismatch
 from webhook.policy.workload import Workload, analyse
 
@@ -34,18 +35,23 @@ _GROUP_KEYS = (  # (where, key, backend) of every key that puts a pod into a gan
 
 
 def _d(value: Any) -> Mapping[str, Any]:
+    if type(value) is dict:  # the common case, without the slower ABC check
+        return value
     return value if isinstance(value, Mapping) else {}
 
 
-def _str_map(value: Any) -> dict[str, str]:
-    return {k: v for k, v in _d(value).items() if isinstance(k, str) and isinstance(v, str)}
+def _str_map(value: Any) -> Mapping[str, str]:
+    mapping: Mapping[str, Any] = _d(value)
+    if all(type(k) is str and type(v) is str for k, v in mapping.items()):
+        return mapping
+    return {k: v for k, v in mapping.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def match_policy(match: Match, namespace: str, ns_labels: Mapping[str, str],
                  pod_labels: Mapping[str, str], work: Workload, *,
                  all_reasons: bool = False) -> tuple[bool, tuple[str, ...]]:
-    """Whether the match applies and why. Stops at the first failed condition unless
-    all_reasons (for `muster policy explain`)."""
+    """Whether the match applies and why, in detail (slow: for `muster policy explain`; the
+    engine uses the compiled form). Stops at the first failed condition unless all_reasons."""
     reasons: list[str] = []
     ok = True
 
@@ -85,22 +91,15 @@ def match_policy(match: Match, namespace: str, ns_labels: Mapping[str, str],
     return ok, tuple(reasons)
 
 
-def _merge(matched: Sequence[SchedulingPolicy]) -> dict[str, tuple[Any, str]]:
+def _merge(matched: Sequence[CompiledPolicy]) -> dict[str, tuple[Any, str]]:
     """field → (value, policy name); the first writer wins (policies come highest priority
     first)."""
     merged: dict[str, tuple[Any, str]] = {}
-    for policy in matched:
-        spec = policy.spec
-        for section in (spec.gang, spec.istio, spec.topology):
-            if section is None:
-                continue
-            prefix = type(section).__name__.lower()
-            for name in section.model_fields_set:
-                merged.setdefault(f"{prefix}.{name}", (getattr(section, name), policy.name))
-        for key, value in spec.labels.items():
-            merged.setdefault(f"labels.{key}", (value, policy.name))
-        for key, value in spec.annotations.items():
-            merged.setdefault(f"annotations.{key}", (value, policy.name))
+    for compiled in matched:
+        name = compiled.policy.name
+        for key, value in compiled.writes:
+            if key not in merged:
+                merged[key] = (value, name)
     return merged
 
 
@@ -108,22 +107,28 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
              owners: Sequence[Mapping[str, Any]], policies: PolicySet) -> Decision:
     """The Decision for a pod being created. `owners` are the owner objects from the pod's
     controller up to the root (e.g. [Job, MPIJob] for an MPI launcher); when they are missing
-    the engine falls back on the pod's ownerReferences and labels and says so in a warning."""
+    the engine falls back on the pod's ownerReferences and labels and says so in a warning.
+
+    `Decision.matches` lists the policies examined: those whose `namespaces` exclude the pod's
+    namespace are skipped by the index (`explain` shows every policy)."""
     pod = _d(pod)
     meta = _d(pod.get("metadata"))
     namespace = _s(meta.get("namespace")) or ""
     pod_labels = _str_map(meta.get("labels"))
     pod_ann = _str_map(meta.get("annotations"))
     ns_labels = _str_map(namespace_labels)
-    work = analyse(pod, owners if isinstance(owners, Sequence) else ())
+    work = analyse(pod, owners if type(owners) is list or isinstance(owners, Sequence) else ())
 
     matches: list[PolicyMatch] = []
-    matched: list[SchedulingPolicy] = []
-    for policy in policies.policies:
-        ok, reasons = match_policy(policy.spec.match, namespace, ns_labels, pod_labels, work)
-        matches.append(PolicyMatch(policy.name, ok, reasons))
-        if ok:
-            matched.append(policy)
+    matched: list[CompiledPolicy] = []
+    for compiled in policies.index.candidates(namespace):
+        failed = compiled.first_failure(namespace, ns_labels, pod_labels, work.owner_kinds,
+                                        work.gpus)
+        if failed:
+            matches.append(PolicyMatch(compiled.policy.name, False, compiled.fail_reasons[failed]))
+        else:
+            matches.append(PolicyMatch(compiled.policy.name, True, compiled.match_reasons))
+            matched.append(compiled)
 
     labels: dict[str, str | None] = {}
     annotations: dict[str, str | None] = {}
@@ -178,10 +183,11 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
             labels[name[7:]] = v
         elif name.startswith("annotations."):
             annotations[name[12:]] = v
-    annotations[keys.ANN_POLICY] = ",".join(p.name for p in matched)
+    names = tuple(c.policy.name for c in matched)
+    annotations[keys.ANN_POLICY] = ",".join(names)
 
     return Decision(
-        matches=tuple(matches), policies=tuple(p.name for p in matched), pod_group=pod_group,
+        matches=tuple(matches), policies=names, pod_group=pod_group,
         labels=labels, annotations=annotations, scheduler_name=scheduler_name,
         tolerations=tuple(tolerations), node_affinity=tuple(node_affinity),
         warnings=tuple(warnings))

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook.policy.compiled import PolicyIndex, compile_policy
 from webhook.policy.schema import Match, Path, SchedulingPolicy
 from webhook.policy.selectors import constraints, provably_disjoint
 
@@ -24,6 +25,9 @@ class PolicySet:
     origins: tuple[str, ...] = ()
     #: sha256 of the policies' canonical JSON: equal digests mean identical behaviour
     digest: str = field(default="")
+    #: the policies compiled for matching, indexed by namespace (derived from `policies`)
+    index: PolicyIndex = field(default_factory=lambda: PolicyIndex.build(()), repr=False,
+                               compare=False)
 
     @classmethod
     def of(cls, policies: list[tuple[SchedulingPolicy, str]]) -> PolicySet:
@@ -31,8 +35,11 @@ class PolicySet:
         ordered = tuple(p for _, (p, _) in ranked)
         canonical = json.dumps([p.model_dump(mode="json", exclude_unset=True) for p in ordered],
                                sort_keys=True, separators=(",", ":"))
+        index = PolicyIndex.build([
+            compile_policy(p, [(k, v) for k, (_, v) in written_fields(p).items()])
+            for p in ordered])
         return cls(ordered, tuple(o for _, (_, o) in ranked),
-                   hashlib.sha256(canonical.encode()).hexdigest())
+                   hashlib.sha256(canonical.encode()).hexdigest(), index)
 
     def __len__(self) -> int:
         return len(self.policies)
@@ -56,15 +63,11 @@ def written_fields(policy: SchedulingPolicy) -> dict[str, tuple[Path, Any]]:
             continue
         for name in sorted(model.model_fields_set):
             value = getattr(model, name)
-            out[f"{section}.{name}"] = (("spec", section, name), _plain(value))
+            out[f"{section}.{name}"] = (("spec", section, name), value)
     for section in ("labels", "annotations"):
         for key, value in getattr(spec, section).items():
             out[f"{section}.{key}"] = (("spec", section, key), value)
     return out
-
-
-def _plain(value: Any) -> Any:
-    return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
 
 
 def disjoint_reason(a: Match, b: Match) -> str | None:

@@ -8,9 +8,9 @@ here is read from the job object, never from the individual pod, when the job is
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from fractions import Fraction
+from dataclasses import dataclass, field
 from typing import Any
 
 from webhook import keys
@@ -32,11 +32,13 @@ OPERATOR_LABEL = "training.kubeflow.org/operator-name"
 
 
 def _d(value: Any) -> Mapping[str, Any]:
+    if type(value) is dict:  # the common case, without the slower ABC check
+        return value
     return value if isinstance(value, Mapping) else {}
 
 
 def _l(value: Any) -> Sequence[Any]:
-    return value if isinstance(value, list | tuple) else ()
+    return value if type(value) is list or isinstance(value, tuple) else ()
 
 
 def _s(value: Any) -> str | None:
@@ -69,41 +71,125 @@ class Replica:
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
-    kind: str  # group/Kind of the job, or "Pod"
-    name: str | None  # gang name; None when no stable name can be derived
-    owner: OwnerRef | None  # owner of the PodGroup (the job), when known with its uid
-    members: int | None  # all pods of the job, None when the job object is unknown
-    auto_min_member: int | None  # minAvailable "auto": MPI workers + 1, else all members
-    gpus: int  # GPUs of the whole job when its spec is known, else of this pod
-    scheduling_policy: Mapping[str, Any]  # the job's runPolicy.schedulingPolicy
-    queue: str | None  # the job's scheduling.volcano.sh/queue-name annotation
-    priority_class: str | None  # from the job's pod templates
+class JobFacts:
+    """What the gang needs from a job object: a pure function of the object's content."""
+
     replicas: tuple[Replica, ...]
-    owner_kinds: frozenset[str]  # every kind in the ownership chain
-    warnings: tuple[str, ...] = ()
+    members: int
+    auto_min_member: int
+    gpus: int
+    scheduling_policy: Mapping[str, Any]
+    queue: str | None
+    priority_class: str | None
+    #: min_member → minResources, filled on first use
+    min_resources_memo: dict[int, dict[str, str] | None] = field(default_factory=dict)
 
     def min_resources(self, min_member: int) -> dict[str, str] | None:
         """Sum of requests (limits where no request) over the first min_member replicas in role
         order, as the MPI operator does for equal-priority replicas (the launcher first)."""
-        if not self.replicas:
-            return None
-        total: dict[str, tuple[Fraction, bool]] = {}
-        left = min_member
-        for rep in sorted(self.replicas, key=lambda r: r.role not in _LEADERS):
-            take = min(rep.count, left)
-            left -= take
-            if take <= 0:
-                continue
-            for c in _l(rep.pod_spec.get("containers")):
-                res = _d(_d(c).get("resources"))
-                merged = {**_d(res.get("limits")), **_d(res.get("requests"))}
-                for name, qty in merged.items():
-                    try:
-                        add_quantities(total, str(name), qty, take)
-                    except QuantityError:
-                        continue  # the API server rejects such pods anyway
-        return {k: format_quantity(v, b) for k, (v, b) in sorted(total.items())} or None
+        if min_member not in self.min_resources_memo:
+            self.min_resources_memo[min_member] = _sum_resources(self.replicas, min_member)
+        found = self.min_resources_memo[min_member]
+        return dict(found) if found is not None else None
+
+
+def _sum_resources(replicas: tuple[Replica, ...], min_member: int) -> dict[str, str] | None:
+    total: dict[str, tuple[int, bool]] = {}
+    left = min_member
+    for rep in sorted(replicas, key=lambda r: r.role not in _LEADERS):
+        take = min(rep.count, left)
+        left -= take
+        if take <= 0:
+            continue
+        for c in _l(rep.pod_spec.get("containers")):
+            res = _d(_d(c).get("resources"))
+            merged = {**_d(res.get("limits")), **_d(res.get("requests"))}
+            for name, qty in merged.items():
+                try:
+                    add_quantities(total, str(name), qty, take)
+                except QuantityError:
+                    continue  # the API server rejects such pods anyway
+    return {k: format_quantity(v, b) for k, (v, b) in sorted(total.items())} or None
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    kind: str  # group/Kind of the job, or "Pod"
+    name: str | None  # gang name; None when no stable name can be derived
+    owner: OwnerRef | None  # owner of the PodGroup (the job), when known with its uid
+    owner_kinds: frozenset[str]  # every kind in the ownership chain
+    gpus: int  # GPUs of the whole job when its spec is known, else of this pod
+    facts: JobFacts | None  # None when the job object is not available
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def members(self) -> int | None:
+        """All pods of the job, None when the job object is unknown."""
+        return self.facts.members if self.facts else None
+
+    @property
+    def auto_min_member(self) -> int | None:
+        """minAvailable "auto": MPI workers + 1, else all members."""
+        return self.facts.auto_min_member if self.facts else None
+
+    @property
+    def scheduling_policy(self) -> Mapping[str, Any]:
+        """The job's runPolicy.schedulingPolicy."""
+        return self.facts.scheduling_policy if self.facts else {}
+
+    @property
+    def queue(self) -> str | None:
+        return self.facts.queue if self.facts else None
+
+    @property
+    def priority_class(self) -> str | None:
+        return self.facts.priority_class if self.facts else None
+
+    def min_resources(self, min_member: int) -> dict[str, str] | None:
+        return self.facts.min_resources(min_member) if self.facts else None
+
+
+_CACHE_SIZE = 512
+_facts_cache: OrderedDict[tuple[str, str, str], JobFacts] = OrderedDict()
+
+
+def job_facts(kind: str, obj: Mapping[str, Any]) -> JobFacts:
+    """JobFacts of a job object, memoised by (kind, uid, resourceVersion): the API server
+    changes resourceVersion on every write, so equal keys mean equal content. Objects without
+    both (hand-written test input) are analysed every time."""
+    meta = _d(obj.get("metadata"))
+    uid, rv = _s(meta.get("uid")), _s(meta.get("resourceVersion"))
+    if uid is None or rv is None:
+        return _analyse_job(kind, obj)
+    key = (kind, uid, rv)
+    facts = _facts_cache.get(key)
+    if facts is None:
+        facts = _facts_cache[key] = _analyse_job(kind, obj)
+        if len(_facts_cache) > _CACHE_SIZE:
+            _facts_cache.popitem(last=False)
+    return facts
+
+
+def _analyse_job(kind: str, obj: Mapping[str, Any]) -> JobFacts:
+    replicas = _replicas(kind, obj)
+    members = sum(r.count for r in replicas)
+    if kind == MPIJOB:
+        auto = next((r.count for r in replicas if r.role == "Worker"), 0) + 1
+    else:
+        auto = members
+    by_role = {r.role: r for r in replicas}
+    priority_class = next(
+        (pc for role in ("Launcher", "Worker", *sorted(by_role))
+         if role in by_role and (pc := _s(by_role[role].pod_spec.get("priorityClassName")))),
+        None)
+    spec = _d(obj.get("spec"))
+    return JobFacts(
+        replicas=replicas, members=members, auto_min_member=auto,
+        gpus=sum(r.count * pod_gpus(r.pod_spec) for r in replicas),
+        scheduling_policy=_d(_d(spec.get("runPolicy")).get("schedulingPolicy")),
+        queue=_s(_d(_d(obj.get("metadata")).get("annotations")).get(
+            keys.VOLCANO_QUEUE_ANNOTATION)),
+        priority_class=priority_class)
 
 
 def pod_gpus(spec: Mapping[str, Any]) -> int:
@@ -146,7 +232,7 @@ def analyse(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Work
     meta = _d(pod.get("metadata"))
     labels = _d(meta.get("labels"))
     warnings: list[str] = []
-    objs = [o for o in owners if isinstance(o, Mapping)]
+    objs = [o for o in owners if type(o) is dict or isinstance(o, Mapping)]
 
     # Follow controller references from the pod up, attaching owner objects where we have them.
     chain: list[tuple[str, Mapping[str, Any], Mapping[str, Any] | None]] = []
@@ -170,16 +256,16 @@ def analyse(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Work
 
     known = [c for c in chain if c[0] in _REPLICA_FIELD or c[0] == BATCH_JOB]
     if not known:
-        name = _s(meta.get("name"))
         spec = _d(pod.get("spec"))
         ann = _d(meta.get("annotations"))
-        return Workload(
-            kind=POD, name=name, owner=None, members=1, auto_min_member=1,
-            gpus=pod_gpus(spec), scheduling_policy={},
-            queue=_s(ann.get(keys.VOLCANO_QUEUE_ANNOTATION)),
-            priority_class=_s(spec.get("priorityClassName")),
-            replicas=(Replica("Pod", 1, spec),), owner_kinds=owner_kinds,
-            warnings=tuple(warnings))
+        gpus = pod_gpus(spec)
+        facts = JobFacts(
+            replicas=(Replica("Pod", 1, spec),), members=1, auto_min_member=1, gpus=gpus,
+            scheduling_policy={}, queue=_s(ann.get(keys.VOLCANO_QUEUE_ANNOTATION)),
+            priority_class=_s(spec.get("priorityClassName")))
+        return Workload(kind=POD, name=_s(meta.get("name")), owner=None,
+                        owner_kinds=owner_kinds, gpus=gpus, facts=facts,
+                        warnings=tuple(warnings))
 
     kind, ref, obj = known[-1]  # the outermost job: the MPIJob above a launcher's Job
     uid = _s(ref.get("uid")) or (_s(_d(obj.get("metadata")).get("uid")) if obj else None)
@@ -188,28 +274,9 @@ def analyse(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Work
     owner = OwnerRef(api_version, kind.rpartition("/")[2], name, uid) \
         if name and uid and api_version else None
     if obj is None:
-        return Workload(
-            kind=kind, name=name, owner=owner, members=None, auto_min_member=None,
-            gpus=pod_gpus(_d(pod.get("spec"))), scheduling_policy={}, queue=None,
-            priority_class=None, replicas=(), owner_kinds=owner_kinds, warnings=tuple(warnings))
-
-    replicas = _replicas(kind, obj)
-    members = sum(r.count for r in replicas)
-    if kind == MPIJOB:
-        workers = next((r.count for r in replicas if r.role == "Worker"), 0)
-        auto = workers + 1
-    else:
-        auto = members
-    by_role = {r.role: r for r in replicas}
-    priority_class = next(
-        (pc for role in ("Launcher", "Worker", *sorted(by_role))
-         if role in by_role and (pc := _s(by_role[role].pod_spec.get("priorityClassName")))),
-        None)
-    spec = _d(obj.get("spec"))
-    policy = _d(_d(spec.get("runPolicy")).get("schedulingPolicy"))
-    queue = _s(_d(_d(obj.get("metadata")).get("annotations")).get(keys.VOLCANO_QUEUE_ANNOTATION))
-    return Workload(
-        kind=kind, name=name, owner=owner, members=members, auto_min_member=auto,
-        gpus=sum(r.count * pod_gpus(r.pod_spec) for r in replicas), scheduling_policy=policy,
-        queue=queue, priority_class=priority_class, replicas=replicas, owner_kinds=owner_kinds,
-        warnings=tuple(warnings))
+        return Workload(kind=kind, name=name, owner=owner, owner_kinds=owner_kinds,
+                        gpus=pod_gpus(_d(pod.get("spec"))), facts=None,
+                        warnings=tuple(warnings))
+    facts = job_facts(kind, obj)
+    return Workload(kind=kind, name=name, owner=owner, owner_kinds=owner_kinds,
+                    gpus=facts.gpus, facts=facts, warnings=tuple(warnings))

@@ -1,0 +1,129 @@
+"""Policy decision cost vs. parsing the request, in one run (issue 2).
+
+    .venv/bin/python bench/bench_engine.py [--rounds 7]
+
+Baseline: `json.loads` of the real captured AdmissionReview of the MPI worker
+(../shared/fixtures/admission/pod-create-worker.json), the least work any webhook does per
+request. Measured: `evaluate` (50 policies) + `render_patch` on the pod of that same request,
+with its MPIJob as owner (as the admission server passes it from its cache).
+
+Two policy sets of 50:
+- realistic: the 5 shipped examples + 45 team policies, each scoped to another namespace (one
+  team per namespace, the usual way admins split policies); the worker matches 1 of them.
+- adversarial: 50 policies that all must be examined to the end (no namespace scope, each with a
+  pod selector and owner kinds, 10 of them matching, merged by priority).
+
+Rounds alternate baseline and engine so that drift on a shared machine hits both; the best
+(minimum) per-call time of each is kept. Target: ratio engine / json.loads <= 1.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import timeit
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+sys.path.insert(0, str(REPO))
+
+from webhook.policy import (  # noqa: E402 (runnable without installing the package)
+    PolicySet,
+    evaluate,
+    load_policy_texts,
+    render_patch,
+)
+
+
+def _doc(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "muster.io/v1alpha1", "kind": "SchedulingPolicy",
+            "metadata": {"name": name}, "spec": spec}
+
+
+def realistic() -> PolicySet:
+    texts = {p.name: p.read_text() for p in (REPO / "policies").glob("*.yaml")}
+    docs = []
+    for i in range(45):
+        backend = ("volcano", "coscheduling", "muster")[i % 3]
+        gang: dict[str, Any] = {"backend": backend, "minAvailable": "auto"}
+        if backend == "volcano":
+            gang["queue"] = f"queue-{i}"
+        spec: dict[str, Any] = {"match": {"namespaces": [f"team-{i}"],
+                                          "ownerKinds": ["kubeflow.org/MPIJob", "batch/Job"]},
+                                "gang": gang, "labels": {"team": f"t{i}"}}
+        if backend == "muster":
+            spec["topology"] = {"mode": "preferred"}
+        docs.append(_doc(f"team-{i}", spec))
+    texts["teams.yaml"] = yaml.safe_dump_all(docs)
+    policies = load_policy_texts(texts)
+    assert len(policies) == 50, len(policies)
+    return policies
+
+
+def adversarial() -> PolicySet:
+    docs = []
+    for i in range(50):
+        matching = i % 5 == 0
+        role = "worker" if matching else "launcher"
+        spec: dict[str, Any] = {
+            "priority": i,
+            "match": {"podSelector": {"matchLabels": {"training.kubeflow.org/job-role": role},
+                                      "matchExpressions": [{"key": "tier", "operator":
+                                                            "DoesNotExist"}]},
+                      "ownerKinds": ["kubeflow.org/MPIJob"], "gpus": {"min": 1}},
+            "annotations": {f"example.com/p{i}": "x"}}
+        if i == 45:
+            spec["gang"] = {"backend": "volcano", "queue": "research"}
+        docs.append(_doc(f"p{i}", spec))
+    policies = load_policy_texts({"adversarial.yaml": yaml.safe_dump_all(docs)})
+    assert len(policies) == 50
+    return policies
+
+
+def best_per_call(fn: Callable[[], object], number: int) -> float:
+    return min(timeit.repeat(fn, number=number, repeat=3)) / number
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+
+    raw = (SHARED / "fixtures/admission/pod-create-worker.json").read_bytes()
+    pod = json.loads(raw)["request"]["object"]
+    mpijob = yaml.safe_load((REPO / "policies/tests/objects/mpijob-team-a.yaml").read_text())
+    results: dict[str, list[float]] = {"json.loads": []}
+    sets = {"realistic": realistic(), "adversarial": adversarial()}
+
+    def decide(policies: PolicySet) -> Callable[[], object]:
+        def run() -> object:
+            decision = evaluate(pod, namespace_labels={}, owners=[mpijob], policies=policies)
+            return render_patch(pod, decision)
+        return run
+
+    for name, policies in sets.items():
+        ops = decide(policies)()
+        print(f"{name}: {len(policies)} policies, patch of {len(ops)} ops")  # type: ignore[arg-type]
+        results[name] = []
+    for _ in range(args.rounds):
+        results["json.loads"].append(best_per_call(lambda: json.loads(raw), 2000))
+        for name, policies in sets.items():
+            results[name].append(best_per_call(decide(policies), 500))
+
+    base = min(results["json.loads"])
+    print(f"request: {len(raw)} bytes (pod-create-worker.json), {args.rounds} rounds, best kept")
+    print(f"json.loads(AdmissionReview)           {base * 1e6:8.1f} us   (baseline)")
+    for name in sets:
+        t = min(results[name])
+        print(f"evaluate+render_patch, 50 {name:<11} {t * 1e6:8.1f} us   ratio {t / base:5.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

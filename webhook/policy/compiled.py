@@ -1,0 +1,128 @@
+"""Policies compiled for fast matching: plain tuples and frozensets instead of pydantic models,
+an index by namespace, and the failure reasons prepared once.
+
+The admission webhook evaluates every pod create against every policy, so matching must cost
+less than parsing the request. The detailed explanation of a match (`match_policy` in the
+engine) is only built for the policies that match, or on demand by `muster policy explain`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.policy.schema import LabelSelector, SchedulingPolicy
+
+#: one selector requirement: (operator, key, values); matchLabels become ("=", key, {value})
+Requirement = tuple[str, str, frozenset[str]]
+
+NO_MATCH_NAMESPACE, NO_MATCH_NS_SELECTOR, NO_MATCH_POD_SELECTOR, NO_MATCH_OWNER, NO_MATCH_GPUS = (
+    range(1, 6))
+
+
+def _requirements(sel: LabelSelector | None) -> tuple[Requirement, ...] | None:
+    if sel is None:
+        return None
+    reqs: list[Requirement] = [("=", k, frozenset((v,))) for k, v in sel.matchLabels.items()]
+    reqs += [(e.operator, e.key, frozenset(e.values)) for e in sel.matchExpressions]
+    return tuple(reqs)
+
+
+def selector_matches(reqs: tuple[Requirement, ...], labels: Mapping[str, str]) -> bool:
+    for op, key, values in reqs:
+        value = labels.get(key)
+        if op in {"=", "In"}:
+            if value not in values:
+                return False
+        elif op == "NotIn":
+            if value is not None and value in values:
+                return False
+        elif op == "Exists":
+            if value is None:
+                return False
+        elif value is not None:  # DoesNotExist
+            return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledPolicy:
+    policy: SchedulingPolicy
+    namespaces: frozenset[str] | None
+    ns_selector: tuple[Requirement, ...] | None
+    pod_selector: tuple[Requirement, ...] | None
+    owner_kinds: frozenset[str] | None
+    gpu_min: int | None
+    gpu_max: int | None
+    #: (merge key, value) of every field the policy writes, e.g. ("gang.queue", "training")
+    writes: tuple[tuple[str, Any], ...]
+    #: first failed condition code → the reason shown for it
+    fail_reasons: Mapping[int, tuple[str, ...]]
+    #: the reasons shown when the policy matches
+    match_reasons: tuple[str, ...]
+
+    def first_failure(self, namespace: str, ns_labels: Mapping[str, str],
+                      pod_labels: Mapping[str, str], owner_kinds: frozenset[str],
+                      gpus: int) -> int:
+        """0 if the policy matches, else the code of the first condition that fails."""
+        if self.namespaces is not None and namespace not in self.namespaces:
+            return NO_MATCH_NAMESPACE
+        if self.ns_selector is not None and not selector_matches(self.ns_selector, ns_labels):
+            return NO_MATCH_NS_SELECTOR
+        if self.pod_selector is not None and not selector_matches(self.pod_selector, pod_labels):
+            return NO_MATCH_POD_SELECTOR
+        if self.owner_kinds is not None and self.owner_kinds.isdisjoint(owner_kinds):
+            return NO_MATCH_OWNER
+        if (self.gpu_min is not None and gpus < self.gpu_min) or (
+                self.gpu_max is not None and gpus > self.gpu_max):
+            return NO_MATCH_GPUS
+        return 0
+
+
+def compile_policy(policy: SchedulingPolicy, writes: Sequence[tuple[str, Any]]) -> CompiledPolicy:
+    m = policy.spec.match
+    gpus = m.gpus
+    met = [f"✓ namespace in {m.namespaces}" if m.namespaces is not None else "",
+           "✓ namespaceSelector matches" if m.namespaceSelector is not None else "",
+           "✓ podSelector matches" if m.podSelector is not None else "",
+           f"✓ owner of kind {m.ownerKinds}" if m.ownerKinds is not None else "",
+           f"✓ GPU count in [{gpus.min}, {gpus.max}]" if gpus is not None else ""]
+    return CompiledPolicy(
+        policy=policy,
+        namespaces=frozenset(m.namespaces) if m.namespaces is not None else None,
+        ns_selector=_requirements(m.namespaceSelector),
+        pod_selector=_requirements(m.podSelector),
+        owner_kinds=frozenset(m.ownerKinds) if m.ownerKinds is not None else None,
+        gpu_min=gpus.min if gpus else None,
+        gpu_max=gpus.max if gpus else None,
+        writes=tuple(writes),
+        fail_reasons={
+            NO_MATCH_NAMESPACE: (f"✗ namespace not in {m.namespaces}",),
+            NO_MATCH_NS_SELECTOR: ("✗ namespaceSelector does not match",),
+            NO_MATCH_POD_SELECTOR: ("✗ podSelector does not match",),
+            NO_MATCH_OWNER: (f"✗ no owner of kind {m.ownerKinds}",),
+            NO_MATCH_GPUS: (f"✗ GPU count outside [{gpus.min if gpus else None}, "
+                            f"{gpus.max if gpus else None}]",),
+        },
+        match_reasons=tuple(r for r in met if r) or ("✓ no conditions: matches every pod",))
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyIndex:
+    """Which policies can match a pod in a given namespace, in evaluation order."""
+
+    policies: tuple[CompiledPolicy, ...]
+    by_namespace: Mapping[str, tuple[CompiledPolicy, ...]]
+    unscoped: tuple[CompiledPolicy, ...]
+
+    @classmethod
+    def build(cls, compiled: Sequence[CompiledPolicy]) -> PolicyIndex:
+        unscoped = tuple(c for c in compiled if c.namespaces is None)
+        names = {ns for c in compiled for ns in (c.namespaces or ())}
+        by_ns = {ns: tuple(c for c in compiled if c.namespaces is None or ns in c.namespaces)
+                 for ns in names}
+        return cls(tuple(compiled), by_ns, unscoped)
+
+    def candidates(self, namespace: str) -> tuple[CompiledPolicy, ...]:
+        return self.by_namespace.get(namespace, self.unscoped)
