@@ -185,8 +185,12 @@ def _arg(args: list[str], flag: str) -> str:
     return values[0]
 
 
-def test_self_mode_never_templates_ca_bundle(helm_template: Render) -> None:
-    objs = helm_template()
+@pytest.mark.parametrize("lookup", [False, True])
+def test_self_mode_never_templates_ca_bundle(helm_template: Render, lookup: bool) -> None:
+    # with lookupCaBundle, only a live CA Secret (never `helm template`) fills it in
+    objs = helm_template({"certs": {"self": {"caDays": 3650, "certDays": 365,
+                                             "rotateBeforeDays": 30, "checkIntervalSeconds": 600,
+                                             "lookupCaBundle": lookup}}})
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         cfg = one(objs, kind)
         for wh in cfg["webhooks"]:
