@@ -166,3 +166,13 @@ def test_unhealthy_and_missing_gpus_are_not_chosen() -> None:
     chosen = choose_gpus(sick, (0, 1, 2, 3, 42), 3)
     assert chosen == (1, 2, 3)
     assert choose_gpus(t, (), 1) is None and choose_gpus(t, (0, 1), 0) is None
+
+
+def test_nvswitch_nodes_pack_numa_nodes_best_fit() -> None:
+    h100 = builtin("hgx-h100")  # NUMA 0: GPUs 0-3, NUMA 1: GPUs 4-7
+    assert choose_gpus(h100, (0, 1, 2, 4, 5, 6, 7), 3) == (0, 1, 2)  # NUMA 1 stays whole
+    assert choose_gpus(h100, (0, 1, 2, 4, 5, 6, 7), 4) == (4, 5, 6, 7)  # one NUMA node
+    assert choose_gpus(h100, (0, 1, 2, 4, 5, 6, 7), 5) == (0, 4, 5, 6, 7)
+    dgx2 = builtin("dgx2")
+    assert choose_gpus(dgx2, (*range(8), 15), 1) == (15,)
+    assert choose_gpus(dgx2, range(16), 8) == tuple(range(8))

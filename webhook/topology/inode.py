@@ -5,8 +5,9 @@ NUMA alignment (fewest NUMA nodes), then what is left behind: the sum over every
 best allreduce bandwidth a later j-GPU request could still get from the remaining free GPUs
 (fragmentation-aware). Remaining ties go to the lowest GPU indices. Every k-subset of the free
 GPUs is considered (at most 70 on an 8-GPU node), so the choice is exact, not a proxy. On
-uniform NVSwitch nodes every set has the same bandwidth and only NUMA packing differs, which a
-best-fit over NUMA nodes solves exactly without enumerating.
+uniform NVSwitch nodes every set has the same bandwidth and only NUMA packing differs: taking
+whole NUMA nodes largest first, and the last one best-fit, uses the fewest NUMA nodes (exact)
+and keeps the other NUMA nodes whole.
 
 Caches are per topology class (`codec.topology_class`): all DGX-1 V100 nodes share one table of
 set scores and one table of choices per (free mask, k).
@@ -17,15 +18,11 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Iterable
-from math import comb
 
 from webhook.topology import scoring
 from webhook.topology.codec import topology_class
 from webhook.topology.model import Topology
 from webhook.topology.scoring import SetScore
-
-#: above this many candidate subsets a uniform (NVSwitch) node uses the NUMA best-fit instead
-_ENUMERATION_LIMIT = 5000
 
 
 class ClassTables:
@@ -73,6 +70,10 @@ class ClassTables:
 
     def future(self, remaining: int) -> float:
         """How good the GPUs left free stay for later requests of every size."""
+        if self.uniform:  # every j-set is as good as any other: only the count matters
+            size = remaining.bit_count()
+            t = self.topology
+            return max(size - 1, 0) * t.nvswitch_links * t.nvlink_gbps
         return sum(self.best_by_size(remaining)[2:])
 
     def choose(self, free: int, k: int) -> int | None:
@@ -82,7 +83,7 @@ class ClassTables:
             return self._choice[key]
         if k <= 0 or free.bit_count() < k:
             result = None
-        elif self.uniform and comb(free.bit_count(), k) > _ENUMERATION_LIMIT:
+        elif self.uniform:
             result = self._numa_best_fit(free, k)
         else:
             result = self._enumerate(free, k)

@@ -32,7 +32,7 @@ from webhook.topology.model import (
 #: GB/s between GPUs on different nodes when nothing better is known: one 100 Gb/s NIC
 DEFAULT_INTER_NODE_GBPS = 12.5
 
-_MASKS: dict[tuple[int, frozenset[int]], tuple[ClassTables, int]] = {}
+_MASKS: dict[tuple[int, frozenset[int]], tuple[Topology, ClassTables, int]] = {}
 _MASKS_LIMIT = 200_000
 
 
@@ -41,11 +41,11 @@ def _lookup(t: Topology, free: frozenset[int]) -> tuple[ClassTables, int]:
     and `frozenset` caches its hash, so this is one dictionary lookup per node and call."""
     key = (id(t), free)
     hit = _MASKS.get(key)
-    if hit is None:
+    if hit is None or hit[0] is not t:  # an id can be reused once its object is gone
         if len(_MASKS) >= _MASKS_LIMIT:
             _MASKS.clear()
-        hit = _MASKS[key] = (tables_for(t), usable_mask(t, free))
-    return hit
+        hit = _MASKS[key] = (t, tables_for(t), usable_mask(t, free))
+    return hit[1], hit[2]
 
 
 @dataclass(slots=True)
