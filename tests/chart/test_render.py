@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -444,17 +445,49 @@ def test_uninstall_removes_webhook_configurations_first(helm_template: Render) -
     assert not find(helm_template(COMBOS["no-pdb-no-uninstall-hook"]), "Job", "muster-uninstall")
 
 
-def test_policies_configmap_from_values(helm_template: Render) -> None:
+def _shipped_policies() -> dict[str, str]:
     shipped = {p.name: p.read_text() for p in sorted((REPO / "policies").glob("*.yaml"))}
-    if not shipped:  # the shipped examples are another area's; any policy text will do
-        shipped = {"a.yaml": "apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\n"}
+    assert shipped, "policies/ has no example policies"
+    return shipped
+
+
+def test_policies_configmap_from_values(helm_template: Render) -> None:
+    shipped = _shipped_policies()
     objs = helm_template({"policies": shipped})
     cm = one(objs, "ConfigMap", "muster-policies")
+    selftest = cm["data"].pop("zz-muster-selftest.yaml")
     assert cm["data"] == {k: v.rstrip("\n") for k, v in shipped.items()}
+    assert "name: muster-selftest" in selftest
     vol = next(v for v in _webhook_pod(objs)["volumes"] if v["name"] == "policies")
     assert vol["configMap"]["name"] == "muster-policies"
     assert _arg(next(c for c in _webhook_pod(objs)["containers"] if c["name"] == "webhook")[
         "args"], "--policies-configmap") == "muster-policies"
+    no_selftest = helm_template({"tests": {"selftestPolicy": False}})
+    assert one(no_selftest, "ConfigMap", "muster-policies")["data"] == {}
+
+
+def test_rendered_policies_load_and_match_the_helm_test_pod(helm_template: Render) -> None:
+    """The ConfigMap as rendered goes through the real policy loader (as the webhook's
+    /validate/policies and hot reload do), and the helm test's pod gets the self-test policy
+    and only it; an ordinary pod in the same namespace does not."""
+    from webhook.policy import evaluate, load_policy_texts  # noqa: PLC0415
+
+    objs = helm_template({"policies": _shipped_policies()})
+    policies = load_policy_texts(one(objs, "ConfigMap", "muster-policies")["data"])
+    (test_pod,) = [o for o in objs if o["kind"] == "Pod" and hook(o) == "test"]
+    env = {e["name"]: e["value"] for e in test_pod["spec"]["containers"][0]["env"]}
+    labels = json.loads(env["TEST_LABELS"])
+    ns_labels = {"kubernetes.io/metadata.name": env["TEST_NAMESPACE"]}
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"generateName": "muster-selftest-", "namespace": env["TEST_NAMESPACE"],
+                        "labels": labels},
+           "spec": {"containers": [{"name": "c", "image": "busybox",
+                                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    decision = evaluate(pod, namespace_labels=ns_labels, owners=[], policies=policies)
+    assert decision.policies == ("muster-selftest",)
+    other = {**pod, "metadata": {**pod["metadata"], "labels": {"app": "web"}}}
+    assert evaluate(other, namespace_labels=ns_labels, owners=[],
+                    policies=policies).policies == ()
 
 
 def test_helm_test_pod_dry_runs_a_pod_create(helm_template: Render) -> None:

@@ -173,3 +173,20 @@ imagePullSecrets:
 securityContext:
   {{- toYaml .ctx.Values.podSecurityContext | nindent 2 }}
 {{- end }}
+
+{{/* the policy matching only the `helm test` dry-run pod (tests.podLabels in tests.namespace) */}}
+{{- define "muster.selftestPolicy" -}}
+apiVersion: muster.io/v1alpha1
+kind: SchedulingPolicy
+metadata:
+  name: muster-selftest
+spec:
+  priority: -1000
+  match:
+    namespaces: [{{ .Values.tests.namespace }}]
+    podSelector:
+      matchLabels:
+        {{- toYaml .Values.tests.podLabels | nindent 8 }}
+  istio:
+    optOut: true
+{{- end }}
