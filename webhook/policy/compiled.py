@@ -55,8 +55,12 @@ class CompiledPolicy:
     owner_kinds: frozenset[str] | None
     gpu_min: int | None
     gpu_max: int | None
-    #: (merge key, value) of every field the policy writes, e.g. ("gang.queue", "training")
+    #: (merge key, value) of the gang/istio/topology fields the policy writes, e.g.
+    #: ("gang.queue", "training")
     writes: tuple[tuple[str, Any], ...]
+    #: the static labels and annotations the policy writes
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
     #: first failed condition code → the reason shown for it
     fail_reasons: Mapping[int, tuple[str, ...]]
     #: the reasons shown when the policy matches
@@ -96,7 +100,9 @@ def compile_policy(policy: SchedulingPolicy, writes: Sequence[tuple[str, Any]]) 
         owner_kinds=frozenset(m.ownerKinds) if m.ownerKinds is not None else None,
         gpu_min=gpus.min if gpus else None,
         gpu_max=gpus.max if gpus else None,
-        writes=tuple(writes),
+        writes=tuple((k, v) for k, v in writes if not k.startswith(("labels.", "annotations."))),
+        labels=dict(policy.spec.labels),
+        annotations=dict(policy.spec.annotations),
         fail_reasons={
             NO_MATCH_NAMESPACE: (f"✗ namespace not in {m.namespaces}",),
             NO_MATCH_NS_SELECTOR: ("✗ namespaceSelector does not match",),

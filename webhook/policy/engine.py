@@ -26,6 +26,9 @@ TOPOLOGY_TOLERATION: Mapping[str, str] = {
 _DEFAULT_SCHEDULER: dict[str, str | None] = {
     # coscheduling usually runs inside the default scheduler: leave schedulerName alone
     "volcano": "volcano", "coscheduling": None, "muster": keys.DEFAULT_BINDER_SCHEDULER_NAME}
+#: gang fields that only some backends use
+_BACKEND_FIELDS = (("gang.queue", ("volcano",)), ("gang.priorityClass", ("volcano",)),
+                   ("gang.scheduleTimeoutSeconds", ("coscheduling", "muster")))
 _GROUP_KEYS = (  # (where, key, backend) of every key that puts a pod into a gang
     ("annotation", keys.VOLCANO_GROUP_ANNOTATION, "volcano"),
     ("label", keys.COSCHEDULING_GROUP_LABEL, "coscheduling"),
@@ -178,11 +181,9 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
     if value.get("istio.optOut"):
         labels[keys.ISTIO_INJECT] = "false"
         annotations[keys.ISTIO_INJECT] = "false"
-    for name, v in value.items():
-        if name.startswith("labels."):
-            labels[name[7:]] = v
-        elif name.startswith("annotations."):
-            annotations[name[12:]] = v
+    for compiled in reversed(matched):  # the highest priority last, so that it wins
+        labels.update(compiled.labels)
+        annotations.update(compiled.annotations)
     names = tuple(c.policy.name for c in matched)
     annotations[keys.ANN_POLICY] = ",".join(names)
 
@@ -231,9 +232,8 @@ def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple
     if min_member < 1:
         return None, f"the {work.kind} has no pods to gang"
 
-    for field, only in (("gang.queue", "volcano"), ("gang.priorityClass", "volcano"),
-                        ("gang.scheduleTimeoutSeconds", "coscheduling|muster")):
-        if field in merged and backend not in only.split("|"):
+    for field, only in _BACKEND_FIELDS:
+        if field in merged and backend not in only:
             warnings.append(f"{field} of policy {merged[field][1]} ignored: backend is {backend}")
 
     queue = priority_class = None
@@ -249,7 +249,7 @@ def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple
     min_resources = None
     if backend != "muster":
         job_res = sp.get("minResources")
-        if isinstance(job_res, Mapping) and job_res:
+        if job_res and (type(job_res) is dict or isinstance(job_res, Mapping)):
             min_resources = {str(k): str(v) for k, v in job_res.items()}
         else:
             wanted_res = value.get("gang.minResources", "auto")

@@ -16,6 +16,8 @@ _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
 def _d(value: Any) -> Mapping[str, Any]:
+    if type(value) is dict:  # the common case, without the slower ABC check
+        return value
     return value if isinstance(value, Mapping) else {}
 
 

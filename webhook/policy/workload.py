@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from webhook import keys
@@ -25,6 +26,7 @@ POD = "Pod"
 #: spec field holding the replica specs of each Kubeflow job kind
 _REPLICA_FIELD = {MPIJOB: "mpiReplicaSpecs", PYTORCHJOB: "pytorchReplicaSpecs",
                   TFJOB: "tfReplicaSpecs"}
+_JOB_KINDS = frozenset({*_REPLICA_FIELD, BATCH_JOB})
 #: replica types that go first when minResources is summed over the minMember first replicas
 _LEADERS = ("Launcher", "Master", "Chief", "PS")
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
@@ -51,16 +53,27 @@ def _i(value: Any, default: int | None = None) -> int | None:
 
 def group_kind(api_version: Any, kind: Any) -> str:
     """"kubeflow.org/MPIJob" from apiVersion kubeflow.org/v2beta1; "Pod" for the core group."""
-    group = api_version.rpartition("/")[0] if isinstance(api_version, str) else ""
-    return f"{group}/{kind}" if group else str(kind)
+    if type(api_version) is str and type(kind) is str:
+        return _group_kind(api_version, kind)
+    return str(kind)
+
+
+@lru_cache(maxsize=256)
+def _group_kind(api_version: str, kind: str) -> str:
+    group = api_version.rpartition("/")[0]
+    return f"{group}/{kind}" if group else kind
 
 
 def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    refs = [r for r in _l(_d(obj.get("metadata")).get("ownerReferences")) if isinstance(r, Mapping)]
+    """The controller ownerReference, or the only ownerReference when none is marked."""
+    refs = _l(_d(obj.get("metadata")).get("ownerReferences"))
+    only = None
     for ref in refs:
-        if ref.get("controller") is True:
-            return ref
-    return refs[0] if len(refs) == 1 else None
+        if type(ref) is dict or isinstance(ref, Mapping):
+            if ref.get("controller") is True:
+                return ref
+            only = ref if len(refs) == 1 else None
+    return only
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,11 +254,15 @@ def analyse(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Work
     while ref is not None and seen < 8:
         seen += 1
         kind = group_kind(ref.get("apiVersion"), ref.get("kind"))
-        obj = next((o for o in objs if _d(o.get("metadata")).get("name") == ref.get("name")
-                    and group_kind(o.get("apiVersion"), o.get("kind")) == kind), None)
+        obj = None
+        for o in objs:
+            if _d(o.get("metadata")).get("name") == ref.get("name") and \
+                    group_kind(o.get("apiVersion"), o.get("kind")) == kind:
+                obj = o
+                break
         chain.append((kind, ref, obj))
         ref = controller_ref(obj) if obj is not None else None
-    if chain and chain[-1][2] is None and chain[-1][0] in (*_REPLICA_FIELD, BATCH_JOB):
+    if chain and chain[-1][2] is None and chain[-1][0] in _JOB_KINDS:
         warnings.append(f"owner {chain[-1][0]} {chain[-1][1].get('name')} not available: gang "
                         "settings derived from the pod's ownerReferences and labels")
         # An MPI v2 launcher is a Job owned by the MPIJob: its labels still name the MPIJob.
@@ -254,7 +271,7 @@ def analyse(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Work
             chain.append((MPIJOB, {"name": job_name}, None))
     owner_kinds = frozenset(k for k, _, _ in chain)
 
-    known = [c for c in chain if c[0] in _REPLICA_FIELD or c[0] == BATCH_JOB]
+    known = [c for c in chain if c[0] in _JOB_KINDS]
     if not known:
         spec = _d(pod.get("spec"))
         ann = _d(meta.get("annotations"))
