@@ -93,3 +93,11 @@ async def test_fake_kubelet_process_admits_through_the_plugin(
         dgx1.gpus[i].uuid for i in (0, 2, 3, 4))
     refused = next(e for e in events if e["event"] == "refused")
     assert refused["code"] == "FAILED_PRECONDITION"
+
+
+def test_agent_without_api_credentials_exits_cleanly(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("apiVersion: v1\nkind: Config\n")
+    assert main(["agent", "--node-name", NODE, "--fake-nvml", "--kubeconfig", str(bad)]) == 2
+    assert "cannot reach the API server" in capsys.readouterr().err

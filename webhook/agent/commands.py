@@ -50,8 +50,10 @@ def discover(args: argparse.Namespace) -> int:
             return 2
         nvml = runner.nvml_source(args.fake_nvml)
         salt = None if args.keep_uuids else secrets.token_hex(8)
-        rec = record_nvml(nvml, source=f"muster agent discover on {os.uname().nodename}",
-                          anonymise_salt=salt)
+        source = f"muster agent discover on {os.uname().nodename}"
+        if args.fake_nvml:
+            source += f" (fake NVML {args.fake_nvml})"
+        rec = record_nvml(nvml, source=source, anonymise_salt=salt)
         Path(args.record).write_text(rec.to_json() + "\n")
         sys.stderr.write(f"recorded NVML answers to {args.record}\n")
     return 0 if topology is not None else 1
@@ -74,8 +76,12 @@ def run(args: argparse.Namespace) -> int:
                             assignment_wait_s=args.assignment_wait_seconds,
                             unassigned=args.unassigned))
 
-    async def main() -> None:
-        client = await make_api_client(args.kubeconfig)
+    async def main() -> int:
+        try:
+            client = await make_api_client(args.kubeconfig)
+        except Exception as exc:  # no kubeconfig, unreadable file, no in-cluster credentials
+            sys.stderr.write(f"muster agent: cannot reach the API server: {exc}\n")
+            return 2
         task = asyncio.create_task(Agent(config, discoverer, KubeApi(client)).run())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -85,6 +91,6 @@ def run(args: argparse.Namespace) -> int:
                 await task
         finally:
             await client.close()
+        return 0
 
-    asyncio.run(main())
-    return 0
+    return asyncio.run(main())
