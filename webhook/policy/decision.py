@@ -61,7 +61,8 @@ class Decision:
     matches: tuple[PolicyMatch, ...] = ()
     #: names of the policies applied (also written to the muster.io/policy annotation)
     policies: tuple[str, ...] = ()
-    #: PodGroup to ensure before the pod is admitted (None: no gang, or gang backend "muster")
+    #: the pod's gang (None: no gang). For backend "muster" it is carried on pod annotations
+    #: and podgroup_manifest() returns None: there is no PodGroup object to ensure.
     pod_group: PodGroupSpec | None = None
     #: desired pod state: keys to set (value) or remove (None)
     labels: Mapping[str, str | None] = field(default_factory=dict)

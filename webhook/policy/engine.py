@@ -159,6 +159,10 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
             warnings.append(f"gang policy {merged['gang.backend'][1]} not applied: {why_not}")
         else:
             scheduler_name = value.get("gang.schedulerName") or _DEFAULT_SCHEDULER[backend]
+            current = _d(pod.get("spec")).get("schedulerName")
+            if scheduler_name and current not in (None, "default-scheduler", scheduler_name):
+                warnings.append(f"schedulerName {current!r} replaced by {scheduler_name!r} "
+                                f"for the {backend} gang")
             _join(pod_group, labels, annotations)
             if backend == "muster":
                 tolerations.append(TOPOLOGY_TOLERATION)
