@@ -234,3 +234,12 @@ def test_affinity_is_anded_into_every_existing_term(worker_pod: dict[str, Any],
     model = {"key": keys.LABEL_GPU_MODEL, "operator": "In", "values": ["Tesla-V100-SXM2-16GB"]}
     assert all(model in t["matchExpressions"] for t in terms)
     assert terms[0]["matchExpressions"][0]["key"] == "zone"
+
+
+def test_custom_scheduler_replaced_with_warning(worker_pod: dict[str, Any],
+                                                mpijob: dict[str, Any],
+                                                policies: Policies) -> None:
+    worker_pod["spec"]["schedulerName"] = "my-scheduler"
+    d, pod = run(worker_pod, [mpijob], policies(policy("v", "gang:\n  backend: volcano")))
+    assert pod["spec"]["schedulerName"] == "volcano"
+    assert "schedulerName 'my-scheduler' replaced by 'volcano' for the volcano gang" in d.warnings

@@ -1,0 +1,52 @@
+"""Resource quantities (exact, canonical) and the memo of job facts."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from webhook.policy.quantity import QuantityError, add_quantities, format_quantity, parse_quantity
+from webhook.policy.workload import MPIJOB, job_facts
+
+
+@pytest.mark.parametrize(("text", "canonical"), [
+    ("500m", "500m"), ("4", "4"), ("16Gi", "16Gi"), ("1e3", "1k"), ("0.5", "500m"),
+    ("1.5Gi", "1536Mi"), ("100n", "100n"), (".5", "500m"), ("1Ki", "1Ki"), ("2048Ki", "2Mi"),
+    ("1000000k", "1G"), ("1.0000000001", "1000000001n"),
+])
+def test_parse_and_format(text: str, canonical: str) -> None:
+    assert format_quantity(*parse_quantity(text)) == canonical
+
+
+@pytest.mark.parametrize("bad", ["", ".", "lots", "1x", "1e99", "Gi", True, None, 1.5])
+def test_bad_quantities(bad: object) -> None:
+    with pytest.raises(QuantityError):
+        parse_quantity(bad)
+
+
+def test_sums_are_exact_and_keep_binary_only_when_all_binary() -> None:
+    total: dict[str, tuple[int, bool]] = {}
+    add_quantities(total, "cpu", "500m")
+    add_quantities(total, "cpu", "4", 4)
+    add_quantities(total, "memory", "1Gi")
+    add_quantities(total, "memory", "16Gi", 4)
+    add_quantities(total, "mixed", "1Gi")
+    add_quantities(total, "mixed", "1G")
+    assert {k: format_quantity(*v) for k, v in total.items()} == {
+        "cpu": "16500m", "memory": "65Gi", "mixed": "2073741824"}
+
+
+def test_job_facts_memo_follows_resource_version(mpijob: dict[str, Any]) -> None:
+    mpijob["metadata"]["resourceVersion"] = "1"
+    first = job_facts(MPIJOB, mpijob)
+    assert job_facts(MPIJOB, copy.deepcopy(mpijob)) is first
+    changed = copy.deepcopy(mpijob)
+    changed["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = 8
+    changed["metadata"]["resourceVersion"] = "2"  # every write changes it
+    assert job_facts(MPIJOB, changed).auto_min_member == 9
+    del changed["metadata"]["resourceVersion"]  # no version: never memoised
+    changed["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = 2
+    assert job_facts(MPIJOB, changed).auto_min_member == 3
+    assert first.min_resources(5) == {"cpu": "16500m", "memory": "65Gi", "nvidia.com/gpu": "4"}
