@@ -263,3 +263,23 @@ async def test_allocate_after_a_fruitless_preference_does_not_wait_twice(
     with pytest.raises(grpc.aio.AioRpcError):
         await kubelet.admit("nvidia.com/gpu", 1)
     assert 0.6 <= loop.time() - start < 1.1  # one wait of 0.6 s, not two
+
+
+async def test_agent_restart_mid_pod_serves_the_next_container_not_the_first_again(
+        sock_dir: Path, kubelet: FakeKubelet, dgx1: Topology, pods: ListedPods) -> None:
+    pods.items.append(make_pod("two", assign={"a": [0, 1], "b": [2, 3]}, topology=dgx1))
+    config = PluginConfig(node=NODE, kubelet_dir=sock_dir, assignment_wait_s=0.3, poll_s=0.05)
+    first = GpuDevicePlugin(config, dgx1, pods)
+    await first.ensure_registered()
+    await kubelet.wait_for("nvidia.com/gpu", count=8)
+    got_a = await kubelet.admit("nvidia.com/gpu", 2)
+    assert set(got_a.devices) == uuids(dgx1, 0, 1)
+    await first.stop()  # the agent restarts: what it handed out is forgotten
+    second = GpuDevicePlugin(config, dgx1, pods)
+    try:
+        await second.ensure_registered()
+        await kubelet.wait_for("nvidia.com/gpu", count=8)
+        got_b = await kubelet.admit("nvidia.com/gpu", 2)
+    finally:
+        await second.stop()
+    assert set(got_b.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == uuids(dgx1, 2, 3)

@@ -28,7 +28,9 @@ def test_exact_kubelet_pick_beats_age(dgx1: Topology) -> None:
 def test_handed_out_containers_move_to_the_next_one(dgx1: Topology) -> None:
     pod = make_pod("p", assign={"init": [0], "a": [0, 1], "b": [2]}, topology=dgx1)
     offer = pending([pod], NODE, devices(dgx1), {("uid-p", "init")})
-    assert [(g.container, len(g.uuids)) for g in offer.grants] == [("a", 2)]
+    assert [(g.container, len(g.uuids), g.next) for g in offer.grants] == [
+        ("a", 2, True), ("b", 1, False)]
+    assert choose(offer, 1) is None  # "b" is not asked for before "a"
     done = pending([pod], NODE, devices(dgx1), {("uid-p", "init"), ("uid-p", "a"), ("uid-p", "b")})
     assert done.grants == () and done.live == {"uid-p"}
 
@@ -57,3 +59,15 @@ def test_refusals_are_explained(dgx1: Topology) -> None:
     assert "assigned GPUs not on this node: ['GPU-other']" in text
     assert "ml/plain: no muster.io/gpu-assignment annotation" in text
     assert "elsewhere" not in text and "done" not in text
+
+
+def test_available_devices_skip_containers_the_kubelet_already_served(dgx1: Topology) -> None:
+    pod = make_pod("p", assign={"a": [0, 1], "b": [2, 3]}, topology=dgx1)
+    offer = pending([pod], NODE, devices(dgx1), set())  # nothing remembered (agent restarted)
+    free = [g.uuid for g in dgx1.gpus[2:]]
+    preferred = choose(offer, 2, available=free)
+    assert preferred is not None and preferred.container == "b"
+    # Allocate without the kubelet's exact pick only serves a pod's next container
+    assert (choose(offer, 2) or preferred).container == "a"
+    exact = choose(offer, 2, wanted=[dgx1.gpus[3].uuid, dgx1.gpus[2].uuid])
+    assert exact is not None and exact.container == "b"

@@ -46,7 +46,6 @@ class Endpoint:
     stub: Any
     devices: dict[str, str] = field(default_factory=dict)  # ID -> health
     numa: dict[str, list[int]] = field(default_factory=dict)
-    allocated: set[str] = field(default_factory=set)
     updates: int = 0
     watcher: asyncio.Task[None] | None = None
 
@@ -81,6 +80,9 @@ class FakeKubelet:
         self.dir = directory
         self.endpoints: dict[str, Endpoint] = {}
         self.registrations: list[tuple[str, str]] = []  # (resource, endpoint) per Register
+        #: devices given to containers, per resource; like the kubelet's checkpoint file it
+        #: survives plugin re-registration and kubelet restarts
+        self.allocated: dict[str, set[str]] = {}
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._server: grpc.aio.Server | None = None
         self._changed = asyncio.Condition()
@@ -169,7 +171,8 @@ class FakeKubelet:
     async def admit(self, resource: str, count: int) -> Admission:
         """Allocate `count` devices for one container, as the kubelet's device manager does."""
         ep = self.endpoints[resource]
-        free = sorted(d for d, h in ep.devices.items() if h == HEALTHY and d not in ep.allocated)
+        taken = self.allocated.setdefault(resource, set())
+        free = sorted(d for d, h in ep.devices.items() if h == HEALTHY and d not in taken)
         if len(free) < count:
             raise RuntimeError(f"{resource}: {count} requested, {len(free)} free")
         chosen = free[:count]
@@ -182,7 +185,7 @@ class FakeKubelet:
                 chosen = ids
         resp = await ep.stub.Allocate(api_pb2.AllocateRequest(container_requests=[
             api_pb2.ContainerAllocateRequest(devices_ids=chosen)]), timeout=30)
-        ep.allocated.update(chosen)
+        taken.update(chosen)
         cresp = resp.container_responses[0]
         return Admission(chosen, dict(cresp.envs), [c.name for c in cresp.cdi_devices])
 

@@ -5,7 +5,8 @@ being started is one bound to this node, still Pending, whose `muster.io/gpu-ass
 its next container (init containers first, then spec order, as the kubelet allocates them) as
 many GPUs as the kubelet asks for. Among several, the one whose assigned GPUs are exactly what
 the kubelet asked for wins, then the oldest. What was already handed out is remembered so that a
-container is never served twice.
+container is never served twice; after an agent restart the kubelet's free-device list tells
+which containers it already served.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from webhook.binder.assignment import AssignmentError, decode_assignment
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """The next container of a pending pod and the GPU UUIDs the binder gave it."""
+    """A container of a pending pod not served yet, and the GPU UUIDs the binder gave it."""
 
     pod: str  # namespace/name
     uid: str
     container: str
     uuids: tuple[str, ...]
     created: str  # creationTimestamp (RFC 3339 sorts as text)
+    #: the pod's first unserved container: the one the kubelet asks for next
+    next: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,27 +77,36 @@ def pending(pods: Iterable[Mapping[str, Any]], node: str, devices: Mapping[int, 
             refused[key] = f"assigned GPUs on node {assignment.node!r}, not {node!r}"
             continue
         todo = [(n, c) for n, c in assignment.containers.items() if (uid, n) not in handed]
-        if not todo:
-            continue  # every container served: the pod is starting
-        name, gpus = todo[0]
-        # the binder may not know UUIDs (node published no topology): resolve by index here
-        uuids = tuple(u or devices.get(i, "") for i, u in zip(gpus.indices, gpus.uuids,
-                                                               strict=True))
-        wrong = [u for u in uuids if u not in known]
-        if wrong:
-            refused[key] = f"container {name!r} is assigned GPUs not on this node: {wrong}"
-            continue
-        grants.append(Grant(key, uid, name, uuids, str(meta.get("creationTimestamp", ""))))
+        mine: list[Grant] = []
+        for name, gpus in todo:
+            # the binder may not know UUIDs (node published no topology): resolve by index here
+            uuids = tuple(u or devices.get(i, "") for i, u in zip(gpus.indices, gpus.uuids,
+                                                                   strict=True))
+            wrong = [u for u in uuids if u not in known]
+            if wrong:
+                refused[key] = f"container {name!r} is assigned GPUs not on this node: {wrong}"
+                mine = []
+                break
+            mine.append(Grant(key, uid, name, uuids, str(meta.get("creationTimestamp", "")),
+                              next=not mine))
+        grants += mine
     grants.sort(key=lambda g: (g.created, g.pod))
     return Pending(tuple(grants), refused, frozenset(live))
 
 
-def choose(offer: Pending, count: int, wanted: Collection[str] = ()) -> Grant | None:
-    """The grant for a container asking for `count` devices: one whose GPUs are exactly
-    `wanted` (the kubelet's pick) if any, else the oldest with the right count."""
-    fits = [g for g in offer.grants if len(g.uuids) == count]
+def choose(offer: Pending, count: int, wanted: Collection[str] = (),
+           available: Collection[str] | None = None) -> Grant | None:
+    """The grant for a container asking for `count` devices.
+
+    One whose GPUs are exactly `wanted` (the kubelet's pick) wins; else the oldest pod's next
+    container with the right count. With `available` (GetPreferredAllocation), only grants whose
+    GPUs the kubelet still has free count: a container whose GPUs the kubelet already gave out
+    was served before this agent restarted, so a later container of that pod is the one asked for.
+    """
+    fits = [g for g in offer.grants if len(g.uuids) == count
+            and (available is None or set(g.uuids) <= set(available))]
     exact = [g for g in fits if set(g.uuids) == set(wanted)]
-    best = exact or fits
+    best = exact or [g for g in fits if g.next] or (fits if available is not None else [])
     return best[0] if best else None
 
 
@@ -102,7 +114,7 @@ def explain(offer: Pending, node: str, count: int) -> str:
     """Why no grant fits: for the gRPC error the kubelet records on the pod."""
     parts = [f"{pod}: {why}" for pod, why in sorted(offer.refused.items())]
     parts += [f"{g.pod}: container {g.container!r} is assigned {len(g.uuids)} GPU(s)"
-              for g in offer.grants]
+              for g in offer.grants if g.next]
     waiting = "; ".join(parts) if parts else "none"
     return (f"no pod bound to node {node!r} is waiting for {count} GPU(s) with a "
             f"{keys.ANN_GPU_ASSIGNMENT} annotation from the binder (pending pods here: {waiting})")

@@ -159,8 +159,8 @@ class GpuDevicePlugin:
         self._handed = {(uid, c) for uid, c in self._handed if uid in offer.live}
         return offer
 
-    async def _wait_for(self, count: int, wanted: list[str],
-                        wait_s: float) -> tuple[Grant | None, Pending, str]:
+    async def _wait_for(self, count: int, wanted: list[str], wait_s: float,
+                        available: list[str] | None = None) -> tuple[Grant | None, Pending, str]:
         """Poll the pods until a grant fits or `wait_s` passes; (grant, offer, API error)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
@@ -171,17 +171,18 @@ class GpuDevicePlugin:
             except Exception as exc:  # an API outage must end in a clear refusal, not a crash
                 error = f"reading this node's pods failed: {exc}"
                 log.warning("pod lookup failed", extra={"error": str(exc)})
-            grant = choose(offer, count, wanted)
+            grant = choose(offer, count, wanted, available)
             if grant is not None or loop.time() >= deadline:
                 return grant, offer, error
             await asyncio.sleep(self.config.poll_s)
 
     async def preferred(self, available: list[str], must: list[str], size: int) -> list[str]:
         async with self._lock:
-            grant, _, _ = await self._wait_for(size, [], self.config.assignment_wait_s)
+            grant, _, _ = await self._wait_for(size, [], self.config.assignment_wait_s,
+                                               available + must)
             # the Allocate that follows need not wait a second time for the same answer
             self._missed = None if grant else (size, asyncio.get_running_loop().time())
-        if grant is not None and set(must) <= set(grant.uuids) <= set(available) | set(must):
+        if grant is not None and set(must) <= set(grant.uuids):
             return list(grant.uuids)
         # no assignment to honour: the kubelet's own default order
         return (must + [d for d in available if d not in must])[:size]
