@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.policy.decision import PolicyMatch
 from webhook.policy.schema import LabelSelector, SchedulingPolicy
 
 #: one selector requirement: (operator, key, values); matchLabels become ("=", key, {value})
@@ -61,10 +62,10 @@ class CompiledPolicy:
     #: the static labels and annotations the policy writes
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
-    #: first failed condition code → the reason shown for it
-    fail_reasons: Mapping[int, tuple[str, ...]]
-    #: the reasons shown when the policy matches
-    match_reasons: tuple[str, ...]
+    #: the Decision's record of this policy: when it matches, and per first failed condition
+    #: (immutable and independent of the pod, so built once here)
+    matched_record: PolicyMatch
+    failed_records: Mapping[int, PolicyMatch]
 
     def first_failure(self, namespace: str, ns_labels: Mapping[str, str],
                       pod_labels: Mapping[str, str], owner_kinds: frozenset[str],
@@ -92,6 +93,14 @@ def compile_policy(policy: SchedulingPolicy, writes: Sequence[tuple[str, Any]]) 
            "✓ podSelector matches" if m.podSelector is not None else "",
            f"✓ owner of kind {m.ownerKinds}" if m.ownerKinds is not None else "",
            f"✓ GPU count in [{gpus.min}, {gpus.max}]" if gpus is not None else ""]
+    fail_reasons = {
+        NO_MATCH_NAMESPACE: f"✗ namespace not in {m.namespaces}",
+        NO_MATCH_NS_SELECTOR: "✗ namespaceSelector does not match",
+        NO_MATCH_POD_SELECTOR: "✗ podSelector does not match",
+        NO_MATCH_OWNER: f"✗ no owner of kind {m.ownerKinds}",
+        NO_MATCH_GPUS: f"✗ GPU count outside [{gpus.min if gpus else None}, "
+                       f"{gpus.max if gpus else None}]",
+    }
     return CompiledPolicy(
         policy=policy,
         namespaces=frozenset(m.namespaces) if m.namespaces is not None else None,
@@ -103,15 +112,10 @@ def compile_policy(policy: SchedulingPolicy, writes: Sequence[tuple[str, Any]]) 
         writes=tuple((k, v) for k, v in writes if not k.startswith(("labels.", "annotations."))),
         labels=dict(policy.spec.labels),
         annotations=dict(policy.spec.annotations),
-        fail_reasons={
-            NO_MATCH_NAMESPACE: (f"✗ namespace not in {m.namespaces}",),
-            NO_MATCH_NS_SELECTOR: ("✗ namespaceSelector does not match",),
-            NO_MATCH_POD_SELECTOR: ("✗ podSelector does not match",),
-            NO_MATCH_OWNER: (f"✗ no owner of kind {m.ownerKinds}",),
-            NO_MATCH_GPUS: (f"✗ GPU count outside [{gpus.min if gpus else None}, "
-                            f"{gpus.max if gpus else None}]",),
-        },
-        match_reasons=tuple(r for r in met if r) or ("✓ no conditions: matches every pod",))
+        matched_record=PolicyMatch(policy.name, True, tuple(r for r in met if r)
+                                   or ("✓ no conditions: matches every pod",)),
+        failed_records={code: PolicyMatch(policy.name, False, (why,))
+                        for code, why in fail_reasons.items()})
 
 
 @dataclass(frozen=True, slots=True)

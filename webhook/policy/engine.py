@@ -128,9 +128,9 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
         failed = compiled.first_failure(namespace, ns_labels, pod_labels, work.owner_kinds,
                                         work.gpus)
         if failed:
-            matches.append(PolicyMatch(compiled.policy.name, False, compiled.fail_reasons[failed]))
+            matches.append(compiled.failed_records[failed])
         else:
-            matches.append(PolicyMatch(compiled.policy.name, True, compiled.match_reasons))
+            matches.append(compiled.matched_record)
             matched.append(compiled)
 
     labels: dict[str, str | None] = {}
