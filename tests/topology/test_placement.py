@@ -216,3 +216,15 @@ def test_random_clusters_give_valid_minimal_placements(seed: int, count: int, si
         (name,) = gpu_nodes
         chosen = [g for m in p.members for g in m.gpus]
         assert p.gang_gbps == set_score(by_name[name].topology, chosen).allreduce_gbps  # type: ignore[arg-type]
+
+
+def test_malformed_gangs_are_refused_not_crashed() -> None:
+    neg = GangRequest(name="g", members=(MemberRequest("ns/a", -1),))
+    r = place_gang([node("a")], neg)
+    assert isinstance(r, Unplaceable) and "negative" in r.reason
+    dup = GangRequest(name="g", members=(MemberRequest("ns/a", 1), MemberRequest("ns/a", 1)))
+    r = place_gang([node("a")], dup)
+    assert isinstance(r, Unplaceable) and "twice" in r.reason
+    too_big = GangRequest(name="g", members=(MemberRequest("ns/a", 9),))
+    r = place_gang([node("a", free=range(8)), node("b", free=(0, 99))], too_big)
+    assert isinstance(r, Unplaceable) and "needs 9 GPUs" in r.reason

@@ -145,6 +145,12 @@ def place_gang(
     """Place every member of `gang` on `nodes` (what is free now), or say why it cannot be."""
     if not gang.members:
         return Unplaceable(f"gang {gang.name} has no members")
+    bad = next((m for m in gang.members if m.gpus < 0 or m.cpu_milli < 0 or m.memory_bytes < 0),
+               None)
+    if bad is not None:
+        return Unplaceable(f"gang {gang.name}: member {bad.key} asks for a negative amount")
+    if len({m.key for m in gang.members}) != len(gang.members):
+        return Unplaceable(f"gang {gang.name} lists a member twice")
     gpu_members = [m for m in gang.members if m.gpus > 0]
     views = _Views(nodes)
     used: list[_Node] = []
@@ -181,7 +187,7 @@ def _place_single(
     cpu = sum(m.cpu_milli for m in gpu_members)
     mem = sum(m.memory_bytes for m in gpu_members)
     pods = len(gpu_members)
-    eligible = [m.eligible_nodes for m in gpu_members if m.eligible_nodes is not None]
+    eligible = list({m.eligible_nodes for m in gpu_members if m.eligible_nodes is not None})
     floor = gang.min_ring_gbps if gang.mode == "required" and total >= 2 else None
     best: NodeState | None = None
     best_key: tuple[object, ...] | None = None
