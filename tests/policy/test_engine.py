@@ -181,9 +181,14 @@ def test_pytorchjob_batch_job_and_bare_pod(worker_pod: dict[str, Any],
     d, _ = run(pod, [job], ps)
     assert d.pod_group is not None and d.pod_group.min_member == 4
     del pod["metadata"]["ownerReferences"]
-    d, _ = run(pod, [], ps)
-    assert d.pod_group is not None and d.pod_group.name == pod["metadata"]["name"]
-    assert d.pod_group.min_member == 1 and d.pod_group.owner is None
+    # a bare pod: no gang (Volcano's own controller makes and owns the pod's PodGroup)
+    d, bare = run(pod, [], policies(policy("g", "gang:\n  backend: volcano\n  queue: q1")))
+    assert d.pod_group is None
+    assert bare["spec"]["schedulerName"] == "volcano"
+    assert bare["metadata"]["annotations"] == {keys.VOLCANO_QUEUE_ANNOTATION: "q1",
+                                               keys.ANN_POLICY: "g"}
+    d, bare = run(pod, [], policies(policy("c", "gang:\n  backend: coscheduling")))
+    assert d.pod_group is None and keys.COSCHEDULING_GROUP_LABEL not in bare["metadata"]["labels"]
 
 
 def test_priority_merge_per_field(worker_pod: dict[str, Any], mpijob: dict[str, Any],
@@ -242,4 +247,4 @@ def test_custom_scheduler_replaced_with_warning(worker_pod: dict[str, Any],
     worker_pod["spec"]["schedulerName"] = "my-scheduler"
     d, pod = run(worker_pod, [mpijob], policies(policy("v", "gang:\n  backend: volcano")))
     assert pod["spec"]["schedulerName"] == "volcano"
-    assert "schedulerName 'my-scheduler' replaced by 'volcano' for the volcano gang" in d.warnings
+    assert "schedulerName 'my-scheduler' replaced by 'volcano' for backend volcano" in d.warnings

@@ -19,7 +19,7 @@ from webhook.policy.decision import Backend, Decision, PodGroupSpec, PolicyMatch
 from webhook.policy.policyset import PolicySet
 from webhook.policy.schema import Match
 from webhook.policy.selectors import mismatch
-from webhook.policy.workload import Workload, analyse
+from webhook.policy.workload import POD, Workload, analyse
 
 TOPOLOGY_TOLERATION: Mapping[str, str] = {
     "key": keys.TAINT_GPU_TOPOLOGY, "operator": "Exists", "effect": "NoSchedule"}
@@ -151,7 +151,16 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
 
     pod_group = None
     backend: Backend | None = value.get("gang.backend")
-    if backend is not None:
+    if backend is not None and work.kind == POD and backend != "muster":
+        # A single pod needs no gang, and a PodGroup made for it could not be owned by it (no
+        # uid yet at admission), so it would outlive the pod. Volcano still schedules it: its
+        # controller creates the pod's own PodGroup, taking the queue from the annotation.
+        if backend == "volcano":
+            scheduler_name = value.get("gang.schedulerName") or "volcano"
+            queue = pod_ann.get(keys.VOLCANO_QUEUE_ANNOTATION) or value.get("gang.queue")
+            if queue:
+                annotations[keys.VOLCANO_QUEUE_ANNOTATION] = queue
+    elif backend is not None:
         warnings.extend(work.warnings)
         pod_group, why_not = _gang(backend, value, merged, work, namespace=namespace,
                                    pod_labels=pod_labels, pod_ann=pod_ann, warnings=warnings)
@@ -159,13 +168,13 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
             warnings.append(f"gang policy {merged['gang.backend'][1]} not applied: {why_not}")
         else:
             scheduler_name = value.get("gang.schedulerName") or _DEFAULT_SCHEDULER[backend]
-            current = _d(pod.get("spec")).get("schedulerName")
-            if scheduler_name and current not in (None, "default-scheduler", scheduler_name):
-                warnings.append(f"schedulerName {current!r} replaced by {scheduler_name!r} "
-                                f"for the {backend} gang")
             _join(pod_group, labels, annotations)
             if backend == "muster":
                 tolerations.append(TOPOLOGY_TOLERATION)
+    current = _d(pod.get("spec")).get("schedulerName")
+    if scheduler_name and current not in (None, "default-scheduler", scheduler_name):
+        warnings.append(f"schedulerName {current!r} replaced by {scheduler_name!r} for backend "
+                        f"{backend}")
 
     mode = value.get("topology.mode", "off")
     if mode != "off":
