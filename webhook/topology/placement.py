@@ -77,11 +77,6 @@ class _Node:
         self.pods -= 1
         self.nfree -= m.gpus
 
-    def key(self, k: int) -> tuple[object, ...]:
-        """Sort key for hosting k GPUs: best bandwidth, best fit, what stays, then name."""
-        assert self.tables is not None
-        return (self.tables.placement_key(self.free, k), self.state.name)
-
     def gbps(self, k: int) -> float:
         assert self.tables is not None
         return -self.tables.placement_key(self.free, k)[0] if k >= 2 else math.inf
