@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
+import json
 import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -115,8 +116,6 @@ def test_duplicate_key_and_wrong_kind_and_api_version() -> None:
 
 
 def test_the_fixture_configmap_stub_is_refused(shared_dir: Path) -> None:
-    import json  # noqa: PLC0415
-
     review = json.loads((shared_dir / "fixtures/admission/configmap-create-policies.json")
                         .read_text())
     msgs = issues_of(review["request"]["object"]["data"])
@@ -124,24 +123,14 @@ def test_the_fixture_configmap_stub_is_refused(shared_dir: Path) -> None:
                     "(document 1)"]
 
 
-def test_not_a_mapping_and_not_utf8() -> None:
+def test_not_a_mapping_and_not_utf8(tmp_path: Path) -> None:
     assert issues_of({"l.yaml": "- a\n- b\n"})[0].startswith("l.yaml:1:1: a policy document must "
                                                              "be a mapping, got a list")
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"apiVersion: muster.io/v1alpha1\nkind: \xff\xfe\n")
     with pytest.raises(PolicyError) as info:
-        load_policies_bytes(b"apiVersion: muster.io/v1alpha1\nkind: \xff\xfe\n")
-    assert str(info.value.issues[0]).startswith("bad.yaml:2:7: not UTF-8 text (byte 0xff)")
-
-
-def load_policies_bytes(raw: bytes, tmp: Path | None = None) -> None:
-    import tempfile  # noqa: PLC0415
-
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "bad.yaml").write_bytes(raw)
-        os.chdir(d)
-        try:
-            load_policies(["bad.yaml"])
-        finally:
-            os.chdir(REPO)
+        load_policies([bad])
+    assert str(info.value.issues[0]) == f"{bad}:2:7: not UTF-8 text (byte 0xff)"
 
 
 def test_duplicate_policy_names_across_files() -> None:
@@ -257,8 +246,6 @@ _yamlish = st.recursive(
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_yamlish)
 def test_random_structures_never_crash_the_loader(doc: object) -> None:
-    import yaml  # noqa: PLC0415
-
     text = yaml.safe_dump({"apiVersion": "muster.io/v1alpha1", "kind": "SchedulingPolicy",
                            "metadata": {"name": "f"}, "spec": doc})
     try:
