@@ -215,10 +215,10 @@ def test_self_mode_never_templates_ca_bundle(helm_template: Render, lookup: bool
     # the Secrets are not Helm objects: upgrade and uninstall cannot drop them
     assert not find(objs, "Secret")
     # in-process rights: get/update its own Secrets and webhook configurations, by name
-    role = one(objs, "Role", "muster-webhook-secrets")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"],
-                              "resourceNames": ["muster-webhook-tls", "muster-webhook-ca"],
-                              "verbs": ["get", "update"]}]
+    role = one(objs, "Role", "muster-webhook")
+    assert role["rules"][1:] == [{"apiGroups": [""], "resources": ["secrets"],
+                                  "resourceNames": ["muster-webhook-tls", "muster-webhook-ca"],
+                                  "verbs": ["get", "update"]}]
     webhook_rules = one(objs, "ClusterRole", "muster-webhook")["rules"]
     admreg = [r for r in webhook_rules if r["apiGroups"] == ["admissionregistration.k8s.io"]]
     assert [r["resourceNames"] for r in admreg] == [[name], [name]]
@@ -260,6 +260,8 @@ def test_external_mode_uses_admin_secret_and_bundle(helm_template: Render) -> No
     # no rights on webhook configurations or Secrets in this mode
     assert all("admissionregistration.k8s.io" not in r["apiGroups"]
                for r in one(objs, "ClusterRole", "muster-webhook")["rules"])
+    assert [r["resources"] for r in one(objs, "Role", "muster-webhook")["rules"]] == [
+        ["configmaps"]]
 
 
 @pytest.mark.parametrize(("values", "message"), [
@@ -385,14 +387,21 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
     objs = helm_template()
     assert _grants(objs, "ClusterRole", "muster-webhook") == _expand({
         ("", "namespaces"): "get,list,watch",
-        ("kubeflow.org", "mpijobs,pytorchjobs,tfjobs"): "get,list,watch",
-        ("batch", "jobs"): "get,list,watch",
+        ("batch", "jobs,cronjobs"): "get",
+        ("apps", "replicasets,deployments,statefulsets,daemonsets"): "get",
+        ("kubeflow.org", "mpijobs,pytorchjobs,tfjobs,xgboostjobs,paddlejobs"): "get",
         ("scheduling.volcano.sh", "scheduling.x-k8s.io", "podgroups"):
-            "get,list,watch,create,update,patch",
+            "get,list,watch,create,patch",
         ("", "events.k8s.io", "events"): "create,patch",
         ("admissionregistration.k8s.io",
          "mutatingwebhookconfigurations,validatingwebhookconfigurations"): "get,update,patch",
     })
+    assert one(objs, "Role", "muster-webhook")["rules"][0] == {
+        "apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["muster-policies"],
+        "verbs": ["get"]}
+    extra = helm_template({"webhook": {"ownerResources": [
+        {"apiGroup": "ray.io", "resources": ["rayjobs"]}]}})
+    assert ("ray.io", "rayjobs", "get") in _grants(extra, "ClusterRole", "muster-webhook")
     assert _grants(objs, "ClusterRole", "muster-binder") == _expand({
         ("", "pods"): "get,list,watch,patch",
         ("", "pods/binding"): "create",
