@@ -56,7 +56,7 @@ def test_rfc_examples(name: str, doc: Any, ops: list[dict[str, Any]], want: Any)
     assert repr(doc) == before, "the input document must not be modified"
 
 
-ERROR_CASES: list[tuple[str, Any, list[Any], str]] = [
+ERROR_CASES: list[tuple[str, Any, Any, str]] = [
     ("A.9 test failure", {"baz": "qux"}, [{"op": "test", "path": "/baz", "value": "bar"}],
      "differs"),
     ("A.12 add to nonexistent target", {"foo": "bar"},

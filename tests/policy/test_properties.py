@@ -83,7 +83,7 @@ def policy_sets(draw: st.DrawFn) -> PolicySet:
 
 @st.composite
 def pods(draw: st.DrawFn) -> dict[str, Any]:
-    pod = copy.deepcopy(draw(st.sampled_from([WORKER, LAUNCHER])))
+    pod: dict[str, Any] = copy.deepcopy(draw(st.sampled_from([WORKER, LAUNCHER])))
     meta = pod["metadata"]
     meta["namespace"] = draw(st.sampled_from(["team-a", "team-b"]))
     if draw(st.booleans()):
