@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -32,6 +31,9 @@ class ClusterContext(Protocol):
     """What admission needs from the cluster; every read comes from a cache where one can."""
 
     def namespace_labels(self, namespace: str) -> Mapping[str, str] | None: ...
+
+    def cached_owners(self, pod: Mapping[str, Any], namespace: str) -> list[
+        dict[str, Any]] | None: ...
 
     async def owners(self, pod: Mapping[str, Any], namespace: str) -> tuple[
         list[dict[str, Any]], list[str]]: ...
@@ -146,11 +148,12 @@ class Admitter:
             result.warnings.append("muster: no valid policies loaded; pod admitted unchanged")
             result.fail_open = "not_ready"
             return result
-        deadline = time.monotonic() + budget
+        # Only awaits that may wait on the API server run under the deadline; the common path
+        # (everything cached) has none.
+        deadline = asyncio.get_running_loop().time() + budget
         try:
-            async with asyncio.timeout(budget):
-                await self._decide(review, clean_pod, namespace, policies, deadline=deadline,
-                                  result=result)
+            await self._decide(review, clean_pod, namespace, policies, deadline=deadline,
+                               result=result)
         except TimeoutError:
             result.warnings.append("muster: policy decision did not finish before the "
                                    "webhook deadline; pod admitted unchanged")
@@ -187,8 +190,13 @@ class Admitter:
                                        "namespaceSelector policies may not apply")
                 known = {"kubernetes.io/metadata.name": namespace}
             ns_labels = known
-            owners, owner_warnings = await self.context.owners(pod, namespace)
-            result.warnings.extend(owner_warnings)
+            cached = self.context.cached_owners(pod, namespace)
+            if cached is not None:
+                owners = cached
+            else:
+                async with asyncio.timeout_at(deadline):
+                    owners, owner_warnings = await self.context.owners(pod, namespace)
+                result.warnings.extend(owner_warnings)
         decision = evaluate(pod, namespace_labels=ns_labels, owners=owners, policies=policies)
         result.warnings.extend(decision.warnings)
         result.patch.extend(render_patch(pod, decision))
@@ -210,7 +218,7 @@ class Admitter:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         try:
-            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+            async with asyncio.timeout_at(deadline):
                 warnings = await asyncio.shield(task)
         except TimeoutError:
             result.warnings.append(f"muster: PodGroup {spec.namespace}/{spec.name} not "

@@ -56,8 +56,7 @@ def build_app(admitter: Admitter, metrics: Metrics, max_body_bytes: int) -> web.
             start = time.perf_counter()
             resp, outcome = await _review(request, decide, max_body_bytes,
                                           admitter.config.deadline_margin, metrics)
-            metrics.requests.labels(endpoint, outcome).inc()
-            metrics.latency.labels(endpoint, outcome).observe(time.perf_counter() - start)
+            metrics.observe_request(endpoint, outcome, time.perf_counter() - start)
             return resp
         return handle
 

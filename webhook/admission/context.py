@@ -55,6 +55,13 @@ class OwnerCache:
         self._inflight: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
         self.fetches = 0
 
+    def peek(self, ref: Mapping[str, Any]) -> tuple[bool, dict[str, Any] | None]:
+        """(fresh entry present, its object) without waiting: the common path has no await."""
+        entry = self._entries.get(str(ref.get("uid", "")))
+        if entry is not None and entry[0] > time.monotonic():
+            return True, entry[1]
+        return False, None
+
     async def get(self, ref: Mapping[str, Any], namespace: str) -> dict[str, Any] | None:
         uid = str(ref.get("uid", ""))
         now = time.monotonic()
@@ -137,6 +144,23 @@ class KubeContext:
             return None
         labels = (obj.get("metadata") or {}).get("labels") or {}
         return labels if isinstance(labels, Mapping) else {}
+
+    def cached_owners(self, pod: Mapping[str, Any], namespace: str) -> list[
+            dict[str, Any]] | None:
+        """The owner chain when every link is cached and found; None sends the caller to
+        `owners` (which fetches, and explains a missing owner with a warning)."""
+        owners: list[dict[str, Any]] = []
+        current: Mapping[str, Any] = pod
+        for _ in range(MAX_OWNER_DEPTH):
+            ref = controller_ref(current)
+            if ref is None:
+                return owners
+            fresh, obj = self.owner_cache.peek(ref)
+            if not fresh or obj is None:
+                return None
+            owners.append(obj)
+            current = obj
+        return owners
 
     async def owners(self, pod: Mapping[str, Any], namespace: str) -> tuple[
             list[dict[str, Any]], list[str]]:

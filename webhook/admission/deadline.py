@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 DEFAULT_TIMEOUT_S = 10.0  # the API server's default webhook timeoutSeconds
@@ -25,6 +26,7 @@ def parse_go_duration(text: str) -> float | None:
     return total
 
 
+@functools.lru_cache(maxsize=64)  # the API server sends the same few values, e.g. "10s"
 def budget(timeout_param: str | None, margin: float) -> float:
     """Seconds the server may spend before it must answer: the timeout minus a safety margin.
 

@@ -14,6 +14,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self._request_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         self.requests = Counter(
             "muster_admission_requests", "Admission requests answered, by endpoint and outcome "
             "(allowed, patched, denied, fail_open, bad_request, too_large, unsupported_media)",
@@ -46,6 +47,15 @@ class Metrics:
         self.cert_reloads = Counter(
             "muster_certificate_reloads", "Serving certificate reloads, by result",
             ["result"], registry=r)
+
+    def observe_request(self, endpoint: str, outcome: str, seconds: float) -> None:
+        children = self._request_children.get((endpoint, outcome))
+        if children is None:  # labels() takes a lock and builds a key: resolve once per pair
+            children = (self.requests.labels(endpoint, outcome),
+                        self.latency.labels(endpoint, outcome))
+            self._request_children[(endpoint, outcome)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
