@@ -54,7 +54,7 @@ def node_meta(cluster: ApiServerEmulator) -> tuple[dict[str, str], dict[str, str
 
 async def test_published_annotation_is_exactly_the_builtin_dgx1_v100(
         cluster: ApiServerEmulator, kube: KubeApi, sock_dir: Path) -> None:
-    agent = Agent(agent_config(sock_dir), nvml_discoverer("dgx1-v100"), kube)
+    agent = Agent(agent_config(sock_dir), nvml_discoverer(FakeNvml.profile("dgx1-v100")), kube)
     await agent.step()
     labels, annotations = node_meta(cluster)
     published = decode(annotations[keys.ANN_NODE_TOPOLOGY])
@@ -119,7 +119,7 @@ async def create_pod(cluster: ApiServerEmulator, pod: dict[str, Any]) -> None:
 
 async def test_allocate_reads_the_assignment_from_the_api(
         cluster: ApiServerEmulator, kube: KubeApi, sock_dir: Path, kubelet: FakeKubelet) -> None:
-    agent = Agent(agent_config(sock_dir), nvml_discoverer("dgx1-v100"), kube)
+    agent = Agent(agent_config(sock_dir), nvml_discoverer(FakeNvml.profile("dgx1-v100")), kube)
     run = asyncio.create_task(agent.run())
     topo: Topology = builtin("dgx1-v100")
     try:

@@ -11,6 +11,7 @@ import secrets
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from webhook.agent import runner
 from webhook.agent.deviceplugin.plugin import PluginConfig
@@ -22,15 +23,17 @@ from webhook.kube.client import make_api_client
 from webhook.topology.codec import to_dict, topology_class
 
 
-def _discoverer(args: argparse.Namespace) -> Discoverer:
+def _sources(args: argparse.Namespace) -> tuple[Discoverer, Any]:
+    """(discoverer, NVML for XID events or None) from --fake-nvml/--topology-file/--node-type."""
     if args.topology_file or args.node_type:
-        return runner.static_discoverer(args.topology_file, args.node_type)
-    return runner.nvml_discoverer(args.fake_nvml)
+        return runner.static_discoverer(args.topology_file, args.node_type), None
+    nvml = runner.nvml_source(args.fake_nvml)
+    return runner.nvml_discoverer(nvml), nvml
 
 
 def discover(args: argparse.Namespace) -> int:
     try:
-        found = _discoverer(args)()
+        found = _sources(args)[0]()
     except (ValueError, KeyError, OSError) as exc:
         sys.stderr.write(f"muster agent discover: {exc}\n")
         return 2
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("muster agent: --node-name (or $NODE_NAME) is required\n")
         return 2
     try:
-        discoverer = _discoverer(args)
+        discoverer, events_nvml = _sources(args)
     except (ValueError, KeyError, OSError) as exc:
         sys.stderr.write(f"muster agent: {exc}\n")
         return 2
@@ -82,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:  # no kubeconfig, unreadable file, no in-cluster credentials
             sys.stderr.write(f"muster agent: cannot reach the API server: {exc}\n")
             return 2
-        task = asyncio.create_task(Agent(config, discoverer, KubeApi(client)).run())
+        task = asyncio.create_task(Agent(config, discoverer, KubeApi(client), events_nvml).run())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)

@@ -9,9 +9,10 @@ falls off the bus mid-discovery.
 
 from __future__ import annotations
 
+import queue
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +32,23 @@ class FakeHandle:
     """Opaque device handle, as nvmlDeviceGetHandleByIndex's c_nvmlDevice_t."""
 
     index: int
+
+
+@dataclass(frozen=True, slots=True)
+class FakeEventData:
+    """c_nvmlEventData_t's fields (a ctypes structure cannot hold a FakeHandle)."""
+
+    device: FakeHandle
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = 0
+    computeInstanceId: int = 0
+
+
+@dataclass(eq=False)
+class FakeEventSet:
+    devices: set[int] = field(default_factory=set)
+    queue: queue.Queue[FakeEventData] = field(default_factory=queue.Queue)
 
 
 def _pci_info(bus_id: str) -> Any:
@@ -62,6 +80,7 @@ class FakeNvml:
         self.initialised = 0
         self.calls: list[str] = []
         self._lost: dict[int, int] = {}  # GPU index -> calls left before it is lost
+        self._event_sets: list[FakeEventSet] = []
 
     @classmethod
     def from_file(cls, path: str | Path) -> FakeNvml:
@@ -70,6 +89,13 @@ class FakeNvml:
     @classmethod
     def profile(cls, name: str) -> FakeNvml:
         return cls(profile_record(name))
+
+    def inject_xid(self, index: int, xid: int) -> None:
+        """A critical XID on GPU `index`, delivered to every event set watching it."""
+        for events in self._event_sets:
+            if index in events.devices:
+                events.queue.put(FakeEventData(FakeHandle(index),
+                                               pynvml.nvmlEventTypeXidCriticalError, xid))
 
     def lose_gpu_after(self, index: int, calls: int) -> None:
         """After `calls` more NVML calls on this GPU, every call on it raises GPU_IS_LOST."""
@@ -177,6 +203,29 @@ class FakeNvml:
         if rec.remote_type is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return _value(rec.remote_type)
+
+    def nvmlEventSetCreate(self) -> FakeEventSet:
+        self._enter("nvmlEventSetCreate")
+        events = FakeEventSet()
+        self._event_sets.append(events)
+        return events
+
+    def nvmlDeviceRegisterEvents(self, handle: FakeHandle, types: int,
+                                 events: FakeEventSet) -> None:
+        self._device("nvmlDeviceRegisterEvents", handle)
+        if types & pynvml.nvmlEventTypeXidCriticalError:
+            events.devices.add(handle.index)
+
+    def nvmlEventSetWait_v2(self, events: FakeEventSet, timeoutms: int) -> FakeEventData:
+        self._enter("nvmlEventSetWait_v2")
+        try:
+            return events.queue.get(timeout=timeoutms / 1000)
+        except queue.Empty:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None
+
+    def nvmlEventSetFree(self, events: FakeEventSet) -> None:
+        self._enter("nvmlEventSetFree")
+        self._event_sets.remove(events)
 
     def nvmlDeviceGetTopologyCommonAncestor(self, first: FakeHandle, second: FakeHandle) -> int:
         self._enter("nvmlDeviceGetTopologyCommonAncestor", first, second)

@@ -1,15 +1,18 @@
 """`muster agent`: discovery → Node publisher, and the device plugin, on one node.
 
 Discovery runs every `rediscover_s` (NVML calls block, so in a thread); a changed result is
-published on the Node and a changed device health is streamed to the kubelet. Neither a failed
-API call nor a failed NVML call stops the agent: it logs, marks the node degraded where it can,
-and tries again on the next round.
+published on the Node and a changed device health is streamed to the kubelet. Between
+discoveries, critical XID events (webhook.agent.health) mark a GPU unhealthy at once. Neither a
+failed API call nor a failed NVML call stops the agent: it logs, marks the node degraded where it
+can, and tries again on the next round.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +23,7 @@ import pynvml
 from webhook.agent.deviceplugin.plugin import GpuDevicePlugin, PluginConfig
 from webhook.agent.discovery import Discovery, discover, keep_identity
 from webhook.agent.fakenvml import PROFILES, FakeNvml
+from webhook.agent.health import XidEvent, XidWatcher, mark_unhealthy
 from webhook.agent.publisher import NodePublisher
 from webhook.kube.api import PODS, ApiError, KubeApi
 from webhook.topology.builtin import builtin
@@ -44,8 +48,7 @@ def nvml_source(fake: str | None = None) -> Any:
                      "nor a recorded file")
 
 
-def nvml_discoverer(fake: str | None = None) -> Discoverer:
-    nvml = nvml_source(fake)
+def nvml_discoverer(nvml: Any) -> Discoverer:
     return lambda: discover(nvml)
 
 
@@ -84,36 +87,70 @@ class AgentConfig:
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, discoverer: Discoverer, api: KubeApi) -> None:
+    """Discovery → Node publisher and device plugin; `events_nvml` (pynvml or a fake) adds XID
+    fault watching between discoveries."""
+
+    def __init__(self, config: AgentConfig, discoverer: Discoverer, api: KubeApi,
+                 events_nvml: Any | None = None) -> None:
         self.config = config
         self.discoverer = discoverer
+        self.events_nvml = events_nvml
         self.publisher = NodePublisher(api, config.node)
         self.pods = NodePods(api, config.node)
         self.plugin: GpuDevicePlugin | None = None
-        self.topology: Topology | None = None
+        self.topology: Topology | None = None  # as discovered, identities kept
+        self.found = Discovery(None)
+        self.faulty: set[str] = set()  # UUIDs of GPUs with a critical XID since start
+        self._apply_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.rounds = 0
 
     async def step(self) -> Discovery:
-        """One round: discover, publish, update the device plugin's device list."""
+        """One round: discover, then publish and update the device list."""
         found = await asyncio.to_thread(self.discoverer)
         if found.topology is not None:
-            topology = keep_identity(self.topology, found.topology)
-            found = Discovery(topology, found.degradations, found.driver_version)
-            self.topology = topology
-        try:
-            await self.publisher.publish(found)
-        except ApiError as exc:
-            log.warning("publishing the node topology failed; retrying next round",
-                        extra={"node": self.config.node, "error": str(exc)})
-        if self.topology is not None:
-            if self.plugin is None:
-                self.plugin = GpuDevicePlugin(self.config.plugin, self.topology, self.pods)
-            else:
-                await self.plugin.set_topology(self.topology)
+            self.topology = keep_identity(self.topology, found.topology)
+            found = Discovery(self.topology, found.degradations, found.driver_version)
+        self.found = found
+        await self.apply()
         self.rounds += 1
         return found
 
+    async def apply(self) -> None:
+        """Publish the last discovery, with XID-faulty GPUs unhealthy, and hand the devices to
+        the plugin. API errors are retried on the next round."""
+        async with self._apply_lock:
+            found = self.found
+            if found.topology is not None:
+                found = dataclasses.replace(found,
+                                            topology=mark_unhealthy(found.topology, self.faulty))
+            try:
+                await self.publisher.publish(found)
+            except ApiError as exc:
+                log.warning("publishing the node topology failed; retrying next round",
+                            extra={"node": self.config.node, "error": str(exc)})
+            if found.topology is not None:
+                if self.plugin is None:
+                    self.plugin = GpuDevicePlugin(self.config.plugin, found.topology, self.pods)
+                else:
+                    await self.plugin.set_topology(found.topology)
+
+    def _on_xid(self, event: XidEvent) -> None:
+        if event.uuid not in self.faulty:
+            self.faulty.add(event.uuid)
+            task = asyncio.create_task(self.apply())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+        watcher: asyncio.Future[None] | None = None
+        if self.events_nvml is not None:
+            def emit(event: XidEvent) -> None:  # called on the watcher's thread
+                loop.call_soon_threadsafe(self._on_xid, event)
+
+            watcher = loop.run_in_executor(None, XidWatcher(self.events_nvml).run, stop, emit)
         plugin_task: asyncio.Task[None] | None = None
         try:
             while True:
@@ -122,6 +159,9 @@ class Agent:
                     plugin_task = asyncio.create_task(self.plugin.run())
                 await asyncio.sleep(self.config.rediscover_s)
         finally:
+            stop.set()
             if plugin_task is not None:
                 plugin_task.cancel()
                 await asyncio.gather(plugin_task, return_exceptions=True)
+            if watcher is not None:
+                await asyncio.gather(watcher, return_exceptions=True)
