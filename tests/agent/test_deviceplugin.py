@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 import shutil
 import tempfile
+import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -283,3 +285,15 @@ async def test_agent_restart_mid_pod_serves_the_next_container_not_the_first_aga
     finally:
         await second.stop()
     assert set(got_b.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == uuids(dgx1, 2, 3)
+
+
+def test_pyproject_bounds_match_the_generated_code() -> None:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pb2 = (ROOT / OUTPUTS[0]).read_text()
+    grpc_mod = (ROOT / OUTPUTS[1]).read_text()
+    protobuf_made = re.search(r"Protobuf Python Version: ([\d.]+)", pb2)
+    grpc_made = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", grpc_mod)
+    assert protobuf_made and grpc_made
+    major = protobuf_made[1].split(".")[0]
+    assert f"protobuf>={protobuf_made[1]},<{int(major) + 1}" in deps
+    assert f"grpcio>={grpc_made[1]}" in deps
