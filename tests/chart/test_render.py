@@ -315,6 +315,15 @@ def test_webhook_deployment_is_highly_available(helm_template: Render) -> None:
                                              "path": "/mutate/pods", "port": 443}
 
 
+@pytest.mark.parametrize("component", ["webhook", "binder"])
+def test_pdb_that_would_block_every_drain_is_refused(
+    helm_template_error: Callable[..., str], component: str
+) -> None:
+    err = helm_template_error({component: {"replicas": 1, "podDisruptionBudget": {
+        "enabled": True, "minAvailable": 1}}})
+    assert f"{component}.podDisruptionBudget.minAvailable (1) must be below" in err
+
+
 def test_binder_runs_leader_elected(helm_template: Render) -> None:
     objs = helm_template()
     dep = one(objs, "Deployment", "muster-binder")
