@@ -20,6 +20,9 @@ from webhook.kube.api import PODS
 from webhook.topology.builtin import builtin
 
 TOPO = builtin("dgx1-v100")
+#: the reference policy: one node, and an NVLink ring (so that while a finished job's pods are
+#: being deleted one by one, the waiting job is not placed on a ringless set in between)
+RING = json.dumps({"v": 1, "mode": "required", "singleNode": True, "minRingGBps": 25})
 FAST = BinderConfig(backoff_initial=0.05, backoff_max=0.5, event_interval=0.0)
 
 
@@ -59,7 +62,7 @@ async def test_reference_jobs_fill_nodes_and_a_third_waits(apiserver: ApiServerE
     task = asyncio.create_task(b.run())
     try:
         await asyncio.wait_for(b.synced.wait(), 5)
-        first = job("vgg16-a")
+        first = job("vgg16-a", topology=RING)
         for p in first[:4]:
             await kube.create(PODS, p)
         await eventually(lambda: b.last_plan and any(
@@ -75,7 +78,7 @@ async def test_reference_jobs_fill_nodes_and_a_third_waits(apiserver: ApiServerE
         check_job(bound)
         node_a = workers_node(bound)
 
-        for p in job("vgg16-b"):
+        for p in job("vgg16-b", topology=RING):
             await kube.create(PODS, p)
         second = await eventually(lambda: all(p["spec"].get("nodeName")
                                               for p in pods_of(apiserver, "vgg16-b"))
@@ -83,7 +86,7 @@ async def test_reference_jobs_fill_nodes_and_a_third_waits(apiserver: ApiServerE
         check_job(second)
         assert workers_node(second) != node_a
 
-        for p in job("vgg16-c"):
+        for p in job("vgg16-c", topology=RING):
             await kube.create(PODS, p)
         events = await eventually(lambda: [
             e for e in apiserver.objects("events", "team-a")
