@@ -558,3 +558,12 @@ def test_every_flag_the_chart_passes_parses(helm_template: Render, container: st
     except SystemExit as exc:  # argparse printed why on stderr
         pytest.fail(f"{container}: muster {' '.join(args)} -> exit {exc}")
     assert ns.command == sub
+
+
+def test_install_dry_run_renders_notes() -> None:
+    proc = run_helm("install", "muster", str(CHART), "--namespace", NAMESPACE,
+                    "--dry-run=client", "--set", "webhook.excludeNamespaces={monitoring}")
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "Mutating webhook: 0-muster (failurePolicy Ignore, timeout 5s)" in notes
+    assert f"Never sent to the webhook: kube-system, {NAMESPACE}, monitoring." in notes
