@@ -232,6 +232,22 @@ def test_random_bytes_never_crash_the_loader(raw: bytes) -> None:
         assert exc.issues and all(i.file == "fuzz.yaml" for i in exc.issues)
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=200))
+def test_random_text_never_crashes_the_loader(text: str) -> None:
+    """ConfigMap data arrives as JSON strings: any code point, lone surrogates included."""
+    try:
+        load_policy_texts({"cm": text})
+    except PolicyError as exc:
+        assert exc.issues and all(i.file == "cm" for i in exc.issues)
+
+
+def test_lone_surrogate_and_control_characters_are_reported_with_position() -> None:
+    assert issues_of({"cm": "a: b\nkind: \ud800"}) == ["cm:2:7: not UTF-8 text (byte 0xed)"]
+    assert issues_of({"cm": "a: b\nkind: x\x00"}) == [
+        "cm:2:8: character U+0000 is not allowed in YAML (document 1)"]
+
+
 _yamlish = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=8)
     | st.sampled_from(["auto", "none", "50%", "volcano", "muster", "required", "In"]),

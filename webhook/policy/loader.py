@@ -45,7 +45,9 @@ def load_policies(paths: Sequence[str | FsPath]) -> PolicySet:
 
 def load_policy_texts(texts: Mapping[str, str]) -> PolicySet:
     """Policies from ConfigMap `data` (key = file name, value = YAML text)."""
-    sources = [(name, text.encode("utf-8", "surrogateescape"))
+    # surrogatepass: a lone surrogate (possible in JSON) becomes bytes that the decoder then
+    # reports with its position, instead of an exception here
+    sources = [(str(name), str(text).encode("utf-8", "surrogatepass"))
                for name, text in sorted(texts.items())]
     return _build(sources, [])
 

@@ -97,6 +97,12 @@ def documents(text: str) -> Iterator[Document]:
             constructor = yaml.constructor.SafeConstructor()
             doc.data = constructor.construct_document(node)
             yield doc
+    except yaml.reader.ReaderError as exc:
+        before = text[: exc.position]
+        line, col = before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or " ")
+        raise YamlProblem(line, col, f"character U+{code:04X} is not allowed in YAML",
+                          index + 1) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
