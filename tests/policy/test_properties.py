@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 from webhook import keys
 from webhook.jsonpatch import apply_patch
-from webhook.policy import PolicyError, PolicySet, evaluate, load_policy_texts, render_patch
+from webhook.policy import (
+    PolicyError,
+    PolicySet,
+    evaluate,
+    explain,
+    load_policy_texts,
+    render_patch,
+)
 
 from .conftest import REPO
 
@@ -142,7 +149,15 @@ json_values = st.recursive(
 
 
 @SETTINGS
-@given(json_values, st.lists(json_values, max_size=3), policy_sets())
-def test_engine_never_crashes_on_any_json(pod: Any, owners: list[Any], ps: PolicySet) -> None:
-    decision = evaluate(pod, namespace_labels={}, owners=owners, policies=ps)
+@given(json_values, st.lists(json_values, max_size=3) | json_values, json_values, policy_sets())
+def test_engine_never_crashes_on_any_json(pod: Any, owners: Any, ns_labels: Any,
+                                          ps: PolicySet) -> None:
+    decision = evaluate(pod, namespace_labels=ns_labels, owners=owners, policies=ps)
     render_patch(pod, decision)
+
+
+@SETTINGS
+@given(json_values, json_values, json_values, policy_sets())
+def test_explain_never_crashes(pod: Any, owners: Any, ns_labels: Any, ps: PolicySet) -> None:
+    matches = explain(pod, namespace_labels=ns_labels, owners=owners, policies=ps)
+    assert [m.policy for m in matches] == list(ps.names)

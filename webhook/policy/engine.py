@@ -301,7 +301,7 @@ def explain(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
     pod = _d(pod)
     meta = _d(pod.get("metadata"))
     namespace = _s(meta.get("namespace")) or ""
-    work = analyse(pod, owners)
+    work = analyse(pod, owners if type(owners) is list or isinstance(owners, Sequence) else ())
     out = []
     for policy in policies.policies:
         ok, reasons = match_policy(policy.spec.match, namespace, _str_map(namespace_labels),
