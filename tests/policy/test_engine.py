@@ -248,3 +248,19 @@ def test_custom_scheduler_replaced_with_warning(worker_pod: dict[str, Any],
     d, pod = run(worker_pod, [mpijob], policies(policy("v", "gang:\n  backend: volcano")))
     assert pod["spec"]["schedulerName"] == "volcano"
     assert "schedulerName 'my-scheduler' replaced by 'volcano' for backend volcano" in d.warnings
+
+
+def test_namespace_index_keeps_priority_order(worker_pod: dict[str, Any], mpijob: dict[str, Any],
+                                              policies: Policies) -> None:
+    """A namespaced policy and an unscoped one interleave by priority in the index."""
+    ps = policies(policy("scoped-low", "match: {namespaces: [team-a]}\nlabels: {tier: low}"),
+                  policy("unscoped-high", "priority: 3\nlabels: {tier: high}"),
+                  policy("scoped-top", "priority: 9\nmatch: {namespaces: [team-a]}\n"
+                                       "annotations: {example.com/x: y}"))
+    d, pod = run(worker_pod, [mpijob], ps)
+    assert d.policies == ("scoped-top", "unscoped-high", "scoped-low")
+    assert pod["metadata"]["labels"]["tier"] == "high"
+    other = deep(worker_pod)
+    other["metadata"]["namespace"] = "team-q"
+    assert evaluate(other, namespace_labels={}, owners=[], policies=ps).policies == (
+        "unscoped-high",)

@@ -122,7 +122,6 @@ def compile_policy(policy: SchedulingPolicy, writes: Sequence[tuple[str, Any]]) 
 class PolicyIndex:
     """Which policies can match a pod in a given namespace, in evaluation order."""
 
-    policies: tuple[CompiledPolicy, ...]
     by_namespace: Mapping[str, tuple[CompiledPolicy, ...]]
     unscoped: tuple[CompiledPolicy, ...]
 
@@ -132,7 +131,7 @@ class PolicyIndex:
         names = {ns for c in compiled for ns in (c.namespaces or ())}
         by_ns = {ns: tuple(c for c in compiled if c.namespaces is None or ns in c.namespaces)
                  for ns in names}
-        return cls(tuple(compiled), by_ns, unscoped)
+        return cls(by_ns, unscoped)
 
     def candidates(self, namespace: str) -> tuple[CompiledPolicy, ...]:
         return self.by_namespace.get(namespace, self.unscoped)
