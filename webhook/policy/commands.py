@@ -116,7 +116,7 @@ def _pod_mode(target: Path, args: argparse.Namespace, policies: PolicySet) -> in
     ops, mutated = mutate(pod, decision)
     print(f"# {target}")
     print("## decision")
-    for m in decision.matches:
+    for m in explain(pod, namespace_labels=labels, owners=owners, policies=policies):
         print(f"  {'match' if m.matched else 'skip ':<5} {m.policy}: {'; '.join(m.reasons)}")
     for w in decision.warnings:
         print(f"  warning: {w}")
