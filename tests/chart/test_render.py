@@ -83,6 +83,16 @@ def test_invariants(helm_template: Render, combo: str) -> None:
         elif o["kind"] not in ("Role", "RoleBinding"):  # the test Role lives in tests.namespace
             assert o["metadata"]["namespace"] == NAMESPACE, o["metadata"]
 
+    # no empty keys left by a template (`annotations:` with nothing under it renders null)
+    def nulls(node: object, path: str) -> list[str]:
+        if isinstance(node, dict):
+            return [p for k, v in node.items() for p in nulls(v, f"{path}.{k}")]
+        if isinstance(node, list):
+            return [p for i, v in enumerate(node) for p in nulls(v, f"{path}[{i}]")]
+        return [path] if node is None else []
+
+    assert [p for o in objs for p in nulls(o, o["kind"])] == []
+
     # least privilege: never a wildcard
     for role, rule in _rules(objs):
         for field in ("verbs", "resources", "apiGroups", "resourceNames"):
