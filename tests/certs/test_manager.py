@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime as dt
 from typing import Any
 
@@ -18,7 +19,14 @@ from webhook.certs.manager import (
     remove_webhook_configurations,
 )
 from webhook.emulator import ApiServerEmulator
-from webhook.kube import MUTATING_WEBHOOKS, NAMESPACES, SECRETS, VALIDATING_WEBHOOKS, KubeApi
+from webhook.kube import (
+    MUTATING_WEBHOOKS,
+    NAMESPACES,
+    SECRETS,
+    VALIDATING_WEBHOOKS,
+    ApiError,
+    KubeApi,
+)
 
 NS = "muster-system"
 SVC = "muster-webhook"
@@ -266,3 +274,49 @@ async def test_remove_webhook_configurations_is_idempotent(cluster: KubeApi) -> 
                        f"validatingwebhookconfigurations/{CONFIG}"]
     assert (await cluster.list(MUTATING_WEBHOOKS))["items"] == []
     assert await remove_webhook_configurations(cluster, (CONFIG,), (CONFIG,)) == []
+
+
+async def test_run_keeps_retrying_until_the_api_lets_it(kube: KubeApi) -> None:
+    """run() never raises: the namespace is missing at first, then appears."""
+    manager = SelfCertManager(kube, config(), Clock(T0))
+    task = asyncio.create_task(manager.run(0.05))
+    try:
+        await asyncio.sleep(0.2)
+        assert not task.done()
+        await kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                       "metadata": {"name": NS}})
+        for _ in range(100):
+            try:
+                await secret(kube, f"{SVC}-tls")
+                break
+            except ApiError:
+                await asyncio.sleep(0.05)
+        tls = await secret(kube, f"{SVC}-tls")
+        assert pki.key_matches(data(tls, "tls.crt"), data(tls, "tls.key"))
+        assert not task.done()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_cli_ensure_and_remove_webhooks(cluster: KubeApi, kubeconfig: Any,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from webhook.cli import main  # noqa: PLC0415
+
+    common = ["--kubeconfig", str(kubeconfig)]
+    names = ["--mutating-webhook-configuration", CONFIG,
+             "--validating-webhook-configuration", CONFIG]
+    ensure = ["certs", "ensure", *common, "--namespace", NS, "--service-name", SVC, *names]
+    assert await asyncio.to_thread(main, ensure) == 0
+    assert "1 trusted CA(s)" in capsys.readouterr().out
+    await assert_consistent(cluster)
+    bad = [*ensure, "--cert-days", "10", "--rotate-before-days", "10"]
+    assert await asyncio.to_thread(main, bad) == 2
+    assert "cert_days (10) must exceed" in capsys.readouterr().err
+    remove = ["certs", "remove-webhooks", *common, *names]
+    assert await asyncio.to_thread(main, remove) == 0
+    assert "validatingwebhookconfigurations/0-muster" in capsys.readouterr().out
+    assert (await cluster.list(VALIDATING_WEBHOOKS))["items"] == []
+    assert await asyncio.to_thread(main, remove) == 0
+    assert "nothing (already gone)" in capsys.readouterr().out
