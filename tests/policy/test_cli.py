@@ -21,7 +21,7 @@ def test_readme_command_passes(capsys: pytest.CaptureFixture[str],
     monkeypatch.chdir(REPO)
     code, out = run(["policy", "test", "-p", "policies/", "policies/tests/"], capsys)
     assert code == 0, out
-    assert "9 passed, 0 failed" in out
+    assert "10 passed, 0 failed" in out
     assert "PASS  volcano-worker-joins-podgroup" in out
 
 
