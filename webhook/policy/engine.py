@@ -171,6 +171,13 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
             _join(pod_group, labels, annotations)
             if backend == "muster":
                 tolerations.append(TOPOLOGY_TOLERATION)
+            elif pod_group.owner is None:
+                # The job's uid is unknown (its object could not be read): a PodGroup made now
+                # could not be owned by the job and would outlive it. The pod joins the group;
+                # the job's other pods, admitted with their owner, create it.
+                warnings.append(f"PodGroup {pod_group.name} not created from this pod: the "
+                                f"{work.kind} object is not available to own it")
+                pod_group = None
     current = _d(pod.get("spec")).get("schedulerName")
     if scheduler_name and current not in (None, "default-scheduler", scheduler_name):
         warnings.append(f"schedulerName {current!r} replaced by {scheduler_name!r} for backend "
