@@ -99,9 +99,11 @@ class Admitter:
         self.metrics = metrics
         self._excluded = SYSTEM_NAMESPACES | config.excluded_namespaces
         self._background: set[asyncio.Task[list[str]]] = set()
+        #: set at shutdown: /readyz reports not ready while in-flight requests finish
+        self.draining = False
 
     def ready(self) -> bool:
-        return self.policies.current is not None and (
+        return not self.draining and self.policies.current is not None and (
             self.context is None or self.context.ready())
 
     async def mutate(self, review: AdmissionReview, budget: float) -> tuple[dict[str, Any], str]:

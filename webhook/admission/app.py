@@ -69,7 +69,7 @@ def build_app(admitter: Admitter, metrics: Metrics, max_body_bytes: int) -> web.
     async def readyz(_: web.Request) -> web.StreamResponse:
         if admitter.ready():
             return web.Response(text="ok")
-        reasons = []
+        reasons = ["shutting down"] if admitter.draining else []
         if admitter.policies.current is None:
             reasons.append("policies not loaded" + (
                 f": {admitter.policies.last_error}" if admitter.policies.last_error else ""))

@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -23,6 +23,11 @@ from webhook.admission.tls import CertReloader
 from webhook.certs import generate_ca, issue_serving_cert, service_dns_names, write_pair
 from webhook.certs.pki import LOCAL_IPS
 from webhook.policy import PolicyError, PolicySet, load_policies
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient
+
+    from webhook.kube import EventRecorder, KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +87,19 @@ class WebhookServer:
         self.port = opts.port
         self._tasks: list[asyncio.Task[Any]] = []
         self._runner: web.AppRunner | None = None
-        self._closers: list[Any] = []
+        self._client: ApiClient | None = None
         self.context: ClusterContext | None = None
         self.policy_store: PolicyStore[PolicySet] = PolicyStore(
             opts.policies, load_policies, error_types=(PolicyError,), metrics=self.metrics,
             count=len, on_refused=self._policy_refused)
-        self._events: Any = None
+        self._events: EventRecorder | None = None
+        self._admitter: Admitter | None = None
+
+    @property
+    def admitter(self) -> Admitter:
+        if self._admitter is None:
+            raise RuntimeError("the server is not started")
+        return self._admitter
 
     @property
     def url(self) -> str:
@@ -132,9 +144,8 @@ class WebhookServer:
         from webhook.admission.context import KubeContext  # noqa: PLC0415
         from webhook.kube import EventRecorder, KubeApi, make_api_client  # noqa: PLC0415
 
-        client = await make_api_client(opts.kubeconfig)
-        self._closers.append(client)
-        api = KubeApi(client)
+        self._client = await make_api_client(opts.kubeconfig)
+        api = KubeApi(self._client)
         context = KubeContext(api, self.metrics, owner_ttl=opts.owner_cache_ttl)
         self.context = context
         self._events = EventRecorder(api, "muster-webhook", os.environ.get("HOSTNAME", "local"))
@@ -142,7 +153,7 @@ class WebhookServer:
         if opts.cert_mode == "self":
             await self._self_certs(api)
 
-    async def _self_certs(self, api: Any) -> None:
+    async def _self_certs(self, api: KubeApi) -> None:
         """`--cert-mode self`: keep Muster's CA, serving Secret and caBundles current in-process.
         The serving Secret is mounted at --tls-cert-file/--tls-key-file; the kubelet updates
         the files and the CertReloader picks them up."""
@@ -168,10 +179,10 @@ class WebhookServer:
         reloader = await self._tls()
         await self.policy_store.reload()
         excluded = frozenset(opts.exclude_namespaces) | {opts.namespace}
-        self.admitter = Admitter(
+        self._admitter = Admitter(
             AdmissionConfig(opts.on_user_assignment, excluded, opts.deadline_margin),
             self.policy_store, self.context, self.metrics)
-        app = build_app(self.admitter, self.metrics, opts.max_body_bytes)
+        app = build_app(self._admitter, self.metrics, opts.max_body_bytes)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      shutdown_timeout=opts.shutdown_timeout)
         await self._runner.setup()
@@ -185,20 +196,23 @@ class WebhookServer:
         log.info("muster webhook serving", extra={"host": opts.host, "port": self.port})
 
     async def stop(self) -> None:
+        """Finish in-flight requests and PodGroup writes, then stop watches and the client."""
+        if self._admitter is not None:
+            self._admitter.draining = True
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._admitter is not None:
+            await self._admitter.drain(self.opts.shutdown_timeout)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        if hasattr(self, "admitter"):
-            await self.admitter.drain(self.opts.shutdown_timeout)
-        for closer in self._closers:
-            await closer.close()
-        self._closers.clear()
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     async def __aenter__(self) -> WebhookServer:
         await self.start()
@@ -218,5 +232,8 @@ async def run(opts: ServeOptions) -> None:
     try:
         await stop.wait()
         log.info("shutting down")
+        # /readyz fails from now on, so the Service stops sending requests while those in
+        # flight finish (the chart's preStop delay covers endpoint propagation)
+        server.admitter.draining = True
     finally:
         await server.stop()
