@@ -300,7 +300,10 @@ class Binder:
     def _spawn(self, work: Awaitable[Any]) -> None:
         """Fire-and-forget writes (Events, status conditions), cancelled on shutdown."""
         async def run() -> None:
-            await work
+            try:
+                await work
+            except Exception as exc:  # best effort: never let a report disturb binding
+                log.info("report not written", extra={"error": repr(exc)})
         task = asyncio.create_task(run())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
