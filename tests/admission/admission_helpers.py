@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -57,6 +58,20 @@ class Tls:
         await asyncio.sleep(gap)
         self.key.write_bytes(pair.key_pem)
         return pair
+
+
+def configmap_version(mount: Path, version: str, files: dict[str, str]) -> None:
+    """Write files the way the kubelet updates a ConfigMap volume: new dir, swap ..data."""
+    data_dir = mount / f"..{version}"
+    data_dir.mkdir()
+    for name, text in files.items():
+        (data_dir / name).write_text(text)
+        link = mount / name
+        if not link.is_symlink():
+            link.symlink_to(Path("..data") / name)
+    tmp = mount / "..data_tmp"
+    tmp.symlink_to(data_dir.name)
+    os.replace(tmp, mount / "..data")
 
 
 def make_tls(directory: Path) -> Tls:

@@ -17,6 +17,7 @@ from admission_helpers import (
     POLICIES,
     Tls,
     client,
+    configmap_version,
     decode_patch,
     load_fixture,
     review,
@@ -249,8 +250,13 @@ async def test_deadline_fails_open_in_time(tls: Tls, policy_dir: Path, tmp_path:
 
 
 async def test_refused_policy_update_keeps_previous_and_emits_event(
-        tls: Tls, policy_dir: Path, apiserver: ApiServerEmulator, kubeconfig: Path,
+        tls: Tls, tmp_path: Path, apiserver: ApiServerEmulator, kubeconfig: Path,
         shared_dir: Path) -> None:
+    """The mounted ConfigMap volume gets a broken version (kubelet-style ..data swap): refused,
+    previous policies keep applying, Event on the ConfigMap; the next good version applies."""
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    configmap_version(mount, "v1", {"mpi.yaml": POLICIES})
     await apiserver.create("namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                           "metadata": {"name": "muster"}})
     await apiserver.create("configmaps", {
@@ -258,10 +264,11 @@ async def test_refused_policy_update_keeps_previous_and_emits_event(
         "metadata": {"name": "muster-policies", "namespace": "muster"},
         "data": {"mpi.yaml": POLICIES}}, namespace="muster")
     body = load_fixture(shared_dir, "pod-create-launcher-generatename.json")
-    async with running(tls, [policy_dir], kubeconfig=str(kubeconfig),
+    async with running(tls, [mount], kubeconfig=str(kubeconfig),
                        namespace="muster") as srv, client(tls) as s:
         await wait_for(srv.admitter.ready)
-        (policy_dir / "mpi.yaml").write_text(POLICIES.replace("optOut: true", "optOut: maybe"))
+        configmap_version(mount, "v2", {"mpi.yaml": POLICIES.replace("optOut: true",
+                                                                     "optOut: maybe")})
         await wait_for(lambda: _metric(srv, "muster_policy_reloads_total", result="error") == 1)
         resp = await review(s, f"{srv.url}/mutate/pods", body)
         pod = jsonpatch.apply_patch(body["request"]["object"], decode_patch(resp))
@@ -275,6 +282,15 @@ async def test_refused_policy_update_keeps_previous_and_emits_event(
         assert event["involvedObject"]["name"] == "muster-policies"
         assert event["type"] == "Warning"
         assert "mpi.yaml" in event["message"] and "optOut" in event["message"]
+
+        configmap_version(mount, "v3", {"mpi.yaml": POLICIES.replace(
+            "  istio:\n    optOut: true\n", "")})
+        await wait_for(lambda: _metric(srv, "muster_policy_reloads_total",
+                                       result="success") == 2)
+        resp = await review(s, f"{srv.url}/mutate/pods", body)
+        pod = jsonpatch.apply_patch(body["request"]["object"], decode_patch(resp))
+        assert ISTIO_INJECT not in pod["metadata"]["labels"]  # the new set applies
+        assert srv.admitter.ready()
 
 
 async def test_self_cert_mode_serves_the_managed_secret(

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
+
+from admission_helpers import configmap_version
 
 from webhook.admission.metrics import Metrics
 from webhook.admission.reload import PolicyStore, digest
@@ -29,20 +30,6 @@ def _load(paths: Sequence[Path]) -> dict[str, object]:
     return out
 
 
-def _configmap_version(mount: Path, version: str, files: dict[str, str]) -> None:
-    """Write files the way the kubelet updates a ConfigMap volume: new dir, swap ..data."""
-    data_dir = mount / f"..{version}"
-    data_dir.mkdir()
-    for name, text in files.items():
-        (data_dir / name).write_text(text)
-        link = mount / name
-        if not link.is_symlink():
-            link.symlink_to(Path("..data") / name)
-    tmp = mount / "..data_tmp"
-    tmp.symlink_to(data_dir.name)
-    os.replace(tmp, mount / "..data")
-
-
 def _value(metrics: Metrics, result: str) -> float:
     value = metrics.registry.get_sample_value("muster_policy_reloads_total", {"result": result})
     return value or 0.0
@@ -57,13 +44,13 @@ async def test_configmap_swap_reloads_and_broken_update_is_refused(tmp_path: Pat
     metrics = Metrics()
     store = PolicyStore([tmp_path], _load, error_types=(Broken,), metrics=metrics, count=len,
                         on_refused=on_refused)
-    _configmap_version(tmp_path, "v1", {"a.json": '{"v": 1}'})
+    configmap_version(tmp_path, "v1", {"a.json": '{"v": 1}'})
     assert await store.reload()
     assert store.current == {"a.json": {"v": 1}}
     assert not await store.reload()  # nothing changed: no reload, no metric
     assert _value(metrics, "success") == 1
 
-    _configmap_version(tmp_path, "v2", {"a.json": '{"v": 2'})
+    configmap_version(tmp_path, "v2", {"a.json": '{"v": 2'})
     assert not await store.reload()
     assert store.current == {"a.json": {"v": 1}}  # the last good set stays active
     assert store.last_error is not None and "a.json" in store.last_error
@@ -72,7 +59,7 @@ async def test_configmap_swap_reloads_and_broken_update_is_refused(tmp_path: Pat
     assert not await store.reload()  # the same broken content is reported once
     assert len(refused) == 1
 
-    _configmap_version(tmp_path, "v3", {"a.json": '{"v": 3}'})
+    configmap_version(tmp_path, "v3", {"a.json": '{"v": 3}'})
     assert await store.reload()
     assert store.current == {"a.json": {"v": 3}}
     assert store.last_error is None
@@ -81,11 +68,11 @@ async def test_configmap_swap_reloads_and_broken_update_is_refused(tmp_path: Pat
 
 
 def test_digest_ignores_hidden_entries_and_follows_symlinks(tmp_path: Path) -> None:
-    _configmap_version(tmp_path, "v1", {"a.json": "1"})
+    configmap_version(tmp_path, "v1", {"a.json": "1"})
     before = digest([tmp_path])
     (tmp_path / ".swp").write_text("editor noise")
     assert digest([tmp_path]) == before
-    _configmap_version(tmp_path, "v2", {"a.json": "2"})
+    configmap_version(tmp_path, "v2", {"a.json": "2"})
     assert digest([tmp_path]) != before
 
 
