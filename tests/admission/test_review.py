@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from webhook.admission.deadline import budget, parse_go_duration
+from webhook.admission.deadline import budget, budget_for_query, parse_go_duration
 from webhook.admission.review import BadReview, parse_review, response
 
 
@@ -99,3 +99,10 @@ def test_budget_keeps_a_margin_and_a_floor() -> None:
     assert budget("100ms", 0.5) == pytest.approx(0.02)  # a fifth of the timeout, never negative
     assert budget("garbage", 0.5) == 9.5
     assert budget("10m", 0.5) == 29.5  # capped at the API's maximum of 30 s
+
+
+def test_budget_from_query_strings() -> None:
+    assert budget_for_query("timeout=5s", 0.5) == 4.5
+    assert budget_for_query("dryRun=All&timeout=1s", 0.5) == 0.5
+    assert budget_for_query("", 0.5) == 9.5
+    assert budget_for_query("timeout=", 0.5) == 9.5

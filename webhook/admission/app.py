@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from webhook.admission.admit import Admitter
-from webhook.admission.deadline import budget
+from webhook.admission.deadline import budget_for_query
 from webhook.admission.metrics import CONTENT_TYPE_LATEST, Metrics
 from webhook.admission.review import AdmissionReview, BadReview, parse_review, response
 
@@ -93,9 +93,10 @@ def build_app(admitter: Admitter, metrics: Metrics, max_body_bytes: int) -> web.
 async def _review(
     request: web.Request, decide: ReviewFn, max_body_bytes: int, margin: float, metrics: Metrics
 ) -> tuple[web.Response, str]:
-    if request.content_type != "application/json":
+    content_type = request.headers.get("Content-Type", "")
+    if content_type.partition(";")[0].strip().lower() != "application/json":
         return _error(415, f"content type must be application/json, got "
-                           f"{request.content_type!r}"), "unsupported_media"
+                           f"{content_type!r}"), "unsupported_media"
     if request.content_length is not None and request.content_length > max_body_bytes:
         return _error(413, f"body of {request.content_length} bytes exceeds the limit of "
                            f"{max_body_bytes}"), "too_large"
@@ -109,7 +110,7 @@ async def _review(
         return _error(400, "not an admission.k8s.io/v1 AdmissionReview request",
                       exc.errors), "bad_request"
     try:
-        answer, outcome = await decide(review, budget(request.query.get("timeout"), margin))
+        answer, outcome = await decide(review, budget_for_query(request.query_string, margin))
     except Exception:
         log.exception("admission handler failed; admitting unchanged",
                       extra={"uid": review.request.uid})

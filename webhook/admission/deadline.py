@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from urllib.parse import parse_qs
 
 DEFAULT_TIMEOUT_S = 10.0  # the API server's default webhook timeoutSeconds
 MAX_TIMEOUT_S = 30.0  # the largest timeoutSeconds the API accepts
@@ -26,7 +27,13 @@ def parse_go_duration(text: str) -> float | None:
     return total
 
 
-@functools.lru_cache(maxsize=64)  # the API server sends the same few values, e.g. "10s"
+@functools.lru_cache(maxsize=64)  # the API server sends the same few URLs, e.g. "timeout=10s"
+def budget_for_query(query_string: str, margin: float) -> float:
+    """`budget` for a raw query string such as "timeout=10s"."""
+    values = parse_qs(query_string).get("timeout")
+    return budget(values[-1] if values else None, margin)
+
+
 def budget(timeout_param: str | None, margin: float) -> float:
     """Seconds the server may spend before it must answer: the timeout minus a safety margin.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -229,6 +230,7 @@ async def run(opts: ServeOptions) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
+    freeze = asyncio.create_task(_freeze_when_ready(server.admitter))
     try:
         await stop.wait()
         log.info("shutting down")
@@ -236,4 +238,18 @@ async def run(opts: ServeOptions) -> None:
         # flight finish (the chart's preStop delay covers endpoint propagation)
         server.admitter.draining = True
     finally:
+        freeze.cancel()
         await server.stop()
+
+
+async def _freeze_when_ready(admitter: Admitter) -> None:
+    """Once policies and caches are loaded, move them out of the cyclic GC's way: full
+    collections then scan only what requests allocate, not the whole heap (fewer latency
+    spikes). Objects are still freed by reference counting."""
+    for _ in range(600):  # five minutes at most: afterwards freeze what there is
+        if admitter.ready():
+            break
+        await asyncio.sleep(0.5)
+    gc.freeze()
+    log.debug("startup heap frozen for the garbage collector",
+              extra={"objects": gc.get_freeze_count()})
