@@ -19,7 +19,7 @@ from webhook.emulator.testing import (
     admission_response,
     make_certs,
 )
-from webhook.kube import CONFIGMAPS, NAMESPACES, PODS, ApiError, KubeApi
+from webhook.kube import CONFIGMAPS, MUTATING_WEBHOOKS, NAMESPACES, PODS, ApiError, KubeApi
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "admission"
 
@@ -292,3 +292,20 @@ async def test_binding_subresource_rule(apiserver: ApiServerEmulator,
     request = server.reviews[0]["request"]
     assert request["kind"]["kind"] == "Binding" and request["subResource"] == "binding"
     assert request["object"]["target"]["name"] == "n1"
+
+
+async def test_webhook_configurations_are_validated(kube: KubeApi) -> None:
+    bad = webhook_config("broken", [{
+        "name": "short", "clientConfig": {"url": "http://127.0.0.1:1/x"},
+        "admissionReviewVersions": ["v2"], "timeoutSeconds": 60,
+        "rules": []}])
+    with pytest.raises(ApiError) as err:
+        await kube.create(MUTATING_WEBHOOKS, bad)
+    assert err.value.status == 422
+    fields = [c["field"] for c in err.value.body["details"]["causes"]]
+    assert fields == ["webhooks[0].name", "webhooks[0].sideEffects",
+                      "webhooks[0].admissionReviewVersions", "webhooks[0].timeoutSeconds",
+                      "webhooks[0].clientConfig.url"]
+    good = webhook_config("fine", [hook("pods.muster.io", {"url": "https://127.0.0.1:1/m"})])
+    created = await kube.create(MUTATING_WEBHOOKS, good)
+    assert created["metadata"]["generation"] == 1

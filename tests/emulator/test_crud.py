@@ -293,3 +293,11 @@ async def test_serves_https_with_its_ca_in_the_kubeconfig(tmp_path: Path) -> Non
             assert "default" in [n["metadata"]["name"] for n in nss["items"]]
         finally:
             await api_client.close()
+
+
+async def test_protobuf_bodies_get_a_clear_415(apiserver: ApiServerEmulator) -> None:
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{apiserver.url}/api/v1/namespaces", data=b"k8s\x00\x0a",
+            headers={"Content-Type": "application/vnd.kubernetes.protobuf"}) as resp:
+        assert resp.status == 415
+        assert (await resp.json())["reason"] == "UnsupportedMediaType"

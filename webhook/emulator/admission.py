@@ -320,6 +320,61 @@ class _CallError(Exception):
     pass
 
 
+_SIDE_EFFECTS = ("None", "NoneOnDryRun", "Some", "Unknown")
+
+
+def configuration_errors(config: Mapping[str, Any], mutating: bool) -> list[tuple[str, str, str]]:
+    """What admissionregistration/v1 validation refuses in a webhook configuration, as
+    (field, reason, message) causes: the mistakes a chart can make that a real API server
+    would reject at install time."""
+    causes: list[tuple[str, str, str]] = []
+    names: set[str] = set()
+    for i, hook in enumerate(config.get("webhooks") or []):
+        at = f"webhooks[{i}]"
+        name = str(hook.get("name") or "")
+        if not name:
+            causes.append((f"{at}.name", "FieldValueRequired", "Required value"))
+        elif name.count(".") < 2:
+            causes.append((f"{at}.name", "FieldValueInvalid", f'Invalid value: "{name}": '
+                           "should be a domain with at least three segments separated by dots"))
+        elif name in names:
+            causes.append((f"{at}.name", "FieldValueDuplicate", f'Duplicate value: "{name}"'))
+        names.add(name)
+        effects = hook.get("sideEffects")
+        if effects is None:
+            causes.append((f"{at}.sideEffects", "FieldValueRequired", "Required value: must "
+                           "specify one of None, NoneOnDryRun"))
+        elif effects not in ("None", "NoneOnDryRun"):
+            causes.append((f"{at}.sideEffects", "FieldValueNotSupported",
+                           f'Unsupported value: "{effects}": supported values: "None", '
+                           '"NoneOnDryRun"'))
+        versions = hook.get("admissionReviewVersions") or []
+        if not versions:
+            causes.append((f"{at}.admissionReviewVersions", "FieldValueRequired",
+                           "Required value: must specify one of v1, v1beta1"))
+        elif not set(versions) & {"v1", "v1beta1"}:
+            causes.append((f"{at}.admissionReviewVersions", "FieldValueInvalid",
+                           f"Invalid value: {json.dumps(versions)}: must include at least one "
+                           "of v1, v1beta1"))
+        timeout = hook.get("timeoutSeconds")
+        if timeout is not None and not 1 <= int(timeout) <= 30:
+            causes.append((f"{at}.timeoutSeconds", "FieldValueInvalid",
+                           f"Invalid value: {timeout}: the timeout value must be between 1 "
+                           "and 30 seconds"))
+        cc = hook.get("clientConfig") or {}
+        if bool(cc.get("url")) == bool(cc.get("service")):
+            causes.append((f"{at}.clientConfig", "FieldValueRequired",
+                           "Required value: exactly one of url or service is required"))
+        elif cc.get("url") and not str(cc["url"]).startswith("https://"):
+            causes.append((f"{at}.clientConfig.url", "FieldValueInvalid",
+                           f'Invalid value: "{cc["url"]}": \'https\' is the only allowed URL '
+                           "scheme"))
+        if not mutating and "reinvocationPolicy" in hook:
+            causes.append((f"{at}.reinvocationPolicy", "FieldValueForbidden",
+                           "Forbidden: only for mutating webhooks"))
+    return causes
+
+
 def _denied(name: str, status: Mapping[str, Any] | None) -> AdmissionDenied:
     """webhookerrors.ToStatusErr."""
     status = dict(status or {})

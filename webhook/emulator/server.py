@@ -20,7 +20,13 @@ import yaml
 from aiohttp import web
 
 from . import defaults, errors
-from .admission import DEFAULT_USER, AdmissionChain, Attributes, WebhookCall
+from .admission import (
+    DEFAULT_USER,
+    AdmissionChain,
+    Attributes,
+    WebhookCall,
+    configuration_errors,
+)
 from .errors import ApiStatusError
 from .patch import apply_patch_body
 from .resources import (
@@ -265,6 +271,11 @@ class ApiServerEmulator:
         raw = await request.read()
         if not raw:
             return None
+        if "protobuf" in request.content_type or "cbor" in request.content_type:
+            raise errors.ApiStatusError(
+                415, "UnsupportedMediaType", f'the body of the request was in an unknown format '
+                f'- accepted media types include: application/json, application/yaml (the '
+                f'emulator does not decode "{request.content_type}")')
         try:
             if request.content_type in ("application/yaml", "application/apply-patch+yaml"):
                 return yaml.safe_load(raw)
@@ -640,6 +651,10 @@ class ApiServerEmulator:
                     + ", ".join(f'unknown field "{u}"' for u in unknown))
             if mode == "Warn":
                 warnings.extend(f'unknown field "{u}"' for u in unknown)
+        if rt.key in (MUTATING.key, VALIDATING.key):
+            causes = configuration_errors(obj, rt.key == MUTATING.key)
+            if causes:
+                raise errors.invalid(rt.group, rt.kind, name, causes)
         if rt.key == CRDS.key:
             try:
                 types_from_crd(obj)
