@@ -309,3 +309,35 @@ async def test_webhook_configurations_are_validated(kube: KubeApi) -> None:
     good = webhook_config("fine", [hook("pods.muster.io", {"url": "https://127.0.0.1:1/m"})])
     created = await kube.create(MUTATING_WEBHOOKS, good)
     assert created["metadata"]["generation"] == 1
+
+
+async def test_concurrent_writes_while_webhooks_run(apiserver: ApiServerEmulator,
+                                                   tls_webhook: WebhookServers,
+                                                   kube: KubeApi) -> None:
+    async def slow(review: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0.05)
+        return admission_response(review)
+
+    server = await tls_webhook.start(slow)
+    apiserver.seed(webhook_config("muster", [hook(
+        "cm.muster.io", server.client_config(),
+        rules=[{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                "resources": ["configmaps"]}])]))
+    # 20 creates of one name: exactly one wins, the others get AlreadyExists
+    results = await asyncio.gather(*(kube.create(CONFIGMAPS, {
+        "metadata": {"name": "one"}, "data": {"i": str(i)}}, "team-a") for i in range(20)),
+        return_exceptions=True)
+    errors = [r for r in results if isinstance(r, ApiError)]
+    assert len(errors) == 19 and {e.reason for e in errors} == {"AlreadyExists"}
+    # merge patches racing through admission are retried on the new state: none is lost
+    await asyncio.gather(*(kube.patch(CONFIGMAPS, "one", {"data": {f"k{i}": "v"}}, "team-a")
+                           for i in range(5)))
+    data = (await kube.get(CONFIGMAPS, "one", "team-a"))["data"]
+    assert {f"k{i}" for i in range(5)} <= set(data)
+    # a PUT pinned to a resourceVersion that changes meanwhile is a Conflict
+    current = await kube.get(CONFIGMAPS, "one", "team-a")
+    outcome = await asyncio.gather(
+        kube.replace(CONFIGMAPS, "one", {**current, "data": {"put": "1"}}, "team-a"),
+        kube.patch(CONFIGMAPS, "one", {"data": {"patched": "1"}}, "team-a"),
+        return_exceptions=True)
+    assert sum(isinstance(r, ApiError) and r.reason == "Conflict" for r in outcome) == 1

@@ -51,6 +51,7 @@ _NO_GENERATION = frozenset({("", "namespaces"), ("", "configmaps"), ("", "secret
                             ("", "serviceaccounts"), ("", "events"), ("events.k8s.io", "events"),
                             ("coordination.k8s.io", "leases"), ("", "nodes"), ("", "services")})
 #: pod spec fields an update may change (validation.ValidatePodUpdate)
+_UPDATE_RETRIES = 5
 _POD_MUTABLE_SPEC = ("activeDeadlineSeconds", "tolerations", "schedulingGates")
 VERSION_INFO = {"major": "1", "minor": "33", "gitVersion": "v1.33.0-muster-emulator",
                 "gitCommit": "", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
@@ -333,21 +334,32 @@ class ApiServerEmulator:
         if method == "POST" and sub == "binding":
             status, warnings = await self._bind(ns, name, body, dry_run, user)
             return _json(status, 201, warnings)
-        if method == "PUT" and name:
-            if not isinstance(body, dict):
-                raise errors.bad_request("the request body must be a JSON object")
-            obj, warnings = await self._update(rt, ns, name, sub=sub, body=body, dry_run=dry_run,
-                                               query=dict(q), user=user)
-            return _json(obj, 200, warnings)
-        if method == "PATCH" and name:
-            current = self._get(rt, ns, name).obj
-            new = apply_patch_body(request.headers.get("Content-Type", ""), current, body,
-                                   custom=rt.schema is not None)
-            if not isinstance(new, dict):
-                raise errors.bad_request("the patch result is not an object")
-            obj, warnings = await self._update(rt, ns, name, sub=sub, body=new, dry_run=dry_run,
-                                               query=dict(q), user=user, patch=True)
-            return _json(obj, 200, warnings)
+        if method in ("PUT", "PATCH") and name:
+            # GuaranteedUpdate: a write that raced with ours during admission is retried
+            # (re-applying a patch to the new state), unless a resourceVersion was given
+            for _ in range(_UPDATE_RETRIES):
+                if method == "PUT":
+                    if not isinstance(body, dict):
+                        raise errors.bad_request("the request body must be a JSON object")
+                    new = copy.deepcopy(body)
+                    pinned = bool((body.get("metadata") or {}).get("resourceVersion"))
+                else:
+                    current = self._get(rt, ns, name).obj
+                    new = apply_patch_body(request.headers.get("Content-Type", ""), current,
+                                           body, custom=rt.schema is not None)
+                    if not isinstance(new, dict):
+                        raise errors.bad_request("the patch result is not an object")
+                    pinned = (new.get("metadata") or {}).get("resourceVersion") != \
+                        current["metadata"]["resourceVersion"]
+                try:
+                    obj, warnings = await self._update(
+                        rt, ns, name, sub=sub, body=new, dry_run=dry_run, query=dict(q),
+                        user=user, patch=method == "PATCH")
+                    return _json(obj, 200, warnings)
+                except _Changed:
+                    if pinned:
+                        raise errors.conflict(rt.group, rt.plural, name) from None
+            raise errors.conflict(rt.group, rt.plural, name)
         if method == "DELETE" and name and not sub:
             opts = body if isinstance(body, dict) else {}
             result, warnings = await self._delete(rt, ns, name, query=dict(q), opts=opts,
@@ -733,7 +745,8 @@ class ApiServerEmulator:
         if self.store.get(rt.key, ns, name) is None:
             raise errors.not_found(rt.group, rt.plural, name)
         if self.store.get(rt.key, ns, name).obj is not current:  # type: ignore[union-attr]
-            raise errors.conflict(rt.group, rt.plural, name)
+            raise _Changed  # someone wrote while the webhooks ran
+
         if dry_run:
             return new, warnings
         if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
@@ -871,6 +884,10 @@ class ApiServerEmulator:
                 self._persist(rt, obj)
             else:
                 self._remove(rt, st.obj)
+
+
+class _Changed(Exception):
+    """The object changed while an update was in admission."""
 
 
 def _age(timestamp: str | None) -> str:
