@@ -91,7 +91,8 @@ def _walk_object(schema: dict[str, Any], value: dict[str, Any], path: str,
         if sub is None:
             if keep_unknown or extra is True:
                 out[key] = item
-            pruned.append(child)  # dropped, as the apiserver prunes unknown fields
+            else:
+                pruned.append(child)  # dropped, as the apiserver prunes unknown fields
             continue
         if item is None and not sub.get("nullable"):
             continue
