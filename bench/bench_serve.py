@@ -222,12 +222,24 @@ def owned_review(kubeconfig: Path) -> bytes:
     return json.dumps(review).encode()
 
 
+def plain_review(raw: bytes) -> bytes:
+    review = json.loads(raw)
+    meta = review["request"]["object"]["metadata"]
+    meta["labels"] = {"app": "web"}
+    meta.pop("ownerReferences", None)
+    return json.dumps(review).encode()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--connections", type=int, default=50)
     parser.add_argument("--client", choices=["auto", "wrk", "aiohttp"], default="auto")
+    parser.add_argument("--request", choices=["worker", "plain"], default="worker",
+                        help="worker: the captured MPI worker (gang, PodGroup check, patch); "
+                             "plain: the same pod without owner or MPI labels (no policy "
+                             "matches: the server's own cost without the decision)")
     parser.add_argument("--no-cluster", action="store_true",
                         help="run muster serve without the emulator (no owner/PodGroup work)")
     parser.add_argument("--noop-server", nargs=3, metavar=("PORT", "CERT", "KEY"),
@@ -266,6 +278,8 @@ def main() -> int:
             if kubeconfig is not None:
                 serve_cmd += ["--kubeconfig", str(kubeconfig)]
                 body_file.write_bytes(owned_review(kubeconfig))
+            if args.request == "plain":
+                body_file.write_bytes(plain_review(body_file.read_bytes()))
             body = body_file.read_bytes()
             with process(serve_cmd, work / "serve.log") as serve, \
                     process(noop_cmd, work / "noop.log") as noop:
@@ -288,6 +302,7 @@ def main() -> int:
                             print(f"round {round_no} {name:7s} {res.rps:8.0f} req/s  "
                                   f"p50 {res.p50_ms:7.2f} ms  p99 {res.p99_ms:7.2f} ms  "
                                   f"errors {res.errors}", flush=True)
+        print(f"request: {args.request}")
         report(results, client, args.connections, emulator is not None)
     return 0
 
