@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -151,3 +152,23 @@ async def test_slow_watcher_is_dropped_with_410_and_never_blocks_writers(tmp_pat
             assert err.value.status == 410
         finally:
             await client_.close()
+
+
+async def test_legacy_watch_path_and_single_object_watch(apiserver: ApiServerEmulator,
+                                                        kube: KubeApi) -> None:
+    await kube.create(CONFIGMAPS, cm("a"), "team-a")
+    await kube.create(CONFIGMAPS, cm("b"), "team-a")
+    url = f"{apiserver.url}/api/v1/watch/namespaces/team-a/configmaps/b?timeoutSeconds=1"
+    async with aiohttp.ClientSession() as http, http.get(url) as resp:
+        lines = [line async for line in resp.content]
+    assert len(lines) == 1 and b'"name":"b"' in lines[0] and lines[0].startswith(b'{"type":"ADDED"')
+
+
+async def test_list_pages_with_limit_and_continue(kube: KubeApi) -> None:
+    for i in range(7):
+        await kube.create(CONFIGMAPS, cm(f"c{i}"), "team-a")
+    first = await kube.request("GET", "/api/v1/namespaces/team-a/configmaps", [("limit", "3")])
+    assert [i["metadata"]["name"] for i in first["items"]] == ["c0", "c1", "c2"]
+    assert first["metadata"]["remainingItemCount"] == 4 and first["metadata"]["continue"]
+    everything = await kube.list(CONFIGMAPS, "team-a", limit=3)  # KubeApi follows continue
+    assert [i["metadata"]["name"] for i in everything["items"]] == [f"c{i}" for i in range(7)]
