@@ -315,7 +315,8 @@ async def test_concurrent_writes_while_webhooks_run(apiserver: ApiServerEmulator
                                                    tls_webhook: WebhookServers,
                                                    kube: KubeApi) -> None:
     async def slow(review: dict[str, Any]) -> dict[str, Any]:
-        await asyncio.sleep(0.05)
+        data = review["request"]["object"].get("data") or {}
+        await asyncio.sleep(0.3 if "put" in data else 0.05)
         return admission_response(review)
 
     server = await tls_webhook.start(slow)
@@ -334,10 +335,33 @@ async def test_concurrent_writes_while_webhooks_run(apiserver: ApiServerEmulator
                            for i in range(5)))
     data = (await kube.get(CONFIGMAPS, "one", "team-a"))["data"]
     assert {f"k{i}" for i in range(5)} <= set(data)
-    # a PUT pinned to a resourceVersion that changes meanwhile is a Conflict
+    # a PUT pinned to a resourceVersion that changes while its webhook runs is a Conflict
     current = await kube.get(CONFIGMAPS, "one", "team-a")
-    outcome = await asyncio.gather(
+    put, patched = await asyncio.gather(
         kube.replace(CONFIGMAPS, "one", {**current, "data": {"put": "1"}}, "team-a"),
         kube.patch(CONFIGMAPS, "one", {"data": {"patched": "1"}}, "team-a"),
         return_exceptions=True)
-    assert sum(isinstance(r, ApiError) and r.reason == "Conflict" for r in outcome) == 1
+    assert isinstance(put, ApiError) and put.reason == "Conflict"
+    assert isinstance(patched, dict) and patched["data"]["patched"] == "1"
+
+
+async def test_malformed_answers_and_bad_ca_bundle_follow_the_failure_policy(
+        apiserver: ApiServerEmulator, tls_webhook: WebhookServers, kube: KubeApi) -> None:
+    def wrong_uid(review: dict[str, Any]) -> dict[str, Any]:
+        answer = admission_response(review)
+        answer["response"]["uid"] = "someone-else"
+        return answer
+
+    server = await tls_webhook.start(wrong_uid)
+    apiserver.seed(webhook_config("a", [hook("uid.muster.io", server.client_config())]))
+    with pytest.raises(ApiError) as err:
+        await kube.create(PODS, pod("p"), "team-a")
+    assert err.value.status == 500 and "expected response.uid=" in err.value.message
+    apiserver.seed(webhook_config("a", [hook("uid.muster.io", server.client_config(),
+                                             failurePolicy="Ignore")]))
+    apiserver.seed(webhook_config("b", [hook("ca.muster.io", {
+        "url": server.url, "caBundle": "not base64!"}, failurePolicy="Ignore")]))
+    created = await kube.create(PODS, pod("p"), "team-a")
+    assert created["metadata"]["name"] == "p"
+    assert [c.webhook for c in apiserver.webhook_calls if c.error] == [
+        "uid.muster.io", "uid.muster.io", "ca.muster.io"]

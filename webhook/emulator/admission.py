@@ -211,7 +211,10 @@ class AdmissionChain:
         started = time.monotonic()
         ca = (hook.get("clientConfig") or {}).get("caBundle")
         try:
-            ctx = self._ssl_context(ca) if full.startswith("https://") else None
+            try:
+                ctx = self._ssl_context(ca) if full.startswith("https://") else None
+            except (ValueError, ssl.SSLError) as exc:
+                raise _CallError(f"failed to call webhook: invalid caBundle: {exc}") from exc
             async with self._session.post(
                     full, data=json.dumps(review).encode(), ssl=ctx if ctx else False,
                     server_hostname=server_name if ctx else None,
@@ -298,9 +301,11 @@ class AdmissionChain:
                             extra={"webhook": name, "error": str(exc)})
                 return obj
             raise errors.internal(f'failed calling webhook "{name}": {exc}') from exc
-        warnings.extend(str(w) for w in response.get("warnings") or [])
-        if not response.get("allowed"):
-            raise _denied(name, response.get("status"))
+        if isinstance(response.get("warnings"), list):
+            warnings.extend(str(w) for w in response["warnings"])
+        if response.get("allowed") is not True:
+            status = response.get("status")
+            raise _denied(name, status if isinstance(status, Mapping) else None)
         patch = response.get("patch")
         if phase != "mutating" or not patch:
             return obj

@@ -647,7 +647,7 @@ class ApiServerEmulator:
         warning under Warn, the default), and that a CRD is well formed."""
         meta = obj["metadata"]
         name = meta.get("name", "")
-        if not defaults.valid_dns_subdomain(name) and rt.key != ("", "events"):
+        if not defaults.valid_dns_subdomain(name):
             raise errors.invalid(rt.group, rt.kind, name, [(
                 "metadata.name", "FieldValueInvalid",
                 f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower '
