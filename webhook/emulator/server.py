@@ -108,9 +108,9 @@ class ApiServerEmulator:
         self._runner: web.AppRunner | None = None
         self._watch_tasks: set[asyncio.Task[Any]] = set()
         for ns in DEFAULT_NAMESPACES:
-            self.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            self._seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         for crd in crds:
-            self.seed(crd)
+            self._seed(crd)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -205,7 +205,7 @@ class ApiServerEmulator:
         ns = namespace or (obj.get("metadata") or {}).get("namespace") or "default"
         created, _ = await self._create(rt, ns if rt.namespaced else "", copy.deepcopy(obj),
                                         dry_run=dry_run, query={}, user=self.user)
-        return created
+        return copy.deepcopy(created)
 
     async def delete(self, ref: str | ResourceType, name: str,
                      namespace: str | None = None) -> None:
@@ -214,8 +214,11 @@ class ApiServerEmulator:
                            opts={}, user=self.user)
 
     def seed(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Store an object directly (no admission, no validation beyond the basics): for
-        fixtures and `--seed` files. CRDs become served at once."""
+        """Store an object directly (no admission, no defaulting, no validation): for fixtures
+        and `--seed` files. CRDs become served at once. Returns a copy of what was stored."""
+        return copy.deepcopy(self._seed(obj))
+
+    def _seed(self, obj: dict[str, Any]) -> dict[str, Any]:
         rt = self.registry.by_kind(obj.get("apiVersion", ""), obj.get("kind", ""))
         if rt is None:
             raise KeyError(f"unknown kind {obj.get('apiVersion')}/{obj.get('kind')}")
@@ -233,13 +236,12 @@ class ApiServerEmulator:
         existing = self.store.get(rt.key, meta.get("namespace", ""), meta["name"])
         if existing is not None:
             meta["uid"] = existing.obj["metadata"]["uid"]
-        self._persist(rt, obj)
-        return obj
+        return self._persist(rt, obj)
 
     def load_yaml(self, path: str | Path) -> list[dict[str, Any]]:
         """Seed every document of a YAML file (CRDs, nodes, namespaces...)."""
         docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
-        return [self.seed(d) for d in docs]
+        return [copy.deepcopy(self._seed(d)) for d in docs]
 
     # --- store access used by admission ---------------------------------------------------------
 
@@ -264,9 +266,6 @@ class ApiServerEmulator:
             log.exception("emulator request failed", extra={"path": request.path})
             err = errors.internal(repr(exc))
             return _json(err.to_status(), 500)
-
-    def _user(self, request: web.Request) -> Mapping[str, Any]:
-        return self.user
 
     async def _body(self, request: web.Request) -> Any:
         raw = await request.read()
@@ -315,7 +314,7 @@ class ApiServerEmulator:
             raise errors.server_not_found()
         q = request.query
         method = request.method
-        user = self._user(request)
+        user = self.user  # no authentication: every request is the configured user
         dry_run = q.get("dryRun") == "All"
         if method == "GET":
             if watch_path or _truthy(q.get("watch")):
