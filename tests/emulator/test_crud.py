@@ -100,9 +100,12 @@ async def test_status_errors_have_the_apiserver_shape(kube: KubeApi) -> None:
         await kube.create(PODS, pod("x"), "no-such-namespace")
     assert err.value.status == 404
     assert err.value.message == 'namespaces "no-such-namespace" not found'
-    with pytest.raises(ApiError) as err:
-        await kube.request("PUT", "/api/v1/namespaces/team-a/pods")
-    assert (err.value.status, err.value.reason) == (405, "MethodNotAllowed")
+    for method, path in (("PUT", "/api/v1/namespaces/team-a/pods"),
+                         ("GET", "/api/v1/namespaces/team-a/pods/a/binding"),
+                         ("POST", "/api/v1/namespaces/team-a/pods/a")):
+        with pytest.raises(ApiError) as err:
+            await kube.request(method, path, body={} if method != "GET" else None)
+        assert (err.value.status, err.value.reason) == (405, "MethodNotAllowed")
 
 
 async def test_generate_name(kube: KubeApi) -> None:

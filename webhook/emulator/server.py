@@ -316,6 +316,8 @@ class ApiServerEmulator:
         method = request.method
         user = self.user  # no authentication: every request is the configured user
         dry_run = q.get("dryRun") == "All"
+        if sub == "binding" and method != "POST":
+            raise errors.method_not_allowed()
         if method == "GET":
             if watch_path or _truthy(q.get("watch")):
                 return await self._watch(request, rt, ns, name)

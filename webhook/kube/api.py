@@ -247,7 +247,8 @@ class KubeApi:
                     allow_bookmarks: bool = True
                     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(type, object) for ADDED / MODIFIED / DELETED / BOOKMARK until the server ends the
-        stream; an ERROR event raises ApiError (410 Gone: the resourceVersion is too old)."""
+        stream; an ERROR event raises ApiError (410 Gone: the resourceVersion is too old).
+        Leaving early? Close it (`contextlib.aclosing`) so the connection goes at once."""
         query = _query(watch=True, resourceVersion=resource_version,
                        labelSelector=label_selector, fieldSelector=field_selector,
                        timeoutSeconds=timeout_seconds, allowWatchBookmarks=allow_bookmarks)
