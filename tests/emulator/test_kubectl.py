@@ -75,3 +75,47 @@ async def test_api_resources_lists_crds(kubeconfig: Path) -> None:
     assert rc == 0
     rows = {line.split()[0] for line in out.splitlines()[1:]}
     assert rows == {"podgroups", "queues"}
+
+
+INSTALL = """\
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: muster-binder}
+rules: [{apiGroups: [""], resources: [pods/binding], verbs: [create]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: muster-binder, namespace: team-a}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: muster-binder}
+subjects: [{kind: ServiceAccount, name: muster-binder, namespace: team-a}]
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: muster-agent, namespace: team-a}
+spec:
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec: {containers: [{name: agent, image: muster:dev}]}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: muster-webhook, namespace: team-a}
+spec: {minAvailable: 1, selector: {matchLabels: {app: webhook}}}
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: training}
+value: 1000
+"""
+
+
+async def test_install_manifests_of_the_chart_kinds(apiserver: ApiServerEmulator,
+                                                    kubeconfig: Path, tmp_path: Path) -> None:
+    manifest = tmp_path / "install.yaml"
+    manifest.write_text(INSTALL)
+    rc, out = await kubectl(kubeconfig, "apply", "-f", str(manifest))
+    assert rc == 0, out
+    assert out.count(" created") == 5
+    assert apiserver.get("daemonsets.apps", "muster-agent", "team-a") is not None
+    assert apiserver.get("priorityclasses.scheduling.k8s.io", "training") is not None

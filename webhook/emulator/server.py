@@ -49,7 +49,12 @@ log = logging.getLogger(__name__)
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 _NO_GENERATION = frozenset({("", "namespaces"), ("", "configmaps"), ("", "secrets"),
                             ("", "serviceaccounts"), ("", "events"), ("events.k8s.io", "events"),
-                            ("coordination.k8s.io", "leases"), ("", "nodes"), ("", "services")})
+                            ("coordination.k8s.io", "leases"), ("", "nodes"), ("", "services"),
+                            ("rbac.authorization.k8s.io", "roles"),
+                            ("rbac.authorization.k8s.io", "rolebindings"),
+                            ("rbac.authorization.k8s.io", "clusterroles"),
+                            ("rbac.authorization.k8s.io", "clusterrolebindings"),
+                            ("scheduling.k8s.io", "priorityclasses")})
 #: pod spec fields an update may change (validation.ValidatePodUpdate)
 _UPDATE_RETRIES = 5
 _POD_MUTABLE_SPEC = ("activeDeadlineSeconds", "tolerations", "schedulingGates")
