@@ -201,7 +201,8 @@ class Admitter:
                 result.warnings.extend(owner_warnings)
         decision = evaluate(pod, namespace_labels=ns_labels, owners=owners, policies=policies)
         result.warnings.extend(decision.warnings)
-        result.patch.extend(render_patch(pod, decision))
+        if decision.changes_pod:
+            result.patch.extend(render_patch(pod, decision))
         result.policies = decision.policies
         spec = decision.pod_group
         if spec is None:
