@@ -200,7 +200,7 @@ async def test_crd_schema_prunes_and_validates(kube: KubeApi) -> None:
     pg = await kube.create(VOLCANO_PODGROUPS, {
         "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
         "metadata": {"name": "g"}, "spec": {"minMember": 2, "unknownField": 1}}, "team-a")
-    assert pg["spec"] == {"minMember": 2}
+    assert pg["spec"] == {"minMember": 2, "queue": "default"}  # pruned, and the CRD's default
     with pytest.raises(ApiError) as err:
         await kube.create(VOLCANO_PODGROUPS, {
             "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",

@@ -325,7 +325,29 @@ class _CallError(Exception):
     pass
 
 
-_SIDE_EFFECTS = ("None", "NoneOnDryRun", "Some", "Unknown")
+def _shape_errors(hook: Mapping[str, Any], at: str) -> list[tuple[str, str, str]]:
+    """Types the matcher relies on: rules of string lists, selectors, a clientConfig object."""
+    bad: list[tuple[str, str, str]] = []
+    rules = hook.get("rules") or []
+    if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+        return [(f"{at}.rules", "FieldValueInvalid", "Invalid value: must be a list of objects")]
+    for j, rule in enumerate(rules):
+        for key in ("operations", "apiGroups", "apiVersions", "resources"):
+            value = rule.get(key) or []
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                bad.append((f"{at}.rules[{j}].{key}", "FieldValueInvalid",
+                            "Invalid value: must be a list of strings"))
+    for key in ("namespaceSelector", "objectSelector"):
+        try:
+            sel = hook.get(key)
+            if sel is not None and not isinstance(sel, dict):
+                raise errors.bad_request("must be a label selector")
+            label_selector_object(sel)
+        except (errors.ApiStatusError, AttributeError, KeyError, TypeError) as exc:
+            bad.append((f"{at}.{key}", "FieldValueInvalid", f"Invalid value: {exc}"))
+    if not isinstance(hook.get("clientConfig") or {}, dict):
+        bad.append((f"{at}.clientConfig", "FieldValueInvalid", "Invalid value: not an object"))
+    return bad
 
 
 def configuration_errors(config: Mapping[str, Any], mutating: bool) -> list[tuple[str, str, str]]:
@@ -334,8 +356,14 @@ def configuration_errors(config: Mapping[str, Any], mutating: bool) -> list[tupl
     would reject at install time."""
     causes: list[tuple[str, str, str]] = []
     names: set[str] = set()
-    for i, hook in enumerate(config.get("webhooks") or []):
+    hooks = config.get("webhooks") or []
+    if not isinstance(hooks, list) or not all(isinstance(h, dict) for h in hooks):
+        return [("webhooks", "FieldValueInvalid", "Invalid value: must be a list of objects")]
+    for i, hook in enumerate(hooks):
         at = f"webhooks[{i}]"
+        causes.extend(_shape_errors(hook, at))
+        if causes:
+            return causes
         name = str(hook.get("name") or "")
         if not name:
             causes.append((f"{at}.name", "FieldValueRequired", "Required value"))

@@ -1,9 +1,11 @@
 """Custom resources against their CRD's structural openAPIV3Schema, as kube-apiserver treats
 them: unknown fields pruned (unless x-kubernetes-preserve-unknown-fields), nulls dropped for
-non-nullable fields, then types, required fields and enums validated (422 with causes)."""
+non-nullable fields, defaults applied, then types, required fields and enums validated (422
+with causes)."""
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -97,6 +99,9 @@ def _walk_object(schema: dict[str, Any], value: dict[str, Any], path: str,
         if item is None and not sub.get("nullable"):
             continue
         out[key] = _walk(sub, item, child, causes, pruned)
+    for key, sub in props.items():
+        if key not in out and isinstance(sub, dict) and "default" in sub:
+            out[key] = copy.deepcopy(sub["default"])  # structural defaulting
     for req in schema.get("required") or []:
         if req not in out:
             child = f"{path}.{req}" if path else req

@@ -87,13 +87,20 @@ def label_selector_object(selector: Mapping[str, Any] | None) -> list[Requiremen
     None or {} selects everything, as the apiserver does for webhook selectors."""
     if not selector:
         return []
-    reqs = [Requirement(k, "=", (v,)) for k, v in (selector.get("matchLabels") or {}).items()]
+    labels = selector.get("matchLabels") or {}
+    exprs = selector.get("matchExpressions") or []
+    if not isinstance(labels, Mapping) or not isinstance(exprs, list):
+        raise bad_request("invalid label selector")
+    reqs = [Requirement(str(k), "=", (str(v),)) for k, v in labels.items()]
     ops = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!"}
-    for expr in selector.get("matchExpressions") or []:
-        op = ops.get(expr.get("operator", ""))
-        if op is None:
-            raise bad_request(f"invalid label selector operator: {expr.get('operator')!r}")
-        reqs.append(Requirement(expr["key"], op, tuple(expr.get("values") or ())))
+    for expr in exprs:
+        op = ops.get(expr.get("operator", "")) if isinstance(expr, Mapping) else None
+        if op is None or not isinstance(expr.get("key"), str):
+            raise bad_request(f"invalid label selector requirement: {expr!r}")
+        values = expr.get("values") or []
+        if not isinstance(values, list):
+            raise bad_request(f"invalid label selector requirement: {expr!r}")
+        reqs.append(Requirement(expr["key"], op, tuple(str(v) for v in values)))
     return reqs
 
 

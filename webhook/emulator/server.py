@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from . import defaults, errors
+from . import defaults, errors, shapes
 from .admission import (
     DEFAULT_USER,
     AdmissionChain,
@@ -569,6 +569,7 @@ class ApiServerEmulator:
             raise errors.not_found("", "namespaces", ns)
 
     def _check_kind(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+        shapes.check_decodable(rt, obj)
         api_version, kind = obj.get("apiVersion"), obj.get("kind")
         if kind and kind != rt.kind:
             raise errors.bad_request(f"the kind in the data ({kind}) does not match the "
@@ -582,9 +583,7 @@ class ApiServerEmulator:
                       query: Mapping[str, str], user: Mapping[str, Any]
                       ) -> tuple[dict[str, Any], list[str]]:
         self._check_kind(rt, obj)
-        meta = obj.setdefault("metadata", {})
-        if not isinstance(meta, dict):
-            raise errors.bad_request("metadata must be an object")
+        meta = obj["metadata"]
         if rt.namespaced:
             if meta.get("namespace") and meta["namespace"] != ns:
                 raise errors.bad_request("the namespace of the provided object does not match "
@@ -598,6 +597,7 @@ class ApiServerEmulator:
             meta.pop(key, None)
         meta["creationTimestamp"] = None
         if rt.key == PODS.key:
+            shapes.validate_pod(obj)
             defaults.default_pod(obj)
         elif rt.key == NAMESPACES.key:
             defaults.default_namespace(obj)
@@ -651,6 +651,9 @@ class ApiServerEmulator:
                   warnings: list[str]) -> None:
         """Name, CRD schema (pruning unknown fields: an error under fieldValidation=Strict, a
         warning under Warn, the default), and that a CRD is well formed."""
+        shapes.check_decodable(rt, obj)  # again: a webhook's patch may have broken it
+        if rt.key == PODS.key:
+            shapes.validate_pod(obj)
         meta = obj["metadata"]
         name = meta.get("name", "")
         if not defaults.valid_dns_subdomain(name):
@@ -676,7 +679,7 @@ class ApiServerEmulator:
         if rt.key == CRDS.key:
             try:
                 types_from_crd(obj)
-            except (KeyError, TypeError) as exc:
+            except (KeyError, TypeError, AttributeError) as exc:
                 raise errors.invalid(rt.group, rt.kind, name, [(
                     "spec", "FieldValueRequired", f"Required value: {exc}")]) from exc
 

@@ -1,0 +1,88 @@
+"""The shape checks that decoding into Go structs and core validation give the real API server:
+a body the apiserver could not even decode is a 400, a pod without containers a 422. Without
+them a malformed object would be stored and break every later reader."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import errors
+from .resources import ResourceType
+
+_META_STRINGS = ("name", "generateName", "namespace", "resourceVersion", "uid")
+_BUILTIN_OBJECTS = ("spec", "status")
+_STRING_MAPS = {("", "configmaps"): ("data", "binaryData"), ("", "secrets"): ("data",
+                                                                               "stringData")}
+
+
+def _undecodable(field: str, want: str) -> errors.ApiStatusError:
+    return errors.bad_request(f"error decoding request body: {field} must be {want}")
+
+
+def _string_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+
+
+def check_decodable(rt: ResourceType, obj: dict[str, Any]) -> None:
+    """400 when obj does not have the types of ObjectMeta (and, for built-in kinds, objects
+    where Go has structs); JSON nulls read as absent, as Go decoding does."""
+    meta = obj.get("metadata")
+    if meta is None:
+        obj["metadata"] = meta = {}
+    if not isinstance(meta, dict):
+        raise _undecodable("metadata", "an object")
+    for key in _META_STRINGS:
+        if meta.get(key) is None:
+            meta.pop(key, None)
+        elif not isinstance(meta[key], str):
+            raise _undecodable(f"metadata.{key}", "a string")
+    for key in ("labels", "annotations"):
+        if meta.get(key) is None:
+            meta.pop(key, None)
+        elif not _string_map(meta[key]):
+            raise _undecodable(f"metadata.{key}", "a map of strings")
+    finalizers = meta.get("finalizers")
+    if finalizers is not None and not (isinstance(finalizers, list)
+                                       and all(isinstance(f, str) for f in finalizers)):
+        raise _undecodable("metadata.finalizers", "a list of strings")
+    refs = meta.get("ownerReferences")
+    if refs is not None:
+        if not isinstance(refs, list) or not all(isinstance(r, dict) for r in refs):
+            raise _undecodable("metadata.ownerReferences", "a list of objects")
+        for i, ref in enumerate(refs):
+            for key in ("apiVersion", "kind", "name", "uid"):
+                if not isinstance(ref.get(key), str) or not ref[key]:
+                    raise errors.invalid(rt.group, rt.kind, str(meta.get("name", "")), [(
+                        f"metadata.ownerReferences[{i}].{key}", "FieldValueRequired",
+                        "Required value")])
+    if rt.schema is not None:
+        return  # custom resources: the CRD's schema decides
+    for key in _BUILTIN_OBJECTS:
+        if key in obj and obj[key] is not None and not isinstance(obj[key], dict):
+            raise _undecodable(key, "an object")
+    for key in _STRING_MAPS.get(rt.key, ()):
+        if obj.get(key) is not None and not _string_map(obj[key]):
+            raise _undecodable(key, "a map of strings")
+
+
+def validate_pod(pod: dict[str, Any]) -> None:
+    """422 for a pod without well-formed containers (name and image each)."""
+    name = str(pod["metadata"].get("name") or pod["metadata"].get("generateName") or "")
+    containers = (pod.get("spec") or {}).get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise errors.invalid("", "Pod", name, [("spec.containers", "FieldValueRequired",
+                                                "Required value")])
+    for i, c in enumerate(containers):
+        if not isinstance(c, dict):
+            raise _undecodable(f"spec.containers[{i}]", "an object")
+        for key in ("name", "image"):
+            if not isinstance(c.get(key), str) or not c[key]:
+                raise errors.invalid("", "Pod", name, [(
+                    f"spec.containers[{i}].{key}", "FieldValueRequired", "Required value")])
+        res = c.get("resources")
+        if res is not None and not (isinstance(res, dict) and all(
+                v is None or (isinstance(v, dict) and all(isinstance(q, str | int | float)
+                                                          for q in v.values()))
+                for v in res.values())):
+            raise _undecodable(f"spec.containers[{i}].resources", "limits/requests of "
+                               "quantities")
