@@ -1,0 +1,100 @@
+"""The embedded default that `muster demo` runs: the reference scenario of DESIGN.md.
+
+Two DGX-1 V100 nodes (8 GPUs each) and the Alibaba ACK benchmark's MPIJob (TensorFlow +
+Horovod, 4 workers x 1 GPU plus a launcher), submitted twice in a namespace whose policy asks for
+topology-aware placement and once in a namespace whose policy uses the coscheduling plugin (the
+shipped examples in policies/).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from webhook import keys
+
+NODES = ("node-a", "node-b")
+TOPOLOGY_NAMESPACE = "team-a"  # labelled muster.io/gpu-topology=enabled: policy mpi-topology
+GANG_NAMESPACE = "team-b"  # policy mpi-coscheduling
+
+NODE_ALLOCATABLE = {"cpu": "80", "memory": "512Gi", keys.GPU_RESOURCE: "8", "pods": "110"}
+
+
+def node(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {
+            "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+            keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED}},
+        "status": {"allocatable": dict(NODE_ALLOCATABLE), "capacity": dict(NODE_ALLOCATABLE),
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def namespaces() -> list[dict[str, Any]]:
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": TOPOLOGY_NAMESPACE,
+            "labels": {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED}}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": GANG_NAMESPACE}},
+    ]
+
+
+# The reference job, as `arena submit mpi --gpus=1 --workers=4` creates it
+# (../shared/fixtures/jobs/mpijob-vgg16-4workers.yaml).
+_IMAGE = ("registry.cn-hangzhou.aliyuncs.com/kubernetes-image-hub/"
+          "tensorflow-benchmark:tf2.3.0-py3.7-cuda10.1")
+_MPIJOB: dict[str, Any] = {
+    "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+    "metadata": {"name": "", "namespace": "",
+                 "annotations": {keys.VOLCANO_QUEUE_ANNOTATION: "research"}},
+    "spec": {
+        "slotsPerWorker": 1,
+        "runPolicy": {"cleanPodPolicy": "Running"},
+        "mpiReplicaSpecs": {
+            "Launcher": {"replicas": 1, "template": {"spec": {"containers": [{
+                "name": "mpi-launcher", "image": _IMAGE,
+                "command": ["mpirun", "--allow-run-as-root", "-np", "4", "python",
+                            "tf_cnn_benchmarks.py", "--model=vgg16", "--batch_size=64",
+                            "--variable_update=horovod"],
+                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}]}}},
+            "Worker": {"replicas": 4, "template": {"spec": {"containers": [{
+                "name": "tensorflow", "image": _IMAGE,
+                "resources": {"requests": {"cpu": "4", "memory": "16Gi"},
+                              "limits": {keys.GPU_RESOURCE: "1"}}}]}}},
+        },
+    },
+}
+
+
+def mpijob(name: str, namespace: str) -> dict[str, Any]:
+    job = copy.deepcopy(_MPIJOB)
+    job["metadata"].update(name=name, namespace=namespace)
+    return job
+
+
+def _crd(group: str, version: str, kind: str, plural: str, short: list[str]) -> dict[str, Any]:
+    """A minimal CustomResourceDefinition (structural, fields preserved) for the demo's emulator;
+    tests and e2e install the upstream CRDs from ../shared/crds instead."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group, "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower(),
+                      "listKind": f"{kind}List", "shortNames": short},
+            "versions": [{
+                "name": version, "served": True, "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {
+                    "type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }],
+        },
+    }
+
+
+CRDS = (
+    _crd("kubeflow.org", "v2beta1", "MPIJob", "mpijobs", ["mpij"]),
+    _crd("scheduling.volcano.sh", "v1beta1", "PodGroup", "podgroups", ["pg", "podgroup-v1beta1"]),
+    _crd("scheduling.x-k8s.io", "v1alpha1", "PodGroup", "podgroups", ["pg", "pgs"]),
+)
