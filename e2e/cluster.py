@@ -1,0 +1,303 @@
+"""The system under test: every Muster component as its own process, wired as in a cluster.
+
+`LocalCluster` (CI): the API server emulator as a process (real HTTP, watches, and admission
+webhooks called over HTTPS), `muster serve` with a self-signed certificate, `muster bind`, and per
+node `muster agent` (fake NVML) with a fake kubelet (real gRPC on unix sockets). The webhook
+configurations and the policies ConfigMap are the Helm chart's own, rendered with the real `helm`
+binary; only the webhook Service is mapped to the local port (there is no cluster DNS here).
+
+`RealCluster` (`pytest e2e --real-cluster`, KUBECONFIG set): the Helm chart installed on a real
+cluster; the tests then use the same Kubernetes API calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.procs import REPO, Proc, https_ok, wait_for
+from e2e.projection import project
+from webhook import keys
+from webhook.kube import (
+    CONFIGMAPS,
+    MUTATING_WEBHOOKS,
+    NAMESPACES,
+    NODES,
+    VALIDATING_WEBHOOKS,
+    KubeApi,
+    make_api_client,
+)
+
+NAMESPACE = "muster-system"
+RELEASE = "muster"
+POLICIES_CONFIGMAP = f"{RELEASE}-policies"
+NODE_NAMES = ("node-a", "node-b")
+
+
+def helm() -> str:
+    found = shutil.which("helm") or str(REPO / ".cache" / "bin" / "helm")
+    if not Path(found).exists():
+        raise RuntimeError("helm not found: run scripts/install-helm (scripts/test does)")
+    return found
+
+
+def chart_values(policies_dir: Path) -> dict[str, Any]:
+    """Chart values carrying the shipped example policies, as an admin would set them."""
+    texts = {p.name: p.read_text() for p in sorted(policies_dir.glob("*.yaml"))}
+    return {"policies": texts}
+
+
+def render_chart(values_file: Path) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [helm(), "template", RELEASE, str(REPO / "charts" / "muster"), "--namespace", NAMESPACE,
+         "--values", str(values_file)], capture_output=True, text=True, check=True, timeout=60)
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def node(name: str) -> dict[str, Any]:
+    alloc = {"cpu": "80", "memory": "512Gi", keys.GPU_RESOURCE: "8", "pods": "110"}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {
+                "kubernetes.io/hostname": name,
+                keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED}},
+            "status": {"allocatable": alloc, "capacity": alloc,
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+class LocalCluster:
+    real = False
+
+    def __init__(self, tmp: Path, shared: Path) -> None:
+        self.tmp, self.shared = tmp, shared
+        self.kubeconfig = tmp / "kubeconfig"
+        self.certs = tmp / "certs"
+        self.policies_dir = tmp / "policies"
+        self.webhook_port = free_port()
+        self.procs: dict[str, Proc] = {}
+        self.kube: KubeApi
+        self._client: Any = None
+        self._projection: asyncio.Task[None] | None = None
+
+    # --- processes ----------------------------------------------------------------------------
+
+    def _proc(self, name: str, *args: str, module: str = "webhook") -> Proc:
+        proc = Proc(name, [*args], self.tmp / f"{name}.log", module=module).start()
+        self.procs[name] = proc
+        return proc
+
+    def start_webhook(self) -> None:
+        """`muster serve` as the chart runs it: certificate files made once (the chart keeps
+        them in a Secret), so a restarted webhook still matches the registered caBundle."""
+        subprocess.run([sys.executable, "-m", "webhook", "certs", "init", "--out",
+                        str(self.certs), "--service", f"{RELEASE}-webhook",
+                        "--namespace", NAMESPACE], cwd=REPO, check=True, timeout=60,
+                       capture_output=True)
+        proc = self._proc(
+            "webhook", "serve", "--host", "127.0.0.1", "--port", str(self.webhook_port),
+            "--tls-cert-file", str(self.certs / "tls.crt"),
+            "--tls-key-file", str(self.certs / "tls.key"),
+            "--policies", str(self.policies_dir), "--kubeconfig", str(self.kubeconfig),
+            "--namespace", NAMESPACE, "--service-name", f"{RELEASE}-webhook",
+            "--policies-configmap", POLICIES_CONFIGMAP)
+        wait_for("the webhook's /readyz", lambda: https_ok(
+            f"https://127.0.0.1:{self.webhook_port}/readyz", self.certs / "ca.crt"),
+            procs=[proc])
+
+    def start_binder(self) -> None:
+        self._proc("binder", "bind", "--kubeconfig", str(self.kubeconfig),
+                   "--backoff-max", "1")
+
+    def start_agent(self, node_name: str) -> None:
+        self._proc(f"agent-{node_name}", "agent", "--node-name", node_name,
+                   "--kubeconfig", str(self.kubeconfig), "--fake-nvml", "dgx1-v100",
+                   "--kubelet-dir", str(self.tmp / node_name), "--rediscover-seconds", "60")
+
+    def kill(self, name: str) -> None:
+        self.procs[name].kill()
+
+    async def kubelet_admit(self, node_name: str, counts: list[int]) -> list[dict[str, Any]]:
+        """Restart this node's kubelet and have it start containers asking for `counts` GPUs:
+        the device plugin must re-register, then answer each Allocate from the assignment."""
+        self.procs[f"kubelet-{node_name}"].stop()
+        args = ["--dir", str(self.tmp / node_name)]
+        for n in counts:
+            args += ["--admit", str(n)]
+        proc = Proc(f"kubelet-{node_name}", args, self.tmp / f"kubelet-{node_name}.log",
+                    module="webhook.agent.fakekubelet", capture_stdout=True).start()
+        self.procs[proc.name] = proc
+        events: list[dict[str, Any]] = []
+        assert proc.popen is not None and proc.popen.stdout is not None
+        stdout = proc.popen.stdout
+        while len(events) < len(counts):
+            line = await asyncio.wait_for(asyncio.to_thread(stdout.readline), 60)
+            if not line:
+                raise AssertionError(f"fake kubelet exited:\n{proc.tail()}")
+            event = json.loads(line)
+            if event.get("event") in ("admitted", "refused"):
+                events.append(event)
+        return events
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        values = self.tmp / "values.yaml"
+        values.write_text(yaml.safe_dump(chart_values(REPO / "policies")))
+        chart = render_chart(values)
+        emulator = Proc("apiserver", [
+            "--kubeconfig", str(self.kubeconfig), "--crds", str(self.shared / "crds"),
+            "--service-host", f"{NAMESPACE}/{RELEASE}-webhook=127.0.0.1:{self.webhook_port}"],
+            self.tmp / "apiserver.log", module="webhook.emulator", capture_stdout=True).start()
+        self.procs["apiserver"] = emulator
+        assert emulator.popen is not None and emulator.popen.stdout is not None
+        url = await asyncio.wait_for(asyncio.to_thread(emulator.popen.stdout.readline), 30)
+        if not url:
+            raise AssertionError(f"the API server emulator did not start:\n{emulator.tail()}")
+        self._client = await make_api_client(str(self.kubeconfig))
+        self.kube = KubeApi(self._client)
+        await self.kube.create(NAMESPACES, namespace(NAMESPACE))
+        for name in NODE_NAMES:
+            await self.kube.create(NODES, node(name))
+
+        configmap = next(d for d in chart if d["kind"] == "ConfigMap"
+                         and d["metadata"]["name"] == POLICIES_CONFIGMAP)
+        await self.kube.create(CONFIGMAPS, configmap, namespace=NAMESPACE)
+        self._projection = asyncio.create_task(
+            project(self.kube, NAMESPACE, POLICIES_CONFIGMAP, self.policies_dir))
+        await _until(lambda: any(self.policies_dir.glob("*.yaml")))
+
+        await asyncio.to_thread(self.start_webhook)
+        ca_bundle = base64.b64encode((self.certs / "ca.crt").read_bytes()).decode()
+        for doc in chart:
+            if doc["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+                for hook in doc["webhooks"]:
+                    hook["clientConfig"]["caBundle"] = ca_bundle
+                resource = (MUTATING_WEBHOOKS if doc["kind"].startswith("Mutating")
+                            else VALIDATING_WEBHOOKS)
+                await self.kube.create(resource, doc)
+
+        for name in NODE_NAMES:
+            (self.tmp / name).mkdir()
+            self.procs[f"kubelet-{name}"] = Proc(
+                f"kubelet-{name}", ["--dir", str(self.tmp / name)],
+                self.tmp / f"kubelet-{name}.log", module="webhook.agent.fakekubelet").start()
+            self.start_agent(name)
+        self.start_binder()
+
+        async def published() -> bool:
+            nodes = (await self.kube.list(NODES))["items"]
+            return all(keys.ANN_NODE_TOPOLOGY in (n["metadata"].get("annotations") or {})
+                       for n in nodes)
+        await _until_async(published, what="the agents to publish node topologies",
+                           procs=list(self.procs.values()))
+
+    async def stop(self) -> None:
+        if self._projection is not None:
+            self._projection.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._projection
+        for name, proc in reversed(self.procs.items()):
+            if name != "apiserver":
+                proc.stop()
+        if self._client is not None:
+            await self._client.close()
+        self.procs["apiserver"].stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} ({p.log_path})\n{p.tail(60)}" for p in self.procs.values())
+
+
+class RealCluster:
+    """The Helm chart on the cluster KUBECONFIG points to. Component restarts go through
+    Deployments, as an operator would do them."""
+
+    real = True
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.kubeconfig = Path(os.environ["KUBECONFIG"])
+        self.kube: KubeApi
+        self._client: Any = None
+
+    def _kubectl(self, *args: str) -> None:
+        subprocess.run(["kubectl", "--namespace", NAMESPACE, *args], check=True, timeout=300)
+
+    async def start(self) -> None:
+        values = self.tmp / "values.yaml"
+        values.write_text(yaml.safe_dump(chart_values(REPO / "policies")))
+        await asyncio.to_thread(
+            subprocess.run, [helm(), "upgrade", "--install", RELEASE,
+                             str(REPO / "charts" / "muster"), "--namespace", NAMESPACE,
+                             "--create-namespace", "--values", str(values), "--wait",
+                             "--timeout", "5m"], check=True, timeout=360)
+        self._client = await make_api_client(str(self.kubeconfig))
+        self.kube = KubeApi(self._client)
+
+    def kill(self, name: str) -> None:
+        self._kubectl("scale", f"deployment/{RELEASE}-{name}", "--replicas=0")
+        self._kubectl("rollout", "status", f"deployment/{RELEASE}-{name}")
+
+    def start_webhook(self) -> None:
+        self._kubectl("scale", f"deployment/{RELEASE}-webhook", "--replicas=2")
+        self._kubectl("rollout", "status", f"deployment/{RELEASE}-webhook")
+
+    def start_binder(self) -> None:
+        self._kubectl("scale", f"deployment/{RELEASE}-binder", "--replicas=2")
+        self._kubectl("rollout", "status", f"deployment/{RELEASE}-binder")
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(
+            subprocess.run, [helm(), "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait"],
+            check=False, timeout=300)
+        if self._client is not None:
+            await self._client.close()
+
+    def logs(self) -> str:
+        return "see `kubectl logs -n muster-system` for the components' logs"
+
+
+def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": labels or {}}}
+
+
+async def _until(check: Any, within: float = 30.0) -> None:
+    async with asyncio.timeout(within):
+        while True:
+            if check():
+                return
+            await asyncio.sleep(0.05)
+
+
+async def _until_async(check: Any, *, what: str, procs: list[Proc], within: float = 60.0) -> None:
+    try:
+        async with asyncio.timeout(within):
+            while True:
+                for p in procs:
+                    if not p.running:
+                        raise AssertionError(f"{p.name} exited while waiting for {what}:\n"
+                                             f"{p.tail()}")
+                if await check():
+                    return
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}\n" + "\n".join(
+            f"--- {p.name}\n{p.tail()}" for p in procs)) from None
+
