@@ -273,6 +273,11 @@ class Binder:
             self.metrics.pending_gangs.labels(state).set(counts.get(state, 0))
         return result
 
+    @property
+    def writing(self) -> bool:
+        """True while some gang's writes are in flight."""
+        return bool(self._inflight)
+
     def gpu_counts(self) -> dict[str, tuple[int, int]]:
         """Per node with a topology: (GPUs held by live pods, healthy GPUs)."""
         alloc = self.last_plan.allocation if self.last_plan else None
