@@ -113,3 +113,20 @@ async def test_api_error_fields(kube: KubeApi) -> None:
         assert err.not_found and not err.conflict and err.reason == "NotFound"
     else:
         raise AssertionError("expected ApiError")
+
+
+async def test_bookmarks_advance_the_resource_version(tmp_path: Path) -> None:
+    async with ApiServerEmulator(bookmark_interval=0.05) as api:
+        client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
+        informer = Informer(KubeApi(client), CONFIGMAPS, "team-x")
+        try:
+            async with informer:
+                await asyncio.wait_for(informer.synced.wait(), 5)
+                listed = int(informer.resource_version or 0)
+                # writes elsewhere move the global resourceVersion; bookmarks carry it here
+                api.seed({"apiVersion": "v1", "kind": "ConfigMap",
+                          "metadata": {"name": "elsewhere", "namespace": "default"}})
+                await eventually(lambda: int(informer.resource_version or 0) > listed)
+                assert informer.store == {}
+        finally:
+            await client.close()
