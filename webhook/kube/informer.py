@@ -99,6 +99,7 @@ class Informer:
             try:
                 if self.resource_version is None:
                     await self._relist()
+                events = 0
                 async for event, obj in self.api.watch(
                         self.resource, self.namespace, resource_version=self.resource_version,
                         label_selector=self.label_selector, field_selector=self.field_selector,
@@ -107,8 +108,11 @@ class Informer:
                         self.resource_version = _rv(obj) or self.resource_version
                     else:
                         await self._apply(event, obj)
+                    events += 1
                     backoff = self._backoff_initial
-                continue  # the server ended the watch (timeout): resume from where we are
+                if events:
+                    continue  # the server ended the watch (timeout): resume from where we are
+                # an empty watch: resume too, after the backoff so as never to spin
             except ApiError as exc:
                 if exc.gone:
                     log.info("watch expired, relisting", extra={"resource": self.resource.plural})
