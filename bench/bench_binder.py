@@ -1,0 +1,346 @@
+"""The binder through the emulator: throughput, gang latency at a fixed arrival rate, memory.
+
+Run: .venv/bin/python bench/bench_binder.py [--nodes 500] [--gangs 200] [--rate 100]
+     [--rss-nodes 5000]
+
+Reference jobs (4 workers x 1 GPU + a 0-GPU launcher, minMember 5) on DGX-1 V100 nodes. The
+binder runs as its own process (`muster bind`), exactly as deployed; the emulator, the pod
+creator and a watch that timestamps bindings share this process.
+
+1. burst: all pods exist, then the binder starts; pods bound per second from its first write
+   (an assignment seen on the watch) to its last Binding. Baseline in the same run: a "null
+   binder" doing only the API writes the binder must do (one assignment PATCH and one
+   Binding per pod, gangs concurrently, no planning) against a fresh emulator with the same
+   cluster: the ratio is the share of the API ceiling the binder reaches.
+2. arrival: pods created at --rate pods/s, members of a gang one after another; per gang, the
+   time from its last pod's creation to its last Binding seen on the watch (p50/p99/max).
+   Target p99 < 1 s at 100 pods/s.
+3. memory: binder resident set (VmRSS, and peak VmHWM) with --rss-nodes nodes after binding
+   the same gangs. Target < 500 MiB at 5,000 nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from webhook import keys
+from webhook.emulator import ApiServerEmulator
+from webhook.kube import KubeApi, make_api_client
+from webhook.kube.api import PODS
+from webhook.topology import builtin, encode
+
+REPO = Path(__file__).resolve().parent.parent
+NS = "team-a"
+TOPOLOGY = json.dumps({"v": 1, "mode": "required", "singleNode": True, "minRingGBps": None})
+
+
+def node(name: str, annotation: str) -> dict[str, Any]:
+    alloc = {"cpu": "80", "memory": "512Gi", "pods": "110", keys.GPU_RESOURCE: "8"}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
+                                                  keys.LABEL_GPU_TOPOLOGY: "enabled"},
+                         "annotations": {keys.ANN_NODE_TOPOLOGY: annotation}},
+            "spec": {"taints": [{"key": keys.TAINT_GPU_TOPOLOGY, "value": "enabled",
+                                 "effect": "NoSchedule"}]},
+            "status": {"allocatable": alloc, "capacity": dict(alloc)}}
+
+
+def gang_pods(g: int) -> list[dict[str, Any]]:
+    name = f"job-{g:04d}"
+    out = []
+    for i, role in enumerate(["worker"] * 4 + ["launcher"]):
+        gpu = role == "worker"
+        limits = {keys.GPU_RESOURCE: "1"} if gpu else {}
+        ann = {keys.ANN_GANG_NAME: name, keys.ANN_GANG_MIN_MEMBER: "5"}
+        if gpu:
+            ann[keys.ANN_GPU_TOPOLOGY] = TOPOLOGY
+        out.append({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{name}-{role}-{i}", "namespace": NS, "annotations": ann,
+                         "labels": {"training.kubeflow.org/job-name": name}},
+            "spec": {"schedulerName": keys.DEFAULT_BINDER_SCHEDULER_NAME,
+                     "tolerations": [{"key": keys.TAINT_GPU_TOPOLOGY, "operator": "Exists",
+                                      "effect": "NoSchedule"}],
+                     "containers": [{"name": "main", "image": "train:1", "resources": {
+                         "requests": {"cpu": "4" if gpu else "500m",
+                                      "memory": "16Gi" if gpu else "1Gi"},
+                         "limits": limits}}]}})
+    return out
+
+
+def cluster(nodes: int) -> ApiServerEmulator:
+    api = ApiServerEmulator(history=200_000, watch_buffer=200_000)
+    api.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    annotation = encode(builtin("dgx1-v100"))
+    for n in range(nodes):
+        api.seed(node(f"dgx-{n:05d}", annotation))
+    return api
+
+
+class BinderProcess:
+    #: where the binder's log goes (--binder-log), None to discard it
+    log_path: Path | None = None
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        log = open(self.log_path, "a") if self.log_path else None  # noqa: SIM115, ASYNC230
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "webhook", "--log-level", "info" if log else "warning",
+                "bind", "--kubeconfig", str(self.kubeconfig),
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+                stdout=asyncio.subprocess.DEVNULL, stderr=log or asyncio.subprocess.DEVNULL)
+        finally:
+            if log is not None:
+                log.close()
+
+    def memory(self) -> dict[str, int]:
+        assert self.proc is not None
+        out = {}
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) * 1024
+        return out
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.proc.wait(), 10)
+            if self.proc.returncode is None:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+class BindWatch:
+    """Timestamps the first time each pod is seen with an assignment, and bound, from a real
+    watch."""
+
+    def __init__(self, kube: KubeApi) -> None:
+        self.kube = kube
+        self.assigned: dict[str, float] = {}
+        self.bound: dict[str, float] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        listed = await self.kube.list(PODS, NS)
+        rv = listed["metadata"]["resourceVersion"]
+        self.task = asyncio.create_task(self._run(rv))
+
+    async def _run(self, rv: str) -> None:
+        while True:
+            async for kind, obj in self.kube.watch(PODS, NS, resource_version=rv,
+                                                   timeout_seconds=3600):
+                rv = obj["metadata"].get("resourceVersion") or rv
+                if kind != "BOOKMARK":
+                    self._see(obj)
+
+    def _see(self, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if keys.ANN_GPU_ASSIGNMENT in (obj["metadata"].get("annotations") or {}):
+            self.assigned.setdefault(name, time.perf_counter())
+        if (obj.get("spec") or {}).get("nodeName") and name not in self.bound:
+            self.bound[name] = time.perf_counter()
+
+    async def wait_for(self, count: int, limit: float) -> bool:
+        deadline = time.perf_counter() + limit
+        while len(self.bound) < count:
+            if time.perf_counter() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def with_client(api: ApiServerEmulator, tmp: Path) -> tuple[Any, KubeApi, Path]:
+    kubeconfig = api.write_kubeconfig(tmp / f"kubeconfig-{api.port}")
+    client = await make_api_client(str(kubeconfig))
+    return client, KubeApi(client), kubeconfig
+
+
+async def create_all(kube: KubeApi, pods: list[dict[str, Any]], concurrency: int = 16) -> None:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(p: dict[str, Any]) -> None:
+        async with sem:
+            await kube.create(PODS, p, NS)
+
+    await asyncio.gather(*(one(p) for p in pods))
+
+
+async def burst(nodes: int, gangs: int, tmp: Path) -> float:
+    pods = [p for g in range(gangs) for p in gang_pods(g)]
+    async with cluster(nodes) as api:
+        client, kube, kubeconfig = await with_client(api, tmp)
+        try:
+            await create_all(kube, pods)
+            watch = BindWatch(kube)
+            await watch.start()
+            binder = BinderProcess(kubeconfig)
+            await binder.start()
+            try:
+                ok = await watch.wait_for(len(pods), 120)
+            finally:
+                await binder.stop()
+                await watch.stop()
+        finally:
+            await client.close()
+    if not ok:
+        raise SystemExit(f"burst: only {len(watch.bound)}/{len(pods)} pods bound in 120 s")
+    # from the binder's first write to its last: start-up and informer sync are not counted
+    first, last = min(watch.assigned.values()), max(watch.bound.values())
+    return len(pods) / max(last - first, 1e-9)
+
+
+async def null_binder(nodes: int, gangs: int, tmp: Path) -> float:
+    """The writes alone: per gang, PATCH every member's assignment, then bind every member."""
+    pods = [p for g in range(gangs) for p in gang_pods(g)]
+    async with cluster(nodes) as api:
+        client, kube, _ = await with_client(api, tmp)
+        try:
+            await create_all(kube, pods)
+            listed = {p["metadata"]["name"]: p for p in (await kube.list(PODS, NS))["items"]}
+            sem = asyncio.Semaphore(64)
+
+            async def gang(g: int) -> None:
+                members = [listed[p["metadata"]["name"]] for p in gang_pods(g)]
+                target = f"dgx-{g % nodes:05d}"
+                async with sem:
+                    await asyncio.gather(*(kube.patch(PODS, m["metadata"]["name"], [
+                        {"op": "test", "path": "/metadata/resourceVersion",
+                         "value": m["metadata"]["resourceVersion"]},
+                        {"op": "add", "path": "/metadata/annotations/muster.io~1gpu-assignment",
+                         "value": json.dumps({"v": 1, "node": target, "containers": {}})}],
+                        NS, patch_type="json") for m in members))
+                    await asyncio.gather(*(kube.bind(NS, m["metadata"]["name"], target)
+                                           for m in members))
+
+            started = time.perf_counter()
+            await asyncio.gather(*(gang(g) for g in range(gangs)))
+            elapsed = time.perf_counter() - started
+        finally:
+            await client.close()
+    return len(pods) / elapsed
+
+
+async def arrival(nodes: int, gangs: int, rate: float, tmp: Path) -> list[float]:
+    async with cluster(nodes) as api:
+        client, kube, kubeconfig = await with_client(api, tmp)
+        binder = BinderProcess(kubeconfig)
+        watch = BindWatch(kube)
+        try:
+            await binder.start()
+            await asyncio.sleep(3.0)  # let it import and sync: latency, not start-up, is measured
+            await watch.start()
+            last_created: dict[int, float] = {}
+            interval = 1.0 / rate
+            t0 = time.perf_counter()
+            n = 0
+            for g in range(gangs):
+                for p in gang_pods(g):
+                    n += 1
+                    delay = t0 + n * interval - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    await kube.create(PODS, p, NS)
+                last_created[g] = time.perf_counter()
+            ok = await watch.wait_for(gangs * 5, 60)
+        finally:
+            await binder.stop()
+            await watch.stop()
+            await client.close()
+    if not ok:
+        raise SystemExit(f"arrival: only {len(watch.bound)}/{gangs * 5} pods bound")
+    latencies = []
+    for g in range(gangs):
+        names = [p["metadata"]["name"] for p in gang_pods(g)]
+        latencies.append(max(watch.bound[x] for x in names) - last_created[g])
+    return latencies
+
+
+async def memory(nodes: int, gangs: int, tmp: Path) -> dict[str, int]:
+    pods = [p for g in range(gangs) for p in gang_pods(g)]
+    async with cluster(nodes) as api:
+        client, kube, kubeconfig = await with_client(api, tmp)
+        binder = BinderProcess(kubeconfig)
+        watch = BindWatch(kube)
+        try:
+            await create_all(kube, pods)
+            await watch.start()
+            await binder.start()
+            ok = await watch.wait_for(len(pods), 180)
+            await asyncio.sleep(1.0)
+            mem = binder.memory()
+        finally:
+            await binder.stop()
+            await watch.stop()
+            await client.close()
+    if not ok:
+        raise SystemExit(f"memory: only {len(watch.bound)}/{len(pods)} pods bound")
+    return mem
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--gangs", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=100.0, help="pods created per second")
+    parser.add_argument("--rss-nodes", type=int, default=5000)
+    parser.add_argument("--binder-log", type=Path, default=None,
+                        help="append the binder processes' logs (info level) to this file")
+    parser.add_argument("--only", choices=["burst", "arrival", "memory"], default=None)
+    args = parser.parse_args()
+    BinderProcess.log_path = args.binder_log
+    pods = args.gangs * 5
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        print(f"{args.gangs} gangs ({pods} pods: 4 workers x 1 GPU + launcher) on {args.nodes} "
+              f"DGX-1 V100 nodes, binder as a process, emulator over HTTP")
+        if args.only in (None, "burst"):
+            baseline = await null_binder(args.nodes, args.gangs, tmp)
+            rate = await burst(args.nodes, args.gangs, tmp)
+            print(f"burst:    binder {rate:7.1f} pods/s bound; API-writes-only baseline "
+                  f"{baseline:7.1f} pods/s; ratio {rate / baseline:.2f}")
+        if args.only in (None, "arrival"):
+            lat = await arrival(args.nodes, args.gangs, args.rate, tmp)
+            verdict = "OK" if pct(lat, 0.99) < 1.0 else "ABOVE TARGET"
+            print(f"arrival:  {args.rate:g} pods/s; last pod created -> last Binding per gang: "
+                  f"p50 {pct(lat, 0.5) * 1000:.0f} ms, p99 {pct(lat, 0.99) * 1000:.0f} ms, "
+                  f"max {max(lat) * 1000:.0f} ms, mean {statistics.mean(lat) * 1000:.0f} ms "
+                  f"(target p99 < 1000 ms: {verdict})")
+        if args.only in (None, "memory"):
+            mem = await memory(args.rss_nodes, args.gangs, tmp)
+            rss, hwm = mem["VmRSS"] / 2**20, mem["VmHWM"] / 2**20
+            verdict = "OK" if hwm < 500 else "ABOVE TARGET"
+            print(f"memory:   {args.rss_nodes} nodes, {pods} pods bound: binder RSS "
+                  f"{rss:.0f} MiB, peak {hwm:.0f} MiB (target < 500 MiB: {verdict})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,71 @@
+"""`muster bind` pieces: the metrics endpoint over HTTP, and the CLI wiring."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import aiohttp
+from binder_objects import eventually, job, node
+
+from webhook.binder.controller import BinderConfig
+from webhook.binder.service import BinderService, ServiceConfig
+from webhook.cli import build_parser
+from webhook.emulator import ApiServerEmulator
+from webhook.kube import KubeApi
+from webhook.kube.api import PODS
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_metrics_endpoint_reports_placements_and_gpus(apiserver: ApiServerEmulator,
+                                                            kube: KubeApi) -> None:
+    apiserver.seed(node("dgx-a"))
+    port = free_port()
+    service = BinderService(kube, ServiceConfig(BinderConfig(), metrics_port=port,
+                                                metrics_host="127.0.0.1"))
+    task = asyncio.create_task(service.run())
+    try:
+        for p in job("j1"):
+            await kube.create(PODS, p)
+        for p in job("big", workers=6):  # 6 more GPUs do not fit next to j1's 4
+            await kube.create(PODS, p)
+        await eventually(lambda: sum(bool(p["spec"].get("nodeName"))
+                                     for p in apiserver.objects("pods")) == 5)
+        async with aiohttp.ClientSession() as http:
+            async def scrape() -> str:
+                async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                    assert resp.status == 200
+                    return await resp.text()
+            text = await scrape()
+            for _ in range(50):
+                if 'muster_binder_pending_gangs{state="unplaceable"} 1.0' in text:
+                    break
+                await asyncio.sleep(0.05)
+                text = await scrape()
+            async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                assert resp.status == 200
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert 'muster_binder_node_gpus_assigned{node="dgx-a"} 4.0' in text
+    assert 'muster_binder_node_gpus{node="dgx-a"} 8.0' in text
+    assert 'muster_binder_placements_total{outcome="placed"} 1.0' in text
+    assert 'muster_binder_bindings_total{path="placed"} 5.0' in text
+    assert "muster_binder_gang_bind_duration_seconds_count 1.0" in text
+    assert 'muster_binder_pending_gangs{state="unplaceable"} 1.0' in text
+    assert "muster_binder_leader 1.0" in text
+
+
+def test_cli_parses_the_chart_arguments() -> None:
+    args = build_parser().parse_args([
+        "bind", "--scheduler-name=muster-binder", "--metrics-port=9090", "--leader-elect",
+        "--lease-name=muster-binder", "--lease-namespace=muster-system", "--identity=pod-1"])
+    assert (args.scheduler_name, args.metrics_port, args.leader_elect, args.lease_name,
+            args.lease_namespace, args.identity) == (
+        "muster-binder", 9090, True, "muster-binder", "muster-system", "pod-1")
+    assert callable(args.func)
