@@ -79,6 +79,8 @@ async def test_mutating_webhook_over_https_patches_and_warns(
     assert request["options"] == {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
     call = apiserver.webhook_calls[0]
     assert (call.webhook, call.error) == ("pods.muster.io", None)
+    assert call.request == server.reviews[0]  # recorded exactly as sent
+    assert call.response is not None and call.response["response"]["allowed"] is True
 
 
 async def test_review_has_the_shape_of_the_captured_request(
@@ -106,6 +108,9 @@ async def test_review_has_the_shape_of_the_captured_request(
     assert got_spec == want_spec
     assert ours["object"]["spec"]["volumes"][0]["name"].startswith("kube-api-access-")
     assert ours["object"]["status"] == {}
+    # the record keeps the object as sent, not as it was stored afterwards
+    recorded = apiserver.webhook_calls[0].request["request"]["object"]["metadata"]
+    assert recorded["creationTimestamp"] is None and "uid" not in recorded
 
 
 async def test_denial_carries_the_webhook_message(apiserver: ApiServerEmulator,

@@ -204,7 +204,10 @@ class AdmissionChain:
         url, server_name = self._target(hook)
         timeout = int(hook.get("timeoutSeconds") or 10)
         full = f"{url}{'&' if '?' in url else '?'}timeout={timeout}s"
-        call = WebhookCall(phase, config, hook["name"], full, review, reinvocation=reinvocation)
+        payload = json.dumps(review).encode()
+        # recorded as sent: the object goes on changing after the call
+        call = WebhookCall(phase, config, hook["name"], full, json.loads(payload),
+                           reinvocation=reinvocation)
         self.calls.append(call)
         if self._session is None:
             self._session = aiohttp.ClientSession()
@@ -216,7 +219,7 @@ class AdmissionChain:
             except (ValueError, ssl.SSLError) as exc:
                 raise _CallError(f"failed to call webhook: invalid caBundle: {exc}") from exc
             async with self._session.post(
-                    full, data=json.dumps(review).encode(), ssl=ctx if ctx else False,
+                    full, data=payload, ssl=ctx if ctx else False,
                     server_hostname=server_name if ctx else None,
                     headers={"Content-Type": "application/json",
                              "Accept": "application/json, */*",
