@@ -3,6 +3,7 @@ raw KubeApi, against the emulator (wire format: Status bodies, codes, reasons)."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from webhook.emulator import ApiServerEmulator
 from webhook.emulator.testing import make_certs
 from webhook.kube import (
     CONFIGMAPS,
+    DEPLOYMENTS,
     MPIJOBS,
     NAMESPACES,
     NODES,
@@ -304,3 +306,19 @@ async def test_protobuf_bodies_get_a_clear_415(apiserver: ApiServerEmulator) -> 
             headers={"Content-Type": "application/vnd.kubernetes.protobuf"}) as resp:
         assert resp.status == 415
         assert (await resp.json())["reason"] == "UnsupportedMediaType"
+
+
+async def test_stored_revisions_are_never_changed_in_place(kube: KubeApi,
+                                                           apiserver: ApiServerEmulator) -> None:
+    for patch_type in ("merge", "strategic"):
+        name = f"d-{patch_type}"
+        await kube.create(DEPLOYMENTS, {"apiVersion": "apps/v1", "kind": "Deployment",
+                                        "metadata": {"name": name}, "spec": {"replicas": 1}},
+                          "team-a")
+        before = apiserver.store.get(("apps", "deployments"), "team-a", name)
+        assert before is not None
+        snapshot = json.loads(before.raw)
+        after = await kube.patch(DEPLOYMENTS, name, {"spec": {"replicas": 2}}, "team-a",
+                                 patch_type=patch_type)
+        assert after["metadata"]["generation"] == 2
+        assert before.obj == snapshot  # the previous revision, as watchers and history hold it

@@ -351,8 +351,10 @@ class ApiServerEmulator:
                     pinned = bool((body.get("metadata") or {}).get("resourceVersion"))
                 else:
                     current = self._get(rt, ns, name).obj
-                    new = apply_patch_body(request.headers.get("Content-Type", ""), current,
-                                           body, custom=rt.schema is not None)
+                    # on a copy: stored objects are never changed in place
+                    new = apply_patch_body(request.headers.get("Content-Type", ""),
+                                           copy.deepcopy(current), body,
+                                           custom=rt.schema is not None)
                     if not isinstance(new, dict):
                         raise errors.bad_request("the patch result is not an object")
                     pinned = (new.get("metadata") or {}).get("resourceVersion") != \
@@ -722,7 +724,7 @@ class ApiServerEmulator:
         elif "status" in rt.subresources:
             new = dict(body)
             if "status" in current:
-                new["status"] = current["status"]
+                new["status"] = copy.deepcopy(current["status"])
             else:
                 new.pop("status", None)
         new_meta = new.setdefault("metadata", {})
