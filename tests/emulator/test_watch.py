@@ -13,7 +13,14 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from webhook.emulator import ApiServerEmulator
-from webhook.kube import CONFIGMAPS, PODS, ApiError, KubeApi, make_api_client
+from webhook.kube import (
+    CONFIGMAPS,
+    COSCHEDULING_PODGROUPS,
+    PODS,
+    ApiError,
+    KubeApi,
+    make_api_client,
+)
 
 
 def cm(name: str, labels: dict[str, str] | None = None, **data: str) -> dict[str, Any]:
@@ -172,3 +179,24 @@ async def test_list_pages_with_limit_and_continue(kube: KubeApi) -> None:
     assert first["metadata"]["remainingItemCount"] == 4 and first["metadata"]["continue"]
     everything = await kube.list(CONFIGMAPS, "team-a", limit=3)  # KubeApi follows continue
     assert [i["metadata"]["name"] for i in everything["items"]] == [f"c{i}" for i in range(7)]
+
+
+async def test_deleting_a_crd_deletes_its_objects_with_events(apiserver: ApiServerEmulator,
+                                                              kube: KubeApi) -> None:
+    await kube.create(COSCHEDULING_PODGROUPS, {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+        "metadata": {"name": "g"}, "spec": {"minMember": 2}}, "team-a")
+    seen: list[tuple[str, str]] = []
+
+    async def watch() -> None:
+        async for kind, obj in kube.watch(COSCHEDULING_PODGROUPS, "team-a"):
+            seen.append((kind, obj["metadata"]["name"]))
+
+    task = asyncio.create_task(watch())
+    await asyncio.sleep(0.1)
+    await apiserver.delete("customresourcedefinitions", "podgroups.scheduling.x-k8s.io")
+    await asyncio.wait_for(task, 5)  # the stream ends with the CRD
+    assert seen == [("ADDED", "g"), ("DELETED", "g")]
+    with pytest.raises(ApiError) as err:
+        await kube.list(COSCHEDULING_PODGROUPS, "team-a")
+    assert err.value.status == 404

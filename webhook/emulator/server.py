@@ -553,6 +553,8 @@ class ApiServerEmulator:
                 await resp.write(dumps({"type": "BOOKMARK", "object": {
                     "kind": rt.kind, "apiVersion": rt.api_version,
                     "metadata": {"resourceVersion": str(self.store.rv)}}}) + b"\n")
+        if watcher.buf and watcher.failed is None:  # closed: what was queued still goes out
+            await resp.write(b"".join(watcher.buf))
         await resp.write_eof()
 
     # --- writes -------------------------------------------------------------------------------
@@ -864,8 +866,12 @@ class ApiServerEmulator:
                     for st in list(self.store.items(other.key, name)):
                         self._remove(other, st.obj)
         elif rt.key == CRDS.key:
-            for gone in self.registry.remove_crd(name):
-                self.store.drop_type(gone.key)
+            # its custom resources are deleted first (DELETED events), then it stops serving
+            gone = {t.key: t for t in self.registry.remove_crd(name)}
+            for kind in gone.values():
+                for st in list(self.store.items(kind.key)):
+                    self._remove(kind, st.obj)
+                self.store.drop_type(kind.key)
         self._collect_garbage(meta["uid"], orphan)
         return final
 
