@@ -28,9 +28,11 @@ _AREAS = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="muster",
-        description="Gang scheduling and NVLink-aware GPU placement for training jobs on Kubernetes.",
+        description="Gang scheduling and NVLink-aware GPU placement for training jobs on "
+        "Kubernetes.",
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-json", action="store_true", help="one JSON object per log line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _AREAS:
