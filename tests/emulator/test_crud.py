@@ -322,3 +322,23 @@ async def test_stored_revisions_are_never_changed_in_place(kube: KubeApi,
                                  patch_type=patch_type)
         assert after["metadata"]["generation"] == 2
         assert before.obj == snapshot  # the previous revision, as watchers and history hold it
+
+
+async def test_label_and_annotation_rules_of_the_real_server(kube: KubeApi) -> None:
+    long_job = "tensorflow-topology-aware-" + "x" * 40  # a fine name, too long for a label
+    with pytest.raises(ApiError) as err:
+        await kube.create(PODS, pod("p", labels={"scheduling.x-k8s.io/pod-group": long_job}),
+                          "team-a")
+    assert err.value.status == 422
+    assert "must be no more than 63 characters" in err.value.message
+    for labels in ({"bad key!": "x"}, {"a": "-x"}, {"Muster.IO/x": "y"}):
+        with pytest.raises(ApiError) as err:
+            await kube.create(PODS, pod("p", labels=labels), "team-a")
+        assert err.value.body["details"]["causes"][0]["field"] == "metadata.labels"
+    big = {"metadata": {"name": "c", "annotations": {"muster.io/gpu-topology": "x" * 300_000}}}
+    with pytest.raises(ApiError) as err:
+        await kube.create(CONFIGMAPS, big, "team-a")
+    assert "Too long: must have at most 262144 bytes" in err.value.message
+    ok = await kube.create(PODS, pod("p", labels={"muster.io/gpu-model": "Tesla-V100-SXM2-16GB",
+                                                  "empty": ""}), "team-a")
+    assert ok["metadata"]["labels"]["empty"] == ""

@@ -660,6 +660,9 @@ class ApiServerEmulator:
             shapes.validate_pod(obj)
         meta = obj["metadata"]
         name = meta.get("name", "")
+        causes = shapes.meta_errors(obj)
+        if causes:
+            raise errors.invalid(rt.group, rt.kind, name, causes)
         if not defaults.valid_dns_subdomain(name):
             raise errors.invalid(rt.group, rt.kind, name, [(
                 "metadata.name", "FieldValueInvalid",
@@ -677,7 +680,7 @@ class ApiServerEmulator:
             if mode == "Warn":
                 warnings.extend(f'unknown field "{u}"' for u in unknown)
         if rt.key in (MUTATING.key, VALIDATING.key):
-            causes = configuration_errors(obj, rt.key == MUTATING.key)
+            causes += configuration_errors(obj, rt.key == MUTATING.key)
             if causes:
                 raise errors.invalid(rt.group, rt.kind, name, causes)
         if rt.key == CRDS.key:

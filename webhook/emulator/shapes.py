@@ -4,6 +4,7 @@ them a malformed object would be stored and break every later reader."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from . import errors
@@ -88,3 +89,54 @@ def validate_pod(pod: dict[str, Any]) -> None:
                 for v in res.values())):
             raise _undecodable(f"spec.containers[{i}].resources", "limits/requests of "
                                "quantities")
+
+
+_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_VALUE_MSG = ("a valid label must be an empty string or consist of alphanumeric characters, "
+              "'-', '_' or '.', and must start and end with an alphanumeric character (e.g. "
+              "'MyValue',  or 'my_value',  or '12345', regex used for validation is "
+              "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')")
+_KEY_MSG = ("name part must consist of alphanumeric characters, '-', '_' or '.', and must "
+            "start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or "
+            "'123-abc', regex used for validation is "
+            "'([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')")
+_ANNOTATIONS_MAX = 256 * 1024
+
+
+def _key_error(key: str) -> str | None:
+    prefix, _, name = key.rpartition("/")
+    if "/" in key and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return "prefix part must be a lowercase RFC 1123 subdomain"
+    if not name or len(name) > 63:
+        return "name part must be no more than 63 characters" if name else \
+            "name part must be non-empty"
+    return None if _NAME_PART.match(name) else _KEY_MSG
+
+
+def meta_errors(obj: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """ValidateObjectMeta's label and annotation rules, as (field, reason, message) causes."""
+    meta = obj["metadata"]
+    causes: list[tuple[str, str, str]] = []
+    for key, value in (meta.get("labels") or {}).items():
+        why = _key_error(key)
+        if why:
+            causes.append(("metadata.labels", "FieldValueInvalid",
+                           f'Invalid value: "{key}": {why}'))
+        if len(value) > 63:
+            causes.append(("metadata.labels", "FieldValueInvalid",
+                           f'Invalid value: "{value}": must be no more than 63 characters'))
+        elif value and not _NAME_PART.match(value):
+            causes.append(("metadata.labels", "FieldValueInvalid",
+                           f'Invalid value: "{value}": {_VALUE_MSG}'))
+    annotations = meta.get("annotations") or {}
+    for key in annotations:
+        why = _key_error(key.lower())
+        if why:
+            causes.append(("metadata.annotations", "FieldValueInvalid",
+                           f'Invalid value: "{key}": {why}'))
+    size = sum(len(k) + len(v) for k, v in annotations.items())
+    if size > _ANNOTATIONS_MAX:
+        causes.append(("metadata.annotations", "FieldValueTooLong",
+                       f"Too long: must have at most {_ANNOTATIONS_MAX} bytes"))
+    return causes
