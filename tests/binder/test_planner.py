@@ -32,7 +32,9 @@ TOPO = builtin("dgx1-v100")
 def first_fit(nodes: Sequence[NodeState], gang: GangRequest) -> GangPlacement | Unplaceable:
     free = {n.name: [sorted(n.free_gpus), n.free_cpu_milli, n.free_pods] for n in nodes}
     need = sum(m.gpus for m in gang.members)
-    home = [n for n in nodes if len(n.free_gpus) >= need][:1] if gang.single_node else nodes
+    home = [n for n in nodes if len(n.free_gpus) >= need and all(
+        m.eligible_nodes is None or n.name in m.eligible_nodes
+        for m in gang.members if m.gpus)][:1] if gang.single_node else nodes
     out = []
     for m in gang.members:
         for n in home if m.gpus else nodes:
@@ -206,3 +208,13 @@ def test_timeout_is_reported() -> None:
     pods = job("j1", timeout=30)[:3]
     assert not run(pods, [node("n1")], now=1795237200.0 + 10).waits[0].timed_out
     assert run(pods, [node("n1")], now=1795237200.0 + 31).waits[0].timed_out
+
+
+def test_a_restarted_member_of_a_single_node_gang_joins_its_node() -> None:
+    running = reserved_job("j1", "n2", [0, 1, 2, 3], bound=5)
+    del running[1]  # worker 1 died ...
+    replacement = job("j1")[1]  # ... and its controller created it again
+    p = run([*running, replacement], [node("n1"), node("n2")])
+    assert placed(p) == {"j1-worker-1": "n2"}
+    gpus = next(a for _, a in p.places[0].assignments).containers["main"].indices
+    assert gpus[0] not in (0, 2, 3)

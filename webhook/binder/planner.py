@@ -136,9 +136,14 @@ def _empty_state(node: NodeInfo) -> NodeState:
 
 def _request(gang: Gang, nodes: Mapping[str, NodeInfo],
              fit: FitCache) -> GangRequest | str:
+    topo = gang.topology
+    # a single-node gang that already runs somewhere (e.g. a restarted worker) stays there
+    home = frozenset(p.node_name for p in gang.bound if p.gpus and p.node_name)
     members = []
     for pod in gang.pending:
         eligible = fit.eligible(pod.constraints, nodes, pod.gpus > 0)
+        if pod.gpus and home and topo is not None and topo.single_node:
+            eligible = eligible & home
         if not eligible:
             return _no_node_reason(pod, nodes)
         members.append(MemberRequest(
@@ -146,7 +151,6 @@ def _request(gang: Gang, nodes: Mapping[str, NodeInfo],
             memory_bytes=pod.memory_bytes,
             eligible_nodes=None if len(eligible) == len(nodes) else eligible,
         ))
-    topo = gang.topology
     return GangRequest(
         name=gang.key, members=tuple(members),
         mode=topo.mode if topo is not None else "preferred",
