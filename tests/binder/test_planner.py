@@ -218,3 +218,12 @@ def test_a_restarted_member_of_a_single_node_gang_joins_its_node() -> None:
     assert placed(p) == {"j1-worker-1": "n2"}
     gpus = next(a for _, a in p.places[0].assignments).containers["main"].indices
     assert gpus[0] not in (0, 2, 3)
+
+
+def test_gpu_pods_need_a_readable_topology() -> None:
+    broken = node("n2")
+    broken["metadata"]["annotations"]["muster.io/gpu-topology"] = "{not json"
+    p = run(job("j1"), [node("n1", kind=None, gpus=8), broken])
+    assert p.waits[0].kind == "unplaceable"
+    assert "1 node(s): no published GPU topology" in p.waits[0].reason
+    assert "1 node(s): unreadable GPU topology annotation" in p.waits[0].reason

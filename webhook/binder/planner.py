@@ -166,7 +166,8 @@ def _no_node_reason(pod: PodInfo, nodes: Mapping[str, NodeInfo]) -> str:
     for node in nodes.values():
         r = why_not(pod.constraints, node)
         if r is None and pod.gpus:
-            r = "no published GPU topology"
+            r = ("unreadable GPU topology annotation" if node.topology_error
+                 else "no published GPU topology") if node.topology is None else None
         if r is not None:
             reasons[r] = reasons.get(r, 0) + 1
     detail = ", ".join(f"{n} node(s): {r}" for r, n in sorted(reasons.items(),

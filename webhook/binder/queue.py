@@ -28,9 +28,6 @@ class GangQueue:
         self.initial, self.maximum = initial, maximum
         self._entries: dict[str, _Entry] = {}
 
-    def __contains__(self, key: str) -> bool:
-        return key in self._entries
-
     def due(self, key: str, now: float, generation: int) -> bool:
         e = self._entries.get(key)
         return e is None or generation != e.generation or now >= e.next_try

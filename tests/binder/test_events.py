@@ -1,0 +1,51 @@
+"""What a waiting gang tells its users: Events and the PodScheduled condition."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from binder_objects import eventually, job, node, pod
+
+from webhook import keys
+from webhook.binder.controller import Binder, BinderConfig
+from webhook.emulator import ApiServerEmulator
+from webhook.kube import KubeApi
+from webhook.kube.api import PODS
+
+
+def events(api: ApiServerEmulator, reason: str, prefix: str) -> list[dict[str, Any]]:
+    return [e for e in api.objects("events", "team-a")
+            if e["reason"] == reason and e["involvedObject"]["name"].startswith(prefix)]
+
+
+async def test_timeout_and_invalid_gangs_are_reported(apiserver: ApiServerEmulator,
+                                                      kube: KubeApi) -> None:
+    apiserver.seed(node("dgx-a"))
+    b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2))
+    task = asyncio.create_task(b.run())
+    try:
+        await asyncio.wait_for(b.synced.wait(), 5)
+        for p in job("late", timeout=1)[:3]:  # 3 of 5 members ever arrive
+            await kube.create(PODS, p)
+        bad = pod("bad-0", gang="bad", gpus=1)
+        bad["metadata"]["annotations"][keys.ANN_GANG_MIN_MEMBER] = "lots"
+        await kube.create(PODS, bad)
+        invalid = await eventually(lambda: events(apiserver, "FailedScheduling", "bad-0"))
+        assert "gang-min-member must be an integer" in invalid[0]["message"]
+        timed_out = await eventually(lambda: events(apiserver, "GangScheduleTimeout", "late"),
+                                     within=5)
+        assert {e["involvedObject"]["name"] for e in timed_out} == {
+            "late-worker-0", "late-worker-1", "late-worker-2"}
+        assert "not scheduled within 1s" in timed_out[0]["message"]
+        assert "3 of minMember 5" in timed_out[0]["message"]
+        cond = next(c for c in apiserver.get("pods", "late-worker-0", "team-a")[  # type: ignore[index]
+            "status"]["conditions"] if c["type"] == "PodScheduled")
+        assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
+        await asyncio.sleep(0.5)  # reported once, not on every cycle
+        assert len(events(apiserver, "GangScheduleTimeout", "late-worker-0")) == 1
+        assert events(apiserver, "GangScheduleTimeout", "late-worker-0")[0]["count"] == 1
+        assert not any(p["spec"].get("nodeName") for p in apiserver.objects("pods"))
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
