@@ -112,7 +112,7 @@ class Admitter:
         if result.fail_open:
             self.metrics.fail_open.labels(result.fail_open).inc()
         for name in result.policies:
-            self.metrics.decisions.labels(name).inc()
+            self.metrics.count_decision(name)
         audit = {"policy": ",".join(result.policies)} if result.policies else None
         body = response(review, allowed=result.allowed, patch=result.patch,
                         warnings=result.warnings, audit=audit, message=result.message)

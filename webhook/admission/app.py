@@ -13,12 +13,19 @@ from aiohttp import web
 from webhook.admission.admit import Admitter
 from webhook.admission.deadline import budget_for_query
 from webhook.admission.metrics import CONTENT_TYPE_LATEST, Metrics
-from webhook.admission.review import AdmissionReview, BadReview, parse_review, response
+from webhook.admission.review import (
+    AdmissionReview,
+    BadReview,
+    parse_pod_review,
+    parse_review,
+    response,
+)
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ReviewFn = Callable[[AdmissionReview, float], Awaitable[tuple[dict[str, Any], str]]]
+ParseFn = Callable[[bytes], AdmissionReview]
 
 
 def _json(status: int, body: dict[str, Any]) -> web.Response:
@@ -51,11 +58,11 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
 def build_app(admitter: Admitter, metrics: Metrics, max_body_bytes: int) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors_as_json])
 
-    def review_route(endpoint: str, decide: ReviewFn) -> Handler:
+    def review_route(endpoint: str, parse: ParseFn, decide: ReviewFn) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
             start = time.perf_counter()
-            resp, outcome = await _review(request, decide, max_body_bytes,
-                                          admitter.config.deadline_margin, metrics)
+            resp, outcome = await _review(request, parse, decide, max_body_bytes=max_body_bytes,
+                                          margin=admitter.config.deadline_margin, metrics=metrics)
             metrics.observe_request(endpoint, outcome, time.perf_counter() - start)
             return resp
         return handle
@@ -82,8 +89,8 @@ def build_app(admitter: Admitter, metrics: Metrics, max_body_bytes: int) -> web.
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
 
-    app.router.add_post("/mutate/pods", review_route("mutate", admitter.mutate))
-    app.router.add_post("/validate/policies", review_route("validate", validate))
+    app.router.add_post("/mutate/pods", review_route("mutate", parse_pod_review, admitter.mutate))
+    app.router.add_post("/validate/policies", review_route("validate", parse_review, validate))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)
@@ -91,7 +98,8 @@ def build_app(admitter: Admitter, metrics: Metrics, max_body_bytes: int) -> web.
 
 
 async def _review(
-    request: web.Request, decide: ReviewFn, max_body_bytes: int, margin: float, metrics: Metrics
+    request: web.Request, parse: ParseFn, decide: ReviewFn, *, max_body_bytes: int,
+    margin: float, metrics: Metrics,
 ) -> tuple[web.Response, str]:
     content_type = request.headers.get("Content-Type", "")
     if content_type.partition(";")[0].strip().lower() != "application/json":
@@ -105,7 +113,7 @@ async def _review(
     except web.HTTPRequestEntityTooLarge:
         return _error(413, f"body exceeds the limit of {max_body_bytes} bytes"), "too_large"
     try:
-        review = parse_review(body)
+        review = parse(body)
     except BadReview as exc:
         return _error(400, "not an admission.k8s.io/v1 AdmissionReview request",
                       exc.errors), "bad_request"

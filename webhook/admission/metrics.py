@@ -15,6 +15,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self._request_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        self._decision_children: dict[str, Counter] = {}
         self.requests = Counter(
             "muster_admission_requests", "Admission requests answered, by endpoint and outcome "
             "(allowed, patched, denied, fail_open, bad_request, too_large, unsupported_media)",
@@ -56,6 +57,12 @@ class Metrics:
             self._request_children[(endpoint, outcome)] = children
         children[0].inc()
         children[1].observe(seconds)
+
+    def count_decision(self, policy: str) -> None:
+        child = self._decision_children.get(policy)
+        if child is None:  # resolved once per policy name, as above
+            child = self._decision_children[policy] = self.decisions.labels(policy)
+        child.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

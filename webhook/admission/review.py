@@ -10,9 +10,10 @@ import base64
 import json
 import re
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, GetPydanticSchema, ValidationError
+from typing_extensions import TypedDict
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
@@ -62,6 +63,62 @@ class BadReview(ValueError):
         self.errors = list(errors)
 
 
+# --- the pod as /mutate/pods reads it -------------------------------------------------------
+# Only the pod fields that admission and the policy engine read are built as Python objects
+# (metadata.managedFields and most of the spec are skipped by the parser): about a third less
+# work than a full parse. Each field keeps its JSON value as is; a field of an unexpected type
+# falls back to that raw value (left_to_right), so the projection accepts exactly what the full
+# model accepts. tests/admission/test_review.py checks both (same answers on the fixtures and on
+# fuzzed pods, same acceptance).
+
+
+class _Container(TypedDict, total=False):
+    resources: Any
+
+
+def _raw_fallback(typed: Any) -> Any:
+    return Annotated[typed | Any, Field(union_mode="left_to_right")]
+
+
+class _PodSpec(TypedDict, total=False):
+    containers: _raw_fallback(list[_Container])  # type: ignore[valid-type]
+    initContainers: _raw_fallback(list[_Container])  # type: ignore[valid-type]
+    schedulerName: Any
+    priorityClassName: Any
+    tolerations: Any
+    affinity: Any
+
+
+class _PodMeta(TypedDict, total=False):
+    name: Any
+    namespace: Any
+    labels: Any
+    annotations: Any
+    ownerReferences: Any
+
+
+class _Pod(TypedDict, total=False):
+    metadata: _raw_fallback(_PodMeta)  # type: ignore[valid-type]
+    spec: _raw_fallback(_PodSpec)  # type: ignore[valid-type]
+
+
+#: statically a dict, validated as the projection above (a plain dict of the fields present)
+_PodObject = Annotated[dict[str, Any] | None, GetPydanticSchema(
+    lambda _type, handler: handler.generate_schema(_Pod | None))]
+
+
+class _PodAdmissionRequest(AdmissionRequest):
+    model_config = ConfigDict(extra="ignore")
+    object: _PodObject = None
+
+
+class PodAdmissionReview(AdmissionReview):
+    """An AdmissionReview whose `request.object` holds only the pod fields Muster reads."""
+
+    model_config = ConfigDict(extra="ignore")
+    request: _PodAdmissionRequest
+
+
 def _loc(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(part) for part in loc) or "(body)"
 
@@ -78,6 +135,15 @@ def parse_review(body: bytes) -> AdmissionReview:
             else:
                 errors.append(f"{_loc(err['loc'])}: {err['msg']}")
         raise BadReview(errors) from None
+
+
+def parse_pod_review(body: bytes) -> AdmissionReview:
+    """`parse_review` for /mutate/pods: the pod projected to the fields Muster reads. A body the
+    projection refuses goes through `parse_review`, so errors are reported the same way."""
+    try:
+        return PodAdmissionReview.model_validate_json(body)
+    except ValidationError:
+        return parse_review(body)
 
 
 def response(
