@@ -9,7 +9,7 @@ engine) is only built for the policies that match, or on demand by `muster polic
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.policy.decision import PolicyMatch
@@ -124,6 +124,8 @@ class PolicyIndex:
 
     by_namespace: Mapping[str, tuple[CompiledPolicy, ...]]
     unscoped: tuple[CompiledPolicy, ...]
+    #: the engine's memo of what each set of matched policies writes (see engine._plan)
+    plans: dict[tuple[int, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, compiled: Sequence[CompiledPolicy]) -> PolicyIndex:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from webhook import keys
@@ -29,6 +30,8 @@ _DEFAULT_SCHEDULER: dict[str, str | None] = {
 #: gang fields that only some backends use
 _BACKEND_FIELDS = (("gang.queue", ("volcano",)), ("gang.priorityClass", ("volcano",)),
                    ("gang.scheduleTimeoutSeconds", ("coscheduling", "muster")))
+#: distinct sets of matched policies remembered per policy set
+_PLAN_MEMO_SIZE = 1024
 _GROUP_KEYS = (  # (where, key, backend) of every key that puts a pod into a gang
     ("annotation", keys.VOLCANO_GROUP_ANNOTATION, "volcano"),
     ("label", keys.COSCHEDULING_GROUP_LABEL, "coscheduling"),
@@ -45,9 +48,11 @@ def _d(value: Any) -> Mapping[str, Any]:
 
 def _str_map(value: Any) -> Mapping[str, str]:
     mapping: Mapping[str, Any] = _d(value)
-    if all(type(k) is str and type(v) is str for k, v in mapping.items()):
-        return mapping
-    return {k: v for k, v in mapping.items() if isinstance(k, str) and isinstance(v, str)}
+    for k, v in mapping.items():  # a plain loop: cheaper than all() over a generator
+        if type(k) is not str or type(v) is not str:
+            return {k: v for k, v in mapping.items()
+                    if isinstance(k, str) and isinstance(v, str)}
+    return mapping
 
 
 def match_policy(match: Match, namespace: str, ns_labels: Mapping[str, str],
@@ -106,6 +111,41 @@ def _merge(matched: Sequence[CompiledPolicy]) -> dict[str, tuple[Any, str]]:
     return merged
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a set of matched policies writes, independent of the pod (computed once per set)."""
+
+    merged: Mapping[str, tuple[Any, str]]
+    value: Mapping[str, Any]
+    names: tuple[str, ...]
+    #: the policies' static labels/annotations, the highest priority winning
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    policy_annotation: str
+
+
+def _plan(policies: PolicySet, matched: list[CompiledPolicy]) -> _Plan:
+    # Keyed by the identities of the matched policies: they live (and stay unchanged) as long
+    # as the policy set that holds this memo.
+    memo = policies.index.plans
+    key = tuple(map(id, matched))
+    plan = memo.get(key)
+    if plan is None:
+        merged = _merge(matched)
+        labels: dict[str, str] = {}
+        annotations: dict[str, str] = {}
+        for compiled in reversed(matched):  # the highest priority last, so that it wins
+            labels.update(compiled.labels)
+            annotations.update(compiled.annotations)
+        names = tuple(c.policy.name for c in matched)
+        plan = _Plan(merged, {k: v for k, (v, _) in merged.items()}, names, labels,
+                     annotations, ",".join(names))
+        if len(memo) >= _PLAN_MEMO_SIZE:
+            memo.clear()
+        memo[key] = plan
+    return plan
+
+
 def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
              owners: Sequence[Mapping[str, Any]], policies: PolicySet) -> Decision:
     """The Decision for a pod being created. `owners` are the owner objects from the pod's
@@ -143,8 +183,8 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
         return Decision(matches=tuple(matches), annotations=annotations,
                         warnings=tuple(warnings))
 
-    merged = _merge(matched)
-    value = {k: v for k, (v, _) in merged.items()}
+    plan = _plan(policies, matched)
+    merged, value = plan.merged, plan.value
     scheduler_name: str | None = None
     tolerations: list[Mapping[str, Any]] = []
     node_affinity: list[Mapping[str, Any]] = []
@@ -201,14 +241,12 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
     if value.get("istio.optOut"):
         labels[keys.ISTIO_INJECT] = "false"
         annotations[keys.ISTIO_INJECT] = "false"
-    for compiled in reversed(matched):  # the highest priority last, so that it wins
-        labels.update(compiled.labels)
-        annotations.update(compiled.annotations)
-    names = tuple(c.policy.name for c in matched)
-    annotations[keys.ANN_POLICY] = ",".join(names)
+    labels.update(plan.labels)
+    annotations.update(plan.annotations)
+    annotations[keys.ANN_POLICY] = plan.policy_annotation
 
     return Decision(
-        matches=tuple(matches), policies=names, pod_group=pod_group,
+        matches=tuple(matches), policies=plan.names, pod_group=pod_group,
         labels=labels, annotations=annotations, scheduler_name=scheduler_name,
         tolerations=tuple(tolerations), node_affinity=tuple(node_affinity),
         warnings=tuple(warnings))
