@@ -33,14 +33,17 @@ async def test_timeout_and_invalid_gangs_are_reported(apiserver: ApiServerEmulat
         await kube.create(PODS, bad)
         invalid = await eventually(lambda: events(apiserver, "FailedScheduling", "bad-0"))
         assert "gang-min-member must be an integer" in invalid[0]["message"]
-        timed_out = await eventually(lambda: events(apiserver, "GangScheduleTimeout", "late"),
+        timed_out = await eventually(lambda: len(events(apiserver, "GangScheduleTimeout",
+                                                        "late")) == 3
+                                     and events(apiserver, "GangScheduleTimeout", "late"),
                                      within=5)
         assert {e["involvedObject"]["name"] for e in timed_out} == {
             "late-worker-0", "late-worker-1", "late-worker-2"}
         assert "not scheduled within 1s" in timed_out[0]["message"]
         assert "3 of minMember 5" in timed_out[0]["message"]
-        cond = next(c for c in apiserver.get("pods", "late-worker-0", "team-a")[  # type: ignore[index]
-            "status"]["conditions"] if c["type"] == "PodScheduled")
+        cond = await eventually(lambda: next((
+            c for c in (apiserver.get("pods", "late-worker-0", "team-a") or {}).get(
+                "status", {}).get("conditions") or () if c["type"] == "PodScheduled"), None))
         assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
         await asyncio.sleep(0.5)  # reported once, not on every cycle
         assert len(events(apiserver, "GangScheduleTimeout", "late-worker-0")) == 1
