@@ -40,6 +40,7 @@ from aiohttp import web
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from webhook.admission.tls import server_context  # noqa: E402
 from webhook.certs import generate_ca, issue_serving_cert, write_pair  # noqa: E402
 
 FIXTURES = REPO.parent / "shared" / "fixtures"
@@ -82,14 +83,21 @@ def noop_server(port: int, cert: str, key: str) -> None:
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    # The same server settings as `muster serve` (webhook.admission.server): body limit, TLS
+    # context, runner without access log, listen backlog.
     app = web.Application(client_max_size=8 * 1024 * 1024)
     app.router.add_post("/mutate/pods", mutate)
     app.router.add_get("/readyz", healthz)
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx = server_context()
     ctx.load_cert_chain(cert, key)
-    web.run_app(app, host="127.0.0.1", port=port, ssl_context=ctx, access_log=None,
-                print=None)
+
+    async def serve() -> None:
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port, ssl_context=ctx, backlog=1024).start()
+        await asyncio.Event().wait()  # until the bench terminates the process
+
+    asyncio.run(serve())
 
 
 # --- clients -------------------------------------------------------------------------------

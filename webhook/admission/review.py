@@ -146,6 +146,10 @@ def parse_pod_review(body: bytes) -> AdmissionReview:
         return parse_review(body)
 
 
+#: one encoder for every patch (json.dumps with separators builds a new encoder per call)
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def response(
     review: AdmissionReview,
     *,
@@ -160,9 +164,7 @@ def response(
     resp: dict[str, Any] = {"uid": review.request.uid, "allowed": allowed}
     if patch:
         resp["patchType"] = "JSONPatch"
-        resp["patch"] = base64.b64encode(
-            json.dumps(patch, separators=(",", ":")).encode()
-        ).decode()
+        resp["patch"] = base64.b64encode(_compact(patch).encode()).decode()
     if warnings:
         resp["warnings"] = [_short(w) for w in warnings]
     if audit:

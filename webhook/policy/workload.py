@@ -241,7 +241,51 @@ def _replicas(kind: str, obj: Mapping[str, Any]) -> tuple[Replica, ...]:
     return ()
 
 
+_workloads: OrderedDict[tuple[Any, ...], Workload] = OrderedDict()
+
+
+def _chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
+               ) -> tuple[Any, ...] | None:
+    """Everything the owner-chain walk reads: the pod's ownerReferences (the fields used) and
+    each owner's (uid, resourceVersion), which fix the owner's content. None when an owner has
+    no uid/resourceVersion (hand-written input) or a reference is not an object."""
+    refs = _d(pod.get("metadata")).get("ownerReferences")
+    if type(refs) is not list:
+        return None
+    key: list[Any] = []
+    for ref in refs:
+        if type(ref) is not dict:
+            return None
+        key.append((ref.get("apiVersion"), ref.get("kind"), ref.get("name"), ref.get("uid"),
+                    ref.get("controller") is True))
+    key.append(None)
+    for obj in owners:
+        meta = _d(obj.get("metadata")) if type(obj) is dict else {}
+        uid, rv = meta.get("uid"), meta.get("resourceVersion")
+        if type(uid) is not str or type(rv) is not str:
+            return None
+        key.append((uid, rv))
+    return tuple(key)
+
+
 def analyse(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Workload:
+    """What job the pod belongs to. A pod whose job object was found is analysed from its
+    ownerReferences and owner objects alone, so such results are memoised by `_chain_key`
+    (the workers of one job share them)."""
+    key = _chain_key(pod, owners)
+    if key is not None:
+        found = _workloads.get(key)
+        if found is not None:
+            return found
+    work = _analyse(pod, owners)
+    if key is not None and work.facts is not None and work.kind != POD:
+        _workloads[key] = work
+        if len(_workloads) > _CACHE_SIZE:
+            _workloads.popitem(last=False)
+    return work
+
+
+def _analyse(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Workload:
     meta = _d(pod.get("metadata"))
     labels = _d(meta.get("labels"))
     warnings: list[str] = []
