@@ -45,10 +45,17 @@ async def test_timeout_and_invalid_gangs_are_reported(apiserver: ApiServerEmulat
             c for c in (apiserver.get("pods", "late-worker-0", "team-a") or {}).get(
                 "status", {}).get("conditions") or () if c["type"] == "PodScheduled"), None))
         assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
-        await asyncio.sleep(0.5)  # reported once, not on every cycle
+        before = cycles(b)
+        await asyncio.sleep(0.5)  # reported once, not on every cycle; and no busy loop
+        assert cycles(b) - before < 25, "the binder spins while gangs wait"
         assert len(events(apiserver, "GangScheduleTimeout", "late-worker-0")) == 1
         assert events(apiserver, "GangScheduleTimeout", "late-worker-0")[0]["count"] == 1
         assert not any(p["spec"].get("nodeName") for p in apiserver.objects("pods"))
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def cycles(b: Binder) -> float:
+    return sum(s.value for m in b.metrics.registry.collect() for s in m.samples
+               if s.name == "muster_binder_cycle_duration_seconds_count")

@@ -129,6 +129,11 @@ def test_backoff_skips_until_due_or_cluster_changes() -> None:
     assert not queue.due("team-a/j1", 105.0, 1)
     assert queue.due("team-a/j1", 105.0, 2)
     assert queue.due("team-a/j1", 110.0, 1)
+    assert queue.next_deadline(after=100.0) == 110.0
+    assert queue.next_deadline(after=110.0) is None  # already retried: nothing to wake for
+    for attempt in range(2000):  # days of retries: the backoff stays at its maximum
+        queue.failed("team-a/old", float(attempt), 1, "x")
+    assert queue.next_deadline(after=1999.0) == 1999.0 + 60.0
     p = run(job("j1"), [node("n1")], queue=queue, now=105.0, generation=1)
     assert not p.places and p.waits[0].kind == "backoff"
 

@@ -117,6 +117,7 @@ class Binder:
         self._ready_since: dict[str, float] = {}
         self._last_event: dict[str, tuple[str, float]] = {}
         self._generation = 0
+        self._last_cycle = 0.0
         self._dirty = asyncio.Event()
 
     # --- informer handlers ----------------------------------------------------------------
@@ -219,7 +220,7 @@ class Binder:
 
     async def _loop(self) -> None:
         while True:
-            deadline = self.queue.next_deadline()
+            deadline = self.queue.next_deadline(after=self._last_cycle)
             timeout = None if deadline is None else max(0.0, deadline - self._clock())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), timeout)
@@ -241,7 +242,7 @@ class Binder:
     def cycle(self) -> Plan:
         """Plan once from the caches and start the plan's writes."""
         started = time.perf_counter()
-        now = self._clock()
+        now = self._last_cycle = self._clock()
         result = plan(self._view(), self._nodes, self._pod_groups, config=self.plan_config,
                       queue=self.queue, fit=self.fit, place=self._place, now=now,
                       generation=self._generation, inflight=self._inflight.keys())
@@ -264,8 +265,9 @@ class Binder:
         self._report_waits(result.waits, now)
         live = set(result.gangs)
         self.queue.retain(live | set(self._inflight))
-        for key in [k for k in self._ready_since if k not in live]:
-            del self._ready_since[key]
+        for stale in (self._ready_since, self._last_event):
+            for key in [k for k in stale if k not in live]:
+                del stale[key]
         counts: dict[str, int] = {}
         for w in result.waits:
             counts[w.kind] = counts.get(w.kind, 0) + 1
@@ -439,9 +441,10 @@ class Binder:
             if w.kind in ("unplaceable", "blocked"):
                 self._ready_since.setdefault(key, now)
             if w.kind in ("unplaceable", "invalid", "blocked"):
-                self.metrics.placements.labels(
-                    "invalid" if w.kind == "invalid" else "unplaceable").inc()
-                new = self.queue.failed(key, now, self._generation, w.reason, w.reserves)
+                new = False
+                if w.kind != "blocked":  # blocked gangs made no attempt: no backoff for them
+                    self.metrics.placements.labels(w.kind).inc()
+                    new = self.queue.failed(key, now, self._generation, w.reason, w.reserves)
                 last = self._last_event.get(key)
                 if new or last is None or last[0] != w.reason or \
                         now - last[1] >= self.config.event_interval:

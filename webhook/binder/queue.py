@@ -32,8 +32,11 @@ class GangQueue:
         e = self._entries.get(key)
         return e is None or generation != e.generation or now >= e.next_try
 
-    def next_deadline(self) -> float | None:
-        return min((e.next_try for e in self._entries.values()), default=None)
+    def next_deadline(self, after: float) -> float | None:
+        """The earliest retry time later than `after` (the last cycle, which already retried
+        everything due by then): waking for older ones would spin."""
+        return min((e.next_try for e in self._entries.values() if e.next_try > after),
+                   default=None)
 
     def waiting_since(self, key: str) -> float | None:
         e = self._entries.get(key)
@@ -50,7 +53,8 @@ class GangQueue:
         if e is None:
             e = self._entries[key] = _Entry(since=now)
         e.attempts += 1
-        e.next_try = now + min(self.maximum, self.initial * 2 ** (e.attempts - 1))
+        # the exponent is capped: a gang may wait for days (2**1024 overflows a float)
+        e.next_try = now + min(self.maximum, self.initial * 2 ** min(e.attempts - 1, 40))
         e.generation = generation
         e.reserves = reserves
         new = reason != e.last_reason
