@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import secrets
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from webhook.agent.publisher import identify
 from webhook.agent.runner import Agent, AgentConfig, Discoverer
 from webhook.kube.api import KubeApi
 from webhook.kube.client import make_api_client
+from webhook.signals import until_signalled
 from webhook.topology.codec import to_dict, topology_class
 
 
@@ -85,13 +84,8 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:  # no kubeconfig, unreadable file, no in-cluster credentials
             sys.stderr.write(f"muster agent: cannot reach the API server: {exc}\n")
             return 2
-        task = asyncio.create_task(Agent(config, discoverer, KubeApi(client), events_nvml).run())
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
         try:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await until_signalled(Agent(config, discoverer, KubeApi(client), events_nvml).run())
         finally:
             await client.close()
         return 0

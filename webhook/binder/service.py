@@ -6,10 +6,7 @@ from a dead leader is exactly the restart path (recovery rule in webhook.binder.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import signal
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -19,6 +16,7 @@ from webhook.binder.metrics import CONTENT_TYPE_LATEST, Metrics
 from webhook.kube.api import KubeApi
 from webhook.kube.client import make_api_client
 from webhook.kube.leader import LeaderElector, LeaseConfig
+from webhook.signals import until_signalled
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +87,7 @@ class BinderService:
 async def serve(kubeconfig: str | None, config: ServiceConfig) -> None:
     """Run until SIGTERM/SIGINT; the leader releases its Lease on the way out."""
     client = await make_api_client(kubeconfig)
-    task = asyncio.create_task(BinderService(KubeApi(client), config).run())
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, task.cancel)
     try:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await until_signalled(BinderService(KubeApi(client), config).run())
     finally:
         await client.close()

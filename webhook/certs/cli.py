@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from webhook.certs.options import add_self_cert_arguments, self_cert_config
+from webhook.signals import until_signalled
 
 if TYPE_CHECKING:
     from webhook.certs.manager import SelfCertManager
@@ -127,11 +126,7 @@ def _ensure(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     async def forever(manager: SelfCertManager) -> int:
-        task = asyncio.ensure_future(manager.run(args.interval))
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await until_signalled(manager.run(args.interval))
         return 0
 
     return _with_manager(args, forever)
