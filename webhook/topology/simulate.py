@@ -234,8 +234,9 @@ def format_report(r: Report) -> str:
             f"{n}:{','.join(str(g) for m in o.placement.members if m.node == n for g in m.gpus)}"
             for n in sorted({m.node for m in o.placement.members if m.gpus})
         )
-        lines.append(f"{o.label}: {where}  (bus {o.bus_gbps:g} GB/s, effective "
-                     f"{o.effective_gbps:.2f} GB/s)")
+        link = (f"bus {o.bus_gbps:g} GB/s, effective {o.effective_gbps:.2f} GB/s" if o.bus_gbps
+                else f"split across nodes, {o.effective_gbps:.2f} GB/s effective over TCP")
+        lines.append(f"{o.label}: {where}  ({link})")
         for w in WORKLOADS:
             want = ref[w.name][idx]
             got = o.images_per_s[w.name]
@@ -248,9 +249,10 @@ def format_report(r: Report) -> str:
     lines += ["", "Inside one DGX-1 V100 (4 workers on one node):"]
     best = r.in_node[0][3]
     for label, gpus, gbps, ips in r.in_node:
+        gains = ("(the best set)" if ips == best else "(the best set is " + ", ".join(
+            f"{100 * (best[k] / v - 1):+.0f}%" for k, v in ips.items()) + " faster)")
         lines.append(
             f"  {label:16} GPUs {','.join(map(str, gpus)):8} bus {gbps:5g} GB/s  "
-            + "  ".join(f"{k} {v:8.2f} img/s ({100 * (best[k] / v - 1):+.0f}% for best)"
-                        for k, v in ips.items())
+            + "  ".join(f"{k} {v:8.2f} img/s" for k, v in ips.items()) + f"  {gains}"
         )
     return "\n".join(lines)
