@@ -67,3 +67,11 @@ def test_memo_equals_fresh_analysis(  # noqa: PLR0917 (hypothesis passes strateg
         field = data.draw(st.sampled_from(["controller", "name", "uid", "kind", "apiVersion"]))
         ref[field] = data.draw(refs)[field]
         assert analyse(variant, owners) == _analyse(variant, owners)
+
+
+def test_references_of_other_types_are_analysed_not_memoised() -> None:
+    owner = _job("batch/v1", "Job", "j", uid="u1", rv="1", workers=2, parent=None)
+    for odd in (["batch/v1"], {"a": 1}, 5):
+        pod = {"metadata": {"ownerReferences": [
+            {"apiVersion": odd, "kind": "Job", "name": "j", "uid": "u1", "controller": True}]}}
+        assert analyse(pod, [owner]) == _analyse(pod, [owner])

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeGuard
 
 from webhook import jsonpatch
 from webhook.admission.metrics import Metrics
@@ -64,16 +64,20 @@ class _Result:
     message: str | None = None
 
 
+def _is_map(value: Any) -> TypeGuard[Mapping[str, Any]]:
+    return type(value) is dict or isinstance(value, Mapping)  # dict first: no ABC check
+
+
 def _pod_namespace(review: AdmissionReview, pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata")
-    ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+    ns = meta.get("namespace") if _is_map(meta) else None
     return review.request.namespace or (ns if isinstance(ns, str) else "") or "default"
 
 
 def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = pod.get("metadata")
-    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
-    return ann if isinstance(ann, Mapping) else {}
+    ann = meta.get("annotations") if _is_map(meta) else None
+    return ann if _is_map(ann) else {}
 
 
 def _strip_assignment(pod: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:

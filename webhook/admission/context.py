@@ -38,11 +38,12 @@ def owner_resource(api_version: str, kind: str) -> Resource:
 
 def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     meta = obj.get("metadata")
-    refs = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
+    refs = meta.get("ownerReferences") if type(meta) is dict or isinstance(meta, Mapping) \
+        else None
     if not isinstance(refs, list):
         return None
     for ref in refs:
-        if isinstance(ref, Mapping) and ref.get("controller") is True:
+        if (type(ref) is dict or isinstance(ref, Mapping)) and ref.get("controller") is True:
             return ref
     return None
 

@@ -16,9 +16,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook.admission.metrics import Metrics
+from webhook.keys import COSCHEDULING_API, VOLCANO_API
 from webhook.kube import COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS, ApiError, KubeApi, Resource
 from webhook.policy import podgroup_manifest
 from webhook.policy.decision import PodGroupSpec
+from webhook.policy.podgroup import podgroup_spec
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +61,12 @@ class PodGroupWriter:
 
     def current(self, spec: PodGroupSpec) -> bool:
         """Whether the PodGroup is known to exist as wanted (the common case: no write, no task)."""
-        manifest = podgroup_manifest(spec)
-        if manifest is None:
+        if spec.backend == "muster":  # no PodGroup object (podgroup_manifest is None)
             return True
-        known = self.known.get(key_of(manifest))
-        return known is not None and covers(known, manifest.get("spec") or {})
+        # key_of(podgroup_manifest(spec)) without building the manifest
+        group = (VOLCANO_API if spec.backend == "volcano" else COSCHEDULING_API)[0]
+        known = self.known.get((group, spec.namespace, spec.name))
+        return known is not None and covers(known, podgroup_spec(spec))
 
     async def ensure(self, spec: PodGroupSpec, *, dry_run: bool) -> list[str]:
         """Make the PodGroup exist with this spec; warnings (never raises) when it could not."""

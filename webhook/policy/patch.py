@@ -22,7 +22,7 @@ def _d(value: Any) -> Mapping[str, Any]:
 
 
 def _map_ops(current: Any, wanted: Mapping[str, str | None], base: str) -> list[dict[str, Any]]:
-    if not isinstance(current, Mapping):
+    if type(current) is not dict and not isinstance(current, Mapping):
         fresh = {k: v for k, v in wanted.items() if v is not None}
         return [{"op": "add", "path": base, "value": fresh}] if fresh else []
     ops: list[dict[str, Any]] = []

@@ -24,6 +24,12 @@ def podgroup_manifest(spec: PodGroupSpec) -> dict[str, Any] | None:
                                 "labels": dict(MANAGED_BY)}
     if spec.owner is not None:
         metadata["ownerReferences"] = [spec.owner.as_owner_reference()]
+    return {"apiVersion": f"{group}/{version}", "kind": "PodGroup", "metadata": metadata,
+            "spec": podgroup_spec(spec)}
+
+
+def podgroup_spec(spec: PodGroupSpec) -> dict[str, Any]:
+    """The `spec` of the PodGroup `podgroup_manifest` makes (volcano or coscheduling)."""
     body: dict[str, Any] = {"minMember": spec.min_member}
     if spec.min_resources:
         body["minResources"] = dict(spec.min_resources)
@@ -34,5 +40,4 @@ def podgroup_manifest(spec: PodGroupSpec) -> dict[str, Any] | None:
             body["priorityClassName"] = spec.priority_class
     elif spec.timeout_seconds:
         body["scheduleTimeoutSeconds"] = spec.timeout_seconds
-    return {"apiVersion": f"{group}/{version}", "kind": "PodGroup", "metadata": metadata,
-            "spec": body}
+    return body

@@ -248,7 +248,7 @@ def _chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
                ) -> tuple[Any, ...] | None:
     """Everything the owner-chain walk reads: the pod's ownerReferences (the fields used) and
     each owner's (uid, resourceVersion), which fix the owner's content. None when an owner has
-    no uid/resourceVersion (hand-written input) or a reference is not an object."""
+    no uid/resourceVersion (hand-written input) or a reference is not an object of strings."""
     refs = _d(pod.get("metadata")).get("ownerReferences")
     if type(refs) is not list:
         return None
@@ -256,8 +256,10 @@ def _chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
     for ref in refs:
         if type(ref) is not dict:
             return None
-        key.append((ref.get("apiVersion"), ref.get("kind"), ref.get("name"), ref.get("uid"),
-                    ref.get("controller") is True))
+        fields = (ref.get("apiVersion"), ref.get("kind"), ref.get("name"), ref.get("uid"))
+        if not all(type(f) is str or f is None for f in fields):
+            return None  # lists or objects there: not hashable, and never from an API server
+        key.append((*fields, ref.get("controller") is True))
     key.append(None)
     for obj in owners:
         meta = _d(obj.get("metadata")) if type(obj) is dict else {}
