@@ -15,7 +15,7 @@ from webhook.binder.assignment import (
 )
 from webhook.binder.nodes import parse_node
 from webhook.binder.pods import parse_pod
-from webhook.binder.quantity import QuantityError, cpu_milli, whole
+from webhook.quantity import QuantityError, cpu_milli, whole
 from webhook.topology.builtin import builtin
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from webhook.policy.quantity import QuantityError, add_quantities, format_quantity, parse_quantity
 from webhook.policy.workload import MPIJOB, job_facts
+from webhook.quantity import QuantityError, add_quantities, format_quantity, parse_quantity
 
 
 @pytest.mark.parametrize(("text", "canonical"), [

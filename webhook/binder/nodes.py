@@ -9,7 +9,7 @@ from typing import Any
 
 from webhook import keys
 from webhook.binder.pods import Toleration
-from webhook.binder.quantity import QuantityError, cpu_milli, whole
+from webhook.quantity import QuantityError, cpu_milli, whole
 from webhook.topology.codec import decode
 from webhook.topology.model import Topology
 

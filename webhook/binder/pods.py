@@ -10,7 +10,7 @@ from typing import Any
 
 from webhook import keys
 from webhook.binder.assignment import AssignmentError, decode_assignment
-from webhook.binder.quantity import QuantityError, cpu_milli, whole
+from webhook.quantity import QuantityError, cpu_milli, whole
 from webhook.topology.model import GpuAssignment, TopologyRequest
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})

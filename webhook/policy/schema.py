@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from webhook import keys
-from webhook.policy.quantity import QuantityError, parse_quantity
+from webhook.quantity import QuantityError, parse_quantity
 
 API_VERSION = "muster.io/v1alpha1"
 KIND = "SchedulingPolicy"

@@ -16,7 +16,7 @@ from typing import Any
 
 from webhook import keys
 from webhook.policy.decision import OwnerRef
-from webhook.policy.quantity import QuantityError, add_quantities, format_quantity
+from webhook.quantity import QuantityError, add_quantities, format_quantity
 
 MPIJOB = "kubeflow.org/MPIJob"
 PYTORCHJOB = "kubeflow.org/PyTorchJob"

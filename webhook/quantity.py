@@ -1,4 +1,5 @@
-"""Kubernetes resource quantities ("500m", "16Gi", "1e3"): exact parsing, summing, formatting.
+"""Kubernetes resource quantities ("500m", "16Gi", "1e3"): exact parsing, summing, formatting;
+shared by the policy engine (minResources) and the binder (fit).
 
 Values are integers in nano-units (the API server's finest precision), which keeps sums exact
 and is several times faster than fractions; parsing is memoised since requests repeat the same
@@ -54,6 +55,16 @@ def parse_quantity(text: object) -> tuple[int, bool]:
     if isinstance(text, bool) or not isinstance(text, str | int):
         raise QuantityError(f"{text!r} is not a resource quantity")
     return _parse(str(text))
+
+
+def cpu_milli(text: object) -> int:
+    """CPU in millicores, rounded up as the scheduler does ("100u" is 1)."""
+    return -(-parse_quantity(text)[0] // 10**6)
+
+
+def whole(text: object) -> int:
+    """Bytes, pods or device counts, rounded up."""
+    return -(-parse_quantity(text)[0] // _NANO)
 
 
 @lru_cache(maxsize=1024)
