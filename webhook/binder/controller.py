@@ -222,8 +222,11 @@ class Binder:
         while True:
             deadline = self.queue.next_deadline(after=self._last_cycle)
             timeout = None if deadline is None else max(0.0, deadline - self._clock())
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancel that
+            # lands as the event is set, and this loop would then never stop (gh-86296)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._dirty.wait()
             self._dirty.clear()
             try:
                 self.cycle()

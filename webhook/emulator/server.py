@@ -538,8 +538,9 @@ class ApiServerEmulator:
             if now >= deadline:
                 break
             wait = min(deadline, next_bookmark if bookmarks else deadline) - now
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(watcher.wake.wait(), max(wait, 0.0))
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout keeps a cancel (3.11)
+                async with asyncio.timeout(max(wait, 0.0)):
+                    await watcher.wake.wait()
             watcher.wake.clear()
             if watcher.buf:
                 chunk = b"".join(watcher.buf)

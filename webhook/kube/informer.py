@@ -114,6 +114,7 @@ class Informer:
                     continue  # the server ended the watch (timeout): resume from where we are
                 # an empty watch: resume too, after the backoff so as never to spin
             except ApiError as exc:
+                _reraise_if_cancelling()
                 if exc.gone:
                     log.info("watch expired, relisting", extra={"resource": self.resource.plural})
                     self.resource_version = None
@@ -122,6 +123,7 @@ class Informer:
                                                         "status": exc.status,
                                                         "error": exc.message})
             except (OSError, ValueError) as exc:
+                _reraise_if_cancelling()
                 log.warning("list/watch failed", extra={"resource": self.resource.plural,
                                                         "error": repr(exc)})
             await asyncio.sleep(backoff * (0.5 + random.random()))
@@ -149,3 +151,11 @@ class Informer:
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.stop()
+
+
+def _reraise_if_cancelling() -> None:
+    """A cancel can reach us dressed as another error (a client timeout firing at the same
+    moment becomes TimeoutError, an OSError): never retry a watch whose task is being stopped."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
