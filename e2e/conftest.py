@@ -2,7 +2,10 @@
 
 By default the components run as local processes around the API server emulator (CI). With
 `pytest e2e --real-cluster` and KUBECONFIG pointing at a cluster, the Helm chart is installed there
-and the same tests drive it through the same Kubernetes API calls.
+and the same tests drive it through the same Kubernetes API calls. The scenarios assume that
+cluster's shape: two 8-GPU DGX-1 V100 nodes labelled muster.io/gpu-topology=enabled, the MPIJob,
+Volcano and coscheduling CRDs installed, and the image the chart names pullable. The kubelet side
+(device plugin handing out GPUs) is checked only locally, where the test drives the kubelet.
 """
 
 from __future__ import annotations
