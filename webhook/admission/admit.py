@@ -18,8 +18,9 @@ from webhook.admission.metrics import Metrics
 from webhook.admission.reload import PolicyStore
 from webhook.admission.review import AdmissionReview, response
 from webhook.keys import ANN_GPU_ASSIGNMENT
-from webhook.policy import PolicyError, PolicySet, evaluate, load_policy_texts, render_patch
+from webhook.policy import PolicyError, PolicySet, load_policy_texts
 from webhook.policy.decision import PodGroupSpec
+from webhook.policy.outcome import evaluate_and_render
 
 log = logging.getLogger(__name__)
 
@@ -203,10 +204,11 @@ class Admitter:
                 async with asyncio.timeout_at(deadline):
                     owners, owner_warnings = await self.context.owners(pod, namespace)
                 result.warnings.extend(owner_warnings)
-        decision = evaluate(pod, namespace_labels=ns_labels, owners=owners, policies=policies)
+        # The pods of one job share one outcome (see webhook.policy.outcome).
+        decision, ops = evaluate_and_render(pod, namespace_labels=ns_labels, owners=owners,
+                                            policies=policies)
         result.warnings.extend(decision.warnings)
-        if decision.changes_pod:
-            result.patch.extend(render_patch(pod, decision))
+        result.patch.extend(ops)
         result.policies = decision.policies
         spec = decision.pod_group
         if spec is None:

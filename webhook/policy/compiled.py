@@ -8,6 +8,7 @@ engine) is only built for the policies that match, or on demand by `muster polic
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,6 +127,13 @@ class PolicyIndex:
     unscoped: tuple[CompiledPolicy, ...]
     #: the engine's memo of what each set of matched policies writes (see engine._plan)
     plans: dict[tuple[int, ...], Any] = field(default_factory=dict, compare=False, repr=False)
+    #: pod label / annotation and namespace label keys some policy tests or writes (sorted)
+    label_keys: tuple[str, ...] = ()
+    annotation_keys: tuple[str, ...] = ()
+    ns_label_keys: tuple[str, ...] = ()
+    #: the memo of whole outcomes (see webhook.policy.outcome)
+    outcomes: OrderedDict[Any, Any] = field(default_factory=OrderedDict, compare=False,
+                                            repr=False)
 
     @classmethod
     def build(cls, compiled: Sequence[CompiledPolicy]) -> PolicyIndex:
@@ -133,7 +141,13 @@ class PolicyIndex:
         names = {ns for c in compiled for ns in (c.namespaces or ())}
         by_ns = {ns: tuple(c for c in compiled if c.namespaces is None or ns in c.namespaces)
                  for ns in names}
-        return cls(by_ns, unscoped)
+        labels = {k for c in compiled for _, k, _ in c.pod_selector or ()}
+        labels.update(k for c in compiled for k in c.labels)
+        return cls(by_ns, unscoped,
+                   label_keys=tuple(sorted(labels)),
+                   annotation_keys=tuple(sorted({k for c in compiled for k in c.annotations})),
+                   ns_label_keys=tuple(sorted({k for c in compiled
+                                               for _, k, _ in c.ns_selector or ()})))
 
     def candidates(self, namespace: str) -> tuple[CompiledPolicy, ...]:
         return self.by_namespace.get(namespace, self.unscoped)
