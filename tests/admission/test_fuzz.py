@@ -9,10 +9,9 @@ import ssl
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from admission_helpers import POLICIES, Tls, make_tls
+from admission_helpers import POLICIES, Tls, json_paths, make_tls
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -93,17 +92,6 @@ json_values = st.recursive(
     max_leaves=12)
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(which=st.integers(0, len(BODIES) - 1), cut=st.floats(0, 1))
 def test_truncated_reviews(server: ThreadedServer, which: int, cut: float) -> None:
@@ -116,7 +104,7 @@ def test_truncated_reviews(server: ThreadedServer, which: int, cut: float) -> No
 @given(which=st.integers(0, len(BODIES) - 1), data=st.data())
 def test_fuzzed_reviews(server: ThreadedServer, which: int, data: st.DataObject) -> None:
     doc = json.loads(BODIES[which])
-    paths = _paths(doc)
+    paths = json_paths(doc)
     for _ in range(data.draw(st.integers(1, 3))):
         path = data.draw(st.sampled_from(paths))
         value = data.draw(json_values)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from admission_helpers import json_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -41,20 +42,9 @@ json_values = st.recursive(
     max_leaves=10)
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
 def _mutated(data: st.DataObject, raw: bytes) -> Any:
     doc = json.loads(raw)
-    paths = _paths(doc)
+    paths = json_paths(doc)
     for _ in range(data.draw(st.integers(0, 4))):
         path = data.draw(st.sampled_from(paths))
         value = data.draw(json_values)
