@@ -9,10 +9,19 @@ not `true`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["JsonPatchError", "apply_patch", "escape", "parse_pointer", "unescape"]
+__all__ = ["JsonPatchError", "apply_patch", "encode", "escape", "parse_pointer", "unescape"]
+
+#: one encoder for every patch (json.dumps with separators builds a new encoder per call)
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def encode(ops: Sequence[Mapping[str, Any]]) -> bytes:
+    """The operations as compact JSON, the form an AdmissionReview response carries."""
+    return _compact(ops).encode()
 
 
 class JsonPatchError(ValueError):

@@ -59,6 +59,8 @@ class AdmissionConfig:
 class _Result:
     allowed: bool = True
     patch: list[dict[str, Any]] = field(default_factory=list)
+    #: `patch` already encoded, when it is exactly the (memoised) outcome's ops
+    patch_json: bytes | None = None
     warnings: list[str] = field(default_factory=list)
     policies: tuple[str, ...] = ()
     fail_open: str | None = None
@@ -120,7 +122,8 @@ class Admitter:
             self.metrics.count_decision(name)
         audit = {"policy": ",".join(result.policies)} if result.policies else None
         body = response(review, allowed=result.allowed, patch=result.patch,
-                        warnings=result.warnings, audit=audit, message=result.message)
+                        patch_json=result.patch_json, warnings=result.warnings, audit=audit,
+                        message=result.message)
         if not result.allowed:
             outcome = "denied"
         elif result.fail_open:
@@ -164,7 +167,7 @@ class Admitter:
         except TimeoutError:
             result.warnings.append("muster: policy decision did not finish before the "
                                    "webhook deadline; pod admitted unchanged")
-            result.patch = list(strip_ops)
+            result.patch, result.patch_json = list(strip_ops), None
             result.policies = ()
             result.fail_open = "deadline"
         except Exception:
@@ -172,7 +175,7 @@ class Admitter:
                           extra={"uid": req.uid, "namespace": namespace})
             result.warnings.append("muster: internal error while applying policies; pod "
                                    "admitted unchanged")
-            result.patch = list(strip_ops)
+            result.patch, result.patch_json = list(strip_ops), None
             result.policies = ()
             result.fail_open = "error"
         return result
@@ -205,9 +208,11 @@ class Admitter:
                     owners, owner_warnings = await self.context.owners(pod, namespace)
                 result.warnings.extend(owner_warnings)
         # The pods of one job share one outcome (see webhook.policy.outcome).
-        decision, ops = evaluate_and_render(pod, namespace_labels=ns_labels, owners=owners,
-                                            policies=policies)
+        decision, ops, patch_json = evaluate_and_render(
+            pod, namespace_labels=ns_labels, owners=owners, policies=policies)
         result.warnings.extend(decision.warnings)
+        if not result.patch:
+            result.patch_json = patch_json
         result.patch.extend(ops)
         result.policies = decision.policies
         spec = decision.pod_group

@@ -7,13 +7,14 @@ API server adding fields never turns into a 400.
 from __future__ import annotations
 
 import base64
-import json
 import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, GetPydanticSchema, ValidationError
 from typing_extensions import TypedDict
+
+from webhook import jsonpatch
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
@@ -146,8 +147,6 @@ def parse_pod_review(body: bytes) -> AdmissionReview:
         return parse_review(body)
 
 
-#: one encoder for every patch (json.dumps with separators builds a new encoder per call)
-_compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def response(
@@ -155,16 +154,19 @@ def response(
     *,
     allowed: bool,
     patch: list[dict[str, Any]] | None = None,
+    patch_json: bytes | None = None,
     warnings: Sequence[str] = (),
     audit: dict[str, str] | None = None,
     status_code: int | None = None,
     message: str | None = None,
 ) -> dict[str, Any]:
-    """The AdmissionReview response body: apiVersion/kind/uid echoed; patch only when non-empty."""
+    """The AdmissionReview response body: apiVersion/kind/uid echoed; patch only when non-empty.
+    `patch_json`, when given, is `patch` already encoded as JSON."""
     resp: dict[str, Any] = {"uid": review.request.uid, "allowed": allowed}
     if patch:
         resp["patchType"] = "JSONPatch"
-        resp["patch"] = base64.b64encode(_compact(patch).encode()).decode()
+        encoded = patch_json if patch_json is not None else jsonpatch.encode(patch)
+        resp["patch"] = base64.b64encode(encoded).decode()
     if warnings:
         resp["warnings"] = [_short(w) for w in warnings]
     if audit:

@@ -13,11 +13,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook import keys
 from webhook.policy.decision import PolicyMatch
 from webhook.policy.schema import LabelSelector, SchedulingPolicy
 
 #: one selector requirement: (operator, key, values); matchLabels become ("=", key, {value})
 Requirement = tuple[str, str, frozenset[str]]
+
+#: label keys the engine checks (gang keys of other controllers) or writes, whatever the policies
+ENGINE_LABEL_KEYS = (keys.COSCHEDULING_GROUP_LABEL, keys.LEGACY_COSCHEDULING_GROUP_LABEL,
+                     keys.ISTIO_INJECT)
+#: annotation keys the engine checks or writes, whatever the policies
+ENGINE_ANNOTATION_KEYS = (
+    keys.ANN_GPU_ASSIGNMENT, keys.ANN_POLICY, keys.ANN_GPU_TOPOLOGY, keys.ANN_GANG_NAME,
+    keys.ANN_GANG_MIN_MEMBER, keys.ANN_GANG_TIMEOUT, keys.VOLCANO_GROUP_ANNOTATION,
+    keys.VOLCANO_QUEUE_ANNOTATION, keys.ISTIO_INJECT)
 
 NO_MATCH_NAMESPACE, NO_MATCH_NS_SELECTOR, NO_MATCH_POD_SELECTOR, NO_MATCH_OWNER, NO_MATCH_GPUS = (
     range(1, 6))
@@ -127,7 +137,8 @@ class PolicyIndex:
     unscoped: tuple[CompiledPolicy, ...]
     #: the engine's memo of what each set of matched policies writes (see engine._plan)
     plans: dict[tuple[int, ...], Any] = field(default_factory=dict, compare=False, repr=False)
-    #: pod label / annotation and namespace label keys some policy tests or writes (sorted)
+    #: the pod label / annotation keys some policy tests or writes, and the engine's own; the
+    #: namespace label keys some policy tests (each sorted): all the outcome memo's key reads
     label_keys: tuple[str, ...] = ()
     annotation_keys: tuple[str, ...] = ()
     ns_label_keys: tuple[str, ...] = ()
@@ -143,9 +154,12 @@ class PolicyIndex:
                  for ns in names}
         labels = {k for c in compiled for _, k, _ in c.pod_selector or ()}
         labels.update(k for c in compiled for k in c.labels)
+        labels.update(ENGINE_LABEL_KEYS)
+        annotations = {k for c in compiled for k in c.annotations}
+        annotations.update(ENGINE_ANNOTATION_KEYS)
         return cls(by_ns, unscoped,
                    label_keys=tuple(sorted(labels)),
-                   annotation_keys=tuple(sorted({k for c in compiled for k in c.annotations})),
+                   annotation_keys=tuple(sorted(annotations)),
                    ns_label_keys=tuple(sorted({k for c in compiled
                                                for _, k, _ in c.ns_selector or ()})))
 

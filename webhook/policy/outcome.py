@@ -11,8 +11,9 @@ read of the pod, and why it is in the key:
   writes, and Muster's own group and Istio keys (the engine checks or writes only those);
 - metadata.annotations, for the keys any policy writes and every key Muster reads or writes;
 - whether labels/annotations are maps (the patch adds the whole map when not);
-- spec.schedulerName (warning, patch), spec.tolerations and spec.affinity (patch);
-- the namespace labels a namespaceSelector tests; the owner-chain key of `workload._chain_key`.
+- spec.schedulerName (warning, patch), spec.affinity (patch), and of spec.tolerations only
+  whether it is a list holding the one toleration the engine adds (patch);
+- the namespace labels a namespaceSelector tests; the owner-chain key of `workload.chain_key`.
 
 The memo lives in the policy set's index, so a reload starts a new one; it is bounded (LRU).
 tests/policy/test_outcome_memo.py checks with hypothesis that it equals a fresh evaluation,
@@ -23,28 +24,26 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from webhook import keys
+from webhook import jsonpatch
 from webhook.policy.decision import Decision
-from webhook.policy.engine import evaluate
+from webhook.policy.engine import TOPOLOGY_TOLERATION, evaluate
 from webhook.policy.patch import render_patch
 from webhook.policy.policyset import PolicySet
-from webhook.policy.workload import POD, _chain_key, analyse
+from webhook.policy.workload import POD, analyse_keyed, chain_key
 
 #: outcomes remembered per policy set
 MEMO_SIZE = 4096
-#: label keys the engine checks (gang keys of other controllers) or writes, whatever the policies
-ENGINE_LABEL_KEYS = (keys.COSCHEDULING_GROUP_LABEL, keys.LEGACY_COSCHEDULING_GROUP_LABEL,
-                     keys.ISTIO_INJECT)
-#: annotation keys the engine checks or writes, whatever the policies
-ENGINE_ANNOTATION_KEYS = (
-    keys.ANN_GPU_ASSIGNMENT, keys.ANN_POLICY, keys.ANN_GPU_TOPOLOGY, keys.ANN_GANG_NAME,
-    keys.ANN_GANG_MIN_MEMBER, keys.ANN_GANG_TIMEOUT, keys.VOLCANO_GROUP_ANNOTATION,
-    keys.VOLCANO_QUEUE_ANNOTATION, keys.ISTIO_INJECT)
-
-Outcome = tuple[Decision, tuple[dict[str, Any], ...]]
 _MISSING = object()  # a map that is absent, distinct from every value
+
+
+class Outcome(NamedTuple):
+    decision: Decision
+    #: the RFC 6902 operations (shared between callers: read-only)
+    ops: tuple[dict[str, Any], ...]
+    #: `ops` as compact JSON, encoded once per job rather than once per pod (b"" for none)
+    patch_json: bytes
 
 
 class _Unkeyable(Exception):
@@ -58,7 +57,7 @@ def _project(mapping: Any, wanted: tuple[str, ...]) -> tuple[Any, ...] | None:
         return None
     if type(mapping) is not dict:
         raise _Unkeyable
-    out = tuple(mapping.get(k) for k in wanted)
+    out = tuple(map(mapping.get, wanted))
     for v in out:
         if v is not None and type(v) is not str:
             raise _Unkeyable
@@ -79,16 +78,24 @@ def _freeze(value: Any) -> Any:
     raise _Unkeyable  # floats (nan, -0.0) and anything else: not worth exactness here
 
 
+def _tolerations(value: Any) -> bool | None:
+    """All that render_patch reads of spec.tolerations: whether it is a list (else the patch
+    adds the whole list) and whether it holds the one toleration the engine adds."""
+    if not isinstance(value, list):
+        return None
+    return TOPOLOGY_TOLERATION in value
+
+
 def outcome_key(pod: Mapping[str, Any], namespace_labels: Mapping[str, str],
                 owners: Sequence[Mapping[str, Any]], policies: PolicySet) -> tuple[Any, ...] | None:
     """Everything evaluate + render_patch read for this pod, or None when the pod is not on the
     job path (its outcome then depends on more of it, e.g. its name)."""
     if type(pod) is not dict or type(owners) is not list:
         return None
-    chain = _chain_key(pod, owners)
+    chain = chain_key(pod, owners)
     if chain is None:
         return None
-    work = analyse(pod, owners)
+    work = analyse_keyed(pod, owners, chain)
     if work.facts is None or work.kind == POD:
         return None
     index = policies.index
@@ -96,21 +103,17 @@ def outcome_key(pod: Mapping[str, Any], namespace_labels: Mapping[str, str],
     if type(meta) is not dict or (spec is not _MISSING and type(spec) is not dict):
         return None
     spec = spec if type(spec) is dict else {}
+    namespace = meta.get("namespace")
+    scheduler = spec.get("schedulerName")
+    if (namespace is not None and type(namespace) is not str) or (
+            scheduler is not None and type(scheduler) is not str) or (
+            type(namespace_labels) is not dict):
+        return None
     try:
-        namespace = meta.get("namespace")
-        if namespace is not None and type(namespace) is not str:
-            return None
-        scheduler = spec.get("schedulerName")
-        if scheduler is not None and type(scheduler) is not str:
-            return None
-        if type(namespace_labels) is not dict:
-            return None
         return (chain, namespace, _project(namespace_labels, index.ns_label_keys),
                 _project(meta.get("labels"), index.label_keys),
-                _project(meta.get("annotations"), index.annotation_keys),
-                _project(meta.get("labels"), ENGINE_LABEL_KEYS),
-                _project(meta.get("annotations"), ENGINE_ANNOTATION_KEYS), scheduler,
-                _freeze(spec.get("tolerations")), _freeze(spec.get("affinity")))
+                _project(meta.get("annotations"), index.annotation_keys), scheduler,
+                _tolerations(spec.get("tolerations")), _freeze(spec.get("affinity")))
     except _Unkeyable:
         return None
 
@@ -118,17 +121,17 @@ def outcome_key(pod: Mapping[str, Any], namespace_labels: Mapping[str, str],
 def evaluate_and_render(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
                         owners: Sequence[Mapping[str, Any]], policies: PolicySet) -> Outcome:
     """`evaluate` and, when it changes the pod, `render_patch` (else no ops); remembered for the
-    job path. The ops are shared between callers: treat them as read-only."""
+    job path."""
     key = outcome_key(pod, namespace_labels, owners, policies)
-    memo: OrderedDict[Any, Any] = policies.index.outcomes
+    memo: OrderedDict[Any, Outcome] = policies.index.outcomes
     if key is not None:
         found = memo.get(key)
         if found is not None:
             memo.move_to_end(key)
-            return found  # type: ignore[no-any-return]
+            return found
     decision = evaluate(pod, namespace_labels=namespace_labels, owners=owners, policies=policies)
     ops = tuple(render_patch(pod, decision)) if decision.changes_pod else ()
-    outcome = (decision, ops)
+    outcome = Outcome(decision, ops, jsonpatch.encode(ops) if ops else b"")
     if key is not None:
         memo[key] = outcome
         if len(memo) > MEMO_SIZE:

@@ -244,7 +244,7 @@ def _replicas(kind: str, obj: Mapping[str, Any]) -> tuple[Replica, ...]:
 _workloads: OrderedDict[tuple[Any, ...], Workload] = OrderedDict()
 
 
-def _chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
+def chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
                ) -> tuple[Any, ...] | None:
     """Everything the owner-chain walk reads: the pod's ownerReferences (the fields used) and
     each owner's (uid, resourceVersion), which fix the owner's content. None when an owner has
@@ -272,9 +272,14 @@ def _chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
 
 def analyse(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Workload:
     """What job the pod belongs to. A pod whose job object was found is analysed from its
-    ownerReferences and owner objects alone, so such results are memoised by `_chain_key`
+    ownerReferences and owner objects alone, so such results are memoised by `chain_key`
     (the workers of one job share them)."""
-    key = _chain_key(pod, owners)
+    return analyse_keyed(pod, owners, chain_key(pod, owners))
+
+
+def analyse_keyed(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]],
+                  key: tuple[Any, ...] | None) -> Workload:
+    """`analyse` with the pod's `chain_key` already computed (the outcome memo needs it too)."""
     if key is not None:
         found = _workloads.get(key)
         if found is not None:
