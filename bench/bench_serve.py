@@ -8,9 +8,12 @@ both keep 50 connections open, as kube-apiserver does. The request is the real c
 AdmissionReview. `muster serve` runs against the API server emulator (MPIJob present, so the
 decision includes the owner lookup and the PodGroup check from its caches) with the shipped
 example policies plus 40 generated ones that do not match. The no-op parses the JSON and answers
-allowed:true with the uid, the least any correct webhook does. Rounds alternate (no-op, muster,
-no-op, muster, ...) so that drift on a shared machine hits both; each muster round is compared
-with the no-op round just before it and the median of those ratios is reported.
+allowed:true with the uid, the least any correct webhook does; with `--noop-parser msgspec` it
+reads only apiVersion and uid with msgspec and encodes with it, the cheapest there is (muster
+uses msgspec for both too, so this shows what is left of muster's own cost). Rounds alternate
+(no-op, muster, no-op, muster, ...) so that drift on a shared machine hits both; each muster
+round is compared with the no-op round just before it and the median of those ratios is
+reported.
 Targets (issue 3): throughput >= 75 % of the no-op, p99 latency <= 1.5x the no-op.
 """
 
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import msgspec
 from aiohttp import web
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,12 +77,30 @@ def free_port() -> int:
 
 # --- the no-op webhook (run as `bench_serve.py --noop-server PORT CERT KEY`) -------------------
 
-def noop_server(port: int, cert: str, key: str) -> None:
+class _Request(msgspec.Struct):
+    uid: str
+
+
+class _Review(msgspec.Struct, rename="camel"):
+    api_version: str
+    request: _Request
+
+
+def noop_server(port: int, cert: str, key: str, parser: str) -> None:
+    decode = msgspec.json.Decoder(_Review).decode
+
     async def mutate(request: web.Request) -> web.Response:
-        review = json.loads(await request.read())
-        body = {"apiVersion": review["apiVersion"], "kind": "AdmissionReview",
-                "response": {"uid": review["request"]["uid"], "allowed": True}}
-        return web.Response(body=json.dumps(body).encode(), content_type="application/json")
+        raw = await request.read()
+        if parser == "msgspec":  # the fastest parse there is: two fields, the rest skipped
+            review = decode(raw)
+            api_version, uid = review.api_version, review.request.uid
+        else:
+            doc = json.loads(raw)
+            api_version, uid = doc["apiVersion"], doc["request"]["uid"]
+        body = {"apiVersion": api_version, "kind": "AdmissionReview",
+                "response": {"uid": uid, "allowed": True}}
+        encoded = msgspec.json.encode(body) if parser == "msgspec" else json.dumps(body).encode()
+        return web.Response(body=encoded, content_type="application/json")
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -250,11 +272,14 @@ def main() -> int:
                              "matches: the server's own cost without the decision)")
     parser.add_argument("--no-cluster", action="store_true",
                         help="run muster serve without the emulator (no owner/PodGroup work)")
-    parser.add_argument("--noop-server", nargs=3, metavar=("PORT", "CERT", "KEY"),
+    parser.add_argument("--noop-parser", choices=["json", "msgspec"], default="json",
+                        help="how the no-op reads and answers: json (the plain webhook), or "
+                             "msgspec decoding only apiVersion and uid (the cheapest possible)")
+    parser.add_argument("--noop-server", nargs=4, metavar=("PORT", "CERT", "KEY", "PARSER"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.noop_server:
-        noop_server(int(args.noop_server[0]), args.noop_server[1], args.noop_server[2])
+        noop_server(int(args.noop_server[0]), *args.noop_server[1:])
         return 0
     client = args.client
     if client == "auto":
@@ -281,7 +306,7 @@ def main() -> int:
                      "--policies", str(policies), "--tls-cert-file", str(work / "tls.crt"),
                      "--tls-key-file", str(work / "tls.key")]
         noop_cmd = [sys.executable, __file__, "--noop-server", str(noop_port),
-                    str(work / "tls.crt"), str(work / "tls.key")]
+                    str(work / "tls.crt"), str(work / "tls.key"), args.noop_parser]
         with contextmanager_chain(emulator, work) as kubeconfig:
             if kubeconfig is not None:
                 serve_cmd += ["--kubeconfig", str(kubeconfig)]
@@ -310,7 +335,7 @@ def main() -> int:
                             print(f"round {round_no} {name:7s} {res.rps:8.0f} req/s  "
                                   f"p50 {res.p50_ms:7.2f} ms  p99 {res.p99_ms:7.2f} ms  "
                                   f"errors {res.errors}", flush=True)
-        print(f"request: {args.request}")
+        print(f"request: {args.request}, no-op parser: {args.noop_parser}")
         report(results, client, args.connections, emulator is not None)
     return 0
 

@@ -1,7 +1,9 @@
 """AdmissionReview (admission.k8s.io/v1) as the API server sends and expects it.
 
-Only the fields Muster reads are typed; everything else is kept (extra="allow") so that a newer
-API server adding fields never turns into a 400.
+Decoded with msgspec into typed structs: only the fields Muster reads are declared, the others
+are skipped without being built (a newer API server adding fields never turns into a 400). This
+parse is the largest single cost of a request, which is why it is not pydantic here: on the
+captured worker request msgspec takes about a third of the time (see README, dependencies).
 """
 
 from __future__ import annotations
@@ -9,9 +11,9 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, GetPydanticSchema, ValidationError
+import msgspec
 from typing_extensions import TypedDict
 
 from webhook import jsonpatch
@@ -19,39 +21,33 @@ from webhook import jsonpatch
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
 
-class GroupVersionKind(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
+class GroupVersionKind(msgspec.Struct, frozen=True):
     group: str = ""
     version: str = ""
     kind: str = ""
 
 
-class GroupVersionResource(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
+class GroupVersionResource(msgspec.Struct, frozen=True):
     group: str = ""
     version: str = ""
     resource: str = ""
 
 
-class AdmissionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-    uid: str = Field(min_length=1)
+class AdmissionRequest(msgspec.Struct, rename="camel"):
+    uid: Annotated[str, msgspec.Meta(min_length=1)]
     kind: GroupVersionKind
     resource: GroupVersionResource
-    sub_resource: str | None = Field(default=None, alias="subResource")
+    operation: str
+    sub_resource: str | None = None
     name: str | None = None
     namespace: str | None = None
-    operation: str
     object: dict[str, Any] | None = None
-    old_object: dict[str, Any] | None = Field(default=None, alias="oldObject")
-    dry_run: bool | None = Field(default=None, alias="dryRun")
+    old_object: dict[str, Any] | None = None
+    dry_run: bool | None = None
 
 
-class AdmissionReview(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-    api_version: Literal["admission.k8s.io/v1", "admission.k8s.io/v1beta1"] = Field(
-        alias="apiVersion"
-    )
+class AdmissionReview(msgspec.Struct, rename="camel"):
+    api_version: Literal["admission.k8s.io/v1", "admission.k8s.io/v1beta1"]
     kind: Literal["AdmissionReview"]
     request: AdmissionRequest
 
@@ -66,24 +62,22 @@ class BadReview(ValueError):
 
 # --- the pod as /mutate/pods reads it -------------------------------------------------------
 # Only the pod fields that admission and the policy engine read are built as Python objects
-# (metadata.managedFields and most of the spec are skipped by the parser): about a third less
-# work than a full parse. Each field keeps its JSON value as is; a field of an unexpected type
-# falls back to that raw value (left_to_right), so the projection accepts exactly what the full
-# model accepts. tests/admission/test_review.py checks both (same answers on the fixtures and on
-# fuzzed pods, same acceptance).
+# (metadata.managedFields and most of the spec are skipped). Each field keeps its JSON value as
+# is; where an object is projected, any other JSON value there is kept whole, so the projection
+# accepts exactly what the full request type accepts. tests/admission/test_projection.py checks
+# both (same answers on the fixtures and on fuzzed pods, same acceptance).
+
+_NotObject = list[Any] | str | int | float | bool | None
+_AnyContainers = list["_Container | _NotObject"] | dict[str, Any] | str | int | float | bool | None
 
 
 class _Container(TypedDict, total=False):
     resources: Any
 
 
-def _raw_fallback(typed: Any) -> Any:
-    return Annotated[typed | Any, Field(union_mode="left_to_right")]
-
-
 class _PodSpec(TypedDict, total=False):
-    containers: _raw_fallback(list[_Container])  # type: ignore[valid-type]
-    initContainers: _raw_fallback(list[_Container])  # type: ignore[valid-type]
+    containers: _AnyContainers
+    initContainers: _AnyContainers
     schedulerName: Any
     priorityClassName: Any
     tolerations: Any
@@ -99,54 +93,59 @@ class _PodMeta(TypedDict, total=False):
 
 
 class _Pod(TypedDict, total=False):
-    metadata: _raw_fallback(_PodMeta)  # type: ignore[valid-type]
-    spec: _raw_fallback(_PodSpec)  # type: ignore[valid-type]
+    metadata: _PodMeta | _NotObject
+    spec: _PodSpec | _NotObject
 
 
-#: statically a dict, validated as the projection above (a plain dict of the fields present)
-_PodObject = Annotated[dict[str, Any] | None, GetPydanticSchema(
-    lambda _type, handler: handler.generate_schema(_Pod | None))]
+if TYPE_CHECKING:  # a plain dict to its readers; decoded as the projection above
+    _PodObject = dict[str, Any]
+else:
+    _PodObject = _Pod
 
 
-class _PodAdmissionRequest(AdmissionRequest):
-    model_config = ConfigDict(extra="ignore")
-    object: _PodObject = None
+class _PodAdmissionRequest(AdmissionRequest, rename="camel"):
+    object: _PodObject | None = None
 
 
-class PodAdmissionReview(AdmissionReview):
+class PodAdmissionReview(AdmissionReview, rename="camel"):
     """An AdmissionReview whose `request.object` holds only the pod fields Muster reads."""
 
-    model_config = ConfigDict(extra="ignore")
     request: _PodAdmissionRequest
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "(body)"
+_decode_review = msgspec.json.Decoder(AdmissionReview).decode
+_decode_pod_review = msgspec.json.Decoder(PodAdmissionReview).decode
+_AT = re.compile(r"^(.*?)(?: - at `\$\.?(.*)`)?$", re.DOTALL)
+_MISSING_FIELD = re.compile(r"^Object missing required field `(.*)`$")
+
+
+def _reason(exc: msgspec.MsgspecError) -> str:
+    """msgspec's message as "field.path: what is wrong" (the path as the API names it)."""
+    if not isinstance(exc, msgspec.ValidationError):  # (a subclass of DecodeError)
+        return f"invalid JSON: {exc}"
+    match = _AT.match(str(exc))
+    assert match is not None  # the pattern matches any text
+    message, path = match[1], match[2] or ""
+    if missing := _MISSING_FIELD.match(message):
+        path = f"{path}.{missing[1]}" if path else missing[1]
+        message = "field required"
+    return f"{path or '(body)'}: {message}"
 
 
 def parse_review(body: bytes) -> AdmissionReview:
-    """Parse and validate a request body; raises BadReview with reasons naming the field."""
+    """Parse and validate a request body; raises BadReview with a reason naming the field."""
     try:
-        return AdmissionReview.model_validate_json(body)
-    except ValidationError as exc:
-        errors = []
-        for err in exc.errors(include_url=False, include_input=False)[:10]:
-            if err["type"] == "json_invalid":
-                errors.append(f"invalid JSON: {err['msg']}")
-            else:
-                errors.append(f"{_loc(err['loc'])}: {err['msg']}")
-        raise BadReview(errors) from None
+        return _decode_review(body)
+    except msgspec.MsgspecError as exc:
+        raise BadReview([_reason(exc)]) from None
 
 
 def parse_pod_review(body: bytes) -> AdmissionReview:
-    """`parse_review` for /mutate/pods: the pod projected to the fields Muster reads. A body the
-    projection refuses goes through `parse_review`, so errors are reported the same way."""
+    """`parse_review` for /mutate/pods: the pod projected to the fields Muster reads."""
     try:
-        return PodAdmissionReview.model_validate_json(body)
-    except ValidationError:
-        return parse_review(body)
-
-
+        return _decode_pod_review(body)
+    except msgspec.MsgspecError as exc:
+        raise BadReview([_reason(exc)]) from None
 
 
 def response(
