@@ -1,33 +1,86 @@
-"""Prometheus metrics of the admission server (a registry per server: tests run several)."""
+"""Prometheus metrics of the admission server (a registry per server: tests run several).
+
+The per-request series (request count and latency, policy decisions) are plain integers that a
+collector turns into metric families when /metrics is scraped: prometheus_client's own
+counters take a lock on every increment, which showed in the webhook's per-request profile.
+Everything runs on the event loop thread, so no lock is needed.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from bisect import bisect_left
+from collections.abc import Iterator
+from itertools import accumulate
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+class _Series:
+    """One (endpoint, outcome): requests answered, their total seconds, count per bucket."""
+
+    __slots__ = ("buckets", "count", "seconds")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self.buckets = [0] * (len(_LATENCY_BUCKETS) + 1)  # the last one: +Inf
+
+
+class _RequestStats(Collector):
+    """Requests by (endpoint, outcome) with their latency histogram, and decisions by policy."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str], _Series] = {}
+        self.decisions: dict[str, int] = {}
+
+    def observe(self, endpoint: str, outcome: str, seconds: float) -> None:
+        series = self.requests.get((endpoint, outcome))
+        if series is None:
+            series = self.requests[(endpoint, outcome)] = _Series()
+        series.count += 1
+        series.seconds += seconds
+        # a bucket counts values <= its bound: bisect_left finds the first bound >= seconds
+        series.buckets[bisect_left(_LATENCY_BUCKETS, seconds)] += 1
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "muster_admission_requests", "Admission requests answered, by endpoint and outcome "
+            "(allowed, patched, denied, fail_open, bad_request, too_large, unsupported_media)",
+            labels=["endpoint", "outcome"])
+        latency = HistogramMetricFamily(
+            "muster_admission_request_duration_seconds", "Time to answer an admission request",
+            labels=["endpoint", "outcome"])
+        bounds = [*map(str, _LATENCY_BUCKETS), "+Inf"]
+        for (endpoint, outcome), series in self.requests.items():
+            requests.add_metric([endpoint, outcome], series.count)
+            cumulative = accumulate(series.buckets)
+            latency.add_metric([endpoint, outcome], list(zip(bounds, cumulative, strict=True)),
+                               series.seconds)
+        decisions = CounterMetricFamily(
+            "muster_policy_decisions", "Pods mutated, by policy applied", labels=["policy"])
+        for policy, count in self.decisions.items():
+            decisions.add_metric([policy], count)
+        yield requests
+        yield latency
+        yield decisions
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self._request_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
-        self._decision_children: dict[str, Counter] = {}
-        self.requests = Counter(
-            "muster_admission_requests", "Admission requests answered, by endpoint and outcome "
-            "(allowed, patched, denied, fail_open, bad_request, too_large, unsupported_media)",
-            ["endpoint", "outcome"], registry=r)
-        self.latency = Histogram(
-            "muster_admission_request_duration_seconds", "Time to answer an admission request",
-            ["endpoint", "outcome"], buckets=_LATENCY_BUCKETS, registry=r)
+        self._stats = _RequestStats()
+        r.register(self._stats)
         self.fail_open = Counter(
             "muster_admission_fail_open", "Requests admitted without the full decision, by reason "
             "(deadline, error, podgroup, not_ready)", ["reason"], registry=r)
-        self.decisions = Counter(
-            "muster_policy_decisions", "Pods mutated, by policy applied", ["policy"], registry=r)
         self.reloads = Counter(
             "muster_policy_reloads", "Policy loads from the mounted directory, by result "
             "(success, error)", ["result"], registry=r)
@@ -50,19 +103,10 @@ class Metrics:
             ["result"], registry=r)
 
     def observe_request(self, endpoint: str, outcome: str, seconds: float) -> None:
-        children = self._request_children.get((endpoint, outcome))
-        if children is None:  # labels() takes a lock and builds a key: resolve once per pair
-            children = (self.requests.labels(endpoint, outcome),
-                        self.latency.labels(endpoint, outcome))
-            self._request_children[(endpoint, outcome)] = children
-        children[0].inc()
-        children[1].observe(seconds)
+        self._stats.observe(endpoint, outcome, seconds)
 
     def count_decision(self, policy: str) -> None:
-        child = self._decision_children.get(policy)
-        if child is None:  # resolved once per policy name, as above
-            child = self._decision_children[policy] = self.decisions.labels(policy)
-        child.inc()
+        self._stats.decisions[policy] = self._stats.decisions.get(policy, 0) + 1
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
