@@ -27,6 +27,7 @@ from admission_helpers import (
 from aiohttp import web
 
 from webhook import jsonpatch
+from webhook.admission.podgroups import resource_for
 from webhook.emulator import ApiServerEmulator
 from webhook.keys import (
     ANN_POLICY,
@@ -174,10 +175,22 @@ async def test_existing_podgroup_409_and_scaled_job_update(
         assert [g["spec"]["minMember"] for g in groups] == [7]
         assert _metric(srv, "muster_podgroup_writes_total", result="updated") >= 1
 
+        # edited behind Muster's back: the informer sees it, the next pod of the job (the same
+        # remembered decision, found current before the edit) restores minMember
+        podgroups = srv.context.podgroups  # type: ignore[union-attr]
+        await wait_for(lambda: [k.get("minMember") for k in podgroups.known.values()] == [7])
+        await review(s, f"{srv.url}/mutate/pods", _worker(worker, 6))
+        await srv.context.api.patch(  # type: ignore[union-attr]
+            resource_for("volcano"), JOB, {"spec": {"minMember": 2}}, namespace="team-a",
+            patch_type="merge")
+        await wait_for(lambda: [k.get("minMember") for k in podgroups.known.values()] == [2])
+        await review(s, f"{srv.url}/mutate/pods", _worker(worker, 7))
+        assert [g["spec"]["minMember"] for g in _podgroups(apiserver)] == [7]
+
         # a deleted PodGroup is forgotten (informer) and made again by the next pod
         await apiserver.delete("podgroups.scheduling.volcano.sh", JOB, namespace="team-a")
         await wait_for(lambda: not srv.context.podgroups.known)  # type: ignore[union-attr]
-        await review(s, f"{srv.url}/mutate/pods", _worker(worker, 6))
+        await review(s, f"{srv.url}/mutate/pods", _worker(worker, 8))
         assert len(_podgroups(apiserver)) == 1
 
 

@@ -48,6 +48,9 @@ class PodGroupWriter:
         self.metrics = metrics
         #: PodGroups known to exist → their spec as last written or seen
         self.known: dict[Key, Mapping[str, Any]] = {}
+        #: the last (known spec, wanted spec) found to match, by identity: the pods of one job
+        #: share one PodGroupSpec object (the outcome memo), so most checks end here
+        self._matched: dict[Key, tuple[Mapping[str, Any], PodGroupSpec]] = {}
         self._locks: weakref.WeakValueDictionary[Key, asyncio.Lock] = (
             weakref.WeakValueDictionary())
 
@@ -56,6 +59,7 @@ class PodGroupWriter:
         key = key_of(obj)
         if event == "DELETED":
             self.known.pop(key, None)
+            self._matched.pop(key, None)
         elif isinstance(obj.get("spec"), Mapping):
             self.known[key] = obj["spec"]
 
@@ -65,8 +69,17 @@ class PodGroupWriter:
             return True
         # key_of(podgroup_manifest(spec)) without building the manifest
         group = (VOLCANO_API if spec.backend == "volcano" else COSCHEDULING_API)[0]
-        known = self.known.get((group, spec.namespace, spec.name))
-        return known is not None and covers(known, podgroup_spec(spec))
+        key = (group, spec.namespace, spec.name)
+        known = self.known.get(key)
+        if known is None:
+            return False
+        matched = self._matched.get(key)
+        if matched is not None and matched[0] is known and matched[1] is spec:
+            return True
+        if not covers(known, podgroup_spec(spec)):
+            return False
+        self._matched[key] = (known, spec)
+        return True
 
     async def ensure(self, spec: PodGroupSpec, *, dry_run: bool) -> list[str]:
         """Make the PodGroup exist with this spec; warnings (never raises) when it could not."""
