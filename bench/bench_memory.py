@@ -30,9 +30,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench_serve import free_port, process, wait_ready  # noqa: E402
-
-from webhook.certs import generate_ca, issue_serving_cert, write_pair  # noqa: E402
+from bench_serve import free_port, local_tls, process, wait_ready  # noqa: E402
 
 FIXTURES = REPO.parent / "shared" / "fixtures"
 POLICY = """\
@@ -110,11 +108,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         work = Path(tmp)
-        ca = generate_ca("bench-ca", days=1)
-        write_pair(issue_serving_cert(ca, ["localhost"], ["127.0.0.1"], days=1),
-                   work / "tls.crt", work / "tls.key")
-        cafile = work / "ca.crt"
-        cafile.write_bytes(ca.cert_pem)
+        cafile = local_tls(work)
         policies = work / "policies"
         policies.mkdir()
         for i in range(args.policies):

@@ -75,6 +75,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def local_tls(work: Path) -> Path:
+    """A one-day CA and a serving pair for 127.0.0.1 in `work` (tls.crt, tls.key); the CA file."""
+    ca = generate_ca("bench-ca", days=1)
+    write_pair(issue_serving_cert(ca, ["localhost"], ["127.0.0.1"], days=1),
+               work / "tls.crt", work / "tls.key")
+    cafile = work / "ca.crt"
+    cafile.write_bytes(ca.cert_pem)
+    return cafile
+
+
 # --- the no-op webhook (run as `bench_serve.py --noop-server PORT CERT KEY`) -------------------
 
 class _Request(msgspec.Struct):
@@ -287,11 +297,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         work = Path(tmp)
-        ca = generate_ca("bench-ca", days=1)
-        write_pair(issue_serving_cert(ca, ["localhost"], ["127.0.0.1"], days=1),
-                   work / "tls.crt", work / "tls.key")
-        cafile = work / "ca.crt"
-        cafile.write_bytes(ca.cert_pem)
+        cafile = local_tls(work)
         policies = work / "policies"
         shutil.copytree(REPO / "policies", policies,
                         ignore=shutil.ignore_patterns("tests", "*.md"))
