@@ -115,7 +115,6 @@ class PodAdmissionReview(AdmissionReview, rename="camel"):
 
 _decode_review = msgspec.json.Decoder(AdmissionReview).decode
 _decode_pod_review = msgspec.json.Decoder(PodAdmissionReview).decode
-_AT = re.compile(r"^(.*?)(?: - at `\$\.?(.*)`)?$", re.DOTALL)
 _MISSING_FIELD = re.compile(r"^Object missing required field `(.*)`$")
 
 
@@ -123,9 +122,9 @@ def _reason(exc: msgspec.MsgspecError) -> str:
     """msgspec's message as "field.path: what is wrong" (the path as the API names it)."""
     if not isinstance(exc, msgspec.ValidationError):  # (a subclass of DecodeError)
         return f"invalid JSON: {exc}"
-    match = _AT.match(str(exc))
-    assert match is not None  # the pattern matches any text
-    message, path = match[1], match[2] or ""
+    # e.g. "Expected `str`, got `int` - at `$.request.uid`"
+    message, _, at = str(exc).partition(" - at `$")
+    path = at.removesuffix("`").removeprefix(".")
     if missing := _MISSING_FIELD.match(message):
         path = f"{path}.{missing[1]}" if path else missing[1]
         message = "field required"
