@@ -205,19 +205,31 @@ def _analyse_job(kind: str, obj: Mapping[str, Any]) -> JobFacts:
         priority_class=priority_class)
 
 
-def pod_gpus(spec: Mapping[str, Any]) -> int:
-    def one(c: Any) -> int:
-        res = _d(_d(c).get("resources"))
-        raw = _d(res.get("limits")).get(keys.GPU_RESOURCE, _d(res.get("requests")).get(
-            keys.GPU_RESOURCE, 0))
+def _container_gpus(container: Any) -> int:
+    res = _d(_d(container).get("resources"))
+    limits = _d(res.get("limits"))
+    raw = limits[keys.GPU_RESOURCE] if keys.GPU_RESOURCE in limits else _d(
+        res.get("requests")).get(keys.GPU_RESOURCE, 0)
+    if type(raw) is int:  # the common cases first: no isinstance chain
+        return raw
+    if type(raw) is str or (isinstance(raw, int | str) and not isinstance(raw, bool)):
         try:
-            return int(raw) if isinstance(raw, int | str) and not isinstance(raw, bool) else 0
+            return int(raw)
         except ValueError:
             return 0
+    return 0
 
-    main = sum(one(c) for c in _l(spec.get("containers")))
-    init = max((one(c) for c in _l(spec.get("initContainers"))), default=0)
-    return max(main, init)
+
+def pod_gpus(spec: Mapping[str, Any]) -> int:
+    """GPUs a pod asks for: its containers' sum, or its largest init container when more."""
+    main = 0
+    for c in _l(spec.get("containers")):
+        main += _container_gpus(c)
+    init: int | None = None
+    for c in _l(spec.get("initContainers")):
+        n = _container_gpus(c)
+        init = n if init is None or n > init else init
+    return max(main, 0 if init is None else init)
 
 
 def _template_spec(replica: Any) -> Mapping[str, Any]:
