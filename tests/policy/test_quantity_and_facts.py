@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from webhook.policy.workload import MPIJOB, job_facts
+from webhook.policy.workload import MPIJOB, job_facts, pod_gpus
 from webhook.quantity import QuantityError, add_quantities, format_quantity, parse_quantity
 
 
@@ -50,3 +50,29 @@ def test_job_facts_memo_follows_resource_version(mpijob: dict[str, Any]) -> None
     changed["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = 2
     assert job_facts(MPIJOB, changed).auto_min_member == 3
     assert first.min_resources(5) == {"cpu": "16500m", "memory": "65Gi", "nvidia.com/gpu": "4"}
+
+
+def _container(limits: Any = None, requests: Any = None) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    if limits is not None:
+        resources["limits"] = {"nvidia.com/gpu": limits}
+    if requests is not None:
+        resources["requests"] = {"nvidia.com/gpu": requests}
+    return {"name": "c", "resources": resources}
+
+
+@pytest.mark.parametrize(("spec", "gpus"), [
+    ({}, 0),
+    ({"containers": [_container("2"), _container(limits=1)]}, 3),  # containers add up
+    ({"containers": [_container(requests="4")]}, 4),  # requests when no limit
+    ({"containers": [_container(limits="1", requests="4")]}, 1),  # the limit wins
+    # an init container runs alone: the pod needs the larger of the two
+    ({"containers": [_container("1")], "initContainers": [_container("3"), _container("2")]},
+     3),
+    ({"containers": [_container("4")], "initContainers": [_container("3")]}, 4),
+    # what the API server would refuse counts as none
+    ({"containers": [_container("x"), _container(True), _container(1.5), "junk"]}, 0),
+    ({"containers": "junk", "initContainers": None}, 0),
+])
+def test_pod_gpus(spec: dict[str, Any], gpus: int) -> None:
+    assert pod_gpus(spec) == gpus
