@@ -384,6 +384,9 @@ def report(results: dict[str, list[Result]], client: str, connections: int,
     print(f"p99 ratio        {p99_ratio:.2f} (target <= 1.5: "
           f"{'met' if p99_ratio <= 1.5 else 'NOT met'})")
     print(f"p50 ratio        {p50_ratio:.2f}")
+    if client == "aiohttp":
+        print("note: the Python client can saturate before the servers on few cores (then both "
+              "show its rate); install wrk for figures")
 
 
 if __name__ == "__main__":
