@@ -29,6 +29,7 @@ from .admission import (
 )
 from .errors import ApiStatusError
 from .patch import apply_patch_body
+from .protobuf import ProtobufError, decode_body
 from .resources import (
     CRDS,
     MUTATING,
@@ -276,6 +277,14 @@ class ApiServerEmulator:
         raw = await request.read()
         if not raw:
             return None
+        if request.content_type == "application/vnd.kubernetes.protobuf":
+            try:
+                return decode_body(raw)
+            except ProtobufError as exc:
+                raise errors.ApiStatusError(
+                    415, "UnsupportedMediaType", f"the body of the request was in an unknown "
+                    f"format - accepted media types include: application/json, "
+                    f"application/yaml (protobuf: {exc})") from exc
         if "protobuf" in request.content_type or "cbor" in request.content_type:
             raise errors.ApiStatusError(
                 415, "UnsupportedMediaType", f'the body of the request was in an unknown format '
