@@ -122,6 +122,33 @@ def test_strategic_merge_by_key_and_directives() -> None:
     assert replaced["spec"] == {"x": 1}
 
 
+def test_strategic_merge_keys_of_the_chart_objects() -> None:
+    """What `helm upgrade` patches: webhooks by name (a caBundle another writer set survives),
+    Service ports by port and container ports by containerPort, spread constraints by
+    topologyKey."""
+    hooks = {"webhooks": [{"name": "pods.muster.io", "timeoutSeconds": 5,
+                           "clientConfig": {"caBundle": "Q0E=", "service": {"name": "w"}}}]}
+    out = strategic_merge(hooks, {"$setElementOrder/webhooks": [{"name": "pods.muster.io"}],
+                                  "webhooks": [{"name": "pods.muster.io", "timeoutSeconds": 7}]})
+    assert out["webhooks"] == [{"name": "pods.muster.io", "timeoutSeconds": 7,
+                                "clientConfig": {"caBundle": "Q0E=", "service": {"name": "w"}}}]
+    service = {"spec": {"ports": [{"name": "https", "port": 443, "targetPort": 8443},
+                                  {"name": "metrics", "port": 9090}]}}
+    out = strategic_merge(service, {"spec": {"ports": [{"port": 443, "targetPort": 9443}]}})
+    assert out["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": 9443},
+                                    {"name": "metrics", "port": 9090}]
+    container = {"ports": [{"containerPort": 8443, "name": "https"}]}
+    out = strategic_merge(container, {"ports": [{"containerPort": 9090, "name": "metrics"}]})
+    assert [p["containerPort"] for p in out["ports"]] == [8443, 9090]
+    spread = {"topologySpreadConstraints": [{"topologyKey": "kubernetes.io/hostname",
+                                             "maxSkew": 1}]}
+    out = strategic_merge(spread, {"topologySpreadConstraints": [
+        {"topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule"}]})
+    assert out["topologySpreadConstraints"] == [{
+        "topologyKey": "kubernetes.io/hostname", "maxSkew": 1,
+        "whenUnsatisfiable": "DoNotSchedule"}]
+
+
 SCHEMA = {"type": "object", "properties": {
     "apiVersion": {"type": "string"}, "kind": {"type": "string"},
     "metadata": {"type": "object"},

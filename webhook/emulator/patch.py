@@ -16,12 +16,16 @@ STRATEGIC = "application/strategic-merge-patch+json"
 APPLY = "application/apply-patch+yaml"
 
 #: list fields merged element-wise by key in strategic merge patch (patchMergeKey in k8s types);
-#: any other list is replaced, as apimachinery does for lists without a patch strategy
-MERGE_KEYS: dict[str, str] = {
-    "containers": "name", "initContainers": "name", "ephemeralContainers": "name",
-    "volumes": "name", "env": "name", "volumeMounts": "mountPath", "ports": "containerPort",
-    "imagePullSecrets": "name", "conditions": "type", "ownerReferences": "uid",
-    "addresses": "type", "hostAliases": "ip", "readinessGates": "conditionType",
+#: any other list is replaced, as apimachinery does for lists without a patch strategy. A field
+#: name used by two types with different keys lists both (container ports by containerPort,
+#: Service ports by port): the first key every element has is used.
+MERGE_KEYS: dict[str, tuple[str, ...]] = {
+    "containers": ("name",), "initContainers": ("name",), "ephemeralContainers": ("name",),
+    "volumes": ("name",), "env": ("name",), "volumeMounts": ("mountPath",),
+    "ports": ("containerPort", "port"), "imagePullSecrets": ("name",), "conditions": ("type",),
+    "ownerReferences": ("uid",), "addresses": ("type",), "hostAliases": ("ip",),
+    "readinessGates": ("conditionType",), "topologySpreadConstraints": ("topologyKey",),
+    "webhooks": ("name",),  # Mutating/ValidatingWebhookConfiguration
 }
 #: primitive lists merged as sets (patchStrategy: merge without key)
 MERGE_SETS = frozenset({"finalizers"})
@@ -40,11 +44,18 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+def _merge_key(field: str, items: list[Any]) -> str | None:
+    if not all(isinstance(v, dict) for v in items):
+        return None
+    elements = [v for v in items if "$patch" not in v]
+    return next((k for k in MERGE_KEYS.get(field, ()) if all(k in v for v in elements)), None)
+
+
 def _strategic_list(field: str, target: list[Any], patch: list[Any]) -> list[Any]:
-    key = MERGE_KEYS.get(field)
     if field in MERGE_SETS:
         return list(target) + [v for v in patch if v not in target]
-    if key is None or not all(isinstance(v, dict) for v in [*target, *patch]):
+    key = _merge_key(field, [*target, *patch])
+    if key is None:
         return [v for v in copy.deepcopy(patch) if not (isinstance(v, dict) and "$patch" in v)]
     if any(isinstance(v, dict) and v.get("$patch") == "replace" for v in patch):
         return [v for v in copy.deepcopy(patch) if v.get("$patch") != "replace"]
