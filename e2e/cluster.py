@@ -1,10 +1,12 @@
 """The system under test: every Muster component as its own process, wired as in a cluster.
 
 `LocalCluster` (CI): the API server emulator as a process (real HTTP, watches, and admission
-webhooks called over HTTPS), `muster serve` with a self-signed certificate, `muster bind`, and per
-node `muster agent` (fake NVML) with a fake kubelet (real gRPC on unix sockets). The webhook
-configurations and the policies ConfigMap are the Helm chart's own, rendered with the real `helm`
-binary; only the webhook Service is mapped to the local port (there is no cluster DNS here).
+webhooks called over HTTPS), `muster serve`, `muster bind`, and per node `muster agent` (fake
+NVML) with a fake kubelet (real gRPC on unix sockets). The chart is installed with the real
+`helm install` (client-side apply, hooks off: the emulator runs no Jobs nor pods), then the
+certificate hook Job's own command makes the CA, the serving Secret and the caBundles; the
+webhook serves that Secret's pair and the policies ConfigMap projected to files as the kubelet
+would. Only the webhook Service is mapped to the local port (there is no cluster DNS here).
 
 `RealCluster` (`pytest e2e --real-cluster`, KUBECONFIG set): the Helm chart installed on a real
 cluster; the tests then use the same Kubernetes API calls.
@@ -30,11 +32,9 @@ from e2e.procs import REPO, Proc, https_ok, wait_for
 from e2e.projection import project
 from webhook import keys
 from webhook.kube import (
-    CONFIGMAPS,
-    MUTATING_WEBHOOKS,
     NAMESPACES,
     NODES,
-    VALIDATING_WEBHOOKS,
+    SECRETS,
     KubeApi,
     make_api_client,
 )
@@ -63,6 +63,13 @@ def render_chart(values_file: Path) -> list[dict[str, Any]]:
         [helm(), "template", RELEASE, str(REPO / "charts" / "muster"), "--namespace", NAMESPACE,
          "--values", str(values_file)], capture_output=True, text=True, check=True, timeout=60)
     return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def run_helm(*args: str) -> None:
+    proc = subprocess.run([helm(), *args], capture_output=True, text=True, timeout=360,
+                          check=False)
+    if proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stderr}")
 
 
 def free_port() -> int:
@@ -104,12 +111,8 @@ class LocalCluster:
         return proc
 
     def start_webhook(self) -> None:
-        """`muster serve` as the chart runs it: certificate files made once (the chart keeps
-        them in a Secret), so a restarted webhook still matches the registered caBundle."""
-        subprocess.run([sys.executable, "-m", "webhook", "certs", "init", "--out",
-                        str(self.certs), "--service", f"{RELEASE}-webhook",
-                        "--namespace", NAMESPACE], cwd=REPO, check=True, timeout=60,
-                       capture_output=True)
+        """`muster serve` as the chart runs it, on the serving Secret's pair (written to files
+        once at start, as the kubelet mounts it)."""
         proc = self._proc(
             "webhook", "serve", "--host", "127.0.0.1", "--port", str(self.webhook_port),
             "--tls-cert-file", str(self.certs / "tls.crt"),
@@ -157,10 +160,30 @@ class LocalCluster:
 
     # --- lifecycle ----------------------------------------------------------------------------
 
+    def _helm(self, command: str, values: dict[str, Any], *extra: str) -> None:
+        path = self.tmp / f"values-{len(list(self.tmp.glob('values-*.yaml')))}.yaml"
+        path.write_text(yaml.safe_dump(values))
+        run_helm(command, RELEASE, str(REPO / "charts" / "muster"), "--namespace", NAMESPACE,
+                 "--kubeconfig", str(self.kubeconfig), "--server-side=false", "--no-hooks",
+                 "--values", str(path), *extra)
+
+    async def helm_upgrade(self, values: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._helm, "upgrade", values)
+
+    def _certificates(self, values: dict[str, Any]) -> None:
+        """The chart's certificate hook Job, run as its own command with its own arguments:
+        CA and serving Secrets, caBundle in both webhook configurations."""
+        path = self.tmp / "hook-values.yaml"
+        path.write_text(yaml.safe_dump(values))
+        job = next(d for d in render_chart(path) if d["kind"] == "Job"
+                   and d["metadata"]["name"] == f"{RELEASE}-webhook-certs")
+        args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+        subprocess.run([sys.executable, "-m", "webhook", *args, "--kubeconfig",
+                        str(self.kubeconfig)], cwd=REPO, check=True, timeout=60,
+                       capture_output=True)
+
     async def start(self) -> None:
-        values = self.tmp / "values.yaml"
-        values.write_text(yaml.safe_dump(chart_values(REPO / "policies")))
-        chart = render_chart(values)
+        values = chart_values(REPO / "policies")
         emulator = Proc("apiserver", [
             "--kubeconfig", str(self.kubeconfig), "--crds", str(self.shared / "crds"),
             "--service-host", f"{NAMESPACE}/{RELEASE}-webhook=127.0.0.1:{self.webhook_port}"],
@@ -176,22 +199,16 @@ class LocalCluster:
         for name in NODE_NAMES:
             await self.kube.create(NODES, node(name))
 
-        configmap = next(d for d in chart if d["kind"] == "ConfigMap"
-                         and d["metadata"]["name"] == POLICIES_CONFIGMAP)
-        await self.kube.create(CONFIGMAPS, configmap, namespace=NAMESPACE)
+        await asyncio.to_thread(self._helm, "install", values)
+        await asyncio.to_thread(self._certificates, values)
+        tls = await self.kube.get(SECRETS, f"{RELEASE}-webhook-tls", namespace=NAMESPACE)
+        self.certs.mkdir()
+        for name in ("tls.crt", "tls.key", "ca.crt"):
+            (self.certs / name).write_bytes(base64.b64decode(tls["data"][name]))
         self._projection = asyncio.create_task(
             project(self.kube, NAMESPACE, POLICIES_CONFIGMAP, self.policies_dir))
         await _until(lambda: any(self.policies_dir.glob("*.yaml")))
-
         await asyncio.to_thread(self.start_webhook)
-        ca_bundle = base64.b64encode((self.certs / "ca.crt").read_bytes()).decode()
-        for doc in chart:
-            if doc["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-                for hook in doc["webhooks"]:
-                    hook["clientConfig"]["caBundle"] = ca_bundle
-                resource = (MUTATING_WEBHOOKS if doc["kind"].startswith("Mutating")
-                            else VALIDATING_WEBHOOKS)
-                await self.kube.create(resource, doc)
 
         for name in NODE_NAMES:
             (self.tmp / name).mkdir()
@@ -249,6 +266,14 @@ class RealCluster:
                              "--timeout", "5m"], check=True, timeout=360)
         self._client = await make_api_client(str(self.kubeconfig))
         self.kube = KubeApi(self._client)
+
+    async def helm_upgrade(self, values: dict[str, Any]) -> None:
+        path = self.tmp / "values-upgrade.yaml"
+        path.write_text(yaml.safe_dump(values))
+        await asyncio.to_thread(
+            subprocess.run, [helm(), "upgrade", RELEASE, str(REPO / "charts" / "muster"),
+                             "--namespace", NAMESPACE, "--values", str(path), "--wait",
+                             "--timeout", "5m"], check=True, timeout=360)
 
     def kill(self, name: str) -> None:
         self._kubectl("scale", f"deployment/{RELEASE}-{name}", "--replicas=0")

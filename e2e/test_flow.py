@@ -1,7 +1,8 @@
 """The whole system end to end, driven only through the Kubernetes API and the webhook's HTTPS
 endpoint, as the API server would: the reference MPIJob placed by the binder and served by the
 device plugin; the same job under Volcano and coscheduling; live policy edits; a broken policy
-refused; the webhook down (fail open); the binder killed mid-gang.
+refused; policies changed by `helm upgrade`; the webhook down (fail open); the binder killed
+mid-gang.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.cluster import NAMESPACE, POLICIES_CONFIGMAP, LocalCluster, RealCluster, namespace
+from e2e.cluster import (
+    NAMESPACE,
+    POLICIES_CONFIGMAP,
+    LocalCluster,
+    RealCluster,
+    chart_values,
+    namespace,
+)
+from e2e.procs import REPO
 from webhook import keys
 from webhook.demo import mpi
 from webhook.kube import (
@@ -237,6 +246,26 @@ async def test_policy_edit_is_picked_up_live_and_a_broken_one_refused(cluster: C
             return any(e.get("reason") == "PolicyUpdateRefused" for e in events["items"])
         await eventually("a PolicyUpdateRefused Event on the ConfigMap", refused_event)
         assert (await _probe_labels(kube, "team-c")).get("cost-center") == "vision"
+
+
+async def test_helm_upgrade_changes_policies_without_a_restart(cluster: Cluster) -> None:
+    """The admin's way: one more policy in the chart values and `helm upgrade`. The running
+    webhook applies it without a restart, and keeps being called over verified TLS (a caBundle
+    lost in the upgrade would leave the pod unlabelled: failurePolicy Ignore)."""
+    kube = cluster.kube
+    await kube.create(NAMESPACES, namespace("team-d"))
+    assert "cost-center" not in await _probe_labels(kube, "team-d")
+    webhook = cluster.procs["webhook"].popen if isinstance(cluster, LocalCluster) else None
+
+    values = chart_values(REPO / "policies")
+    values["policies"]["team-d.yaml"] = EXTRA_POLICY.replace("team-c", "team-d")
+    await cluster.helm_upgrade(values)
+
+    async def labelled() -> bool:
+        return (await _probe_labels(kube, "team-d")).get("cost-center") == "vision"
+    await eventually("the upgraded policies to apply without a restart", labelled)
+    if webhook is not None:  # the same process, still running
+        assert webhook is cluster.procs["webhook"].popen and webhook.poll() is None
 
 
 async def test_pods_are_still_created_while_the_webhook_is_down(cluster: Cluster) -> None:
