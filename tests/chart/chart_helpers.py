@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import shutil
 import subprocess
@@ -11,6 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from webhook.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "muster"
@@ -62,3 +66,18 @@ def pod_specs(objs: list[Obj]) -> Iterator[tuple[Obj, Obj]]:
             yield o, o["spec"]["template"]["spec"]
         elif o["kind"] == "Pod":
             yield o, o["spec"]
+
+
+async def run_cert_hook(objs: list[Obj], kubeconfig: Path) -> None:
+    """The chart's certificate hook Job (`muster certs ensure`), run as its own command with its
+    own arguments against the API server in `kubeconfig`."""
+    job = one(objs, "Job", "muster-webhook-certs")
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level  # main() sets up process logging
+    try:
+        rc = await asyncio.to_thread(main, [*args, "--kubeconfig", str(kubeconfig)])
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    assert rc == 0

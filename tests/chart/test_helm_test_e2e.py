@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import logging
 import os
 import ssl
 import sys
@@ -21,11 +20,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from chart_helpers import NAMESPACE, REPO, Obj, hook, one
+from chart_helpers import NAMESPACE, REPO, Obj, hook, one, run_cert_hook
 
 from webhook.admission.server import ServeOptions, WebhookServer
 from webhook.certs import pki
-from webhook.cli import main
 from webhook.emulator import ApiServerEmulator
 from webhook.kube import NAMESPACES, SECRETS, KubeApi, make_api_client
 
@@ -89,17 +87,7 @@ async def test_helm_test_passes_only_when_the_webhook_applies_a_policy(
             for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
                 api.seed(one(objs, kind))
 
-            # the pre/post-install hook Job, with its own arguments
-            job = one(objs, "Job", "muster-webhook-certs")
-            args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-            root = logging.getLogger()
-            handlers, level = root.handlers[:], root.level  # main() sets up process logging
-            try:
-                rc = await asyncio.to_thread(main, [*args, "--kubeconfig", str(kubeconfig)])
-            finally:
-                root.handlers[:] = handlers
-                root.setLevel(level)
-            assert rc == 0
+            await run_cert_hook(objs, kubeconfig)  # the pre/post-install hook Job
 
             # the kubelet: Secret and ConfigMap volumes as the Deployment mounts them
             tls = await kube.get(SECRETS, "muster-webhook-tls", NAMESPACE)

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from chart_helpers import CHART, NAMESPACE, Obj, one, run_helm, values_args
+from chart_helpers import CHART, NAMESPACE, run_cert_hook, run_helm, values_args
 
-from webhook.cli import main
 from webhook.emulator import ApiServerEmulator
 
 RELEASE = "muster"
@@ -53,19 +51,6 @@ def _timeout(api: ApiServerEmulator) -> int:
     return int(hook["webhooks"][0]["timeoutSeconds"])
 
 
-async def _run_cert_hook(objs: list[Obj], kubeconfig: Path) -> None:
-    job = one(objs, "Job", "muster-webhook-certs")
-    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level  # main() sets up process logging
-    try:
-        rc = await asyncio.to_thread(main, [*args, "--kubeconfig", str(kubeconfig)])
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-    assert rc == 0
-
-
 async def test_upgrade_and_rollback_keep_certificates(
         apiserver: ApiServerEmulator, tmp_path: Path, helm_template: Any) -> None:
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
@@ -75,7 +60,7 @@ async def test_upgrade_and_rollback_keep_certificates(
     await _helm("install", RELEASE, str(CHART), "--create-namespace", *common,
                 *values_args(tmp_path, first))
     assert _ca_bundles(apiserver) == ["", ""]  # the chart never templates it in self mode
-    await _run_cert_hook(helm_template(first), kubeconfig)
+    await run_cert_hook(helm_template(first), kubeconfig)
     bundles = _ca_bundles(apiserver)
     assert all(bundles) and len(set(bundles)) == 1
     secrets = {n: apiserver.get("secrets", n, namespace=NAMESPACE)
