@@ -18,8 +18,6 @@ from typing_extensions import TypedDict
 
 from webhook import jsonpatch
 
-API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
-
 
 class GroupVersionKind(msgspec.Struct, frozen=True):
     group: str = ""

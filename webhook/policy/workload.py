@@ -210,14 +210,14 @@ def _container_gpus(container: Any) -> int:
     limits = _d(res.get("limits"))
     raw = limits[keys.GPU_RESOURCE] if keys.GPU_RESOURCE in limits else _d(
         res.get("requests")).get(keys.GPU_RESOURCE, 0)
-    if type(raw) is int:  # the common cases first: no isinstance chain
+    if type(raw) is int:  # the common case first: no isinstance chain
         return raw
-    if type(raw) is str or (isinstance(raw, int | str) and not isinstance(raw, bool)):
-        try:
-            return int(raw)
-        except ValueError:
-            return 0
-    return 0
+    if isinstance(raw, bool) or not isinstance(raw, int | str):
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        return 0
 
 
 def pod_gpus(spec: Mapping[str, Any]) -> int:
@@ -257,7 +257,7 @@ _workloads: OrderedDict[tuple[Any, ...], Workload] = OrderedDict()
 
 
 def chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
-               ) -> tuple[Any, ...] | None:
+              ) -> tuple[Any, ...] | None:
     """Everything the owner-chain walk reads: the pod's ownerReferences (the fields used) and
     each owner's (uid, resourceVersion), which fix the owner's content. None when an owner has
     no uid/resourceVersion (hand-written input) or a reference is not an object of strings."""
