@@ -134,15 +134,11 @@ def _time(buf: bytes, where: str) -> str:
 
 
 def _value(kind: str, value: int | bytes, where: str) -> Any:
-    if kind == "time":
-        if not isinstance(value, bytes):
-            raise ProtobufError(f"{where}: expected a message")
-        return _time(value, where)
-    if kind in MESSAGES:
-        if not isinstance(value, bytes):
-            raise ProtobufError(f"{where}: expected a message")
-        return decode_message(value, kind, where)
-    return _scalar(kind, value, where)
+    if kind != "time" and kind not in MESSAGES:
+        return _scalar(kind, value, where)
+    if not isinstance(value, bytes):
+        raise ProtobufError(f"{where}: expected a message")
+    return _time(value, where) if kind == "time" else decode_message(value, kind, where)
 
 
 def _zero(value: Any) -> bool:
