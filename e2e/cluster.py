@@ -160,22 +160,23 @@ class LocalCluster:
 
     # --- lifecycle ----------------------------------------------------------------------------
 
-    def _helm(self, command: str, values: dict[str, Any], *extra: str) -> None:
+    def _values_file(self, values: dict[str, Any]) -> Path:
         path = self.tmp / f"values-{len(list(self.tmp.glob('values-*.yaml')))}.yaml"
         path.write_text(yaml.safe_dump(values))
+        return path
+
+    def _helm(self, command: str, values_file: Path) -> None:
         run_helm(command, RELEASE, str(REPO / "charts" / "muster"), "--namespace", NAMESPACE,
                  "--kubeconfig", str(self.kubeconfig), "--server-side=false", "--no-hooks",
-                 "--values", str(path), *extra)
+                 "--values", str(values_file))
 
     async def helm_upgrade(self, values: dict[str, Any]) -> None:
-        await asyncio.to_thread(self._helm, "upgrade", values)
+        await asyncio.to_thread(self._helm, "upgrade", self._values_file(values))
 
-    def _certificates(self, values: dict[str, Any]) -> None:
+    def _certificates(self, values_file: Path) -> None:
         """The chart's certificate hook Job, run as its own command with its own arguments:
         CA and serving Secrets, caBundle in both webhook configurations."""
-        path = self.tmp / "hook-values.yaml"
-        path.write_text(yaml.safe_dump(values))
-        job = next(d for d in render_chart(path) if d["kind"] == "Job"
+        job = next(d for d in render_chart(values_file) if d["kind"] == "Job"
                    and d["metadata"]["name"] == f"{RELEASE}-webhook-certs")
         args = job["spec"]["template"]["spec"]["containers"][0]["args"]
         subprocess.run([sys.executable, "-m", "webhook", *args, "--kubeconfig",
@@ -199,8 +200,9 @@ class LocalCluster:
         for name in NODE_NAMES:
             await self.kube.create(NODES, node(name))
 
-        await asyncio.to_thread(self._helm, "install", values)
-        await asyncio.to_thread(self._certificates, values)
+        values_file = self._values_file(values)
+        await asyncio.to_thread(self._helm, "install", values_file)
+        await asyncio.to_thread(self._certificates, values_file)
         tls = await self.kube.get(SECRETS, f"{RELEASE}-webhook-tls", namespace=NAMESPACE)
         self.certs.mkdir()
         for name in ("tls.crt", "tls.key", "ca.crt"):
