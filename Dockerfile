@@ -2,16 +2,25 @@
 # One image for the webhook (`muster serve`), the binder (`muster bind`), the node agent
 # (`muster agent`) and the chart's hook Jobs (`muster certs ...`).
 #   docker build -t ghcr.io/muster/muster:0.1.0 .
+# Without a registry: e2e/node/image.py builds it with buildah on a Debian base (--build-arg
+# PYTHON=...), the same recipe.
 ARG PYTHON=python:3.11-slim-bookworm
 
 FROM ${PYTHON} AS build
+# set only where pip needs another CA bundle to reach the index (e.g. a TLS-inspecting proxy):
+# pass the path of a file mounted for the build, never copied into the image
+ARG PIP_CERT
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY webhook ./webhook
-# wheels only for the dependencies (grpcio, cryptography...): no compiler in the image
-RUN pip install --only-binary=:all: --prefix=/install . \
- && python -m compileall -q /install
+# a venv: the same recipe on the official Python image and on a Debian python3 base, whose
+# system site-packages are externally managed (PEP 668). Wheels only for the dependencies
+# (grpcio, cryptography...): no compiler in the image
+RUN python3 -m venv /opt/muster \
+ && /opt/muster/bin/pip install --only-binary=:all: . \
+ && /opt/muster/bin/pip uninstall -q -y pip \
+ && /opt/muster/bin/python -m compileall -q /opt/muster
 
 FROM ${PYTHON}
 LABEL org.opencontainers.image.title="muster" \
@@ -19,7 +28,8 @@ LABEL org.opencontainers.image.title="muster" \
       org.opencontainers.image.licenses="Apache-2.0"
 # bytecode was compiled at build time: nothing is written under a read-only root filesystem
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-COPY --from=build /install /usr/local
+COPY --from=build /opt/muster /opt/muster
+ENV PATH=/opt/muster/bin:$PATH
 # 65532: the uid/gid the chart's pod securityContext runs as (runAsNonRoot needs a numeric USER)
 RUN groupadd --system --gid 65532 muster \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \

@@ -1,0 +1,212 @@
+"""A real single-node Kubernetes 1.28 cluster in namespaces of its own, for the `real` test tier.
+
+`NodeCluster.start()` makes the PKI and a plan, then runs `e2e.node.launcher` under
+`unshare --net --mount --pid --fork --mount-proc --propagation private`: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, containerd, kubelet and kube-proxy, all addressed inside
+the new network namespace (the API server at 10.255.0.1:6443, pods in 10.244.0.0/24, Services in
+10.96.0.0/16). `stop()` ends the launcher, whose PID namespace takes every process with it.
+
+The test process reaches that network by entering it: `netns()` switches the calling thread
+(and the threads and processes it starts: helm, kubectl, asyncio's executor) into the cluster's
+network namespace and back. Nothing is bound to or sent from the host's own addresses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime as dt
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+
+from e2e.node.assets import REPO, binaries, ensure_debian_packages
+from e2e.node.image import PAUSE, Images
+from e2e.node.launcher import NODE_IP
+
+CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
+API_SERVER = f"https://{NODE_IP}:6443"
+NODE_NAME = "muster-node"
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: if the test process dies, unshare (and so the cluster) too."""
+    # SIGKILL: unshare --fork ignores SIGTERM; its --kill-child then TERMs the launcher
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def write_pki(pki: Path) -> None:
+    """A CA, the API server's serving pair (ClusterIP, node IP and in-cluster names), and the
+    service-account signing key pair."""
+    pki.mkdir(parents=True)
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "muster-test-ca")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - dt.timedelta(minutes=5))
+          .not_valid_after(now + dt.timedelta(days=2))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = [x509.DNSName(n) for n in (
+        "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local", "localhost")]
+    names += [x509.IPAddress(ipaddress.ip_address(a)) for a in (NODE_IP, "10.96.0.1",
+                                                                "127.0.0.1")]
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+            .issuer_name(ca_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    (pki / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (pki / "apiserver.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (pki / "apiserver.key").write_bytes(_pem_key(key))
+    (pki / "sa.key").write_bytes(_pem_key(sa))
+    (pki / "sa.pub").write_bytes(sa.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+class NodeCluster:
+    """One node, everything real. Use `with cluster.netns():` around anything that talks to it."""
+
+    def __init__(self, images: Images, node_labels: dict[str, str]) -> None:
+        # short: unix socket paths (containerd, device plugins) must fit in 108 bytes
+        self.dir = Path(tempfile.mkdtemp(prefix="muster-k8s-"))
+        self.images = images
+        self.node_labels = node_labels
+        self.kubeconfig = self.dir / "admin.kubeconfig"
+        self.token = secrets.token_hex(16)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._netns_fd: int | None = None
+        self._host_netns_fd: int | None = None
+
+    def _write_plan(self) -> Path:
+        write_pki(self.dir / "pki")
+        (self.dir / "pki" / "tokens.csv").write_text(
+            f'{self.token},muster-test-admin,1,"system:masters"\n')
+        ca = (self.dir / "pki" / "ca.crt").read_text()
+        import base64  # noqa: PLC0415 - the one place that needs it
+        self.kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "muster-test",
+            "clusters": [{"name": "muster-test", "cluster": {
+                "server": API_SERVER,
+                "certificate-authority-data": base64.b64encode(ca.encode()).decode()}}],
+            "users": [{"name": "admin", "user": {"token": self.token}}],
+            "contexts": [{"name": "muster-test", "context": {"cluster": "muster-test",
+                                                             "user": "admin"}}]}))
+        plan = self.dir / "plan.json"
+        plan.write_text(json.dumps({
+            "dir": str(self.dir), "binaries": {k: str(v) for k, v in binaries().items()},
+            "node_name": NODE_NAME, "node_labels": self.node_labels, "token": self.token,
+            "pause_image": PAUSE,
+            "images": [str(self.images.pause), str(self.images.muster)]}))
+        return plan
+
+    def start(self, within: float = 240.0) -> None:
+        ensure_debian_packages()
+        plan = self._write_plan()
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+        self._proc = subprocess.Popen(
+            ["unshare", "--net", "--mount", "--pid", "--fork", "--mount-proc",
+             "--propagation", "private", "--kill-child=SIGTERM",
+             sys.executable, "-m", "e2e.node.launcher", str(plan)],
+            cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+            stdout=(self.dir / "unshare.log").open("ab"), stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent)  # noqa: PLW1509 - only prctl, no locks taken
+        deadline = time.monotonic() + within
+        while not (self.dir / "ready").exists():
+            failed = self.dir / "failed"
+            if failed.exists() or self._proc.poll() is not None:
+                reason = failed.read_text() if failed.exists() else "the launcher exited"
+                raise RuntimeError(f"the cluster did not start: {reason}\n{self.logs()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not start within {within:.0f}s\n"
+                                   f"{self.logs()}")
+            time.sleep(0.2)
+        self._netns_fd = os.open(f"/proc/{self._proc.pid}/ns/net", os.O_RDONLY)
+        self._host_netns_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+
+    @contextlib.contextmanager
+    def netns(self) -> Iterator[None]:
+        """The calling thread inside the cluster's network namespace, and back after."""
+        assert self._netns_fd is not None and self._host_netns_fd is not None
+        _setns(self._netns_fd)
+        try:
+            yield
+        finally:
+            _setns(self._host_netns_fd)
+
+    def enter(self) -> None:
+        assert self._netns_fd is not None
+        _setns(self._netns_fd)
+
+    def leave(self) -> None:
+        assert self._host_netns_fd is not None
+        _setns(self._host_netns_fd)
+
+    def alive(self) -> str | None:
+        """Why the cluster is gone, or None while it runs."""
+        failed = self.dir / "failed"
+        if failed.exists():
+            return failed.read_text()
+        if self._proc is None or self._proc.poll() is not None:
+            return "the launcher exited"
+        return None
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            children = Path(f"/proc/{self._proc.pid}/task/{self._proc.pid}/children")
+            with contextlib.suppress(OSError, ValueError):
+                for pid in children.read_text().split():
+                    os.kill(int(pid), signal.SIGTERM)
+            try:
+                self._proc.wait(40)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(10)
+        for fd in (self._netns_fd, self._host_netns_fd):
+            if fd is not None:
+                os.close(fd)
+        self._netns_fd = self._host_netns_fd = None
+        if os.environ.get("MUSTER_KEEP_CLUSTER_DIR"):
+            return
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def logs(self, lines: int = 40) -> str:
+        out = []
+        for log in sorted((self.dir / "logs").glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {log.name}\n" + "\n".join(tail))
+        return "\n".join(out)

@@ -1,0 +1,81 @@
+"""`helm install` with hooks on a real node: what a user sees after installing Muster."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from real_helpers import run_helm
+
+from e2e.cluster import NAMESPACE, RELEASE
+from e2e.node.cluster import NodeCluster
+from webhook.certs.manager import CA_CERT_KEY
+from webhook.kube import (
+    EVENTS,
+    LEASES,
+    MUTATING_WEBHOOKS,
+    PODS,
+    SECRETS,
+    VALIDATING_WEBHOOKS,
+    KubeApi,
+    Resource,
+)
+
+DAEMONSETS = Resource("apps", "v1", "daemonsets", True, "DaemonSet")
+DEPLOYMENTS_ = Resource("apps", "v1", "deployments", True, "Deployment")
+ENDPOINTS = Resource("", "v1", "endpoints", True, "Endpoints")
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in pod.get("status", {}).get("conditions", []))
+
+
+async def test_certificate_hook_ran_as_a_pod_and_patched_the_ca_bundle(kube: KubeApi) -> None:
+    events = (await kube.list(EVENTS, namespace=NAMESPACE))["items"]
+    job = f"{RELEASE}-webhook-certs"
+    created = [e for e in events if e["involvedObject"]["kind"] == "Job"
+               and e["involvedObject"]["name"] == job and e["reason"] == "SuccessfulCreate"]
+    assert created, f"the Job controller never created the {job} hook pod"
+    hook_pod = created[0]["message"].removeprefix("Created pod: ")
+    started = [e for e in events if e["involvedObject"]["name"] == hook_pod
+               and e["reason"] == "Started"]
+    assert started, f"the kubelet never started the hook pod {hook_pod}"
+    assert any(e["involvedObject"]["name"] == job and e["reason"] == "Completed" for e in events)
+
+    ca = base64.b64decode((await kube.get(SECRETS, f"{RELEASE}-webhook-ca",
+                                          namespace=NAMESPACE))["data"][CA_CERT_KEY])
+    for resource in (MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS):
+        found = [c for c in (await kube.list(resource))["items"]
+                 if c["metadata"]["name"].endswith(RELEASE)]
+        assert found, f"no {resource.kind} of the release"
+        for hook in found[0]["webhooks"]:
+            assert ca in base64.b64decode(hook["clientConfig"]["caBundle"]), hook["name"]
+
+
+async def test_two_webhook_replicas_are_ready_behind_the_service(kube: KubeApi) -> None:
+    deployment = await kube.get(DEPLOYMENTS_, f"{RELEASE}-webhook", namespace=NAMESPACE)
+    assert deployment["status"].get("readyReplicas") == 2
+    endpoints = await kube.get(ENDPOINTS, f"{RELEASE}-webhook", namespace=NAMESPACE)
+    addresses = [a for s in endpoints.get("subsets", []) for a in s.get("addresses", [])]
+    assert len(addresses) == 2
+    pods = (await kube.list(PODS, namespace=NAMESPACE,
+                            label_selector="app.kubernetes.io/component=webhook"))["items"]
+    assert sorted(p["status"]["podIP"] for p in pods if _ready(p)) == sorted(
+        a["ip"] for a in addresses)
+
+
+async def test_binder_holds_its_lease_and_agent_runs_on_the_node(kube: KubeApi) -> None:
+    lease = await kube.get(LEASES, "muster-binder", namespace=NAMESPACE)
+    holder = lease["spec"].get("holderIdentity")
+    binders = (await kube.list(PODS, namespace=NAMESPACE,
+                               label_selector="app.kubernetes.io/component=binder"))["items"]
+    assert holder and any(holder.startswith(p["metadata"]["name"]) for p in binders), holder
+    agent = await kube.get(DAEMONSETS, f"{RELEASE}-agent", namespace=NAMESPACE)
+    assert agent["status"]["desiredNumberScheduled"] == 1
+    assert agent["status"]["numberReady"] == 1
+
+
+def test_helm_test_passes(node_cluster: NodeCluster) -> None:
+    out = run_helm(node_cluster, "test", RELEASE, "--namespace", NAMESPACE, "--logs")
+    assert "OK: policy" in out.stdout, out.stdout
