@@ -30,11 +30,14 @@ LABEL org.opencontainers.image.title="muster" \
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY --from=build /opt/muster /opt/muster
 ENV PATH=/opt/muster/bin:$PATH
+# the import line loads every command's engine and native extension (grpcio needs libstdc++, for
+# one): a base image missing a shared library fails here, not in a crash-looping pod.
 # 65532: the uid/gid the chart's pod securityContext runs as (runAsNonRoot needs a numeric USER)
 RUN groupadd --system --gid 65532 muster \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin muster \
- && muster --help >/dev/null
+ && muster --help >/dev/null \
+ && python -c "import webhook.admission.server, webhook.binder.service, webhook.agent.runner, webhook.certs.manager"
 USER 65532:65532
 EXPOSE 8443
 ENTRYPOINT ["muster"]

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from e2e.node.assets import REPO, binaries, ensure_debian_packages
+from e2e.node.assets import REPO, binaries
 from e2e.node.image import PAUSE, Images
 from e2e.node.launcher import NODE_IP
 
@@ -135,7 +135,6 @@ class NodeCluster:
         return plan
 
     def start(self, within: float = 240.0) -> None:
-        ensure_debian_packages()
         plan = self._write_plan()
         env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
         self._proc = subprocess.Popen(

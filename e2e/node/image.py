@@ -27,7 +27,8 @@ from e2e.node.assets import CACHE, REPO
 BASE = "localhost/muster-base:bookworm"
 PAUSE = "localhost/muster-pause:bookworm"
 IMAGE_REPOSITORY, IMAGE_TAG = "localhost/muster", "dev"
-BASE_PACKAGES = "python3,python3-venv,ca-certificates,passwd"
+#: what python:3.11-slim has that Muster needs: libstdc++ for grpcio's native module
+BASE_PACKAGES = "python3,python3-venv,ca-certificates,passwd,libstdc++6"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
@@ -49,8 +50,12 @@ def _buildah(store: Path, *args: str, timeout: float = 900) -> str:
     return out.stdout.strip()
 
 
+def _base_digest() -> str:
+    return hashlib.sha256(BASE_PACKAGES.encode()).hexdigest()[:8]
+
+
 def _source_digest() -> str:
-    h = hashlib.sha256()
+    h = hashlib.sha256(BASE_PACKAGES.encode())
     files = [REPO / "Dockerfile", REPO / "pyproject.toml", REPO / ".dockerignore",
              *sorted((REPO / "webhook").rglob("*"))]
     for f in files:
@@ -61,7 +66,7 @@ def _source_digest() -> str:
 
 def _base(store: Path, out: Path) -> None:
     """The Debian root filesystem as a base image, and the pause image on it."""
-    rootfs = out / "rootfs.tar"
+    rootfs = out / f"rootfs-{_base_digest()}.tar"
     if not rootfs.exists():
         tmp = rootfs.with_suffix(".tmp")
         subprocess.run(["mmdebstrap", "--variant=essential", "--format=tar", "--quiet",
@@ -81,7 +86,7 @@ def build() -> Images:
     out = CACHE / "images"
     out.mkdir(parents=True, exist_ok=True)
     digest = _source_digest()
-    muster, pause = out / f"muster-{digest}.tar", out / "pause.tar"
+    muster, pause = out / f"muster-{digest}.tar", out / f"pause-{_base_digest()}.tar"
     record = out / f"build-{digest}.json"
     if muster.exists() and pause.exists() and record.exists():
         meta = json.loads(record.read_text())

@@ -33,19 +33,22 @@ from real_helpers import (
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node import image
-from e2e.node.assets import REPO, missing_prerequisites
+from e2e.node.assets import REPO, ensure_debian_packages, missing_prerequisites
 from e2e.node.cluster import NodeCluster
 from webhook import keys
 from webhook.kube import KubeApi, make_api_client
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks this folder's tests `real` and runs them last: the cluster lives until the session
+    ends, and would load the other tests on a 2-core machine."""
     here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.real)
-            # the first test also waits for the image build and the cluster's start
-            item.add_marker(pytest.mark.timeout(900))
+    real = [i for i in items if here in Path(str(i.path)).parents]
+    for item in real:
+        item.add_marker(pytest.mark.real)
+        # the first test also waits for the image build and the cluster's start
+        item.add_marker(pytest.mark.timeout(900))
+    items[:] = [i for i in items if i not in real] + real
 
 
 @pytest.hookimpl(wrapper=True)
@@ -71,6 +74,7 @@ def images() -> image.Images:
     reason = missing_prerequisites()
     if reason:
         _unavailable(reason)
+    ensure_debian_packages()
     return image.build()
 
 

@@ -1,0 +1,108 @@
+"""GPUs through the real kubelet: the agent (fake NVML, a DGX-1 V100) registers its device plugin,
+the binder pod places a topology MPIJob whole, and each container sees exactly the GPUs the binder
+wrote on its own pod."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from typing import Any
+
+import pytest
+from jobs import ensure_namespace, eventually, mpijob, pods_of, submit
+from real_helpers import kubectl
+
+from e2e.node.cluster import NODE_NAME, NodeCluster
+from webhook import keys
+from webhook.demo import mpi
+from webhook.kube import NODES, KubeApi
+from webhook.topology import builtin, set_score
+
+DGX1 = builtin("dgx1-v100")
+
+
+def _assigned_uuids(pod: dict[str, Any]) -> list[str]:
+    raw = (pod["metadata"].get("annotations") or {}).get(keys.ANN_GPU_ASSIGNMENT)
+    if not raw:
+        return []
+    return [u for c in json.loads(raw)["containers"].values() for u in c["uuids"]]
+
+
+def _assigned_indices(pod: dict[str, Any]) -> list[int]:
+    raw = json.loads(pod["metadata"]["annotations"][keys.ANN_GPU_ASSIGNMENT])
+    return [i for c in raw["containers"].values() for i in c["indices"]]
+
+
+async def _printed_gpus(cluster: NodeCluster, pod: dict[str, Any]) -> list[str] | None:
+    """What the container printed of NVIDIA_VISIBLE_DEVICES, from its log via the kubelet."""
+    out = await asyncio.to_thread(kubectl, cluster, "logs", "-n", pod["metadata"]["namespace"],
+                                  pod["metadata"]["name"], check=False)
+    for line in out.stdout.splitlines():
+        if line.startswith("GPUS="):
+            return [u for u in line.removeprefix("GPUS=").split(",") if u]
+    return None
+
+
+async def _running_job(kube: KubeApi, ns: str, name: str) -> list[dict[str, Any]]:
+    pods: list[dict[str, Any]] = []
+
+    async def running() -> bool:
+        nonlocal pods
+        pods = await pods_of(kube, ns, name)
+        return len(pods) == 5 and all(p["status"].get("phase") == "Running" for p in pods)
+    await eventually(f"{name}'s 5 pods bound and running", running, within=120)
+    return pods
+
+
+async def test_device_plugin_registers_with_the_kubelet(kube: KubeApi) -> None:
+    async def eight() -> bool:
+        node = await kube.get(NODES, NODE_NAME)
+        return bool(node["status"].get("capacity", {}).get(keys.GPU_RESOURCE) == "8")
+    await eventually("the kubelet to report 8 nvidia.com/gpu", eight)
+    node = await kube.get(NODES, NODE_NAME)
+    assert node["status"]["allocatable"][keys.GPU_RESOURCE] == "8"
+    assert keys.ANN_NODE_TOPOLOGY in node["metadata"]["annotations"]  # the agent published it
+
+
+async def _run_two_jobs(kube: KubeApi, cluster: NodeCluster
+                        ) -> list[tuple[dict[str, Any], list[str] | None]]:
+    """Two topology MPIJobs of 4 x 1 GPU (the whole node), each bound whole by the binder pod
+    and started by the kubelet: every worker with what its container printed."""
+    ns = await ensure_namespace(kube, "gpu-team", {
+        keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED})
+    out = []
+    for name in ("first", "second"):
+        if not await pods_of(kube, ns, name):
+            await submit(kube, mpijob(name, ns))
+        pods = await _running_job(kube, ns, name)
+        assert all(p["spec"]["nodeName"] == NODE_NAME for p in pods)
+        workers = [p for p in pods if p["metadata"]["labels"][mpi.JOB_ROLE] == "worker"]
+        chosen = sorted(i for p in workers for i in _assigned_indices(p))
+        assert len(chosen) == 4
+        if name == "first":  # an empty node: the best 4-GPU NVLink set
+            best = max(set_score(DGX1, c).allreduce_gbps
+                       for c in itertools.combinations(range(DGX1.size), 4))
+            assert set_score(DGX1, chosen).allreduce_gbps == best
+        out += [(p, await _printed_gpus(cluster, p)) for p in workers]
+    return out
+
+
+async def test_jobs_run_on_the_gpus_the_binder_chose_and_no_gpu_twice(
+        kube: KubeApi, node_cluster: NodeCluster) -> None:
+    workers = await _run_two_jobs(kube, node_cluster)
+    written = [u for p, _ in workers for u in _assigned_uuids(p)]
+    printed = [u for _, gpus in workers for u in gpus or []]
+    assert all(gpus is not None and len(gpus) == 1 for _, gpus in workers), workers
+    assert len(set(written)) == 8 and len(written) == 8  # the whole node, no GPU twice
+    assert sorted(printed) == sorted(written)  # what the kubelet handed out is what was chosen
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "known bug: Allocate names no pod, and the kubelet admits a gang's pods bound in the same "
+    "second in an order the agent cannot see, so GPUs can land on the wrong pod of the same "
+    "job (the set is right). Fix: one allocation in flight per node (see the issue)"))
+async def test_each_container_sees_exactly_the_gpus_written_on_its_own_pod(
+        kube: KubeApi, node_cluster: NodeCluster) -> None:
+    for pod, printed in await _run_two_jobs(kube, node_cluster):
+        assert printed == _assigned_uuids(pod), pod["metadata"]["name"]  # per pod
