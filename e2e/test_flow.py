@@ -11,7 +11,6 @@ import asyncio
 import copy
 import itertools
 import json
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from e2e.cluster import (
     chart_values,
     namespace,
 )
+from e2e.probes import EXTRA_POLICY, eventually, probe_labels
 from e2e.procs import REPO
 from webhook import keys
 from webhook.demo import mpi
@@ -52,17 +52,6 @@ BEST_4_GPU_GBPS = max(set_score(DGX1, c).allreduce_gbps
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-async def eventually(what: str, check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
-    try:
-        async with asyncio.timeout(within):
-            while True:  # polled through the API, as a user would with kubectl get
-                if await check():
-                    return
-                await asyncio.sleep(0.1)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {within:g} s waiting for {what}") from None
-
 
 async def pods_of(kube: KubeApi, ns: str, job: str) -> list[dict[str, Any]]:
     found = await kube.list(PODS, namespace=ns, label_selector=f"{mpi.JOB_NAME}={job}")
@@ -192,38 +181,17 @@ async def _policies(kube: KubeApi) -> dict[str, Any]:
     return await kube.get(CONFIGMAPS, POLICIES_CONFIGMAP, namespace=NAMESPACE)
 
 
-async def _probe_labels(kube: KubeApi, ns: str) -> dict[str, str]:
-    """A server-side dry-run pod create: what admission would do, with nothing stored."""
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "probe-"},
-           "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
-    made = await kube.create(PODS, pod, namespace=ns, dry_run=True)
-    return dict(made["metadata"].get("labels") or {})
-
-
-EXTRA_POLICY = """\
-apiVersion: muster.io/v1alpha1
-kind: SchedulingPolicy
-metadata:
-  name: team-c-labels
-spec:
-  match:
-    namespaces: [team-c]
-  labels:
-    cost-center: vision
-"""
-
-
 async def test_policy_edit_is_picked_up_live_and_a_broken_one_refused(cluster: Cluster) -> None:
     kube = cluster.kube
     await kube.create(NAMESPACES, namespace("team-c"))
-    assert "cost-center" not in await _probe_labels(kube, "team-c")
+    assert "cost-center" not in await probe_labels(kube, "team-c")
 
     cm = await _policies(kube)
     cm["data"]["team-c.yaml"] = EXTRA_POLICY
     await kube.replace(CONFIGMAPS, POLICIES_CONFIGMAP, cm, namespace=NAMESPACE)  # kubectl edit
 
     async def labelled() -> bool:
-        return (await _probe_labels(kube, "team-c")).get("cost-center") == "vision"
+        return (await probe_labels(kube, "team-c")).get("cost-center") == "vision"
     await eventually("the edited policy to apply without a restart", labelled)
 
     broken = copy.deepcopy(await _policies(kube))
@@ -245,7 +213,7 @@ async def test_policy_edit_is_picked_up_live_and_a_broken_one_refused(cluster: C
             events = await kube.list(EVENTS, namespace=NAMESPACE)
             return any(e.get("reason") == "PolicyUpdateRefused" for e in events["items"])
         await eventually("a PolicyUpdateRefused Event on the ConfigMap", refused_event)
-        assert (await _probe_labels(kube, "team-c")).get("cost-center") == "vision"
+        assert (await probe_labels(kube, "team-c")).get("cost-center") == "vision"
 
 
 async def test_helm_upgrade_changes_policies_without_a_restart(cluster: Cluster) -> None:
@@ -254,7 +222,7 @@ async def test_helm_upgrade_changes_policies_without_a_restart(cluster: Cluster)
     lost in the upgrade would leave the pod unlabelled: failurePolicy Ignore)."""
     kube = cluster.kube
     await kube.create(NAMESPACES, namespace("team-d"))
-    assert "cost-center" not in await _probe_labels(kube, "team-d")
+    assert "cost-center" not in await probe_labels(kube, "team-d")
     webhook = cluster.procs["webhook"].popen if isinstance(cluster, LocalCluster) else None
 
     values = chart_values(REPO / "policies")
@@ -262,7 +230,7 @@ async def test_helm_upgrade_changes_policies_without_a_restart(cluster: Cluster)
     await cluster.helm_upgrade(values)
 
     async def labelled() -> bool:
-        return (await _probe_labels(kube, "team-d")).get("cost-center") == "vision"
+        return (await probe_labels(kube, "team-d")).get("cost-center") == "vision"
     await eventually("the upgraded policies to apply without a restart", labelled)
     if webhook is not None:  # the same process, still running
         assert webhook is cluster.procs["webhook"].popen and webhook.poll() is None

@@ -13,10 +13,9 @@ network namespace and back. Nothing is bound to or sent from the host's own addr
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
-import datetime as dt
-import ipaddress
 import json
 import os
 import secrets
@@ -29,14 +28,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from e2e.node.assets import REPO, binaries
 from e2e.node.image import PAUSE, Images
 from e2e.node.launcher import NODE_IP
+from webhook.certs import pki
 
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
@@ -57,44 +55,23 @@ def _die_with_parent() -> None:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _pem_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-
-
-def write_pki(pki: Path) -> None:
-    """A CA, the API server's serving pair (ClusterIP, node IP and in-cluster names), and the
-    service-account signing key pair."""
-    pki.mkdir(parents=True)
-    now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "muster-test-ca")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - dt.timedelta(minutes=5))
-          .not_valid_after(now + dt.timedelta(days=2))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = [x509.DNSName(n) for n in (
-        "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-        "kubernetes.default.svc.cluster.local", "localhost")]
-    names += [x509.IPAddress(ipaddress.ip_address(a)) for a in (NODE_IP, "10.96.0.1",
-                                                                "127.0.0.1")]
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-            .issuer_name(ca_name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+def write_pki(pki_dir: Path) -> None:
+    """A CA, the API server's serving pair (node IP, ClusterIP and in-cluster names), made with
+    Muster's own `webhook.certs.pki`, and the service-account signing key pair."""
+    pki_dir.mkdir(parents=True)
+    ca = pki.generate_ca("muster-test-ca", days=2)
+    serving = pki.issue_serving_cert(
+        ca, ["kubernetes", "kubernetes.default", "kubernetes.default.svc",
+             "kubernetes.default.svc.cluster.local", "localhost"],
+        [NODE_IP, "10.96.0.1", "127.0.0.1"], days=2)
     sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    (pki / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (pki / "apiserver.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (pki / "apiserver.key").write_bytes(_pem_key(key))
-    (pki / "sa.key").write_bytes(_pem_key(sa))
-    (pki / "sa.pub").write_bytes(sa.public_key().public_bytes(
+    (pki_dir / "ca.crt").write_bytes(ca.cert_pem)
+    (pki_dir / "apiserver.crt").write_bytes(serving.cert_pem)
+    (pki_dir / "apiserver.key").write_bytes(serving.key_pem)
+    (pki_dir / "sa.key").write_bytes(sa.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    (pki_dir / "sa.pub").write_bytes(sa.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
 
 
@@ -117,7 +94,6 @@ class NodeCluster:
         (self.dir / "pki" / "tokens.csv").write_text(
             f'{self.token},muster-test-admin,1,"system:masters"\n')
         ca = (self.dir / "pki" / "ca.crt").read_text()
-        import base64  # noqa: PLC0415 - the one place that needs it
         self.kubeconfig.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "muster-test",
             "clusters": [{"name": "muster-test", "cluster": {

@@ -20,6 +20,7 @@ from webhook.certs.manager import (
 )
 from webhook.emulator import ApiServerEmulator
 from webhook.kube import (
+    LEASES,
     MUTATING_WEBHOOKS,
     NAMESPACES,
     SECRETS,
@@ -31,6 +32,7 @@ from webhook.kube import (
 NS = "muster-system"
 SVC = "muster-webhook"
 CONFIG = "0-muster"
+TLS, CA = f"{SVC}-tls", f"{SVC}-ca"  # the Secrets' default names
 DAY = dt.timedelta(days=1)
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
 
@@ -319,4 +321,22 @@ async def test_cli_ensure_and_remove_webhooks(cluster: KubeApi, kubeconfig: Any,
     assert "validatingwebhookconfigurations/0-muster" in capsys.readouterr().out
     assert (await cluster.list(VALIDATING_WEBHOOKS))["items"] == []
     assert await asyncio.to_thread(main, remove) == 0
+    assert "nothing (already gone)" in capsys.readouterr().out
+
+    # the post-delete hook: the Secrets `ensure` made, and a Lease; other Secrets stay
+    await cluster.create(SECRETS, {"apiVersion": "v1", "kind": "Secret",
+                                   "metadata": {"name": "someone-else", "namespace": NS}},
+                         namespace=NS)
+    await cluster.create(LEASES, {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                                  "metadata": {"name": "muster-binder", "namespace": NS}},
+                         namespace=NS)
+    cleanup = ["certs", "remove-runtime-objects", *common, "--namespace", NS,
+               "--secret", TLS, "--secret", CA, "--lease", "muster-binder"]
+    assert await asyncio.to_thread(main, cleanup) == 0
+    assert capsys.readouterr().out.split("removed: ")[1].split(", ") == [
+        f"secrets/{TLS}", f"secrets/{CA}", "leases/muster-binder\n"]
+    left = [s["metadata"]["name"] for s in (await cluster.list(SECRETS, NS))["items"]]
+    assert left == ["someone-else"]
+    assert (await cluster.list(LEASES, NS))["items"] == []
+    assert await asyncio.to_thread(main, cleanup) == 0
     assert "nothing (already gone)" in capsys.readouterr().out

@@ -92,5 +92,5 @@ async def test_upgrade_and_rollback_keep_certificates(
     assert apiserver.get("mutatingwebhookconfigurations", CONFIG) is None
     assert apiserver.get("configmaps", "muster-policies", namespace=NAMESPACE) is None
     assert apiserver.objects("deployments", NAMESPACE) == []
-    # left behind on purpose (docs/operations.md, Uninstall)
+    # --no-hooks: the post-delete hook that removes them did not run (it does in tests/real)
     assert all(apiserver.get("secrets", n, namespace=NAMESPACE) for n in secrets)

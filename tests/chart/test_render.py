@@ -473,6 +473,36 @@ def test_uninstall_removes_webhook_configurations_first(helm_template: Render) -
     assert not find(helm_template(COMBOS["no-pdb-no-uninstall-hook"]), "Job", "muster-uninstall")
 
 
+def test_uninstall_then_removes_what_the_components_created(helm_template: Render) -> None:
+    objs = helm_template()
+    job = one(objs, "Job", "muster-cleanup")
+    assert hook(job) == "post-delete"  # a running binder would make its Lease again
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("certs"):args.index("certs") + 2] == ["certs", "remove-runtime-objects"]
+    assert _arg(args, "--namespace") == NAMESPACE
+    secrets = ["muster-webhook-tls", "muster-webhook-ca"]
+    assert [a.split("=", 1)[1] for a in args if a.startswith("--secret=")] == secrets
+    assert _arg(args, "--lease") == "muster-binder"
+    # it may delete exactly those, nothing else
+    assert _grants(objs, "Role", "muster-cleanup") == _expand({
+        ("", "secrets"): "delete", ("coordination.k8s.io", "leases"): "delete"})
+    rules = one(objs, "Role", "muster-cleanup")["rules"]
+    assert [r["resourceNames"] for r in rules] == [secrets, ["muster-binder"]]
+    for o in objs:
+        if hook(o) == "post-delete":
+            assert "hook-succeeded" in o["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+    # other cert modes own no Secrets of Muster's; no binder, no Lease; or switched off
+    external = helm_template({"certs": {"mode": "external", "external": {
+        "secretName": "mine", "caBundle": "eA=="}}})
+    assert not [a for a in one(external, "Job", "muster-cleanup")["spec"]["template"]["spec"][
+        "containers"][0]["args"] if a.startswith("--secret")]
+    assert not find(helm_template({"certs": {"mode": "external", "external": {
+        "secretName": "mine", "caBundle": "eA=="}}, "binder": {"enabled": False}}),
+        "Job", "muster-cleanup")
+    assert not find(helm_template({"uninstall": {"removeRuntimeObjects": False}}),
+                    "Job", "muster-cleanup")
+
+
 def _shipped_policies() -> dict[str, str]:
     shipped = {p.name: p.read_text() for p in sorted((REPO / "policies").glob("*.yaml"))}
     assert shipped, "policies/ has no example policies"
@@ -551,7 +581,8 @@ def _container_args(objs: list[Obj]) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("container", [
     "muster-webhook/webhook", "muster-webhook/certs", "muster-webhook-certs/certs",
-    "muster-uninstall/uninstall", "muster-binder/binder", "muster-agent/agent",
+    "muster-uninstall/uninstall", "muster-cleanup/cleanup", "muster-binder/binder",
+    "muster-agent/agent",
 ])
 def test_every_flag_the_chart_passes_parses(helm_template: Render, container: str) -> None:
     """The chart's container args against the real `muster` CLI parser of each area."""

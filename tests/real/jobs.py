@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,15 +69,3 @@ async def ensure_namespace(kube: KubeApi, name: str, labels: dict[str, str] | No
 async def pods_of(kube: KubeApi, ns: str, job: str) -> list[dict[str, Any]]:
     found = await kube.list(PODS, namespace=ns, label_selector=f"{mpi.JOB_NAME}={job}")
     return list(found["items"])
-
-
-async def eventually(what: str, check: Callable[[], Awaitable[bool]],
-                     within: float = 60.0) -> None:
-    try:
-        async with asyncio.timeout(within):
-            while True:  # polled through the API, as a user would with kubectl get
-                if await check():
-                    return
-                await asyncio.sleep(0.25)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {within:g} s waiting for {what}") from None

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs import ensure_namespace, eventually, mpijob, pods_of, submit
+from jobs import ensure_namespace, mpijob, pods_of, submit
 
+from e2e.probes import eventually
 from webhook import keys
 from webhook.demo import mpi
 from webhook.kube import (
@@ -28,7 +29,7 @@ async def _launcher_made(kube: KubeApi, ns: str, job: str, count: int) -> list[d
         nonlocal pods
         pods = await pods_of(kube, ns, job)
         return len(pods) == count
-    await eventually(f"the Job controller to create {job}'s launcher pod", all_there)
+    await eventually(f"the Job controller to create {job}'s launcher pod", all_there, within=60)
     return pods
 
 

@@ -10,10 +10,11 @@ import json
 from typing import Any
 
 import pytest
-from jobs import ensure_namespace, eventually, mpijob, pods_of, submit
+from jobs import ensure_namespace, mpijob, pods_of, submit
 from real_helpers import kubectl
 
 from e2e.node.cluster import NODE_NAME, NodeCluster
+from e2e.probes import eventually
 from webhook import keys
 from webhook.demo import mpi
 from webhook.kube import NODES, KubeApi
@@ -59,7 +60,7 @@ async def test_device_plugin_registers_with_the_kubelet(kube: KubeApi) -> None:
     async def eight() -> bool:
         node = await kube.get(NODES, NODE_NAME)
         return bool(node["status"].get("capacity", {}).get(keys.GPU_RESOURCE) == "8")
-    await eventually("the kubelet to report 8 nvidia.com/gpu", eight)
+    await eventually("the kubelet to report 8 nvidia.com/gpu", eight, within=60)
     node = await kube.get(NODES, NODE_NAME)
     assert node["status"]["allocatable"][keys.GPU_RESOURCE] == "8"
     assert keys.ANN_NODE_TOPOLOGY in node["metadata"]["annotations"]  # the agent published it

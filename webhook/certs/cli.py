@@ -14,6 +14,7 @@ from webhook.signals import until_signalled
 
 if TYPE_CHECKING:
     from webhook.certs.manager import SelfCertManager
+    from webhook.kube import KubeApi
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,6 +62,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     remove.add_argument("--validating-webhook-configuration", action="append", default=[],
                         metavar="NAME", help="(repeatable)")
     remove.set_defaults(func=_remove)
+
+    leftovers = csub.add_parser(
+        "remove-runtime-objects",
+        help="delete the Secrets and Lease Muster created at run time (post-delete hook Job)",
+        description="After `helm uninstall` removed the release, deletes what the components "
+        "created themselves: the `self` mode CA and serving Secrets and the binder's Lease. "
+        "Missing objects are not an error.")
+    _kube_arguments(leftovers)
+    leftovers.add_argument("--namespace", required=True, help="the release namespace")
+    leftovers.add_argument("--secret", action="append", default=[], metavar="NAME",
+                           help="(repeatable)")
+    leftovers.add_argument("--lease", action="append", default=[], metavar="NAME",
+                           help="(repeatable)")
+    leftovers.set_defaults(func=_remove_runtime_objects)
 
 
 def _kube_arguments(p: argparse.ArgumentParser) -> None:
@@ -134,16 +149,31 @@ def _run(args: argparse.Namespace) -> int:
 
 def _remove(args: argparse.Namespace) -> int:
     from webhook.certs.manager import remove_webhook_configurations  # noqa: PLC0415
+
+    return _removal(args, "remove-webhooks", lambda api: remove_webhook_configurations(
+        api, tuple(args.mutating_webhook_configuration),
+        tuple(args.validating_webhook_configuration)))
+
+
+def _remove_runtime_objects(args: argparse.Namespace) -> int:
+    from webhook.certs.manager import remove_named  # noqa: PLC0415
+    from webhook.kube import LEASES, SECRETS  # noqa: PLC0415
+
+    ns = args.namespace
+    targets = [*((SECRETS, n, ns) for n in args.secret), *((LEASES, n, ns) for n in args.lease)]
+    return _removal(args, "remove-runtime-objects", lambda api: remove_named(api, targets))
+
+
+def _removal(args: argparse.Namespace, command: str,
+             remove: Callable[[KubeApi], Awaitable[list[str]]]) -> int:
     from webhook.kube import ApiError, KubeApi, make_api_client  # noqa: PLC0415
 
     async def main() -> int:
         client = await make_api_client(args.kubeconfig)
         try:
-            removed = await remove_webhook_configurations(
-                KubeApi(client), tuple(args.mutating_webhook_configuration),
-                tuple(args.validating_webhook_configuration))
+            removed = await remove(KubeApi(client))
         except ApiError as exc:
-            print(f"muster certs remove-webhooks: {exc}", file=sys.stderr)
+            print(f"muster certs {command}: {exc}", file=sys.stderr)
             return 1
         finally:
             await client.close()

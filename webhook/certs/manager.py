@@ -23,12 +23,19 @@ import asyncio
 import base64
 import datetime as dt
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.certs import pki
-from webhook.kube import MUTATING_WEBHOOKS, SECRETS, VALIDATING_WEBHOOKS, ApiError, KubeApi
+from webhook.kube import (
+    MUTATING_WEBHOOKS,
+    SECRETS,
+    VALIDATING_WEBHOOKS,
+    ApiError,
+    KubeApi,
+    Resource,
+)
 
 log = logging.getLogger(__name__)
 
@@ -342,19 +349,25 @@ class SelfCertManager:
         result.trusted_cas = len(pki.load_certificates(ca.trusted))
 
 
+async def remove_named(api: KubeApi, targets: Sequence[tuple[Resource, str, str | None]]
+                       ) -> list[str]:
+    """Delete (resource, name, namespace) objects in order; missing ones are fine (uninstall is
+    idempotent). Returns those that existed, as `plural/name`."""
+    removed = []
+    for resource, name, namespace in targets:
+        try:
+            await api.delete(resource, name, namespace)
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            continue
+        removed.append(f"{resource.plural}/{name}")
+        log.info("deleted on uninstall", extra={"object": name, "kind": resource.plural})
+    return removed
+
+
 async def remove_webhook_configurations(api: KubeApi, mutating: tuple[str, ...],
                                         validating: tuple[str, ...]) -> list[str]:
-    """Delete webhook configurations by name; missing ones are fine (uninstall is idempotent)."""
-    removed = []
-    for resource, names in ((MUTATING_WEBHOOKS, mutating), (VALIDATING_WEBHOOKS, validating)):
-        for name in names:
-            try:
-                await api.delete(resource, name)
-            except ApiError as exc:
-                if not exc.not_found:
-                    raise
-                continue
-            removed.append(f"{resource.plural}/{name}")
-            log.info("webhook configuration deleted", extra={"configuration": name,
-                                                             "kind": resource.plural})
-    return removed
+    """Delete webhook configurations by name (the pre-delete hook)."""
+    return await remove_named(api, [*((MUTATING_WEBHOOKS, n, None) for n in mutating),
+                                    *((VALIDATING_WEBHOOKS, n, None) for n in validating)])

@@ -1,0 +1,41 @@
+"""What the end-to-end scenarios of both tiers (e2e/ on the emulator, tests/real on a real node)
+share: waiting as a user would, and asking admission what it would do."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from webhook.kube import PODS, KubeApi
+
+#: a policy an admin adds to label one namespace's pods (visible through a dry run)
+EXTRA_POLICY = """\
+apiVersion: muster.io/v1alpha1
+kind: SchedulingPolicy
+metadata:
+  name: team-c-labels
+spec:
+  match:
+    namespaces: [team-c]
+  labels:
+    cost-center: vision
+"""
+
+
+async def eventually(what: str, check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
+    try:
+        async with asyncio.timeout(within):
+            while True:  # polled through the API, as a user would with kubectl get
+                if await check():
+                    return
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {within:g} s waiting for {what}") from None
+
+
+async def probe_labels(kube: KubeApi, ns: str) -> dict[str, str]:
+    """A server-side dry-run pod create: what admission would do, with nothing stored."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "probe-"},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    made = await kube.create(PODS, pod, namespace=ns, dry_run=True)
+    return dict(made["metadata"].get("labels") or {})

@@ -1,0 +1,100 @@
+"""`helm upgrade`, `helm rollback` and `helm uninstall` on the real node. Runs after the other real
+tests (file order): the uninstall removes Muster."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jobs import ensure_namespace
+from real_helpers import kubectl, release_values, run_helm
+
+from e2e.cluster import NAMESPACE, RELEASE
+from e2e.node.assets import REPO
+from e2e.node.cluster import NodeCluster
+from e2e.probes import EXTRA_POLICY, eventually, probe_labels
+from webhook.kube import MUTATING_WEBHOOKS, PODS, VALIDATING_WEBHOOKS, KubeApi
+
+CHART = str(REPO / "charts" / "muster")
+async def _webhook_pods(kube: KubeApi) -> dict[str, int]:
+    pods = (await kube.list(PODS, namespace=NAMESPACE,
+                            label_selector="app.kubernetes.io/component=webhook"))["items"]
+    return {p["metadata"]["uid"]: sum(c["restartCount"] for c in p["status"]["containerStatuses"])
+            for p in pods}
+
+
+async def _ca_bundles(kube: KubeApi) -> list[bytes]:
+    found = []
+    for resource in (MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS):
+        for config in (await kube.list(resource))["items"]:
+            if config["metadata"]["name"].endswith(RELEASE):
+                found += [base64.b64decode(w["clientConfig"]["caBundle"])
+                          for w in config["webhooks"]]
+    return found
+
+
+def _values_file(cluster: NodeCluster, values: dict[str, Any]) -> Path:
+    path = cluster.dir / "values-upgrade.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+async def test_upgrade_applies_policies_live_and_rollback_restores_them(
+        kube: KubeApi, node_cluster: NodeCluster) -> None:
+    ns = await ensure_namespace(kube, "team-c")
+    assert "cost-center" not in await probe_labels(kube, ns)
+    before_pods, before_ca = await _webhook_pods(kube), await _ca_bundles(kube)
+
+    values = release_values(node_cluster)
+    values["policies"]["team-c.yaml"] = EXTRA_POLICY
+    await asyncio.to_thread(run_helm, node_cluster, "upgrade", RELEASE, CHART, "--namespace",
+                            NAMESPACE, "--values", str(_values_file(node_cluster, values)),
+                            "--wait", "--timeout", "3m")
+
+    async def labelled() -> bool:
+        return (await probe_labels(kube, ns)).get("cost-center") == "vision"
+    await eventually("the upgraded policies to apply without a restart", labelled, within=120)
+    assert await _webhook_pods(kube) == before_pods  # same pods, no restart
+    assert await _ca_bundles(kube) == before_ca  # the caBundle survived the upgrade
+
+    await asyncio.to_thread(run_helm, node_cluster, "rollback", RELEASE, "1", "--namespace",
+                            NAMESPACE, "--wait", "--timeout", "3m")
+
+    async def unlabelled() -> bool:
+        return "cost-center" not in await probe_labels(kube, ns)
+    await eventually("the rollback to restore the old policies", unlabelled, within=120)
+    assert await _ca_bundles(kube) == before_ca
+
+
+def test_uninstall_removes_the_webhooks_first_and_leaves_nothing(
+        node_cluster: NodeCluster) -> None:
+    out = run_helm(node_cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait",
+                   "--timeout", "3m")
+    assert "uninstalled" in out.stdout
+    events = json.loads(kubectl(node_cluster, "get", "events", "-n", NAMESPACE,
+                                "-o", "json").stdout)["items"]
+    assert any(e["involvedObject"]["name"] == f"{RELEASE}-uninstall"
+               and e["reason"] == "Completed" for e in events), "the pre-delete hook never ran"
+    assert any(e["involvedObject"]["name"] == f"{RELEASE}-cleanup"
+               and e["reason"] == "Completed" for e in events), "the post-delete hook never ran"
+    deadline = time.monotonic() + 90  # the pods' grace period and preStop sleep
+    while (ours := _left(node_cluster)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert ours == [], f"left behind after helm uninstall: {ours}"
+
+
+def _left(cluster: NodeCluster) -> list[str]:
+    """Every object of Muster's still there: in its namespace, and cluster-wide by name."""
+    left = kubectl(cluster, "get", "all,configmaps,secrets,serviceaccounts,roles,"
+                   "rolebindings,leases,poddisruptionbudgets", "-n", NAMESPACE, "-o", "name")
+    ours = [n for n in left.stdout.split()
+            if n not in ("serviceaccount/default", "configmap/kube-root-ca.crt")]
+    cluster_wide = kubectl(cluster, "get", "clusterroles,clusterrolebindings,"
+                           "mutatingwebhookconfigurations,validatingwebhookconfigurations",
+                           "-o", "name").stdout.split()
+    return ours + [n for n in cluster_wide if RELEASE in n.split("/", 1)[1]]
