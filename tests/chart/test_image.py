@@ -1,5 +1,5 @@
 """The Dockerfile agrees with the chart: non-root uid, entrypoint, nothing secret in the context.
-(Building the image needs a Docker daemon; docs/operations.md records how it was checked.)"""
+(The real tier, tests/real, builds this Dockerfile with buildah and runs every component from it.)"""
 
 from __future__ import annotations
 
