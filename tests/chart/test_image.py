@@ -1,5 +1,5 @@
 """The Dockerfile agrees with the chart: non-root uid, entrypoint, nothing secret in the context.
-(The real tier, tests/real, builds this Dockerfile with buildah and runs every component from it.)"""
+(The real tier, tests/real, builds this Dockerfile with buildah and runs Muster from it.)"""
 
 from __future__ import annotations
 
