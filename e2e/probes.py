@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+from webhook.demo import mpi
 from webhook.kube import PODS, KubeApi
 
 #: a policy an admin adds to label one namespace's pods (visible through a dry run)
@@ -39,3 +41,9 @@ async def probe_labels(kube: KubeApi, ns: str) -> dict[str, str]:
            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
     made = await kube.create(PODS, pod, namespace=ns, dry_run=True)
     return dict(made["metadata"].get("labels") or {})
+
+
+async def pods_of(kube: KubeApi, ns: str, job: str) -> list[dict[str, Any]]:
+    """The pods of one training job, by the Kubeflow operators' job-name label."""
+    found = await kube.list(PODS, namespace=ns, label_selector=f"{mpi.JOB_NAME}={job}")
+    return list(found["items"])

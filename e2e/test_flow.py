@@ -25,7 +25,7 @@ from e2e.cluster import (
     chart_values,
     namespace,
 )
-from e2e.probes import EXTRA_POLICY, eventually, probe_labels
+from e2e.probes import EXTRA_POLICY, eventually, pods_of, probe_labels
 from e2e.procs import REPO
 from webhook import keys
 from webhook.demo import mpi
@@ -52,11 +52,6 @@ BEST_4_GPU_GBPS = max(set_score(DGX1, c).allreduce_gbps
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-async def pods_of(kube: KubeApi, ns: str, job: str) -> list[dict[str, Any]]:
-    found = await kube.list(PODS, namespace=ns, label_selector=f"{mpi.JOB_NAME}={job}")
-    return list(found["items"])
-
 
 def reference_job(name: str, ns: str) -> dict[str, Any]:
     job: dict[str, Any] = yaml.safe_load(REFERENCE_JOB.read_text())

@@ -143,14 +143,6 @@ class NodeCluster:
         finally:
             _setns(self._host_netns_fd)
 
-    def enter(self) -> None:
-        assert self._netns_fd is not None
-        _setns(self._netns_fd)
-
-    def leave(self) -> None:
-        assert self._host_netns_fd is not None
-        _setns(self._host_netns_fd)
-
     def alive(self) -> str | None:
         """Why the cluster is gone, or None while it runs."""
         failed = self.dir / "failed"

@@ -64,8 +64,3 @@ async def ensure_namespace(kube: KubeApi, name: str, labels: dict[str, str] | No
         if not exc.conflict:
             raise
     return name
-
-
-async def pods_of(kube: KubeApi, ns: str, job: str) -> list[dict[str, Any]]:
-    found = await kube.list(PODS, namespace=ns, label_selector=f"{mpi.JOB_NAME}={job}")
-    return list(found["items"])

@@ -87,5 +87,5 @@ def wait_established(cluster: NodeCluster, within: float = 60.0) -> None:
                    for c in crd.get("status", {}).get("conditions") or []) for crd in crds):
             return
         if time.monotonic() > deadline:
-            raise AssertionError("CRDs not Established within {within:.0f}s")
+            raise AssertionError(f"CRDs not Established within {within:.0f}s")
         time.sleep(0.5)

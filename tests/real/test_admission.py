@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs import ensure_namespace, mpijob, pods_of, submit
+from jobs import ensure_namespace, mpijob, submit
 
-from e2e.probes import eventually
+from e2e.probes import eventually, pods_of
 from webhook import keys
 from webhook.demo import mpi
 from webhook.kube import (

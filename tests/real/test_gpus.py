@@ -10,11 +10,11 @@ import json
 from typing import Any
 
 import pytest
-from jobs import ensure_namespace, mpijob, pods_of, submit
+from jobs import ensure_namespace, mpijob, submit
 from real_helpers import kubectl
 
 from e2e.node.cluster import NODE_NAME, NodeCluster
-from e2e.probes import eventually
+from e2e.probes import eventually, pods_of
 from webhook import keys
 from webhook.demo import mpi
 from webhook.kube import NODES, KubeApi
