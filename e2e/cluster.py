@@ -136,27 +136,30 @@ class LocalCluster:
     def kill(self, name: str) -> None:
         self.procs[name].kill()
 
-    async def kubelet_admit(self, node_name: str, counts: list[int]) -> list[dict[str, Any]]:
-        """Restart this node's kubelet and have it start containers asking for `counts` GPUs:
-        the device plugin must re-register, then answer each Allocate from the assignment."""
+    def start_kubelet(self, node_name: str) -> None:
+        """The node's fake kubelet: it starts each pod bound to the node, as a kubelet does,
+        and logs one JSON line per pod started."""
+        self._proc(f"kubelet-{node_name}", "--dir", str(self.tmp / node_name),
+                   "--kubeconfig", str(self.kubeconfig), "--node", node_name,
+                   module="webhook.agent.fakekubelet")
+
+    def restart_kubelet(self, node_name: str) -> None:
+        """A kubelet restart: the device plugin must notice and register again."""
         self.procs[f"kubelet-{node_name}"].stop()
-        args = ["--dir", str(self.tmp / node_name)]
-        for n in counts:
-            args += ["--admit", str(n)]
-        proc = Proc(f"kubelet-{node_name}", args, self.tmp / f"kubelet-{node_name}.log",
-                    module="webhook.agent.fakekubelet", capture_stdout=True).start()
-        self.procs[proc.name] = proc
+        self.start_kubelet(node_name)
+
+    async def kubelet_started(self, node_name: str, count: int) -> list[dict[str, Any]]:
+        """The first `count` pods the node's kubelet started or refused (across restarts)."""
+        log_path = self.tmp / f"kubelet-{node_name}.log"
         events: list[dict[str, Any]] = []
-        assert proc.popen is not None and proc.popen.stdout is not None
-        stdout = proc.popen.stdout
-        while len(events) < len(counts):
-            line = await asyncio.wait_for(asyncio.to_thread(stdout.readline), 60)
-            if not line:
-                raise AssertionError(f"fake kubelet exited:\n{proc.tail()}")
-            event = json.loads(line)
-            if event.get("event") in ("admitted", "refused"):
-                events.append(event)
-        return events
+
+        async def enough() -> bool:
+            events[:] = [e for e in map(_json_line, log_path.read_text().splitlines())
+                         if e.get("event") in ("started", "refused")]
+            return len(events) >= count
+        await _until_async(enough, what=f"{count} pods started on {node_name}",
+                           procs=list(self.procs.values()), within=60)
+        return events[:count]
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -214,9 +217,7 @@ class LocalCluster:
 
         for name in NODE_NAMES:
             (self.tmp / name).mkdir()
-            self.procs[f"kubelet-{name}"] = Proc(
-                f"kubelet-{name}", ["--dir", str(self.tmp / name)],
-                self.tmp / f"kubelet-{name}.log", module="webhook.agent.fakekubelet").start()
+            self.start_kubelet(name)
             self.start_agent(name)
         self.start_binder()
 
@@ -303,6 +304,17 @@ class RealCluster:
 def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": name, "labels": labels or {}}}
+
+
+def _json_line(line: str) -> dict[str, Any]:
+    """A JSON event line of a process log; {} for a log line."""
+    if not line.startswith("{"):
+        return {}
+    try:
+        doc = json.loads(line)
+    except json.JSONDecodeError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 async def _until(check: Any, within: float = 30.0) -> None:

@@ -111,6 +111,17 @@ async def test_reference_mpijob_is_placed_whole_on_the_best_nvlink_ring(cluster:
     assert not any(p["spec"].get("nodeName") for p in await pods_of(kube, ns, "vgg16"))
     await kube.create(PODS, mpi.launcher_pod(await kube.get(JOBS, "vgg16-launcher",
                                                             namespace=ns)), namespace=ns)
+    if isinstance(cluster, LocalCluster):
+        # a kubelet restart while the gang is being bound: the device plugin registers again
+        # and the node's next pods still get their own GPUs
+        nodes: set[str] = set()
+
+        async def first_bound() -> bool:
+            nodes.update(p["spec"]["nodeName"] for p in await pods_of(kube, ns, "vgg16")
+                         if worker(p) and p["spec"].get("nodeName"))
+            return bool(nodes)
+        await eventually("a first worker to be bound", first_bound)
+        await asyncio.to_thread(cluster.restart_kubelet, next(iter(nodes)))
     await eventually("the gang of 5 to be bound", lambda: all_bound(kube, ns, "vgg16"))
 
     pods = await pods_of(kube, ns, "vgg16")
@@ -129,12 +140,17 @@ async def test_reference_mpijob_is_placed_whole_on_the_best_nvlink_ring(cluster:
     assert len(chosen) == 4 and set_score(DGX1, chosen).allreduce_gbps == BEST_4_GPU_GBPS
     assert job["metadata"]["uid"]
 
-    if isinstance(cluster, LocalCluster):  # the kubelet starts the 4 workers' containers
+    if isinstance(cluster, LocalCluster):  # the kubelet started the 4 workers' containers
         node = workers[0]["spec"]["nodeName"]
-        admitted = await cluster.kubelet_admit(node, [1, 1, 1, 1])
-        assert [e["event"] for e in admitted] == ["admitted"] * 4, admitted
-        handed = sorted(e["envs"]["NVIDIA_VISIBLE_DEVICES"] for e in admitted)
-        assert handed == sorted(u for p in workers for _, u in gpus_of(p))
+        started = await cluster.kubelet_started(node, 4)
+        assert [e["event"] for e in started] == ["started"] * 4, started
+        by_name = {p["metadata"]["namespace"] + "/" + p["metadata"]["name"]: p for p in workers}
+        for event in started:  # per pod: its container got exactly the GPUs written on it
+            given = event["envs"][0]["NVIDIA_VISIBLE_DEVICES"].split(",")
+            assert given == [u for _, u in gpus_of(by_name[event["pod"]])], event
+        served = [p["metadata"]["annotations"].get(keys.ANN_GPU_ALLOCATED)
+                  for p in await pods_of(kube, ns, "vgg16") if worker(p)]
+        assert served == [node] * 4  # the agent marked each one served
 
 
 async def test_same_job_under_volcano_and_coscheduling_gets_its_podgroup_first(

@@ -17,6 +17,9 @@ ANN_POLICY = "muster.io/policy"
 ANN_GPU_TOPOLOGY = "muster.io/gpu-topology"
 #: JSON GPU assignment, written only by the binder, see webhook.topology.model.GpuAssignment
 ANN_GPU_ASSIGNMENT = "muster.io/gpu-assignment"
+#: written by the node agent once the kubelet's Allocate served every GPU container of the pod
+#: (value: the node's name); the binder binds the node's next GPU pod after it
+ANN_GPU_ALLOCATED = "muster.io/gpu-allocated"
 #: gang of pods scheduled by Muster's own binder (gang backend "muster")
 ANN_GANG_NAME = "muster.io/gang-name"
 ANN_GANG_MIN_MEMBER = "muster.io/gang-min-member"
@@ -35,6 +38,10 @@ LABEL_GPU_MODEL = "muster.io/gpu-model"
 ANN_NODE_TOPOLOGY = "muster.io/gpu-topology"
 #: node label "true" while NVML discovery fails on the node
 LABEL_GPU_DEGRADED = "muster.io/gpu-degraded"
+
+#: node label "true": the node's agent writes muster.io/gpu-allocated on each pod it served,
+#: so the binder hands that node one GPU pod at a time (webhook.binder.gate)
+LABEL_GPU_ALLOCATION_ACK = "muster.io/gpu-allocation-ack"
 
 # --- defaults ---------------------------------------------------------------------------------
 DEFAULT_BINDER_SCHEDULER_NAME = "muster-binder"

@@ -47,3 +47,10 @@ class ListedPods:
     async def pods(self) -> list[dict[str, Any]]:
         self.lists += 1
         return list(self.items)
+
+    async def acknowledge(self, pod: str, uid: str) -> None:
+        for item in self.items:
+            meta = item["metadata"]
+            if f"{meta['namespace']}/{meta['name']}" == pod and meta["uid"] == uid:
+                meta.setdefault("annotations", {})[keys.ANN_GPU_ALLOCATED] = item["spec"][
+                    "nodeName"]

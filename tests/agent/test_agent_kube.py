@@ -62,6 +62,7 @@ async def test_published_annotation_is_exactly_the_builtin_dgx1_v100(
     assert labels[keys.LABEL_TOPOLOGY_CLASS] == topology_class(builtin("dgx1-v100"))
     assert labels[keys.LABEL_GPU_MODEL] == "Tesla-V100-SXM2-16GB"
     assert keys.LABEL_GPU_DEGRADED not in labels
+    assert labels[keys.LABEL_GPU_ALLOCATION_ACK] == "true"  # it marks the pods it serves
     assert labels[keys.LABEL_GPU_TOPOLOGY] == "enabled"  # the admin's label is left alone
     await agent.step()
     assert agent.publisher.writes == 1  # nothing changed: nothing written
@@ -132,6 +133,15 @@ async def test_allocate_reads_the_assignment_from_the_api(
         got = await kubelet.admit("nvidia.com/gpu", 4)
         visible = got.envs["NVIDIA_VISIBLE_DEVICES"].split(",")
         assert sorted(visible) == sorted(topo.gpus[i].uuid for i in (0, 2, 3, 4))
+        # served: the pod is marked for the binder, which may now bind the node's next GPU pod
+        for _ in range(100):
+            served = cluster.objects("pods", "ml")
+            if any(keys.ANN_GPU_ALLOCATED in p["metadata"]["annotations"] for p in served):
+                break
+            await asyncio.sleep(0.02)
+        marks = {p["metadata"]["name"]: p["metadata"]["annotations"].get(keys.ANN_GPU_ALLOCATED)
+                 for p in cluster.objects("pods", "ml")}
+        assert marks == {"worker-0": NODE, "worker-x": None}
 
         await create_pod(cluster, make_pod("no-assignment"))
         with pytest.raises(grpc.aio.AioRpcError) as err:

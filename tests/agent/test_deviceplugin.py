@@ -237,6 +237,9 @@ class BrokenApi:
     async def pods(self) -> list[dict[str, Any]]:
         raise ConnectionError("connection refused")
 
+    async def acknowledge(self, pod: str, uid: str) -> None:
+        raise ConnectionError("connection refused")
+
 
 async def test_api_outage_gives_a_clear_refusal_not_a_crash(
         sock_dir: Path, kubelet: FakeKubelet, dgx1: Topology) -> None:

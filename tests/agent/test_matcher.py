@@ -5,7 +5,7 @@ from __future__ import annotations
 from agent_helpers import NODE, make_pod
 
 from webhook import keys
-from webhook.agent.deviceplugin.matcher import choose, explain, pending
+from webhook.agent.deviceplugin.matcher import choose, explain, pending, served
 from webhook.topology.model import Topology
 
 
@@ -33,6 +33,19 @@ def test_handed_out_containers_move_to_the_next_one(dgx1: Topology) -> None:
     assert choose(offer, 1) is None  # "b" is not asked for before "a"
     done = pending([pod], NODE, devices(dgx1), {("uid-p", "init"), ("uid-p", "a"), ("uid-p", "b")})
     assert done.grants == () and done.live == {"uid-p"}
+
+
+def test_a_pod_is_served_after_its_last_container_and_then_never_offered_again(
+        dgx1: Topology) -> None:
+    pod = make_pod("p", assign={"a": [0, 1], "b": [2]}, topology=dgx1)
+    offer = pending([pod], NODE, devices(dgx1), set())
+    first, second = offer.grants
+    assert not served(offer, first, {("uid-p", "a")})
+    assert served(offer, second, {("uid-p", "a"), ("uid-p", "b")})
+    # the mark outlives this agent: after a restart, nothing of the pod is offered
+    pod["metadata"]["annotations"][keys.ANN_GPU_ALLOCATED] = NODE
+    again = pending([pod], NODE, devices(dgx1), set())
+    assert again.grants == () and again.refused == {} and again.live == frozenset()
 
 
 def test_missing_uuids_are_resolved_from_the_local_topology(dgx1: Topology) -> None:

@@ -9,7 +9,6 @@ import itertools
 import json
 from typing import Any
 
-import pytest
 from jobs import ensure_namespace, mpijob, submit
 from real_helpers import kubectl
 
@@ -99,10 +98,6 @@ async def test_jobs_run_on_the_gpus_the_binder_chose_and_no_gpu_twice(
     assert sorted(printed) == sorted(written)  # what the kubelet handed out is what was chosen
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug: Allocate names no pod, and the kubelet admits a gang's pods bound in the same "
-    "second in an order the agent cannot see, so GPUs can land on the wrong pod of the same "
-    "job (the set is right). Fix: one allocation in flight per node (see the issue)"))
 async def test_each_container_sees_exactly_the_gpus_written_on_its_own_pod(
         kube: KubeApi, node_cluster: NodeCluster) -> None:
     for pod, printed in await _run_two_jobs(kube, node_cluster):

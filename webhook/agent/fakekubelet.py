@@ -6,9 +6,13 @@ allocates devices for a container the way the kubelet's device manager does: fre
 devices, the plugin's GetPreferredAllocation if offered, then Allocate. `restart` does what a
 kubelet restart does to the directory: every socket is deleted and kubelet.sock is recreated.
 
+`start_pods` is the kubelet's pod admission: it starts each pod bound to its node that asks for
+the resource, container by container, once.
+
 Runnable as a process: `python -m webhook.agent.fakekubelet --dir DIR` serves and prints one JSON
 line per event (registered, devices); `--admit N` (repeatable) admits containers once devices
-have arrived and prints the allocation.
+have arrived and prints the allocation; `--kubeconfig K --node N` starts the node's pods as they
+are bound and prints one `started` (or `refused`) line per pod.
 """
 
 from __future__ import annotations
@@ -20,14 +24,17 @@ import json
 import logging
 import re
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from webhook import keys
 from webhook.agent.deviceplugin import api_pb2, api_pb2_grpc
 from webhook.agent.deviceplugin.plugin import API_VERSION, HEALTHY, KUBELET_SOCKET
+from webhook.quantity import whole
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +197,65 @@ class FakeKubelet:
         return Admission(chosen, dict(cresp.envs), [c.name for c in cresp.cdi_devices])
 
 
-async def _main(directory: Path, admit: list[int], resource: str) -> int:
+    async def start_pods(self, pods: Callable[[], Awaitable[list[dict[str, Any]]]],
+                         resource: str, poll_s: float = 0.05) -> AsyncIterator[dict[str, Any]]:
+        """Start every pending pod that `pods` lists (those bound to this node) and that asks for
+        `resource`: admit its containers in the kubelet's order (init containers, then spec
+        order), once. A pod the agent already marked served was started before this kubelet
+        restarted (the real kubelet's checkpoint). Yields one event per pod."""
+        started: set[str] = set()
+        while True:
+            try:
+                listed = await pods()
+            except Exception as exc:  # the kubelet keeps going through an API outage
+                log.warning("listing this node's pods failed", extra={"error": str(exc)})
+                listed = []
+            for pod in listed:
+                meta = pod["metadata"]
+                if (meta["uid"] in started or meta.get("deletionTimestamp")
+                        or (pod.get("status") or {}).get("phase", "Pending") != "Pending"
+                        or keys.ANN_GPU_ALLOCATED in (meta.get("annotations") or {})):
+                    continue
+                counts = [_asks(c, resource) for c in [*pod["spec"].get("initContainers", ()),
+                                                        *pod["spec"]["containers"]]]
+                started.add(meta["uid"])
+                if not any(counts):
+                    continue
+                name = f"{meta['namespace']}/{meta['name']}"
+                try:
+                    got = [await self.admit(resource, n) for n in counts if n]
+                except grpc.aio.AioRpcError as exc:
+                    yield {"event": "refused", "pod": name, "code": exc.code().name,
+                           "detail": exc.details()}
+                    continue
+                yield {"event": "started", "pod": name,
+                       "envs": [a.envs for a in got], "devices": [a.devices for a in got]}
+            await asyncio.sleep(poll_s)
+
+
+def _asks(container: dict[str, Any], resource: str) -> int:
+    res = container.get("resources") or {}
+    value = (res.get("limits") or {}).get(resource, (res.get("requests") or {}).get(resource))
+    return whole(value) if value is not None else 0
+
+
+async def _node_pods(kubeconfig: str, node: str
+                     ) -> tuple[Callable[[], Awaitable[list[dict[str, Any]]]], Any]:
+    from webhook.kube import KubeApi, make_api_client  # noqa: PLC0415
+    from webhook.kube.api import PODS  # noqa: PLC0415
+
+    client = await make_api_client(kubeconfig)
+    kube = KubeApi(client)
+
+    async def pods() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = (await kube.list(
+            PODS, field_selector=f"spec.nodeName={node}")).get("items") or []
+        return items
+    return pods, client
+
+
+async def _main(directory: Path, admit: list[int], resource: str,
+                kubeconfig: str | None = None, node: str | None = None) -> int:
     kubelet = FakeKubelet(directory)
     await kubelet.start()
     out = sys.stdout
@@ -207,6 +272,15 @@ async def _main(directory: Path, admit: list[int], resource: str) -> int:
                 out.write(json.dumps({"event": "refused", "count": count,
                                       "code": exc.code().name, "detail": exc.details()}) + "\n")
             out.flush()
+        if kubeconfig and node:
+            pods, client = await _node_pods(kubeconfig, node)
+            try:
+                await kubelet.wait_for(resource, within=60)
+                async for event in kubelet.start_pods(pods, resource):
+                    out.write(json.dumps(event) + "\n")
+                    out.flush()
+            finally:
+                await client.close()
         while True:
             event = await kubelet.events.get()
             out.write(json.dumps(event) + "\n")
@@ -221,10 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resource", default="nvidia.com/gpu")
     parser.add_argument("--admit", type=int, action="append", default=[],
                         help="admit a container asking for N devices (repeatable)")
+    parser.add_argument("--kubeconfig", help="with --node: start the node's pods as they are bound")
+    parser.add_argument("--node")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_main(args.dir, args.admit, args.resource))
+        return asyncio.run(_main(args.dir, args.admit, args.resource, args.kubeconfig,
+                                 args.node))
     return 0
 
 

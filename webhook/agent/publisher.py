@@ -51,6 +51,8 @@ def desired(found: Discovery) -> tuple[dict[str, str | None], dict[str, str | No
         labels[keys.LABEL_TOPOLOGY_CLASS] = topology_class(topology)
         model = keys.gpu_model_label_value(gpu_model(topology))
         labels[keys.LABEL_GPU_MODEL] = model or None
+        # the device plugin serves these GPUs and acknowledges each pod it served
+        labels[keys.LABEL_GPU_ALLOCATION_ACK] = "true"
     return labels, annotations
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pynvml
 
+from webhook import keys
 from webhook.agent.deviceplugin.plugin import GpuDevicePlugin, PluginConfig
 from webhook.agent.discovery import Discovery, discover, keep_identity
 from webhook.agent.fakenvml import PROFILES, FakeNvml
@@ -77,6 +78,14 @@ class NodePods:
         result = await self.api.list(PODS, field_selector=f"spec.nodeName={self.node}")
         items: list[dict[str, Any]] = result.get("items") or []
         return items
+
+    async def acknowledge(self, pod: str, uid: str) -> None:
+        namespace, name = pod.split("/", 1)
+        path = "/metadata/annotations/" + keys.ANN_GPU_ALLOCATED.replace("/", "~1")
+        # the uid test: a pod deleted and re-created under the same name is not this one
+        await self.api.patch(PODS, name, [{"op": "test", "path": "/metadata/uid", "value": uid},
+                                          {"op": "add", "path": path, "value": self.node}],
+                             namespace, patch_type="json")
 
 
 @dataclass(frozen=True, slots=True)

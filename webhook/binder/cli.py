@@ -34,6 +34,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="an unplaceable gang waiting longer reserves resources against gangs "
                         "after it in the queue (default: %(default)s)")
     p.add_argument("--backoff-max", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument("--allocation-wait-seconds", type=float, default=30.0, metavar="SECONDS",
+                   help="on nodes whose agent acknowledges served pods, bind the next GPU pod "
+                        "once the previous one is served, or after this long "
+                        "(default: %(default)s)")
     p.set_defaults(func=_run)
 
 
@@ -51,7 +55,8 @@ def _run(args: argparse.Namespace) -> int:
     config = ServiceConfig(
         binder=BinderConfig(scheduler_name=args.scheduler_name,
                             starvation_seconds=args.starvation_seconds,
-                            backoff_max=args.backoff_max),
+                            backoff_max=args.backoff_max,
+                            allocation_wait_seconds=args.allocation_wait_seconds),
         lease=lease, metrics_port=args.metrics_port)
     asyncio.run(serve(args.kubeconfig, config))
     return 0

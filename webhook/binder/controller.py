@@ -25,6 +25,7 @@ from webhook import keys
 from webhook.binder.assignment import encode_assignment
 from webhook.binder.fit import FitCache
 from webhook.binder.gangs import PodGroupInfo
+from webhook.binder.gate import AllocationGate
 from webhook.binder.metrics import Metrics
 from webhook.binder.nodes import NodeInfo, parse_node
 from webhook.binder.planner import (
@@ -63,6 +64,8 @@ class BinderConfig:
     event_interval: float = 30.0
     #: component name on Events
     component: str = "muster-binder"
+    #: the longest a node's next GPU pod waits for the agent to acknowledge the previous one
+    allocation_wait_seconds: float = 30.0
 
 
 @dataclass(slots=True)
@@ -105,6 +108,9 @@ class Binder:
                                       self.config.podgroup_default_timeout)
         self.queue = GangQueue(self.config.backoff_initial, self.config.backoff_max)
         self.fit = FitCache()
+        self.gate = AllocationGate(
+            self.config.allocation_wait_seconds,
+            on_timeout=lambda _node, _pod: self.metrics.allocation_timeouts.inc())
         self.synced = asyncio.Event()
         self.last_plan: Plan | None = None
         self._pods: dict[str, PodInfo] = {}
@@ -130,11 +136,13 @@ class Binder:
             self._pods.pop(key, None)
             self._raw_pods.pop(key, None)
             self._assumed.pop(key, None)
+            self.gate.release(key)
             self._generation += 1
             self._dirty.set()
             return
         pod = parse_pod(obj)
         self._pods[key] = pod
+        self.gate.observe(pod)
         if pod.scheduler_name == self.config.scheduler_name and not pod.bound:
             self._raw_pods[key] = obj  # conditions for status patches
         else:
@@ -401,9 +409,17 @@ class Binder:
         assumed = self._assumed.get(pod.key)
         return assumed.pod if assumed is not None else pod
 
+    async def _bind_in_turn(self, pod: PodInfo, node: str) -> None:
+        """GPU pods on a node whose agent acknowledges them go one at a time (binder.gate)."""
+        info = self._nodes.get(node)
+        if pod.gpus > 0 and info is not None and info.acks_allocation:
+            await self.gate.bind(node, pod.key, lambda: self._bind(pod, node))
+        else:
+            await self._bind(pod, node)
+
     async def _bind_all(self, gang: str, targets: Sequence[tuple[PodInfo, str]],
                         path: str) -> None:
-        results = await asyncio.gather(*(self._bind(p, n) for p, n in targets),
+        results = await asyncio.gather(*(self._bind_in_turn(p, n) for p, n in targets),
                                        return_exceptions=True)
         for (pod, _), r in zip(targets, results, strict=True):
             if isinstance(r, BaseException):

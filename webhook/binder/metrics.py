@@ -60,6 +60,10 @@ class Metrics:
         self.cycle_seconds = Histogram(
             "muster_binder_cycle_duration_seconds", "Planning time of one scheduling cycle",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0), registry=r)
+        self.allocation_timeouts = Counter(
+            "muster_binder_allocation_wait_timeouts", "GPU pods the node agent did not "
+            "acknowledge within --allocation-wait-seconds (the node's next pod was bound "
+            "anyway)", registry=r)
         self.is_leader = Gauge("muster_binder_leader", "1 while this replica leads", registry=r)
         if node_gpus is not None:
             r.register(_NodeGpus(node_gpus))

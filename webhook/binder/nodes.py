@@ -36,6 +36,8 @@ class NodeInfo:
     topology: Topology | None = None
     #: why the node's topology annotation could not be used (None when absent or fine)
     topology_error: str | None = None
+    #: its agent acknowledges served pods: bind its GPU pods one at a time (binder.gate)
+    acks_allocation: bool = False
 
     @property
     def healthy_gpus(self) -> frozenset[int]:
@@ -86,6 +88,7 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
         gpus=quantity(keys.GPU_RESOURCE, 0),
         topology=topology,
         topology_error=error,
+        acks_allocation=(meta.get("labels") or {}).get(keys.LABEL_GPU_ALLOCATION_ACK) == "true",
     )
 
 

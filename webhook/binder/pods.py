@@ -81,6 +81,10 @@ class PodInfo:
     has_annotations: bool = False
     #: problems with Muster's annotations, in words for an Event
     problems: tuple[str, ...] = ()
+    #: status.phase is Pending (or not set yet): the kubelet has not started the pod
+    pending: bool = True
+    #: the node agent served every GPU container (muster.io/gpu-allocated)
+    allocated: bool = False
 
     @property
     def bound(self) -> bool:
@@ -254,4 +258,6 @@ def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
         assignment_raw=raw,
         has_annotations=bool(meta.get("annotations")),
         problems=tuple(problems),
+        pending=status.get("phase", "Pending") == "Pending",
+        allocated=keys.ANN_GPU_ALLOCATED in ann,
     )

@@ -35,9 +35,13 @@ def _pod_row(pod: PodOutcome) -> str:
     where = pod.node or "pending"
     gpus = f"GPUs {','.join(map(str, pod.gpus))}" if pod.gpus else ""
     plugin = ""
-    if pod.uuids:
-        plugin = ("device plugin: exactly these GPUs" if pod.visible_devices is not None
-                  else "device plugin: MISMATCH")
+    if pod.uuids:  # what this pod's container was given, against what the binder wrote on it
+        if pod.visible_devices is None:
+            plugin = "device plugin: not started"
+        elif sorted(pod.visible_devices) == sorted(pod.uuids):
+            plugin = "device plugin: exactly these GPUs"
+        else:
+            plugin = f"device plugin: MISMATCH (got {','.join(pod.visible_devices)})"
     return (f"    {pod.name:<28} {pod.role:<8} {len(pod.patch):>2} patch ops  {where:<8} "
             f"{gpus:<10} {plugin}")
 

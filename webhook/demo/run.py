@@ -160,11 +160,26 @@ def _webhook_configuration(url: str, ca_pem: bytes) -> dict[str, Any]:
     }
 
 
-def _assigned_gpus(pod: dict[str, Any]) -> int:
-    raw = (pod["metadata"].get("annotations") or {}).get(keys.ANN_GPU_ASSIGNMENT)
-    if not raw:
-        return 0
-    return sum(len(c["indices"]) for c in json.loads(raw)["containers"].values())
+async def _kubelet(kube: KubeApi, node: str, kubelet: FakeKubelet,
+                   handed: dict[str, tuple[str, ...]]) -> None:
+    """The node's kubelet starts each GPU pod bound to it; what every pod's containers were
+    given is kept per pod name."""
+    async def pods() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = (await kube.list(
+            PODS, field_selector=f"spec.nodeName={node}"))["items"]
+        return items
+    async for event in kubelet.start_pods(pods, keys.GPU_RESOURCE):
+        if event["event"] == "started":
+            name = event["pod"].split("/", 1)[1]
+            handed[name] = tuple(u for envs in event["envs"]
+                                 for u in envs["NVIDIA_VISIBLE_DEVICES"].split(","))
+
+
+def _started(handed: dict[str, tuple[str, ...]], count: int
+             ) -> Callable[[], Coroutine[Any, Any, bool]]:
+    async def check() -> bool:
+        return len(handed) >= count
+    return check
 
 
 async def _submit(kube: KubeApi, name: str, namespace: str) -> list[tuple[str, str]]:
@@ -240,18 +255,18 @@ async def run_demo(policies: list[Path], progress: Progress) -> DemoResult:
                     pods = (await kube.list(PODS, namespace=scenario.TOPOLOGY_NAMESPACE))["items"]
                     return len(pods) == 10 and all(p["spec"].get("nodeName") for p in pods)
 
+                # each node's kubelet starts the GPU pods bound to it, one by one, as the binder
+                # binds them (it binds a node's next GPU pod once the agent served this one)
+                handed: dict[str, tuple[str, ...]] = {}
+                starting = [asyncio.create_task(_kubelet(kube, node, kubelet, handed))
+                            for node, kubelet in kubelets.items()]
+                background += starting
                 async with progress.step("binder: both topology gangs placed and bound"):
                     await _until("the binder to bind both gangs", all_bound)
 
                 async with progress.step("kubelets start the workers: device plugin Allocate"):
-                    pods = (await kube.list(PODS, namespace=scenario.TOPOLOGY_NAMESPACE))["items"]
-                    handed: dict[str, list[tuple[str, ...]]] = {}
-                    for node, kubelet in kubelets.items():
-                        for pod in pods:
-                            if pod["spec"].get("nodeName") == node and _assigned_gpus(pod):
-                                got = await kubelet.admit(keys.GPU_RESOURCE, _assigned_gpus(pod))
-                                visible = got.envs["NVIDIA_VISIBLE_DEVICES"].split(",")
-                                handed.setdefault(node, []).append(tuple(visible))
+                    await _until("the kubelets to start the 8 workers",
+                                 _started(handed, 8), within=60)
 
                 outcomes = [await _collect(api, kube, name=name, namespace=ns,
                                            submitted=submitted[name], handed=handed)
@@ -282,7 +297,7 @@ async def run_demo(policies: list[Path], progress: Progress) -> DemoResult:
 
 
 async def _collect(api: ApiServerEmulator, kube: KubeApi, *, name: str, namespace: str,
-                   submitted: list[tuple[str, str]], handed: dict[str, list[tuple[str, ...]]]
+                   submitted: list[tuple[str, str]], handed: dict[str, tuple[str, ...]]
                    ) -> JobOutcome:
     job = JobOutcome(name=name, namespace=namespace, policies=[], pods=[])
     for pod_name, role in submitted:
@@ -297,9 +312,7 @@ async def _collect(api: ApiServerEmulator, kube: KubeApi, *, name: str, namespac
             containers = json.loads(ann[keys.ANN_GPU_ASSIGNMENT])["containers"]
             outcome.gpus = tuple(i for c in containers.values() for i in c["indices"])
             outcome.uuids = tuple(u for c in containers.values() for u in c["uuids"])
-            given = handed.get(outcome.node or "", [])
-            outcome.visible_devices = next(
-                (v for v in given if sorted(v) == sorted(outcome.uuids)), None)
+            outcome.visible_devices = handed.get(pod_name)
         job.policies = sorted(set(job.policies) | set(filter(None, ann.get(keys.ANN_POLICY,
                                                                           "").split(","))))
         job.gang = {k: v for k, v in ann.items() if k.startswith("muster.io/gang-")} or job.gang

@@ -1,7 +1,8 @@
 """Which pod is the kubelet starting? Pure matching of Allocate calls to binder assignments.
 
 The kubelet's Allocate and GetPreferredAllocation requests name devices, never the pod. The pod
-being started is one bound to this node, still Pending, whose `muster.io/gpu-assignment` gives
+being started is one bound to this node, still Pending, not yet acknowledged as served
+(muster.io/gpu-allocated), whose `muster.io/gpu-assignment` gives
 its next container (init containers first, then spec order, as the kubelet allocates them) as
 many GPUs as the kubelet asks for. Among several, the one whose assigned GPUs are exactly what
 the kubelet asked for wins, then the oldest. What was already handed out is remembered so that a
@@ -61,10 +62,13 @@ def pending(pods: Iterable[Mapping[str, Any]], node: str, devices: Mapping[int, 
         if not _is_pending(pod, node):
             continue
         meta = pod.get("metadata", {})
+        annotations = meta.get("annotations") or {}
+        if keys.ANN_GPU_ALLOCATED in annotations:
+            continue  # every container served (by us, maybe before a restart)
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         uid = str(meta.get("uid", key))
         live.add(uid)
-        text = (meta.get("annotations") or {}).get(keys.ANN_GPU_ASSIGNMENT)
+        text = annotations.get(keys.ANN_GPU_ASSIGNMENT)
         if text is None:
             refused[key] = f"no {keys.ANN_GPU_ASSIGNMENT} annotation"
             continue
@@ -92,6 +96,12 @@ def pending(pods: Iterable[Mapping[str, Any]], node: str, devices: Mapping[int, 
         grants += mine
     grants.sort(key=lambda g: (g.created, g.pod))
     return Pending(tuple(grants), refused, frozenset(live))
+
+
+def served(offer: Pending, grant: Grant, handed: Collection[tuple[str, str]]) -> bool:
+    """True when `grant` was its pod's last container still to serve."""
+    return all(g is grant or (g.uid, g.container) in handed
+               for g in offer.grants if g.uid == grant.uid)
 
 
 def choose(offer: Pending, count: int, wanted: Collection[str] = (),

@@ -22,7 +22,7 @@ import grpc
 
 from webhook import keys
 from webhook.agent.deviceplugin import api_pb2, api_pb2_grpc
-from webhook.agent.deviceplugin.matcher import Grant, Pending, choose, explain, pending
+from webhook.agent.deviceplugin.matcher import Grant, Pending, choose, explain, pending, served
 from webhook.topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,9 @@ class PodSource(Protocol):
     """The pods bound to this node, as raw API dicts, fresh enough to see a new assignment."""
 
     async def pods(self) -> list[dict[str, Any]]: ...
+
+    async def acknowledge(self, pod: str, uid: str) -> None:
+        """Mark pod `pod` ("namespace/name", with this uid) served: muster.io/gpu-allocated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,7 @@ class GpuDevicePlugin:
         self._handed: set[tuple[str, str]] = set()
         self._missed: tuple[int, float] | None = None  # (count, when) of a fruitless preference
         self._lock = asyncio.Lock()
+        self._acks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
         self._kubelet_id: tuple[int, int] | None = None
         self.registrations = 0  # successful Register calls (tests, metrics)
@@ -206,12 +210,27 @@ class GpuDevicePlugin:
                 log.warning("allocate refused", extra={"reason": message})
                 raise AllocationRefused(message)
             self._handed.add((grant.uid, grant.container))
+            if served(offer, grant, self._handed):
+                self._acknowledge(grant)
         if set(grant.uuids) != set(requested):
             log.warning("kubelet picked other GPUs than the binder; the binder's are used",
                         extra={"pod": grant.pod, "kubelet": requested, "binder": grant.uuids})
         log.info("allocated", extra={"pod": grant.pod, "container": grant.container,
                                      "gpus": list(grant.uuids)})
         return list(grant.uuids)
+
+    def _acknowledge(self, grant: Grant) -> None:
+        """Tell the binder the pod is served, so it may bind this node's next GPU pod
+        (webhook.binder.gate); in the background: the kubelet is waiting for our answer."""
+        async def ack() -> None:
+            try:
+                await self.source.acknowledge(grant.pod, grant.uid)
+            except Exception as exc:  # the binder's wait is bounded: a lost ack only slows it
+                log.warning("could not mark the pod served", extra={
+                    "pod": grant.pod, "error": str(exc)})
+        task = asyncio.create_task(ack())
+        self._acks.add(task)
+        task.add_done_callback(self._acks.discard)
 
     def container_response(self, uuids: list[str]) -> Any:
         cdi = ([api_pb2.CDIDevice(name=f"{self.config.cdi_kind}={u}") for u in uuids]
