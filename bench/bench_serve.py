@@ -96,8 +96,11 @@ class _Review(msgspec.Struct, rename="camel"):
     request: _Request
 
 
-def noop_server(port: int, cert: str, key: str, parser: str) -> None:
+def noop_server(port: int, cert: str, key: str, parser: str, patch: str | None = None) -> None:
+    """`patch` (base64 JSON Patch): answer it unchanged to every request, the static-patch
+    baseline of bench_apiserver.py."""
     decode = msgspec.json.Decoder(_Review).decode
+    patched = {"patchType": "JSONPatch", "patch": patch} if patch else {}
 
     async def mutate(request: web.Request) -> web.Response:
         raw = await request.read()
@@ -108,7 +111,7 @@ def noop_server(port: int, cert: str, key: str, parser: str) -> None:
             doc = json.loads(raw)
             api_version, uid = doc["apiVersion"], doc["request"]["uid"]
         body = {"apiVersion": api_version, "kind": "AdmissionReview",
-                "response": {"uid": uid, "allowed": True}}
+                "response": {"uid": uid, "allowed": True, **patched}}
         encoded = msgspec.json.encode(body) if parser == "msgspec" else json.dumps(body).encode()
         return web.Response(body=encoded, content_type="application/json")
 
@@ -285,11 +288,14 @@ def main() -> int:
     parser.add_argument("--noop-parser", choices=["json", "msgspec"], default="json",
                         help="how the no-op reads and answers: json (the plain webhook), or "
                              "msgspec decoding only apiVersion and uid (the cheapest possible)")
+    parser.add_argument("--noop-patch", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--noop-server", nargs=4, metavar=("PORT", "CERT", "KEY", "PARSER"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.noop_server:
-        noop_server(int(args.noop_server[0]), *args.noop_server[1:])
+        port, cert, key, parser_name = args.noop_server
+        noop_server(int(port), cert, key, parser_name,
+                    patch=args.noop_patch.read_text().strip() if args.noop_patch else None)
         return 0
     client = args.client
     if client == "auto":

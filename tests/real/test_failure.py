@@ -54,6 +54,7 @@ async def test_deleting_a_webhook_pod_during_200_creates_loses_no_pod(kube: Kube
     victim = (await _webhook_pods(kube))[0]
     gate = asyncio.Semaphore(8)  # 8 clients creating at once
     done, failures = 0, []
+    underway = asyncio.Event()
 
     async def create(pod: dict[str, Any]) -> None:
         nonlocal done
@@ -63,10 +64,11 @@ async def test_deleting_a_webhook_pod_during_200_creates_loses_no_pod(kube: Kube
             except ApiError as exc:
                 failures.append(f"{pod['metadata']['name']}: {exc}")
             done += 1
+            if done == 40:
+                underway.set()
 
     async def delete_webhook_pod() -> None:
-        while done < 40:
-            await asyncio.sleep(0.01)
+        await underway.wait()
         await kube.delete(PODS, victim, NAMESPACE)  # graceful, as a drain or rollout does
 
     try:

@@ -74,6 +74,12 @@ def invalid(group: str, kind: str, name: str,
                           if group else f'{kind} "{name}" is invalid: {text}', details)
 
 
+def forbidden(group: str, plural: str, name: str, why: str) -> ApiStatusError:
+    return ApiStatusError(403, "Forbidden",
+                          f'{qualified(group, plural)} "{name}" is forbidden: {why}',
+                          _details(group, plural, name))
+
+
 def bad_request(message: str) -> ApiStatusError:
     return ApiStatusError(400, "BadRequest", message)
 

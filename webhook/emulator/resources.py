@@ -88,6 +88,7 @@ PODS = BUILTINS[1]
 CRDS = BUILTINS[-1]
 MUTATING = BUILTINS[-3]
 VALIDATING = BUILTINS[-2]
+PRIORITY_CLASSES = next(rt for rt in BUILTINS if rt.plural == "priorityclasses")
 
 #: in-tree kinds whose DELETE answers with the deleted object rather than a Status
 RETURNS_DELETED_OBJECT = frozenset({("", "pods"), ("", "namespaces"), ("", "nodes"),
@@ -233,5 +234,5 @@ class Registry:
             paths[f"{base}{ns}/{rt.plural}/{{name}}"] = {"patch": {
                 "operationId": f"patch{rt.kind}", "parameters": params,
                 "x-kubernetes-action": "patch", "x-kubernetes-group-version-kind": gvk}}
-        return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.33.0"},
+        return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.28.7"},
                 "paths": paths, "components": {"schemas": {}}}

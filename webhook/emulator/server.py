@@ -35,6 +35,7 @@ from .resources import (
     MUTATING,
     NAMESPACES,
     PODS,
+    PRIORITY_CLASSES,
     RETURNS_DELETED_OBJECT,
     VALIDATING,
     Registry,
@@ -59,9 +60,12 @@ _NO_GENERATION = frozenset({("", "namespaces"), ("", "configmaps"), ("", "secret
 #: pod spec fields an update may change (validation.ValidatePodUpdate)
 _UPDATE_RETRIES = 5
 _POD_MUTABLE_SPEC = ("activeDeadlineSeconds", "tolerations", "schedulingGates")
-VERSION_INFO = {"major": "1", "minor": "33", "gitVersion": "v1.33.0-muster-emulator",
+#: what it emulates: the Kubernetes of ../shared/k8s, which the real tier runs
+VERSION_INFO = {"major": "1", "minor": "28", "gitVersion": "v1.28.7-muster-emulator",
                 "gitCommit": "", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
-                "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64"}
+                "goVersion": "go1.21", "compiler": "gc", "platform": "linux/amd64"}
+#: PriorityClasses every cluster has (the apiserver creates them at start)
+_SYSTEM_PRIORITIES = {"system-cluster-critical": 2000000000, "system-node-critical": 2000001000}
 
 
 def now_rfc3339() -> str:
@@ -330,6 +334,12 @@ class ApiServerEmulator:
         method = request.method
         user = self.user  # no authentication: every request is the configured user
         dry_run = q.get("dryRun") == "All"
+        if "dryRun" in q and not dry_run:
+            verb = {"POST": "Create", "PUT": "Update", "PATCH": "Patch",
+                    "DELETE": "Delete"}.get(method, "Get")
+            raise errors.invalid("meta.k8s.io", f"{verb}Options", "", [(
+                "dryRun", "FieldValueNotSupported",
+                f'Unsupported value: []string{{"{q["dryRun"]}"}}: supported values: "All"')])
         if sub == "binding" and method != "POST":
             raise errors.method_not_allowed()
         if method == "GET":
@@ -613,6 +623,7 @@ class ApiServerEmulator:
         if rt.key == PODS.key:
             shapes.validate_pod(obj)
             defaults.default_pod(obj)
+            self._resolve_priority(obj)
         elif rt.key == NAMESPACES.key:
             defaults.default_namespace(obj)
         warnings: list[str] = []
@@ -779,11 +790,34 @@ class ApiServerEmulator:
             return self._remove(rt, new), warnings
         return self._persist(rt, new), warnings
 
+    def _resolve_priority(self, pod: dict[str, Any]) -> None:
+        """The Priority admission plugin (before webhooks): priorityClassName → spec.priority,
+        and a 403 for a class that does not exist."""
+        spec = pod["spec"]
+        name = spec.get("priorityClassName")
+        if not name:
+            return
+        found = self.store.get(PRIORITY_CLASSES.key, "", name)
+        if found is None and name not in _SYSTEM_PRIORITIES:
+            raise errors.forbidden("", "pods", str(pod["metadata"].get("name") or ""),
+                                   f"no PriorityClass with name {name} was found")
+        spec["priority"] = (int(found.obj.get("value") or 0) if found is not None
+                            else _SYSTEM_PRIORITIES[name])
+        if found is not None and found.obj.get("preemptionPolicy"):
+            spec["preemptionPolicy"] = found.obj["preemptionPolicy"]
+
     async def _bind(self, ns: str, name: str, body: Any, dry_run: bool,
                     user: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         if not isinstance(body, dict) or not (body.get("target") or {}).get("name"):
             raise errors.invalid("", "Binding", name, [(
                 "target.name", "FieldValueRequired", "Required value")])
+        if (body.get("metadata") or {}).get("name") not in (None, "", name):
+            raise errors.bad_request("name in URL does not match name in Binding object")
+        kind = body["target"].get("kind") or ""
+        if kind not in ("", "Node"):
+            # the real server answers this one with a 500
+            raise errors.ApiStatusError(500, "", f'target.kind: Unsupported value: "{kind}": '
+                                        'supported values: "Node", "<empty>"')
         current = self._get(PODS, ns, name).obj
         warnings: list[str] = []
         body.setdefault("metadata", {}).setdefault("name", name)
@@ -807,6 +841,13 @@ class ApiServerEmulator:
             raise errors.conflict("", "pods/binding", name, "Precondition failed: UID in "
                                   f"precondition: {uid}, UID in object meta: "
                                   f"{current['metadata']['uid']}")
+        rv = (body.get("metadata") or {}).get("resourceVersion")
+        if rv and rv != current["metadata"]["resourceVersion"]:
+            raise errors.conflict("", "pods", name, (
+                f"StorageError: invalid object, Code: 4, Key: /registry/pods/{ns}/{name}, "
+                "ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: ResourceVersion "
+                f"in precondition: {rv}, ResourceVersion in object meta: "
+                f"{current['metadata']['resourceVersion']}"))
         if not dry_run:
             pod = copy.deepcopy(current)
             pod["spec"]["nodeName"] = node
@@ -932,8 +973,19 @@ def _age(timestamp: str | None) -> str:
     return f"{secs}s"
 
 
+def _without_seconds(tolerations: Any) -> list[Any]:
+    return [{k: v for k, v in t.items() if k != "tolerationSeconds"} if isinstance(t, dict)
+            else t for t in tolerations or ()]
+
+
 def _check_pod_update(old: dict[str, Any], new: dict[str, Any]) -> None:
-    """ValidatePodUpdate: only images and a few fields of a pod's spec may change."""
+    """ValidatePodUpdate: only images and a few fields of a pod's spec may change; tolerations
+    may only be added to."""
+    kept = _without_seconds((new.get("spec") or {}).get("tolerations"))
+    if any(t not in kept for t in _without_seconds((old.get("spec") or {}).get("tolerations"))):
+        raise errors.invalid("", "Pod", old["metadata"]["name"], [(
+            "spec.tolerations", "FieldValueForbidden",
+            "Forbidden: existing toleration can not be modified except its tolerationSeconds")])
     old_spec, new_spec = dict(old.get("spec") or {}), dict(new.get("spec") or {})
     for spec in (old_spec, new_spec):
         for key in _POD_MUTABLE_SPEC:

@@ -89,6 +89,55 @@ def validate_pod(pod: dict[str, Any]) -> None:
                 for v in res.values())):
             raise _undecodable(f"spec.containers[{i}].resources", "limits/requests of "
                                "quantities")
+    causes = [*_toleration_errors(pod), *_extended_resource_errors(pod)]
+    if causes:
+        raise errors.invalid("", "Pod", name, causes)
+
+
+def _toleration_errors(pod: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """ValidateTolerations: the operator, and no value with Exists."""
+    causes = []
+    for i, t in enumerate((pod.get("spec") or {}).get("tolerations") or ()):
+        if not isinstance(t, dict):
+            continue
+        op = t.get("operator") or "Equal"
+        field = f"spec.tolerations[{i}].operator"
+        if op not in ("Equal", "Exists"):
+            causes.append((field, "FieldValueNotSupported",
+                           f'Unsupported value: "{op}": supported values: "Equal", "Exists"'))
+        elif op == "Exists" and t.get("value"):
+            causes.append((field, "FieldValueInvalid",
+                           "Invalid value: value must be empty when `operator` is 'Exists'"))
+    return causes
+
+
+def _extended(resource: str) -> bool:
+    """An extended resource (nvidia.com/gpu): a domain that is not kubernetes.io's."""
+    domain, _, _ = resource.rpartition("/")
+    return bool(domain) and domain != "kubernetes.io" and not domain.endswith(".kubernetes.io")
+
+
+def _extended_resource_errors(pod: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Extended resources cannot be overcommitted: a request needs an equal limit."""
+    causes = []
+    spec = pod.get("spec") or {}
+    for kind in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(kind) or ()):
+            res = (c.get("resources") if isinstance(c, dict) else None) or {}
+            requests, limits = res.get("requests") or {}, res.get("limits") or {}
+            field = f"spec.{kind}[{i}].resources"
+            for resource, value in requests.items():
+                if not _extended(resource):
+                    continue
+                if resource not in limits:
+                    causes.append((f"{field}.limits", "FieldValueRequired",
+                                   "Required value: Limit must be set for non overcommitable "
+                                   "resources"))
+                elif str(limits[resource]) != str(value):
+                    causes.append((f"{field}.requests", "FieldValueInvalid",
+                                   f'Invalid value: "{value}": must be equal to {resource} '
+                                   f"limit of {limits[resource]}"))
+    return causes
 
 
 _NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")

@@ -1,0 +1,241 @@
+"""The emulator against kube-apiserver 1.28: the same checks, run on both backends.
+
+Each test states what the real API server does with something Muster writes or relies on, and
+runs once against the emulator and once against the real node's API server. Where the emulator
+differs on purpose, the difference is listed in docs/emulator.md ("Known approximations") and
+the test checks that exact difference, so the document cannot go stale.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from real_helpers import crd_documents
+
+from e2e.node.cluster import NodeCluster
+from webhook.emulator import ApiServerEmulator
+from webhook.kube import (
+    NAMESPACES,
+    PODS,
+    VOLCANO_PODGROUPS,
+    ApiError,
+    KubeApi,
+    Resource,
+    make_api_client,
+)
+
+PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", False, "PriorityClass")
+NS = "parity"
+
+
+@pytest.fixture(params=["emulator", "real"])
+async def api(request: pytest.FixtureRequest, node_cluster: NodeCluster
+              ) -> AsyncIterator[tuple[str, KubeApi]]:
+    """(backend, client) with an empty namespace `parity` (created once per backend)."""
+    with tempfile.TemporaryDirectory(prefix="muster-parity-") as tmp:
+        if request.param == "emulator":
+            emulator = ApiServerEmulator(crds=crd_documents())
+            await emulator.start()
+            kubeconfig = str(emulator.write_kubeconfig(Path(tmp) / "kubeconfig"))
+        else:
+            emulator, kubeconfig = None, str(node_cluster.kubeconfig)
+        client = await make_api_client(kubeconfig)
+        kube = KubeApi(client)
+        try:
+            try:
+                await kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                               "metadata": {"name": NS}})
+            except ApiError as exc:
+                if not exc.conflict:
+                    raise
+            yield request.param, kube
+        finally:
+            await client.close()
+            if emulator is not None:
+                await emulator.stop()
+
+
+def pod(name: str, *, container: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"schedulerName": "nobody",  # nothing schedules or runs these pods
+                     "containers": [{"name": "c", "image": "busybox", **(container or {})}],
+                     **spec}}
+
+
+async def refused(call: Any) -> ApiError:
+    with pytest.raises(ApiError) as err:
+        await call
+    return err.value
+
+
+async def test_version_is_the_one_emulated(api: tuple[str, KubeApi]) -> None:
+    _, kube = api
+    version = await kube.request("GET", "/version")
+    assert (version["major"], version["minor"]) == ("1", "28")
+    assert version["gitVersion"].startswith("v1.28.7")
+
+
+async def test_dry_run_persists_nothing_and_only_all_is_accepted(api: tuple[str, KubeApi]
+                                                                 ) -> None:
+    _, kube = api
+    made = await kube.create(PODS, pod("dry"), NS, dry_run=True)
+    assert made["metadata"]["name"] == "dry"
+    assert (await refused(kube.get(PODS, "dry", namespace=NS))).status == 404
+    err = await refused(kube.request("POST", PODS.path(NS), [("dryRun", "true")],
+                                     body=pod("dry-true")))
+    assert err.status == 422 and 'supported values: "All"' in err.message
+    assert (await refused(kube.get(PODS, "dry-true", namespace=NS))).status == 404
+
+
+@pytest.mark.parametrize(("toleration", "message"), [
+    ({"key": "k", "operator": "Bogus"},
+     'spec.tolerations[0].operator: Unsupported value: "Bogus"'),
+    ({"key": "k", "operator": "Exists", "value": "v"},
+     "value must be empty when `operator` is 'Exists'"),
+])
+async def test_tolerations_are_validated(api: tuple[str, KubeApi], toleration: dict[str, str],
+                                         message: str) -> None:
+    _, kube = api
+    err = await refused(kube.create(PODS, pod("tol", tolerations=[toleration]), NS,
+                                    dry_run=True))
+    assert err.status == 422 and message in err.message
+
+
+@pytest.mark.parametrize(("resources", "message"), [
+    ({"requests": {"nvidia.com/gpu": "1"}},
+     "Limit must be set for non overcommitable resources"),
+    ({"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}},
+     "must be equal to nvidia.com/gpu limit of 2"),
+])
+async def test_a_gpu_request_needs_an_equal_limit(api: tuple[str, KubeApi],
+                                                  resources: dict[str, Any],
+                                                  message: str) -> None:
+    _, kube = api
+    err = await refused(kube.create(PODS, pod("gpu", container={"resources": resources}), NS,
+                                    dry_run=True))
+    assert err.status == 422 and message in err.message
+
+
+async def test_a_gpu_limit_alone_defaults_the_request(api: tuple[str, KubeApi]) -> None:
+    _, kube = api
+    made = await kube.create(PODS, pod("gpu", container={"resources": {
+        "limits": {"nvidia.com/gpu": "2"}}}), NS, dry_run=True)
+    assert made["spec"]["containers"][0]["resources"]["requests"] == {"nvidia.com/gpu": "2"}
+
+
+async def test_priority_class_name_is_resolved_before_webhooks(api: tuple[str, KubeApi]
+                                                               ) -> None:
+    _, kube = api
+    err = await refused(kube.create(PODS, pod("prio", priorityClassName="nope"), NS,
+                                    dry_run=True))
+    assert err.status == 403 and "no PriorityClass with name nope was found" in err.message
+    made = await kube.create(PODS, pod("prio", priorityClassName="system-node-critical"), NS,
+                             dry_run=True)
+    assert made["spec"]["priority"] == 2000001000
+    try:
+        await kube.create(PRIORITY_CLASSES, {"apiVersion": "scheduling.k8s.io/v1",
+                                             "kind": "PriorityClass",
+                                             "metadata": {"name": "parity-high"}, "value": 777})
+    except ApiError as exc:
+        if not exc.conflict:
+            raise
+    made = await kube.create(PODS, pod("prio", priorityClassName="parity-high"), NS,
+                             dry_run=True)
+    assert made["spec"]["priority"] == 777
+
+
+async def test_tolerations_can_be_added_on_update_but_not_removed(api: tuple[str, KubeApi]
+                                                                  ) -> None:
+    _, kube = api
+    made = await kube.create(PODS, pod("upd", tolerations=[{"key": "a", "operator": "Exists"}]),
+                             NS)
+    try:
+        made["spec"]["tolerations"].append({"key": "b", "operator": "Exists"})
+        made = await kube.request("PUT", PODS.path(NS, "upd"), body=made)
+        assert {"key": "b", "operator": "Exists"} in made["spec"]["tolerations"]
+        made["spec"]["tolerations"] = [t for t in made["spec"]["tolerations"]
+                                       if t["key"] != "a"]
+        err = await refused(kube.request("PUT", PODS.path(NS, "upd"), body=made))
+        assert err.status == 422
+        assert "existing toleration can not be modified except its tolerationSeconds" in \
+            err.message
+    finally:
+        await kube.delete(PODS, "upd", NS)
+
+
+async def test_bindings_are_checked_as_the_binder_relies_on(api: tuple[str, KubeApi]) -> None:
+    _, kube = api
+    made = await kube.create(PODS, pod("bind"), NS)
+    path = PODS.path(NS, "bind") + "/binding"
+
+    def binding(**meta: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "bind", **meta},
+                "target": {"kind": "Node", "name": "nowhere"}}
+    try:
+        wrong_name = {**binding(), "metadata": {"name": "other"}}
+        err = await refused(kube.request("POST", path, body=wrong_name))
+        assert err.status == 400 and "does not match name in Binding" in err.message
+        wrong_kind = {**binding(), "target": {"kind": "Pod", "name": "nowhere"}}
+        err = await refused(kube.request("POST", path, body=wrong_kind))
+        assert err.status == 500 and 'target.kind: Unsupported value: "Pod"' in err.message
+        err = await refused(kube.request("POST", path, body=binding(resourceVersion="1")))
+        assert err.status == 409 and "Precondition failed: ResourceVersion" in err.message
+        err = await refused(kube.request("POST", path, body=binding(uid="not-the-pod")))
+        assert err.status == 409 and "Precondition failed: UID" in err.message
+        # the node need not exist; the pod's uid and current resourceVersion pass
+        await kube.request("POST", path, body=binding(
+            uid=made["metadata"]["uid"], resourceVersion=made["metadata"]["resourceVersion"]))
+        bound = await kube.get(PODS, "bind", namespace=NS)
+        assert bound["spec"]["nodeName"] == "nowhere"
+        assert {"type": "PodScheduled", "status": "True"}.items() <= next(
+            c for c in bound["status"]["conditions"] if c["type"] == "PodScheduled").items()
+        err = await refused(kube.request("POST", path, body=binding()))
+        assert err.status == 409 and 'is already assigned to node "nowhere"' in err.message
+    finally:
+        await kube.delete(PODS, "bind", NS)
+
+
+async def test_a_json_patch_test_of_a_stale_resource_version_is_refused(
+        api: tuple[str, KubeApi]) -> None:
+    """The binder writes assignments with a `test` of resourceVersion (webhook.binder)."""
+    _, kube = api
+    made = await kube.create(PODS, pod("patch"), NS)
+    try:
+        ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": "1"},
+               {"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}]
+        err = await refused(kube.patch(PODS, "patch", ops, NS, patch_type="json"))
+        assert err.status == 422 and "testing value" in err.message
+        ops[0]["value"] = made["metadata"]["resourceVersion"]
+        done = await kube.patch(PODS, "patch", ops, NS, patch_type="json")
+        assert done["metadata"]["annotations"] == {"a": "b"}
+    finally:
+        await kube.delete(PODS, "patch", NS)
+
+
+async def test_a_volcano_podgroup_gets_the_crd_defaults(api: tuple[str, KubeApi]) -> None:
+    _, kube = api
+    made = await kube.create(VOLCANO_PODGROUPS, {
+        "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": "pg"}, "spec": {"minMember": 2}}, NS, dry_run=True)
+    assert made["spec"]["minMember"] == 2
+    assert made["spec"].get("queue") == "default"
+
+
+async def test_a_pod_field_typo_under_strict_validation(api: tuple[str, KubeApi]) -> None:
+    """Documented difference: the emulator has no built-in schemas for pods (it validates the
+    rules above), so it stores an unknown pod field; kube-apiserver refuses it."""
+    backend, kube = api
+    body = pod("typo", container={"imagePullPolicyy": "Never"})
+    call = kube.request("POST", PODS.path(NS), [("fieldValidation", "Strict"),
+                                                ("dryRun", "All")], body=body)
+    if backend == "real":
+        err = await refused(call)
+        assert err.status == 400
+        assert 'strict decoding error: unknown field "spec.containers[0].imagePullPolicyy"' \
+            in err.message
+    else:
+        assert (await call)["metadata"]["name"] == "typo"
