@@ -195,12 +195,13 @@ async def bench(cluster: NodeCluster, args: argparse.Namespace, work: Path) -> d
     results: dict[str, list[Run]] = {s: [] for s in SETUPS}
     try:
         with ExitStack() as stack:
+            profile = ["-m", "cProfile", "-o", str(args.profile)] if args.profile else []
             procs = {"muster": stack.enter_context(started([
-                sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1",
+                sys.executable, *profile, "-m", "webhook", "serve", "--host", "127.0.0.1",
                 "--port", str(ports["muster"]), "--tls-cert-file", tls[0], "--tls-key-file",
                 tls[1], "--policies", str(work / "policies"), "--kubeconfig",
                 str(cluster.kubeconfig), "--namespace", "muster-system"], work / "muster.log"))}
-            wait_ready(f"https://127.0.0.1:{ports['muster']}/readyz", cafile, procs["muster"],
+            wait_ready(f"https://127.0.0.1:{ports['muster']}", cafile, procs["muster"],
                        work / "muster.log")
             await kube.create(MUTATING_WEBHOOKS, configuration("muster", ports["muster"], ca))
             await asyncio.sleep(2)  # the API server picks up the configuration
@@ -212,7 +213,7 @@ async def bench(cluster: NodeCluster, args: argparse.Namespace, work: Path) -> d
                 [*serve, str(ports["static"]), *tls, "json", "--noop-patch", str(patch_file)],
                 work / "static.log"))
             for setup in ("noop", "static"):
-                wait_ready(f"https://127.0.0.1:{ports[setup]}/readyz", cafile, procs[setup],
+                wait_ready(f"https://127.0.0.1:{ports[setup]}", cafile, procs[setup],
                            work / f"{setup}.log")
                 await kube.create(MUTATING_WEBHOOKS, configuration(setup, ports[setup], ca))
             await asyncio.sleep(2)
@@ -232,6 +233,14 @@ async def bench(cluster: NodeCluster, args: argparse.Namespace, work: Path) -> d
                           f"p99 {statistics.quantiles(latencies, n=100)[98] * 1e3:6.1f} ms",
                           file=sys.stderr)
             await check_mutated(kube, args.rounds)
+            ctx = ssl.create_default_context(cafile=str(cafile))
+            async with aiohttp.ClientSession() as http, http.get(
+                    f"https://127.0.0.1:{ports['muster']}/metrics", ssl=ctx) as resp:
+                counts = [line for line in (await resp.text()).splitlines()
+                          if line.startswith(("muster_admission_requests_total",
+                                              "muster_podgroup_writes_total",
+                                              "muster_admission_fail_open_total"))]
+            print("muster's own counts:\n  " + "\n  ".join(counts), file=sys.stderr)
     finally:
         await client.close()
     return results
@@ -271,6 +280,8 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=600, help="pods per set-up and round")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", type=Path, help="run muster serve under cProfile, "
+                        "writing its stats here (slows it: for finding costs, not figures)")
     args = parser.parse_args()
     reason = missing_prerequisites()
     if reason:

@@ -208,7 +208,7 @@ async def test_a_json_patch_test_of_a_stale_resource_version_is_refused(
         ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": "1"},
                {"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}]
         err = await refused(kube.patch(PODS, "patch", ops, NS, patch_type="json"))
-        assert err.status == 422 and "testing value" in err.message
+        assert err.status == 422 and "rejected our request" in err.message
         ops[0]["value"] = made["metadata"]["resourceVersion"]
         done = await kube.patch(PODS, "patch", ops, NS, patch_type="json")
         assert done["metadata"]["annotations"] == {"a": "b"}

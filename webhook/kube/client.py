@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import aiohttp
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import load_incluster_config, load_kube_config
 
@@ -20,4 +21,19 @@ async def make_api_client(kubeconfig: str | None = None,
         path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
         await load_kube_config(config_file=path, context=context,
                                client_configuration=config, persist_config=False)
-    return ApiClient(configuration=config)
+    client = ApiClient(configuration=config)
+    _without_env_lookups(client)
+    return client
+
+
+def _without_env_lookups(client: ApiClient) -> None:
+    """kubernetes-asyncio's session has trust_env=True: aiohttp then looks up ~/.netrc in a
+    worker thread on every request, which cost about 0.9 ms of CPU per API call (the webhook
+    makes one per job, the agent one per Allocate). The API server is never reached through an
+    environment proxy or netrc credentials, so the same connector gets a session without them."""
+    rest = client.rest_client
+    old: aiohttp.ClientSession = rest.pool_manager
+    connector = old.connector
+    old.detach()  # the connector moves to the new session, not closed with the old one
+    rest.pool_manager = aiohttp.ClientSession(connector=connector, trust_env=False,
+                                              read_bufsize=2**21)
