@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from e2e.probes import open_volcano_queues
 from e2e.procs import REPO, Proc, https_ok, wait_for
 from e2e.projection import project
 from webhook import keys
@@ -202,6 +203,7 @@ class LocalCluster:
         await self.kube.create(NAMESPACES, namespace(NAMESPACE))
         for name in NODE_NAMES:
             await self.kube.create(NODES, node(name))
+        await open_volcano_queues(self.kube)
 
         values_file = self._values_file(values)
         await asyncio.to_thread(self._helm, "install", values_file)

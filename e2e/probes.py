@@ -7,8 +7,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from webhook.demo import mpi
-from webhook.kube import PODS, KubeApi
+from webhook.demo import mpi, scenario
+from webhook.kube import PODS, VOLCANO_QUEUES, ApiError, KubeApi
 
 #: a policy an admin adds to label one namespace's pods (visible through a dry run)
 EXTRA_POLICY = """\
@@ -47,3 +47,17 @@ async def pods_of(kube: KubeApi, ns: str, job: str) -> list[dict[str, Any]]:
     """The pods of one training job, by the Kubeflow operators' job-name label."""
     found = await kube.list(PODS, namespace=ns, label_selector=f"{mpi.JOB_NAME}={job}")
     return list(found["items"])
+
+
+async def open_volcano_queues(kube: KubeApi) -> None:
+    """The Queues a cluster with Volcano has (no Volcano controller runs in the tests, so the
+    test opens them as it would): the ones the shipped policies and the scenarios name."""
+    for name in scenario.QUEUES:
+        queue = scenario.volcano_queue(name)
+        try:
+            await kube.create(VOLCANO_QUEUES, queue)
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+        await kube.patch(VOLCANO_QUEUES, name, {"status": queue["status"]},
+                         subresource="status")

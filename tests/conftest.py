@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from webhook.demo import scenario
 from webhook.emulator import ApiServerEmulator
 from webhook.emulator.testing import TlsCerts, WebhookServers, make_certs
 from webhook.kube import KubeApi, make_api_client
@@ -46,6 +47,8 @@ def shared_crds(shared_dir: Path) -> list[dict[str, Any]]:
 async def apiserver(shared_crds: list[dict[str, Any]]) -> AsyncIterator[ApiServerEmulator]:
     api = ApiServerEmulator(crds=shared_crds)
     api.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
+    for queue in scenario.QUEUES:  # Volcano's, as on a cluster where it is installed
+        api.seed(scenario.volcano_queue(queue))
     async with api:
         yield api
 

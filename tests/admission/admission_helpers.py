@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import json
 import os
+import re
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -14,9 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
+from aiohttp import web
 
 from webhook.admission.server import ServeOptions, WebhookServer
 from webhook.certs import KeyPair, generate_ca, issue_serving_cert, write_pair
+from webhook.emulator import ApiServerEmulator
 
 #: the shipped-style policies the fixtures are checked against
 POLICIES = """\
@@ -141,3 +146,114 @@ def json_paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         for i, v in enumerate(doc):
             out += json_paths(v, (*prefix, i))
     return out
+
+
+class FaultProxy:
+    """An HTTP proxy in front of the API server emulator that fails chosen requests, as a
+    flaky API server does: `fail(method, path_regex, status)` answers that status with a
+    Status body, `status=0` never answers. Everything else (watches included) goes through."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.rules: list[tuple[str, re.Pattern[str], int]] = []
+        self.hits: list[str] = []
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.url = ""
+
+    def fail(self, method: str, path: str, status: int) -> None:
+        self.rules.append((method, re.compile(path), status))
+
+    def heal(self) -> None:
+        self.rules.clear()
+
+    async def __aenter__(self) -> FaultProxy:
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": self.url}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            "users": [{"name": "u", "user": {"token": "t"}}]}))
+        return path
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        for method, pattern, status in self.rules:
+            if request.method == method and pattern.search(request.path):
+                self.hits.append(f"{request.method} {request.path}")
+                if status == 0:
+                    await asyncio.sleep(3600)
+                return web.json_response({
+                    "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "message": f"injected {status}", "code": status,
+                    "reason": "NotFound" if status == 404 else "InternalError"}, status=status)
+        assert self._session is not None
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() in ("content-type", "accept", "authorization")}
+        async with self._session.request(
+                request.method, self.upstream + request.path_qs, headers=headers,
+                data=await request.read()) as upstream:
+            resp = web.StreamResponse(status=upstream.status, headers={
+                "Content-Type": upstream.headers.get("Content-Type", "application/json")})
+            await resp.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+
+
+# --- MPIJob workers on the emulator ---------------------------------------------------------
+
+JOB = "tensorflow-topo-4-vgg16"
+
+
+async def mpijob_in(api: ApiServerEmulator, shared_dir: Path) -> dict[str, Any]:
+    job = yaml.safe_load((shared_dir / "fixtures" / "jobs" / "mpijob-vgg16-4workers.yaml")
+                         .read_text())
+    return await api.create("mpijobs.kubeflow.org", job, namespace="team-a")
+
+
+def owned_by(body: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
+    """The captured request with its ownerReference pointing at the object the emulator made."""
+    body = copy.deepcopy(body)
+    ref = body["request"]["object"]["metadata"]["ownerReferences"][0]
+    ref["uid"] = owner["metadata"]["uid"]
+    ref["name"] = owner["metadata"]["name"]
+    return body
+
+
+def worker_review(body: dict[str, Any], i: int) -> dict[str, Any]:
+    body = copy.deepcopy(body)
+    name = f"{JOB}-worker-{i}"
+    body["request"]["uid"] = f"uid-{i}"
+    body["request"]["name"] = name
+    body["request"]["object"]["metadata"]["name"] = name
+    return body
+
+
+def controller_ref(job: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def volcano_podgroups(api: ApiServerEmulator) -> list[dict[str, Any]]:
+    return api.objects("podgroups.scheduling.volcano.sh", namespace="team-a")
+
+
+def metric(srv: Any, name: str, **labels: str) -> float:
+    return srv.metrics.registry.get_sample_value(name, labels) or 0.0

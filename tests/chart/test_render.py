@@ -410,7 +410,9 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("apps", "replicasets,deployments,statefulsets,daemonsets"): "get",
         ("kubeflow.org", "mpijobs,pytorchjobs,tfjobs,xgboostjobs,paddlejobs"): "get",
         ("scheduling.volcano.sh", "scheduling.x-k8s.io", "podgroups"):
-            "get,list,watch,create,patch",
+            "get,list,watch,create,patch,delete",
+        ("scheduling.volcano.sh", "queues"): "get,list,watch",
+        ("scheduling.k8s.io", "priorityclasses"): "get,list,watch",
         ("", "events.k8s.io", "events"): "create,patch",
         ("admissionregistration.k8s.io",
          "mutatingwebhookconfigurations,validatingwebhookconfigurations"): "get,update,patch",
@@ -433,7 +435,7 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("coordination.k8s.io", "leases"): "create,get,update"})
     assert _grants(objs, "ClusterRole", "muster-agent") == _expand({
         ("", "nodes"): "get,patch",
-        ("", "pods"): "get,list,watch",
+        ("", "pods"): "get,list,watch,patch",  # the mark on each pod it served
     })
     # hooks: the uninstall Job may only delete Muster's two configurations
     name = one(objs, "MutatingWebhookConfiguration")["metadata"]["name"]

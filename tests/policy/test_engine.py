@@ -17,6 +17,7 @@ from webhook.policy import (
     podgroup_manifest,
     render_patch,
 )
+from webhook.policy.workload import Priorities
 
 from .conftest import MPIJOB_UID, Policies, deep, policy
 
@@ -140,6 +141,48 @@ def test_job_scheduling_policy_beats_the_policy(worker_pod: dict[str, Any],
         (3, "urgent", "high")
     # launcher + the 2 workers minMember 3 needs
     assert d.pod_group.min_resources == {"cpu": "8500m", "memory": "33Gi", "nvidia.com/gpu": "2"}
+
+
+def test_min_resources_count_the_higher_priority_replicas_first(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    """As mpi-operator's calPGMinResource: replicas sorted by their PriorityClass value."""
+    mpijob["spec"]["runPolicy"]["schedulingPolicy"] = {"minAvailable": 3}
+    specs = mpijob["spec"]["mpiReplicaSpecs"]
+    specs["Worker"]["template"]["spec"]["priorityClassName"] = "train-high"
+    ps = policies(policy("v", "gang:\n  backend: volcano"))
+    equal = evaluate(worker_pod, namespace_labels={}, owners=[mpijob], policies=ps)
+    assert equal.pod_group is not None  # the class is unknown: 0 like the launcher's
+    assert equal.pod_group.min_resources == {"cpu": "8500m", "memory": "33Gi",
+                                             "nvidia.com/gpu": "2"}  # launcher first
+    ranked = evaluate(worker_pod, namespace_labels={}, owners=[mpijob], policies=ps,
+                      priorities=Priorities({"train-high": 1000}))
+    assert ranked.pod_group is not None
+    assert ranked.pod_group.min_resources == {"cpu": "12", "memory": "48Gi",
+                                              "nvidia.com/gpu": "3"}  # three workers
+
+
+@pytest.mark.parametrize("backend", ["volcano", "coscheduling"])
+def test_explicit_zeros_on_the_job_are_honoured_as_the_operator_does(
+        backend: str, worker_pod: dict[str, Any], mpijob: dict[str, Any],
+        policies: Policies) -> None:
+    """mpi-operator (pkg/controller/podgroup.go): a set minAvailable is used even when 0, and
+    then minResources is left out; a set minResources {} stays empty; scheduleTimeoutSeconds 0
+    is written as 0. The policy's own values never replace them."""
+    ps = policies(policy("p", f"gang:\n  backend: {backend}\n  minAvailable: 3\n"
+                         "  minResources: {nvidia.com/gpu: '9'}"
+                         + ("\n  scheduleTimeoutSeconds: 120" if backend != "volcano" else "")))
+    sp = mpijob["spec"]["runPolicy"]["schedulingPolicy"] = {"minAvailable": 0}
+    d, _ = run(worker_pod, [mpijob], ps)
+    assert d.pod_group is not None
+    assert (d.pod_group.min_member, d.pod_group.min_resources) == (0, None)
+    assert podgroup_manifest(d.pod_group)["spec"]["minMember"] == 0  # type: ignore[index]
+    sp.update(minAvailable=2, minResources={}, scheduleTimeoutSeconds=0)
+    d, _ = run(worker_pod, [mpijob], ps)
+    assert d.pod_group is not None
+    body = podgroup_manifest(d.pod_group)["spec"]  # type: ignore[index]
+    assert body["minMember"] == 2 and body["minResources"] == {}
+    if backend == "coscheduling":
+        assert body["scheduleTimeoutSeconds"] == 0
 
 
 @pytest.mark.parametrize(("wanted", "expected"), [("auto", 5), (3, 3), (9, 5), ("50%", 3),

@@ -12,6 +12,7 @@ under CI=true that skip is a failure.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -35,6 +36,7 @@ from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node import image
 from e2e.node.assets import REPO, ensure_debian_packages, missing_prerequisites
 from e2e.node.cluster import NodeCluster
+from e2e.probes import open_volcano_queues
 from webhook import keys
 from webhook.kube import KubeApi, make_api_client
 
@@ -90,6 +92,7 @@ def node_cluster(images: image.Images, tmp_path_factory: pytest.TempPathFactory
             crds.write_text(yaml.safe_dump_all(crd_documents()))
             kubectl(cluster, "apply", "--server-side", "-f", str(crds))
             wait_established(cluster)
+            asyncio.run(_open_queues(cluster))
             values = tmp_path_factory.mktemp("values") / "values.yaml"
             values.write_text(yaml.safe_dump(release_values(cluster)))
             run_helm(cluster, "install", RELEASE, str(REPO / "charts" / "muster"),
@@ -104,6 +107,14 @@ def node_cluster(images: image.Images, tmp_path_factory: pytest.TempPathFactory
         raise
     yield cluster
     cluster.stop()
+
+
+async def _open_queues(cluster: NodeCluster) -> None:
+    client = await make_api_client(str(cluster.kubeconfig))
+    try:
+        await open_volcano_queues(KubeApi(client))
+    finally:
+        await client.close()
 
 
 @pytest.fixture(autouse=True)

@@ -3,28 +3,45 @@
 Safety rules, in order: a request is always answered before its deadline; any failure admits the
 pod (with a warning and a metric) rather than blocking it; system namespaces are never touched;
 nobody chooses their own GPUs (the binder's assignment annotation is stripped or denied).
+
+Gangs never wait forever in silence. Three cases refuse or change what the policy asked for, each
+with an Event on the job (and on the pod when it has a name) and a metric:
+
+- the job's object cannot be read (API error or timeout) and a gang policy needs it: the pod is
+  refused for `owner_retry_seconds`, so that no member joins half a gang; the job's controller
+  retries the create. After that the pod is admitted without the gang;
+- the PodGroup's name is taken by a PodGroup another live object controls: refused until it
+  goes (webhook.admission.podgroups);
+- the Volcano queue is missing or not Open: the policy's fallback queue, or no gang
+  (webhook.policy.queues).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeGuard
 
 from webhook import jsonpatch
 from webhook.admission.metrics import Metrics
+from webhook.admission.podgroups import Ensured, controller_of
 from webhook.admission.reload import PolicyStore
 from webhook.admission.review import AdmissionReview, response
 from webhook.keys import ANN_GPU_ASSIGNMENT
-from webhook.policy import PolicyError, PolicySet, load_policy_texts
-from webhook.policy.decision import PodGroupSpec
+from webhook.policy import PolicyError, PolicySet, load_policy_texts, render_patch
+from webhook.policy.decision import Decision, PodGroupSpec
 from webhook.policy.outcome import evaluate_and_render
+from webhook.policy.queues import QueueVerdict, with_queue, without_gang
+from webhook.policy.workload import NO_PRIORITIES, Priorities
 
 log = logging.getLogger(__name__)
 
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
+#: seconds of the deadline kept for deciding after a slow owner or Queue read
+_OWNER_MARGIN = 0.2
 UserAssignment = Literal["strip", "deny"]
 
 
@@ -36,12 +53,19 @@ class ClusterContext(Protocol):
     def cached_owners(self, pod: Mapping[str, Any], namespace: str) -> list[
         dict[str, Any]] | None: ...
 
-    async def owners(self, pod: Mapping[str, Any], namespace: str) -> tuple[
-        list[dict[str, Any]], list[str]]: ...
+    async def owners(self, pod: Mapping[str, Any], namespace: str, deadline: float
+                     ) -> tuple[list[dict[str, Any]], list[str], Mapping[str, Any] | None]: ...
 
     def pod_group_current(self, spec: PodGroupSpec) -> bool: ...
 
-    async def ensure_pod_group(self, spec: PodGroupSpec, *, dry_run: bool) -> list[str]: ...
+    def priorities(self) -> Priorities: ...
+
+    async def ensure_pod_group(self, spec: PodGroupSpec, *, dry_run: bool) -> Ensured: ...
+
+    async def queue_verdict(self, spec: PodGroupSpec, deadline: float
+                            ) -> QueueVerdict | None: ...
+
+    def report(self, objects: list[Mapping[str, Any]], reason: str, message: str) -> None: ...
 
     def ready(self) -> bool: ...
 
@@ -53,6 +77,8 @@ class AdmissionConfig:
     excluded_namespaces: frozenset[str] = field(default_factory=frozenset)
     #: seconds kept back from the API server's timeout for the answer to travel
     deadline_margin: float = 0.5
+    #: how long a gang job's pods are refused while its object cannot be read
+    owner_retry_seconds: float = 60.0
 
 
 @dataclass
@@ -65,6 +91,7 @@ class _Result:
     policies: tuple[str, ...] = ()
     fail_open: str | None = None
     message: str | None = None
+    status_code: int | None = None
 
 
 def _is_map(value: Any) -> TypeGuard[Mapping[str, Any]]:
@@ -81,6 +108,43 @@ def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = pod.get("metadata")
     ann = meta.get("annotations") if _is_map(meta) else None
     return ann if _is_map(ann) else {}
+
+
+def _involved(pod: Mapping[str, Any], namespace: str,
+              spec: PodGroupSpec | None) -> list[Mapping[str, Any]]:
+    """What an Event about a gang goes on: the job (its object as the pod's controller or the
+    PodGroup's owner names it), and the pod when it already has a name."""
+    out: list[Mapping[str, Any]] = []
+    ref = spec.owner.as_owner_reference() if spec is not None and spec.owner else \
+        controller_of(pod)
+    if ref is not None:
+        out.append({"apiVersion": ref.get("apiVersion"), "kind": ref.get("kind"),
+                    "metadata": {"name": ref.get("name"), "namespace": namespace,
+                                 "uid": ref.get("uid")}})
+    name = (pod.get("metadata") or {}).get("name")
+    if isinstance(name, str) and name:
+        out.append({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": name, "namespace": namespace}})
+    return out
+
+
+class OwnerRetry:
+    """Since when each job's object could not be read (bounded: the oldest entries go)."""
+
+    def __init__(self, window: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window = window
+        self._clock = clock
+        self._since: dict[str, float] = {}
+
+    def still_refusing(self, job: str) -> bool:
+        now = self._clock()
+        since = self._since.setdefault(job, now)
+        if len(self._since) > 4096:
+            del self._since[next(iter(self._since))]
+        return now - since < self.window
+
+    def recovered(self, job: str) -> None:
+        self._since.pop(job, None)
 
 
 def _strip_assignment(pod: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -105,7 +169,8 @@ class Admitter:
         self.context = context
         self.metrics = metrics
         self._excluded = SYSTEM_NAMESPACES | config.excluded_namespaces
-        self._background: set[asyncio.Task[list[str]]] = set()
+        self._background: set[asyncio.Task[Ensured]] = set()
+        self.owner_retry = OwnerRetry(config.owner_retry_seconds)
         #: set at shutdown: /readyz reports not ready while in-flight requests finish
         self.draining = False
 
@@ -123,7 +188,7 @@ class Admitter:
         audit = {"policy": ",".join(result.policies)} if result.policies else None
         body = response(review, allowed=result.allowed, patch=result.patch,
                         patch_json=result.patch_json, warnings=result.warnings, audit=audit,
-                        message=result.message)
+                        message=result.message, status_code=result.status_code)
         if not result.allowed:
             outcome = "denied"
         elif result.fail_open:
@@ -190,6 +255,7 @@ class Admitter:
         deadline: float,
         result: _Result,
     ) -> None:
+        unread: Mapping[str, Any] | None = None  # the owner whose read failed
         if self.context is None:
             ns_labels: Mapping[str, str] = {"kubernetes.io/metadata.name": namespace}
             owners: list[dict[str, Any]] = []
@@ -204,14 +270,33 @@ class Admitter:
             if cached is not None:
                 owners = cached
             else:
-                async with asyncio.timeout_at(deadline):
-                    owners, owner_warnings = await self.context.owners(pod, namespace)
+                # a little is kept back: a slow owner read still gets a decision in time
+                owners, owner_warnings, unread = await self.context.owners(
+                    pod, namespace, deadline - _OWNER_MARGIN)
                 result.warnings.extend(owner_warnings)
+                if unread is not None:
+                    result.fail_open = "owner"
         # The pods of one job share one outcome (see webhook.policy.outcome).
         decision, ops, patch_json = evaluate_and_render(
-            pod, namespace_labels=ns_labels, owners=owners, policies=policies)
+            pod, namespace_labels=ns_labels, owners=owners, policies=policies,
+            priorities=self.context.priorities() if self.context else NO_PRIORITIES)
+        if self.context is not None and self._hold_for_owner(pod, namespace, decision,
+                                                             unread, result):
+            return
+        spec = decision.pod_group
+        if self.context is not None and spec is not None and spec.backend == "volcano":
+            verdict = await self.context.queue_verdict(spec, deadline - _OWNER_MARGIN)
+            if verdict is not None and verdict.changed:
+                decision = (with_queue(decision, verdict.queue) if verdict.queue is not None
+                            else without_gang(decision, f"muster: {verdict.reason}"))
+                ops = tuple(render_patch(pod, decision)) if decision.changes_pod else ()
+                patch_json = b""  # encoded by the response from `ops`
+                what = "queue_fallback" if verdict.queue is not None else "queue_without_gang"
+                self.metrics.gang_interventions.labels(what).inc()
+                self.context.report(_involved(pod, namespace, spec), "GangQueueUnavailable",
+                                    verdict.reason)
         result.warnings.extend(decision.warnings)
-        if not result.patch:
+        if not result.patch and patch_json:
             result.patch_json = patch_json
         result.patch.extend(ops)
         result.policies = decision.policies
@@ -233,15 +318,63 @@ class Admitter:
         task.add_done_callback(self._background.discard)
         try:
             async with asyncio.timeout_at(deadline):
-                warnings = await asyncio.shield(task)
+                ensured = await asyncio.shield(task)
         except TimeoutError:
             result.warnings.append(f"muster: PodGroup {spec.namespace}/{spec.name} not "
                                    "confirmed before the webhook deadline; still being written")
             result.fail_open = "deadline"
             return
-        if warnings:
+        self._report_podgroup(pod, namespace, spec, ensured, result)
+
+    def _hold_for_owner(self, pod: dict[str, Any], namespace: str, decision: Decision,
+                        unread: Mapping[str, Any] | None, result: _Result) -> bool:
+        """A gang policy needs the job's object and reading it failed: refuse the pod (the
+        job's controller retries) for `owner_retry_seconds`, then admit it without the gang.
+        True when the pod is refused."""
+        assert self.context is not None
+        ref = controller_of(pod)
+        job = f"{namespace}/{ref.get('uid')}" if ref is not None else ""
+        if ref is None or unread is None or not decision.gang_blocked:
+            if ref is not None and unread is None:
+                self.owner_retry.recovered(job)
+            return False
+        if not self.context.ready():
+            return False  # caches not synced: this server is the problem, not the job
+        what = f"{unread.get('kind')} {namespace}/{unread.get('name')}"
+        involved = [*_involved({"metadata": {"ownerReferences": [
+            {**unread, "controller": True}]}}, namespace, None), *_involved(pod, namespace,
+                                                                            None)[1:]]
+        if self.owner_retry.still_refusing(job):
+            self.metrics.gang_interventions.labels("owner_unavailable_denied").inc()
+            result.allowed, result.status_code, result.fail_open = False, 503, None
+            result.message = (f"muster: {what} could not be read to size this pod's gang "
+                              f"({decision.gang_blocked}); the pod is refused so that it does "
+                              "not join half a gang: retry")
+            self.context.report(involved, "GangOwnerUnavailable", result.message)
+            return True
+        self.metrics.gang_interventions.labels("owner_unavailable_admitted").inc()
+        self.context.report(involved, "GangOwnerUnavailable", (
+            f"muster: {what} could not be read for {self.owner_retry.window:g} s; pod admitted "
+            "without its gang"))
+        return False
+
+    def _report_podgroup(self, pod: dict[str, Any], namespace: str, spec: PodGroupSpec,
+                         ensured: Ensured, result: _Result) -> None:
+        assert self.context is not None
+        if ensured.refused:
+            self.metrics.gang_interventions.labels("podgroup_foreign_denied").inc()
+            result.allowed, result.status_code = False, 409
+            result.message = f"muster: {ensured.refused}"
+            self.context.report(_involved(pod, namespace, spec), "GangPodGroupConflict",
+                                ensured.refused)
+            return
+        if ensured.replaced:
+            self.metrics.gang_interventions.labels("podgroup_replaced").inc()
+            self.context.report(_involved(pod, namespace, spec)[:1], "GangPodGroupReplaced",
+                                ensured.replaced)
+        if ensured.warnings:
             result.fail_open = "podgroup"
-        result.warnings.extend(warnings)
+        result.warnings.extend(ensured.warnings)
 
     async def validate_policies(self, review: AdmissionReview) -> tuple[dict[str, Any], str]:
         """/validate/policies: would this ConfigMap's data load? Validation only, no reload."""

@@ -50,6 +50,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="larger requests get HTTP 413 (default 8 MiB)")
     p.add_argument("--owner-cache-ttl", type=float, default=5.0,
                    help="seconds an owner object (MPIJob, Job...) is reused (default 5)")
+    p.add_argument("--owner-retry-seconds", type=float, default=60.0,
+                   help="while a gang job's object cannot be read, its pods are refused (the "
+                        "job's controller retries) for this long, then admitted without the "
+                        "gang (default 60)")
     p.add_argument("--log-json", action="store_true", default=argparse.SUPPRESS,
                    help="one JSON object per log line (same as the global --log-json)")
     p.set_defaults(func=_serve)
@@ -70,7 +74,8 @@ def _serve(args: argparse.Namespace) -> int:
         service_name=args.service_name, namespace=args.namespace,
         on_user_assignment=args.on_user_assignment, max_body_bytes=args.max_body_bytes,
         exclude_namespaces=args.exclude_namespace, policies_configmap=args.policies_configmap,
-        owner_cache_ttl=args.owner_cache_ttl, webhook_configurations=args.webhook_configuration,
+        owner_cache_ttl=args.owner_cache_ttl, owner_retry_seconds=args.owner_retry_seconds,
+        webhook_configurations=args.webhook_configuration,
         # in self mode the serving Secret may reach its volume only after the manager made it
         cert_wait=60.0 if args.cert_mode == "self" else 0.0)
     asyncio.run(run(opts))

@@ -17,10 +17,22 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from webhook import keys
 from webhook.admission.metrics import Metrics
-from webhook.admission.podgroups import PodGroupWriter, resource_for
-from webhook.kube import CONFIGMAPS, NAMESPACES, ApiError, Informer, KubeApi, Resource
+from webhook.admission.podgroups import Ensured, PodGroupWriter, owner_resource, resource_for
+from webhook.kube import (
+    CONFIGMAPS,
+    NAMESPACES,
+    PRIORITY_CLASSES,
+    VOLCANO_QUEUES,
+    ApiError,
+    EventRecorder,
+    Informer,
+    KubeApi,
+)
 from webhook.policy.decision import PodGroupSpec
+from webhook.policy.queues import QueueVerdict, check_queue
+from webhook.policy.workload import NO_PRIORITIES, Priorities
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +40,8 @@ log = logging.getLogger(__name__)
 MAX_OWNER_DEPTH = 3
 #: how long a missing or unreadable owner is remembered as such
 NEGATIVE_TTL = 2.0
-
-
-def owner_resource(api_version: str, kind: str) -> Resource:
-    """The REST resource of an owner kind; CRD plurals are the lower-cased kind plus "s"."""
-    group, _, version = api_version.rpartition("/")
-    return Resource(group, version, kind.lower() + "s", True, kind)
+#: how often a cluster without Volcano's Queue CRD is probed again
+QUEUE_PROBE_INTERVAL = 60.0
 
 
 def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -91,7 +99,7 @@ class OwnerCache:
 
     async def _fetch(self, ref: Mapping[str, Any], namespace: str) -> dict[str, Any] | None:
         self.fetches += 1
-        resource = owner_resource(str(ref.get("apiVersion", "")), str(ref.get("kind", "")))
+        resource = owner_resource(ref)
         try:
             obj = await self.api.get(resource, str(ref.get("name", "")), namespace=namespace)
         except ApiError as exc:
@@ -122,12 +130,20 @@ async def policies_configmap_ref(api: KubeApi, namespace: str, name: str) -> dic
 
 
 class KubeContext:
-    def __init__(self, api: KubeApi, metrics: Metrics, *, owner_ttl: float = 5.0) -> None:
+    def __init__(self, api: KubeApi, metrics: Metrics, *, owner_ttl: float = 5.0,
+                 recorder: EventRecorder | None = None) -> None:
         self.api = api
         self.namespaces = Informer(api, NAMESPACES)
         self.owner_cache = OwnerCache(api, owner_ttl)
         self.podgroups = PodGroupWriter(api, metrics)
+        self.recorder = recorder
+        self.queues = Informer(api, VOLCANO_QUEUES)
+        self.priority_classes = Informer(api, PRIORITY_CLASSES)
+        self.priority_classes.add_handler(lambda *_: self._forget_priorities())
+        self._priorities: Priorities | None = None
         self._podgroup_informers: dict[str, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._queues_absent_until = 0.0
         metrics.cache_objects.labels("namespaces").set_function(
             lambda: len(self.namespaces.store))
         metrics.cache_objects.labels("owners").set_function(lambda: len(self.owner_cache))
@@ -163,8 +179,11 @@ class KubeContext:
             current = obj
         return owners
 
-    async def owners(self, pod: Mapping[str, Any], namespace: str) -> tuple[
-            list[dict[str, Any]], list[str]]:
+    async def owners(self, pod: Mapping[str, Any], namespace: str, deadline: float
+                     ) -> tuple[list[dict[str, Any]], list[str], Mapping[str, Any] | None]:
+        """(owner chain, warnings, the reference whose read failed or did not finish by
+        `deadline`): a failed read is not a missing owner, and admission treats the two apart
+        (see Admitter)."""
         owners: list[dict[str, Any]] = []
         current: Mapping[str, Any] = pod
         for _ in range(MAX_OWNER_DEPTH):
@@ -172,26 +191,87 @@ class KubeContext:
             if ref is None:
                 break
             try:
-                obj = await self.owner_cache.get(ref, namespace)
+                async with asyncio.timeout_at(deadline):
+                    obj = await self.owner_cache.get(ref, namespace)
+            except TimeoutError:
+                return owners, [f"muster: owner {ref.get('kind')}/{ref.get('name')} was not "
+                                "read in time; decided from the pod alone"], ref
             except Exception as exc:  # API or connection error: decide without the owner
                 log.warning("owner lookup failed", extra={
                     "owner": f"{namespace}/{ref.get('kind')}/{ref.get('name')}",
                     "error": repr(exc)})
                 return owners, [f"muster: owner {ref.get('kind')}/{ref.get('name')} could not "
-                                "be read; decided from the pod alone"]
+                                "be read; decided from the pod alone"], ref
             if obj is None:
                 return owners, [f"muster: owner {ref.get('kind')}/{ref.get('name')} not found; "
-                                "decided from the pod alone"]
+                                "decided from the pod alone"], None
             owners.append(obj)
             current = obj
-        return owners, []
+        return owners, [], None
+
+    def priorities(self) -> Priorities:
+        """PriorityClass values (none until listed: replicas then count as equal)."""
+        if not self.priority_classes.synced.is_set():
+            return NO_PRIORITIES
+        if self._priorities is None:  # rebuilt after any PriorityClass event
+            self._priorities = Priorities({
+                name: obj["value"] for name, obj in self.priority_classes.store.items()
+                if isinstance(obj.get("value"), int)})
+        return self._priorities
+
+    def _forget_priorities(self) -> None:
+        self._priorities = None
 
     def pod_group_current(self, spec: PodGroupSpec) -> bool:
         return self.podgroups.current(spec)
 
-    async def ensure_pod_group(self, spec: PodGroupSpec, *, dry_run: bool) -> list[str]:
+    async def ensure_pod_group(self, spec: PodGroupSpec, *, dry_run: bool) -> Ensured:
         self._watch_podgroups(spec.backend)
         return await self.podgroups.ensure(spec, dry_run=dry_run)
+
+    async def queue_verdict(self, spec: PodGroupSpec, deadline: float) -> QueueVerdict | None:
+        """The Volcano gang's queue checked against the Queues informer; None when the Queues
+        are not known (Volcano's Queue CRD not installed, or not listed in time)."""
+        states = await self._queue_states(deadline)
+        if states is None:
+            return None
+        ns = self.namespaces.store.get(spec.namespace) or {}
+        ns_queue = ((ns.get("metadata") or {}).get("annotations") or {}).get(
+            keys.VOLCANO_QUEUE_ANNOTATION)
+        return check_queue(spec, states, ns_queue if isinstance(ns_queue, str) else None)
+
+    async def _queue_states(self, deadline: float) -> dict[str, str] | None:
+        loop = asyncio.get_running_loop()
+        if not self.queues.synced.is_set():
+            if loop.time() < self._queues_absent_until:
+                return None
+            if "queues" not in self._podgroup_informers:
+                try:  # one probe: a cluster without Volcano's Queue CRD must not wait here
+                    async with asyncio.timeout_at(deadline):
+                        await self.api.list(VOLCANO_QUEUES, limit=1)
+                except (ApiError, TimeoutError) as exc:
+                    if isinstance(exc, ApiError) and exc.not_found:
+                        self._queues_absent_until = loop.time() + QUEUE_PROBE_INTERVAL
+                    return None
+                self._podgroup_informers["queues"] = asyncio.create_task(
+                    self.queues.run(), name="volcano-queues")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(min(deadline, loop.time() + 2.0)):
+                    await self.queues.synced.wait()
+            if not self.queues.synced.is_set():
+                return None
+        return {name: str((obj.get("status") or {}).get("state") or "")
+                for name, obj in self.queues.store.items()}
+
+    def report(self, objects: list[Mapping[str, Any]], reason: str, message: str) -> None:
+        """Warning Events on each object, in the background (never delays the answer)."""
+        recorder = self.recorder
+        if recorder is None:
+            return
+        for obj in objects:
+            task = asyncio.create_task(recorder.emit(obj, "Warning", reason, message[:1024]))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def _watch_podgroups(self, backend: str) -> None:
         if backend in self._podgroup_informers:
@@ -202,6 +282,8 @@ class KubeContext:
             informer.run(), name=f"podgroups-{backend}")
 
     async def run(self) -> None:
+        self._podgroup_informers["priorityclasses"] = asyncio.create_task(
+            self.priority_classes.run(), name="priorityclasses")
         try:
             await self.namespaces.run()
         finally:

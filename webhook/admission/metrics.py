@@ -80,7 +80,8 @@ class Metrics:
         r.register(self._stats)
         self.fail_open = Counter(
             "muster_admission_fail_open", "Requests admitted without the full decision, by reason "
-            "(deadline, error, podgroup, not_ready)", ["reason"], registry=r)
+            "(deadline, error, podgroup, owner: the job's object not read, not_ready)",
+            ["reason"], registry=r)
         self.reloads = Counter(
             "muster_policy_reloads", "Policy loads from the mounted directory, by result "
             "(success, error)", ["result"], registry=r)
@@ -91,7 +92,13 @@ class Metrics:
             "When the active policy set was loaded", registry=r)
         self.podgroup_writes = Counter(
             "muster_podgroup_writes", "PodGroup writes, by result (created, exists, updated, "
-            "dry_run, error)", ["result"], registry=r)
+            "replaced: a deleted job's; foreign: another controller's, left alone; dry_run, "
+            "error)", ["result"], registry=r)
+        self.gang_interventions = Counter(
+            "muster_gang_interventions", "Gangs Muster changed or held so that none waits "
+            "forever, by reason (queue_fallback, queue_without_gang, owner_unavailable_denied, "
+            "owner_unavailable_admitted, podgroup_foreign_denied, podgroup_replaced)",
+            ["reason"], registry=r)
         self.cert_expiry = Gauge(
             "muster_certificate_expiry_timestamp_seconds",
             "notAfter of the serving certificate in use", registry=r)

@@ -5,6 +5,13 @@ first write per PodGroup holds a per-key lock; the others wait and then find it 
 PodGroups known to exist. A 409 AlreadyExists (another replica of this server, or a PodGroup
 made before we started) is read and compared instead of failing. A PodGroup informer keeps the
 cache honest: a deleted PodGroup is forgotten, an edited one is compared again.
+
+A PodGroup is ours only when its controller is the job's object, uid included: mpi-operator
+refuses a PodGroup it does not control (pkg/controller/mpi_job_controller.go,
+getOrCreatePodGroups). One left by a deleted job of the same name (garbage collection not done
+yet) is replaced at once: its owner is gone, so the garbage collector would delete it anyway.
+One controlled by a live object, or by nothing, is never touched: the pod is refused with the
+reason until it goes, as the operator's own sync keeps failing until then.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.admission.metrics import Metrics
@@ -25,6 +33,32 @@ from webhook.policy.podgroup import podgroup_spec
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str, str]  # API group, namespace, name
+#: what is known of a PodGroup: its controller's uid (None: no controller) and its spec
+Known = tuple[str | None, Mapping[str, Any]]
+
+
+@dataclass
+class Ensured:
+    """The outcome of making a gang's PodGroup exist."""
+
+    #: for the pod's AdmissionResponse: the gang may not be in place yet
+    warnings: list[str] = field(default_factory=list)
+    #: the PodGroup belongs to something else: why the pod must wait (it is refused)
+    refused: str | None = None
+    #: a PodGroup of a deleted job was replaced by ours: what happened, for an Event
+    replaced: str | None = None
+
+
+def owner_resource(ref: Mapping[str, Any]) -> Resource:
+    """The REST resource of an owner reference's kind; CRD plurals are the lower-cased kind
+    plus "s" (MPIJob → mpijobs), as for every job kind Muster reads."""
+    group, _, version = str(ref.get("apiVersion", "")).rpartition("/")
+    kind = str(ref.get("kind", ""))
+    return Resource(group, version, kind.lower() + "s", True, kind)
+
+
+def _ours(known: Known, spec: PodGroupSpec) -> bool:
+    return known[0] == (spec.owner.uid if spec.owner is not None else None)
 
 
 def resource_for(backend: str) -> Resource:
@@ -34,6 +68,20 @@ def resource_for(backend: str) -> Resource:
 def covers(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     """Whether an existing spec already has every field we want (other fields are left alone)."""
     return all(current.get(k) == v for k, v in wanted.items())
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return str(ref.get("uid") or "")
+    return None
+
+
+def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return ref
+    return None
 
 
 def key_of(obj: Mapping[str, Any]) -> Key:
@@ -46,11 +94,11 @@ class PodGroupWriter:
     def __init__(self, api: KubeApi, metrics: Metrics) -> None:
         self.api = api
         self.metrics = metrics
-        #: PodGroups known to exist → their spec as last written or seen
-        self.known: dict[Key, Mapping[str, Any]] = {}
-        #: the last (known spec, wanted spec) found to match, by identity: the pods of one job
+        #: PodGroups known to exist → (controller uid, spec) as last written or seen
+        self.known: dict[Key, Known] = {}
+        #: the last (known entry, wanted spec) found to match, by identity: the pods of one job
         #: share one PodGroupSpec object (the outcome memo), so most checks end here
-        self._matched: dict[Key, tuple[Mapping[str, Any], PodGroupSpec]] = {}
+        self._matched: dict[Key, tuple[Known, PodGroupSpec]] = {}
         self._locks: weakref.WeakValueDictionary[Key, asyncio.Lock] = (
             weakref.WeakValueDictionary())
 
@@ -61,7 +109,7 @@ class PodGroupWriter:
             self.known.pop(key, None)
             self._matched.pop(key, None)
         elif isinstance(obj.get("spec"), Mapping):
-            self.known[key] = obj["spec"]
+            self.known[key] = (controller_uid(obj), obj["spec"])
 
     def current(self, spec: PodGroupSpec) -> bool:
         """Whether the PodGroup is known to exist as wanted (the common case: no write, no task)."""
@@ -76,58 +124,94 @@ class PodGroupWriter:
         matched = self._matched.get(key)
         if matched is not None and matched[0] is known and matched[1] is spec:
             return True
-        if not covers(known, podgroup_spec(spec)):
+        if not _ours(known, spec) or not covers(known[1], podgroup_spec(spec)):
             return False
         self._matched[key] = (known, spec)
         return True
 
-    async def ensure(self, spec: PodGroupSpec, *, dry_run: bool) -> list[str]:
-        """Make the PodGroup exist with this spec; warnings (never raises) when it could not."""
+    async def ensure(self, spec: PodGroupSpec, *, dry_run: bool) -> Ensured:
+        """Make the PodGroup exist with this spec (never raises)."""
         manifest = podgroup_manifest(spec)
         if manifest is None:
-            return []
+            return Ensured()
         if dry_run:
             self.metrics.podgroup_writes.labels("dry_run").inc()
-            return []
+            return Ensured()
         key = key_of(manifest)
         wanted: Mapping[str, Any] = manifest.get("spec") or {}
         known = self.known.get(key)
-        if known is not None and covers(known, wanted):
-            return []
+        if known is not None and _ours(known, spec) and covers(known[1], wanted):
+            return Ensured()
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
         async with lock:
             known = self.known.get(key)
-            if known is not None and covers(known, wanted):
-                return []
+            if known is not None and _ours(known, spec) and covers(known[1], wanted):
+                return Ensured()
+            where = f"{spec.namespace}/{spec.name}"
             try:
-                result = await self._write(resource_for(spec.backend), manifest, wanted)
+                result, detail = await self._write(resource_for(spec.backend), manifest, wanted)
             except ApiError as exc:
                 self.metrics.podgroup_writes.labels("error").inc()
                 log.warning("PodGroup write failed", extra={
-                    "podgroup": f"{spec.namespace}/{spec.name}", "status": exc.status,
-                    "error": str(exc)})
-                return [f"muster: PodGroup {spec.namespace}/{spec.name} could not be written "
-                        f"(HTTP {exc.status}); the gang waits until a later pod writes it"]
+                    "podgroup": where, "status": exc.status, "error": str(exc)})
+                return Ensured([f"muster: PodGroup {where} could not be written (HTTP "
+                                f"{exc.status}); the gang waits until a later pod writes it"])
             self.metrics.podgroup_writes.labels(result).inc()
-            self.known[key] = wanted
-            log.info("PodGroup ensured", extra={"podgroup": f"{spec.namespace}/{spec.name}",
-                                                "result": result})
-            return []
+            log.info("PodGroup ensured", extra={"podgroup": where, "result": result})
+            if result == "foreign":
+                return Ensured(refused=detail)
+            self.known[key] = (controller_uid(manifest), wanted)
+            return Ensured(replaced=detail or None)
 
     async def _write(self, resource: Resource, manifest: dict[str, Any],
-                     wanted: Mapping[str, Any]) -> str:
+                     wanted: Mapping[str, Any]) -> tuple[str, str]:
+        """(result, what happened in words): created, exists, updated, replaced or foreign."""
         meta = manifest["metadata"]
+        name, namespace = meta["name"], meta["namespace"]
         try:
-            await self.api.create(resource, manifest, namespace=meta["namespace"])
-            return "created"
+            await self.api.create(resource, manifest, namespace=namespace)
+            return "created", ""
         except ApiError as exc:
             if exc.status != 409:
                 raise
-        existing = await self.api.get(resource, meta["name"], namespace=meta["namespace"])
+        existing = await self.api.get(resource, name, namespace=namespace)
+        if controller_uid(existing) != controller_uid(manifest):
+            theirs = controller_of(existing)
+            mine = controller_of(manifest) or {}
+            if theirs is not None and not await self._alive(theirs, namespace):
+                # a deleted job's PodGroup (same name): its garbage collection is due anyway
+                try:
+                    await self.api.delete(resource, name, namespace, preconditions={
+                        "uid": existing["metadata"]["uid"]})
+                except ApiError as exc:
+                    if not exc.not_found:
+                        raise
+                await self.api.create(resource, manifest, namespace=namespace)
+                return "replaced", (
+                    f"PodGroup {namespace}/{name} of a deleted {theirs.get('kind')} "
+                    f"(uid {theirs.get('uid')}) replaced by this {mine.get('kind')}'s")
+            who = (f"{theirs.get('kind')} {theirs.get('name')} (uid {theirs.get('uid')})"
+                   if theirs is not None else "no controller")
+            return "foreign", (
+                f"PodGroup {namespace}/{name} already exists and is controlled by {who}, not by "
+                f"this {mine.get('kind')} (uid {mine.get('uid')}): Muster does not take over "
+                "another gang; the pod is refused until that PodGroup is gone or renamed")
         if covers(existing.get("spec") or {}, wanted):
-            return "exists"
-        await self.api.patch(resource, meta["name"], {"spec": dict(wanted)},
-                             namespace=meta["namespace"], patch_type="merge")
-        return "updated"
+            return "exists", ""
+        await self.api.patch(resource, name, {"spec": dict(wanted)}, namespace=namespace,
+                             patch_type="merge")
+        return "updated", ""
+
+    async def _alive(self, ref: Mapping[str, Any], namespace: str) -> bool:
+        """Whether the object `ref` names still exists (same uid). API errors propagate: an
+        owner that cannot be read is never assumed gone."""
+        try:
+            obj = await self.api.get(owner_resource(ref), str(ref.get("name", "")),
+                                     namespace=namespace)
+        except ApiError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return bool((obj.get("metadata") or {}).get("uid") == ref.get("uid"))

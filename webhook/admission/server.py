@@ -53,6 +53,7 @@ class ServeOptions:
     policy_poll_interval: float = 2.0
     cert_poll_interval: float = 2.0
     owner_cache_ttl: float = 5.0
+    owner_retry_seconds: float = 60.0
     deadline_margin: float = 0.5
     shutdown_timeout: float = 5.0
     #: self mode: webhook configurations whose caBundle the manager keeps current
@@ -147,9 +148,10 @@ class WebhookServer:
 
         self._client = await make_api_client(opts.kubeconfig)
         api = KubeApi(self._client)
-        context = KubeContext(api, self.metrics, owner_ttl=opts.owner_cache_ttl)
-        self.context = context
         self._events = EventRecorder(api, "muster-webhook", os.environ.get("HOSTNAME", "local"))
+        context = KubeContext(api, self.metrics, owner_ttl=opts.owner_cache_ttl,
+                              recorder=self._events)
+        self.context = context
         self._spawn("cluster-context", context.run())
         if opts.cert_mode == "self":
             await self._self_certs(api)
@@ -181,7 +183,8 @@ class WebhookServer:
         await self.policy_store.reload()
         excluded = frozenset(opts.exclude_namespaces) | {opts.namespace}
         self._admitter = Admitter(
-            AdmissionConfig(opts.on_user_assignment, excluded, opts.deadline_margin),
+            AdmissionConfig(opts.on_user_assignment, excluded, opts.deadline_margin,
+                            opts.owner_retry_seconds),
             self.policy_store, self.context, self.metrics)
         app = build_app(self._admitter, self.metrics, opts.max_body_bytes)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,

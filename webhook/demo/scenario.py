@@ -31,6 +31,17 @@ def node(name: str) -> dict[str, Any]:
     }
 
 
+def volcano_queue(name: str, state: str = "Open") -> dict[str, Any]:
+    """A Volcano Queue as its controller leaves it (status.state Open once it is usable)."""
+    return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+            "metadata": {"name": name}, "spec": {"weight": 1, "reclaimable": True},
+            "status": {"state": state}}
+
+
+#: the queues of a cluster with Volcano installed, as the shipped policies and jobs name them
+QUEUES = ("default", "training", "research")
+
+
 def namespaces() -> list[dict[str, Any]]:
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {

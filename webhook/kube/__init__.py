@@ -14,10 +14,12 @@ from .api import (
     NAMESPACES,
     NODES,
     PODS,
+    PRIORITY_CLASSES,
     SECRETS,
     SERVICES,
     VALIDATING_WEBHOOKS,
     VOLCANO_PODGROUPS,
+    VOLCANO_QUEUES,
     ApiError,
     KubeApi,
     Resource,
@@ -29,7 +31,8 @@ from .informer import Informer
 
 __all__ = [
     "CONFIGMAPS", "COSCHEDULING_PODGROUPS", "CRDS", "DEPLOYMENTS", "EVENTS", "JOBS", "LEASES",
-    "MPIJOBS", "MUTATING_WEBHOOKS", "NAMESPACES", "NODES", "PODS", "SECRETS", "SERVICES",
-    "VALIDATING_WEBHOOKS", "VOLCANO_PODGROUPS", "ApiError", "EventRecorder", "Informer",
-    "KubeApi", "Resource", "make_api_client", "object_key",
+    "MPIJOBS", "MUTATING_WEBHOOKS", "NAMESPACES", "NODES", "PODS", "PRIORITY_CLASSES", "SECRETS",
+    "SERVICES",
+    "VALIDATING_WEBHOOKS", "VOLCANO_PODGROUPS", "VOLCANO_QUEUES", "ApiError", "EventRecorder",
+    "Informer", "KubeApi", "Resource", "make_api_client", "object_key",
 ]

@@ -44,6 +44,9 @@ class PodGroupSpec:
     priority_class: str | None = None
     timeout_seconds: int | None = None
     owner: OwnerRef | None = None
+    #: Volcano: the queue to use when `queue` is missing or not Open; None admits the pod
+    #: without the gang instead (policy field gang.unavailableQueue)
+    fallback_queue: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,9 @@ class Decision:
     #: nodeSelectorTerms' matchExpressions to AND into required node affinity
     node_affinity: tuple[Mapping[str, Any], ...] = ()
     warnings: tuple[str, ...] = ()
+    #: a gang policy matched but the job's object was not available to size or own the gang:
+    #: why (admission then denies the pod for a while, so that no member joins half a gang)
+    gang_blocked: str | None = None
 
     @property
     def changes_pod(self) -> bool:

@@ -20,7 +20,7 @@ from webhook.policy.decision import Backend, Decision, PodGroupSpec, PolicyMatch
 from webhook.policy.policyset import PolicySet
 from webhook.policy.schema import Match
 from webhook.policy.selectors import mismatch
-from webhook.policy.workload import POD, Workload, analyse
+from webhook.policy.workload import NO_PRIORITIES, POD, Priorities, Workload, analyse
 
 TOPOLOGY_TOLERATION: Mapping[str, str] = {
     "key": keys.TAINT_GPU_TOPOLOGY, "operator": "Exists", "effect": "NoSchedule"}
@@ -29,6 +29,7 @@ _DEFAULT_SCHEDULER: dict[str, str | None] = {
     "volcano": "volcano", "coscheduling": None, "muster": keys.DEFAULT_BINDER_SCHEDULER_NAME}
 #: gang fields that only some backends use
 _BACKEND_FIELDS = (("gang.queue", ("volcano",)), ("gang.priorityClass", ("volcano",)),
+                   ("gang.unavailableQueue", ("volcano",)), ("gang.fallbackQueue", ("volcano",)),
                    ("gang.scheduleTimeoutSeconds", ("coscheduling", "muster")))
 #: distinct sets of matched policies remembered per policy set
 _PLAN_MEMO_SIZE = 1024
@@ -147,7 +148,8 @@ def _plan(policies: PolicySet, matched: list[CompiledPolicy]) -> _Plan:
 
 
 def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
-             owners: Sequence[Mapping[str, Any]], policies: PolicySet) -> Decision:
+             owners: Sequence[Mapping[str, Any]], policies: PolicySet,
+             priorities: Priorities = NO_PRIORITIES) -> Decision:
     """The Decision for a pod being created. `owners` are the owner objects from the pod's
     controller up to the root (e.g. [Job, MPIJob] for an MPI launcher); when they are missing
     the engine falls back on the pod's ownerReferences and labels and says so in a warning.
@@ -190,6 +192,7 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
     node_affinity: list[Mapping[str, Any]] = []
 
     pod_group = None
+    gang_blocked: str | None = None
     backend: Backend | None = value.get("gang.backend")
     if backend is not None and work.kind == POD and backend != "muster":
         # A single pod needs no gang, and a PodGroup made for it could not be owned by it (no
@@ -203,9 +206,12 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
     elif backend is not None:
         warnings.extend(work.warnings)
         pod_group, why_not = _gang(backend, value, merged, work, namespace=namespace,
-                                   pod_labels=pod_labels, pod_ann=pod_ann, warnings=warnings)
+                                   pod_labels=pod_labels, pod_ann=pod_ann, warnings=warnings,
+                                   priorities=priorities)
         if pod_group is None:
             warnings.append(f"gang policy {merged['gang.backend'][1]} not applied: {why_not}")
+            if why_not.endswith(_NEEDS_OBJECT):
+                gang_blocked = why_not
         else:
             scheduler_name = value.get("gang.schedulerName") or _DEFAULT_SCHEDULER[backend]
             _join(pod_group, labels, annotations)
@@ -215,8 +221,9 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
                 # The job's uid is unknown (its object could not be read): a PodGroup made now
                 # could not be owned by the job and would outlive it. The pod joins the group;
                 # the job's other pods, admitted with their owner, create it.
-                warnings.append(f"PodGroup {pod_group.name} not created from this pod: the "
+                gang_blocked = (f"PodGroup {pod_group.name} not created from this pod: the "
                                 f"{work.kind} object is not available to own it")
+                warnings.append(gang_blocked)
                 pod_group = None
     current = _d(pod.get("spec")).get("schedulerName")
     if scheduler_name and current not in (None, "default-scheduler", scheduler_name):
@@ -249,12 +256,17 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
         matches=tuple(matches), policies=plan.names, pod_group=pod_group,
         labels=labels, annotations=annotations, scheduler_name=scheduler_name,
         tolerations=tuple(tolerations), node_affinity=tuple(node_affinity),
-        warnings=tuple(warnings))
+        warnings=tuple(warnings), gang_blocked=gang_blocked)
+
+
+#: how _gang's reasons end when the job's object (not read) would have answered
+_NEEDS_OBJECT = "object to count its pods"
 
 
 def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple[Any, str]],
           work: Workload, *, namespace: str, pod_labels: Mapping[str, str],
-          pod_ann: Mapping[str, str], warnings: list[str]) -> tuple[PodGroupSpec | None, str]:
+          pod_ann: Mapping[str, str], warnings: list[str],
+          priorities: Priorities) -> tuple[PodGroupSpec | None, str]:
     name = work.name
     if not name:
         return None, "the pod has no name yet (generateName) and no owner to name a gang after"
@@ -268,14 +280,14 @@ def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple
 
     sp = work.scheduling_policy
     job_min = sp.get("minAvailable")
-    if isinstance(job_min, int) and not isinstance(job_min, bool) and job_min >= 1:
-        min_member = job_min
+    if isinstance(job_min, int) and not isinstance(job_min, bool) and job_min >= 0:
+        min_member = job_min  # 0 too: the operator then makes a PodGroup that waits for none
     else:
         wanted = value.get("gang.minAvailable", "auto")
         total = work.members
         if wanted == "auto":
             if work.auto_min_member is None:
-                return None, f"minAvailable auto needs the {work.kind} object to count its pods"
+                return None, f"minAvailable auto needs the {work.kind} {_NEEDS_OBJECT}"
             min_member = work.auto_min_member
         elif isinstance(wanted, int):
             min_member = wanted
@@ -285,39 +297,42 @@ def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple
                 min_member = total
         else:
             if total is None:
-                return None, f"minAvailable {wanted} needs the {work.kind} object to count its pods"
+                return None, f"minAvailable {wanted} needs the {work.kind} {_NEEDS_OBJECT}"
             min_member = max(1, math.ceil(int(wanted[:-1]) * total / 100))
-    if min_member < 1:
+    if min_member < 1 and not (job_min == 0 and backend != "muster"):
         return None, f"the {work.kind} has no pods to gang"
 
     for field, only in _BACKEND_FIELDS:
         if field in merged and backend not in only:
             warnings.append(f"{field} of policy {merged[field][1]} ignored: backend is {backend}")
 
-    queue = priority_class = None
+    queue = priority_class = fallback = None
     if backend == "volcano":
         queue = _s(sp.get("queue")) or work.queue or value.get("gang.queue")
         priority_class = (_s(sp.get("priorityClass")) or work.priority_class
                           or value.get("gang.priorityClass"))
+        if value.get("gang.unavailableQueue", "Fallback") == "Fallback":
+            fallback = value.get("gang.fallbackQueue", "default")
     timeout = None
     if backend != "volcano":
         job_timeout = sp.get("scheduleTimeoutSeconds")
-        timeout = job_timeout if isinstance(job_timeout, int) and job_timeout > 0 \
-            else value.get("gang.scheduleTimeoutSeconds")
+        # an explicit 0 on the job is kept, as the operator writes it (no policy default)
+        timeout = job_timeout if isinstance(job_timeout, int) and job_timeout >= 0 \
+            and not isinstance(job_timeout, bool) else value.get("gang.scheduleTimeoutSeconds")
     min_resources = None
-    if backend != "muster":
+    if backend != "muster" and min_member > 0:
         job_res = sp.get("minResources")
-        if job_res and (type(job_res) is dict or isinstance(job_res, Mapping)):
-            min_resources = {str(k): str(v) for k, v in job_res.items()}
+        if type(job_res) is dict or isinstance(job_res, Mapping):
+            min_resources = {str(k): str(v) for k, v in job_res.items()}  # {} stays empty
         else:
             wanted_res = value.get("gang.minResources", "auto")
             if isinstance(wanted_res, dict):
                 min_resources = dict(wanted_res)
             elif wanted_res == "auto":
-                min_resources = work.min_resources(min_member)
+                min_resources = work.min_resources(min_member, priorities)
     return PodGroupSpec(backend=backend, name=name, namespace=namespace, min_member=min_member,
                         min_resources=min_resources, queue=queue, priority_class=priority_class,
-                        timeout_seconds=timeout, owner=work.owner), ""
+                        timeout_seconds=timeout, owner=work.owner, fallback_queue=fallback), ""
 
 
 def _s(value: Any) -> str | None:

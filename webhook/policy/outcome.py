@@ -13,7 +13,8 @@ read of the pod, and why it is in the key:
 - whether labels/annotations are maps (the patch adds the whole map when not);
 - spec.schedulerName (warning, patch), spec.affinity (patch), and of spec.tolerations only
   whether it is a list holding the one toleration the engine adds (patch);
-- the namespace labels a namespaceSelector tests; the owner-chain key of `workload.chain_key`.
+- the namespace labels a namespaceSelector tests; the owner-chain key of `workload.chain_key`;
+- the PriorityClass values of the job's replicas (minResources counts higher ones first).
 
 The memo lives in the policy set's index, so a reload starts a new one; it is bounded (LRU).
 tests/policy/test_outcome_memo.py checks with hypothesis that it equals a fresh evaluation,
@@ -31,7 +32,7 @@ from webhook.policy.decision import Decision
 from webhook.policy.engine import TOPOLOGY_TOLERATION, evaluate
 from webhook.policy.patch import render_patch
 from webhook.policy.policyset import PolicySet
-from webhook.policy.workload import POD, analyse_keyed, chain_key
+from webhook.policy.workload import NO_PRIORITIES, POD, Priorities, analyse_keyed, chain_key
 
 #: outcomes remembered per policy set
 MEMO_SIZE = 4096
@@ -87,7 +88,8 @@ def _tolerations(value: Any) -> bool | None:
 
 
 def outcome_key(pod: Mapping[str, Any], namespace_labels: Mapping[str, str],
-                owners: Sequence[Mapping[str, Any]], policies: PolicySet) -> tuple[Any, ...] | None:
+                owners: Sequence[Mapping[str, Any]], policies: PolicySet,
+                priorities: Priorities = NO_PRIORITIES) -> tuple[Any, ...] | None:
     """Everything evaluate + render_patch read for this pod, or None when the pod is not on the
     job path (its outcome then depends on more of it, e.g. its name)."""
     if type(pod) is not dict or type(owners) is not list:
@@ -110,7 +112,8 @@ def outcome_key(pod: Mapping[str, Any], namespace_labels: Mapping[str, str],
             type(namespace_labels) is not dict):
         return None
     try:
-        return (chain, namespace, _project(namespace_labels, index.ns_label_keys),
+        return (chain, work.facts.replica_priorities(priorities), namespace,
+                _project(namespace_labels, index.ns_label_keys),
                 _project(meta.get("labels"), index.label_keys),
                 _project(meta.get("annotations"), index.annotation_keys), scheduler,
                 _tolerations(spec.get("tolerations")), _freeze(spec.get("affinity")))
@@ -119,17 +122,19 @@ def outcome_key(pod: Mapping[str, Any], namespace_labels: Mapping[str, str],
 
 
 def evaluate_and_render(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
-                        owners: Sequence[Mapping[str, Any]], policies: PolicySet) -> Outcome:
+                        owners: Sequence[Mapping[str, Any]], policies: PolicySet,
+                        priorities: Priorities = NO_PRIORITIES) -> Outcome:
     """`evaluate` and, when it changes the pod, `render_patch` (else no ops); remembered for the
     job path."""
-    key = outcome_key(pod, namespace_labels, owners, policies)
+    key = outcome_key(pod, namespace_labels, owners, policies, priorities)
     memo: OrderedDict[Any, Outcome] = policies.index.outcomes
     if key is not None:
         found = memo.get(key)
         if found is not None:
             memo.move_to_end(key)
             return found
-    decision = evaluate(pod, namespace_labels=namespace_labels, owners=owners, policies=policies)
+    decision = evaluate(pod, namespace_labels=namespace_labels, owners=owners, policies=policies,
+                        priorities=priorities)
     ops = tuple(render_patch(pod, decision)) if decision.changes_pod else ()
     outcome = Outcome(decision, ops, jsonpatch.encode(ops) if ops else b"")
     if key is not None:

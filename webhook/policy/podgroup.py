@@ -31,13 +31,13 @@ def podgroup_manifest(spec: PodGroupSpec) -> dict[str, Any] | None:
 def podgroup_spec(spec: PodGroupSpec) -> dict[str, Any]:
     """The `spec` of the PodGroup `podgroup_manifest` makes (volcano or coscheduling)."""
     body: dict[str, Any] = {"minMember": spec.min_member}
-    if spec.min_resources:
+    if spec.min_resources is not None:
         body["minResources"] = dict(spec.min_resources)
     if spec.backend == "volcano":
         if spec.queue:
             body["queue"] = spec.queue
         if spec.priority_class:
             body["priorityClassName"] = spec.priority_class
-    elif spec.timeout_seconds:
+    elif spec.timeout_seconds is not None:
         body["scheduleTimeoutSeconds"] = spec.timeout_seconds
     return body

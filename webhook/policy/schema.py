@@ -172,8 +172,12 @@ class Gang(_Model):
     minResources: MinResources = "auto"
     scheduleTimeoutSeconds: int | None = Field(default=None, ge=1, le=2**31 - 1)
     schedulerName: str | None = None
+    #: Volcano: what happens when the gang's queue is missing or not Open (checked at admission
+    #: against the cluster's Queues): Fallback to `fallbackQueue`, or admit WithoutGang
+    unavailableQueue: Literal["Fallback", "WithoutGang"] = "Fallback"
+    fallbackQueue: str = "default"
 
-    @field_validator("queue")
+    @field_validator("queue", "fallbackQueue")
     @classmethod
     def _queue(cls, v: str | None) -> str | None:
         return None if v is None else _dns_subdomain(v, "queue name")
@@ -262,6 +266,13 @@ def contradictions(policy: SchedulingPolicy) -> list[tuple[Path, str]]:
         if gang.backend != "volcano" and gang.queue is not None:
             out.append((("spec", "gang", "queue"),
                         f"queue is a Volcano setting; backend {gang.backend} has no queues"))
+        for name in ("unavailableQueue", "fallbackQueue"):
+            if gang.backend != "volcano" and name in gang.model_fields_set:
+                out.append((("spec", "gang", name),
+                            f"{name} is a Volcano setting; backend {gang.backend} has no queues"))
+        if gang.unavailableQueue == "WithoutGang" and "fallbackQueue" in gang.model_fields_set:
+            out.append((("spec", "gang", "fallbackQueue"),
+                        "fallbackQueue is used only with unavailableQueue: Fallback"))
         if gang.backend != "volcano" and gang.priorityClass is not None:
             out.append((("spec", "gang", "priorityClass"),
                         f"priorityClass is written to Volcano PodGroups only; backend "

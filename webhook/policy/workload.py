@@ -84,6 +84,16 @@ class Replica:
 
 
 @dataclass(frozen=True, slots=True)
+class Priorities:
+    """PriorityClass name → value, as the cluster has them (empty: every replica equal)."""
+
+    values: Mapping[str, int] = field(default_factory=dict)
+
+
+NO_PRIORITIES = Priorities()
+
+
+@dataclass(frozen=True, slots=True)
 class JobFacts:
     """What the gang needs from a job object: a pure function of the object's content."""
 
@@ -94,22 +104,35 @@ class JobFacts:
     scheduling_policy: Mapping[str, Any]
     queue: str | None
     priority_class: str | None
-    #: min_member → minResources, filled on first use
-    min_resources_memo: dict[int, dict[str, str] | None] = field(default_factory=dict)
+    #: (min_member, replica priorities) → minResources, filled on first use
+    min_resources_memo: dict[tuple[int, tuple[int, ...]], dict[str, str] | None] = field(
+        default_factory=dict)
 
-    def min_resources(self, min_member: int) -> dict[str, str] | None:
-        """Sum of requests (limits where no request) over the first min_member replicas in role
-        order, as the MPI operator does for equal-priority replicas (the launcher first)."""
-        if min_member not in self.min_resources_memo:
-            self.min_resources_memo[min_member] = _sum_resources(self.replicas, min_member)
-        found = self.min_resources_memo[min_member]
+    def replica_priorities(self, priorities: Priorities) -> tuple[int, ...]:
+        """Each replica's PriorityClass value (0 without one, or for a class not found)."""
+        return tuple(priorities.values.get(str(r.pod_spec.get("priorityClassName") or ""), 0)
+                     for r in self.replicas)
+
+    def min_resources(self, min_member: int, priorities: Priorities = NO_PRIORITIES
+                      ) -> dict[str, str] | None:
+        """Sum of requests (limits where no request) over the first min_member pods, the
+        replicas of higher PriorityClass value first and, between equals, the launcher or
+        master first: as mpi-operator's calPGMinResource (see docs/policies.md for where
+        its arithmetic differs)."""
+        key = (min_member, self.replica_priorities(priorities))
+        if key not in self.min_resources_memo:
+            self.min_resources_memo[key] = _sum_resources(self.replicas, min_member, key[1])
+        found = self.min_resources_memo[key]
         return dict(found) if found is not None else None
 
 
-def _sum_resources(replicas: tuple[Replica, ...], min_member: int) -> dict[str, str] | None:
+def _sum_resources(replicas: tuple[Replica, ...], min_member: int,
+                   values: tuple[int, ...]) -> dict[str, str] | None:
     total: dict[str, tuple[int, bool]] = {}
     left = min_member
-    for rep in sorted(replicas, key=lambda r: r.role not in _LEADERS):
+    order = sorted(zip(values, replicas, strict=True),
+                   key=lambda vr: (-vr[0], vr[1].role not in _LEADERS))
+    for _, rep in order:
         take = min(rep.count, left)
         left -= take
         if take <= 0:
@@ -158,8 +181,9 @@ class Workload:
     def priority_class(self) -> str | None:
         return self.facts.priority_class if self.facts else None
 
-    def min_resources(self, min_member: int) -> dict[str, str] | None:
-        return self.facts.min_resources(min_member) if self.facts else None
+    def min_resources(self, min_member: int, priorities: Priorities = NO_PRIORITIES
+                      ) -> dict[str, str] | None:
+        return self.facts.min_resources(min_member, priorities) if self.facts else None
 
 
 _CACHE_SIZE = 512
