@@ -27,12 +27,10 @@ import base64
 import os
 import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_serve import free_port, local_tls, wait_ready  # noqa: E402
+from bench_serve import free_port, local_tls, process, wait_ready  # noqa: E402
 
 from e2e.node import image  # noqa: E402
 from e2e.node.assets import ensure_debian_packages, missing_prerequisites  # noqa: E402
@@ -94,20 +92,6 @@ class Run:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@contextmanager
-def started(cmd: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def configuration(setup: str, port: int, ca: bytes) -> dict[str, Any]:
@@ -196,7 +180,7 @@ async def bench(cluster: NodeCluster, args: argparse.Namespace, work: Path) -> d
     try:
         with ExitStack() as stack:
             profile = ["-m", "cProfile", "-o", str(args.profile)] if args.profile else []
-            procs = {"muster": stack.enter_context(started([
+            procs = {"muster": stack.enter_context(process([
                 sys.executable, *profile, "-m", "webhook", "serve", "--host", "127.0.0.1",
                 "--port", str(ports["muster"]), "--tls-cert-file", tls[0], "--tls-key-file",
                 tls[1], "--policies", str(work / "policies"), "--kubeconfig",
@@ -207,9 +191,9 @@ async def bench(cluster: NodeCluster, args: argparse.Namespace, work: Path) -> d
             await asyncio.sleep(2)  # the API server picks up the configuration
             patch_file.write_text(await muster_patch(
                 kube, f"https://127.0.0.1:{ports['muster']}", cafile))
-            procs["noop"] = stack.enter_context(started(
+            procs["noop"] = stack.enter_context(process(
                 [*serve, str(ports["noop"]), *tls, "json"], work / "noop.log"))
-            procs["static"] = stack.enter_context(started(
+            procs["static"] = stack.enter_context(process(
                 [*serve, str(ports["static"]), *tls, "json", "--noop-patch", str(patch_file)],
                 work / "static.log"))
             for setup in ("noop", "static"):

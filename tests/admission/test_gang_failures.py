@@ -254,3 +254,48 @@ async def test_an_unavailable_queue_falls_back_or_drops_the_gang_and_says_so(
         assert "Volcano queue 'gpu-queue'" in message
     finally:
         await manager.__aexit__(None, None, None)
+
+
+# --- cleanup: a finished job's PodGroup goes ---------------------------------------------------
+
+def podgroup(name: str, owner: dict[str, Any] | None, managed: bool = True) -> dict[str, Any]:
+    return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": "team-a",
+                         "labels": {"app.kubernetes.io/managed-by": "muster"} if managed else {},
+                         "ownerReferences": [controller_ref(owner)] if owner else []},
+            "spec": {"minMember": 5, "queue": "default"}}
+
+
+async def test_the_janitor_deletes_finished_jobs_podgroups_as_their_operators_would(
+        env: Env) -> None:
+    api = env.api
+    jobs = {}
+    for name, clean, state in (("done-running", "Running", "Succeeded"),
+                               ("done-none", "None", "Succeeded"),
+                               ("still-running", "All", "Running")):
+        body = yaml.safe_load((env.shared / "fixtures" / "jobs" / "mpijob-vgg16-4workers.yaml")
+                              .read_text())
+        body["metadata"]["name"] = name
+        body["spec"]["runPolicy"]["cleanPodPolicy"] = clean
+        body["status"] = {"conditions": [{"type": state, "status": "True"}],
+                          "completionTime": "2026-11-23T10:00:00Z"}
+        jobs[name] = api.seed(body)
+        api.seed(podgroup(name, jobs[name]))
+    batch = api.seed({"apiVersion": "batch/v1", "kind": "Job",
+                      "metadata": {"name": "batch-done", "namespace": "team-a"},
+                      "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}},
+                      "status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    api.seed(podgroup("batch-done", batch))
+    api.seed(podgroup("not-ours", jobs["done-running"], managed=False))  # someone else's
+    async with running(env.tls, [env.policy_dir], kubeconfig=str(env.kubeconfig),
+                       namespace="team-a", podgroup_cleanup_interval=0.2) as srv:
+        await wait_for(lambda: metric(srv, "muster_podgroup_cleanups_total") == 2, within=10)
+        await asyncio.sleep(0.5)  # later rounds delete nothing more
+        assert metric(srv, "muster_podgroup_cleanups_total") == 2
+    left = sorted(g["metadata"]["name"] for g in volcano_podgroups(api))
+    assert left == ["done-none", "not-ours", "still-running"]
+    deleted = events(api, "PodGroupDeleted")
+    assert sorted(e["involvedObject"]["name"] for e in deleted) == ["batch-done", "done-running"]
+    assert any("cleanPodPolicy Running" in e["message"] for e in deleted)
+    lease = api.get("leases", "muster-webhook-podgroup-cleanup", namespace="team-a")
+    assert lease is not None  # one replica at a time

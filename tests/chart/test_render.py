@@ -226,7 +226,7 @@ def test_self_mode_never_templates_ca_bundle(helm_template: Render, lookup: bool
     assert not find(objs, "Secret")
     # in-process rights: get/update its own Secrets and webhook configurations, by name
     role = one(objs, "Role", "muster-webhook")
-    assert role["rules"][1:] == [{"apiGroups": [""], "resources": ["secrets"],
+    assert role["rules"][3:] == [{"apiGroups": [""], "resources": ["secrets"],
                                   "resourceNames": ["muster-webhook-tls", "muster-webhook-ca"],
                                   "verbs": ["get", "update"]}]
     webhook_rules = one(objs, "ClusterRole", "muster-webhook")["rules"]
@@ -271,7 +271,7 @@ def test_external_mode_uses_admin_secret_and_bundle(helm_template: Render) -> No
     assert all("admissionregistration.k8s.io" not in r["apiGroups"]
                for r in one(objs, "ClusterRole", "muster-webhook")["rules"])
     assert [r["resources"] for r in one(objs, "Role", "muster-webhook")["rules"]] == [
-        ["configmaps"]]
+        ["configmaps"], ["leases"], ["leases"]]
 
 
 @pytest.mark.parametrize(("values", "message"), [
@@ -406,9 +406,10 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
     objs = helm_template()
     assert _grants(objs, "ClusterRole", "muster-webhook") == _expand({
         ("", "namespaces"): "get,list,watch",
-        ("batch", "jobs,cronjobs"): "get",
+        ("batch", "jobs"): "get,list",
+        ("batch", "cronjobs"): "get",
         ("apps", "replicasets,deployments,statefulsets,daemonsets"): "get",
-        ("kubeflow.org", "mpijobs,pytorchjobs,tfjobs,xgboostjobs,paddlejobs"): "get",
+        ("kubeflow.org", "mpijobs,pytorchjobs,tfjobs,xgboostjobs,paddlejobs"): "get,list",
         ("scheduling.volcano.sh", "scheduling.x-k8s.io", "podgroups"):
             "get,list,watch,create,patch,delete",
         ("scheduling.volcano.sh", "queues"): "get,list,watch",
@@ -417,9 +418,12 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("admissionregistration.k8s.io",
          "mutatingwebhookconfigurations,validatingwebhookconfigurations"): "get,update,patch",
     })
-    assert one(objs, "Role", "muster-webhook")["rules"][0] == {
-        "apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["muster-policies"],
-        "verbs": ["get"]}
+    assert one(objs, "Role", "muster-webhook")["rules"][:3] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["muster-policies"],
+         "verbs": ["get"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "resourceNames": ["muster-webhook-podgroup-cleanup"], "verbs": ["get", "update"]}]
     extra = helm_template({"webhook": {"ownerResources": [
         {"apiGroup": "ray.io", "resources": ["rayjobs"]}]}})
     assert ("ray.io", "rayjobs", "get") in _grants(extra, "ClusterRole", "muster-webhook")
@@ -484,23 +488,26 @@ def test_uninstall_then_removes_what_the_components_created(helm_template: Rende
     assert _arg(args, "--namespace") == NAMESPACE
     secrets = ["muster-webhook-tls", "muster-webhook-ca"]
     assert [a.split("=", 1)[1] for a in args if a.startswith("--secret=")] == secrets
-    assert _arg(args, "--lease") == "muster-binder"
+    leases = ["muster-webhook-podgroup-cleanup", "muster-binder"]
+    assert [a.split("=", 1)[1] for a in args if a.startswith("--lease=")] == leases
     # it may delete exactly those, nothing else
     assert _grants(objs, "Role", "muster-cleanup") == _expand({
         ("", "secrets"): "delete", ("coordination.k8s.io", "leases"): "delete"})
     rules = one(objs, "Role", "muster-cleanup")["rules"]
-    assert [r["resourceNames"] for r in rules] == [secrets, ["muster-binder"]]
+    assert [r["resourceNames"] for r in rules] == [secrets, leases]
     for o in objs:
         if hook(o) == "post-delete":
             assert "hook-succeeded" in o["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
-    # other cert modes own no Secrets of Muster's; no binder, no Lease; or switched off
+    # other cert modes own no Secrets of Muster's; no binder, no binder Lease; or switched off
     external = helm_template({"certs": {"mode": "external", "external": {
         "secretName": "mine", "caBundle": "eA=="}}})
     assert not [a for a in one(external, "Job", "muster-cleanup")["spec"]["template"]["spec"][
         "containers"][0]["args"] if a.startswith("--secret")]
-    assert not find(helm_template({"certs": {"mode": "external", "external": {
+    alone = one(helm_template({"certs": {"mode": "external", "external": {
         "secretName": "mine", "caBundle": "eA=="}}, "binder": {"enabled": False}}),
-        "Job", "muster-cleanup")
+        "Job", "muster-cleanup")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in alone if a.startswith("--lease")] == [
+        "--lease=muster-webhook-podgroup-cleanup"]
     assert not find(helm_template({"uninstall": {"removeRuntimeObjects": False}}),
                     "Job", "muster-cleanup")
 

@@ -81,3 +81,11 @@ def test_explain_lists_every_condition(capsys: pytest.CaptureFixture[str]) -> No
     assert "no     mpi-coscheduling" in out
     assert "✗ namespace team-a not in ['team-b']" in out
     assert "MATCH  mpi-volcano" in out
+    # what admission does about the queue, which no offline check can know: said, not guessed
+    assert "gang: minAvailable auto needs the kubeflow.org/MPIJob object" in out  # no --owner
+    owner = REPO / "policies/tests/objects/mpijob-team-a.yaml"
+    code, out = run(["policy", "explain", "-p", str(REPO / "policies"), "--owner", str(owner),
+                     str(REPO / "policies/tests/objects/worker-team-a.yaml")], capsys)
+    assert code == 0
+    assert "checked at admission against the cluster's Queues" in out
+    assert "queue 'default' instead (gang.unavailableQueue)" in out

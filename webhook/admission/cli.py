@@ -50,6 +50,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="larger requests get HTTP 413 (default 8 MiB)")
     p.add_argument("--owner-cache-ttl", type=float, default=5.0,
                    help="seconds an owner object (MPIJob, Job...) is reused (default 5)")
+    p.add_argument("--podgroup-cleanup-interval", type=float, default=30.0, metavar="SECONDS",
+                   help="how often the PodGroups Muster made are checked against their jobs: "
+                        "a finished or suspended job's goes, as its operator would delete it "
+                        "(default 30; 0 turns it off)")
     p.add_argument("--owner-retry-seconds", type=float, default=60.0,
                    help="while a gang job's object cannot be read, its pods are refused (the "
                         "job's controller retries) for this long, then admitted without the "
@@ -75,6 +79,7 @@ def _serve(args: argparse.Namespace) -> int:
         on_user_assignment=args.on_user_assignment, max_body_bytes=args.max_body_bytes,
         exclude_namespaces=args.exclude_namespace, policies_configmap=args.policies_configmap,
         owner_cache_ttl=args.owner_cache_ttl, owner_retry_seconds=args.owner_retry_seconds,
+        podgroup_cleanup_interval=args.podgroup_cleanup_interval,
         webhook_configurations=args.webhook_configuration,
         # in self mode the serving Secret may reach its volume only after the manager made it
         cert_wait=60.0 if args.cert_mode == "self" else 0.0)

@@ -94,6 +94,9 @@ class Metrics:
             "muster_podgroup_writes", "PodGroup writes, by result (created, exists, updated, "
             "replaced: a deleted job's; foreign: another controller's, left alone; dry_run, "
             "error)", ["result"], registry=r)
+        self.podgroup_cleanups = Counter(
+            "muster_podgroup_cleanups", "PodGroups Muster made, deleted because their job "
+            "finished or was suspended (as its operator would)", registry=r)
         self.gang_interventions = Counter(
             "muster_gang_interventions", "Gangs Muster changed or held so that none waits "
             "forever, by reason (queue_fallback, queue_without_gang, owner_unavailable_denied, "

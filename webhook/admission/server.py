@@ -54,6 +54,8 @@ class ServeOptions:
     cert_poll_interval: float = 2.0
     owner_cache_ttl: float = 5.0
     owner_retry_seconds: float = 60.0
+    #: seconds between PodGroup cleanup rounds (finished jobs' PodGroups); 0: off
+    podgroup_cleanup_interval: float = 30.0
     deadline_margin: float = 0.5
     shutdown_timeout: float = 5.0
     #: self mode: webhook configurations whose caBundle the manager keeps current
@@ -153,8 +155,22 @@ class WebhookServer:
                               recorder=self._events)
         self.context = context
         self._spawn("cluster-context", context.run())
+        if opts.podgroup_cleanup_interval > 0:
+            self._spawn("podgroup-cleanup", self._cleanup(api))
         if opts.cert_mode == "self":
             await self._self_certs(api)
+
+    async def _cleanup(self, api: KubeApi) -> None:
+        """The PodGroup janitor, on one replica at a time (Lease)."""
+        from webhook.admission.cleanup import PodGroupJanitor  # noqa: PLC0415
+        from webhook.kube.leader import LeaderElector, LeaseConfig  # noqa: PLC0415
+
+        janitor = PodGroupJanitor(api, self.metrics, self._events,
+                                  self.opts.podgroup_cleanup_interval)
+        identity = f"{os.environ.get('HOSTNAME', 'local')}_{os.getpid()}"
+        lease = LeaseConfig(f"{self.opts.service_name}-podgroup-cleanup", self.opts.namespace,
+                            identity)
+        await LeaderElector(api, lease).run(janitor.run)
 
     async def _self_certs(self, api: KubeApi) -> None:
         """`--cert-mode self`: keep Muster's CA, serving Secret and caBundles current in-process.

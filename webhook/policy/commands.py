@@ -8,11 +8,13 @@ from pathlib import Path
 
 import yaml
 
+from webhook.policy.decision import Decision
 from webhook.policy.engine import evaluate, explain
 from webhook.policy.errors import PolicyError
 from webhook.policy.loader import load_policies
 from webhook.policy.podgroup import podgroup_manifest
 from webhook.policy.policyset import PolicySet
+from webhook.policy.queues import describe
 from webhook.policy.testfile import (
     TEST_KIND,
     PolicyTest,
@@ -120,6 +122,8 @@ def _pod_mode(target: Path, args: argparse.Namespace, policies: PolicySet) -> in
         print(f"  {'match' if m.matched else 'skip ':<5} {m.policy}: {'; '.join(m.reasons)}")
     for w in decision.warnings:
         print(f"  warning: {w}")
+    for line in _gang_lines(decision):
+        print(f"  {line}")
     pg = podgroup_manifest(decision.pod_group) if decision.pod_group else None
     if decision.pod_group and pg is None:
         g = decision.pod_group
@@ -163,4 +167,19 @@ def explain_pods(args: argparse.Namespace) -> int:
             print(f"  {'MATCH' if m.matched else 'no   '}  {m.policy}")
             for reason in m.reasons:
                 print(f"         {reason}")
+        for line in _gang_lines(evaluate(pod, namespace_labels=labels, owners=owners,
+                                         policies=policies)):
+            print(f"  {line}")
     return 0
+
+
+def _gang_lines(decision: Decision) -> list[str]:
+    """What admission does with the gang in the cluster, beyond the policies' match."""
+    out = []
+    g = decision.pod_group
+    if g is not None and g.backend == "volcano":
+        out.append(f"gang {g.name}: {describe(g)}")
+    if decision.gang_blocked:
+        out.append(f"gang: {decision.gang_blocked}; in the cluster the pod is refused while its "
+                   "job cannot be read (serve --owner-retry-seconds), then admitted without it")
+    return out

@@ -75,6 +75,16 @@ def check_queue(spec: PodGroupSpec, queues: Mapping[str, str],
                               "never be scheduled)")
 
 
+def describe(spec: PodGroupSpec) -> str:
+    """What admission will do about the queue, for `muster policy explain`."""
+    queue = spec.queue or DEFAULT_QUEUE
+    instead = (f"queue {spec.fallback_queue!r} instead" if spec.fallback_queue is not None
+               else "the pod admitted without the gang")
+    return (f"Volcano queue {queue!r} (the namespace's {keys.VOLCANO_QUEUE_ANNOTATION} applies "
+            f"when it is 'default'): checked at admission against the cluster's Queues; if it "
+            f"is missing or not Open, {instead} (gang.unavailableQueue), with an Event")
+
+
 def with_queue(decision: Decision, queue: str) -> Decision:
     """The decision with its Volcano gang in `queue` (PodGroup and the pod's annotation)."""
     assert decision.pod_group is not None

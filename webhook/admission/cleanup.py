@@ -1,0 +1,105 @@
+"""The PodGroup janitor: the PodGroups Muster made go when their job is done.
+
+Every `interval` seconds it lists the PodGroups labelled `app.kubernetes.io/managed-by: muster`
+(Volcano's and scheduler-plugins', where their CRD is installed), lists each kind of job that
+controls them once, and deletes (with a uid precondition) those whose job
+`webhook.policy.cleanup.cleanup_reason` says is done, with an Event on the job. A PodGroup whose
+job is gone is left to the garbage collector. One replica works at a time (Lease
+`<release>-podgroup-cleanup`), so Events are not doubled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from webhook.admission.metrics import Metrics
+from webhook.admission.podgroups import controller_of, owner_resource
+from webhook.kube import COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS, ApiError, EventRecorder, KubeApi
+from webhook.policy.cleanup import cleanup_reason
+from webhook.policy.podgroup import MANAGED_BY
+
+log = logging.getLogger(__name__)
+
+_SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
+
+
+def _kind(ref: Mapping[str, Any]) -> str:
+    group = str(ref.get("apiVersion", "")).rpartition("/")[0]
+    return f"{group}/{ref.get('kind')}" if group else str(ref.get("kind"))
+
+
+class PodGroupJanitor:
+    def __init__(self, api: KubeApi, metrics: Metrics, recorder: EventRecorder | None,
+                 interval: float = 30.0) -> None:
+        self.api = api
+        self.metrics = metrics
+        self.recorder = recorder
+        self.interval = interval
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except ApiError as exc:  # the API server is away: try again next round
+                log.warning("PodGroup cleanup round failed", extra={"error": str(exc)})
+            await asyncio.sleep(self.interval)
+
+    async def sweep(self) -> int:
+        """One round; the number of PodGroups deleted."""
+        groups: list[tuple[Any, dict[str, Any], Mapping[str, Any]]] = []
+        for resource in (VOLCANO_PODGROUPS, COSCHEDULING_PODGROUPS):
+            try:
+                found = await self.api.list(resource, label_selector=_SELECTOR)
+            except ApiError as exc:
+                if exc.not_found:
+                    continue  # that scheduler's CRD is not installed
+                raise
+            for pg in found.get("items") or ():
+                ref = controller_of(pg)
+                if ref is not None:
+                    groups.append((resource, pg, ref))
+        jobs = await self._jobs({_kind(ref): ref for _, _, ref in groups})
+        deleted = 0
+        for resource, pg, ref in groups:
+            job = jobs.get(str(ref.get("uid")))
+            reason = cleanup_reason(_kind(ref), job) if job is not None else None
+            if reason is not None and job is not None:
+                deleted += await self._delete(resource, pg, job, reason)
+        return deleted
+
+    async def _jobs(self, kinds: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+        """uid → job object, one LIST per job kind that controls a PodGroup."""
+        out: dict[str, dict[str, Any]] = {}
+        for kind, ref in kinds.items():
+            try:
+                listed = await self.api.list(owner_resource(ref))
+            except ApiError as exc:
+                log.warning("jobs not listed; their PodGroups stay this round",
+                            extra={"kind": kind, "error": str(exc)})
+                continue
+            for job in listed.get("items") or ():
+                out[str((job.get("metadata") or {}).get("uid"))] = {
+                    "apiVersion": ref.get("apiVersion"), "kind": ref.get("kind"), **job}
+        return out
+
+    async def _delete(self, resource: Any, pg: Mapping[str, Any], job: Mapping[str, Any],
+                      reason: str) -> int:
+        meta = pg["metadata"]
+        try:
+            await self.api.delete(resource, meta["name"], meta["namespace"],
+                                  preconditions={"uid": meta["uid"]})
+        except ApiError as exc:
+            if exc.not_found or exc.conflict:
+                return 0  # gone already, or replaced by a new job's PodGroup
+            raise
+        self.metrics.podgroup_cleanups.inc()
+        message = (f"PodGroup {meta['namespace']}/{meta['name']} deleted: {reason}, as its "
+                   "operator would (it would hold its minResources against the queue)")
+        log.info("PodGroup deleted", extra={"podgroup": f"{meta['namespace']}/{meta['name']}",
+                                            "reason": reason})
+        if self.recorder is not None:
+            await self.recorder.emit(job, "Normal", "PodGroupDeleted", message)
+        return 1
