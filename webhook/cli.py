@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from webhook import log
+from webhook import failures, log
 
 # module providing `register(subparsers)`; each handler is set with `parser.set_defaults(func=...)`
 _AREAS = (
@@ -57,6 +57,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        known = failures.explain(exc)
+        if known is None or args.log_level == "debug":
+            raise  # a bug, or asked for: the whole traceback
+        code, message = known
+        print(f"muster {args.command}: {message}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -100,4 +100,4 @@ def test_agent_without_api_credentials_exits_cleanly(
     bad = tmp_path / "kubeconfig"
     bad.write_text("apiVersion: v1\nkind: Config\n")
     assert main(["agent", "--node-name", NODE, "--fake-nvml", "--kubeconfig", str(bad)]) == 2
-    assert "cannot reach the API server" in capsys.readouterr().err
+    assert f"kubeconfig {bad} is not a kubeconfig" in capsys.readouterr().err

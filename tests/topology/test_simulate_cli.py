@@ -76,7 +76,7 @@ def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"v": 9}')
     assert main(["topology", "show", "--file", str(bad)]) == 2
-    assert "error:" in capsys.readouterr().err
+    assert f"muster topology: {bad}: " in capsys.readouterr().err
     junk = tmp_path / "junk.txt"
     junk.write_text("nothing here")
     assert main(["topology", "parse", str(junk)]) == 2

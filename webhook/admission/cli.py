@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from pathlib import Path
+
+from webhook.failures import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,9 +68,16 @@ def _serve(args: argparse.Namespace) -> int:
     from webhook.admission.server import ServeOptions, run  # noqa: PLC0415
 
     if not args.self_signed and not (args.tls_cert_file and args.tls_key_file):
-        print("muster serve: give --tls-cert-file and --tls-key-file, or --self-signed",
-              file=sys.stderr)
-        return 2
+        raise UsageError("give --tls-cert-file and --tls-key-file, or --self-signed")
+    # the inputs that must exist now (in self mode the Secret may reach its volume later)
+    for flag, path in (("--tls-cert-file", args.tls_cert_file),
+                       ("--tls-key-file", args.tls_key_file)):
+        if path is not None and args.cert_mode != "self" and not Path(path).is_file():
+            raise UsageError(f"{flag} {path}: no such file (give the serving certificate's "
+                             "PEM files, or --self-signed)")
+    for path in args.policies:
+        if not Path(path).exists():
+            raise UsageError(f"--policies {path}: no such file or directory")
     opts = ServeOptions(
         policies=args.policies, host=args.host, port=args.port,
         tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,

@@ -8,13 +8,17 @@ import os
 from webhook import keys
 
 
-def _source_args(parser: argparse.ArgumentParser) -> None:
+def _source_args(parser: argparse.ArgumentParser, *, sub: bool = False) -> None:
+    # on `discover`, unset options must not hide the same options given before it
+    # (`muster agent --node-type x discover`): argparse lets a subcommand's defaults win
+    default: str | None = argparse.SUPPRESS if sub else None
     parser.add_argument("--fake-nvml", nargs="?", const="dgx1-v100", metavar="PROFILE|FILE",
+                        default=default,
                         help="use the fake NVML: a built-in profile (dgx1-v100, dgx1-v100-r535, "
                              "hgx-a100; default dgx1-v100) or a file recorded with --record")
-    parser.add_argument("--topology-file", metavar="FILE",
+    parser.add_argument("--topology-file", metavar="FILE", default=default,
                         help="static topology (the node annotation's JSON) instead of NVML")
-    parser.add_argument("--node-type", metavar="NAME",
+    parser.add_argument("--node-type", metavar="NAME", default=default,
                         help="built-in node type (e.g. dgx1-v100) instead of NVML")
 
 
@@ -45,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     disc = sub.add_parser("discover", help="print the discovered topology as JSON",
                           description="Run discovery once and print the topology JSON, "
                                       "degradations and class hash.")
-    _source_args(disc)
+    _source_args(disc, sub=True)
     disc.add_argument("--record", metavar="FILE",
                       help="also write what NVML answered to FILE (replayable with --fake-nvml)")
     disc.add_argument("--keep-uuids", action="store_true",

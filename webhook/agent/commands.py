@@ -16,6 +16,7 @@ from webhook.agent.deviceplugin.plugin import PluginConfig
 from webhook.agent.nvmlrecord import record_nvml
 from webhook.agent.publisher import identify
 from webhook.agent.runner import Agent, AgentConfig, Discoverer
+from webhook.failures import CommandFailed, UsageError
 from webhook.kube.api import KubeApi
 from webhook.kube.client import make_api_client
 from webhook.signals import until_signalled
@@ -23,19 +24,21 @@ from webhook.topology.codec import to_dict, topology_class
 
 
 def _sources(args: argparse.Namespace) -> tuple[Discoverer, Any]:
-    """(discoverer, NVML for XID events or None) from --fake-nvml/--topology-file/--node-type."""
-    if args.topology_file or args.node_type:
-        return runner.static_discoverer(args.topology_file, args.node_type), None
-    nvml = runner.nvml_source(args.fake_nvml)
+    """(discoverer, NVML for XID events or None) from --fake-nvml/--topology-file/--node-type;
+    UsageError naming the option when one is wrong."""
+    try:
+        if args.topology_file or args.node_type:
+            return runner.static_discoverer(args.topology_file, args.node_type), None
+        nvml = runner.nvml_source(args.fake_nvml)
+    except KeyError as exc:  # builtin() and the fake NVML profiles name the known ones
+        raise UsageError(str(exc.args[0])) from exc
+    except (ValueError, OSError) as exc:
+        raise UsageError(str(exc)) from exc
     return runner.nvml_discoverer(nvml), nvml
 
 
 def discover(args: argparse.Namespace) -> int:
-    try:
-        found = _sources(args)[0]()
-    except (ValueError, KeyError, OSError) as exc:
-        sys.stderr.write(f"muster agent discover: {exc}\n")
-        return 2
+    found = _sources(args)[0]()
     topology = identify(found.topology) if found.topology is not None else None
     doc = {
         "class": topology_class(topology) if topology is not None else None,
@@ -46,6 +49,10 @@ def discover(args: argparse.Namespace) -> int:
         "topology": to_dict(topology) if topology is not None else None,
     }
     sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    if topology is None:
+        why = "; ".join(d.message for d in found.degradations[:2]) or "no GPU answered"
+        raise CommandFailed(f"NVML is not usable here ({why}); on a machine without NVIDIA's "
+                            "driver use --fake-nvml or --node-type")
     if args.record:
         if args.topology_file or args.node_type:
             sys.stderr.write("muster agent discover: --record needs NVML (or --fake-nvml)\n")
@@ -58,18 +65,14 @@ def discover(args: argparse.Namespace) -> int:
         rec = record_nvml(nvml, source=source, anonymise_salt=salt)
         Path(args.record).write_text(rec.to_json() + "\n")
         sys.stderr.write(f"recorded NVML answers to {args.record}\n")
-    return 0 if topology is not None else 1
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.node_name:
         sys.stderr.write("muster agent: --node-name (or $NODE_NAME) is required\n")
         return 2
-    try:
-        discoverer, events_nvml = _sources(args)
-    except (ValueError, KeyError, OSError) as exc:
-        sys.stderr.write(f"muster agent: {exc}\n")
-        return 2
+    discoverer, events_nvml = _sources(args)
     config = AgentConfig(
         node=args.node_name,
         rediscover_s=args.rediscover_seconds,
@@ -79,11 +82,7 @@ def run(args: argparse.Namespace) -> int:
                             unassigned=args.unassigned))
 
     async def main() -> int:
-        try:
-            client = await make_api_client(args.kubeconfig)
-        except Exception as exc:  # no kubeconfig, unreadable file, no in-cluster credentials
-            sys.stderr.write(f"muster agent: cannot reach the API server: {exc}\n")
-            return 2
+        client = await make_api_client(args.kubeconfig)  # UsageError names a bad kubeconfig
         try:
             await until_signalled(Agent(config, discoverer, KubeApi(client), events_nvml).run())
         finally:

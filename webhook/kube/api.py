@@ -109,6 +109,12 @@ class ApiError(Exception):
         return self.status == 410
 
 
+def _said(exc: BaseException) -> str:
+    """What a connection error says ("Cannot connect to host ..."), its type when it says
+    nothing (a bare TimeoutError)."""
+    return str(exc) or type(exc).__name__
+
+
 def _query(**params: Any) -> list[tuple[str, str]]:
     out = []
     for key, value in params.items():
@@ -135,7 +141,7 @@ class KubeApi:
                 auth_settings=["BearerToken"], _preload_content=False,
                 _request_timeout=request_timeout)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise ApiError(0, "ConnectionError", f"{method} {path}: {exc!r}") from exc
+            raise ApiError(0, "ConnectionError", f"{method} {path}: {_said(exc)}") from exc
         if not 200 <= resp.status < 300:
             try:
                 raw = await resp.read()
@@ -153,7 +159,7 @@ class KubeApi:
         try:
             raw = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ApiError(0, "ConnectionError", f"{method} {path}: {exc!r}") from exc
+            raise ApiError(0, "ConnectionError", f"{method} {path}: {_said(exc)}") from exc
         finally:
             resp.release()
         return json.loads(raw) if raw else None
@@ -266,7 +272,7 @@ class KubeApi:
             if buf.strip():
                 yield _event(buf)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ApiError(0, "ConnectionError", f"watch {resource.plural}: {exc!r}") from exc
+            raise ApiError(0, "ConnectionError", f"watch {resource.plural}: {_said(exc)}") from exc
         finally:
             resp.release()
 

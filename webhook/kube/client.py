@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import aiohttp
+import yaml
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import load_incluster_config, load_kube_config
+from kubernetes_asyncio.config.config_exception import ConfigException
+
+from webhook.failures import UsageError
 
 
 async def make_api_client(kubeconfig: str | None = None,
@@ -19,11 +24,36 @@ async def make_api_client(kubeconfig: str | None = None,
         load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
     else:
         path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
-        await load_kube_config(config_file=path, context=context,
-                               client_configuration=config, persist_config=False)
+        _check_kubeconfig(path, kubeconfig is None)
+        try:
+            await load_kube_config(config_file=path, context=context,
+                                   client_configuration=config, persist_config=False)
+        except ConfigException as exc:
+            raise UsageError(f"kubeconfig {path or '~/.kube/config'}: {exc}") from exc
     client = ApiClient(configuration=config)
     _without_env_lookups(client)
     return client
+
+
+def _check_kubeconfig(given: str | None, implicit: bool) -> None:
+    """A clear UsageError for a kubeconfig that is missing or not one (the library answers
+    with a KeyError or a TypeError from deep inside)."""
+    path = given or os.path.expanduser("~/.kube/config")
+    where = f"kubeconfig {path}" + (" (no --kubeconfig given)" if implicit else "")
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        hint = ("give --kubeconfig, set $KUBECONFIG, or run in a cluster" if implicit
+                else "check the path")
+        raise UsageError(f"{where}: {exc.strerror or exc}; {hint}") from exc
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{where} is not valid YAML: {exc}".replace("\n", " ")) from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("clusters"), list) or \
+            not doc.get("clusters"):
+        raise UsageError(f"{where} is not a kubeconfig (no clusters): give the file kubectl "
+                         "uses, e.g. ~/.kube/config")
 
 
 def _without_env_lookups(client: ApiClient) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from webhook.failures import UsageError
 from webhook.policy.decision import Decision
 from webhook.policy.engine import evaluate, explain
 from webhook.policy.errors import PolicyError
@@ -149,17 +151,9 @@ def explain_pods(args: argparse.Namespace) -> int:
     if policies is None:
         return 1
     labels = _labels(args.namespace_labels)
-    try:
-        owners = [read_object(Path(p)) for p in args.owner]
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        print(f"ERROR {exc}")
-        return 1
+    owners = [_read(Path(p), "--owner") for p in args.owner]
     for path in map(Path, args.pods):
-        try:
-            pod = read_object(path)
-        except (OSError, ValueError, yaml.YAMLError) as exc:
-            print(f"ERROR {exc}")
-            return 1
+        pod = _read(path, "pod")
         meta = pod.get("metadata") or {}
         print(f"{path}: pod {meta.get('namespace', '')}/"
               f"{meta.get('name') or str(meta.get('generateName', '')) + '*'}")
@@ -171,6 +165,18 @@ def explain_pods(args: argparse.Namespace) -> int:
                                          policies=policies)):
             print(f"  {line}")
     return 0
+
+
+def _read(path: Path, what: str) -> dict[str, Any]:
+    """An object file, or a UsageError that names it (missing, a directory, not YAML, empty)."""
+    try:
+        return read_object(path)
+    except OSError as exc:
+        raise UsageError(f"{what} {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{what} {path} is not valid YAML: {exc}".replace("\n", " ")) from exc
+    except ValueError as exc:
+        raise UsageError(f"{what} {exc}") from exc
 
 
 def _gang_lines(decision: Decision) -> list[str]:

@@ -1,0 +1,116 @@
+"""Every command fails like a tool: the inputs people get wrong, one line on stderr that names
+the input, exit 2 for usage and 1 for runtime, no traceback (unless --log-level debug)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from webhook.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+POLICIES = str(REPO / "policies")
+CLOSED_PORT_KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+current-context: c
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:%d"}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+users: [{name: u, user: {token: t}}]
+"""
+
+
+@pytest.fixture
+def inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """Files as people get them wrong; the working directory is the tmp dir."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "notyaml").write_text("clusters: [unclosed\n")
+    (tmp_path / "notkc").write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    (tmp_path / "closedkc").write_text(CLOSED_PORT_KUBECONFIG % closed)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        yield {"busy": str(busy.getsockname()[1])}
+
+
+CASES = [
+    # (argv, exit code, what the line must say)
+    (["policy", "explain", "-p", POLICIES, "missing.yaml"], 2,
+     "pod missing.yaml: No such file"),
+    (["policy", "explain", "-p", POLICIES, "adir"], 2, "pod adir: Is a directory"),
+    (["policy", "explain", "-p", POLICIES, "empty.yaml"], 2, "expected a Kubernetes object"),
+    (["policy", "explain", "-p", POLICIES, "--owner", "notyaml", "empty.yaml"], 2,
+     "--owner notyaml is not valid YAML"),
+    (["serve", "--policies", POLICIES, "--tls-cert-file", "missing.pem", "--tls-key-file",
+      "k.pem"], 2, "--tls-cert-file missing.pem: no such file"),
+    (["serve", "--policies", "missing", "--self-signed"], 2, "--policies missing: no such"),
+    (["serve", "--policies", POLICIES], 2, "give --tls-cert-file and --tls-key-file"),
+    (["serve", "--policies", POLICIES, "--self-signed", "--host", "127.0.0.1", "--port",
+      "{busy}"], 1, "already in use"),
+    (["bind"], 2, "kubeconfig"),  # none anywhere
+    (["bind", "--kubeconfig", "missing"], 2, "kubeconfig missing: No such file"),
+    (["bind", "--kubeconfig", "adir"], 2, "kubeconfig adir: Is a directory"),
+    (["bind", "--kubeconfig", "empty.yaml"], 2, "kubeconfig empty.yaml is not a kubeconfig"),
+    (["bind", "--kubeconfig", "notyaml"], 2, "kubeconfig notyaml is not valid YAML"),
+    (["bind", "--kubeconfig", "notkc"], 2, "kubeconfig notkc is not a kubeconfig"),
+    (["bind", "--kubeconfig", "closedkc"], 1, "cannot reach the Kubernetes API server"),
+    (["agent", "--node-type", "nosuch", "discover"], 2, "unknown node type 'nosuch'"),
+    (["agent", "discover", "--node-type", "nosuch"], 2, "unknown node type 'nosuch'"),
+    (["agent", "discover", "--topology-file", "missing.json"], 2, "missing.json"),
+    (["agent", "discover", "--fake-nvml", "nosuch"], 2, "nosuch"),
+    (["agent", "--node-name", "n", "--node-type", "dgx1-v100", "--kubeconfig", "notyaml"], 2,
+     "kubeconfig notyaml is not valid YAML"),
+    (["topology", "show", "nosuch"], 2, "unknown node type 'nosuch'"),
+    (["topology", "parse", "missing.txt"], 2, "missing.txt: no such file"),
+    (["topology", "parse", "adir"], 2, "adir: is a directory"),
+    (["topology", "choose", "nosuch", "-k", "2"], 2, "unknown node type 'nosuch'"),
+    (["topology", "choose", "dgx1-v100", "-k", "2", "--free", "a,b"], 2, "--free 'a,b'"),
+    (["topology", "choose", "dgx1-v100", "-k", "9"], 1, "fewer than 9 healthy GPUs"),
+    (["certs", "ensure", "--kubeconfig", "notkc", "--namespace", "x", "--service-name", "y"],
+     2, "kubeconfig notkc is not a kubeconfig"),
+    (["demo", "--policies", "missing"], 2, "missing"),
+]
+
+
+def _lines(err: str) -> list[str]:
+    """stderr without the log lines ("I webhook.x: ...") a command may write before failing."""
+    return [line for line in err.splitlines()
+            if line.strip() and not (len(line) > 2 and line[1] == " " and line[0] in "DIWE")]
+
+
+@pytest.mark.parametrize(("argv", "code", "says"), CASES,
+                         ids=[" ".join(a[:3]) + f" [{i}]" for i, (a, _, _) in enumerate(CASES)])
+def test_a_wrong_input_gets_one_line_and_the_right_exit_code(
+        argv: list[str], code: int, says: str, inputs: dict[str, str],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [a.format(**inputs) for a in argv]
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = _lines(err)
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"muster {argv[0]}"), lines[0]
+    assert says in lines[0], lines[0]
+
+
+def test_debug_keeps_the_traceback(inputs: dict[str, str]) -> None:
+    with pytest.raises(FileNotFoundError):
+        main(["--log-level", "debug", "topology", "parse", "missing.txt"])
+
+
+def test_a_wrong_type_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--policies", POLICIES, "--port", "abc"])
+    assert exited.value.code == 2
+    assert "argument --port: invalid int value: 'abc'" in capsys.readouterr().err
