@@ -137,15 +137,17 @@ async def test_a_deleted_job_admits_its_pods_without_a_gang_and_without_refusing
         env: Env, proxy: FaultProxy) -> None:
     """404: the job is gone and its pods will be garbage-collected; refusing helps nobody."""
     apiserver = env.api
-    worker = env.worker(await mpijob_in(apiserver, env.shared))
+    job = await mpijob_in(apiserver, env.shared)
+    launcher = launcher_review(env.shared, await make_launcher_job(apiserver, job))
     proxy.fail("GET", MPIJOB_GET, 404)
     async with running(env.tls, [env.policy_dir],
                        kubeconfig=str(proxy.kubeconfig(env.tmp / "kc"))) as srv, \
             client(env.tls) as s:
         await wait_for(srv.admitter.ready)
-        resp = await review(s, f"{srv.url}/mutate/pods", worker)
-    assert resp["allowed"] is True
-    assert any("not found" in w for w in resp["warnings"]), resp["warnings"]
+        for body in (env.worker(job), launcher):
+            resp = await review(s, f"{srv.url}/mutate/pods", body)
+            assert resp["allowed"] is True
+            assert any("not found" in w for w in resp["warnings"]), resp["warnings"]
     assert volcano_podgroups(apiserver) == []
 
 

@@ -27,7 +27,10 @@ from webhook.kube import (
     VOLCANO_QUEUES,
     ApiError,
     KubeApi,
+    Resource,
 )
+
+PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", False, "PriorityClass")
 
 NS = "team-a"  # policy mpi-volcano
 
@@ -170,3 +173,28 @@ async def test_a_finished_jobs_podgroup_goes_and_explicit_zeros_are_kept(
     lease = await kube.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/"
                                f"leases/{RELEASE}-webhook-podgroup-cleanup")
     assert lease["spec"]["holderIdentity"].startswith(f"{RELEASE}-webhook-")  # a webhook pod
+
+
+async def test_min_resources_count_the_higher_priority_workers_first(kube: KubeApi) -> None:
+    await ensure_namespace(kube, NS)
+    try:
+        await kube.create(PRIORITY_CLASSES, {"apiVersion": "scheduling.k8s.io/v1",
+                                             "kind": "PriorityClass",
+                                             "metadata": {"name": "workers-first"},
+                                             "value": 5000})
+    except ApiError as exc:
+        if not exc.conflict:
+            raise
+    job = mpijob("ranked", NS, workers=3, minAvailable=2)
+    job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["priorityClassName"] = \
+        "workers-first"
+
+    async def sized() -> bool:  # the webhook's PriorityClass informer sees the new class
+        name = f"ranked-{len(await kube.list(MPIJOBS, namespace=NS))}"
+        ranked = copy.deepcopy(job)
+        ranked["metadata"]["name"] = name
+        await kube.create(PODS, (await _workers(kube, ranked))[0], namespace=NS)
+        group = await kube.get(VOLCANO_PODGROUPS, name, namespace=NS)
+        return bool(group["spec"]["minResources"].get(keys.GPU_RESOURCE) == "2")
+    # two workers (1 GPU each), not the launcher and one worker, as mpi-operator counts
+    await eventually("minResources of the two higher-priority workers", sized, within=30)
