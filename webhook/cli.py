@@ -22,6 +22,7 @@ _AREAS = (
     "webhook.topology.cli",
     "webhook.certs.cli",
     "webhook.demo.cli",
+    "webhook.analyze.cli",
 )
 
 

@@ -1,0 +1,211 @@
+"""`muster analyze`: a healthy cluster has no finding, and each misconfiguration makes exactly
+its own finding fire (pure checks over a snapshot), then the command against the emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from webhook import keys
+from webhook.analyze.findings import Snapshot, analyze
+from webhook.certs import generate_ca, issue_serving_cert
+from webhook.cli import main
+from webhook.demo import scenario
+from webhook.emulator import ApiServerEmulator
+from webhook.policy import load_policy_texts
+from webhook.topology import builtin, codec
+
+NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
+POLICY = """\
+apiVersion: muster.io/v1alpha1
+kind: SchedulingPolicy
+metadata: {name: mpi-volcano}
+spec:
+  match: {namespaces: [team-a]}
+  gang: {backend: volcano, queue: training}
+"""
+CA = generate_ca("analyze-ca", days=365, now=NOW - dt.timedelta(days=1))
+SERVING = issue_serving_cert(CA, ["muster-webhook.muster-system.svc"], days=365,
+                             now=NOW - dt.timedelta(days=1))
+OTHER_CA = generate_ca("someone-else", days=365, now=NOW - dt.timedelta(days=1))
+
+
+def configuration(ca_pem: bytes = CA.cert_pem, failure: str = "Ignore",
+                  excluded: tuple[str, ...] = ("kube-system", "muster-system")
+                  ) -> dict[str, Any]:
+    return {"apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration", "metadata": {"name": "0-muster"},
+            "webhooks": [{
+                "name": "pods.muster.io", "failurePolicy": failure,
+                "admissionReviewVersions": ["v1"], "sideEffects": "NoneOnDryRun",
+                "clientConfig": {"caBundle": base64.b64encode(ca_pem).decode(), "service": {
+                    "name": "muster-webhook", "namespace": "muster-system"}},
+                "namespaceSelector": {"matchExpressions": [{
+                    "key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                    "values": list(excluded)}]}}]}
+
+
+def gpu_node(name: str, *, published: bool = True, tainted: bool = True) -> dict[str, Any]:
+    node = scenario.node(name)
+    if published:
+        node["metadata"]["annotations"] = {keys.ANN_NODE_TOPOLOGY: codec.encode(
+            builtin("dgx1-v100"))}
+    if tainted:
+        node["spec"] = {"taints": [{"key": keys.TAINT_GPU_TOPOLOGY, "value": "enabled",
+                                    "effect": "NoSchedule"}]}
+    return node
+
+
+def mpijob(name: str, uid: str, state: str | None = None) -> dict[str, Any]:
+    job: dict[str, Any] = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+                           "metadata": {"name": name, "namespace": "team-a", "uid": uid,
+                                        "annotations": {}},
+                           "spec": {"runPolicy": {"cleanPodPolicy": "Running"}}}
+    if state:
+        job["status"] = {"conditions": [{"type": state, "status": "True"}],
+                         "completionTime": "2026-11-23T10:00:00Z"}
+    return job
+
+
+def podgroup(job: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": job["metadata"]["name"], "namespace": "team-a",
+                         "labels": {"app.kubernetes.io/managed-by": "muster"},
+                         "ownerReferences": [{"apiVersion": job["apiVersion"], "kind": "MPIJob",
+                                              "name": job["metadata"]["name"],
+                                              "uid": job["metadata"]["uid"],
+                                              "controller": True}]},
+            "spec": {"minMember": 5}}
+
+
+def healthy() -> Snapshot:
+    running = mpijob("running", "uid-running")
+    return Snapshot(
+        namespace="muster-system", webhook_configuration="0-muster", service="muster-webhook",
+        binder_lease="muster-binder", policies=load_policy_texts({"p.yaml": POLICY}),
+        crds=frozenset({"podgroups.scheduling.volcano.sh"}),
+        queues={q: scenario.volcano_queue(q) for q in scenario.QUEUES},
+        mutating=[configuration()],
+        endpoints={"subsets": [{"addresses": [{"ip": "10.0.0.1"}]}]},
+        serving_cert=SERVING.cert_pem, nodes=[gpu_node("gpu-1")],
+        podgroups=[("kubeflow.org/MPIJob", podgroup(running))],
+        jobs={"uid-running": running},
+        leases={"muster-binder": {"spec": {
+            "holderIdentity": "muster-binder-abc", "leaseDurationSeconds": 15,
+            "renewTime": (NOW - dt.timedelta(seconds=3)).isoformat()}}})
+
+
+def test_a_healthy_cluster_has_no_finding() -> None:
+    assert analyze(healthy(), NOW) == []
+
+
+def _set(**changes: Any) -> Callable[[Snapshot], Snapshot]:
+    return lambda s: dataclasses.replace(s, **changes)
+
+
+def _gone_job(s: Snapshot) -> Snapshot:
+    return dataclasses.replace(s, jobs={})
+
+
+def _finished_job(s: Snapshot) -> Snapshot:
+    done = mpijob("running", "uid-running", "Succeeded")
+    return dataclasses.replace(s, jobs={"uid-running": done})
+
+
+def _closed_queue(s: Snapshot) -> Snapshot:
+    queues = dict(s.queues)
+    queues["training"] = scenario.volcano_queue("training", "Closed")
+    return dataclasses.replace(s, queues=queues)
+
+
+def _job_names_missing_queue(s: Snapshot) -> Snapshot:
+    job = copy.deepcopy(s.jobs["uid-running"])
+    job["metadata"]["annotations"][keys.VOLCANO_QUEUE_ANNOTATION] = "nope"
+    return dataclasses.replace(s, jobs={"uid-running": job})
+
+
+def _short_ca(s: Snapshot) -> Snapshot:
+    ca = generate_ca("short", days=20, now=NOW - dt.timedelta(days=1))
+    serving = issue_serving_cert(ca, ["x"], days=365, now=NOW - dt.timedelta(days=1))
+    return dataclasses.replace(s, mutating=[configuration(ca_pem=ca.cert_pem)],
+                               serving_cert=serving.cert_pem)
+
+
+CASES: list[tuple[str, Callable[[Snapshot], Snapshot], str, str]] = [
+    ("backend", _set(crds=frozenset()), "BackendNotInstalled", "error"),
+    ("queue missing", _set(queues={"default": scenario.volcano_queue("default")}),
+     "QueueUnavailable", "error"),
+    ("queue closed", _closed_queue, "QueueUnavailable", "error"),
+    ("job's queue", _job_names_missing_queue, "QueueUnavailable", "warning"),
+    ("after istio", _set(webhook_configuration="zz-muster", mutating=[
+        {**configuration(), "metadata": {"name": "zz-muster"}},
+        {"metadata": {"name": "istio-sidecar-injector"}, "webhooks": []}]),
+     "WebhookAfterIstio", "warning"),
+    ("no configuration", _set(mutating=[]), "WebhookNotInstalled", "error"),
+    ("fails closed", _set(mutating=[configuration(failure="Fail")]), "WebhookFailsClosed",
+     "warning"),
+    ("system namespaces", _set(mutating=[configuration(excluded=("muster-system",))]),
+     "SystemNamespacesNotExcluded", "warning"),
+    ("no endpoints", _set(endpoints={"subsets": []}), "WebhookNotReady", "error"),
+    ("wrong caBundle", _set(mutating=[configuration(ca_pem=OTHER_CA.cert_pem)]),
+     "CaBundleMismatch", "error"),
+    ("expiring", _set(serving_cert=issue_serving_cert(
+        CA, ["x"], days=10, now=NOW - dt.timedelta(days=1)).cert_pem),
+     "CertificateExpiring", "warning"),
+    # a serving certificate never outlives its CA: both say so
+    ("CA expiring", _short_ca, "CaBundleExpiring+CertificateExpiring", "warning"),
+    ("no topology", _set(nodes=[gpu_node("gpu-1", published=False)]), "TopologyNotPublished",
+     "error"),
+    ("no taint", _set(nodes=[gpu_node("gpu-1", tainted=False)]), "TopologyNodeNotTainted",
+     "warning"),
+    ("orphaned PodGroup", _gone_job, "PodGroupOrphaned", "warning"),
+    ("finished job's PodGroup", _finished_job, "PodGroupOfFinishedJob", "warning"),
+    ("no binder leader", _set(leases={}), "BinderNotLeading", "error"),
+]
+
+
+@pytest.mark.parametrize(("what", "breaks", "code", "severity"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_each_misconfiguration_makes_its_own_finding(
+        what: str, breaks: Callable[[Snapshot], Snapshot], code: str, severity: str) -> None:
+    findings = analyze(breaks(healthy()), NOW)
+    assert [(f.code, f.severity) for f in findings] == [(c, severity) for c in code.split("+")], \
+        what
+    assert findings[0].fix and findings[0].object
+
+
+async def test_the_command_reads_a_cluster_and_gates_on_errors(
+        tmp_path: Path, shared_crds: list[dict[str, Any]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    api = ApiServerEmulator(crds=shared_crds)
+    for obj in [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
+                for n in ("muster-system", "team-a")]:
+        api.seed(obj)
+    api.seed({"apiVersion": "v1", "kind": "ConfigMap",
+              "metadata": {"name": "muster-policies", "namespace": "muster-system"},
+              "data": {"p.yaml": POLICY}})
+    api.seed(configuration())
+    api.seed(gpu_node("gpu-1", tainted=False))
+    gone = mpijob("gone", "uid-gone")
+    api.seed(podgroup(gone))  # its job was never there
+    async with api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kc")
+        # the CLI runs its own event loop: from a thread, beside the emulator's
+        code = await asyncio.to_thread(main, ["analyze", "--kubeconfig", str(kubeconfig),
+                                              "--output", "json"])
+    found = {(f["code"], f["object"]) for f in json.loads(capsys.readouterr().out)}
+    assert code == 1  # errors found
+    assert ("QueueUnavailable", "SchedulingPolicy/mpi-volcano") in found  # no queues at all
+    assert ("WebhookNotReady", "Service/muster-system/muster-webhook") in found
+    assert ("TopologyNodeNotTainted", "Node/gpu-1") in found
+    assert ("PodGroupOrphaned", "PodGroup/team-a/gone") in found
+    assert not any(c == "BinderNotLeading" for c, _ in found)  # no binder Deployment here

@@ -1,0 +1,98 @@
+"""Read the cluster into a `Snapshot` (read-only: get and list)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from webhook.analyze.findings import BACKEND_CRDS, Snapshot
+from webhook.kube import (
+    COSCHEDULING_PODGROUPS,
+    CRDS,
+    DEPLOYMENTS,
+    LEASES,
+    MUTATING_WEBHOOKS,
+    NODES,
+    SECRETS,
+    VOLCANO_PODGROUPS,
+    VOLCANO_QUEUES,
+    ApiError,
+    KubeApi,
+    Resource,
+)
+from webhook.policy.errors import PolicyError
+from webhook.policy.loader import load_policy_texts
+
+ENDPOINTS = Resource("", "v1", "endpoints", True, "Endpoints")
+CONFIGMAPS = Resource("", "v1", "configmaps", True, "ConfigMap")
+
+
+async def _items(api: KubeApi, resource: Resource, namespace: str | None = None
+                 ) -> list[dict[str, Any]]:
+    try:
+        found: list[dict[str, Any]] = (await api.list(resource, namespace))["items"]
+    except ApiError as exc:
+        if exc.not_found:
+            return []
+        raise
+    return found
+
+
+async def _get(api: KubeApi, resource: Resource, name: str, namespace: str | None = None
+               ) -> dict[str, Any] | None:
+    try:
+        return await api.get(resource, name, namespace=namespace)
+    except ApiError as exc:
+        if exc.not_found:
+            return None
+        raise
+
+
+def _owner_resource(ref: dict[str, Any]) -> Resource:
+    group, _, version = str(ref.get("apiVersion", "")).rpartition("/")
+    return Resource(group, version, str(ref.get("kind", "")).lower() + "s", True,
+                    str(ref.get("kind", "")))
+
+
+async def collect(api: KubeApi, namespace: str, release: str) -> Snapshot:
+    webhook = f"{release}-webhook"
+    s = Snapshot(namespace=namespace, webhook_configuration=f"0-{release}", service=webhook,
+                 binder_lease=f"{release}-binder")
+    s.crds = frozenset(c["metadata"]["name"] for c in await _items(api, CRDS))
+    config = await _get(api, CONFIGMAPS, f"{release}-policies", namespace)
+    if config is not None:
+        try:
+            s.policies = load_policy_texts(config.get("data") or {})
+        except PolicyError:
+            s.policies = None  # the webhook refuses it too; `muster policy check` says why
+    if BACKEND_CRDS["volcano"] in s.crds:
+        s.queues = {q["metadata"]["name"]: q for q in await _items(api, VOLCANO_QUEUES)}
+    s.mutating = await _items(api, MUTATING_WEBHOOKS)
+    s.endpoints = await _get(api, ENDPOINTS, webhook, namespace)
+    secret = await _get(api, SECRETS, f"{webhook}-tls", namespace)
+    if secret is not None and (secret.get("data") or {}).get("tls.crt"):
+        s.serving_cert = base64.b64decode(secret["data"]["tls.crt"])
+    s.nodes = await _items(api, NODES)
+    owners: dict[str, dict[str, Any]] = {}
+    for crd, resource in ((BACKEND_CRDS["volcano"], VOLCANO_PODGROUPS),
+                          (BACKEND_CRDS["coscheduling"], COSCHEDULING_PODGROUPS)):
+        if crd not in s.crds:
+            continue
+        for pg in await _items(api, resource):
+            ref = next((r for r in pg["metadata"].get("ownerReferences") or ()
+                        if r.get("controller")), None)
+            kind = ""
+            if ref is not None:
+                group = str(ref.get("apiVersion", "")).rpartition("/")[0]
+                kind = f"{group}/{ref.get('kind')}" if group else str(ref.get("kind"))
+                owners.setdefault(kind, ref)
+            s.podgroups = [*s.podgroups, (kind, pg)]
+    jobs: dict[str, dict[str, Any]] = {}
+    for ref in owners.values():
+        for job in await _items(api, _owner_resource(ref)):
+            jobs[str(job["metadata"].get("uid"))] = job
+    s.jobs = jobs
+    s.binder_deployed = await _get(api, DEPLOYMENTS, f"{release}-binder", namespace) is not None
+    lease = await _get(api, LEASES, s.binder_lease, namespace)
+    s.leases = {s.binder_lease: lease} if lease is not None else {}
+    return s

@@ -1,0 +1,271 @@
+"""What `muster analyze` finds: pure checks over a snapshot of the cluster.
+
+Muster's failures are quiet (a pod that waits forever), so each check names a misconfiguration
+before users meet it, with a severity, the object and the fix. `collect.py` reads the cluster
+into a `Snapshot`; everything here is a function of it (and of `now`, for expiry).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+
+from webhook import keys
+from webhook.policy.cleanup import cleanup_reason
+from webhook.policy.podgroup import MANAGED_BY
+from webhook.policy.policyset import PolicySet
+from webhook.policy.queues import OPEN
+
+Severity = Literal["error", "warning", "info"]
+Obj = Mapping[str, Any]
+BACKEND_CRDS = {"volcano": "podgroups.scheduling.volcano.sh",
+                "coscheduling": "podgroups.scheduling.x-k8s.io"}
+ISTIO_INJECTOR = "istio-sidecar-injector"
+SAFE_EXCLUDED = ("kube-system",)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    severity: Severity
+    code: str
+    object: str  # kind/namespace/name, or kind/name
+    message: str
+    fix: str
+
+
+@dataclass
+class Snapshot:
+    """What the checks read, as the API server returned it (plain dicts)."""
+
+    namespace: str  # Muster's release namespace
+    webhook_configuration: str  # the name of Muster's webhook configurations
+    service: str  # the webhook Service
+    binder_lease: str
+    policies: PolicySet | None = None
+    crds: frozenset[str] = frozenset()
+    queues: Mapping[str, Obj] = field(default_factory=dict)
+    mutating: Sequence[Obj] = ()
+    endpoints: Obj | None = None
+    serving_cert: bytes | None = None  # PEM of the webhook's serving certificate
+    nodes: Sequence[Obj] = ()
+    podgroups: Sequence[tuple[str, Obj]] = ()  # (group/Kind of the owner, PodGroup)
+    jobs: Mapping[str, Obj] = field(default_factory=dict)  # uid -> job object
+    leases: Mapping[str, Obj] = field(default_factory=dict)  # name -> Lease
+    binder_deployed: bool = True
+
+
+def _name(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{obj.get('kind', '?')}/{ns + '/' if ns else ''}{meta.get('name', '?')}"
+
+
+def analyze(s: Snapshot, now: dt.datetime) -> list[Finding]:
+    checks = (_backends, _queues, _webhook_order, _webhook_safety, _endpoints, _ca_bundle,
+              _gpu_nodes, _podgroups, _binder)
+    out = [f for check in checks for f in check(s, now)]
+    rank = {"error": 0, "warning": 1, "info": 2}
+    return sorted(out, key=lambda f: (rank[f.severity], f.code, f.object))
+
+
+def _gangs(s: Snapshot) -> Iterator[tuple[str, Any]]:
+    for policy in s.policies.policies if s.policies else ():
+        if policy.spec.gang is not None:
+            yield f"SchedulingPolicy/{policy.name}", policy.spec.gang
+
+
+def _backends(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    for where, gang in _gangs(s):
+        crd = BACKEND_CRDS.get(gang.backend)
+        if crd is not None and crd not in s.crds:
+            yield Finding("error", "BackendNotInstalled", where,
+                          f"gang backend {gang.backend} needs the {crd} CRD, which is not "
+                          "installed: the PodGroup cannot be created and the pods never start",
+                          f"install {gang.backend} (its CRDs), or change the policy's backend")
+
+
+def _queue_problem(name: str, queues: Mapping[str, Obj]) -> str | None:
+    queue = queues.get(name)
+    if queue is None:
+        return f"Volcano queue {name!r} does not exist"
+    state = (queue.get("status") or {}).get("state") or ""
+    return None if state == OPEN else f"Volcano queue {name!r} is {state or 'not Open yet'}"
+
+
+def _queues(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    if BACKEND_CRDS["volcano"] not in s.crds:
+        return
+    for where, gang in _gangs(s):
+        if gang.backend != "volcano":
+            continue
+        for field_name, name in (("queue", gang.queue), ("fallbackQueue", gang.fallbackQueue)):
+            problem = _queue_problem(name, s.queues) if name else None
+            if problem:
+                yield Finding("error" if field_name == "queue" else "warning", "QueueUnavailable",
+                              where, f"gang.{field_name}: {problem}; its gangs "
+                              + ("fall back or lose the gang" if field_name == "queue"
+                                 else "cannot fall back there"),
+                              f"create the queue (or open it), or change gang.{field_name}")
+    for job in s.jobs.values():
+        name = (job.get("metadata", {}).get("annotations") or {}).get(
+            keys.VOLCANO_QUEUE_ANNOTATION)
+        problem = _queue_problem(name, s.queues) if name else None
+        if problem:
+            yield Finding("warning", "QueueUnavailable", _name(job),
+                          f"the job names {problem}", "create or open the queue, or change the "
+                          f"job's {keys.VOLCANO_QUEUE_ANNOTATION}")
+
+
+def _ours(s: Snapshot) -> Obj | None:
+    return next((c for c in s.mutating
+                 if c.get("metadata", {}).get("name") == s.webhook_configuration), None)
+
+
+def _webhook_order(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    ours = _ours(s)
+    names = [c.get("metadata", {}).get("name", "") for c in s.mutating]
+    if ours is not None and ISTIO_INJECTOR in names and \
+            s.webhook_configuration > ISTIO_INJECTOR:
+        yield Finding("warning", "WebhookAfterIstio", _name(ours),
+                      "mutating webhooks run in name order: Muster's runs after Istio's "
+                      "injector, so its sidecar opt-out comes too late for the first pass",
+                      "name Muster's configuration so it sorts first (the chart uses 0-<release>)")
+
+
+def _webhook_safety(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    ours = _ours(s)
+    if ours is None:
+        yield Finding("error", "WebhookNotInstalled",
+                      f"MutatingWebhookConfiguration/{s.webhook_configuration}",
+                      "Muster's webhook configuration is missing: no policy applies",
+                      "helm upgrade --install the chart (or check --release)")
+        return
+    for hook in ours.get("webhooks") or ():
+        if hook.get("failurePolicy", "Fail") != "Ignore":
+            yield Finding("warning", "WebhookFailsClosed", _name(ours),
+                          f"webhook {hook.get('name')}: failurePolicy "
+                          f"{hook.get('failurePolicy', 'Fail')}: when Muster is down, no pod in "
+                          "the matched namespaces can be created", "set failurePolicy: Ignore "
+                          "(chart value webhook.failurePolicy)")
+        excluded = set()
+        for expr in (hook.get("namespaceSelector") or {}).get("matchExpressions") or ():
+            if expr.get("key") == "kubernetes.io/metadata.name" and expr.get("operator") == \
+                    "NotIn":
+                excluded |= set(expr.get("values") or ())
+        missing = [n for n in (*SAFE_EXCLUDED, s.namespace) if n not in excluded]
+        if missing:
+            yield Finding("warning", "SystemNamespacesNotExcluded", _name(ours),
+                          f"webhook {hook.get('name')} also intercepts {', '.join(missing)}: "
+                          "the cluster's own pods then depend on Muster",
+                          "restore the chart's namespaceSelector exclusions")
+
+
+def _endpoints(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    ready = [a for subset in (s.endpoints or {}).get("subsets") or ()
+             for a in subset.get("addresses") or ()]
+    if not ready:
+        yield Finding("error", "WebhookNotReady", f"Service/{s.namespace}/{s.service}",
+                      "no Ready webhook endpoint: pods are admitted unchanged (failurePolicy "
+                      "Ignore) after the webhook's timeout", f"kubectl -n {s.namespace} get pods,"
+                      " and the webhook's logs")
+
+
+def _ca_bundle(s: Snapshot, now: dt.datetime) -> Iterator[Finding]:
+    ours = _ours(s)
+    if ours is None or s.serving_cert is None:
+        return
+    serving = x509.load_pem_x509_certificate(s.serving_cert)
+    left = serving.not_valid_after_utc - now
+    if left < dt.timedelta(days=30):
+        yield Finding("warning" if left.total_seconds() > 0 else "error", "CertificateExpiring",
+                      f"Secret/{s.namespace}/{s.service}-tls",
+                      f"the serving certificate expires in {max(0, left.days)} days",
+                      "check the certificate manager (self mode: the certs sidecar's logs)")
+    for hook in ours.get("webhooks") or ():
+        bundle = base64.b64decode((hook.get("clientConfig") or {}).get("caBundle") or "")
+        cas = x509.load_pem_x509_certificates(bundle) if bundle else []
+        issuers = [ca for ca in cas if _signed_by(serving, ca)]
+        if not issuers:
+            yield Finding("error", "CaBundleMismatch", _name(ours),
+                          f"webhook {hook.get('name')}: the caBundle does not verify the serving "
+                          "certificate: every call fails TLS and pods are admitted unchanged",
+                          "run the chart's certificate hook again (helm upgrade)")
+        elif all(ca.not_valid_after_utc - now < dt.timedelta(days=30) for ca in issuers):
+            days = max(0, min((ca.not_valid_after_utc - now).days for ca in issuers))
+            yield Finding("warning", "CaBundleExpiring", _name(ours),
+                          f"webhook {hook.get('name')}: the CA in the caBundle expires in "
+                          f"{days} days", "rotate the CA (self mode: delete the CA Secret and "
+                          "helm upgrade)")
+
+
+def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True
+
+
+def _gpu_nodes(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    for node in s.nodes:
+        meta = node.get("metadata") or {}
+        if (meta.get("labels") or {}).get(keys.LABEL_GPU_TOPOLOGY) != \
+                keys.LABEL_GPU_TOPOLOGY_ENABLED:
+            continue
+        if keys.ANN_NODE_TOPOLOGY not in (meta.get("annotations") or {}):
+            yield Finding("error", "TopologyNotPublished", _name(node),
+                          "labelled for topology placement but no topology is published: the "
+                          "binder places no GPU pod here", "check the agent DaemonSet's pod on "
+                          "this node (muster agent logs)")
+        taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or ()}
+        if keys.TAINT_GPU_TOPOLOGY not in taints:
+            yield Finding("warning", "TopologyNodeNotTainted", _name(node),
+                          "GPU pods of the default scheduler can land here and fragment the "
+                          "node, after which whole-node gangs starve (measured: 2,000 one-GPU "
+                          "pods spread 4 per node over 500 nodes left no room for an 8-GPU gang)",
+                          f"kubectl taint node {meta.get('name')} "
+                          f"{keys.TAINT_GPU_TOPOLOGY}=enabled:NoSchedule")
+
+
+def _podgroups(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    for kind, pg in s.podgroups:
+        meta = pg.get("metadata") or {}
+        if (meta.get("labels") or {}).get("app.kubernetes.io/managed-by") != \
+                MANAGED_BY["app.kubernetes.io/managed-by"]:
+            continue
+        refs = [r for r in meta.get("ownerReferences") or () if r.get("controller")]
+        job = s.jobs.get(str(refs[0].get("uid"))) if refs else None
+        if job is None:
+            yield Finding("warning", "PodGroupOrphaned", _name(pg),
+                          "its job is gone: the PodGroup holds its minResources against the queue",
+                          f"kubectl -n {meta.get('namespace')} delete podgroup {meta.get('name')}")
+            continue
+        reason = cleanup_reason(kind, job)
+        if reason:
+            yield Finding("warning", "PodGroupOfFinishedJob", _name(pg),
+                          f"{reason}, but its PodGroup is still there (the webhook's janitor "
+                          "deletes it within --podgroup-cleanup-interval)",
+                          "check the webhook's logs and its Lease <release>-webhook-podgroup-"
+                          "cleanup")
+
+
+def _binder(s: Snapshot, now: dt.datetime) -> Iterator[Finding]:
+    if not s.binder_deployed:
+        return
+    lease = s.leases.get(s.binder_lease)
+    spec = (lease or {}).get("spec") or {}
+    holder, renewed = spec.get("holderIdentity"), spec.get("renewTime")
+    stale = True
+    if holder and renewed:
+        when = dt.datetime.fromisoformat(str(renewed).replace("Z", "+00:00"))
+        stale = (now - when).total_seconds() > float(spec.get("leaseDurationSeconds") or 15)
+    if stale:
+        yield Finding("error", "BinderNotLeading", f"Lease/{s.namespace}/{s.binder_lease}",
+                      "no binder replica holds the Lease: topology gangs are not placed",
+                      f"kubectl -n {s.namespace} get pods -l app.kubernetes.io/component=binder")
