@@ -87,6 +87,21 @@ def podgroup(job: dict[str, Any]) -> dict[str, Any]:
             "spec": {"minMember": 5}}
 
 
+def waiting_pod(age: int, reason: str | None = None) -> dict[str, Any]:
+    conditions = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                   "message": reason}] if reason else []
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "w-0", "namespace": "team-a",
+                         "creationTimestamp": (NOW - dt.timedelta(seconds=age)).strftime(
+                             "%Y-%m-%dT%H:%M:%SZ"),
+                         "annotations": {keys.ANN_GANG_NAME: "w", keys.ANN_GANG_MIN_MEMBER: "5",
+                                         keys.ANN_GANG_TIMEOUT: "600"}},
+            "status": {"phase": "Pending", "conditions": conditions}}
+
+
+SHADOW = POLICY.replace("name: mpi-volcano", "name: again")
+
+
 def healthy() -> Snapshot:
     running = mpijob("running", "uid-running")
     return Snapshot(
@@ -99,6 +114,8 @@ def healthy() -> Snapshot:
         serving_cert=SERVING.cert_pem, nodes=[gpu_node("gpu-1")],
         podgroups=[("kubeflow.org/MPIJob", podgroup(running))],
         jobs={"uid-running": running},
+        namespaces=[{"metadata": {"name": n, "labels": {}}} for n in ("team-a", "muster-system")],
+        waiting_pods=[waiting_pod(age=30)],
         leases={"muster-binder": {"spec": {
             "holderIdentity": "muster-binder-abc", "leaseDurationSeconds": 15,
             "renewTime": (NOW - dt.timedelta(seconds=3)).isoformat()}}})
@@ -170,6 +187,12 @@ CASES: list[tuple[str, Callable[[Snapshot], Snapshot], str, str]] = [
     ("orphaned PodGroup", _gone_job, "PodGroupOrphaned", "warning"),
     ("finished job's PodGroup", _finished_job, "PodGroupOfFinishedJob", "warning"),
     ("no binder leader", _set(leases={}), "BinderNotLeading", "error"),
+    ("matches nothing", _set(namespaces=[{"metadata": {"name": "other"}}]),
+     "PolicyMatchesNothing", "warning"),
+    ("shadowed", _set(policies=load_policy_texts({"p.yaml": POLICY, "q.yaml": SHADOW})),
+     "PolicyShadowed", "warning"),
+    ("gang waiting", _set(waiting_pods=[waiting_pod(age=900, reason="0/3 nodes fit")]),
+     "GangWaiting", "warning"),
 ]
 
 
@@ -209,3 +232,10 @@ async def test_the_command_reads_a_cluster_and_gates_on_errors(
     assert ("TopologyNodeNotTainted", "Node/gpu-1") in found
     assert ("PodGroupOrphaned", "PodGroup/team-a/gone") in found
     assert not any(c == "BinderNotLeading" for c, _ in found)  # no binder Deployment here
+
+
+def test_a_waiting_gang_carries_the_binders_reason() -> None:
+    snap = dataclasses.replace(healthy(), waiting_pods=[waiting_pod(900, "0/3 nodes fit")])
+    [finding] = analyze(snap, NOW)
+    assert "past its 600 s timeout: 0/3 nodes fit" in finding.message
+    assert finding.object == "Pod/team-a/w-0"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from webhook import keys
 from webhook.analyze.findings import BACKEND_CRDS, Snapshot
 from webhook.kube import (
     COSCHEDULING_PODGROUPS,
@@ -12,7 +13,9 @@ from webhook.kube import (
     DEPLOYMENTS,
     LEASES,
     MUTATING_WEBHOOKS,
+    NAMESPACES,
     NODES,
+    PODS,
     SECRETS,
     VOLCANO_PODGROUPS,
     VOLCANO_QUEUES,
@@ -93,6 +96,9 @@ async def collect(api: KubeApi, namespace: str, release: str) -> Snapshot:
             jobs[str(job["metadata"].get("uid"))] = job
     s.jobs = jobs
     s.binder_deployed = await _get(api, DEPLOYMENTS, f"{release}-binder", namespace) is not None
+    s.namespaces = await _items(api, NAMESPACES)
+    s.waiting_pods = (await api.list(PODS, field_selector=(
+        f"spec.schedulerName={keys.DEFAULT_BINDER_SCHEDULER_NAME},spec.nodeName=")))["items"]
     lease = await _get(api, LEASES, s.binder_lease, namespace)
     s.leases = {s.binder_lease: lease} if lease is not None else {}
     return s

@@ -18,8 +18,9 @@ from cryptography.exceptions import InvalidSignature
 
 from webhook import keys
 from webhook.policy.cleanup import cleanup_reason
+from webhook.policy.compiled import compile_policy, selector_matches
 from webhook.policy.podgroup import MANAGED_BY
-from webhook.policy.policyset import PolicySet
+from webhook.policy.policyset import PolicySet, written_fields
 from webhook.policy.queues import OPEN
 
 Severity = Literal["error", "warning", "info"]
@@ -58,6 +59,9 @@ class Snapshot:
     jobs: Mapping[str, Obj] = field(default_factory=dict)  # uid -> job object
     leases: Mapping[str, Obj] = field(default_factory=dict)  # name -> Lease
     binder_deployed: bool = True
+    namespaces: Sequence[Obj] | None = None  # None: not read (no finding about matching)
+    #: unbound pods of the binder (schedulerName muster-binder)
+    waiting_pods: Sequence[Obj] = ()
 
 
 def _name(obj: Obj) -> str:
@@ -68,7 +72,7 @@ def _name(obj: Obj) -> str:
 
 def analyze(s: Snapshot, now: dt.datetime) -> list[Finding]:
     checks = (_backends, _queues, _webhook_order, _webhook_safety, _endpoints, _ca_bundle,
-              _gpu_nodes, _podgroups, _binder)
+              _gpu_nodes, _podgroups, _binder, _matching, _shadowed, _waiting)
     out = [f for check in checks for f in check(s, now)]
     rank = {"error": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda f: (rank[f.severity], f.code, f.object))
@@ -269,3 +273,59 @@ def _binder(s: Snapshot, now: dt.datetime) -> Iterator[Finding]:
         yield Finding("error", "BinderNotLeading", f"Lease/{s.namespace}/{s.binder_lease}",
                       "no binder replica holds the Lease: topology gangs are not placed",
                       f"kubectl -n {s.namespace} get pods -l app.kubernetes.io/component=binder")
+
+
+def _matching(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    """Policies no namespace of the cluster can match (pod selectors need pods: not judged)."""
+    if s.policies is None or s.namespaces is None:
+        return
+    labels = {str(n["metadata"]["name"]): (n["metadata"].get("labels") or {})
+              for n in s.namespaces}
+    for policy in s.policies.policies:
+        compiled = compile_policy(policy, ())
+        names = [n for n in labels if compiled.namespaces is None or n in compiled.namespaces]
+        if compiled.ns_selector is not None:
+            names = [n for n in names if selector_matches(compiled.ns_selector, labels[n])]
+        if not names:
+            yield Finding("warning", "PolicyMatchesNothing", f"SchedulingPolicy/{policy.name}",
+                          "no namespace of the cluster matches its namespaces/namespaceSelector",
+                          "fix the namespace names or labels it selects, or delete it")
+
+
+def _shadowed(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    """A policy whose every field an earlier one with the same match writes never applies
+    (the first writer wins)."""
+    ordered = list(s.policies.policies) if s.policies else []
+    for i, later in enumerate(ordered):
+        writes = set(written_fields(later))
+        for earlier in ordered[:i]:
+            if earlier.spec.match == later.spec.match and writes and \
+                    writes <= set(written_fields(earlier)):
+                yield Finding("warning", "PolicyShadowed", f"SchedulingPolicy/{later.name}",
+                              f"policy {earlier.name} matches the same pods first and writes "
+                              "every field this one writes: it never changes a pod",
+                              "give it a higher spec.priority, narrow its match, or delete it")
+                break
+
+
+def _waiting(s: Snapshot, now: dt.datetime) -> Iterator[Finding]:
+    """Binder gangs pending longer than their own timeout, with the binder's reason."""
+    for pod in s.waiting_pods:
+        meta = pod.get("metadata") or {}
+        ann = meta.get("annotations") or {}
+        try:
+            timeout = int(ann.get(keys.ANN_GANG_TIMEOUT) or 0)
+            created = dt.datetime.fromisoformat(str(meta.get("creationTimestamp")).replace(
+                "Z", "+00:00"))
+        except ValueError:
+            continue
+        if not timeout or (now - created).total_seconds() <= timeout:
+            continue
+        why = next((c.get("message") for c in (pod.get("status") or {}).get("conditions") or ()
+                    if c.get("type") == "PodScheduled" and c.get("status") == "False"),
+                   None) or "the binder has not said why (is it running?)"
+        yield Finding("warning", "GangWaiting", _name(pod),
+                      f"gang {ann.get(keys.ANN_GANG_NAME)} has waited "
+                      f"{int((now - created).total_seconds())} s, past its {timeout} s timeout: "
+                      f"{why}", "free the resources it needs, or lower its minMember")
+
