@@ -239,3 +239,24 @@ def test_a_waiting_gang_carries_the_binders_reason() -> None:
     [finding] = analyze(snap, NOW)
     assert "past its 600 s timeout: 0/3 nodes fit" in finding.message
     assert finding.object == "Pod/team-a/w-0"
+
+
+def test_a_coscheduling_scheduler_nobody_runs() -> None:
+    policy = POLICY.replace("backend: volcano, queue: training",
+                            "backend: coscheduling, schedulerName: plugins")
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "p", "namespace": "team-a",
+                        "creationTimestamp": (NOW - dt.timedelta(seconds=300)).strftime(
+                            "%Y-%m-%dT%H:%M:%SZ")},
+           "spec": {"schedulerName": "plugins"}, "status": {"phase": "Pending"}}
+    base = dataclasses.replace(healthy(), policies=load_policy_texts({"p.yaml": policy}),
+                               crds=frozenset({"podgroups.scheduling.x-k8s.io"}))
+    [finding] = analyze(dataclasses.replace(base, unscheduled_pods=[pod]), NOW)
+    assert (finding.code, finding.object) == ("SchedulerNotRunning", "Scheduler/plugins")
+    # a scheduler that looked at the pod (and could not place it) is running
+    seen = copy.deepcopy(pod)
+    seen["status"]["conditions"] = [{"type": "PodScheduled", "status": "False"}]
+    assert analyze(dataclasses.replace(base, unscheduled_pods=[seen]), NOW) == []
+    young = copy.deepcopy(pod)
+    young["metadata"]["creationTimestamp"] = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert analyze(dataclasses.replace(base, unscheduled_pods=[young]), NOW) == []

@@ -20,6 +20,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--namespace", default="muster-system", help="Muster's release namespace")
     p.add_argument("--release", default="muster", help="the Helm release name")
     p.add_argument("--output", choices=["text", "json"], default="text")
+    p.add_argument("--stuck-after", type=float, default=120.0, metavar="SECONDS",
+                   help="a coscheduling pod unbound this long with no PodScheduled condition "
+                        "means its scheduler is not running (default 120)")
     p.set_defaults(func=_run)
 
 
@@ -31,7 +34,8 @@ def _run(args: argparse.Namespace) -> int:
     async def read() -> list[Finding]:
         client = await make_api_client(args.kubeconfig)
         try:
-            snapshot = await collect(KubeApi(client), args.namespace, args.release)
+            snapshot = await collect(KubeApi(client), args.namespace, args.release,
+                                     args.stuck_after)
         finally:
             await client.close()
         return list(analyze(snapshot, dt.datetime.now(dt.UTC)))

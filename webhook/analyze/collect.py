@@ -6,7 +6,7 @@ import base64
 from typing import Any
 
 from webhook import keys
-from webhook.analyze.findings import BACKEND_CRDS, Snapshot
+from webhook.analyze.findings import BACKEND_CRDS, Snapshot, coscheduling_schedulers
 from webhook.kube import (
     COSCHEDULING_PODGROUPS,
     CRDS,
@@ -57,10 +57,11 @@ def _owner_resource(ref: dict[str, Any]) -> Resource:
                     str(ref.get("kind", "")))
 
 
-async def collect(api: KubeApi, namespace: str, release: str) -> Snapshot:
+async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float = 120.0
+                  ) -> Snapshot:
     webhook = f"{release}-webhook"
     s = Snapshot(namespace=namespace, webhook_configuration=f"0-{release}", service=webhook,
-                 binder_lease=f"{release}-binder")
+                 binder_lease=f"{release}-binder", stuck_after=stuck_after)
     s.crds = frozenset(c["metadata"]["name"] for c in await _items(api, CRDS))
     config = await _get(api, CONFIGMAPS, f"{release}-policies", namespace)
     if config is not None:
@@ -99,6 +100,9 @@ async def collect(api: KubeApi, namespace: str, release: str) -> Snapshot:
     s.namespaces = await _items(api, NAMESPACES)
     s.waiting_pods = (await api.list(PODS, field_selector=(
         f"spec.schedulerName={keys.DEFAULT_BINDER_SCHEDULER_NAME},spec.nodeName=")))["items"]
+    for scheduler in sorted(coscheduling_schedulers(s.policies)):
+        s.unscheduled_pods = [*s.unscheduled_pods, *(await api.list(PODS, field_selector=(
+            f"spec.schedulerName={scheduler},spec.nodeName=")))["items"]]
     lease = await _get(api, LEASES, s.binder_lease, namespace)
     s.leases = {s.binder_lease: lease} if lease is not None else {}
     return s

@@ -62,6 +62,10 @@ class Snapshot:
     namespaces: Sequence[Obj] | None = None  # None: not read (no finding about matching)
     #: unbound pods of the binder (schedulerName muster-binder)
     waiting_pods: Sequence[Obj] = ()
+    #: unbound pods of the schedulers coscheduling policies name
+    unscheduled_pods: Sequence[Obj] = ()
+    #: a pod unbound this long with no PodScheduled condition has no scheduler looking at it
+    stuck_after: float = 120.0
 
 
 def _name(obj: Obj) -> str:
@@ -72,7 +76,7 @@ def _name(obj: Obj) -> str:
 
 def analyze(s: Snapshot, now: dt.datetime) -> list[Finding]:
     checks = (_backends, _queues, _webhook_order, _webhook_safety, _endpoints, _ca_bundle,
-              _gpu_nodes, _podgroups, _binder, _matching, _shadowed, _waiting)
+              _gpu_nodes, _podgroups, _binder, _matching, _shadowed, _waiting, _schedulers)
     out = [f for check in checks for f in check(s, now)]
     rank = {"error": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda f: (rank[f.severity], f.code, f.object))
@@ -328,4 +332,37 @@ def _waiting(s: Snapshot, now: dt.datetime) -> Iterator[Finding]:
                       f"gang {ann.get(keys.ANN_GANG_NAME)} has waited "
                       f"{int((now - created).total_seconds())} s, past its {timeout} s timeout: "
                       f"{why}", "free the resources it needs, or lower its minMember")
+
+
+def coscheduling_schedulers(policies: PolicySet | None) -> set[str]:
+    """The schedulerName each coscheduling policy's pods get (the default scheduler's when the
+    policy names none: the plugin then runs inside it)."""
+    return {gang.schedulerName or "default-scheduler" for _, gang in
+            _gangs(Snapshot("", "", "", "", policies=policies)) if gang.backend == "coscheduling"}
+
+
+def _schedulers(s: Snapshot, now: dt.datetime) -> Iterator[Finding]:
+    """A running scheduler binds a pod or sets PodScheduled=False with its reason within
+    seconds; pods of its name unbound for long with neither have no scheduler at all."""
+    names = coscheduling_schedulers(s.policies)
+    stuck: dict[str, list[str]] = {}
+    for pod in s.unscheduled_pods:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        name = spec.get("schedulerName") or "default-scheduler"
+        if name not in names or any(c.get("type") == "PodScheduled" for c in (
+                pod.get("status") or {}).get("conditions") or ()):
+            continue
+        try:
+            created = dt.datetime.fromisoformat(str(meta.get("creationTimestamp")).replace(
+                "Z", "+00:00"))
+        except ValueError:
+            continue
+        if (now - created).total_seconds() > s.stuck_after:
+            stuck.setdefault(name, []).append(f"{meta.get('namespace')}/{meta.get('name')}")
+    for name, pods in sorted(stuck.items()):
+        yield Finding("error", "SchedulerNotRunning", f"Scheduler/{name}",
+                      f"coscheduling pods wait for scheduler {name!r}, which has not looked at "
+                      f"{len(pods)} of them in {s.stuck_after:g} s (e.g. {pods[0]}): it is not "
+                      "running", f"install scheduler-plugins as {name!r}, or fix the policy's "
+                      "gang.schedulerName")
 

@@ -1,0 +1,53 @@
+"""`muster analyze` against the real node with Muster installed: what is healthy says nothing,
+and what depends on real behaviour fires (no scheduler ever looks at the coscheduling pods: the
+shipped policy names scheduler-plugins, which this node does not run)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+from typing import Any
+
+from jobs import ensure_namespace, mpijob
+
+from e2e.node.cluster import NODE_NAME, NodeCluster
+from e2e.probes import eventually
+from webhook.cli import main
+from webhook.demo import mpi
+from webhook.kube import MPIJOBS, PODS, KubeApi
+
+
+def _analyze(cluster: NodeCluster) -> tuple[int, list[dict[str, Any]]]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["analyze", "--kubeconfig", str(cluster.kubeconfig), "--output", "json",
+                     "--stuck-after", "5"])
+    return code, json.loads(out.getvalue())
+
+
+async def test_analyze_names_what_is_wrong_on_the_real_node_and_nothing_else(
+        kube: KubeApi, node_cluster: NodeCluster) -> None:
+    ns = await ensure_namespace(kube, "team-b")  # policy mpi-coscheduling
+    made = await kube.create(MPIJOBS, mpijob("analyzed", ns, workers=2), namespace=ns)
+    await kube.create(PODS, mpi.worker_pods(made)[0], namespace=ns)
+    found: list[dict[str, Any]] = []
+    code = 0
+
+    async def fired() -> bool:
+        nonlocal found, code
+        code, found = await asyncio.to_thread(_analyze, node_cluster)
+        return any(f["code"] == "SchedulerNotRunning" for f in found)
+    await eventually("SchedulerNotRunning for the coscheduling pods", fired, within=60)
+    codes = {(f["code"], f["object"]) for f in found}
+    assert ("SchedulerNotRunning", "Scheduler/scheduler-plugins-scheduler") in codes
+    assert code == 1  # an error: a pipeline gating on it stops
+    # the node is labelled for topology placement without the dedicated taint: true here
+    assert ("TopologyNodeNotTainted", f"Node/{NODE_NAME}") in codes
+    # what is healthy on this node says nothing: Ready endpoints, a caBundle that verifies
+    # the serving certificate, the backends' CRDs, a binder leader, a published topology
+    healthy = {"WebhookNotInstalled", "WebhookNotReady", "CaBundleMismatch",
+               "BackendNotInstalled", "BinderNotLeading", "TopologyNotPublished",
+               "WebhookFailsClosed", "SystemNamespacesNotExcluded", "WebhookAfterIstio"}
+    assert not healthy & {c for c, _ in codes}, found
