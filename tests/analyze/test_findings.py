@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 
 from webhook import keys
+from webhook.analyze.collect import collect
 from webhook.analyze.findings import Snapshot, analyze
 from webhook.certs import generate_ca, issue_serving_cert
 from webhook.cli import main
 from webhook.demo import scenario
 from webhook.emulator import ApiServerEmulator
+from webhook.kube import KubeApi, make_api_client
 from webhook.policy import load_policy_texts
 from webhook.topology import builtin, codec
 
@@ -260,3 +262,159 @@ def test_a_coscheduling_scheduler_nobody_runs() -> None:
     young = copy.deepcopy(pod)
     young["metadata"]["creationTimestamp"] = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert analyze(dataclasses.replace(base, unscheduled_pods=[young]), NOW) == []
+
+
+# --- the same findings on a cluster set up to have them (emulator, through `collect`) ----------
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def cluster_objects(ca: Any = None, serving: Any = None) -> list[dict[str, Any]]:
+    """A healthy cluster with Muster installed (release muster in muster-system)."""
+    now = _now()
+    ca = ca or generate_ca("analyze-live-ca", days=365)
+    serving = serving or issue_serving_cert(ca, ["muster-webhook.muster-system.svc"], days=365)
+    running = mpijob("running", "uid-running")
+    return [
+        *({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
+          for n in ("muster-system", "team-a")),
+        {"apiVersion": "v1", "kind": "ConfigMap",
+         "metadata": {"name": "muster-policies", "namespace": "muster-system"},
+         "data": {"p.yaml": POLICY}},
+        *(scenario.volcano_queue(q) for q in scenario.QUEUES),
+        configuration(ca_pem=ca.cert_pem),
+        {"apiVersion": "v1", "kind": "Endpoints",
+         "metadata": {"name": "muster-webhook", "namespace": "muster-system"},
+         "subsets": [{"addresses": [{"ip": "10.0.0.1"}], "ports": [{"port": 8443}]}]},
+        {"apiVersion": "v1", "kind": "Secret",
+         "metadata": {"name": "muster-webhook-tls", "namespace": "muster-system"},
+         "data": {"tls.crt": base64.b64encode(serving.cert_pem).decode()}},
+        gpu_node("gpu-1"), running, podgroup(running),
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": "muster-binder", "namespace": "muster-system"},
+         "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
+             "metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c"}]}}}},
+        {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+         "metadata": {"name": "muster-binder", "namespace": "muster-system"},
+         "spec": {"holderIdentity": "muster-binder-abc", "leaseDurationSeconds": 15,
+                  "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}},
+    ]
+
+
+def _replace(kind: str, name: str, new: dict[str, Any] | None
+             ) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    def change(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        kept = [o for o in objs if not (o.get("kind") == kind
+                                        and o["metadata"]["name"] == name)]
+        return kept + ([new] if new is not None else [])
+    return change
+
+
+def _add(*new: dict[str, Any]) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    return lambda objs: [*objs, *new]
+
+
+def _config(**kw: Any) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    def change(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        bundle = next(o for o in objs if o.get("kind") == "MutatingWebhookConfiguration")
+        ca_pem = base64.b64decode(bundle["webhooks"][0]["clientConfig"]["caBundle"])
+        return _replace("MutatingWebhookConfiguration", "0-muster",
+                        configuration(**{"ca_pem": ca_pem, **kw}))(objs)
+    return change
+
+
+def _job(**status: Any) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    job = mpijob("running", "uid-running", status.get("state"))
+    job["metadata"]["annotations"].update(status.get("annotations") or {})
+    return _replace("MPIJob", "running", job)
+
+
+def _expiring(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    ca = generate_ca("short", days=20)
+    return cluster_objects(ca, issue_serving_cert(ca, ["x"], days=20))
+
+
+def _stuck_pod(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A binder pod with a 1 s gang timeout (the test waits past it: the emulator stamps
+    creationTimestamp itself)."""
+    pod = waiting_pod(0, "0/3 nodes fit")
+    pod["metadata"]["annotations"][keys.ANN_GANG_TIMEOUT] = "1"
+    pod["spec"] = {"schedulerName": keys.DEFAULT_BINDER_SCHEDULER_NAME,
+                   "containers": [{"name": "c"}]}
+    return [*objs, pod]
+
+
+LIVE: list[tuple[str, Callable[[list[dict[str, Any]]], list[dict[str, Any]]], str]] = [
+    ("healthy", lambda objs: objs, ""),
+    ("queue missing", _replace("Queue", "training", None), "QueueUnavailable"),
+    ("queue closed", _replace("Queue", "training", scenario.volcano_queue("training", "Closed")),
+     "QueueUnavailable"),
+    ("job's queue", _job(annotations={keys.VOLCANO_QUEUE_ANNOTATION: "nope"}),
+     "QueueUnavailable"),
+    ("no configuration", _replace("MutatingWebhookConfiguration", "0-muster", None),
+     "WebhookNotInstalled"),
+    ("fails closed", _config(failure="Fail"), "WebhookFailsClosed"),
+    ("system namespaces", _config(excluded=("muster-system",)), "SystemNamespacesNotExcluded"),
+    ("no endpoints", _replace("Endpoints", "muster-webhook", None), "WebhookNotReady"),
+    ("wrong caBundle", _config(ca_pem=OTHER_CA.cert_pem), "CaBundleMismatch"),
+    ("expiring", _expiring, "CaBundleExpiring+CertificateExpiring"),
+    ("no topology", _replace("Node", "gpu-1", gpu_node("gpu-1", published=False)),
+     "TopologyNotPublished"),
+    ("no taint", _replace("Node", "gpu-1", gpu_node("gpu-1", tainted=False)),
+     "TopologyNodeNotTainted"),
+    ("orphaned PodGroup", _replace("MPIJob", "running", None), "PodGroupOrphaned"),
+    ("finished job's PodGroup", _job(state="Succeeded"), "PodGroupOfFinishedJob"),
+    ("no binder leader", _replace("Lease", "muster-binder", None), "BinderNotLeading"),
+    ("matches nothing", _replace("ConfigMap", "muster-policies", {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "muster-policies", "namespace": "muster-system"},
+        "data": {"p.yaml": POLICY.replace("[team-a]", "[team-z]")}}), "PolicyMatchesNothing"),
+    ("shadowed", _replace("ConfigMap", "muster-policies", {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "muster-policies", "namespace": "muster-system"},
+        "data": {"p.yaml": POLICY, "q.yaml": SHADOW}}), "PolicyShadowed"),
+    ("gang waiting", _stuck_pod, "GangWaiting"),
+]
+
+
+@pytest.mark.parametrize(("what", "breaks", "codes"), LIVE, ids=[c[0] for c in LIVE])
+async def test_each_finding_on_a_cluster_set_up_to_have_it(
+        what: str, breaks: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], codes: str,
+        shared_crds: list[dict[str, Any]], tmp_path: Path) -> None:
+    api = ApiServerEmulator(crds=shared_crds)
+    objs = breaks(cluster_objects())
+    uids = {}  # the emulator gives seeded objects their own uid: owner references follow
+    for obj in (o for o in objs if o["kind"] != "PodGroup"):
+        uids[obj["metadata"].get("uid")] = api.seed(obj)["metadata"]["uid"]
+    for pg in (o for o in objs if o["kind"] == "PodGroup"):
+        for ref in pg["metadata"]["ownerReferences"]:
+            ref["uid"] = uids.get(ref["uid"], ref["uid"])
+        api.seed(pg)
+    if any(o["kind"] == "Pod" for o in objs):
+        await asyncio.sleep(1.2)  # past the pod's gang timeout
+    async with api:
+        client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
+        try:
+            snapshot = await collect(KubeApi(client), "muster-system", "muster")
+        finally:
+            await client.close()
+    found = sorted(f.code for f in analyze(snapshot, _now()))
+    assert found == sorted(filter(None, codes.split("+"))), what
+
+
+async def test_a_backend_without_its_crd_on_a_cluster(shared_crds: list[dict[str, Any]],
+                                                      tmp_path: Path) -> None:
+    crds = [c for c in shared_crds if c["metadata"]["name"] != "podgroups.scheduling.volcano.sh"]
+    api = ApiServerEmulator(crds=crds)
+    for obj in cluster_objects():
+        if obj["kind"] != "PodGroup":
+            api.seed(obj)
+    async with api:
+        client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
+        try:
+            snapshot = await collect(KubeApi(client), "muster-system", "muster")
+        finally:
+            await client.close()
+    assert [f.code for f in analyze(snapshot, _now())] == ["BackendNotInstalled"]
+

@@ -53,6 +53,7 @@ BUILTINS: tuple[ResourceType, ...] = (
     _core("configmaps", "ConfigMap", True, short=("cm",)),
     _core("secrets", "Secret"),
     _core("services", "Service", True, short=("svc",), sub=("status",), categories=("all",)),
+    _core("endpoints", "Endpoints", True, short=("ep",)),
     _core("serviceaccounts", "ServiceAccount", True, short=("sa",)),
     _core("events", "Event", True, short=("ev",)),
     _core("events", "Event", True, short=("ev",), group="events.k8s.io"),
