@@ -168,6 +168,10 @@ async def test_a_finished_jobs_podgroup_goes_and_explicit_zeros_are_kept(
                                 field_selector="metadata.name=finishes")
         return not found["items"]
     await eventually("the janitor to delete the finished job's PodGroup", gone, within=90)
+
+    async def told() -> bool:  # the Event follows the delete
+        return bool(await _events(kube, "PodGroupDeleted", "finishes"))
+    await eventually("the PodGroupDeleted Event on the MPIJob", told, within=30)
     [event] = await _events(kube, "PodGroupDeleted", "finishes")
     assert "the MPIJob succeeded (cleanPodPolicy Running)" in event["message"]
     lease = await kube.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/"

@@ -51,7 +51,9 @@ async def _running_job(kube: KubeApi, ns: str, name: str) -> list[dict[str, Any]
         nonlocal pods
         pods = await pods_of(kube, ns, name)
         return len(pods) == 5 and all(p["status"].get("phase") == "Running" for p in pods)
-    await eventually(f"{name}'s 5 pods bound and running", running, within=120)
+    # containerd's native snapshotter copies the image for every container: on a loaded
+    # 2-core machine a container can take a minute or more to be created
+    await eventually(f"{name}'s 5 pods bound and running", running, within=300)
     return pods
 
 
