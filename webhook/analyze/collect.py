@@ -38,7 +38,10 @@ async def _items(api: KubeApi, resource: Resource, namespace: str | None = None
         if exc.not_found:
             return []
         raise
-    return found
+    # kube-apiserver leaves apiVersion and kind out of a built-in List's items: the findings
+    # name objects by kind
+    version = f"{resource.group}/{resource.version}" if resource.group else resource.version
+    return [{"apiVersion": version, "kind": resource.kind, **item} for item in found]
 
 
 async def _get(api: KubeApi, resource: Resource, name: str, namespace: str | None = None
@@ -49,6 +52,13 @@ async def _get(api: KubeApi, resource: Resource, name: str, namespace: str | Non
         if exc.not_found:
             return None
         raise
+
+
+async def _pods(api: KubeApi, scheduler: str) -> list[dict[str, Any]]:
+    """The unbound pods of one scheduler."""
+    found = (await api.list(PODS, field_selector=(
+        f"spec.schedulerName={scheduler},spec.nodeName=")))["items"]
+    return [{"apiVersion": "v1", "kind": "Pod", **pod} for pod in found]
 
 
 def _owner_resource(ref: dict[str, Any]) -> Resource:
@@ -98,11 +108,9 @@ async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float
     s.jobs = jobs
     s.binder_deployed = await _get(api, DEPLOYMENTS, f"{release}-binder", namespace) is not None
     s.namespaces = await _items(api, NAMESPACES)
-    s.waiting_pods = (await api.list(PODS, field_selector=(
-        f"spec.schedulerName={keys.DEFAULT_BINDER_SCHEDULER_NAME},spec.nodeName=")))["items"]
+    s.waiting_pods = await _pods(api, keys.DEFAULT_BINDER_SCHEDULER_NAME)
     for scheduler in sorted(coscheduling_schedulers(s.policies)):
-        s.unscheduled_pods = [*s.unscheduled_pods, *(await api.list(PODS, field_selector=(
-            f"spec.schedulerName={scheduler},spec.nodeName=")))["items"]]
+        s.unscheduled_pods = [*s.unscheduled_pods, *await _pods(api, scheduler)]
     lease = await _get(api, LEASES, s.binder_lease, namespace)
     s.leases = {s.binder_lease: lease} if lease is not None else {}
     return s
