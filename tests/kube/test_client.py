@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from webhook.emulator import ApiServerEmulator
 from webhook.kube import NAMESPACES, KubeApi, make_api_client
@@ -30,3 +31,34 @@ async def test_requests_never_read_netrc(
         finally:
             await client.close()
         assert session.closed and session.connector is None  # closing still closes it all
+
+
+async def test_listed_objects_carry_their_kind_as_watched_ones_do(tmp_path: Path) -> None:
+    """kube-apiserver leaves apiVersion and kind out of a built-in List's items (the real tier
+    found it); KubeApi.list sets them, for the informers and every other caller."""
+    async def namespaces(_: web.Request) -> web.Response:
+        return web.json_response({"kind": "NamespaceList", "apiVersion": "v1",
+                                  "metadata": {"resourceVersion": "5"},
+                                  "items": [{"metadata": {"name": "n1", "resourceVersion": "5"}}]})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/namespaces", namespaces)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    (tmp_path / "kc").write_text(
+        f"apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        "users: [{name: u, user: {token: t}}]\n")
+    client = await make_api_client(str(tmp_path / "kc"))
+    try:
+        listed = await KubeApi(client).list(NAMESPACES)
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert listed["items"] == [{"apiVersion": "v1", "kind": "Namespace",
+                                "metadata": {"name": "n1", "resourceVersion": "5"}}]
+

@@ -131,18 +131,3 @@ async def test_bookmarks_advance_the_resource_version(tmp_path: Path) -> None:
         finally:
             await client.close()
 
-
-async def test_listed_objects_carry_their_kind_as_watched_ones_do() -> None:
-    """kube-apiserver leaves apiVersion and kind out of a built-in List's items (the real tier
-    found it); handlers get them all the same."""
-    class Lists:
-        async def list(self, *_: Any, **__: Any) -> dict[str, Any]:
-            return {"metadata": {"resourceVersion": "5"},
-                    "items": [{"metadata": {"name": "n1", "resourceVersion": "5"}}]}
-
-    seen: list[dict[str, Any]] = []
-    informer = Informer(Lists(), NAMESPACES)  # type: ignore[arg-type]
-    informer.add_handler(lambda _event, obj, _old: seen.append(obj))
-    await informer._relist()
-    assert seen == [{"apiVersion": "v1", "kind": "Namespace",
-                     "metadata": {"name": "n1", "resourceVersion": "5"}}]

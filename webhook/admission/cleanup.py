@@ -81,8 +81,7 @@ class PodGroupJanitor:
                             extra={"kind": kind, "error": str(exc)})
                 continue
             for job in listed.get("items") or ():
-                out[str((job.get("metadata") or {}).get("uid"))] = {
-                    "apiVersion": ref.get("apiVersion"), "kind": ref.get("kind"), **job}
+                out[str((job.get("metadata") or {}).get("uid"))] = job
         return out
 
     async def _delete(self, resource: Any, pg: Mapping[str, Any], job: Mapping[str, Any],

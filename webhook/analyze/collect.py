@@ -38,10 +38,7 @@ async def _items(api: KubeApi, resource: Resource, namespace: str | None = None
         if exc.not_found:
             return []
         raise
-    # kube-apiserver leaves apiVersion and kind out of a built-in List's items: the findings
-    # name objects by kind
-    version = f"{resource.group}/{resource.version}" if resource.group else resource.version
-    return [{"apiVersion": version, "kind": resource.kind, **item} for item in found]
+    return found
 
 
 async def _get(api: KubeApi, resource: Resource, name: str, namespace: str | None = None
@@ -56,9 +53,9 @@ async def _get(api: KubeApi, resource: Resource, name: str, namespace: str | Non
 
 async def _pods(api: KubeApi, scheduler: str) -> list[dict[str, Any]]:
     """The unbound pods of one scheduler."""
-    found = (await api.list(PODS, field_selector=(
+    found: list[dict[str, Any]] = (await api.list(PODS, field_selector=(
         f"spec.schedulerName={scheduler},spec.nodeName=")))["items"]
-    return [{"apiVersion": "v1", "kind": "Pod", **pod} for pod in found]
+    return found
 
 
 def _owner_resource(ref: dict[str, Any]) -> Resource:

@@ -174,7 +174,11 @@ class KubeApi:
     async def list(self, resource: Resource, namespace: str | None = None, *,
                    label_selector: str | None = None, field_selector: str | None = None,
                    limit: int | None = None) -> dict[str, Any]:
-        """The whole List (all pages when `limit` pages it): items, metadata.resourceVersion."""
+        """The whole List (all pages when `limit` pages it): items, metadata.resourceVersion.
+
+        kube-apiserver leaves apiVersion and kind out of a built-in List's items (a watch event
+        and a GET carry them): they are set here, so every object a caller holds names its
+        kind."""
         query = _query(labelSelector=label_selector, fieldSelector=field_selector, limit=limit)
         result: dict[str, Any] = await self.request("GET", resource.path(namespace), query)
         while (result.get("metadata") or {}).get("continue"):
@@ -182,6 +186,9 @@ class KubeApi:
                                       [*query, ("continue", result["metadata"]["continue"])])
             result["items"].extend(page.get("items") or [])
             result["metadata"] = page.get("metadata") or {}
+        for item in result.get("items") or ():
+            item.setdefault("apiVersion", resource.api_version)
+            item.setdefault("kind", resource.kind)
         return result
 
     async def create(self, resource: Resource, obj: Mapping[str, Any],

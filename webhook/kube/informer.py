@@ -65,13 +65,7 @@ class Informer:
         listed = await self.api.list(self.resource, self.namespace,
                                      label_selector=self.label_selector,
                                      field_selector=self.field_selector)
-        # kube-apiserver leaves apiVersion and kind out of a built-in List's items (a watch
-        # event has them): an object handed to handlers always carries them
-        r = self.resource
-        type_meta = {"apiVersion": f"{r.group}/{r.version}" if r.group else r.version,
-                     "kind": r.kind}
-        fresh = {object_key(o): o if "kind" in o else {**type_meta, **o}
-                 for o in listed.get("items") or []}
+        fresh = {object_key(o): o for o in listed.get("items") or []}
         old_store, self.store = self.store, fresh
         self.resource_version = (listed.get("metadata") or {}).get("resourceVersion")
         self.relists += 1
