@@ -27,10 +27,11 @@ from typing import Any, Literal, Protocol, TypeGuard
 
 from webhook import jsonpatch
 from webhook.admission.metrics import Metrics
-from webhook.admission.podgroups import Ensured, controller_of
+from webhook.admission.podgroups import Ensured
 from webhook.admission.reload import PolicyStore
 from webhook.admission.review import AdmissionReview, response
 from webhook.keys import ANN_GPU_ASSIGNMENT
+from webhook.kube.owners import controller_ref
 from webhook.policy import PolicyError, PolicySet, load_policy_texts, render_patch
 from webhook.policy.decision import Decision, PodGroupSpec
 from webhook.policy.outcome import evaluate_and_render
@@ -116,7 +117,7 @@ def _involved(pod: Mapping[str, Any], namespace: str,
     PodGroup's owner names it), and the pod when it already has a name."""
     out: list[Mapping[str, Any]] = []
     ref = spec.owner.as_owner_reference() if spec is not None and spec.owner else \
-        controller_of(pod)
+        controller_ref(pod)
     if ref is not None:
         out.append({"apiVersion": ref.get("apiVersion"), "kind": ref.get("kind"),
                     "metadata": {"name": ref.get("name"), "namespace": namespace,
@@ -332,7 +333,7 @@ class Admitter:
         job's controller retries) for `owner_retry_seconds`, then admit it without the gang.
         True when the pod is refused."""
         assert self.context is not None
-        ref = controller_of(pod)
+        ref = controller_ref(pod)
         job = f"{namespace}/{ref.get('uid')}" if ref is not None else ""
         if ref is None or unread is None or not decision.gang_blocked:
             if ref is not None and unread is None:

@@ -16,19 +16,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook.admission.metrics import Metrics
-from webhook.admission.podgroups import controller_of, owner_resource
 from webhook.kube import COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS, ApiError, EventRecorder, KubeApi
+from webhook.kube.owners import controller_ref, owner_kind, owner_resource
 from webhook.policy.cleanup import cleanup_reason
 from webhook.policy.podgroup import MANAGED_BY
 
 log = logging.getLogger(__name__)
 
 _SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
-
-
-def _kind(ref: Mapping[str, Any]) -> str:
-    group = str(ref.get("apiVersion", "")).rpartition("/")[0]
-    return f"{group}/{ref.get('kind')}" if group else str(ref.get("kind"))
 
 
 class PodGroupJanitor:
@@ -58,14 +53,14 @@ class PodGroupJanitor:
                     continue  # that scheduler's CRD is not installed
                 raise
             for pg in found.get("items") or ():
-                ref = controller_of(pg)
+                ref = controller_ref(pg)
                 if ref is not None:
                     groups.append((resource, pg, ref))
-        jobs = await self._jobs({_kind(ref): ref for _, _, ref in groups})
+        jobs = await self._jobs({owner_kind(ref): ref for _, _, ref in groups})
         deleted = 0
         for resource, pg, ref in groups:
             job = jobs.get(str(ref.get("uid")))
-            reason = cleanup_reason(_kind(ref), job) if job is not None else None
+            reason = cleanup_reason(owner_kind(ref), job) if job is not None else None
             if reason is not None and job is not None:
                 deleted += await self._delete(resource, pg, job, reason)
         return deleted

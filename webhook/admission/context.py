@@ -19,7 +19,7 @@ from typing import Any
 
 from webhook import keys
 from webhook.admission.metrics import Metrics
-from webhook.admission.podgroups import Ensured, PodGroupWriter, owner_resource, resource_for
+from webhook.admission.podgroups import Ensured, PodGroupWriter, resource_for
 from webhook.kube import (
     CONFIGMAPS,
     NAMESPACES,
@@ -30,6 +30,7 @@ from webhook.kube import (
     Informer,
     KubeApi,
 )
+from webhook.kube.owners import controller_ref, owner_resource
 from webhook.policy.decision import PodGroupSpec
 from webhook.policy.queues import QueueVerdict, check_queue
 from webhook.policy.workload import NO_PRIORITIES, Priorities
@@ -42,18 +43,6 @@ MAX_OWNER_DEPTH = 3
 NEGATIVE_TTL = 2.0
 #: how often a cluster without Volcano's Queue CRD is probed again
 QUEUE_PROBE_INTERVAL = 60.0
-
-
-def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    meta = obj.get("metadata")
-    refs = meta.get("ownerReferences") if type(meta) is dict or isinstance(meta, Mapping) \
-        else None
-    if not isinstance(refs, list):
-        return None
-    for ref in refs:
-        if (type(ref) is dict or isinstance(ref, Mapping)) and ref.get("controller") is True:
-            return ref
-    return None
 
 
 class OwnerCache:

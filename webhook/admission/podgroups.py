@@ -26,6 +26,7 @@ from typing import Any
 from webhook.admission.metrics import Metrics
 from webhook.keys import COSCHEDULING_API, VOLCANO_API
 from webhook.kube import COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS, ApiError, KubeApi, Resource
+from webhook.kube.owners import controller_ref, owner_resource
 from webhook.policy import podgroup_manifest
 from webhook.policy.decision import PodGroupSpec
 from webhook.policy.podgroup import podgroup_spec
@@ -49,14 +50,6 @@ class Ensured:
     replaced: str | None = None
 
 
-def owner_resource(ref: Mapping[str, Any]) -> Resource:
-    """The REST resource of an owner reference's kind; CRD plurals are the lower-cased kind
-    plus "s" (MPIJob → mpijobs), as for every job kind Muster reads."""
-    group, _, version = str(ref.get("apiVersion", "")).rpartition("/")
-    kind = str(ref.get("kind", ""))
-    return Resource(group, version, kind.lower() + "s", True, kind)
-
-
 def _ours(known: Known, spec: PodGroupSpec) -> bool:
     return known[0] == (spec.owner.uid if spec.owner is not None else None)
 
@@ -71,17 +64,8 @@ def covers(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
 
 
 def controller_uid(obj: Mapping[str, Any]) -> str | None:
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
-        if isinstance(ref, Mapping) and ref.get("controller") is True:
-            return str(ref.get("uid") or "")
-    return None
-
-
-def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
-        if isinstance(ref, Mapping) and ref.get("controller") is True:
-            return ref
-    return None
+    ref = controller_ref(obj)
+    return None if ref is None else str(ref.get("uid") or "")
 
 
 def key_of(obj: Mapping[str, Any]) -> Key:
@@ -178,8 +162,8 @@ class PodGroupWriter:
                 raise
         existing = await self.api.get(resource, name, namespace=namespace)
         if controller_uid(existing) != controller_uid(manifest):
-            theirs = controller_of(existing)
-            mine = controller_of(manifest) or {}
+            theirs = controller_ref(existing)
+            mine = controller_ref(manifest) or {}
             if theirs is not None and not await self._alive(theirs, namespace):
                 # a deleted job's PodGroup (same name): its garbage collection is due anyway
                 try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from typing import Any
 
 from webhook import keys
@@ -23,6 +24,7 @@ from webhook.kube import (
     KubeApi,
     Resource,
 )
+from webhook.kube.owners import controller_ref, owner_kind, owner_resource
 from webhook.policy.errors import PolicyError
 from webhook.policy.loader import load_policy_texts
 
@@ -58,12 +60,6 @@ async def _pods(api: KubeApi, scheduler: str) -> list[dict[str, Any]]:
     return found
 
 
-def _owner_resource(ref: dict[str, Any]) -> Resource:
-    group, _, version = str(ref.get("apiVersion", "")).rpartition("/")
-    return Resource(group, version, str(ref.get("kind", "")).lower() + "s", True,
-                    str(ref.get("kind", "")))
-
-
 async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float = 120.0
                   ) -> Snapshot:
     webhook = f"{release}-webhook"
@@ -84,23 +80,22 @@ async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float
     if secret is not None and (secret.get("data") or {}).get("tls.crt"):
         s.serving_cert = base64.b64decode(secret["data"]["tls.crt"])
     s.nodes = await _items(api, NODES)
-    owners: dict[str, dict[str, Any]] = {}
+    owners: dict[str, Mapping[str, Any]] = {}
+    podgroups: list[tuple[str, dict[str, Any]]] = []
     for crd, resource in ((BACKEND_CRDS["volcano"], VOLCANO_PODGROUPS),
                           (BACKEND_CRDS["coscheduling"], COSCHEDULING_PODGROUPS)):
         if crd not in s.crds:
             continue
         for pg in await _items(api, resource):
-            ref = next((r for r in pg["metadata"].get("ownerReferences") or ()
-                        if r.get("controller")), None)
-            kind = ""
+            ref = controller_ref(pg)
+            kind = owner_kind(ref) if ref is not None else ""
             if ref is not None:
-                group = str(ref.get("apiVersion", "")).rpartition("/")[0]
-                kind = f"{group}/{ref.get('kind')}" if group else str(ref.get("kind"))
                 owners.setdefault(kind, ref)
-            s.podgroups = [*s.podgroups, (kind, pg)]
+            podgroups.append((kind, pg))
+    s.podgroups = podgroups
     jobs: dict[str, dict[str, Any]] = {}
     for ref in owners.values():
-        for job in await _items(api, _owner_resource(ref)):
+        for job in await _items(api, owner_resource(ref)):
             jobs[str(job["metadata"].get("uid"))] = job
     s.jobs = jobs
     s.binder_deployed = await _get(api, DEPLOYMENTS, f"{release}-binder", namespace) is not None

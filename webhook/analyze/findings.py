@@ -17,6 +17,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from webhook import keys
+from webhook.kube.owners import controller_ref
 from webhook.policy.cleanup import cleanup_reason
 from webhook.policy.compiled import compile_policy, selector_matches
 from webhook.policy.podgroup import MANAGED_BY
@@ -247,8 +248,8 @@ def _podgroups(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
         if (meta.get("labels") or {}).get("app.kubernetes.io/managed-by") != \
                 MANAGED_BY["app.kubernetes.io/managed-by"]:
             continue
-        refs = [r for r in meta.get("ownerReferences") or () if r.get("controller")]
-        job = s.jobs.get(str(refs[0].get("uid"))) if refs else None
+        ref = controller_ref(pg)
+        job = s.jobs.get(str(ref.get("uid"))) if ref is not None else None
         if job is None:
             yield Finding("warning", "PodGroupOrphaned", _name(pg),
                           "its job is gone: the PodGroup holds its minResources against the queue",
