@@ -32,7 +32,7 @@ from webhook.kube import (
 )
 from webhook.kube.owners import controller_ref, owner_resource
 from webhook.policy.decision import PodGroupSpec
-from webhook.policy.queues import QueueVerdict, check_queue
+from webhook.policy.queues import QueueVerdict, check_queue, state_of
 from webhook.policy.workload import NO_PRIORITIES, Priorities
 
 log = logging.getLogger(__name__)
@@ -249,8 +249,7 @@ class KubeContext:
                     await self.queues.synced.wait()
             if not self.queues.synced.is_set():
                 return None
-        return {name: str((obj.get("status") or {}).get("state") or "")
-                for name, obj in self.queues.store.items()}
+        return {name: state_of(obj) for name, obj in self.queues.store.items()}
 
     def report(self, objects: list[Mapping[str, Any]], reason: str, message: str) -> None:
         """Warning Events on each object, in the background (never delays the answer)."""

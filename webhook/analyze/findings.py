@@ -22,7 +22,7 @@ from webhook.policy.cleanup import cleanup_reason
 from webhook.policy.compiled import compile_policy, selector_matches
 from webhook.policy.podgroup import MANAGED_BY
 from webhook.policy.policyset import PolicySet, written_fields
-from webhook.policy.queues import OPEN
+from webhook.policy.queues import queue_problem, state_of
 
 Severity = Literal["error", "warning", "info"]
 Obj = Mapping[str, Any]
@@ -99,22 +99,15 @@ def _backends(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
                           f"install {gang.backend} (its CRDs), or change the policy's backend")
 
 
-def _queue_problem(name: str, queues: Mapping[str, Obj]) -> str | None:
-    queue = queues.get(name)
-    if queue is None:
-        return f"Volcano queue {name!r} does not exist"
-    state = (queue.get("status") or {}).get("state") or ""
-    return None if state == OPEN else f"Volcano queue {name!r} is {state or 'not Open yet'}"
-
-
 def _queues(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
     if BACKEND_CRDS["volcano"] not in s.crds:
         return
+    states = {name: state_of(queue) for name, queue in s.queues.items()}
     for where, gang in _gangs(s):
         if gang.backend != "volcano":
             continue
         for field_name, name in (("queue", gang.queue), ("fallbackQueue", gang.fallbackQueue)):
-            problem = _queue_problem(name, s.queues) if name else None
+            problem = queue_problem(name, states) if name else None
             if problem:
                 yield Finding("error" if field_name == "queue" else "warning", "QueueUnavailable",
                               where, f"gang.{field_name}: {problem}; its gangs "
@@ -124,7 +117,7 @@ def _queues(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
     for job in s.jobs.values():
         name = (job.get("metadata", {}).get("annotations") or {}).get(
             keys.VOLCANO_QUEUE_ANNOTATION)
-        problem = _queue_problem(name, s.queues) if name else None
+        problem = queue_problem(name, states) if name else None
         if problem:
             yield Finding("warning", "QueueUnavailable", _name(job),
                           f"the job names {problem}", "create or open the queue, or change the "

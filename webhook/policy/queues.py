@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from webhook import keys
 from webhook.policy.decision import Decision, PodGroupSpec
@@ -48,7 +49,13 @@ def effective_queue(spec: PodGroupSpec, namespace_queue: str | None) -> str:
     return queue
 
 
-def _problem(name: str, queues: Mapping[str, str]) -> str:
+def state_of(queue: Mapping[str, Any]) -> str:
+    """A Queue object's status.state ("" until Volcano's controller has set it)."""
+    return str((queue.get("status") or {}).get("state") or "")
+
+
+def queue_problem(name: str, queues: Mapping[str, str]) -> str:
+    """Why queue `name` cannot take a PodGroup ("" when it can); `queues`: name -> state."""
     state = queues.get(name)
     if state is None:
         return f"Volcano queue {name!r} does not exist"
@@ -61,12 +68,12 @@ def check_queue(spec: PodGroupSpec, queues: Mapping[str, str],
                 namespace_queue: str | None = None) -> QueueVerdict:
     """The verdict for a Volcano gang; `queues` maps each Queue's name to its status.state."""
     wanted = effective_queue(spec, namespace_queue)
-    problem = _problem(wanted, queues)
+    problem = queue_problem(wanted, queues)
     if not problem:
         return QueueVerdict(wanted)
     fallback = spec.fallback_queue
     if fallback is not None and fallback != wanted:
-        also = _problem(fallback, queues)
+        also = queue_problem(fallback, queues)
         if not also:
             return QueueVerdict(fallback, f"{problem}: PodGroup {spec.name} uses fallback "
                                           f"queue {fallback!r} instead")
