@@ -205,13 +205,15 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
                 annotations[keys.VOLCANO_QUEUE_ANNOTATION] = queue
     elif backend is not None:
         warnings.extend(work.warnings)
-        pod_group, why_not = _gang(backend, value, merged, work, namespace=namespace,
-                                   pod_labels=pod_labels, pod_ann=pod_ann, warnings=warnings,
-                                   priorities=priorities)
+        try:
+            pod_group, why_not = _gang(backend, value, merged, work, namespace=namespace,
+                                       pod_labels=pod_labels, pod_ann=pod_ann,
+                                       warnings=warnings, priorities=priorities)
+        except _NeedsJob as exc:
+            pod_group, why_not = None, str(exc)
+            gang_blocked = why_not
         if pod_group is None:
             warnings.append(f"gang policy {merged['gang.backend'][1]} not applied: {why_not}")
-            if why_not.endswith(_NEEDS_OBJECT):
-                gang_blocked = why_not
         else:
             scheduler_name = value.get("gang.schedulerName") or _DEFAULT_SCHEDULER[backend]
             _join(pod_group, labels, annotations)
@@ -259,8 +261,8 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
         warnings=tuple(warnings), gang_blocked=gang_blocked)
 
 
-#: how _gang's reasons end when the job's object (not read) would have answered
-_NEEDS_OBJECT = "object to count its pods"
+class _NeedsJob(Exception):
+    """The gang's size needs the job's object, which was not read (Decision.gang_blocked)."""
 
 
 def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple[Any, str]],
@@ -287,7 +289,8 @@ def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple
         total = work.members
         if wanted == "auto":
             if work.auto_min_member is None:
-                return None, f"minAvailable auto needs the {work.kind} {_NEEDS_OBJECT}"
+                raise _NeedsJob(f"minAvailable auto needs the {work.kind} object to count its "
+                                "pods")
             min_member = work.auto_min_member
         elif isinstance(wanted, int):
             min_member = wanted
@@ -297,7 +300,8 @@ def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple
                 min_member = total
         else:
             if total is None:
-                return None, f"minAvailable {wanted} needs the {work.kind} {_NEEDS_OBJECT}"
+                raise _NeedsJob(f"minAvailable {wanted} needs the {work.kind} object to count "
+                                "its pods")
             min_member = max(1, math.ceil(int(wanted[:-1]) * total / 100))
     if min_member < 1 and not (job_min == 0 and backend != "muster"):
         return None, f"the {work.kind} has no pods to gang"
