@@ -111,13 +111,16 @@ def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return ann if _is_map(ann) else {}
 
 
+def _job_of(pod: Mapping[str, Any], spec: PodGroupSpec) -> Mapping[str, Any] | None:
+    """The job a gang belongs to, as a reference: the PodGroup's owner, else the pod's."""
+    return spec.owner.as_owner_reference() if spec.owner else controller_ref(pod)
+
+
 def _involved(pod: Mapping[str, Any], namespace: str,
-              spec: PodGroupSpec | None) -> list[Mapping[str, Any]]:
-    """What an Event about a gang goes on: the job (its object as the pod's controller or the
-    PodGroup's owner names it), and the pod when it already has a name."""
+              ref: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """What an Event about a gang goes on: the job `ref` names, and the pod when it already
+    has a name."""
     out: list[Mapping[str, Any]] = []
-    ref = spec.owner.as_owner_reference() if spec is not None and spec.owner else \
-        controller_ref(pod)
     if ref is not None:
         out.append({"apiVersion": ref.get("apiVersion"), "kind": ref.get("kind"),
                     "metadata": {"name": ref.get("name"), "namespace": namespace,
@@ -294,8 +297,8 @@ class Admitter:
                 patch_json = b""  # encoded by the response from `ops`
                 what = "queue_fallback" if verdict.queue is not None else "queue_without_gang"
                 self.metrics.gang_interventions.labels(what).inc()
-                self.context.report(_involved(pod, namespace, spec), "GangQueueUnavailable",
-                                    verdict.reason)
+                self.context.report(_involved(pod, namespace, _job_of(pod, spec)),
+                                    "GangQueueUnavailable", verdict.reason)
         result.warnings.extend(decision.warnings)
         if not result.patch and patch_json:
             result.patch_json = patch_json
@@ -342,9 +345,7 @@ class Admitter:
         if not self.context.ready():
             return False  # caches not synced: this server is the problem, not the job
         what = f"{unread.get('kind')} {namespace}/{unread.get('name')}"
-        involved = [*_involved({"metadata": {"ownerReferences": [
-            {**unread, "controller": True}]}}, namespace, None), *_involved(pod, namespace,
-                                                                            None)[1:]]
+        involved = _involved(pod, namespace, unread)
         if self.owner_retry.still_refusing(job):
             self.metrics.gang_interventions.labels("owner_unavailable_denied").inc()
             result.allowed, result.status_code, result.fail_open = False, 503, None
@@ -366,13 +367,13 @@ class Admitter:
             self.metrics.gang_interventions.labels("podgroup_foreign_denied").inc()
             result.allowed, result.status_code = False, 409
             result.message = f"muster: {ensured.refused}"
-            self.context.report(_involved(pod, namespace, spec), "GangPodGroupConflict",
-                                ensured.refused)
+            self.context.report(_involved(pod, namespace, _job_of(pod, spec)),
+                                "GangPodGroupConflict", ensured.refused)
             return
         if ensured.replaced:
             self.metrics.gang_interventions.labels("podgroup_replaced").inc()
-            self.context.report(_involved(pod, namespace, spec)[:1], "GangPodGroupReplaced",
-                                ensured.replaced)
+            self.context.report(_involved({}, namespace, _job_of(pod, spec)),
+                                "GangPodGroupReplaced", ensured.replaced)
         if ensured.warnings:
             result.fail_open = "podgroup"
         result.warnings.extend(ensured.warnings)
