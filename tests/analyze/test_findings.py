@@ -17,7 +17,7 @@ import pytest
 
 from webhook import keys
 from webhook.analyze.collect import collect
-from webhook.analyze.findings import Snapshot, analyze
+from webhook.analyze.findings import Finding, Snapshot, analyze
 from webhook.certs import generate_ca, issue_serving_cert
 from webhook.cli import main
 from webhook.demo import scenario
@@ -345,6 +345,17 @@ def _stuck_pod(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [*objs, pod]
 
 
+async def findings_of(api: ApiServerEmulator, tmp_path: Path) -> list[Finding]:
+    """Start the seeded emulator, read it as `muster analyze` does, and analyse."""
+    async with api:
+        client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
+        try:
+            snapshot = await collect(KubeApi(client), "muster-system", "muster")
+        finally:
+            await client.close()
+    return analyze(snapshot, _now())
+
+
 LIVE: list[tuple[str, Callable[[list[dict[str, Any]]], list[dict[str, Any]]], str]] = [
     ("healthy", lambda objs: objs, ""),
     ("queue missing", _replace("Queue", "training", None), "QueueUnavailable"),
@@ -393,13 +404,7 @@ async def test_each_finding_on_a_cluster_set_up_to_have_it(
         api.seed(pg)
     if any(o["kind"] == "Pod" for o in objs):
         await asyncio.sleep(1.2)  # past the pod's gang timeout
-    async with api:
-        client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
-        try:
-            snapshot = await collect(KubeApi(client), "muster-system", "muster")
-        finally:
-            await client.close()
-    found = sorted(f.code for f in analyze(snapshot, _now()))
+    found = sorted(f.code for f in await findings_of(api, tmp_path))
     assert found == sorted(filter(None, codes.split("+"))), what
 
 
@@ -410,11 +415,5 @@ async def test_a_backend_without_its_crd_on_a_cluster(shared_crds: list[dict[str
     for obj in cluster_objects():
         if obj["kind"] != "PodGroup":
             api.seed(obj)
-    async with api:
-        client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
-        try:
-            snapshot = await collect(KubeApi(client), "muster-system", "muster")
-        finally:
-            await client.close()
-    assert [f.code for f in analyze(snapshot, _now())] == ["BackendNotInstalled"]
+    assert [f.code for f in await findings_of(api, tmp_path)] == ["BackendNotInstalled"]
 
