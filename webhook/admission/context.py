@@ -130,7 +130,7 @@ class KubeContext:
         self.priority_classes = Informer(api, PRIORITY_CLASSES)
         self.priority_classes.add_handler(lambda *_: self._forget_priorities())
         self._priorities: Priorities | None = None
-        self._podgroup_informers: dict[str, asyncio.Task[None]] = {}
+        self._informers: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._queues_absent_until = 0.0
         metrics.cache_objects.labels("namespaces").set_function(
@@ -234,7 +234,7 @@ class KubeContext:
         if not self.queues.synced.is_set():
             if loop.time() < self._queues_absent_until:
                 return None
-            if "queues" not in self._podgroup_informers:
+            if "queues" not in self._informers:
                 try:  # one probe: a cluster without Volcano's Queue CRD must not wait here
                     async with asyncio.timeout_at(deadline):
                         await self.api.list(VOLCANO_QUEUES, limit=1)
@@ -242,7 +242,7 @@ class KubeContext:
                     if isinstance(exc, ApiError) and exc.not_found:
                         self._queues_absent_until = loop.time() + QUEUE_PROBE_INTERVAL
                     return None
-                self._podgroup_informers["queues"] = asyncio.create_task(
+                self._informers["queues"] = asyncio.create_task(
                     self.queues.run(), name="volcano-queues")
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(min(deadline, loop.time() + 2.0)):
@@ -262,21 +262,21 @@ class KubeContext:
             task.add_done_callback(self._background.discard)
 
     def _watch_podgroups(self, backend: str) -> None:
-        if backend in self._podgroup_informers:
+        if backend in self._informers:
             return
         informer = Informer(self.api, resource_for(backend))
         informer.add_handler(lambda event, obj, _old: self.podgroups.observe(event, obj))
-        self._podgroup_informers[backend] = asyncio.create_task(
+        self._informers[backend] = asyncio.create_task(
             informer.run(), name=f"podgroups-{backend}")
 
     async def run(self) -> None:
-        self._podgroup_informers["priorityclasses"] = asyncio.create_task(
+        self._informers["priorityclasses"] = asyncio.create_task(
             self.priority_classes.run(), name="priorityclasses")
         try:
             await self.namespaces.run()
         finally:
-            for task in self._podgroup_informers.values():
+            for task in self._informers.values():
                 task.cancel()
-            for task in self._podgroup_informers.values():
+            for task in self._informers.values():
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
