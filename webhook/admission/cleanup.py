@@ -60,7 +60,8 @@ class PodGroupJanitor:
         deleted = 0
         for resource, pg, ref in groups:
             job = jobs.get(str(ref.get("uid")))
-            reason = cleanup_reason(owner_kind(ref), job) if job is not None else None
+            name = str((pg.get("metadata") or {}).get("name"))
+            reason = cleanup_reason(owner_kind(ref), job, name) if job is not None else None
             if reason is not None and job is not None:
                 deleted += await self._delete(resource, pg, job, reason)
         return deleted

@@ -37,8 +37,9 @@ from webhook.policy.workload import NO_PRIORITIES, Priorities
 
 log = logging.getLogger(__name__)
 
-#: how far up the controller chain owners are fetched (pod → Job → MPIJob is 2)
-MAX_OWNER_DEPTH = 3
+#: how far up the controller chain owners are fetched: pod → Job → MPIJob is 2, pod → Job →
+#: JobSet → TrainJob 3, an LWS worker → StatefulSet → leader Pod → StatefulSet → LWS 4
+MAX_OWNER_DEPTH = 4
 #: how long a missing or unreadable owner is remembered as such
 NEGATIVE_TTL = 2.0
 #: how often a cluster without Volcano's Queue CRD is probed again

@@ -248,7 +248,7 @@ def _podgroups(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
                           "its job is gone: the PodGroup holds its minResources against the queue",
                           f"kubectl -n {meta.get('namespace')} delete podgroup {meta.get('name')}")
             continue
-        reason = cleanup_reason(kind, job)
+        reason = cleanup_reason(kind, job, str(meta.get("name")))
         if reason:
             yield Finding("warning", "PodGroupOfFinishedJob", _name(pg),
                           f"{reason}, but its PodGroup is still there (the webhook's janitor "

@@ -198,6 +198,8 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
         # A single pod needs no gang, and a PodGroup made for it could not be owned by it (no
         # uid yet at admission), so it would outlive the pod. Volcano still schedules it: its
         # controller creates the pod's own PodGroup, taking the queue from the annotation.
+        if work.solo:
+            warnings.append(f"gang policy {merged['gang.backend'][1]} not applied: {work.solo}")
         if backend == "volcano":
             scheduler_name = value.get("gang.schedulerName") or "volcano"
             queue = pod_ann.get(keys.VOLCANO_QUEUE_ANNOTATION) or value.get("gang.queue")

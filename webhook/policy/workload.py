@@ -1,9 +1,12 @@
 """What job a pod belongs to, read from the pod and its owner objects (pure, never raises).
 
-Gang settings follow the MPI operator's (v2beta1) semantics, which users already know; the same
-rules apply to the Kubeflow PyTorchJob/TFJob (sum of replicas), a batch/Job (parallelism) and a
-bare pod (a gang of one). Every pod of one job must come out with the same group, so everything
-here is read from the job object, never from the individual pod, when the job is known.
+Gang settings follow the MPI operator's (v2beta1) semantics, which users already know; each
+job kind's pods are counted from its own spec as its operator does (`podsets`): MPIJob,
+PyTorchJob (elastic too), TFJob, JobSet, TrainJob, LeaderWorkerSet (a gang per group), batch/Job,
+and a bare pod (a gang of one). Every pod of one job must come out with the same group, so
+everything here is read from the job objects, never from the individual pod, when the job is
+known; the exceptions are a LeaderWorkerSet pod's group index and a JobSet pod's replicatedJob,
+which `chain_key` includes.
 """
 
 from __future__ import annotations
@@ -15,40 +18,33 @@ from functools import lru_cache
 from typing import Any
 
 from webhook import keys
+from webhook.policy import podsets
 from webhook.policy.decision import OwnerRef
+from webhook.policy.podsets import PodSets, Replica, as_int, as_list, as_map, as_str
 from webhook.quantity import QuantityError, add_quantities, format_quantity
 
 MPIJOB = "kubeflow.org/MPIJob"
 PYTORCHJOB = "kubeflow.org/PyTorchJob"
 TFJOB = "kubeflow.org/TFJob"
 BATCH_JOB = "batch/Job"
+JOBSET = "jobset.x-k8s.io/JobSet"
+TRAINJOB = "trainer.kubeflow.org/TrainJob"
+LEADERWORKERSET = "leaderworkerset.x-k8s.io/LeaderWorkerSet"
 POD = "Pod"
-#: spec field holding the replica specs of each Kubeflow job kind
-_REPLICA_FIELD = {MPIJOB: "mpiReplicaSpecs", PYTORCHJOB: "pytorchReplicaSpecs",
-                  TFJOB: "tfReplicaSpecs"}
-_JOB_KINDS = frozenset({*_REPLICA_FIELD, BATCH_JOB})
+_JOB_KINDS = frozenset({MPIJOB, PYTORCHJOB, TFJOB, BATCH_JOB, JOBSET, TRAINJOB,
+                        LEADERWORKERSET})
 #: replica types that go first when minResources is summed over the minMember first replicas
-_LEADERS = ("Launcher", "Master", "Chief", "PS")
+_LEADERS = ("Launcher", "Master", "Chief", "PS", "Leader")
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 OPERATOR_LABEL = "training.kubeflow.org/operator-name"
-
-
-def _d(value: Any) -> Mapping[str, Any]:
-    if type(value) is dict:  # the common case, without the slower ABC check
-        return value
-    return value if isinstance(value, Mapping) else {}
-
-
-def _l(value: Any) -> Sequence[Any]:
-    return value if type(value) is list or isinstance(value, tuple) else ()
-
-
-def _s(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _i(value: Any, default: int | None = None) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
+#: set by the JobSet controller on its Jobs and their pods
+JOBSET_REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+#: set by the LeaderWorkerSet controller (workers) and its pod webhook (leaders)
+LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+#: set by the StatefulSet controller (Kubernetes 1.28+): a leader's ordinal is its group index
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+#: the pod labels `chain_key` includes: the only things read from a pod of a known job
+_POD_KEY_LABELS = (JOBSET_REPLICATED_JOB_LABEL, LWS_GROUP_INDEX_LABEL, POD_INDEX_LABEL)
 
 
 def group_kind(api_version: Any, kind: Any) -> str:
@@ -66,7 +62,7 @@ def _group_kind(api_version: str, kind: str) -> str:
 
 def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The controller ownerReference, or the only ownerReference when none is marked."""
-    refs = _l(_d(obj.get("metadata")).get("ownerReferences"))
+    refs = as_list(as_map(obj.get("metadata")).get("ownerReferences"))
     only = None
     for ref in refs:
         if type(ref) is dict or isinstance(ref, Mapping):
@@ -74,13 +70,6 @@ def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
                 return ref
             only = ref if len(refs) == 1 else None
     return only
-
-
-@dataclass(frozen=True, slots=True)
-class Replica:
-    role: str
-    count: int
-    pod_spec: Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +93,11 @@ class JobFacts:
     scheduling_policy: Mapping[str, Any]
     queue: str | None
     priority_class: str | None
+    #: pods whose resources minResources "auto" reserves at least (see podsets.PodSets)
+    reserve_members: int = 0
+    #: replicas whose pods run before the gang and do not join it
+    outside: frozenset[str] = frozenset()
+    notes: tuple[str, ...] = ()
     #: (min_member, replica priorities) → minResources, filled on first use
     min_resources_memo: dict[tuple[int, tuple[int, ...]], dict[str, str] | None] = field(
         default_factory=dict)
@@ -115,13 +109,14 @@ class JobFacts:
 
     def min_resources(self, min_member: int, priorities: Priorities = NO_PRIORITIES
                       ) -> dict[str, str] | None:
-        """Sum of requests (limits where no request) over the first min_member pods, the
+        """Sum of requests (limits where no request) over the first min_member pods (at least
+        `reserve_members`: a staged job reserves what all its stages need), the
         replicas of higher PriorityClass value first and, between equals, the launcher or
         master first: as mpi-operator's calPGMinResource (see docs/policies.md for where
         its arithmetic differs)."""
-        key = (min_member, self.replica_priorities(priorities))
+        key = (max(min_member, self.reserve_members), self.replica_priorities(priorities))
         if key not in self.min_resources_memo:
-            self.min_resources_memo[key] = _sum_resources(self.replicas, min_member, key[1])
+            self.min_resources_memo[key] = _sum_resources(self.replicas, *key)
         found = self.min_resources_memo[key]
         return dict(found) if found is not None else None
 
@@ -137,9 +132,9 @@ def _sum_resources(replicas: tuple[Replica, ...], min_member: int,
         left -= take
         if take <= 0:
             continue
-        for c in _l(rep.pod_spec.get("containers")):
-            res = _d(_d(c).get("resources"))
-            merged = {**_d(res.get("limits")), **_d(res.get("requests"))}
+        for c in as_list(rep.pod_spec.get("containers")):
+            res = as_map(as_map(c).get("resources"))
+            merged = {**as_map(res.get("limits")), **as_map(res.get("requests"))}
             for name, qty in merged.items():
                 try:
                     add_quantities(total, str(name), qty, take)
@@ -157,6 +152,8 @@ class Workload:
     gpus: int  # GPUs of the whole job when its spec is known, else of this pod
     facts: JobFacts | None  # None when the job object is not available
     warnings: tuple[str, ...] = ()
+    #: why this pod runs apart from its job's gang (a JobSet initializer), else None
+    solo: str | None = None
 
     @property
     def members(self) -> int | None:
@@ -165,7 +162,7 @@ class Workload:
 
     @property
     def auto_min_member(self) -> int | None:
-        """minAvailable "auto": MPI workers + 1, else all members."""
+        """minAvailable "auto": the pods that start together (podsets)."""
         return self.facts.auto_min_member if self.facts else None
 
     @property
@@ -187,52 +184,83 @@ class Workload:
 
 
 _CACHE_SIZE = 512
-_facts_cache: OrderedDict[tuple[str, str, str], JobFacts] = OrderedDict()
+_facts_cache: OrderedDict[tuple[Any, ...], JobFacts] = OrderedDict()
 
 
-def job_facts(kind: str, obj: Mapping[str, Any]) -> JobFacts:
-    """JobFacts of a job object, memoised by (kind, uid, resourceVersion): the API server
-    changes resourceVersion on every write, so equal keys mean equal content. Objects without
-    both (hand-written test input) are analysed every time."""
-    meta = _d(obj.get("metadata"))
-    uid, rv = _s(meta.get("uid")), _s(meta.get("resourceVersion"))
-    if uid is None or rv is None:
-        return _analyse_job(kind, obj)
-    key = (kind, uid, rv)
+def _version(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    meta = as_map(obj.get("metadata"))
+    uid, rv = as_str(meta.get("uid")), as_str(meta.get("resourceVersion"))
+    return (uid, rv) if uid is not None and rv is not None else None
+
+
+def job_facts(kind: str, obj: Mapping[str, Any],
+              inner: Mapping[str, Any] | None = None) -> JobFacts:
+    """JobFacts of a job object (and, for a TrainJob, the JobSet made from it), memoised by
+    kind and each object's (uid, resourceVersion): the API server changes resourceVersion on
+    every write, so equal keys mean equal content. Objects without both (hand-written test
+    input) are analysed every time."""
+    versions = [_version(o) for o in (obj, inner) if o is not None]
+    if any(v is None for v in versions):
+        return _job_facts(kind, obj, inner)
+    key = (kind, *versions)
     facts = _facts_cache.get(key)
     if facts is None:
-        facts = _facts_cache[key] = _analyse_job(kind, obj)
+        facts = _facts_cache[key] = _job_facts(kind, obj, inner)
         if len(_facts_cache) > _CACHE_SIZE:
             _facts_cache.popitem(last=False)
     return facts
 
 
-def _analyse_job(kind: str, obj: Mapping[str, Any]) -> JobFacts:
-    replicas = _replicas(kind, obj)
-    members = sum(r.count for r in replicas)
+def pod_sets(kind: str, obj: Mapping[str, Any], inner: Mapping[str, Any] | None = None
+             ) -> PodSets:
+    """The job's pods, as its operator counts them (see podsets)."""
+    spec = as_map(obj.get("spec"))
     if kind == MPIJOB:
-        auto = next((r.count for r in replicas if r.role == "Worker"), 0) + 1
-    else:
-        auto = members
-    by_role = {r.role: r for r in replicas}
+        replicas = podsets.kubeflow_replicas(as_map(spec.get("mpiReplicaSpecs")),
+                                             workers_default=0)
+        return PodSets(replicas, next((r.count for r in replicas if r.role == "Worker"), 0) + 1)
+    if kind == PYTORCHJOB:
+        return podsets.pytorchjob(spec)
+    if kind == TFJOB:
+        replicas = podsets.kubeflow_replicas(as_map(spec.get("tfReplicaSpecs")))
+        return PodSets(replicas, sum(r.count for r in replicas))
+    if kind == BATCH_JOB:
+        return podsets.batch_job(spec)
+    if kind == JOBSET:
+        return podsets.jobset(spec)
+    if kind == TRAINJOB:
+        nodes = as_int(as_map(spec.get("trainer")).get("numNodes"))
+        return podsets.jobset(as_map(as_map(inner).get("spec")), nodes)
+    if kind == LEADERWORKERSET:
+        return podsets.leaderworkerset(spec)
+    return PodSets((), 0)
+
+
+def _job_facts(kind: str, obj: Mapping[str, Any], inner: Mapping[str, Any] | None) -> JobFacts:
+    sets = pod_sets(kind, obj, inner)
+    by_role = {r.role: r for r in sets.replicas}
     priority_class = next(
         (pc for role in ("Launcher", "Worker", *sorted(by_role))
-         if role in by_role and (pc := _s(by_role[role].pod_spec.get("priorityClassName")))),
+         if role in by_role and (pc := as_str(by_role[role].pod_spec.get("priorityClassName")))),
         None)
-    spec = _d(obj.get("spec"))
+    spec = as_map(obj.get("spec"))
+    queue = as_str(as_map(as_map(obj.get("metadata")).get("annotations")).get(
+        keys.VOLCANO_QUEUE_ANNOTATION))
+    if queue is None and inner is not None:
+        queue = as_str(as_map(as_map(inner.get("metadata")).get("annotations")).get(
+            keys.VOLCANO_QUEUE_ANNOTATION))
     return JobFacts(
-        replicas=replicas, members=members, auto_min_member=auto,
-        gpus=sum(r.count * pod_gpus(r.pod_spec) for r in replicas),
-        scheduling_policy=_d(_d(spec.get("runPolicy")).get("schedulingPolicy")),
-        queue=_s(_d(_d(obj.get("metadata")).get("annotations")).get(
-            keys.VOLCANO_QUEUE_ANNOTATION)),
-        priority_class=priority_class)
+        replicas=sets.replicas, members=sets.members, auto_min_member=sets.auto_min_member,
+        gpus=sum(r.count * pod_gpus(r.pod_spec) for r in sets.replicas),
+        scheduling_policy=as_map(as_map(spec.get("runPolicy")).get("schedulingPolicy")),
+        queue=queue, priority_class=priority_class, reserve_members=sets.reserve_members,
+        outside=sets.outside, notes=sets.notes)
 
 
 def _container_gpus(container: Any) -> int:
-    res = _d(_d(container).get("resources"))
-    limits = _d(res.get("limits"))
-    raw = limits[keys.GPU_RESOURCE] if keys.GPU_RESOURCE in limits else _d(
+    res = as_map(as_map(container).get("resources"))
+    limits = as_map(res.get("limits"))
+    raw = limits[keys.GPU_RESOURCE] if keys.GPU_RESOURCE in limits else as_map(
         res.get("requests")).get(keys.GPU_RESOURCE, 0)
     if type(raw) is int:  # the common case first: no isinstance chain
         return raw
@@ -247,34 +275,13 @@ def _container_gpus(container: Any) -> int:
 def pod_gpus(spec: Mapping[str, Any]) -> int:
     """GPUs a pod asks for: its containers' sum, or its largest init container when more."""
     main = 0
-    for c in _l(spec.get("containers")):
+    for c in as_list(spec.get("containers")):
         main += _container_gpus(c)
     init: int | None = None
-    for c in _l(spec.get("initContainers")):
+    for c in as_list(spec.get("initContainers")):
         n = _container_gpus(c)
         init = n if init is None or n > init else init
     return max(main, 0 if init is None else init)
-
-
-def _template_spec(replica: Any) -> Mapping[str, Any]:
-    return _d(_d(_d(replica).get("template")).get("spec"))
-
-
-def _replicas(kind: str, obj: Mapping[str, Any]) -> tuple[Replica, ...]:
-    spec = _d(obj.get("spec"))
-    if kind in _REPLICA_FIELD:
-        out = []
-        for role, rep in sorted(_d(spec.get(_REPLICA_FIELD[kind])).items()):
-            default = 0 if (kind == MPIJOB and role == "Worker") else 1
-            count = _i(_d(rep).get("replicas"), default) or 0
-            out.append(Replica(str(role), max(count, 0), _template_spec(rep)))
-        return tuple(out)
-    if kind == BATCH_JOB:
-        parallelism = _i(spec.get("parallelism"), 1) or 0
-        completions = _i(spec.get("completions"))
-        count = min(parallelism, completions) if completions is not None else parallelism
-        return (Replica("Job", max(count, 0), _template_spec(spec)),)
-    return ()
 
 
 _workloads: OrderedDict[tuple[Any, ...], Workload] = OrderedDict()
@@ -282,10 +289,12 @@ _workloads: OrderedDict[tuple[Any, ...], Workload] = OrderedDict()
 
 def chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
               ) -> tuple[Any, ...] | None:
-    """Everything the owner-chain walk reads: the pod's ownerReferences (the fields used) and
+    """Everything the owner-chain walk reads: the pod's ownerReferences (the fields used), its
+    name and the `_POD_KEY_LABELS` (a LeaderWorkerSet's group; a JobSet's replicatedJob), and
     each owner's (uid, resourceVersion), which fix the owner's content. None when an owner has
     no uid/resourceVersion (hand-written input) or a reference is not an object of strings."""
-    refs = _d(pod.get("metadata")).get("ownerReferences")
+    meta = as_map(pod.get("metadata"))
+    refs = meta.get("ownerReferences")
     if type(refs) is not list:
         return None
     key: list[Any] = []
@@ -296,9 +305,18 @@ def chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
         if not all(type(f) is str or f is None for f in fields):
             return None  # lists or objects there: not hashable, and never from an API server
         key.append((*fields, ref.get("controller") is True))
-    key.append(None)
+    labels = meta.get("labels")
+    if labels is not None and type(labels) is not dict:
+        return None
+    # the name only where it is read: a StatefulSet pod's ordinal (a LeaderWorkerSet leader)
+    by_sts = any(r.get("kind") == "StatefulSet" and r.get("controller") is True for r in refs)
+    name = meta.get("name") if by_sts else None
+    pod_keys = (name, *(labels.get(k) for k in _POD_KEY_LABELS)) if labels else (name,)
+    if not all(type(v) is str or v is None for v in pod_keys):
+        return None
+    key.append(pod_keys)
     for obj in owners:
-        meta = _d(obj.get("metadata")) if type(obj) is dict else {}
+        meta = as_map(obj.get("metadata")) if type(obj) is dict else {}
         uid, rv = meta.get("uid"), meta.get("resourceVersion")
         if type(uid) is not str or type(rv) is not str:
             return None
@@ -308,8 +326,8 @@ def chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
 
 def analyse(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Workload:
     """What job the pod belongs to. A pod whose job object was found is analysed from its
-    ownerReferences and owner objects alone, so such results are memoised by `chain_key`
-    (the workers of one job share them)."""
+    ownerReferences, `chain_key`'s few pod fields and the owner objects alone, so such results
+    are memoised by `chain_key` (the workers of one job share them)."""
     return analyse_keyed(pod, owners, chain_key(pod, owners))
 
 
@@ -328,59 +346,105 @@ def analyse_keyed(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]],
     return work
 
 
-def _analyse(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Workload:
-    meta = _d(pod.get("metadata"))
-    labels = _d(meta.get("labels"))
-    warnings: list[str] = []
-    objs = [o for o in owners if type(o) is dict or isinstance(o, Mapping)]
+_Link = tuple[str, Mapping[str, Any], Mapping[str, Any] | None]
 
-    # Follow controller references from the pod up, attaching owner objects where we have them.
-    chain: list[tuple[str, Mapping[str, Any], Mapping[str, Any] | None]] = []
+
+def _chain(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> list[_Link]:
+    """(group/Kind, reference, object when given) from the pod's controller up to the root."""
+    objs = [o for o in owners if type(o) is dict or isinstance(o, Mapping)]
+    chain: list[_Link] = []
     ref = controller_ref(pod)
-    seen = 0
-    while ref is not None and seen < 8:
-        seen += 1
+    while ref is not None and len(chain) < 8:
         kind = group_kind(ref.get("apiVersion"), ref.get("kind"))
-        obj = None
-        for o in objs:
-            if _d(o.get("metadata")).get("name") == ref.get("name") and \
-                    group_kind(o.get("apiVersion"), o.get("kind")) == kind:
-                obj = o
-                break
+        obj = next((o for o in objs if as_map(o.get("metadata")).get("name") == ref.get("name")
+                    and group_kind(o.get("apiVersion"), o.get("kind")) == kind), None)
         chain.append((kind, ref, obj))
         ref = controller_ref(obj) if obj is not None else None
+    return chain
+
+
+def _bare_pod(pod: Mapping[str, Any], owner_kinds: frozenset[str], warnings: list[str],
+              solo: str | None = None) -> Workload:
+    meta = as_map(pod.get("metadata"))
+    spec = as_map(pod.get("spec"))
+    gpus = pod_gpus(spec)
+    facts = JobFacts(
+        replicas=(Replica("Pod", 1, spec),), members=1, auto_min_member=1, gpus=gpus,
+        scheduling_policy={},
+        queue=as_str(as_map(meta.get("annotations")).get(keys.VOLCANO_QUEUE_ANNOTATION)),
+        priority_class=as_str(spec.get("priorityClassName")))
+    return Workload(kind=POD, name=as_str(meta.get("name")), owner=None, owner_kinds=owner_kinds,
+                    gpus=gpus, facts=facts, warnings=tuple(warnings), solo=solo)
+
+
+def _lws_group(pod: Mapping[str, Any], chain: list[_Link]) -> str | None:
+    """A LeaderWorkerSet pod's group index: the workers' label, else the leader's ordinal (the
+    LWS pod webhook labels leaders too, but it may run after Muster's)."""
+    meta = as_map(pod.get("metadata"))
+    labels = as_map(meta.get("labels"))
+    group = as_str(labels.get(LWS_GROUP_INDEX_LABEL))
+    if group is None and len(chain) == 2:  # a leader: pod -> StatefulSet -> LeaderWorkerSet
+        group = as_str(labels.get(POD_INDEX_LABEL))
+        name, sts = as_str(meta.get("name")), as_str(chain[0][1].get("name"))
+        if group is None and name and sts and name.startswith(sts + "-"):
+            group = name[len(sts) + 1:]
+    return group if group is not None and group.isdigit() else None
+
+
+def _replicated_job(pod: Mapping[str, Any], chain: list[_Link]) -> str | None:
+    """The JobSet replicatedJob of a pod: its Job's label, else its own."""
+    job = chain[0][2] if chain and chain[0][0] == BATCH_JOB else None
+    for meta in (as_map(job.get("metadata")) if job else {}, as_map(pod.get("metadata"))):
+        name = as_str(as_map(meta.get("labels")).get(JOBSET_REPLICATED_JOB_LABEL))
+        if name:
+            return name
+    return None
+
+
+def _analyse(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Workload:
+    labels = as_map(as_map(pod.get("metadata")).get("labels"))
+    warnings: list[str] = []
+    chain = _chain(pod, owners)
     if chain and chain[-1][2] is None and chain[-1][0] in _JOB_KINDS:
         warnings.append(f"owner {chain[-1][0]} {chain[-1][1].get('name')} not available: gang "
                         "settings derived from the pod's ownerReferences and labels")
         # An MPI v2 launcher is a Job owned by the MPIJob: its labels still name the MPIJob.
-        job_name = _s(labels.get(JOB_NAME_LABEL))
+        job_name = as_str(labels.get(JOB_NAME_LABEL))
         if chain[-1][0] == BATCH_JOB and job_name and labels.get(OPERATOR_LABEL) == "mpi-operator":
             chain.append((MPIJOB, {"name": job_name}, None))
     owner_kinds = frozenset(k for k, _, _ in chain)
 
     known = [c for c in chain if c[0] in _JOB_KINDS]
     if not known:
-        spec = _d(pod.get("spec"))
-        ann = _d(meta.get("annotations"))
-        gpus = pod_gpus(spec)
-        facts = JobFacts(
-            replicas=(Replica("Pod", 1, spec),), members=1, auto_min_member=1, gpus=gpus,
-            scheduling_policy={}, queue=_s(ann.get(keys.VOLCANO_QUEUE_ANNOTATION)),
-            priority_class=_s(spec.get("priorityClassName")))
-        return Workload(kind=POD, name=_s(meta.get("name")), owner=None,
-                        owner_kinds=owner_kinds, gpus=gpus, facts=facts,
-                        warnings=tuple(warnings))
+        return _bare_pod(pod, owner_kinds, warnings)
 
     kind, ref, obj = known[-1]  # the outermost job: the MPIJob above a launcher's Job
-    uid = _s(ref.get("uid")) or (_s(_d(obj.get("metadata")).get("uid")) if obj else None)
-    name = _s(ref.get("name"))
-    api_version = _s(ref.get("apiVersion")) or (_s(obj.get("apiVersion")) if obj else None)
+    uid = as_str(ref.get("uid")) or (as_str(as_map(obj.get("metadata")).get("uid"))
+                                     if obj else None)
+    name = as_str(ref.get("name"))
+    api_version = as_str(ref.get("apiVersion")) or (as_str(obj.get("apiVersion")) if obj else None)
     owner = OwnerRef(api_version, kind.rpartition("/")[2], name, uid) \
         if name and uid and api_version else None
+    if kind == LEADERWORKERSET:
+        group = _lws_group(pod, chain)
+        if group is None:
+            warnings.append(f"LeaderWorkerSet {name}: the pod's group index is unknown (no "
+                            f"{LWS_GROUP_INDEX_LABEL} label, no ordinal)")
+        name = f"{name}-{group}" if name and group is not None else None
+    inner = None
+    if kind == TRAINJOB:
+        # the TrainJob's pods are those of the JobSet the trainer made from it
+        inner = next((o for k, _, o in chain if k == JOBSET and o is not None), None)
+        obj = obj if inner is not None else None
     if obj is None:
         return Workload(kind=kind, name=name, owner=owner, owner_kinds=owner_kinds,
-                        gpus=pod_gpus(_d(pod.get("spec"))), facts=None,
+                        gpus=pod_gpus(as_map(pod.get("spec"))), facts=None,
                         warnings=tuple(warnings))
-    facts = job_facts(kind, obj)
+    facts = job_facts(kind, obj, inner)
+    replicated = _replicated_job(pod, chain) if facts.outside else None
+    if replicated in facts.outside:
+        return _bare_pod(pod, owner_kinds, warnings, solo=(
+            f"replicatedJob {replicated} of {kind} {ref.get('name')} runs to completion before "
+            "the gang starts (dependsOn Complete): its pods are not part of the gang"))
     return Workload(kind=kind, name=name, owner=owner, owner_kinds=owner_kinds,
-                    gpus=facts.gpus, facts=facts, warnings=tuple(warnings))
+                    gpus=facts.gpus, facts=facts, warnings=(*warnings, *facts.notes))
