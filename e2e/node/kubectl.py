@@ -16,7 +16,8 @@ from e2e.node.cluster import NodeCluster
 
 SHARED_CRDS = REPO.parent / "shared" / "crds"
 #: the upstream CRDs Muster's policies and the scenarios use
-CRD_FILES = ("volcano", "scheduler-plugins", "mpi")
+CRD_FILES = ("volcano", "scheduler-plugins", "mpijobs", "pytorchjobs", "jobsets", "trainjobs",
+             "leaderworkersets")
 
 
 def kubectl(cluster: NodeCluster, *args: str, check: bool = True,

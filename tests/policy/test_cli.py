@@ -21,14 +21,17 @@ def test_readme_command_passes(capsys: pytest.CaptureFixture[str],
     monkeypatch.chdir(REPO)
     code, out = run(["policy", "test", "-p", "policies/", "policies/tests/"], capsys)
     assert code == 0, out
-    assert "10 passed, 0 failed" in out
+    cases = sum(text.count("kind: PolicyTest")
+                for text in map(Path.read_text, (REPO / "policies/tests").glob("*.yaml")))
+    assert cases >= 18 and f"{cases} passed, 0 failed" in out
     assert "PASS  volcano-worker-joins-podgroup" in out
+    assert "PASS  lws-worker-joins-its-groups-gang" in out
 
 
 def test_check_reports_errors_and_exit_code(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     code, out = run(["policy", "check", str(REPO / "policies")], capsys)
-    assert code == 0 and "5 policies valid" in out
+    assert code == 0 and "10 policies valid" in out
     bad = tmp_path / "mpi.yaml"
     bad.write_text("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata:\n"
                    "  name: mpi\nspec:\n  gang:\n    backend: volcano\n    minAvailable: 0\n")

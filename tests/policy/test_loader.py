@@ -32,7 +32,10 @@ def issues_of(texts: dict[str, str]) -> list[str]:
 def test_shipped_policies_are_valid() -> None:
     loaded = load_policies([REPO / "policies"])
     assert set(loaded.names) == {"mpi-volcano", "mpi-coscheduling", "mpi-topology",
-                                 "istio-optout-mpi-launcher", "istio-optout-batch-jobs"}
+                                 "istio-optout-mpi-launcher", "istio-optout-batch-jobs",
+                                 "jobset-volcano", "trainjob-coscheduling",
+                                 "leaderworkerset-volcano", "pytorchjob-volcano",
+                                 "indexed-job-volcano"}
     assert loaded.names[0] == "mpi-topology"  # highest priority first
     assert len(loaded.digest) == 64
 
