@@ -161,3 +161,32 @@ def test_engine_never_crashes_on_any_json(pod: Any, owners: Any, ns_labels: Any,
 def test_explain_never_crashes(pod: Any, owners: Any, ns_labels: Any, ps: PolicySet) -> None:
     matches = explain(pod, namespace_labels=ns_labels, owners=owners, policies=ps)
     assert [m.policy for m in matches] == list(ps.names)
+
+
+#: the condition each Decision record names, and how explain's narration starts for it
+_CONDITION_WORDS = {"namespace not": "✗ namespace ", "namespaceSelector": "✗ namespaceSelector:",
+                    "podSelector": "✗ podSelector:", "no owner": "✗ owner kinds",
+                    "GPU count": ("✗ job requests", "✗ pod requests")}
+
+
+@SETTINGS
+@given(pods(), policy_sets(), owners_for,
+       st.dictionaries(st.sampled_from(["role", "tier", "kubernetes.io/metadata.name"]),
+                       label_values, max_size=2))
+def test_explain_narrates_exactly_what_evaluate_decides(
+        pod: dict[str, Any], ps: PolicySet, owners: list[dict[str, Any]],
+        ns_labels: dict[str, str]) -> None:
+    decision = evaluate(pod, namespace_labels=ns_labels, owners=owners, policies=ps)
+    narrated = {m.policy: m for m in explain(pod, namespace_labels=ns_labels, owners=owners,
+                                             policies=ps)}
+    assert list(narrated) == list(ps.names)
+    # the policies that apply: the same set, in the same (priority) order
+    assert tuple(n for n, m in narrated.items() if m.matched) == decision.policies
+    for record in decision.matches:  # those evaluate examined, each with its first failure
+        told = narrated[record.policy]
+        assert told.matched == record.matched
+        if not record.matched:
+            (why,) = record.reasons
+            first_unmet = next(r for r in told.reasons if r.startswith("✗"))
+            start = next(v for k, v in _CONDITION_WORDS.items() if k in why)
+            assert first_unmet.startswith(start), (why, told.reasons)

@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook import keys
-from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.compiled import CompiledPolicy, MatchInput
 from webhook.policy.decision import Backend, Decision, PodGroupSpec, PolicyMatch
 from webhook.policy.policyset import PolicySet
-from webhook.policy.schema import Match
-from webhook.policy.selectors import mismatch
 from webhook.policy.workload import NO_PRIORITIES, POD, Priorities, Workload, analyse
 
 TOPOLOGY_TOLERATION: Mapping[str, str] = {
@@ -54,50 +52,6 @@ def _str_map(value: Any) -> Mapping[str, str]:
             return {k: v for k, v in mapping.items()
                     if isinstance(k, str) and isinstance(v, str)}
     return mapping
-
-
-def match_policy(match: Match, namespace: str, ns_labels: Mapping[str, str],
-                 pod_labels: Mapping[str, str], work: Workload, *,
-                 all_reasons: bool = False) -> tuple[bool, tuple[str, ...]]:
-    """Whether the match applies and why, in detail (slow: for `muster policy explain`; the
-    engine uses the compiled form). Stops at the first failed condition unless all_reasons."""
-    reasons: list[str] = []
-    ok = True
-
-    def check(passed: bool, why: str) -> bool:
-        nonlocal ok
-        reasons.append(("✓ " if passed else "✗ ") + why)
-        ok = ok and passed
-        return passed or all_reasons
-
-    if match.namespaces is not None and not check(
-            namespace in match.namespaces,
-            f"namespace {namespace or '(none)'} {'is' if namespace in match.namespaces else 'not'}"
-            f" in {match.namespaces}"):
-        return False, tuple(reasons)
-    if match.namespaceSelector is not None:
-        miss = mismatch(match.namespaceSelector, ns_labels)
-        if not check(miss is None, f"namespaceSelector: {miss or 'matches'}"):
-            return False, tuple(reasons)
-    if match.podSelector is not None:
-        miss = mismatch(match.podSelector, pod_labels)
-        if not check(miss is None, f"podSelector: {miss or 'matches'}"):
-            return False, tuple(reasons)
-    if match.ownerKinds is not None:
-        hit = sorted(work.owner_kinds.intersection(match.ownerKinds))
-        chain = ", ".join(sorted(work.owner_kinds)) or "no owner"
-        why = f"owned by {hit[0]}" if hit else f"owner kinds {match.ownerKinds} not in ({chain})"
-        if not check(bool(hit), why):
-            return False, tuple(reasons)
-    if match.gpus is not None:
-        lo, hi = match.gpus.min, match.gpus.max
-        inside = (lo is None or work.gpus >= lo) and (hi is None or work.gpus <= hi)
-        what = "job" if work.members is not None and work.kind != "Pod" else "pod"
-        if not check(inside, f"{what} requests {work.gpus} GPUs, range [{lo}, {hi}]"):
-            return False, tuple(reasons)
-    if not reasons:
-        reasons.append("✓ no conditions: matches every pod")
-    return ok, tuple(reasons)
 
 
 def _merge(matched: Sequence[CompiledPolicy]) -> dict[str, tuple[Any, str]]:
@@ -166,9 +120,9 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
 
     matches: list[PolicyMatch] = []
     matched: list[CompiledPolicy] = []
+    match_input = MatchInput(namespace, ns_labels, pod_labels, work.owner_kinds, work.gpus)
     for compiled in policies.index.candidates(namespace):
-        failed = compiled.first_failure(namespace, ns_labels, pod_labels, work.owner_kinds,
-                                        work.gpus)
+        failed = compiled.first_failure(match_input)
         if failed:
             matches.append(compiled.failed_records[failed])
         else:
@@ -363,14 +317,16 @@ def _join(group: PodGroupSpec, labels: dict[str, str | None],
 
 def explain(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
             owners: Sequence[Mapping[str, Any]], policies: PolicySet) -> tuple[PolicyMatch, ...]:
-    """Every condition of every policy, met or not (evaluate stops at the first failure)."""
+    """Every condition of every policy, met or not (evaluate stops at the first failure and
+    skips the policies of other namespaces), decided by the same matcher as `evaluate`."""
+    match_input = _match_input(pod, namespace_labels, owners)
+    return tuple(c.narrate(match_input) for c in policies.index.every)
+
+
+def _match_input(pod: Any, namespace_labels: Any, owners: Any) -> MatchInput:
     pod = _d(pod)
     meta = _d(pod.get("metadata"))
-    namespace = _s(meta.get("namespace")) or ""
     work = analyse(pod, owners if type(owners) is list or isinstance(owners, Sequence) else ())
-    out = []
-    for policy in policies.policies:
-        ok, reasons = match_policy(policy.spec.match, namespace, _str_map(namespace_labels),
-                                   _str_map(meta.get("labels")), work, all_reasons=True)
-        out.append(PolicyMatch(policy.name, ok, reasons))
-    return tuple(out)
+    return MatchInput(_s(meta.get("namespace")) or "", _str_map(namespace_labels),
+                      _str_map(meta.get("labels")), work.owner_kinds, work.gpus,
+                      "job" if work.members is not None and work.kind != POD else "pod")

@@ -1,4 +1,5 @@
-"""Kubernetes label selectors: matching, explaining, and proving two selectors disjoint."""
+"""Proving two label selectors disjoint (the loader's conflict check). Matching is
+`compiled.selector_matches`."""
 
 from __future__ import annotations
 
@@ -8,30 +9,6 @@ from dataclasses import dataclass, field
 from webhook.policy.schema import LabelSelector
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace since 1.22
-
-
-def mismatch(selector: LabelSelector, labels: Mapping[str, str]) -> str | None:
-    """None if the selector matches the labels, else the first unmet requirement in words."""
-    for key, value in selector.matchLabels.items():
-        if labels.get(key) != value:
-            return f"{key}={value} required, found {_found(labels, key)}"
-    for req in selector.matchExpressions:
-        present = key_in = req.key in labels
-        if key_in:
-            key_in = labels[req.key] in req.values
-        if req.operator == "In" and not key_in:
-            return f"{req.key} in {req.values} required, found {_found(labels, req.key)}"
-        if req.operator == "NotIn" and key_in:
-            return f"{req.key} not in {req.values} required, found {_found(labels, req.key)}"
-        if req.operator == "Exists" and not present:
-            return f"label {req.key} required, absent"
-        if req.operator == "DoesNotExist" and present:
-            return f"label {req.key} must be absent, found {_found(labels, req.key)}"
-    return None
-
-
-def _found(labels: Mapping[str, str], key: str) -> str:
-    return f"{key}={labels[key]}" if key in labels else "none"
 
 
 @dataclass
