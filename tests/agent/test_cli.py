@@ -57,6 +57,26 @@ def test_discover_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "topology" in capsys.readouterr().err
 
 
+def test_a_static_topology_without_uuids_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the device plugin hands GPUs out by UUID: a parsed topo -m needs `nvidia-smi -L` with it
+    smi = REPO / "tests" / "topology" / "smi"
+    parsed = tmp_path / "parsed.json"
+    args = ["topology", "parse", str(smi / "dgxh100-tty.txt"), "--pcie-gen", "5",
+            "--nvlink-gbps", "25"]
+    assert main(args) == 0
+    parsed.write_text(capsys.readouterr().out)
+    assert main(["agent", "discover", "--topology-file", str(parsed)]) == 2
+    err = capsys.readouterr().err
+    assert "have no UUID" in err and "--gpu-list" in err and len(err.splitlines()) == 1
+    assert main([*args, "--gpu-list", str(smi / "dgxh100-list.txt")]) == 0
+    parsed.write_text(capsys.readouterr().out)
+    assert main(["agent", "discover", "--topology-file", str(parsed)]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["class"] == topology_class(builtin("hgx-h100"))
+    assert all(g["uuid"].startswith("GPU-") for g in found["topology"]["gpus"])
+
+
 def test_agent_needs_a_node_name(monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("NODE_NAME", raising=False)

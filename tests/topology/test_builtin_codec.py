@@ -101,6 +101,7 @@ def _doc() -> dict[str, object]:
         (lambda d: d.update({"class": "0000"}), "does not match"),
         (lambda d: d.update(nvswitch=[9], nvswitchLinks=6), "do not exist"),
         (lambda d: d["gpus"][1].update(uuid=d["gpus"][0]["uuid"]), "unique"),
+        (lambda d: d["gpus"][1].update(uuid=""), "gpus.1.uuid"),
     ],
 )
 def test_bad_documents_get_clear_errors(mutate: object, message: str) -> None:
@@ -130,3 +131,15 @@ def test_encode_refuses_inconsistent_topology() -> None:
         t, gpus=(*t.gpus[:7], GPU(index=9, uuid="GPU-z", pci_bus_id="", model="")))
     with pytest.raises(TopologyFormatError, match="indices"):
         encode(broken)
+
+
+def test_unknown_uuids_are_null_and_only_known_ones_must_differ() -> None:
+    d = _doc()
+    for g in d["gpus"][2:]:  # type: ignore[attr-defined]
+        g["uuid"] = None
+    del d["gpus"][0]["uuid"]  # type: ignore[index]
+    t = decode(json.dumps(d))
+    assert [g.uuid for g in t.gpus] == [None, builtin("dgx1-v100").gpus[1].uuid] + [None] * 6
+    assert json.loads(encode(t))["gpus"][0]["uuid"] is None
+    assert decode(encode(t)) == t
+    assert topology_class(t) == topology_class(builtin("dgx1-v100"))

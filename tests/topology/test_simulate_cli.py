@@ -63,11 +63,12 @@ def test_cli_topology_show_list_parse_choose(capsys: pytest.CaptureFixture[str],
     assert decode(capsys.readouterr().out) == builtin("dgx1-v100")
     assert main(["topology", "list"]) == 0
     assert "hgx-h100" in capsys.readouterr().out
-    assert main(["topology", "parse", str(SAMPLES / "dgx1v.txt"), "--model", "V100"]) == 0
+    assert main(["topology", "parse", str(SAMPLES / "dgx1v.txt"), "--model", "V100",
+                 "--pcie-gen", "3", "--nvlink-gbps", "25"]) == 0
     parsed = decode(capsys.readouterr().out)
     assert parsed.nvlinks == builtin("dgx1-v100").nvlinks and parsed.gpus[0].model == "V100"
     assert main(["topology", "choose", "dgx1-v100", "-k", "5"]) == 0
-    assert "allreduce 50 GB/s" in capsys.readouterr().out
+    assert "ring bandwidth (minRingGBps): 50 GB/s" in capsys.readouterr().out
 
 
 def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -268,8 +268,10 @@ def keep_identity(previous: Topology | None, current: Topology) -> Topology:
     if previous is None or previous.size != current.size:
         return current
     gpus = tuple(
-        replace(old, healthy=False)
-        if new.uuid.startswith(UNKNOWN_UUID_PREFIX) and not old.uuid.startswith(UNKNOWN_UUID_PREFIX)
-        else new
+        replace(old, healthy=False) if _identified(old) and not _identified(new) else new
         for old, new in zip(previous.gpus, current.gpus, strict=True))
     return replace(current, gpus=gpus)
+
+
+def _identified(gpu: GPU) -> bool:
+    return gpu.uuid is not None and not gpu.uuid.startswith(UNKNOWN_UUID_PREFIX)

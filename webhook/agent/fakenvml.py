@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from webhook.agent.nvmlrecord import DeviceRecord, Err, LinkRecord, NvmlRecord
-from webhook.topology.builtin import builtin
+from webhook.topology.builtin import synthetic_uuid
 
 T = TypeVar("T")
 
@@ -259,11 +259,6 @@ def _bus(bus: str) -> str:
     return f"00000000:{bus}:00.0"
 
 
-def _uuid(node_type: str, index: int) -> str:
-    # synthetic; the built-in node type's, so that the fake machine is exactly that node type
-    return builtin(node_type).gpus[index].uuid
-
-
 def _pcie_level(i: int, j: int, same_pair: int, same_socket: int) -> int:
     """8-GPU boards: GPUs (0,1) (2,3) (4,5) (6,7) share a switch, 0-3 and 4-7 a CPU socket."""
     if i // 2 == j // 2:
@@ -288,7 +283,7 @@ def _dgx1_v100(remote_type: str) -> NvmlRecord:
             links.append(LinkRecord(state=pynvml.NVML_FEATURE_ENABLED,
                                     remote_pci_bus_id=_bus(_DGX1_BUS[j]), remote_type=rtype))
         devices.append(DeviceRecord(
-            uuid=_uuid("dgx1-v100", i),
+            uuid=synthetic_uuid("dgx1-v100", i),  # the node type's: the fake is exactly it
             name="Tesla V100-SXM2-16GB",
             pci_bus_id=_bus(_DGX1_BUS[i]),
             memory_total=16945512448,  # 16160 MiB, what a V100-SXM2-16GB reports
@@ -313,7 +308,7 @@ def _hgx_a100() -> NvmlRecord:
                             remote_type=pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
                  for n in range(12)]
         devices.append(DeviceRecord(
-            uuid=_uuid("hgx-a100", i),
+            uuid=synthetic_uuid("hgx-a100", i),
             name="NVIDIA A100-SXM4-80GB",
             pci_bus_id=_bus(_HGX_A100_BUS[i]),
             memory_total=85899345920,  # 81920 MiB

@@ -62,6 +62,12 @@ def static_discoverer(topology_file: str | None = None, node_type: str | None = 
         topology = builtin(node_type)
     else:
         raise ValueError("a topology file or a node type is needed")
+    unnamed = [g.index for g in topology.gpus if g.uuid is None]
+    if unnamed:
+        # the device plugin hands GPUs to containers by UUID
+        raise ValueError(f"{topology_file}: GPUs {unnamed} have no UUID (a parsed `nvidia-smi "
+                         "topo -m` has none); add them with `muster topology parse --gpu-list` "
+                         "(the output of `nvidia-smi -L`), or run the agent with NVML")
     found = Discovery(topology)
     return lambda: found
 

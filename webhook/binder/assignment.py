@@ -50,6 +50,14 @@ def assigned_indices(a: GpuAssignment) -> frozenset[int]:
     return frozenset(i for c in a.containers.values() for i in c.indices)
 
 
+def uuids_of(topology: Topology | None, indices: Sequence[int]) -> tuple[str, ...]:
+    """The UUIDs an assignment names for these GPU indices: "" where the node's topology does
+    not know one (none published, or parsed from `nvidia-smi topo -m`); the agent's device
+    plugin resolves those by index from NVML."""
+    uuid = {g.index: g.uuid for g in topology.gpus} if topology is not None else {}
+    return tuple(uuid.get(i) or "" for i in indices)
+
+
 def build_assignment(node: str, topology: Topology | None, gpus: Sequence[int],
                      container_gpus: Sequence[tuple[str, int]],
                      init_containers: int = 0) -> GpuAssignment:
@@ -58,7 +66,6 @@ def build_assignment(node: str, topology: Topology | None, gpus: Sequence[int],
     The first `init_containers` entries are init containers: they run before the app containers,
     so each reuses the start of the pod's set instead of consuming its own GPUs.
     """
-    uuid = {g.index: g.uuid for g in topology.gpus} if topology is not None else {}
     out: dict[str, ContainerGpus] = {}
     pos = 0
     for n, (name, count) in enumerate(container_gpus):
@@ -69,7 +76,7 @@ def build_assignment(node: str, topology: Topology | None, gpus: Sequence[int],
         if len(chosen) != count:
             raise AssignmentError(f"container {name!r} needs {count} GPUs, placement has "
                                   f"{len(gpus)}")
-        out[name] = ContainerGpus(chosen, tuple(uuid.get(i, "") for i in chosen))
+        out[name] = ContainerGpus(chosen, uuids_of(topology, chosen))
         if n >= init_containers:
             pos += count
     return GpuAssignment(node=node, containers=out)

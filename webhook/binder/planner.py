@@ -19,7 +19,12 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from webhook.binder.allocation import Allocation
-from webhook.binder.assignment import assigned_indices, build_assignment, shape_matches
+from webhook.binder.assignment import (
+    assigned_indices,
+    build_assignment,
+    shape_matches,
+    uuids_of,
+)
 from webhook.binder.fit import FitCache, why_not
 from webhook.binder.gangs import Gang, PodGroupInfo, assemble
 from webhook.binder.nodes import NodeInfo
@@ -106,10 +111,8 @@ def _reservation_problem(pod: PodInfo, nodes: Mapping[str, NodeInfo],
     indices = assigned_indices(a)
     if indices - node.healthy_gpus:
         return f"GPUs {sorted(indices - node.healthy_gpus)} are not healthy GPUs of {a.node}"
-    uuid = {g.index: g.uuid for g in node.topology.gpus} if node.topology else {}
-    for c in a.containers.values():
-        if any(uuid.get(i) != u for i, u in zip(c.indices, c.uuids, strict=True)):
-            return f"GPU UUIDs on {a.node} changed"
+    if any(c.uuids != uuids_of(node.topology, c.indices) for c in a.containers.values()):
+        return f"GPU UUIDs on {a.node} changed"
     doubled = sorted(i for i in indices if i in conflicts.get(a.node, {}))
     if doubled:
         return f"GPUs {doubled} on {a.node} are assigned to another pod too"

@@ -60,12 +60,17 @@ def _tiered(i: int, j: int, *, switch: int, tree: int, socket: int, inner: PCIeL
     return same_socket
 
 
+def synthetic_uuid(name: str, index: int) -> str:
+    """The fake but stable UUID of GPU `index` of built-in node type `name`."""
+    return f"GPU-{uuid.uuid5(_UUID_NS, f'{name}/{index}')}"
+
+
 def _gpus(name: str, model: str, bus_ids: Sequence[str], memory_mib: int,
           gpus_per_numa: int) -> tuple[GPU, ...]:
     return tuple(
         GPU(
             index=i,
-            uuid=f"GPU-{uuid.uuid5(_UUID_NS, f'{name}/{i}')}",
+            uuid=synthetic_uuid(name, i),
             pci_bus_id=f"00000000:{bus}:00.0",
             model=model,
             numa_node=i // gpus_per_numa,

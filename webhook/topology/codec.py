@@ -6,6 +6,8 @@
               "numa":0,"memMiB":16160,"healthy":true}, …],
      "nvlinks":[[0,1,1,2,…],…],"pcie":[[0,10,30,…],…]}
 
+`uuid` is null when the source did not carry one (a parsed `nvidia-smi topo -m`).
+
 `pcie` holds NVML topology levels (0, 10, 20, 30, 40, 50). `class` is `topology_class(t)`: nodes
 with the same class are interchangeable for placement and share the engine's caches.
 """
@@ -33,7 +35,7 @@ class _GpuDoc(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     index: int = Field(ge=0)
-    uuid: str = Field(min_length=1)
+    uuid: str | None = Field(default=None, min_length=1)  # null: unknown, never made up
     bus: str = ""
     model: str = ""
     numa: int | None = None
@@ -64,7 +66,7 @@ def topology_class(t: Topology) -> str:
         "numa": [g.numa_node for g in t.gpus],
         "nvlinks": [list(r) for r in t.nvlinks],
         "pcie": [[int(x) for x in r] for r in t.pcie],
-        "gbps": t.nvlink_gbps,
+        "gbps": float(t.nvlink_gbps),  # 25 and 25.0 are one speed
         "gen": t.pcie_gen,
         "nvswitch": sorted(t.nvswitch),
         "nvswitchLinks": t.nvswitch_links if t.nvswitch else 0,
@@ -124,7 +126,8 @@ def validate(t: Topology) -> None:
         raise TopologyFormatError("a topology needs at least one GPU")
     if [g.index for g in t.gpus] != list(range(n)):
         raise TopologyFormatError(f"GPU indices must be 0..{n - 1} in order")
-    if len({g.uuid for g in t.gpus}) != n:
+    known = [g.uuid for g in t.gpus if g.uuid is not None]
+    if len(set(known)) != len(known):
         raise TopologyFormatError("GPU UUIDs must be unique")
     _matrix([list(r) for r in t.nvlinks], n, "nvlinks")
     _matrix([[int(x) for x in r] for r in t.pcie], n, "pcie")

@@ -10,9 +10,11 @@ from pathlib import Path
 from webhook.failures import CommandFailed, UsageError
 from webhook.topology.builtin import NAMES, builtin
 from webhook.topology.codec import TopologyFormatError, decode, to_dict, topology_class
-from webhook.topology.inode import choose_gpus, set_score
+from webhook.topology.inode import set_score, usable_mask
+from webhook.topology.model import GangRequest, MemberRequest, NodeState, Topology, Unplaceable
+from webhook.topology.placement import place_gang
 from webhook.topology.simulate import format_report, run_reference
-from webhook.topology.smi import parse_nvidia_smi_topo
+from webhook.topology.smi import build_topology, read_gpu_list, read_topo_matrix
 
 
 def _print_topology(doc: dict[str, object], pretty: bool) -> None:
@@ -44,15 +46,25 @@ def simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def show(args: argparse.Namespace) -> int:
+def _read(path: str) -> str:
+    return sys.stdin.read() if path == "-" else Path(path).read_text()
 
+
+def _load(args: argparse.Namespace) -> Topology:
+    """The topology named by a built-in node type or given as a JSON file (`--file`)."""
+    if args.file is None:
+        try:
+            return builtin(args.name)
+        except KeyError as exc:
+            raise UsageError(str(exc.args[0])) from exc
     try:
-        t = decode(args.file.read_text()) if args.file is not None else builtin(args.name)
-    except KeyError as exc:
-        raise UsageError(str(exc.args[0])) from exc
+        return decode(_read(args.file))
     except TopologyFormatError as exc:
         raise UsageError(f"{args.file}: {exc}") from exc
-    _print_topology(to_dict(t), args.pretty)
+
+
+def show(args: argparse.Namespace) -> int:
+    _print_topology(to_dict(_load(args)), args.pretty)
     return 0
 
 
@@ -65,11 +77,27 @@ def list_types(args: argparse.Namespace) -> int:
 
 
 def parse_smi(args: argparse.Namespace) -> int:
-
     try:
-        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        t = parse_nvidia_smi_topo(text, model=args.model, nvlink_gbps=args.nvlink_gbps,
-                                  pcie_gen=args.pcie_gen, name=args.name)
+        matrix = read_topo_matrix(_read(args.file))
+    except TopologyFormatError as exc:
+        raise UsageError(f"{args.file}: {exc}") from exc
+    missing = []
+    if args.pcie_gen is None:
+        missing.append("--pcie-gen N (`nvidia-smi --query-gpu=pcie.link.gen.max --format=csv` "
+                       "prints it)")
+    if args.nvlink_gbps is None and matrix.shows_nvlink:
+        missing.append("--nvlink-gbps G (GB/s per link per direction: P100 20; V100, A100, "
+                       "H100 25; B200 50)")
+    if missing:
+        raise UsageError(f"{args.file}: topo -m does not show the link speeds, give "
+                         f"{' and '.join(missing)}")
+    try:
+        listed = read_gpu_list(_read(args.gpu_list)) if args.gpu_list else ()
+    except TopologyFormatError as exc:
+        raise UsageError(f"{args.gpu_list}: {exc}") from exc
+    try:
+        t = build_topology(matrix, pcie_gen=args.pcie_gen, nvlink_gbps=args.nvlink_gbps,
+                           listed=listed, model=args.model, name=args.name)
     except TopologyFormatError as exc:
         raise UsageError(f"{args.file}: {exc}") from exc
     _print_topology(to_dict(t), args.pretty)
@@ -77,20 +105,33 @@ def parse_smi(args: argparse.Namespace) -> int:
 
 
 def choose(args: argparse.Namespace) -> int:
-
-    try:
-        t = builtin(args.name)
-    except KeyError as exc:
-        raise UsageError(str(exc.args[0])) from exc
+    """The binder's own placement of one k-GPU pod on this node, and its minRingGBps figure."""
+    t = _load(args)
     try:
         free = [int(x) for x in args.free.split(",") if x.strip()] if args.free else range(t.size)
     except ValueError as exc:
         raise UsageError(f"--free {args.free!r}: give GPU indices like 0,1,5") from exc
-    chosen = choose_gpus(t, free, args.k)
-    if chosen is None:
+    if usable_mask(t, free).bit_count() < args.k:
         raise CommandFailed(f"fewer than {args.k} healthy GPUs free among {sorted(free)}")
+    node = t.name or args.file or "node"
+    placed = place_gang(
+        [NodeState(node, t, frozenset(free), free_cpu_milli=0, free_memory_bytes=0)],
+        GangRequest("choose", (MemberRequest("pod", args.k),), mode="required",
+                    single_node=True, min_ring_gbps=args.min_ring_gbps))
+    if isinstance(placed, Unplaceable):
+        raise CommandFailed(placed.reason)
+    chosen = placed.members[0].gpus
     s = set_score(t, chosen)
-    print(f"GPUs {','.join(map(str, chosen))}: allreduce {s.allreduce_gbps:g} GB/s, best ring "
-          f"{s.ring_gbps:g} GB/s, bisection {s.bisection_gbps:g} GB/s, "
-          f"{s.numa_nodes} NUMA node(s)")
+    print(f"GPUs {','.join(map(str, chosen))} on {node}")
+    if args.k < 2:
+        print("  ring bandwidth (minRingGBps): none, one GPU runs no allreduce (any minimum is "
+              "met)")
+    else:
+        print(f"  ring bandwidth (minRingGBps): {placed.gang_gbps:g} GB/s (allreduce bus "
+              "bandwidth)")
+        print(f"  best single ring: {s.ring_gbps:g} GB/s per direction at its slowest hop")
+        print(f"  bisection: {s.bisection_gbps:g} GB/s")
+    print(f"  NUMA nodes: {s.numa_nodes}")
+    if args.min_ring_gbps is not None:
+        print(f"  minRingGBps {args.min_ring_gbps:g}: met")
     return 0

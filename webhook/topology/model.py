@@ -25,8 +25,11 @@ class PCIeLevel(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class GPU:
+    """One GPU. `uuid` is None when the source does not say it (a pasted `nvidia-smi topo -m`):
+    such a GPU is known by its index only; nothing makes one up."""
+
     index: int
-    uuid: str
+    uuid: str | None
     pci_bus_id: str
     model: str
     numa_node: int | None = None
@@ -69,7 +72,7 @@ class TopologyRequest:
     """Written by the webhook from the policy, read by the binder.
 
     JSON form: {"v": 1, "mode": "required", "singleNode": true, "minRingGBps": 50.0}
-    (`minRingGBps` may be null/absent).
+    (`minRingGBps` may be null/absent; what it is compared with: `webhook.topology.ringfloor`).
     """
 
     mode: TopologyMode = "required"
@@ -145,9 +148,10 @@ class MemberPlacement:
 class GangPlacement:
     members: tuple[MemberPlacement, ...]
     nodes_used: int
-    #: per node: allreduce ring bandwidth (GB/s) of the GPU set chosen on that node
+    #: per node: allreduce bus bandwidth (GB/s) of the GPU set chosen on that node
     ring_gbps: Mapping[str, float] = field(default_factory=dict)
-    #: the gang's allreduce bandwidth: slowest node ring, or the inter-node bandwidth if split
+    #: the gang's allreduce bus bandwidth, the figure minRingGBps is compared with
+    #: (`ringfloor.gang_gbps`)
     gang_gbps: float = 0.0
 
 

@@ -5,7 +5,7 @@ Order of preference: fewest nodes; then the best allreduce bandwidth; then least
 so the result is deterministic. GPU members of the gang on one node share one optimally chosen
 GPU set (`inode.ClassTables.choose`), split among them the same way. 0-GPU members (the MPI
 launcher) go to a node the gang already uses when it has room, else to the node with the fewest
-free GPUs that has room.
+free GPUs that has room. `min_ring_gbps` (a policy's minRingGBps) is decided by `ringfloor`.
 
 Speed: nodes are looked at once per call, through per-class tables keyed by (class, free mask,
 k), so the per-node cost is a few dictionary lookups. See bench/bench_placement.py.
@@ -13,7 +13,6 @@ k), so the per-node cost is a few dictionary lookups. See bench/bench_placement.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -28,6 +27,7 @@ from webhook.topology.model import (
     Topology,
     Unplaceable,
 )
+from webhook.topology.ringfloor import gang_gbps, meets_min_ring
 
 #: GB/s between GPUs on different nodes when nothing better is known: one 100 Gb/s NIC
 DEFAULT_INTER_NODE_GBPS = 12.5
@@ -77,9 +77,13 @@ class _Node:
         self.pods -= 1
         self.nfree -= m.gpus
 
-    def gbps(self, k: int) -> float:
+    def gbps(self) -> float:
+        """Allreduce bus bandwidth of the set its GPU members get (0 below 2 GPUs)."""
+        k = sum(m.gpus for m in self.members)
+        if k < 2:
+            return 0.0
         assert self.tables is not None
-        return -self.tables.placement_key(self.free, k)[0] if k >= 2 else math.inf
+        return -self.tables.placement_key(self.free, k)[0]
 
 
 class _Views:
@@ -183,11 +187,11 @@ def _place_single(
     mem = sum(m.memory_bytes for m in gpu_members)
     pods = len(gpu_members)
     eligible = list({m.eligible_nodes for m in gpu_members if m.eligible_nodes is not None})
-    floor = gang.min_ring_gbps if gang.mode == "required" and total >= 2 else None
+    floor = gang.min_ring_gbps if gang.mode == "required" else None
     best: NodeState | None = None
     best_key: tuple[object, ...] | None = None
     most_free: tuple[int, str] | None = None
-    best_gbps: tuple[float, str] | None = None
+    best_refused: tuple[float, str] | None = None  # the best node below minRingGBps
     for n, tables, free in views.gpu_nodes():
         nfree = free.bit_count()
         if most_free is None or nfree > most_free[0]:
@@ -201,12 +205,10 @@ def _place_single(
         ):
             continue
         pkey = tables.placement_key(free, total)
-        if floor is not None:
-            gbps = -pkey[0]
-            if best_gbps is None or gbps > best_gbps[0]:
-                best_gbps = (gbps, n.name)
-            if gbps < floor:
-                continue
+        if floor is not None and not meets_min_ring(-pkey[0], floor, total):  # hot loop
+            if best_refused is None or -pkey[0] > best_refused[0]:
+                best_refused = (-pkey[0], n.name)
+            continue
         key = (pkey, n.name)
         if best_key is None or key < best_key:
             best, best_key = n, key
@@ -215,11 +217,11 @@ def _place_single(
         for m in gpu_members:
             v.take(m)
         return v
-    if best_gbps is not None and floor is not None:
+    if best_refused is not None and floor is not None:
         return Unplaceable(
-            f"gang {gang.name} needs {total} GPUs with an allreduce ring of at least "
-            f"{floor:g} GB/s on one node; the best eligible node ({best_gbps[1]}) offers "
-            f"{best_gbps[0]:g} GB/s"
+            f"gang {gang.name} needs {total} GPUs on one node with an allreduce bus bandwidth "
+            f"of at least {floor:g} GB/s (minRingGBps); the best eligible node "
+            f"({best_refused[1]}) offers {best_refused[0]:g} GB/s"
         )
     where = (
         f"the node with the most free GPUs ({most_free[1]}) has {most_free[0]}"
@@ -252,16 +254,14 @@ def _place_multi(
             f"({free} GPUs free on {hosts} nodes)"
         )
     floor = gang.min_ring_gbps if gang.mode == "required" else None
-    if floor is not None and len(chosen) > 1:
-        rings = [v.gbps(k) for v in chosen if (k := sum(m.gpus for m in v.members)) >= 2]
-        slowest = min([inter_gbps, *rings])
-        if slowest < floor:
-            where = "between nodes" if slowest == inter_gbps else "on the nodes it would use"
-            return Unplaceable(
-                f"gang {gang.name} needs {total} GPUs with an allreduce ring of at least "
-                f"{floor:g} GB/s; no single node can host it and {where} only "
-                f"{slowest:g} GB/s is available"
-            )
+    figure = gang_gbps([v.gbps() for v in chosen], inter_gbps)
+    if len(chosen) > 1 and not meets_min_ring(figure, floor, total):
+        where = "between nodes" if figure == inter_gbps else "on the nodes it would use"
+        return Unplaceable(
+            f"gang {gang.name} needs {total} GPUs with an allreduce bus bandwidth of at least "
+            f"{floor:g} GB/s (minRingGBps); no single node can host it and {where} only "
+            f"{figure:g} GB/s is available"
+        )
     return chosen
 
 
@@ -351,18 +351,14 @@ def _result(used: list[_Node], gang: GangRequest, inter_gbps: float) -> GangPlac
     ring: dict[str, float] = {}
     for v in used:
         gpus = _assign_gpus(v)
-        k = sum(len(g) for g in gpus.values())
-        if k:
-            ring[v.state.name] = v.gbps(k) if k >= 2 else 0.0
+        if gpus:
+            ring[v.state.name] = v.gbps()
         for m in v.members:
             by_key[m.key] = MemberPlacement(key=m.key, node=v.state.name, gpus=gpus.get(m.key, ()))
     placements = [by_key[m.key] for m in gang.members]
-    local = [g for g in ring.values() if g > 0]
-    # a split gang runs at its slowest node ring or the network, whichever is worse
-    gang_gbps = min([inter_gbps, *local]) if len(ring) > 1 else max(local, default=0.0)
     return GangPlacement(
         members=tuple(placements),
         nodes_used=len({p.node for p in placements}),
         ring_gbps=ring,
-        gang_gbps=gang_gbps,
+        gang_gbps=gang_gbps(ring.values(), inter_gbps),
     )

@@ -157,7 +157,7 @@ class GpuDevicePlugin:
 
     async def _offer(self) -> Pending:
         pods = await self.source.pods()
-        devices = {g.index: g.uuid for g in self._topology.gpus}
+        devices = {g.index: g.uuid for g in self._topology.gpus if g.uuid is not None}
         offer = pending(pods, self.config.node, devices, self._handed)
         # forget containers of pods that have started or gone: they are never asked again
         self._handed = {(uid, c) for uid, c in self._handed if uid in offer.live}

@@ -1,0 +1,92 @@
+"""The binder and `muster topology choose` hold a gang to minRingGBps alike: the figure choose
+prints passes in the binder at exactly that value and fails just above it. Also: a node whose
+published topology carries no GPU UUIDs (parsed from `nvidia-smi topo -m`) is used by index."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from typing import Any
+
+import pytest
+from binder_objects import job, node, pod
+
+from webhook import keys
+from webhook.binder.assignment import build_assignment, encode_assignment
+from webhook.binder.fit import FitCache
+from webhook.binder.nodes import parse_node
+from webhook.binder.planner import Plan, PlanConfig, plan
+from webhook.binder.pods import parse_pod
+from webhook.binder.queue import GangQueue
+from webhook.cli import main
+from webhook.topology import codec
+from webhook.topology.builtin import builtin
+from webhook.topology.placement import place_gang
+
+CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME)
+TOPO = builtin("dgx1-v100")
+
+
+def run(pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> Plan:
+    return plan([parse_pod(p) for p in pods],
+                {n["metadata"]["name"]: parse_node(n) for n in nodes}, None, config=CFG,
+                queue=GangQueue(), fit=FitCache(), place=place_gang, now=1795237200.0)
+
+
+def busy(taken: tuple[int, ...]) -> list[dict[str, Any]]:
+    if not taken:
+        return []
+    a = build_assignment("n1", TOPO, taken, [("main", len(taken))])
+    return [pod("busy", gpus=len(taken), node_name="n1", assignment=encode_assignment(a))]
+
+
+def requesting(k: int, min_ring: float) -> list[dict[str, Any]]:
+    request = json.dumps({"v": 1, "mode": "required", "singleNode": True, "minRingGBps": min_ring})
+    return job("j", workers=k, topology=request)
+
+
+def choose_figure(capsys: pytest.CaptureFixture[str], k: int, free: tuple[int, ...]) -> float:
+    assert main(["topology", "choose", "dgx1-v100", "-k", str(k),
+                 "--free", ",".join(map(str, free))]) == 0
+    m = re.search(r"ring bandwidth \(minRingGBps\): ([0-9.]+) GB/s", capsys.readouterr().out)
+    assert m is not None
+    return float(m.group(1))
+
+
+@pytest.mark.parametrize(("taken", "k"), [((), 4), ((1, 5, 6), 5), ((0, 5), 4), ((2, 3, 6), 2)])
+def test_binder_and_choose_agree_at_the_threshold(capsys: pytest.CaptureFixture[str],
+                                                  taken: tuple[int, ...], k: int) -> None:
+    free = tuple(i for i in range(8) if i not in taken)
+    figure = choose_figure(capsys, k, free)
+    at = run(busy(taken) + requesting(k, figure), [node("n1")])
+    assert len(at.places) == 1 and at.places[0].placement.gang_gbps == figure
+    over = math.nextafter(figure, math.inf)
+    above = run(busy(taken) + requesting(k, over), [node("n1")])
+    assert not above.places
+    assert main(["topology", "choose", "dgx1-v100", "-k", str(k), "--free",
+                 ",".join(map(str, free)), "--min-ring-gbps", repr(over)]) == 1
+    err = capsys.readouterr().err
+    wait = next(w for w in above.waits if w.gang.key == "team-a/j")
+    assert wait.kind == "unplaceable" and f"at least {over:g} GB/s (minRingGBps)" in wait.reason
+    assert f"offers {figure:g} GB/s" in wait.reason and f"offers {figure:g} GB/s" in err
+
+
+def test_a_node_without_uuids_is_assigned_by_index_and_the_reservation_holds() -> None:
+    anonymous = dataclasses.replace(TOPO, gpus=tuple(dataclasses.replace(g, uuid=None)
+                                                     for g in TOPO.gpus))
+    n1 = node("n1")
+    n1["metadata"]["annotations"][keys.ANN_NODE_TOPOLOGY] = codec.encode(anonymous)
+    pods = requesting(4, 50.0)
+    first = run(pods, [n1])
+    assert len(first.places) == 1
+    assignments = [a for _, a in first.places[0].assignments]
+    assert all(c.uuids == ("",) for a in assignments for c in a.containers.values())
+    # the binder crashed after writing the assignments: the next cycle keeps them
+    by_name = {p.name: a for p, a in first.places[0].assignments}
+    for p in pods:
+        a = by_name[p["metadata"]["name"]]
+        p["metadata"]["annotations"][keys.ANN_GPU_ASSIGNMENT] = encode_assignment(a)
+    again = run(pods, [n1])
+    assert not again.strips and len(again.finishes) == 1

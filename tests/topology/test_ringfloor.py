@@ -1,0 +1,102 @@
+"""minRingGBps has one meaning: the gang's allreduce bus bandwidth reaches it. A figure exactly at
+the threshold passes and the next float below it does not, on one node and split alike."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from webhook.topology import (
+    GangPlacement,
+    GangRequest,
+    MemberRequest,
+    NodeState,
+    Unplaceable,
+    builtin,
+    place_gang,
+)
+from webhook.topology.inode import choose_gpus, set_score
+from webhook.topology.ringfloor import gang_gbps, meets_min_ring
+
+
+def above(x: float) -> float:
+    return math.nextafter(x, math.inf)
+
+
+def node(name: str, free: tuple[int, ...], kind: str = "dgx1-v100") -> NodeState:
+    return NodeState(name, builtin(kind), frozenset(free), 64000, 1 << 40)
+
+
+def gang(k: int, floor: float | None, *, per_member: int = 1,
+         mode: str = "required") -> GangRequest:
+    members = tuple(MemberRequest(f"ns/w{i}", per_member) for i in range(k))
+    return GangRequest("g", members, mode=mode, min_ring_gbps=floor)  # type: ignore[arg-type]
+
+
+def test_the_comparison() -> None:
+    assert meets_min_ring(50.0, 50.0, 4) and not meets_min_ring(50.0, above(50.0), 4)
+    assert meets_min_ring(0.0, None, 4)
+    assert meets_min_ring(0.0, 1000.0, 1) and meets_min_ring(0.0, 1000.0, 0)  # no allreduce
+
+
+def test_the_figure_of_a_gang() -> None:
+    assert gang_gbps([100.0], 12.5) == 100.0  # one node: its set
+    assert gang_gbps([100.0, 50.0], 12.5) == 12.5  # split: the network bounds it
+    assert gang_gbps([100.0, 6.0], 12.5) == 6.0  # ... or the slowest node set
+    assert gang_gbps([0.0, 0.0], 12.5) == 12.5  # one GPU per node: only the network
+    assert gang_gbps([0.0], 12.5) == 0.0 and gang_gbps([], 12.5) == 0.0
+
+
+@pytest.mark.parametrize(("free", "k"), [
+    ((0, 1, 2, 3, 4, 5, 6, 7), 4),  # the best quad, 100
+    ((0, 2, 3, 4, 7), 5),  # DESIGN's one-ring set, 50
+    ((0, 1, 4, 5), 3),
+    ((0, 5), 2),  # no NVLink between them: PCIe across sockets
+    ((0, 1, 2, 3, 4, 5, 6, 7), 8),
+])
+def test_one_node_passes_at_its_figure_and_not_above(free: tuple[int, ...], k: int) -> None:
+    t = builtin("dgx1-v100")
+    figure = set_score(t, choose_gpus(t, free, k) or ()).allreduce_gbps
+    placed = place_gang([node("a", free)], gang(k, figure))
+    assert isinstance(placed, GangPlacement) and placed.gang_gbps == figure
+    refused = place_gang([node("a", free)], gang(k, above(figure)))
+    assert isinstance(refused, Unplaceable)
+    assert f"at least {above(figure):g} GB/s (minRingGBps)" in refused.reason
+    assert f"offers {figure:g} GB/s" in refused.reason
+    soft = place_gang([node("a", free)], gang(k, above(figure), mode="preferred"))
+    assert isinstance(soft, GangPlacement) and soft.gang_gbps == figure
+
+
+def test_a_multi_gpu_member_is_held_to_the_same_figure() -> None:
+    free = (0, 1, 2, 3, 4, 5, 6, 7)
+    figure = set_score(builtin("dgx1-v100"), (0, 1, 2, 3)).allreduce_gbps
+    assert isinstance(place_gang([node("a", free)], gang(1, figure, per_member=4)),
+                      GangPlacement)
+    assert isinstance(place_gang([node("a", free)], gang(1, above(figure), per_member=4)),
+                      Unplaceable)
+
+
+def test_a_split_gang_passes_at_the_network_figure_and_not_above() -> None:
+    nodes = [node("a", (0, 1, 2, 3)), node("b", (4, 5, 6, 7))]  # 8 workers need both
+    placed = place_gang(nodes, gang(8, 12.5), inter_node_gbps=12.5)
+    assert isinstance(placed, GangPlacement) and placed.nodes_used == 2
+    assert placed.gang_gbps == gang_gbps(placed.ring_gbps.values(), 12.5) == 12.5
+    refused = place_gang(nodes, gang(8, above(12.5)), inter_node_gbps=12.5)
+    assert isinstance(refused, Unplaceable) and "between nodes only 12.5 GB/s" in refused.reason
+
+
+def test_a_split_gang_is_held_to_its_slowest_node_set() -> None:
+    # node b's free GPUs have no NVLink ring (6 GB/s over SYS), below the 12.5 GB/s network
+    nodes = [node("a", (0, 1, 2, 3)), node("b", (0, 1, 6, 7))]
+    slow = set_score(builtin("dgx1-v100"), (0, 1, 6, 7)).allreduce_gbps
+    assert slow < 12.5
+    placed = place_gang(nodes, gang(8, slow))
+    assert isinstance(placed, GangPlacement) and placed.gang_gbps == slow
+    refused = place_gang(nodes, gang(8, above(slow)))
+    assert isinstance(refused, Unplaceable) and "on the nodes it would use" in refused.reason
+
+
+def test_a_one_gpu_gang_has_no_ring_to_hold_to() -> None:
+    placed = place_gang([node("a", (5,))], gang(1, 1000.0))
+    assert isinstance(placed, GangPlacement) and placed.gang_gbps == 0.0
