@@ -5,6 +5,11 @@ server emulator (to apply the patches admission webhooks return), so it follows 
 strictly: a patch is atomic (the input document is never modified), array indices have no leading
 zeros, `-` appends only where a new element may be added, and `test` compares JSON values (1 is
 not `true`).
+
+Why not python-json-patch (the `jsonpatch` package): its `test` operation compares with Python's
+`==`, for which `1 == True` and `1 == 1.0`, so a webhook patch that tests `"x": 1` would pass
+against `true`, where the API server's RFC 6902 implementation fails it. The emulator must fail it
+too, or it would accept patches a real API server refuses.
 """
 
 from __future__ import annotations

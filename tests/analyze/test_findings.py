@@ -346,7 +346,7 @@ def _stuck_pod(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def findings_of(api: ApiServerEmulator, tmp_path: Path) -> list[Finding]:
-    """Start the seeded emulator, read it as `muster analyze` does, and analyse."""
+    """Start the seeded emulator, read it as `muster analyze` does, and workload_of."""
     async with api:
         client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
         try:

@@ -16,8 +16,14 @@ from hypothesis import strategies as st
 from e2e import jobkinds
 from webhook import keys
 from webhook.jsonpatch import apply_patch
-from webhook.policy import PolicyError, PolicySet, evaluate, load_policy_texts, render_patch
-from webhook.policy import workload
+from webhook.policy import (
+    PolicyError,
+    PolicySet,
+    evaluate,
+    load_policy_texts,
+    render_patch,
+    workload,
+)
 from webhook.policy.engine import TOPOLOGY_TOLERATION
 from webhook.policy.outcome import evaluate_and_render, outcome_key
 

@@ -401,6 +401,3 @@ class Admitter:
         if self._background:
             await asyncio.wait(list(self._background), timeout=grace)
 
-
-def policy_count(policies: PolicySet) -> int:
-    return len(policies)

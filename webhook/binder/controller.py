@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from webhook import keys
+from webhook import jsonpatch, keys
 from webhook.binder.assignment import encode_assignment
 from webhook.binder.fit import FitCache
 from webhook.binder.gangs import PodGroupInfo
@@ -48,8 +48,7 @@ from webhook.topology.placement import place_gang
 
 log = logging.getLogger(__name__)
 
-_ANN_PATH = "/metadata/annotations/" + keys.ANN_GPU_ASSIGNMENT.replace("~", "~0").replace(
-    "/", "~1")
+_ANN_PATH = "/metadata/annotations/" + jsonpatch.escape(keys.ANN_GPU_ASSIGNMENT)
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,7 +64,6 @@ class LeaderElector:
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._renewed_at: float | None = None  # last successful acquire/renew, local clock
-        self.transitions_seen = 0
 
     @property
     def is_leader(self) -> bool:

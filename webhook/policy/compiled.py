@@ -211,8 +211,9 @@ class PolicyIndex:
     unscoped: tuple[CompiledPolicy, ...]
     #: every policy, in evaluation order (what `muster policy explain` narrates)
     every: tuple[CompiledPolicy, ...] = ()
-    #: the engine's memo of what each set of matched policies writes (see engine._plan)
-    plans: dict[tuple[int, ...], Any] = field(default_factory=dict, compare=False, repr=False)
+    #: the engine's memo of what each set of matched policies writes (see engine._writes)
+    merged_writes: dict[tuple[int, ...], Any] = field(default_factory=dict, compare=False,
+                                                      repr=False)
     #: the pod label / annotation keys some policy tests or writes, and the engine's own; the
     #: namespace label keys some policy tests (each sorted): all the outcome memo's key reads
     label_keys: tuple[str, ...] = ()

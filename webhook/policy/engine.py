@@ -17,8 +17,9 @@ from typing import Any
 from webhook import keys
 from webhook.policy.compiled import CompiledPolicy, MatchInput
 from webhook.policy.decision import Backend, Decision, PodGroupSpec, PolicyMatch
+from webhook.policy.jsonshape import as_map, as_str
 from webhook.policy.policyset import PolicySet
-from webhook.policy.workload import NO_PRIORITIES, POD, Priorities, Workload, analyse
+from webhook.policy.workload import NO_PRIORITIES, POD, Priorities, Workload, workload_of
 
 TOPOLOGY_TOLERATION: Mapping[str, str] = {
     "key": keys.TAINT_GPU_TOPOLOGY, "operator": "Exists", "effect": "NoSchedule"}
@@ -30,7 +31,7 @@ _BACKEND_FIELDS = (("gang.queue", ("volcano",)), ("gang.priorityClass", ("volcan
                    ("gang.unavailableQueue", ("volcano",)), ("gang.fallbackQueue", ("volcano",)),
                    ("gang.scheduleTimeoutSeconds", ("coscheduling", "muster")))
 #: distinct sets of matched policies remembered per policy set
-_PLAN_MEMO_SIZE = 1024
+_WRITES_MEMO_SIZE = 1024
 _GROUP_KEYS = (  # (where, key, backend) of every key that puts a pod into a gang
     ("annotation", keys.VOLCANO_GROUP_ANNOTATION, "volcano"),
     ("label", keys.COSCHEDULING_GROUP_LABEL, "coscheduling"),
@@ -39,14 +40,10 @@ _GROUP_KEYS = (  # (where, key, backend) of every key that puts a pod into a gan
 )
 
 
-def _d(value: Any) -> Mapping[str, Any]:
-    if type(value) is dict:  # the common case, without the slower ABC check
-        return value
-    return value if isinstance(value, Mapping) else {}
 
 
 def _str_map(value: Any) -> Mapping[str, str]:
-    mapping: Mapping[str, Any] = _d(value)
+    mapping: Mapping[str, Any] = as_map(value)
     for k, v in mapping.items():  # a plain loop: cheaper than all() over a generator
         if type(k) is not str or type(v) is not str:
             return {k: v for k, v in mapping.items()
@@ -67,7 +64,7 @@ def _merge(matched: Sequence[CompiledPolicy]) -> dict[str, tuple[Any, str]]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
+class _Writes:
     """What a set of matched policies writes, independent of the pod (computed once per set)."""
 
     merged: Mapping[str, tuple[Any, str]]
@@ -79,13 +76,13 @@ class _Plan:
     policy_annotation: str
 
 
-def _plan(policies: PolicySet, matched: list[CompiledPolicy]) -> _Plan:
+def _writes(policies: PolicySet, matched: list[CompiledPolicy]) -> _Writes:
     # Keyed by the identities of the matched policies: they live (and stay unchanged) as long
     # as the policy set that holds this memo.
-    memo = policies.index.plans
+    memo = policies.index.merged_writes
     key = tuple(map(id, matched))
-    plan = memo.get(key)
-    if plan is None:
+    found = memo.get(key)
+    if found is None:
         merged = _merge(matched)
         labels: dict[str, str] = {}
         annotations: dict[str, str] = {}
@@ -93,12 +90,12 @@ def _plan(policies: PolicySet, matched: list[CompiledPolicy]) -> _Plan:
             labels.update(compiled.labels)
             annotations.update(compiled.annotations)
         names = tuple(c.policy.name for c in matched)
-        plan = _Plan(merged, {k: v for k, (v, _) in merged.items()}, names, labels,
+        found = _Writes(merged, {k: v for k, (v, _) in merged.items()}, names, labels,
                      annotations, ",".join(names))
-        if len(memo) >= _PLAN_MEMO_SIZE:
+        if len(memo) >= _WRITES_MEMO_SIZE:
             memo.clear()
-        memo[key] = plan
-    return plan
+        memo[key] = found
+    return found
 
 
 def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
@@ -110,13 +107,13 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
 
     `Decision.matches` lists the policies examined: those whose `namespaces` exclude the pod's
     namespace are skipped by the index (`explain` shows every policy)."""
-    pod = _d(pod)
-    meta = _d(pod.get("metadata"))
-    namespace = _s(meta.get("namespace")) or ""
+    pod = as_map(pod)
+    meta = as_map(pod.get("metadata"))
+    namespace = as_str(meta.get("namespace")) or ""
     pod_labels = _str_map(meta.get("labels"))
     pod_ann = _str_map(meta.get("annotations"))
     ns_labels = _str_map(namespace_labels)
-    work = analyse(pod, owners if type(owners) is list or isinstance(owners, Sequence) else ())
+    work = workload_of(pod, owners if type(owners) is list or isinstance(owners, Sequence) else ())
 
     matches: list[PolicyMatch] = []
     matched: list[CompiledPolicy] = []
@@ -132,15 +129,15 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
     labels: dict[str, str | None] = {}
     annotations: dict[str, str | None] = {}
     warnings: list[str] = []
-    if keys.ANN_GPU_ASSIGNMENT in _d(meta.get("annotations")):
+    if keys.ANN_GPU_ASSIGNMENT in as_map(meta.get("annotations")):
         annotations[keys.ANN_GPU_ASSIGNMENT] = None
         warnings.append(f"removed {keys.ANN_GPU_ASSIGNMENT}: only Muster's binder assigns GPUs")
     if not matched:
         return Decision(matches=tuple(matches), annotations=annotations,
                         warnings=tuple(warnings))
 
-    plan = _plan(policies, matched)
-    merged, value = plan.merged, plan.value
+    writes = _writes(policies, matched)
+    merged, value = writes.merged, writes.value
     scheduler_name: str | None = None
     tolerations: list[Mapping[str, Any]] = []
     node_affinity: list[Mapping[str, Any]] = []
@@ -183,7 +180,7 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
                                 f"{work.kind} object is not available to own it")
                 warnings.append(gang_blocked)
                 pod_group = None
-    current = _d(pod.get("spec")).get("schedulerName")
+    current = as_map(pod.get("spec")).get("schedulerName")
     if scheduler_name and current not in (None, "default-scheduler", scheduler_name):
         warnings.append(f"schedulerName {current!r} replaced by {scheduler_name!r} for backend "
                         f"{backend}")
@@ -206,12 +203,12 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
     if value.get("istio.optOut"):
         labels[keys.ISTIO_INJECT] = "false"
         annotations[keys.ISTIO_INJECT] = "false"
-    labels.update(plan.labels)
-    annotations.update(plan.annotations)
-    annotations[keys.ANN_POLICY] = plan.policy_annotation
+    labels.update(writes.labels)
+    annotations.update(writes.annotations)
+    annotations[keys.ANN_POLICY] = writes.policy_annotation
 
     return Decision(
-        matches=tuple(matches), policies=plan.names, pod_group=pod_group,
+        matches=tuple(matches), policies=writes.names, pod_group=pod_group,
         labels=labels, annotations=annotations, scheduler_name=scheduler_name,
         tolerations=tuple(tolerations), node_affinity=tuple(node_affinity),
         warnings=tuple(warnings), gang_blocked=gang_blocked)
@@ -268,8 +265,8 @@ def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple
 
     queue = priority_class = fallback = None
     if backend == "volcano":
-        queue = _s(sp.get("queue")) or work.queue or value.get("gang.queue")
-        priority_class = (_s(sp.get("priorityClass")) or work.priority_class
+        queue = as_str(sp.get("queue")) or work.queue or value.get("gang.queue")
+        priority_class = (as_str(sp.get("priorityClass")) or work.priority_class
                           or value.get("gang.priorityClass"))
         if value.get("gang.unavailableQueue", "Fallback") == "Fallback":
             fallback = value.get("gang.fallbackQueue", "default")
@@ -295,8 +292,6 @@ def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple
                         timeout_seconds=timeout, owner=work.owner, fallback_queue=fallback), ""
 
 
-def _s(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
 
 
 def _join(group: PodGroupSpec, labels: dict[str, str | None],
@@ -324,9 +319,9 @@ def explain(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
 
 
 def _match_input(pod: Any, namespace_labels: Any, owners: Any) -> MatchInput:
-    pod = _d(pod)
-    meta = _d(pod.get("metadata"))
-    work = analyse(pod, owners if type(owners) is list or isinstance(owners, Sequence) else ())
-    return MatchInput(_s(meta.get("namespace")) or "", _str_map(namespace_labels),
+    pod = as_map(pod)
+    meta = as_map(pod.get("metadata"))
+    work = workload_of(pod, owners if type(owners) is list or isinstance(owners, Sequence) else ())
+    return MatchInput(as_str(meta.get("namespace")) or "", _str_map(namespace_labels),
                       _str_map(meta.get("labels")), work.owner_kinds, work.gpus,
                       "job" if work.members is not None and work.kind != POD else "pod")

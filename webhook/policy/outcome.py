@@ -2,7 +2,7 @@
 
 The key holds every input the engine and the patch renderer read on the job path (a pod whose
 job object is known, so the workload analysis reads only its ownerReferences and the owners;
-see `workload.analyse`). Pods off that path (bare pods, owner object unavailable) are evaluated
+see `workload.workload_of`). Pods off that path (bare pods, owner object unavailable) are evaluated
 fresh every time: there the pod's name, containers and priorityClassName are read too. What is
 read of the pod, and why it is in the key:
 
@@ -32,7 +32,7 @@ from webhook.policy.decision import Decision
 from webhook.policy.engine import TOPOLOGY_TOLERATION, evaluate
 from webhook.policy.patch import render_patch
 from webhook.policy.policyset import PolicySet
-from webhook.policy.workload import NO_PRIORITIES, POD, Priorities, analyse_keyed, chain_key
+from webhook.policy.workload import NO_PRIORITIES, POD, Priorities, chain_key, workload_for_key
 
 #: outcomes remembered per policy set
 MEMO_SIZE = 4096
@@ -97,7 +97,7 @@ def outcome_key(pod: Mapping[str, Any], namespace_labels: Mapping[str, str],
     chain = chain_key(pod, owners)
     if chain is None:
         return None
-    work = analyse_keyed(pod, owners, chain)
+    work = workload_for_key(pod, owners, chain)
     if work.facts is None or work.kind == POD:
         return None
     index = policies.index

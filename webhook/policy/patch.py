@@ -11,14 +11,11 @@ from typing import Any
 
 from webhook.jsonpatch import escape
 from webhook.policy.decision import Decision
+from webhook.policy.jsonshape import as_map
 
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
-def _d(value: Any) -> Mapping[str, Any]:
-    if type(value) is dict:  # the common case, without the slower ABC check
-        return value
-    return value if isinstance(value, Mapping) else {}
 
 
 def _map_ops(current: Any, wanted: Mapping[str, str | None], base: str) -> list[dict[str, Any]]:
@@ -52,13 +49,13 @@ def _affinity_ops(spec: Mapping[str, Any], exprs: tuple[Mapping[str, Any], ...]
                  "value": {_REQUIRED: {"nodeSelectorTerms": [term]}}}]
     required = node.get(_REQUIRED)
     base = f"/spec/affinity/nodeAffinity/{_REQUIRED}"
-    terms = _d(required).get("nodeSelectorTerms")
+    terms = as_map(required).get("nodeSelectorTerms")
     if not isinstance(terms, list) or not terms:
         return [{"op": "add", "path": base, "value": {"nodeSelectorTerms": [term]}}]
     # Terms are ORed: the requirement must hold in each of them.
     ops: list[dict[str, Any]] = []
     for i, t in enumerate(terms):
-        have = _d(t).get("matchExpressions")
+        have = as_map(t).get("matchExpressions")
         if not isinstance(have, list):
             ops.append({"op": "add", "path": f"{base}/nodeSelectorTerms/{i}/matchExpressions",
                         "value": wanted})
@@ -70,9 +67,9 @@ def _affinity_ops(spec: Mapping[str, Any], exprs: tuple[Mapping[str, Any], ...]
 
 def render_patch(pod: Mapping[str, Any], decision: Decision) -> list[dict[str, Any]]:
     """RFC 6902 operations that bring `pod` to the state the decision describes."""
-    pod = _d(pod)
-    meta = _d(pod.get("metadata"))
-    spec = _d(pod.get("spec"))
+    pod = as_map(pod)
+    meta = as_map(pod.get("metadata"))
+    spec = as_map(pod.get("spec"))
     ops = _map_ops(meta.get("labels"), decision.labels, "/metadata/labels")
     ops += _map_ops(meta.get("annotations"), decision.annotations, "/metadata/annotations")
     if decision.scheduler_name and spec.get("schedulerName") != decision.scheduler_name:

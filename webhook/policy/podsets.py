@@ -25,9 +25,11 @@ gang waits for, and how many pods' resources it reserves. Sources, cited in docs
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from webhook.policy.jsonshape import as_int, as_list, as_map, as_str
 
 #: the replicatedJob of a Kubeflow Trainer v2 runtime that runs the training nodes
 TRAINER_NODE_JOB = "node"
@@ -57,24 +59,6 @@ class PodSets:
     @property
     def members(self) -> int:
         return sum(r.count for r in self.replicas)
-
-
-def as_map(value: Any) -> Mapping[str, Any]:
-    if type(value) is dict:  # the common case, without the slower ABC check
-        return value
-    return value if isinstance(value, Mapping) else {}
-
-
-def as_list(value: Any) -> Sequence[Any]:
-    return value if type(value) is list or isinstance(value, tuple) else ()
-
-
-def as_str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def as_int(value: Any, default: int | None = None) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def template_spec(holder: Any) -> Mapping[str, Any]:

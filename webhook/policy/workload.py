@@ -20,7 +20,8 @@ from typing import Any
 from webhook import keys
 from webhook.policy import podsets
 from webhook.policy.decision import OwnerRef
-from webhook.policy.podsets import PodSets, Replica, as_int, as_list, as_map, as_str
+from webhook.policy.jsonshape import as_int, as_list, as_map, as_str
+from webhook.policy.podsets import PodSets, Replica
 from webhook.quantity import QuantityError, add_quantities, format_quantity
 
 MPIJOB = "kubeflow.org/MPIJob"
@@ -324,21 +325,21 @@ def chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
     return tuple(key)
 
 
-def analyse(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Workload:
+def workload_of(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Workload:
     """What job the pod belongs to. A pod whose job object was found is analysed from its
     ownerReferences, `chain_key`'s few pod fields and the owner objects alone, so such results
     are memoised by `chain_key` (the workers of one job share them)."""
-    return analyse_keyed(pod, owners, chain_key(pod, owners))
+    return workload_for_key(pod, owners, chain_key(pod, owners))
 
 
-def analyse_keyed(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]],
+def workload_for_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]],
                   key: tuple[Any, ...] | None) -> Workload:
-    """`analyse` with the pod's `chain_key` already computed (the outcome memo needs it too)."""
+    """`workload_of` with the pod's `chain_key` already computed (the outcome memo needs it too)."""
     if key is not None:
         found = _workloads.get(key)
         if found is not None:
             return found
-    work = _analyse(pod, owners)
+    work = _read_workload(pod, owners)
     if key is not None and work.facts is not None and work.kind != POD:
         _workloads[key] = work
         if len(_workloads) > _CACHE_SIZE:
@@ -401,7 +402,7 @@ def _replicated_job(pod: Mapping[str, Any], chain: list[_Link]) -> str | None:
     return None
 
 
-def _analyse(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Workload:
+def _read_workload(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Workload:
     labels = as_map(as_map(pod.get("metadata")).get("labels"))
     warnings: list[str] = []
     chain = _chain(pod, owners)
