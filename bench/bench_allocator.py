@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from webhook.topology import besteffort, builtin, scoring
-from webhook.topology.inode import ClassTables
+from webhook.topology.gpu_choice import ClassTables
 
 NAMES = ("dgx1-v100", "dgx1-p100", "hgx-a100", "hgx-h100")
 

@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 from webhook.topology import besteffort, builtin
-from webhook.topology.inode import choose_gpus
+from webhook.topology.gpu_choice import choose_gpus
 from webhook.topology.model import Topology
 from webhook.topology.scoring import PCIE_GEN3_GBPS
 

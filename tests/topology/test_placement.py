@@ -17,7 +17,7 @@ from webhook.topology import (
     builtin,
     place_gang,
 )
-from webhook.topology.inode import set_score
+from webhook.topology.gpu_choice import set_score
 
 V100 = builtin("dgx1-v100")
 GIB = 1 << 30

@@ -16,7 +16,7 @@ from webhook.topology import (
     builtin,
     place_gang,
 )
-from webhook.topology.inode import choose_gpus, set_score
+from webhook.topology.gpu_choice import choose_gpus, set_score
 from webhook.topology.ringfloor import gang_gbps, meets_min_ring
 
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from webhook.topology import GPU, PCIeLevel, Topology, builtin
-from webhook.topology.inode import ClassTables, choose_gpus
+from webhook.topology.gpu_choice import ClassTables, choose_gpus
 from webhook.topology.scoring import (
     allreduce_gbps,
     bisection_gbps,

@@ -17,7 +17,7 @@ from webhook.topology import (
     topology_class,
 )
 from webhook.topology import parse_nvidia_smi_topo as parse
-from webhook.topology.inode import choose_gpus, set_score
+from webhook.topology.gpu_choice import choose_gpus, set_score
 from webhook.topology.smi import read_gpu_list, read_topo_matrix
 
 SAMPLES = Path(__file__).parent / "smi"

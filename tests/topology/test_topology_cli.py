@@ -13,7 +13,7 @@ import pytest
 
 from webhook.cli import main
 from webhook.topology import builtin, decode
-from webhook.topology.inode import set_score
+from webhook.topology.gpu_choice import set_score
 
 SAMPLES = Path(__file__).parent / "smi"
 FIGURE = re.compile(r"ring bandwidth \(minRingGBps\): ([0-9.]+) GB/s")

@@ -2,7 +2,7 @@
 
 from webhook.topology.builtin import NAMES, builtin
 from webhook.topology.codec import TopologyFormatError, decode, encode, topology_class
-from webhook.topology.inode import choose_gpus, set_score
+from webhook.topology.gpu_choice import choose_gpus, set_score
 from webhook.topology.model import (
     GPU,
     ContainerGpus,

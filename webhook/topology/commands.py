@@ -10,7 +10,7 @@ from pathlib import Path
 from webhook.failures import CommandFailed, UsageError
 from webhook.topology.builtin import NAMES, builtin
 from webhook.topology.codec import TopologyFormatError, decode, to_dict, topology_class
-from webhook.topology.inode import set_score, usable_mask
+from webhook.topology.gpu_choice import set_score, usable_mask
 from webhook.topology.model import GangRequest, MemberRequest, NodeState, Topology, Unplaceable
 from webhook.topology.placement import place_gang
 from webhook.topology.simulate import format_report, run_reference

@@ -3,7 +3,7 @@
 Order of preference: fewest nodes; then the best allreduce bandwidth; then least fragmentation
 (best fit: the fewest free GPUs left on the node, then the best sets left behind); then node name,
 so the result is deterministic. GPU members of the gang on one node share one optimally chosen
-GPU set (`inode.ClassTables.choose`), split among them the same way. 0-GPU members (the MPI
+GPU set (`gpu_choice.ClassTables.choose`), split among them the same way. 0-GPU members (the MPI
 launcher) go to a node the gang already uses when it has room, else to the node with the fewest
 free GPUs that has room. `min_ring_gbps` (a policy's minRingGBps) is decided by `ringfloor`.
 
@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from webhook.topology import scoring
-from webhook.topology.inode import ClassTables, tables_for, usable_mask
+from webhook.topology.gpu_choice import ClassTables, tables_for, usable_mask
 from webhook.topology.model import (
     GangPlacement,
     GangRequest,

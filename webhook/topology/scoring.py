@@ -6,8 +6,8 @@ duplex so each ring also runs reversed, and a ring's speed is its slowest hop. W
 ring the set falls back to one ring over PCIe, as fast as its slowest PCIe hop. The DESIGN.md
 example holds: on a DGX-1 V100, {0,2,3,4,7} has one NVLink ring, 2 x 25 = 50 GB/s.
 
-Sets are bitmasks over GPU indices. Functions here are pure and uncached; `webhook.topology.inode`
-caches them per topology class.
+Sets are bitmasks over GPU indices. Functions here are pure and uncached;
+`webhook.topology.gpu_choice` caches them per topology class.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from webhook.topology import besteffort
 from webhook.topology.builtin import builtin
-from webhook.topology.inode import set_score
+from webhook.topology.gpu_choice import set_score
 from webhook.topology.model import (
     GangPlacement,
     GangRequest,
