@@ -4,7 +4,9 @@
 
 Baseline: `json.loads` of the real captured AdmissionReview of the MPI worker
 (../shared/fixtures/admission/pod-create-worker.json), the least work any webhook does per
-request. Measured: `evaluate` (50 policies) + `render_patch` on the pod of that same request,
+request. Measured: what admission does for a pod the outcome memo has not seen (50 policies):
+the pod's view (`view_of`), the decision on it (`decide`) and its patch (`render`), on the pod of
+that same request,
 with its MPIJob as owner (as the admission server passes it from its cache).
 
 Two policy sets of 50:
@@ -38,10 +40,11 @@ sys.path.insert(0, str(REPO))
 
 from webhook.policy import (  # noqa: E402 (runnable without installing the package)
     PolicySet,
-    evaluate,
     load_policy_texts,
-    render_patch,
 )
+from webhook.policy.engine import decide  # noqa: E402
+from webhook.policy.patch import render  # noqa: E402
+from webhook.policy.podview import view_of  # noqa: E402
 
 
 def _doc(name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -104,14 +107,14 @@ def main() -> int:
     results: dict[str, list[float]] = {"json.loads": []}
     sets = {"realistic": realistic(), "adversarial": adversarial()}
 
-    def decide(policies: PolicySet) -> Callable[[], object]:
+    def admit(policies: PolicySet) -> Callable[[], object]:
         def run() -> object:
-            decision = evaluate(pod, namespace_labels={}, owners=[mpijob], policies=policies)
-            return render_patch(pod, decision)
+            view = view_of(pod, namespace_labels={}, owners=[mpijob], index=policies.index)
+            return render(view.shape, decide(view, policies))
         return run
 
     for name, policies in sets.items():
-        ops = decide(policies)()
+        ops = admit(policies)()
         print(f"{name}: {len(policies)} policies, patch of {len(ops)} ops")  # type: ignore[arg-type]
         results[name] = []
     ratios: dict[str, list[float]] = {name: [] for name in sets}
@@ -119,7 +122,7 @@ def main() -> int:
         base_round = best_per_call(lambda: json.loads(raw), 1000)
         results["json.loads"].append(base_round)
         for name, policies in sets.items():
-            t = best_per_call(decide(policies), 300)
+            t = best_per_call(admit(policies), 300)
             results[name].append(t)
             ratios[name].append(t / base_round)
 
@@ -127,7 +130,7 @@ def main() -> int:
     print(f"json.loads(AdmissionReview)            best {min(results['json.loads']) * 1e6:6.1f} us"
           "   (baseline)")
     for name in sets:
-        print(f"evaluate+render_patch, 50 {name:<11}  best {min(results[name]) * 1e6:6.1f} us"
+        print(f"view+decide+render, 50 {name:<11}     best {min(results[name]) * 1e6:6.1f} us"
               f"   ratio median {statistics.median(ratios[name]):4.2f}"
               f" (rounds: {min(ratios[name]):4.2f}-{max(ratios[name]):4.2f})")
     return 0

@@ -17,12 +17,11 @@ from typing import Any
 from webhook import keys
 from webhook.policy.compiled import CompiledPolicy, MatchInput
 from webhook.policy.decision import Backend, Decision, PodGroupSpec, PolicyMatch
-from webhook.policy.jsonshape import as_map, as_str
+from webhook.policy.jsonshape import as_str
+from webhook.policy.podview import TOPOLOGY_TOLERATION, PodView, view_of
 from webhook.policy.policyset import PolicySet
-from webhook.policy.workload import NO_PRIORITIES, POD, Priorities, Workload, workload_of
+from webhook.policy.workload import NO_PRIORITIES, POD, Priorities, Workload
 
-TOPOLOGY_TOLERATION: Mapping[str, str] = {
-    "key": keys.TAINT_GPU_TOPOLOGY, "operator": "Exists", "effect": "NoSchedule"}
 _DEFAULT_SCHEDULER: dict[str, str | None] = {
     # coscheduling usually runs inside the default scheduler: leave schedulerName alone
     "volcano": "volcano", "coscheduling": None, "muster": keys.DEFAULT_BINDER_SCHEDULER_NAME}
@@ -42,13 +41,6 @@ _GROUP_KEYS = (  # (where, key, backend) of every key that puts a pod into a gan
 
 
 
-def _str_map(value: Any) -> Mapping[str, str]:
-    mapping: Mapping[str, Any] = as_map(value)
-    for k, v in mapping.items():  # a plain loop: cheaper than all() over a generator
-        if type(k) is not str or type(v) is not str:
-            return {k: v for k, v in mapping.items()
-                    if isinstance(k, str) and isinstance(v, str)}
-    return mapping
 
 
 def _merge(matched: Sequence[CompiledPolicy]) -> dict[str, tuple[Any, str]]:
@@ -107,17 +99,19 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
 
     `Decision.matches` lists the policies examined: those whose `namespaces` exclude the pod's
     namespace are skipped by the index (`explain` shows every policy)."""
-    pod = as_map(pod)
-    meta = as_map(pod.get("metadata"))
-    namespace = as_str(meta.get("namespace")) or ""
-    pod_labels = _str_map(meta.get("labels"))
-    pod_ann = _str_map(meta.get("annotations"))
-    ns_labels = _str_map(namespace_labels)
-    work = workload_of(pod, owners if type(owners) is list or isinstance(owners, Sequence) else ())
+    return decide(view_of(pod, namespace_labels=namespace_labels, owners=owners,
+                          index=policies.index, priorities=priorities), policies)
+
+
+def decide(view: PodView, policies: PolicySet) -> Decision:
+    """`evaluate` on the pod's view: all the engine reads of a pod is in it."""
+    namespace, work = view.namespace, view.work
+    pod_labels, pod_ann = view.label_map(), view.annotation_map()
 
     matches: list[PolicyMatch] = []
     matched: list[CompiledPolicy] = []
-    match_input = MatchInput(namespace, ns_labels, pod_labels, work.owner_kinds, work.gpus)
+    match_input = MatchInput(namespace, view.ns_label_map(), pod_labels, work.owner_kinds,
+                             work.gpus)
     for compiled in policies.index.candidates(namespace):
         failed = compiled.first_failure(match_input)
         if failed:
@@ -129,7 +123,7 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
     labels: dict[str, str | None] = {}
     annotations: dict[str, str | None] = {}
     warnings: list[str] = []
-    if keys.ANN_GPU_ASSIGNMENT in as_map(meta.get("annotations")):
+    if view.shape.annotation(keys.ANN_GPU_ASSIGNMENT) is not None:
         annotations[keys.ANN_GPU_ASSIGNMENT] = None
         warnings.append(f"removed {keys.ANN_GPU_ASSIGNMENT}: only Muster's binder assigns GPUs")
     if not matched:
@@ -161,7 +155,7 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
         try:
             pod_group, why_not = _gang(backend, value, merged, work, namespace=namespace,
                                        pod_labels=pod_labels, pod_ann=pod_ann,
-                                       warnings=warnings, priorities=priorities)
+                                       warnings=warnings, priorities=view.priorities)
         except _NeedsJob as exc:
             pod_group, why_not = None, str(exc)
             gang_blocked = why_not
@@ -180,7 +174,7 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
                                 f"{work.kind} object is not available to own it")
                 warnings.append(gang_blocked)
                 pod_group = None
-    current = as_map(pod.get("spec")).get("schedulerName")
+    current = view.shape.scheduler_name
     if scheduler_name and current not in (None, "default-scheduler", scheduler_name):
         warnings.append(f"schedulerName {current!r} replaced by {scheduler_name!r} for backend "
                         f"{backend}")
@@ -314,14 +308,9 @@ def explain(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
             owners: Sequence[Mapping[str, Any]], policies: PolicySet) -> tuple[PolicyMatch, ...]:
     """Every condition of every policy, met or not (evaluate stops at the first failure and
     skips the policies of other namespaces), decided by the same matcher as `evaluate`."""
-    match_input = _match_input(pod, namespace_labels, owners)
+    view = view_of(pod, namespace_labels=namespace_labels, owners=owners, index=policies.index)
+    work = view.work
+    match_input = MatchInput(view.namespace, view.ns_label_map(), view.label_map(),
+                             work.owner_kinds, work.gpus,
+                             "job" if work.members is not None and work.kind != POD else "pod")
     return tuple(c.narrate(match_input) for c in policies.index.every)
-
-
-def _match_input(pod: Any, namespace_labels: Any, owners: Any) -> MatchInput:
-    pod = as_map(pod)
-    meta = as_map(pod.get("metadata"))
-    work = workload_of(pod, owners if type(owners) is list or isinstance(owners, Sequence) else ())
-    return MatchInput(as_str(meta.get("namespace")) or "", _str_map(namespace_labels),
-                      _str_map(meta.get("labels")), work.owner_kinds, work.gpus,
-                      "job" if work.members is not None and work.kind != POD else "pod")

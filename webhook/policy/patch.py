@@ -6,40 +6,41 @@ escaped per RFC 6901 (`muster.io/policy` → `muster.io~1policy`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from webhook.jsonpatch import escape
 from webhook.policy.decision import Decision
 from webhook.policy.jsonshape import as_map
+from webhook.policy.podview import PodShape, shape_of
 
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
 
 
-def _map_ops(current: Any, wanted: Mapping[str, str | None], base: str) -> list[dict[str, Any]]:
-    if type(current) is not dict and not isinstance(current, Mapping):
+def _map_ops(present: bool, current: Callable[[str], Any], wanted: Mapping[str, str | None],
+             base: str) -> list[dict[str, Any]]:
+    if not present:
         fresh = {k: v for k, v in wanted.items() if v is not None}
         return [{"op": "add", "path": base, "value": fresh}] if fresh else []
     ops: list[dict[str, Any]] = []
     for key, value in wanted.items():
         path = f"{base}/{escape(key)}"
+        have = current(key)
         if value is None:
-            if key in current:
+            if have is not None:
                 ops.append({"op": "remove", "path": path})
-        elif current.get(key) != value:
+        elif have != value:
             ops.append({"op": "add", "path": path, "value": value})
     return ops
 
 
-def _affinity_ops(spec: Mapping[str, Any], exprs: tuple[Mapping[str, Any], ...]
-                  ) -> list[dict[str, Any]]:
+def _affinity_ops(affinity: Any, exprs: tuple[Mapping[str, Any], ...]) -> list[dict[str, Any]]:
     if not exprs:
         return []
     wanted = [dict(e) for e in exprs]
     term = {"matchExpressions": wanted}
-    affinity = spec.get("affinity")
     if not isinstance(affinity, Mapping):
         return [{"op": "add", "path": "/spec/affinity",
                  "value": {"nodeAffinity": {_REQUIRED: {"nodeSelectorTerms": [term]}}}}]
@@ -65,22 +66,25 @@ def _affinity_ops(spec: Mapping[str, Any], exprs: tuple[Mapping[str, Any], ...]
     return ops
 
 
-def render_patch(pod: Mapping[str, Any], decision: Decision) -> list[dict[str, Any]]:
-    """RFC 6902 operations that bring `pod` to the state the decision describes."""
-    pod = as_map(pod)
-    meta = as_map(pod.get("metadata"))
-    spec = as_map(pod.get("spec"))
-    ops = _map_ops(meta.get("labels"), decision.labels, "/metadata/labels")
-    ops += _map_ops(meta.get("annotations"), decision.annotations, "/metadata/annotations")
-    if decision.scheduler_name and spec.get("schedulerName") != decision.scheduler_name:
+def render(shape: PodShape, decision: Decision) -> list[dict[str, Any]]:
+    """RFC 6902 operations that bring the pod of `shape` to the state the decision describes."""
+    ops = _map_ops(shape.labels is not None, shape.label, decision.labels, "/metadata/labels")
+    ops += _map_ops(shape.annotations is not None, shape.annotation, decision.annotations,
+                    "/metadata/annotations")
+    if decision.scheduler_name and shape.scheduler_name != decision.scheduler_name:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": decision.scheduler_name})
-    if decision.tolerations:
-        have = spec.get("tolerations")
-        missing = [dict(t) for t in decision.tolerations
-                   if not isinstance(have, list) or dict(t) not in have]
-        if not isinstance(have, list):
+    if decision.tolerations and not shape.tolerations:
+        # the engine adds one toleration, the one `shape.tolerations` says is present or not
+        missing = [dict(t) for t in decision.tolerations]
+        if shape.tolerations is None:
             ops.append({"op": "add", "path": "/spec/tolerations", "value": missing})
         else:
             ops.extend({"op": "add", "path": "/spec/tolerations/-", "value": t} for t in missing)
-    ops += _affinity_ops(spec, decision.node_affinity)
+    ops += _affinity_ops(shape.affinity, decision.node_affinity)
     return ops
+
+
+def render_patch(pod: Mapping[str, Any], decision: Decision) -> list[dict[str, Any]]:
+    """`render` for a pod given whole (the CLI, PolicyTests, benches): its shape on the
+    decision's keys."""
+    return render(shape_of(pod, tuple(decision.labels), tuple(decision.annotations)), decision)

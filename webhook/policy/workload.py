@@ -105,6 +105,8 @@ class JobFacts:
 
     def replica_priorities(self, priorities: Priorities) -> tuple[int, ...]:
         """Each replica's PriorityClass value (0 without one, or for a class not found)."""
+        if not priorities.values:  # no PriorityClass known: every replica 0
+            return (0,) * len(self.replicas)
         return tuple(priorities.values.get(str(r.pod_spec.get("priorityClassName") or ""), 0)
                      for r in self.replicas)
 
