@@ -16,14 +16,7 @@ from hypothesis import strategies as st
 from e2e import jobkinds
 from webhook import keys
 from webhook.jsonpatch import apply_patch
-from webhook.policy import (
-    PolicyError,
-    PolicySet,
-    evaluate,
-    load_policy_texts,
-    render_patch,
-    workload,
-)
+from webhook.policy import PolicyError, PolicySet, evaluate, load_policy_texts, render_patch
 from webhook.policy.engine import TOPOLOGY_TOLERATION
 from webhook.policy.outcome import evaluate_and_render, outcome_key
 
@@ -110,7 +103,7 @@ SCHEDULERS = [None, "default-scheduler", "volcano", keys.DEFAULT_BINDER_SCHEDULE
 def fresh(pod: dict[str, Any], ns_labels: dict[str, str], owners: list[dict[str, Any]],
           ps: PolicySet) -> tuple[Any, ...]:
     # the workload memo under evaluate must not answer either: its key is under test too
-    workload._workloads.clear()
+    ps.index.workloads.clear()
     decision = evaluate(pod, namespace_labels=ns_labels, owners=owners, policies=ps)
     return decision, tuple(render_patch(pod, decision)) if decision.changes_pod else ()
 

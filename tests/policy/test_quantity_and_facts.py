@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from webhook.policy.workload import MPIJOB, job_facts, pod_gpus
+from webhook.policy.workload import MPIJOB, WorkloadMemo, pod_gpus
 from webhook.quantity import QuantityError, add_quantities, format_quantity, parse_quantity
 
 
@@ -40,6 +40,8 @@ def test_sums_are_exact_and_keep_binary_only_when_all_binary() -> None:
 
 def test_job_facts_memo_follows_resource_version(mpijob: dict[str, Any]) -> None:
     mpijob["metadata"]["resourceVersion"] = "1"
+    memo = WorkloadMemo()
+    job_facts = memo.facts
     first = job_facts(MPIJOB, mpijob)
     assert job_facts(MPIJOB, copy.deepcopy(mpijob)) is first
     changed = copy.deepcopy(mpijob)

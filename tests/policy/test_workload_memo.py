@@ -1,4 +1,4 @@
-"""The memo of `workload_of` (pods whose job object is known) gives exactly the fresh analysis, for
+"""The WorkloadMemo (pods whose job object is known) gives exactly the fresh analysis, for
 any pod sharing the memo key: the key holds everything the owner-chain walk reads."""
 
 from __future__ import annotations
@@ -9,7 +9,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.policy.workload import _read_workload, workload_of
+from webhook.policy.workload import Workload, WorkloadMemo, chain_key, workload_of
+
+MEMO = WorkloadMemo()  # one for the whole test: entries from earlier examples must not leak
+
+
+def memoised(pod: dict[str, Any], owners: list[dict[str, Any]]) -> Workload:
+    return MEMO.workload(pod, owners, chain_key(pod, owners))
 
 KINDS = [("kubeflow.org/v2beta1", "MPIJob"), ("batch/v1", "Job"),
          ("kubeflow.org/v1", "PyTorchJob"), ("apps/v1", "ReplicaSet"), ("v1", "Pod")]
@@ -54,19 +60,19 @@ def test_memo_equals_fresh_analysis(  # noqa: PLR0917 (hypothesis passes strateg
               for k, n, uid, rv, workers, parent in owner_specs]
     pod = {"metadata": {"name": name, "labels": labels, "ownerReferences": pod_refs},
            "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": gpus}}}]}}
-    assert workload_of(pod, owners) == _read_workload(pod, owners)
+    assert memoised(pod, owners) == workload_of(pod, owners)
     # another pod with the same references and owners, different everywhere else
     other = copy.deepcopy(pod)
     other["metadata"].update(name="q-9", labels={"x": "y"})
     other["spec"] = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "7"}}}]}
-    assert workload_of(other, owners) == _read_workload(other, owners)
+    assert memoised(other, owners) == workload_of(other, owners)
     # a pod whose references differ in one field from a memoised one is not taken for it
     if pod_refs:
         variant = copy.deepcopy(pod)
         ref = variant["metadata"]["ownerReferences"][data.draw(st.integers(0, len(pod_refs) - 1))]
         field = data.draw(st.sampled_from(["controller", "name", "uid", "kind", "apiVersion"]))
         ref[field] = data.draw(refs)[field]
-        assert workload_of(variant, owners) == _read_workload(variant, owners)
+        assert memoised(variant, owners) == workload_of(variant, owners)
 
 
 def test_references_of_other_types_are_analysed_not_memoised() -> None:
@@ -74,4 +80,4 @@ def test_references_of_other_types_are_analysed_not_memoised() -> None:
     for odd in (["batch/v1"], {"a": 1}, 5):
         pod = {"metadata": {"ownerReferences": [
             {"apiVersion": odd, "kind": "Job", "name": "j", "uid": "u1", "controller": True}]}}
-        assert workload_of(pod, [owner]) == _read_workload(pod, [owner])
+        assert memoised(pod, [owner]) == workload_of(pod, [owner])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -43,6 +44,7 @@ from webhook.binder.queue import GangQueue
 from webhook.kube.api import COSCHEDULING_PODGROUPS, NODES, PODS, ApiError, KubeApi
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer
+from webhook.topology.gpu_choice import TableCache
 from webhook.topology.model import GpuAssignment
 from webhook.topology.placement import place_gang
 
@@ -93,8 +95,8 @@ class Binder:
                  place: PlaceFn | None = None,
                  fence: Callable[[], bool] = lambda: True,
                  clock: Callable[[], float] = time.time) -> None:
-        if place is None:
-            place = place_gang
+        if place is None:  # the binder's own choice tables, kept for its life
+            place = functools.partial(place_gang, tables=TableCache())
         self.api = api
         self.config = config or BinderConfig()
         self.metrics = metrics or Metrics()

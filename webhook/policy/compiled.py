@@ -17,6 +17,7 @@ from typing import Any
 from webhook import keys
 from webhook.policy.decision import PolicyMatch
 from webhook.policy.schema import LabelSelector, SchedulingPolicy
+from webhook.policy.workload import WorkloadMemo
 
 #: one selector requirement: (operator, key, values); matchLabels become ("=", key, {value})
 Requirement = tuple[str, str, frozenset[str]]
@@ -222,6 +223,8 @@ class PolicyIndex:
     #: the memo of whole outcomes (see webhook.policy.outcome)
     outcomes: OrderedDict[Any, Any] = field(default_factory=OrderedDict, compare=False,
                                             repr=False)
+    #: the memo of pods' workload analyses (see webhook.policy.workload.WorkloadMemo)
+    workloads: WorkloadMemo = field(default_factory=WorkloadMemo, compare=False, repr=False)
 
     @classmethod
     def build(cls, compiled: Sequence[CompiledPolicy]) -> PolicyIndex:

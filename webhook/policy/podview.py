@@ -24,7 +24,6 @@ from webhook.policy.workload import (
     Priorities,
     Workload,
     chain_key,
-    workload_for_key,
 )
 
 #: the toleration the engine adds for backend muster (render checks whether it is present)
@@ -162,7 +161,7 @@ def view_of(pod: Any, *, namespace_labels: Any, owners: Any, index: PolicyIndex,
     pod = as_map(pod)
     owners = owners if type(owners) is list or isinstance(owners, Sequence) else ()
     key = chain_key(pod, owners)
-    work = workload_for_key(pod, owners, key)
+    work = index.workloads.workload(pod, owners, key)
     return PodView(
         namespace=as_str(as_map(pod.get("metadata")).get("namespace")) or "",
         shape=shape_of(pod, index.label_keys, index.annotation_keys),

@@ -186,32 +186,19 @@ class Workload:
         return self.facts.min_resources(min_member, priorities) if self.facts else None
 
 
-_CACHE_SIZE = 512
-_facts_cache: OrderedDict[tuple[Any, ...], JobFacts] = OrderedDict()
-
-
 def _version(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     meta = as_map(obj.get("metadata"))
     uid, rv = as_str(meta.get("uid")), as_str(meta.get("resourceVersion"))
     return (uid, rv) if uid is not None and rv is not None else None
 
 
-def job_facts(kind: str, obj: Mapping[str, Any],
-              inner: Mapping[str, Any] | None = None) -> JobFacts:
-    """JobFacts of a job object (and, for a TrainJob, the JobSet made from it), memoised by
-    kind and each object's (uid, resourceVersion): the API server changes resourceVersion on
-    every write, so equal keys mean equal content. Objects without both (hand-written test
-    input) are analysed every time."""
+def facts_key(kind: str, obj: Mapping[str, Any], inner: Mapping[str, Any] | None
+              ) -> tuple[Any, ...] | None:
+    """kind and each object's (uid, resourceVersion): the API server changes resourceVersion
+    on every write, so equal keys mean equal content. None for objects without both
+    (hand-written input)."""
     versions = [_version(o) for o in (obj, inner) if o is not None]
-    if any(v is None for v in versions):
-        return _job_facts(kind, obj, inner)
-    key = (kind, *versions)
-    facts = _facts_cache.get(key)
-    if facts is None:
-        facts = _facts_cache[key] = _job_facts(kind, obj, inner)
-        if len(_facts_cache) > _CACHE_SIZE:
-            _facts_cache.popitem(last=False)
-    return facts
+    return None if any(v is None for v in versions) else (kind, *versions)
 
 
 def pod_sets(kind: str, obj: Mapping[str, Any], inner: Mapping[str, Any] | None = None
@@ -287,7 +274,6 @@ def pod_gpus(spec: Mapping[str, Any]) -> int:
     return max(main, 0 if init is None else init)
 
 
-_workloads: OrderedDict[tuple[Any, ...], Workload] = OrderedDict()
 
 
 def chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
@@ -328,25 +314,55 @@ def chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
 
 
 def workload_of(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Workload:
-    """What job the pod belongs to. A pod whose job object was found is analysed from its
-    ownerReferences, `chain_key`'s few pod fields and the owner objects alone, so such results
-    are memoised by `chain_key` (the workers of one job share them)."""
-    return workload_for_key(pod, owners, chain_key(pod, owners))
+    """What job the pod belongs to (analysed afresh; `WorkloadMemo` remembers analyses)."""
+    return _read_workload(pod, owners, None)
 
 
-def workload_for_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]],
-                  key: tuple[Any, ...] | None) -> Workload:
-    """`workload_of` with the pod's `chain_key` already computed (the outcome memo needs it too)."""
-    if key is not None:
-        found = _workloads.get(key)
-        if found is not None:
-            return found
-    work = _read_workload(pod, owners)
-    if key is not None and work.facts is not None and work.kind != POD:
-        _workloads[key] = work
-        if len(_workloads) > _CACHE_SIZE:
-            _workloads.popitem(last=False)
-    return work
+class WorkloadMemo:
+    """Analyses of job pods by `chain_key`, and job facts by `facts_key`, each a bounded LRU.
+
+    A pod whose job object was found is analysed from its ownerReferences, `chain_key`'s few pod
+    fields and the owner objects alone, so the workers of one job share one analysis. The policy
+    index owns one (so a policy reload starts it empty)."""
+
+    def __init__(self, size: int = 512) -> None:
+        self.size = size
+        self._workloads: OrderedDict[tuple[Any, ...], Workload] = OrderedDict()
+        self._facts: OrderedDict[tuple[Any, ...], JobFacts] = OrderedDict()
+
+    def workload(self, pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]],
+                 key: tuple[Any, ...] | None) -> Workload:
+        """`workload_of`, remembered by the pod's `chain_key` (computed by the caller: the
+        outcome memo needs it too)."""
+        if key is not None:
+            found = self._workloads.get(key)
+            if found is not None:
+                return found
+        work = _read_workload(pod, owners, self)
+        if key is not None and work.facts is not None and work.kind != POD:
+            _remember(self._workloads, key, work, self.size)
+        return work
+
+    def facts(self, kind: str, obj: Mapping[str, Any], inner: Mapping[str, Any] | None = None
+              ) -> JobFacts:
+        """JobFacts of a job object (and, for a TrainJob, the JobSet made from it)."""
+        key = facts_key(kind, obj, inner)
+        found = self._facts.get(key) if key is not None else None
+        if found is None:
+            found = _job_facts(kind, obj, inner)
+            if key is not None:
+                _remember(self._facts, key, found, self.size)
+        return found
+
+    def clear(self) -> None:
+        self._workloads.clear()
+        self._facts.clear()
+
+
+def _remember(memo: OrderedDict[Any, Any], key: Any, value: Any, size: int) -> None:
+    memo[key] = value
+    if len(memo) > size:
+        memo.popitem(last=False)
 
 
 _Link = tuple[str, Mapping[str, Any], Mapping[str, Any] | None]
@@ -404,7 +420,8 @@ def _replicated_job(pod: Mapping[str, Any], chain: list[_Link]) -> str | None:
     return None
 
 
-def _read_workload(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> Workload:
+def _read_workload(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]],
+                   memo: WorkloadMemo | None) -> Workload:
     labels = as_map(as_map(pod.get("metadata")).get("labels"))
     warnings: list[str] = []
     chain = _chain(pod, owners)
@@ -443,7 +460,7 @@ def _read_workload(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) 
         return Workload(kind=kind, name=name, owner=owner, owner_kinds=owner_kinds,
                         gpus=pod_gpus(as_map(pod.get("spec"))), facts=None,
                         warnings=tuple(warnings))
-    facts = job_facts(kind, obj, inner)
+    facts = memo.facts(kind, obj, inner) if memo is not None else _job_facts(kind, obj, inner)
     replicated = _replicated_job(pod, chain) if facts.outside else None
     if replicated in facts.outside:
         return _bare_pod(pod, owner_kinds, warnings, solo=(

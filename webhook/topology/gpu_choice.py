@@ -10,14 +10,16 @@ whole NUMA nodes largest first, and the last one best-fit, uses the fewest NUMA 
 and keeps the other NUMA nodes whole.
 
 Caches are per topology class (`codec.topology_class`): all DGX-1 V100 nodes share one table of
-set scores and one table of choices per (free mask, k).
+set scores and one table of choices per (free mask, k), held by a `TableCache` its user owns.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
+from typing import Any
 
 from webhook.topology import scoring
 from webhook.topology.codec import topology_class
@@ -139,28 +141,50 @@ class ClassTables:
         return scoring.to_mask(chosen)
 
 
-_TABLES: dict[str, ClassTables] = {}
-_BY_ID: dict[int, tuple[Topology, ClassTables]] = {}
-_BY_ID_LIMIT = 100_000
-_LOCK = threading.Lock()
+class TableCache:
+    """The ClassTables of each topology class, and of each Topology object its class's tables
+    and usable free masks: bounded LRUs owned by the caller. The binder keeps one for its life
+    (its nodes keep their decoded Topology objects, so a lookup is one dictionary hit); a
+    one-off caller (the CLI, simulate) gets a fresh one per call."""
+
+    def __init__(self, classes: int = 64, objects: int = 4096) -> None:
+        self.classes, self.objects = classes, objects
+        self._by_class: OrderedDict[str, ClassTables] = OrderedDict()
+        # keyed by identity with the object held, so an id is never reused while it is a key
+        self._by_object: OrderedDict[int, tuple[Topology, ClassTables]] = OrderedDict()
+        self._masks: OrderedDict[tuple[int, frozenset[int]], int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def tables(self, t: Topology) -> ClassTables:
+        hit = self._by_object.get(id(t))
+        if hit is not None and hit[0] is t:
+            return hit[1]
+        cls = topology_class(t)
+        with self._lock:
+            tables = self._by_class.get(cls)
+            if tables is None:
+                tables = ClassTables(t)
+                tables.warm()
+                _remember(self._by_class, cls, tables, self.classes)
+            _remember(self._by_object, id(t), (t, tables), self.objects)
+        return tables
+
+    def usable(self, t: Topology, free: frozenset[int]) -> tuple[ClassTables, int]:
+        """(class tables, usable free mask) of a node: `frozenset` caches its hash, so this is
+        one lookup per node and call once the node's Topology is known."""
+        tables = self.tables(t)
+        key = (id(t), free)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = usable_mask(t, free)
+            _remember(self._masks, key, mask, self.objects * 4)
+        return tables, mask
 
 
-def tables_for(t: Topology) -> ClassTables:
-    """The shared tables of `t`'s class. Looked up by object identity first: the binder keeps
-    one decoded Topology per node, so the class hash is computed once per node, not per call."""
-    hit = _BY_ID.get(id(t))
-    if hit is not None and hit[0] is t:
-        return hit[1]
-    cls = topology_class(t)
-    with _LOCK:
-        tables = _TABLES.get(cls)
-        if tables is None:
-            tables = _TABLES[cls] = ClassTables(t)
-            tables.warm()
-        if len(_BY_ID) >= _BY_ID_LIMIT:
-            _BY_ID.clear()
-        _BY_ID[id(t)] = (t, tables)  # holding t keeps its id from being reused
-    return tables
+def _remember(memo: OrderedDict[Any, Any], key: Any, value: Any, size: int) -> None:
+    memo[key] = value
+    if len(memo) > size:
+        memo.popitem(last=False)
 
 
 def usable_mask(t: Topology, free: Iterable[int]) -> int:
@@ -172,13 +196,14 @@ def usable_mask(t: Topology, free: Iterable[int]) -> int:
     return m
 
 
-def choose_gpus(t: Topology, free: Iterable[int], k: int) -> tuple[int, ...] | None:
+def choose_gpus(t: Topology, free: Iterable[int], k: int, tables: TableCache | None = None
+                ) -> tuple[int, ...] | None:
     """The best k GPUs among `free` on a node of topology `t` (sorted indices), or None when
     fewer than k healthy GPUs are free."""
-    mask = tables_for(t).choose(usable_mask(t, free), k)
+    mask = (tables or TableCache()).tables(t).choose(usable_mask(t, free), k)
     return None if mask is None else tuple(scoring.members(mask))
 
 
-def set_score(t: Topology, gpus: Iterable[int]) -> SetScore:
-    """Scores of a given GPU set (cached per class)."""
-    return tables_for(t).score(scoring.to_mask(gpus))
+def set_score(t: Topology, gpus: Iterable[int], tables: TableCache | None = None) -> SetScore:
+    """Scores of a given GPU set (cached per class in `tables`)."""
+    return (tables or TableCache()).tables(t).score(scoring.to_mask(gpus))

@@ -17,36 +17,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from webhook.topology import scoring
-from webhook.topology.gpu_choice import ClassTables, tables_for, usable_mask
+from webhook.topology.gpu_choice import ClassTables, TableCache
 from webhook.topology.model import (
     GangPlacement,
     GangRequest,
     MemberPlacement,
     MemberRequest,
     NodeState,
-    Topology,
     Unplaceable,
 )
 from webhook.topology.ringfloor import gang_gbps, meets_min_ring
 
 #: GB/s between GPUs on different nodes when nothing better is known: one 100 Gb/s NIC
 DEFAULT_INTER_NODE_GBPS = 12.5
-
-_MASKS: dict[tuple[int, frozenset[int]], tuple[Topology, ClassTables, int]] = {}
-_MASKS_LIMIT = 200_000
-
-
-def _lookup(t: Topology, free: frozenset[int]) -> tuple[ClassTables, int]:
-    """(class tables, usable free mask) of a node, cached: nodes keep their decoded Topology
-    and `frozenset` caches its hash, so this is one dictionary lookup per node and call."""
-    key = (id(t), free)
-    hit = _MASKS.get(key)
-    if hit is None or hit[0] is not t:  # an id can be reused once its object is gone
-        if len(_MASKS) >= _MASKS_LIMIT:
-            _MASKS.clear()
-        hit = _MASKS[key] = (t, tables_for(t), usable_mask(t, free))
-    return hit[1], hit[2]
-
 
 @dataclass(slots=True)
 class _Node:
@@ -89,14 +72,16 @@ class _Node:
 class _Views:
     """Per-call node views, made only for nodes that are looked at closely."""
 
-    def __init__(self, nodes: Sequence[NodeState]) -> None:
+    def __init__(self, nodes: Sequence[NodeState], tables: TableCache) -> None:
         self.nodes = nodes
+        self.tables = tables
         self._views: dict[int, _Node] = {}
 
     def get(self, n: NodeState) -> _Node:
         v = self._views.get(id(n))
         if v is None:
-            tables, free = _lookup(n.topology, n.free_gpus) if n.topology else (None, 0)
+            tables, free = self.tables.usable(n.topology, n.free_gpus) if n.topology \
+                else (None, 0)
             v = self._views[id(n)] = _Node(n, tables, free, free.bit_count(), n.free_cpu_milli,
                                            n.free_memory_bytes, n.free_pods)
         return v
@@ -105,7 +90,7 @@ class _Views:
         """(node, tables, free mask) of every node with a topology and a free GPU."""
         for n in self.nodes:
             if n.topology is not None and n.free_gpus:
-                tables, free = _lookup(n.topology, n.free_gpus)
+                tables, free = self.tables.usable(n.topology, n.free_gpus)
                 if free:
                     yield n, tables, free
 
@@ -140,8 +125,10 @@ def place_gang(
     gang: GangRequest,
     *,
     inter_node_gbps: float = DEFAULT_INTER_NODE_GBPS,
+    tables: TableCache | None = None,
 ) -> GangPlacement | Unplaceable:
-    """Place every member of `gang` on `nodes` (what is free now), or say why it cannot be."""
+    """Place every member of `gang` on `nodes` (what is free now), or say why it cannot be.
+    `tables`: the caller's cache of per-class choice tables (a fresh one when None)."""
     if not gang.members:
         return Unplaceable(f"gang {gang.name} has no members")
     bad = next((m for m in gang.members if m.gpus < 0 or m.cpu_milli < 0 or m.memory_bytes < 0),
@@ -151,7 +138,7 @@ def place_gang(
     if len({m.key for m in gang.members}) != len(gang.members):
         return Unplaceable(f"gang {gang.name} lists a member twice")
     gpu_members = [m for m in gang.members if m.gpus > 0]
-    views = _Views(nodes)
+    views = _Views(nodes, tables or TableCache())
     used: list[_Node] = []
     if gpu_members:
         placed = _place_single(views, gang, gpu_members)
