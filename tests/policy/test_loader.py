@@ -32,7 +32,7 @@ def issues_of(texts: dict[str, str]) -> list[str]:
 def test_shipped_policies_are_valid() -> None:
     loaded = load_policies([REPO / "policies"])
     assert set(loaded.names) == {"mpi-volcano", "mpi-coscheduling", "mpi-topology",
-                                 "istio-optout-mpi-launcher", "istio-optout-batch-jobs"}
+                                 "istio-optout-mpi-jobs", "istio-optout-batch-jobs"}
     assert loaded.names[0] == "mpi-topology"  # highest priority first
     assert len(loaded.digest) == 64
 
@@ -91,6 +91,12 @@ def test_bad_min_available_names_exact_place() -> None:
     ("topology: {mode: required, minRingGBps: -1}\ngang: {backend: muster}",
      ":6:43: spec.topology.minRingGBps:", "greater than 0"),
     ("priority: high", ":6:13: spec.priority:", "valid integer"),
+    ("istio: {optOut: maybe}", ":6:19: spec.istio.optOut:",
+     "must be sidecar, ambient, both or none (true means sidecar, false none)"),
+    ("labels:\n  istio.io/dataplane-mode: none", ":7:5: spec.labels.istio.io/dataplane-mode:",
+     "written by Muster itself"),
+    ("match:\n  podSelector:\n    matchLabels: {istio.io/dataplane-mode: ambient}",
+     ":8:7: spec.match.podSelector:", "Muster writes that label itself"),
 ])
 def test_each_error_kind(bad: str, where: str, message: str) -> None:
     msgs = issues_of({"p.yaml": policy("broken", bad)})

@@ -65,7 +65,7 @@ def rich_sets(draw: st.DrawFn) -> PolicySet:
 
 # Written out here, not imported from the memo: dropping a key there must make this test fail.
 LABEL_KEYS = ["role", "tier", "team", "x", keys.COSCHEDULING_GROUP_LABEL,
-              keys.LEGACY_COSCHEDULING_GROUP_LABEL, keys.ISTIO_INJECT]
+              keys.LEGACY_COSCHEDULING_GROUP_LABEL, keys.ISTIO_INJECT, keys.ISTIO_DATAPLANE_MODE]
 ANNOTATION_KEYS = [
     "example.com/note", "x", keys.ANN_GPU_ASSIGNMENT, keys.ANN_POLICY, keys.ANN_GPU_TOPOLOGY,
     keys.ANN_GANG_NAME, keys.ANN_GANG_MIN_MEMBER, keys.ANN_GANG_TIMEOUT,

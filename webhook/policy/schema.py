@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -32,9 +33,13 @@ _PERCENT = re.compile(r"^([0-9]{1,3})%$")
 
 #: keys that Muster itself writes: a policy may neither set nor select on them
 RESERVED_KEYS = frozenset({
-    keys.ISTIO_INJECT, keys.VOLCANO_GROUP_ANNOTATION, keys.VOLCANO_QUEUE_ANNOTATION,
-    keys.COSCHEDULING_GROUP_LABEL, keys.LEGACY_COSCHEDULING_GROUP_LABEL,
+    keys.ISTIO_INJECT, keys.ISTIO_DATAPLANE_MODE, keys.VOLCANO_GROUP_ANNOTATION,
+    keys.VOLCANO_QUEUE_ANNOTATION, keys.COSCHEDULING_GROUP_LABEL,
+    keys.LEGACY_COSCHEDULING_GROUP_LABEL,
 })
+#: the Istio data planes a pod can leave (spec.istio.optOut)
+IstioOptOutName = Literal["none", "sidecar", "ambient", "both"]
+ISTIO_OPT_OUTS: tuple[str, ...] = typing.get_args(IstioOptOutName)
 
 
 def _dns_subdomain(value: str, what: str) -> str:
@@ -119,8 +124,19 @@ def _min_resources(value: Any) -> str | dict[str, str]:
     raise ValueError('must be "auto", "none" or a map of resource name to quantity')
 
 
+def _istio_opt_out(value: Any) -> str:
+    """One of ISTIO_OPT_OUTS; true and false, the spelling from before ambient mode, are the
+    sidecar opt-out and none."""
+    if isinstance(value, bool):
+        return "sidecar" if value else "none"
+    if isinstance(value, str) and value in ISTIO_OPT_OUTS:
+        return value
+    raise ValueError("must be sidecar, ambient, both or none (true means sidecar, false none)")
+
+
 MinAvailable = Annotated[int | str, PlainValidator(_min_available)]
 MinResources = Annotated[str | dict[str, str], PlainValidator(_min_resources)]
+IstioOptOut = Annotated[IstioOptOutName, PlainValidator(_istio_opt_out)]
 
 
 class _Model(BaseModel):
@@ -189,7 +205,9 @@ class Gang(_Model):
 
 
 class Istio(_Model):
-    optOut: bool = False
+    #: the data planes the pod leaves: sidecar (sidecar.istio.io/inject "false"), ambient
+    #: (istio.io/dataplane-mode "none"), both, or none
+    optOut: IstioOptOut = "none"
 
 
 class Topology(_Model):
