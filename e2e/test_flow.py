@@ -133,6 +133,9 @@ async def test_reference_mpijob_is_placed_whole_on_the_best_nvlink_ring(cluster:
     launcher = next(p for p in pods if not worker(p))
     assert launcher["metadata"]["labels"][keys.ISTIO_INJECT] == "false"
     assert launcher["metadata"]["annotations"][keys.ISTIO_INJECT] == "false"
+    for pod in pods:  # the whole job leaves both of Istio's data planes (istio-optout-mpi-jobs)
+        assert pod["metadata"]["labels"][keys.ISTIO_INJECT] == "false"
+        assert pod["metadata"]["labels"][keys.ISTIO_DATAPLANE_MODE] == "none"
 
     workers = [p for p in pods if worker(p)]
     assert len({p["spec"]["nodeName"] for p in pods}) == 1  # same node first

@@ -46,6 +46,8 @@ def inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str
 
 CASES = [
     # (argv, exit code, what the line must say)
+    (["policy", "check", POLICIES, "missing.yaml"], 2,
+     "no such file or directory: missing.yaml"),
     (["policy", "explain", "-p", POLICIES, "missing.yaml"], 2,
      "pod missing.yaml: No such file"),
     (["policy", "explain", "-p", POLICIES, "adir"], 2, "pod adir: Is a directory"),

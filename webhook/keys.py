@@ -53,6 +53,10 @@ VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 LEGACY_COSCHEDULING_GROUP_LABEL = "pod-group.scheduling.sigs.k8s.io"
 ISTIO_INJECT = "sidecar.istio.io/inject"
+#: pod (or namespace) label of Istio's ambient data plane; "none" keeps the pod out of ztunnel's
+#: capture even in an ambient namespace (istio/istio pkg/config/constants DataplaneModeNone)
+ISTIO_DATAPLANE_MODE = "istio.io/dataplane-mode"
+ISTIO_DATAPLANE_MODE_NONE = "none"
 
 VOLCANO_API = ("scheduling.volcano.sh", "v1beta1", "podgroups")
 COSCHEDULING_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from admission_helpers import configmap_version
 
 from webhook.admission.metrics import Metrics
-from webhook.admission.reload import PolicyStore, digest
+from webhook.admission.reload import EVENT_NOTE_LIMIT, PolicyStore, digest, refusal_note
+from webhook.policy import PolicyError, load_policies
 
 
 class Broken(Exception):
@@ -78,3 +81,59 @@ def test_digest_ignores_hidden_entries_and_follows_symlinks(tmp_path: Path) -> N
 
 def test_missing_path_has_a_digest(tmp_path: Path) -> None:
     assert digest([tmp_path / "absent"]) != digest([tmp_path])
+
+
+POLICY = ("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: %s}\n"
+          "spec:\n  gang: {backend: volcano}\n")
+
+
+async def test_a_refused_policy_update_names_every_problem(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The real loader: the log and the Event get every problem of every file, the last good
+    set stays."""
+    refused: list[str] = []
+
+    async def on_refused(message: str) -> None:
+        refused.append(message)
+
+    store = PolicyStore([tmp_path], load_policies, error_types=(PolicyError,),
+                        metrics=Metrics(), count=len, on_refused=on_refused)
+    configmap_version(tmp_path, "v1", {"a.yaml": POLICY % "a"})
+    assert await store.reload()
+    good = store.current
+    configmap_version(tmp_path, "v2", {
+        "a.yaml": POLICY % "a" + "  match: {gpus: {min: 3, max: 1}}\n",
+        "b.yaml": (POLICY % "a").replace("volcano", "slurm") + "---\nspec: [x\n"})
+    with caplog.at_level(logging.ERROR):
+        assert not await store.reload()
+    assert store.current is good
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    expected = [
+        f"{a}:6:31: spec.match.gpus.max: max (1) is smaller than min (3) (document 1, policy a)",
+        f"{b}:3:18: metadata.name: duplicate policy name 'a', first defined at {a}:3:18 "
+        "(document 1, policy a)",
+        f"{b}:5:19: spec.gang.backend: Input should be 'volcano', 'coscheduling' or 'muster' "
+        "(document 1, policy a)",
+        f"{b}:7:7: '[' opened here is not closed: did not find expected ',' or ']' at line 8, "
+        "column 1 (document 2)"]
+    assert refused == ["\n".join(expected)]
+    [record] = [r for r in caplog.records if r.getMessage().startswith("policy update refused")]
+    assert record.error.splitlines() == expected  # type: ignore[attr-defined]
+    assert record.problems == 4  # type: ignore[attr-defined]
+    assert refusal_note(refused[0]).splitlines() == [
+        "policy update refused, previous policies stay active: 4 problems", *expected]
+
+
+def test_refusal_note_keeps_whole_problems_and_counts_the_rest() -> None:
+    problems = [f"p{i}.yaml:1:1: spec.gang.backend: required field is missing" for i in range(40)]
+    note = refusal_note("\n".join(problems))
+    lines = note.splitlines()
+    assert len(note) <= EVENT_NOTE_LIMIT
+    assert lines[0] == "policy update refused, previous policies stay active: 40 problems"
+    shown = lines[1:-1]
+    assert shown == problems[:len(shown)] and len(shown) >= 10
+    assert lines[-1] == (f"... and {40 - len(shown)} more in the webhook's log (muster policy "
+                         "check lists them all)")
+    assert refusal_note("cannot read policies: gone") == (
+        "policy update refused, previous policies stay active: 1 problem\n"
+        "cannot read policies: gone")

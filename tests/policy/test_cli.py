@@ -40,6 +40,38 @@ def test_check_reports_errors_and_exit_code(tmp_path: Path,
     assert f"{bad}:8:19: spec.gang.minAvailable: must be" in out
 
 
+def test_check_reports_every_problem_of_every_file_in_one_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.yaml").write_text(
+        "apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: a}\nspec:\n"
+        "  gang: {backend: slurm}\n  match: {gpus: {min: 3, max: 1}}\n---\nspec: [x\n")
+    (tmp_path / "b.yaml").write_text(
+        "apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: a}\n"
+        "spec: {istio: {optOut: all}}\n")
+    code, out = run(["policy", "check", str(tmp_path)], capsys)
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    assert code == 1
+    assert out.splitlines() == [
+        f"{a}:5:19: spec.gang.backend: Input should be 'volcano', 'coscheduling' or 'muster' "
+        "(document 1, policy a)",
+        f"{a}:6:31: spec.match.gpus.max: max (1) is smaller than min (3) (document 1, policy a)",
+        f"{a}:8:7: '[' opened here is not closed: did not find expected ',' or ']' at line 9, "
+        "column 1 (document 2)",
+        f"{b}:3:18: metadata.name: duplicate policy name 'a', first defined at {a}:3:18 "
+        "(document 1, policy a)",
+        f"{b}:4:24: spec.istio.optOut: must be sidecar, ambient, both or none (true means "
+        "sidecar, false none) (document 1, policy a)",
+        "5 problems in 2 files; nothing loaded"]
+
+
+def test_check_of_a_missing_path_is_a_usage_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["policy", "check", str(REPO / "policies"), str(tmp_path / "nope.yaml")])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err == f"muster policy: no such file or directory: {tmp_path}/nope.yaml\n"
+
+
 def test_failing_policy_test_exits_1_with_diff(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     objects = REPO / "policies/tests/objects"
@@ -74,6 +106,9 @@ def test_pod_mode_prints_decision_patch_and_mutated_pod(
     assert "match mpi-topology" in out and "## JSON Patch" in out and "## mutated pod" in out
     assert '"path": "/metadata/annotations"' in out
     assert "muster.io/gang-min-member: '5'" in out
+    # the worker leaves Istio's ambient data plane with its launcher (istio-optout-mpi-jobs)
+    assert '"path": "/metadata/labels/istio.io~1dataplane-mode"' in out
+    assert "    istio.io/dataplane-mode: none\n" in out
     assert "idempotent" in out
 
 
@@ -92,3 +127,17 @@ def test_explain_lists_every_condition(capsys: pytest.CaptureFixture[str]) -> No
     assert code == 0
     assert "checked at admission against the cluster's Queues" in out
     assert "queue 'default' instead (gang.unavailableQueue)" in out
+
+
+def test_policytest_file_problems_are_one_line_each_with_their_place(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    head = "apiVersion: muster.io/v1alpha1\nkind: PolicyTest\nmetadata: {name: t}\nspec:\n"
+    (tmp_path / "a.yaml").write_text(head + "  podFile: [pod.yaml\n")
+    (tmp_path / "b.yaml").write_text(head + "  podFile: pod.yaml\n  expect: {polcies: []}\n")
+    code, out = run(["policy", "test", "-p", str(REPO / "policies"), str(tmp_path)], capsys)
+    assert code == 1
+    assert out.splitlines() == [
+        f"ERROR {tmp_path}/a.yaml:5:12: '[' opened here is not closed: did not find expected ',' "
+        "or ']' at line 6, column 1 (document 1)",
+        f"ERROR {tmp_path}/b.yaml:6:12: spec.expect.polcies: Extra inputs are not permitted "
+        "(document 1)"]

@@ -103,6 +103,38 @@ def test_generatename_launcher_gets_istio_label_and_annotation_false(
     assert pod["metadata"]["annotations"][keys.ISTIO_INJECT] == "false"
 
 
+@pytest.mark.parametrize(("opt_out", "wanted"), [
+    # opt-out → (sidecar.istio.io/inject annotation, istio.io/dataplane-mode label)
+    ("true", ("false", None)),       # the spelling from before ambient mode: sidecar only
+    ("sidecar", ("false", None)),
+    ("ambient", ("true", "none")),   # the template's own sidecar choice stays
+    ("both", ("false", "none")),
+    ("none", ("true", None)),
+    ("false", ("true", None)),
+])
+def test_each_istio_opt_out_writes_its_own_keys(
+        opt_out: str, wanted: tuple[str, str | None], launcher_pod: dict[str, Any],
+        policies: Policies) -> None:
+    sidecar, ambient = wanted
+    ps = policies(policy("istio", f"istio:\n  optOut: {opt_out}"))
+    _, pod = run(launcher_pod, [], ps)
+    labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+    assert annotations[keys.ISTIO_INJECT] == sidecar
+    assert labels.get(keys.ISTIO_INJECT) == (None if sidecar == "true" else "false")
+    assert labels.get(keys.ISTIO_DATAPLANE_MODE) == ambient
+
+
+def test_a_higher_priority_policy_chooses_the_opt_out(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    ps = policies(policy("all", "istio: {optOut: both}"),
+                  policy("mpi", "priority: 5\nmatch: {ownerKinds: [kubeflow.org/MPIJob]}\n"
+                                "istio: {optOut: ambient}"))
+    d, pod = run(worker_pod, [mpijob], ps)
+    assert d.policies == ("mpi", "all")
+    assert pod["metadata"]["labels"][keys.ISTIO_DATAPLANE_MODE] == "none"
+    assert keys.ISTIO_INJECT not in pod["metadata"]["labels"]
+
+
 def test_degraded_owners_still_consistent(worker_pod: dict[str, Any],
                                           launcher_pod: dict[str, Any],
                                           policies: Policies) -> None:

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from webhook.policy import PolicyError, load_policies, load_policy_texts
+from webhook.policy.yamlpos import MAX_SYNTAX_ERRORS
 
 from .conftest import REPO, policy
 
@@ -32,7 +33,7 @@ def issues_of(texts: dict[str, str]) -> list[str]:
 def test_shipped_policies_are_valid() -> None:
     loaded = load_policies([REPO / "policies"])
     assert set(loaded.names) == {"mpi-volcano", "mpi-coscheduling", "mpi-topology",
-                                 "istio-optout-mpi-launcher", "istio-optout-batch-jobs",
+                                 "istio-optout-mpi-jobs", "istio-optout-batch-jobs",
                                  "jobset-volcano", "trainjob-coscheduling",
                                  "leaderworkerset-volcano", "pytorchjob-volcano",
                                  "indexed-job-volcano"}
@@ -94,18 +95,169 @@ def test_bad_min_available_names_exact_place() -> None:
     ("topology: {mode: required, minRingGBps: -1}\ngang: {backend: muster}",
      ":6:43: spec.topology.minRingGBps:", "greater than 0"),
     ("priority: high", ":6:13: spec.priority:", "valid integer"),
+    ("istio: {optOut: maybe}", ":6:19: spec.istio.optOut:",
+     "must be sidecar, ambient, both or none (true means sidecar, false none)"),
+    ("labels:\n  istio.io/dataplane-mode: none", ":7:5: spec.labels.istio.io/dataplane-mode:",
+     "written by Muster itself"),
+    ("match:\n  podSelector:\n    matchLabels: {istio.io/dataplane-mode: ambient}",
+     ":8:7: spec.match.podSelector:", "Muster writes that label itself"),
 ])
 def test_each_error_kind(bad: str, where: str, message: str) -> None:
     msgs = issues_of({"p.yaml": policy("broken", bad)})
     assert any(m.startswith("p.yaml" + where) and message in m for m in msgs), msgs
 
 
-def test_yaml_syntax_error_has_position() -> None:
-    [msg] = issues_of({"x.yaml": GOOD + "---\nspec: [unclosed\n"})
-    # the unclosed flow sequence opens on line 12 of the file; the parser notices at its end
-    assert msg.startswith(("x.yaml:12:", "x.yaml:13:")), msg
-    assert "did not find expected ',' or ']'" in msg
-    assert "document 2" in msg
+@pytest.mark.parametrize(("text", "expected"), [
+    # an unclosed flow sequence: the cause is its '[' (line 2), not where the parser gave up
+    ("a: 1\nb: [x,\n  y\nc: 3\n",
+     "x.yaml:2:4: '[' opened here is not closed: did not find expected ',' or ']' at line 4, "
+     "column 2 (document 1)"),
+    ("a: 1\nb: {x: 1,\n  y: 2\nc: 3\n",
+     "x.yaml:2:4: '{' opened here is not closed: did not find expected ',' or '}' at line 4, "
+     "column 2 (document 1)"),
+    ('a: 1\nb: "unclosed\nc: 3\nd: 4\n',
+     "x.yaml:2:4: '\"' opened here is not closed: found unexpected end of stream at line 5, "
+     "column 1 (document 1)"),
+    ("a: 1\nb: 'unclosed\n---\n",
+     "x.yaml:2:4: \"'\" opened here is not closed: found unexpected document indicator at line "
+     "3, column 1 (document 1)"),
+    # bad indentation: here the cause is the line that does not fit, the parser's problem mark
+    ("spec:\n  gang:\n    backend: volcano\n   queue: x\n",
+     "x.yaml:4:4: did not find expected key: this line does not fit the block mapping that "
+     "starts at line 2, column 3 (check its indentation) (document 1)"),
+    ("metadata:\n  name: x\n spec: {}\n",
+     "x.yaml:3:2: did not find expected key: this line does not fit the block mapping that "
+     "starts at line 1, column 1 (check its indentation) (document 1)"),
+    ("a: 1\nfoo\nb: 2\n",
+     "x.yaml:2:1: while scanning a simple key: could not find expected ':' at line 3, column 1 "
+     "(document 1)"),
+])
+def test_yaml_syntax_errors_point_at_their_cause(text: str, expected: str) -> None:
+    assert issues_of({"x.yaml": text}) == [expected]
+
+
+def test_a_broken_document_does_not_hide_the_next_ones() -> None:
+    text = (GOOD.replace("good", "first")                          # lines 1-9
+            + "---\nspec: [unclosed\n"                             # 10-11: document 2
+            + "---\n" + GOOD.replace("backend: volcano", "backend: slurm")  # 12-21
+            + "---\nkind: 'x\n"                                    # 22-23: document 4
+            + "---\n" + GOOD.replace("good", "last"))             # 24-33: valid
+    assert issues_of({"x.yaml": text}) == [
+        "x.yaml:11:7: '[' opened here is not closed: did not find expected ',' or ']' at line "
+        "12, column 1 (document 2)",
+        "x.yaml:21:14: spec.gang.backend: Input should be 'volcano', 'coscheduling' or 'muster' "
+        "(document 3, policy good)",
+        "x.yaml:23:7: \"'\" opened here is not closed: found unexpected document indicator at "
+        "line 24, column 1 (document 4)",
+    ]
+    # the documents around the broken ones were read: their own problems are found too
+    msgs = issues_of({"x.yaml": text.replace("name: last", "name: first")})
+    assert msgs[-1] == ("x.yaml:28:9: metadata.name: duplicate policy name 'first', first "
+                        "defined at x.yaml:4:9 (document 5, policy first)")
+
+
+def test_reading_on_after_syntax_errors_is_bounded() -> None:
+    """Each syntax error costs a pass over the rest of the text: a file of garbage stops."""
+    msgs = issues_of({"g.yaml": "a: [\n---\n" * (MAX_SYNTAX_ERRORS + 50)})
+    assert len(msgs) == MAX_SYNTAX_ERRORS + 1
+    assert msgs[-1] == (f"g.yaml:{2 * MAX_SYNTAX_ERRORS}:1: not read on after "
+                        f"{MAX_SYNTAX_ERRORS} syntax errors (document {MAX_SYNTAX_ERRORS + 1})")
+    msgs = issues_of({"g.yaml": "a: \x01\n" * (MAX_SYNTAX_ERRORS + 50)})
+    assert msgs[0] == "g.yaml: 50 more lines hold characters YAML does not allow (is this a " \
+                      "text file in UTF-8?)"
+    assert len([m for m in msgs if "U+0001" in m]) == MAX_SYNTAX_ERRORS
+
+
+EVERYTHING_WRONG = """\
+apiVersion: muster.io/v1alpha1
+kind: SchedulingPolicy
+metadata:
+  name: mpi
+spec:
+  match:
+    podSelector:
+      matchLabels: {sidecar.istio.io/inject: "true"}
+      matchExpressions:
+      - {key: role, operator: In}
+    gpus: {min: 4, max: 2}
+  gang:
+    backend: slurm
+    queue: Research
+  istio: {optOut: maybe}
+  labels: {team: vision}
+---
+apiVersion: muster.io/v1alpha1
+kind: SchedulingPolicy
+metadata:
+  name: reader
+spec:
+  match:
+    podSelector: {matchLabels: {team: nlp}}
+  gang: {backend: coscheduling, minAvailable: 0, queue: q}
+  topology: {mode: preferred}
+"""
+
+
+def test_every_problem_of_every_document_in_one_run() -> None:
+    """Type errors do not hide the checks across fields (selectors, ranges, contradictions)
+    nor those across documents (a label another policy writes, a duplicate name)."""
+    msgs = issues_of({"a.yaml": EVERYTHING_WRONG,
+                      "b.yaml": policy("mpi", "priority: high")})
+    assert msgs == [
+        "a.yaml:8:7: spec.match.podSelector: cannot select on 'sidecar.istio.io/inject': Muster "
+        "writes that label itself, so the result would change when the pod is evaluated again "
+        "(document 1, policy mpi)",
+        "a.yaml:10:9: spec.match.podSelector.matchExpressions.0.values: operator In needs at "
+        "least one value (document 1, policy mpi)",
+        "a.yaml:11:25: spec.match.gpus.max: max (2) is smaller than min (4) (document 1, "
+        "policy mpi)",
+        "a.yaml:13:14: spec.gang.backend: Input should be 'volcano', 'coscheduling' or 'muster' "
+        "(document 1, policy mpi)",
+        "a.yaml:14:12: spec.gang.queue: 'Research' is not a valid queue name (lowercase DNS-1123 "
+        "subdomain) (document 1, policy mpi)",
+        "a.yaml:15:19: spec.istio.optOut: must be sidecar, ambient, both or none (true means "
+        "sidecar, false none) (document 1, policy mpi)",
+        "a.yaml:24:18: spec.match.podSelector: selects on label 'team', which policy mpi writes: "
+        "the result would change when the pod is evaluated again (document 2, policy reader)",
+        "a.yaml:25:47: spec.gang.minAvailable: must be \"auto\", an integer ≥ 1 or a percentage "
+        "such as \"80%\" (document 2, policy reader)",
+        "a.yaml:25:57: spec.gang.queue: queue is a Volcano setting; backend coscheduling has no "
+        "queues (document 2, policy reader)",
+        "a.yaml:26:20: spec.topology.mode: topology mode preferred needs gang backend muster "
+        "(Muster's binder does topology-aware placement), got backend coscheduling (document 2, "
+        "policy reader)",
+        "b.yaml:4:9: metadata.name: duplicate policy name 'mpi', first defined at a.yaml:4:9 "
+        "(document 1, policy mpi)",
+        "b.yaml:6:13: spec.priority: Input should be a valid integer (document 1, policy mpi)",
+    ]
+
+
+def test_a_check_that_needs_an_invalid_field_waits_for_it() -> None:
+    """The topology check needs the gang's backend: an invalid one is not taken for none."""
+    assert issues_of({"t": policy("t", "gang: {backend: slurm}\ntopology: {mode: required}")}) == [
+        "t:6:19: spec.gang.backend: Input should be 'volcano', 'coscheduling' or 'muster' "
+        "(document 1, policy t)"]
+
+
+def test_apiversion_and_kind_do_not_hide_the_fields_of_a_policy() -> None:
+    msgs = issues_of({"v.yaml": GOOD.replace("muster.io/v1alpha1", "muster.io/v2")
+                      .replace("volcano", "slurm")})
+    assert msgs == [
+        "v.yaml:1:13: apiVersion: must be 'muster.io/v1alpha1', got 'muster.io/v2' (document 1, "
+        "policy good)",
+        "v.yaml:9:14: spec.gang.backend: Input should be 'volcano', 'coscheduling' or 'muster' "
+        "(document 1, policy good)"]
+    # another kind of object: its fields (and its name) mean something else, only its kind is
+    # named
+    assert issues_of({"a.yaml": GOOD, "cm.yaml": "apiVersion: v1\nkind: ConfigMap\n"
+                      "metadata: {name: good}\ndata: {a: b}\n"}) == [
+        "cm.yaml:1:13: apiVersion: must be 'muster.io/v1alpha1', got 'v1' (document 1, policy "
+        "good)",
+        "cm.yaml:2:7: kind: must be 'SchedulingPolicy', got 'ConfigMap' (document 1, policy good)"]
+
+
+def test_empty_documents_are_skipped() -> None:
+    assert load_policy_texts({"a": "---\n" + GOOD + "---\n# nothing\n---\n"}).names == ("good",)
 
 
 def test_duplicate_key_and_wrong_kind_and_api_version() -> None:
@@ -123,7 +275,9 @@ def test_the_fixture_configmap_stub_is_refused(shared_dir: Path) -> None:
                         .read_text())
     msgs = issues_of(review["request"]["object"]["data"])
     assert msgs == ["policy.yaml:1:1: apiVersion: must be 'muster.io/v1alpha1', it is missing "
-                    "(document 1)"]
+                    "(document 1)",
+                    "policy.yaml:1:1: metadata: required field is missing (document 1)",
+                    "policy.yaml:1:1: spec: required field is missing (document 1)"]
 
 
 def test_not_a_mapping_and_not_utf8(tmp_path: Path) -> None:
@@ -136,10 +290,16 @@ def test_not_a_mapping_and_not_utf8(tmp_path: Path) -> None:
     assert str(info.value.issues[0]) == f"{bad}:2:7: not UTF-8 text (byte 0xff)"
 
 
-def test_duplicate_policy_names_across_files() -> None:
-    msgs = issues_of({"a.yaml": GOOD, "b.yaml": GOOD})
-    assert msgs == ["b.yaml:4:9: metadata.name: duplicate policy name, first defined at a.yaml:1 "
-                    "(document 1, policy good)"]
+def test_duplicate_policy_names_give_both_places() -> None:
+    msgs = issues_of({"a.yaml": GOOD, "b.yaml": "# the same policy again\n" + GOOD})
+    assert msgs == ["b.yaml:5:9: metadata.name: duplicate policy name 'good', first defined at "
+                    "a.yaml:4:9 (document 1, policy good)"]
+    # within a file, and when the second definition has problems of its own
+    msgs = issues_of({"a.yaml": GOOD + "---\n" + GOOD.replace("volcano", "slurm")})
+    assert msgs == ["a.yaml:14:9: metadata.name: duplicate policy name 'good', first defined at "
+                    "a.yaml:4:9 (document 2, policy good)",
+                    "a.yaml:19:14: spec.gang.backend: Input should be 'volcano', 'coscheduling' "
+                    "or 'muster' (document 2, policy good)"]
 
 
 CONFLICT_A = policy("queue-a", """
@@ -248,7 +408,18 @@ def test_random_text_never_crashes_the_loader(text: str) -> None:
 def test_lone_surrogate_and_control_characters_are_reported_with_position() -> None:
     assert issues_of({"cm": "a: b\nkind: \ud800"}) == ["cm:2:7: not UTF-8 text (byte 0xed)"]
     assert issues_of({"cm": "a: b\nkind: x\x00"}) == [
+        "cm:1:1: apiVersion: must be 'muster.io/v1alpha1', it is missing (document 1)",
+        "cm:2:7: kind: must be 'SchedulingPolicy', got 'x' (document 1)",
         "cm:2:8: character U+0000 is not allowed in YAML (document 1)"]
+    # every line that holds one, each in its document; the documents are still checked
+    msgs = issues_of({"cm": GOOD.replace("team-a", "team-\x01\x02") + "---\n"
+                      + GOOD.replace("good", "\x7fgood")})
+    assert msgs == ["cm:7:18: spec.match.namespaces.0: 'team-' is not a valid namespace name "
+                    "(lowercase DNS-1123 subdomain) (document 1, policy good)",
+                    "cm:7:23: character U+0001 is not allowed in YAML (document 1)",
+                    "cm:14:9: character U+007F is not allowed in YAML (document 2)",
+                    "cm:14:10: metadata.name: duplicate policy name 'good', first defined at "
+                    "cm:4:9 (document 2, policy good)"]
 
 
 _yamlish = st.recursive(

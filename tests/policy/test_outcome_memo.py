@@ -84,7 +84,7 @@ def rich_sets(draw: st.DrawFn) -> PolicySet:
 
 # Written out here, not imported from the memo: dropping a key there must make this test fail.
 LABEL_KEYS = ["role", "tier", "team", "x", keys.COSCHEDULING_GROUP_LABEL,
-              keys.LEGACY_COSCHEDULING_GROUP_LABEL, keys.ISTIO_INJECT,
+              keys.LEGACY_COSCHEDULING_GROUP_LABEL, keys.ISTIO_INJECT, keys.ISTIO_DATAPLANE_MODE,
               # read from a pod of a known job: its LeaderWorkerSet group, its JobSet job
               jobkinds.LWS_GROUP, "apps.kubernetes.io/pod-index", jobkinds.REPLICATED_JOB]
 ANNOTATION_KEYS = [

@@ -68,7 +68,8 @@ def spec(draw: st.DrawFn, priority: int) -> dict[str, Any]:
                                "allowedModels": draw(st.lists(st.sampled_from(
                                    ["Tesla V100-SXM2-16GB", "NVIDIA A100"]), max_size=2))}
     if draw(st.booleans()):
-        out["istio"] = {"optOut": draw(st.booleans())}
+        out["istio"] = {"optOut": draw(st.sampled_from(
+            [True, False, "none", "sidecar", "ambient", "both"]))}
     if draw(st.booleans()):
         out["labels"] = {"team": draw(label_values)}
     if draw(st.booleans()):
@@ -95,7 +96,8 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
     meta["namespace"] = draw(st.sampled_from(["team-a", "team-b"]))
     if draw(st.booleans()):
         meta.setdefault("labels", {}).update(draw(st.dictionaries(
-            st.sampled_from(["role", "tier", keys.ISTIO_INJECT]), label_values, max_size=3)))
+            st.sampled_from(["role", "tier", keys.ISTIO_INJECT, keys.ISTIO_DATAPLANE_MODE]),
+            label_values, max_size=3)))
     if draw(st.booleans()):
         meta["annotations"] = draw(st.dictionaries(st.sampled_from(
             [keys.ANN_GPU_ASSIGNMENT, keys.ISTIO_INJECT, "x"]), label_values, max_size=2))

@@ -26,6 +26,26 @@ T = TypeVar("T")
 Loader = Callable[[Sequence[Path]], T]
 #: called with the loader's message when an update is refused (e.g. to emit a Kubernetes Event)
 OnRefused = Callable[[str], Awaitable[None]]
+#: the longest Event message written (events.k8s.io/v1 refuses a longer note)
+EVENT_NOTE_LIMIT = 1024
+
+
+def refusal_note(message: str, limit: int = EVENT_NOTE_LIMIT) -> str:
+    """An Event's message for a refused update: how many problems, then each problem (one per
+    line of the loader's message) that fits whole, then how many more there are."""
+    problems = [line for line in message.splitlines() if line.strip()] or ["no message"]
+    count = len(problems)
+    head = (f"policy update refused, previous policies stay active: {count} "
+            f"problem{'s' if count > 1 else ''}")
+    shown = [head]
+    for i, problem in enumerate(problems):
+        more = (f"... and {count - i} more in the webhook's log (muster policy check lists "
+                "them all)")
+        last = i == count - 1
+        if len("\n".join([*shown, problem] if last else [*shown, problem, more])) > limit:
+            return "\n".join([*shown, more])[:limit]
+        shown.append(problem)
+    return "\n".join(shown)
 
 
 def _files(path: Path) -> Iterator[Path]:
@@ -105,7 +125,8 @@ class PolicyStore(Generic[T]):
         self._metrics.reloads.labels("error").inc()
         kept = "the previous policies stay active" if self.current is not None else (
             "no policies are active")
-        log.error("policy update refused, %s", kept, extra={"error": message})
+        log.error("policy update refused, %s", kept,
+                  extra={"error": message, "problems": len(message.splitlines())})
         if self._on_refused is not None:
             await self._on_refused(message)
 

@@ -19,7 +19,7 @@ from aiohttp import web
 from webhook.admission.admit import AdmissionConfig, Admitter, ClusterContext, UserAssignment
 from webhook.admission.app import build_app
 from webhook.admission.metrics import Metrics
-from webhook.admission.reload import PolicyStore
+from webhook.admission.reload import PolicyStore, refusal_note
 from webhook.admission.tls import CertReloader
 from webhook.certs import generate_ca, issue_serving_cert, service_dns_names, write_pair
 from webhook.certs.pki import LOCAL_IPS
@@ -119,9 +119,7 @@ class WebhookServer:
 
         obj = await policies_configmap_ref(self._events.api, self.opts.namespace,
                                            self.opts.policies_configmap)
-        await self._events.emit(obj, "Warning", "PolicyUpdateRefused",
-                                f"policy update refused, previous policies stay active: "
-                                f"{message}"[:1024])
+        await self._events.emit(obj, "Warning", "PolicyUpdateRefused", refusal_note(message))
 
     async def _tls(self) -> CertReloader:
         opts = self.opts

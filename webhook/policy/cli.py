@@ -9,7 +9,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     policy = subparsers.add_parser("policy", help="validate, test and explain scheduling policies")
     sub = policy.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
 
-    check = sub.add_parser("check", help="validate policy files or directories (exit 1 on errors)")
+    check = sub.add_parser(
+        "check", help="validate policy files or directories (exit 1 on errors)",
+        description="Reports every problem of every document of every file in one run, one "
+        "line each: FILE:LINE:COLUMN: FIELD: MESSAGE. Exit 1 when there is any, 2 when a PATH "
+        "does not exist.")
     check.add_argument("paths", nargs="+", metavar="PATH")
     check.set_defaults(func=_check)
 

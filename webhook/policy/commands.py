@@ -39,12 +39,19 @@ def _labels(text: str) -> dict[str, str]:
 
 
 def check(args: argparse.Namespace) -> int:
+    """Every problem of every file, one line each (exit 1); a PATH that does not exist is a
+    usage error (exit 2)."""
+    missing = [p for p in args.paths if not Path(p).exists()]
+    if missing:
+        raise UsageError(f"no such file or directory: {', '.join(missing)}")
     try:
         policies = load_policies(args.paths)
     except PolicyError as exc:
         for issue in exc.issues:
             print(issue)
-        print(f"{len(exc.issues)} error(s)")
+        files = len({issue.file for issue in exc.issues})
+        print(f"{len(exc.issues)} problem{'s' if len(exc.issues) > 1 else ''} in {files} "
+              f"file{'s' if files > 1 else ''}; nothing loaded")
         return 1
     for policy, origin in zip(policies.policies, policies.origins, strict=True):
         print(f"ok  {policy.name:<32} priority {policy.spec.priority:<4} {origin}")

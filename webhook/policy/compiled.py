@@ -24,7 +24,7 @@ Requirement = tuple[str, str, frozenset[str]]
 
 #: label keys the engine checks (gang keys of other controllers) or writes, whatever the policies
 ENGINE_LABEL_KEYS = (keys.COSCHEDULING_GROUP_LABEL, keys.LEGACY_COSCHEDULING_GROUP_LABEL,
-                     keys.ISTIO_INJECT)
+                     keys.ISTIO_INJECT, keys.ISTIO_DATAPLANE_MODE)
 #: annotation keys the engine checks or writes, whatever the policies
 ENGINE_ANNOTATION_KEYS = (
     keys.ANN_GPU_ASSIGNMENT, keys.ANN_POLICY, keys.ANN_GPU_TOPOLOGY, keys.ANN_GANG_NAME,

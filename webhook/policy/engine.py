@@ -194,9 +194,12 @@ def decide(view: PodView, policies: PolicySet) -> Decision:
                     "key": keys.LABEL_GPU_MODEL, "operator": "In",
                     "values": sorted({keys.gpu_model_label_value(m) for m in models})})
 
-    if value.get("istio.optOut"):
+    opt_out = value.get("istio.optOut", "none")
+    if opt_out in ("sidecar", "both"):
         labels[keys.ISTIO_INJECT] = "false"
         annotations[keys.ISTIO_INJECT] = "false"
+    if opt_out in ("ambient", "both"):
+        labels[keys.ISTIO_DATAPLANE_MODE] = keys.ISTIO_DATAPLANE_MODE_NONE
     labels.update(writes.labels)
     annotations.update(writes.annotations)
     annotations[keys.ANN_POLICY] = writes.policy_annotation

@@ -1,6 +1,8 @@
 """Load SchedulingPolicy documents from files, directories (a mounted ConfigMap) or ConfigMap data.
 
-All problems of all files are collected and raised together as one PolicyError; nothing is ever
+All problems of all documents of all files are collected and raised together as one PolicyError,
+in file and line order: a problem never hides another (a broken document does not stop the
+next, a type error does not stop the checks across fields, see schema.Parts). Nothing is ever
 partially loaded, so a bad edit never replaces the last good PolicySet.
 """
 
@@ -9,14 +11,22 @@ from __future__ import annotations
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from webhook.policy.errors import PolicyError, PolicyIssue
-from webhook.policy.policyset import PolicySet, find_conflicts, written_fields
-from webhook.policy.schema import API_VERSION, KIND, SchedulingPolicy, contradictions
+from webhook.policy.policyset import PolicySet, find_conflicts
+from webhook.policy.schema import (
+    API_VERSION,
+    KIND,
+    Parts,
+    SchedulingPolicy,
+    contradictions,
+    parts_of,
+)
 from webhook.policy.yamlpos import Document, YamlProblem, decode, documents
 
 POLICY_SUFFIXES = (".yaml", ".yml", ".json")
@@ -52,67 +62,101 @@ def load_policy_texts(texts: Mapping[str, str]) -> PolicySet:
     return _build(sources, [])
 
 
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """One document as read: what the checks across documents need of it."""
+
+    file: str
+    doc: Document
+    #: metadata.name when it is a string ("" otherwise)
+    name: str
+    parts: Parts
+    #: the policy, None when the document has problems of its own
+    policy: SchedulingPolicy | None
+
+
 def _build(sources: list[tuple[str, bytes]], issues: list[PolicyIssue]) -> PolicySet:
-    loaded: list[tuple[SchedulingPolicy, str, Document]] = []
+    read: list[_Read] = []
     for name, raw in sources:
-        loaded.extend(_parse_source(name, raw, issues))
-    policies = [p for p, _, _ in loaded]
-
-    first_by_name: dict[str, str] = {}
-    for policy, file, doc in loaded:
-        if policy.name in first_by_name:
-            line, col = doc.position(("metadata", "name"))
-            issues.append(PolicyIssue(file, doc.index, line, col, "metadata.name",
-                                      f"duplicate policy name, first defined at "
-                                      f"{first_by_name[policy.name]}", policy.name))
-        else:
-            first_by_name[policy.name] = _origin(file, doc)
-
-    written_labels = {k.split(".", 1)[1]: p.name for p in policies
-                      for k in written_fields(p) if k.startswith("labels.")}
-    for policy, file, doc in loaded:
-        sel = policy.spec.match.podSelector
-        for key in sorted(sel.keys() & written_labels.keys() if sel else ()):
-            path = ("spec", "match", "podSelector")
-            line, col = doc.position(path)
-            issues.append(PolicyIssue(
-                file, doc.index, line, col, _dotted(path),
-                f"selects on label {key!r}, which policy {written_labels[key]} writes: the result "
-                "would change when the pod is evaluated again", policy.name))
-
+        read.extend(_parse_source(name, raw, issues))
+    issues.extend(_duplicate_names(read))
+    issues.extend(_unstable_selectors(read))
+    loaded = [(r, r.policy) for r in read if r.policy is not None]
+    policies = [p for _, p in loaded]
     for c in find_conflicts(policies):
-        (a, a_file, a_doc), (b, b_file, b_doc) = loaded[c.first], loaded[c.second]
-        line, col = b_doc.position(c.path)
-        a_line, _ = a_doc.position(c.path)
+        (a, _), (b, b_policy) = loaded[c.first], loaded[c.second]
+        line, col = b.doc.position(c.path)
+        a_line, _ = a.doc.position(c.path)
         issues.append(PolicyIssue(
-            b_file, b_doc.index, line, col, _dotted(c.path),
-            f"conflicts with policy {a.name} ({a_file}:{a_line}): both set {c.field} to "
-            f"different values at priority {b.spec.priority} for pods both can match; give one "
-            "a higher spec.priority or make their match disjoint", b.name))
+            b.file, b.doc.index, line, col, _dotted(c.path),
+            f"conflicts with policy {a.name} ({a.file}:{a_line}): both set {c.field} to "
+            f"different values at priority {b_policy.spec.priority} for pods both can match; "
+            "give one a higher spec.priority or make their match disjoint", b.name))
 
     if issues:
-        raise PolicyError(issues)
-    return PolicySet.of([(p, _origin(file, doc)) for p, file, doc in loaded])
+        rank = {name: i for i, (name, _) in enumerate(sources)}
+        raise PolicyError(sorted(issues, key=lambda i: (rank.get(i.file, -1), i.document,
+                                                        i.line, i.column)))
+    return PolicySet.of([(p, _origin(r.file, r.doc)) for r, p in loaded])
+
+
+def _duplicate_names(read: list[_Read]) -> list[PolicyIssue]:
+    """Each later definition of a name, naming the first (any document with a name counts,
+    valid or not: the name must change either way)."""
+    out: list[PolicyIssue] = []
+    first: dict[str, _Read] = {}
+    for r in read:
+        if not r.name:
+            continue
+        if r.name not in first:
+            first[r.name] = r
+            continue
+        f = first[r.name]
+        line, col = r.doc.position(("metadata", "name"))
+        f_line, f_col = f.doc.position(("metadata", "name"))
+        out.append(PolicyIssue(r.file, r.doc.index, line, col, "metadata.name",
+                               f"duplicate policy name {r.name!r}, first defined at "
+                               f"{f.file}:{f_line}:{f_col}", r.name))
+    return out
+
+
+def _unstable_selectors(read: list[_Read]) -> list[PolicyIssue]:
+    """Pod selectors on a label some policy writes, each side checked on its own."""
+    writers = {key: r.name or _origin(r.file, r.doc) for r in read for key in r.parts.labels or ()}
+    out: list[PolicyIssue] = []
+    path = ("spec", "match", "podSelector")
+    for r in read:
+        sel = r.parts.pod_selector
+        for key in sorted(sel.keys() & writers.keys() if sel else ()):
+            line, col = r.doc.position(path)
+            out.append(PolicyIssue(
+                r.file, r.doc.index, line, col, _dotted(path),
+                f"selects on label {key!r}, which policy {writers[key]} writes: the result "
+                "would change when the pod is evaluated again", r.name))
+    return out
 
 
 def _origin(file: str, doc: Document) -> str:
     return f"{file}:{doc.value_pos.get((), (1, 1))[0]}"
 
 
-def _parse_source(name: str, raw: bytes,
-                  issues: list[PolicyIssue]) -> list[tuple[SchedulingPolicy, str, Document]]:
-    out: list[tuple[SchedulingPolicy, str, Document]] = []
+def _parse_source(name: str, raw: bytes, issues: list[PolicyIssue]) -> list[_Read]:
     try:
-        for doc in documents(decode(raw)):
-            policy = _validate(name, doc, issues)
-            if policy is not None:
-                out.append((policy, name, doc))
+        text = decode(raw)
     except YamlProblem as exc:
         issues.append(PolicyIssue(name, exc.document, exc.line, exc.column, "", exc.message))
+        return []
+    out: list[_Read] = []
+    for doc in documents(text):
+        if isinstance(doc, YamlProblem):
+            issues.append(PolicyIssue(name, doc.document, doc.line, doc.column, "", doc.message))
+        elif (checked := _check(name, doc, issues)) is not None:
+            out.append(checked)
     return out
 
 
-def _validate(file: str, doc: Document, issues: list[PolicyIssue]) -> SchedulingPolicy | None:
+def _check(file: str, doc: Document, issues: list[PolicyIssue]) -> _Read | None:
+    """Every problem of one document, added to `issues`; None when it is no mapping at all."""
     data = doc.data
     if not isinstance(data, dict):
         line, col = doc.position(())
@@ -132,23 +176,27 @@ def _validate(file: str, doc: Document, issues: list[PolicyIssue]) -> Scheduling
             found = "it is missing" if got is None else f"got {got!r}"
             issues.append(PolicyIssue(file, doc.index, line, col, key,
                                       f"must be {want!r}, {found}", policy_name))
-    if len(issues) > before:
-        return None
+    kind = data.get("kind")
+    if isinstance(kind, str) and kind and kind != KIND:
+        # another kind of object: its fields (and name) mean something else
+        return _Read(file, doc, "", Parts(), None)
+    policy = None
     try:
         policy = SchedulingPolicy.model_validate(data)
     except ValidationError as exc:
         for err in exc.errors(include_url=False):
             loc = tuple(p for p in err["loc"] if p != "[key]")
-            kind = err["type"]
-            on_key = kind in ("extra_forbidden", "missing") or "[key]" in err["loc"]
+            if loc in (("apiVersion",), ("kind",)):
+                continue  # said above
+            on_key = err["type"] in ("extra_forbidden", "missing") or "[key]" in err["loc"]
             line, col = doc.position(loc, of_key=on_key)
             issues.append(PolicyIssue(file, doc.index, line, col, _dotted(loc),
                                       _message(err, loc), policy_name))
-        return None
-    for path, message in contradictions(policy):
+    parts = parts_of(data)
+    for path, message in contradictions(parts):
         line, col = doc.position(path)
         issues.append(PolicyIssue(file, doc.index, line, col, _dotted(path), message, policy_name))
-    return None if len(issues) > before else policy
+    return _Read(file, doc, policy_name, parts, policy if len(issues) == before else None)
 
 
 def _message(err: Any, loc: tuple[Any, ...]) -> str:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Literal
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -16,6 +18,8 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
+    TypeAdapter,
+    ValidationError,
     field_validator,
 )
 
@@ -32,9 +36,13 @@ _PERCENT = re.compile(r"^([0-9]{1,3})%$")
 
 #: keys that Muster itself writes: a policy may neither set nor select on them
 RESERVED_KEYS = frozenset({
-    keys.ISTIO_INJECT, keys.VOLCANO_GROUP_ANNOTATION, keys.VOLCANO_QUEUE_ANNOTATION,
-    keys.COSCHEDULING_GROUP_LABEL, keys.LEGACY_COSCHEDULING_GROUP_LABEL,
+    keys.ISTIO_INJECT, keys.ISTIO_DATAPLANE_MODE, keys.VOLCANO_GROUP_ANNOTATION,
+    keys.VOLCANO_QUEUE_ANNOTATION, keys.COSCHEDULING_GROUP_LABEL,
+    keys.LEGACY_COSCHEDULING_GROUP_LABEL,
 })
+#: the Istio data planes a pod can leave (spec.istio.optOut)
+IstioOptOutName = Literal["none", "sidecar", "ambient", "both"]
+ISTIO_OPT_OUTS: tuple[str, ...] = typing.get_args(IstioOptOutName)
 
 
 def _dns_subdomain(value: str, what: str) -> str:
@@ -119,8 +127,19 @@ def _min_resources(value: Any) -> str | dict[str, str]:
     raise ValueError('must be "auto", "none" or a map of resource name to quantity')
 
 
+def _istio_opt_out(value: Any) -> str:
+    """One of ISTIO_OPT_OUTS; true and false, the spelling from before ambient mode, are the
+    sidecar opt-out and none."""
+    if isinstance(value, bool):
+        return "sidecar" if value else "none"
+    if isinstance(value, str) and value in ISTIO_OPT_OUTS:
+        return value
+    raise ValueError("must be sidecar, ambient, both or none (true means sidecar, false none)")
+
+
 MinAvailable = Annotated[int | str, PlainValidator(_min_available)]
 MinResources = Annotated[str | dict[str, str], PlainValidator(_min_resources)]
+IstioOptOut = Annotated[IstioOptOutName, PlainValidator(_istio_opt_out)]
 
 
 class _Model(BaseModel):
@@ -189,7 +208,9 @@ class Gang(_Model):
 
 
 class Istio(_Model):
-    optOut: bool = False
+    #: the data planes the pod leaves: sidecar (sidecar.istio.io/inject "false"), ambient
+    #: (istio.io/dataplane-mode "none"), both, or none
+    optOut: IstioOptOut = "none"
 
 
 class Topology(_Model):
@@ -245,23 +266,83 @@ class SchedulingPolicy(_Model):
 Path = tuple[str | int, ...]
 
 
-def contradictions(policy: SchedulingPolicy) -> list[tuple[Path, str]]:
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """The parts of a policy document, each validated on its own and without its invalid fields
+    (None: absent or invalid), so that the checks across fields run while other fields of the
+    document still have errors."""
+
+    namespace_selector: LabelSelector | None = None
+    pod_selector: LabelSelector | None = None
+    gpus: GpuRange | None = None
+    gang: Gang | None = None
+    #: spec.gang is given, valid or not (a check that needs its backend waits for it)
+    has_gang: bool = False
+    topology: Topology | None = None
+    labels: dict[str, str] | None = None
+
+
+#: each part alone, validated as within the whole policy
+_SELECTOR = TypeAdapter(LabelSelector)
+_GPUS = TypeAdapter(GpuRange)
+_GANG = TypeAdapter(Gang)
+_TOPOLOGY = TypeAdapter(Topology)
+_LABELS: TypeAdapter[dict[str, str]] = TypeAdapter(dict[OwnKey, LabelValue],
+                                                   config=ConfigDict(strict=True))
+
+
+def parts_of(data: Any) -> Parts:
+    spec = _field(data, "spec")
+    match = _field(spec, "match")
+    return Parts(
+        namespace_selector=_valid(_SELECTOR, _field(match, "namespaceSelector")),
+        pod_selector=_valid(_SELECTOR, _field(match, "podSelector")),
+        gpus=_valid(_GPUS, _field(match, "gpus")),
+        gang=_valid(_GANG, _field(spec, "gang")),
+        has_gang=_field(spec, "gang") is not None,
+        topology=_valid(_TOPOLOGY, _field(spec, "topology")),
+        labels=_valid(_LABELS, _field(spec, "labels")))
+
+
+def _field(data: Any, name: str) -> Any:
+    return data.get(name) if isinstance(data, dict) else None
+
+
+_M = TypeVar("_M")
+
+
+def _valid(adapter: TypeAdapter[_M], raw: Any) -> _M | None:
+    """The part, without those of its fields (or keys) that are invalid; None when nothing of
+    it is valid or a required field is not."""
+    for _ in range(2):
+        if raw is None:
+            return None
+        try:
+            return adapter.validate_python(raw)
+        except ValidationError as exc:
+            bad = {err["loc"][0] for err in exc.errors() if err["loc"]}
+            if not isinstance(raw, dict) or not bad:
+                return None
+            raw = {k: v for k, v in raw.items() if k not in bad}
+    return None
+
+
+def contradictions(parts: Parts) -> list[tuple[Path, str]]:
     """Combinations of individually valid fields that cannot work together, with exact paths."""
-    spec = policy.spec
     out: list[tuple[Path, str]] = []
-    for sel_name in ("namespaceSelector", "podSelector"):
-        sel: LabelSelector | None = getattr(spec.match, sel_name)
+    for sel_name, sel in (("namespaceSelector", parts.namespace_selector),
+                          ("podSelector", parts.pod_selector)):
         for i, req in enumerate(sel.matchExpressions if sel else ()):
             at: Path = ("spec", "match", sel_name, "matchExpressions", i, "values")
             if req.operator in ("In", "NotIn") and not req.values:
                 out.append((at, f"operator {req.operator} needs at least one value"))
             if req.operator in ("Exists", "DoesNotExist") and req.values:
                 out.append((at, f"operator {req.operator} takes no values"))
-    gpus = spec.match.gpus
+    gpus = parts.gpus
     if gpus and gpus.min is not None and gpus.max is not None and gpus.min > gpus.max:
         out.append((("spec", "match", "gpus", "max"),
                     f"max ({gpus.max}) is smaller than min ({gpus.min})"))
-    gang = spec.gang
+    gang = parts.gang
     if gang is not None:
         if gang.backend != "volcano" and gang.queue is not None:
             out.append((("spec", "gang", "queue"),
@@ -281,13 +362,15 @@ def contradictions(policy: SchedulingPolicy) -> list[tuple[Path, str]]:
             out.append((("spec", "gang", "scheduleTimeoutSeconds"),
                         "Volcano PodGroups have no schedule timeout; use backend coscheduling "
                         "or muster, or remove it"))
-    topo = spec.topology
+    topo = parts.topology
     if topo is not None and topo.mode == "off" and (
             topo.singleNode or topo.minRingGBps is not None or topo.allowedModels):
         out.append((("spec", "topology", "mode"),
                     "mode off turns topology placement off: singleNode, minRingGBps and "
                     "allowedModels would have no effect, remove them"))
-    if topo is not None and topo.mode != "off" and (gang is None or gang.backend != "muster"):
+    backend_known = gang is not None or not parts.has_gang  # (not that of an invalid gang)
+    if topo is not None and topo.mode != "off" and backend_known and (
+            gang is None or gang.backend != "muster"):
         got = f"backend {gang.backend}" if gang else "no gang"
         out.append((("spec", "topology", "mode"),
                     f"topology mode {topo.mode} needs gang backend muster (Muster's binder does "

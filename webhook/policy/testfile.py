@@ -24,6 +24,7 @@ from webhook.policy.engine import evaluate
 from webhook.policy.patch import render_patch
 from webhook.policy.podgroup import podgroup_manifest
 from webhook.policy.policyset import PolicySet
+from webhook.policy.yamlpos import Document, YamlProblem, decode, documents
 
 TEST_KIND = "PolicyTest"
 
@@ -192,7 +193,8 @@ def run_case(test: PolicyTest, base: Path, policies: PolicySet) -> CaseResult:
 
 
 def load_tests(path: Path) -> tuple[list[tuple[PolicyTest, Path]], list[str]]:
-    """PolicyTest documents from a file or a directory (recursively); (tests, problems)."""
+    """PolicyTest documents from a file or a directory (recursively); (tests, problems), each
+    problem one line that names file, line and column, as `muster policy check` does."""
     files = sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml")
                    and p.is_file() and not any(part.startswith(".") for part in p.parts)) \
         if path.is_dir() else [path]
@@ -200,17 +202,32 @@ def load_tests(path: Path) -> tuple[list[tuple[PolicyTest, Path]], list[str]]:
     problems: list[str] = []
     for file in files:
         try:
-            docs = [d for d in yaml.safe_load_all(file.read_text()) if d is not None]
-        except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-            problems.append(f"{file}: {exc}")
-            continue
-        for n, doc in enumerate(docs, 1):
-            if not isinstance(doc, dict) or doc.get("kind") != TEST_KIND:
-                continue  # pods and owners referenced by the tests live beside them
-            try:
-                tests.append((PolicyTest.model_validate(doc), file))
-            except ValidationError as exc:
-                for err in exc.errors(include_url=False):
-                    where = ".".join(str(p) for p in err["loc"])
-                    problems.append(f"{file}: document {n}: {where}: {err['msg']}")
+            for doc in documents(decode(file.read_bytes())):
+                if isinstance(doc, YamlProblem):
+                    problems.append(_problem(file, (doc.line, doc.column), doc.document,
+                                             doc.message))
+                elif isinstance(doc.data, dict) and doc.data.get("kind") == TEST_KIND:
+                    # (pods and owners referenced by the tests live beside them)
+                    tests.extend((test, file) for test in _test(file, doc, problems))
+        except OSError as exc:
+            problems.append(f"{file}: {exc.strerror or exc}")
+        except YamlProblem as exc:  # not UTF-8
+            problems.append(_problem(file, (exc.line, exc.column), 0, exc.message))
     return tests, problems
+
+
+def _test(file: Path, doc: Document, problems: list[str]) -> list[PolicyTest]:
+    try:
+        return [PolicyTest.model_validate(doc.data)]
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            loc = tuple(p for p in err["loc"] if p != "[key]")
+            line, col = doc.position(loc, of_key=err["type"] in ("extra_forbidden", "missing"))
+            field = ".".join(str(p) for p in loc)
+            problems.append(_problem(file, (line, col), doc.index, f"{field}: {err['msg']}"))
+        return []
+
+
+def _problem(file: Path, at: tuple[int, int], document: int, message: str) -> str:
+    where = f"{file}:{at[0]}:{at[1]}" if at[0] else str(file)
+    return f"{where}: {message}" + (f" (document {document})" if document else "")

@@ -6,6 +6,7 @@ as (line, column, message) problems.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,30 +85,130 @@ def _walk(doc: Document, node: yaml.Node, path: Path, depth: int = 0) -> None:
             _walk(doc, item, (*path, i), depth + 1)
 
 
-def documents(text: str) -> Iterator[Document]:
-    """Each non-empty YAML document with positions. Raises YamlProblem on the first bad one."""
-    index = 0
+def documents(text: str) -> Iterator[Document | YamlProblem]:
+    """Each non-empty YAML document with positions, and a YamlProblem for each document that
+    cannot be read. After a syntax error, reading goes on at the next document marker (`---` at
+    the start of a line) after the error's cause, so one pass reports every document (up to
+    MAX_SYNTAX_ERRORS: each one costs a pass over the rest of the text)."""
+    yield from _not_allowed(text)
+    text = _NOT_ALLOWED.sub(" ", text)
+    start = start_line = index = 0  # where reading (re)starts; its line; documents read so far
+    for _ in range(MAX_SYNTAX_ERRORS):
+        # the lines before `start` left empty: marks keep their lines
+        padded = "\n" * start_line + text[start:]
+        try:
+            for node in yaml.compose_all(padded, Loader=_Loader):
+                index += 1
+                read = _document(index, node)
+                if read is not None:
+                    yield read
+            return
+        except yaml.MarkedYAMLError as exc:
+            problem = _syntax_problem(exc, padded, index + 1)
+        except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+            problem = YamlProblem(0, 0, f"cannot read YAML: {exc}", index + 1)
+        yield problem
+        index += 1
+        resume = _next_document(text, (start, start_line), (problem.line - 1, problem.column - 1))
+        if resume is None:
+            return
+        start, start_line = resume
+    yield YamlProblem(start_line + 1, 1, f"not read on after {MAX_SYNTAX_ERRORS} syntax errors",
+                      index + 1)
+
+
+def _document(index: int, node: yaml.Node | None) -> Document | YamlProblem | None:
+    """The document, its problem, or None when it holds nothing (e.g. after a trailing ---)."""
+    if node is None:
+        return None
+    doc = Document(index, None)
+    _walk(doc, node, ())
     try:
-        for node in yaml.compose_all(text, Loader=_Loader):
-            index += 1
-            if node is None:
-                continue
-            doc = Document(index, None)
-            _walk(doc, node, ())
-            constructor = yaml.constructor.SafeConstructor()
-            doc.data = constructor.construct_document(node)
-            yield doc
-    except yaml.reader.ReaderError as exc:
-        before = text[: exc.position]
-        line, col = before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1
-        code = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or " ")
-        raise YamlProblem(line, col, f"character U+{code:04X} is not allowed in YAML",
-                          index + 1) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
-        message = " ".join(str(p) for p in (exc.context, exc.problem) if p) or "invalid YAML"
-        raise YamlProblem(line, col, message, index + 1) from None
+        doc.data = yaml.constructor.SafeConstructor().construct_document(node)
+    except yaml.MarkedYAMLError as exc:  # e.g. an unknown tag; the next documents are fine
+        return _syntax_problem(exc, "", index)  # (no construct that must be closed)
     except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
         # e.g. a timestamp-looking scalar with month 13, or absurdly deep nesting
-        raise YamlProblem(0, 0, f"cannot read YAML: {exc}", index + 1) from None
+        line, col = _mark(node)
+        return YamlProblem(line, col, f"cannot read YAML: {exc}", index)
+    return None if doc.data is None else doc
+
+
+#: syntax errors read past (and lines with characters not allowed reported) in one file
+MAX_SYNTAX_ERRORS = 100
+#: line breaks as YAML counts them
+_BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
+#: a stream whose first document starts with a marker (only blank lines, comments and
+#: directives before it)
+_MARKER_FIRST = re.compile(
+    r"(?:[ \t]*(?:#.*)?(?:\r\n|[\r\n])|%.*(?:\r\n|[\r\n]))*---(?=[ \t\r\n]|\Z)")
+#: characters a YAML stream may not hold (PyYAML's and libyaml's readers refuse them)
+_NOT_ALLOWED = re.compile(
+    "[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_DOCUMENT_START = re.compile(r"^---(?=[ \t\r\n]|\Z)", re.MULTILINE)
+#: constructs that a character of their own closes. One never closed is noticed only where
+#: something else comes, often lines later: the cause is where it opened (the error's context)
+_OPENED = ("while parsing a flow sequence", "while parsing a flow mapping",
+           "while scanning a quoted scalar", "while scanning a simple key")
+
+
+def _syntax_problem(exc: yaml.MarkedYAMLError, text: str, document: int) -> YamlProblem:
+    """The problem at its cause, naming both of the parser's places, the cause first."""
+    context, problem = exc.context or "", exc.problem or "invalid YAML"
+    ctx, at = exc.context_mark, exc.problem_mark
+    if ctx is not None and (at is None or context in _OPENED):
+        opened = _char_at(text, ctx) if context != "while scanning a simple key" else ""
+        what = f"{opened!r} opened here is not closed" if opened in ("[", "{", "'", '"') \
+            else context
+        where = f" at line {at.line + 1}, column {at.column + 1}" if at is not None else ""
+        return YamlProblem(ctx.line + 1, ctx.column + 1, f"{what}: {problem}{where}", document)
+    if at is None:
+        return YamlProblem(0, 0, " ".join(filter(None, (context, problem))), document)
+    message = problem
+    if ctx is not None and (ctx.line, ctx.column) != (at.line, at.column):
+        place = f"line {ctx.line + 1}, column {ctx.column + 1}"
+        if context.startswith("while parsing a block"):
+            message += (f": this line does not fit the {context.removeprefix('while parsing a ')}"
+                        f" that starts at {place} (check its indentation)")
+        else:
+            message += f" ({context} at {place})"
+    return YamlProblem(at.line + 1, at.column + 1, message, document)
+
+
+def _not_allowed(text: str) -> Iterator[YamlProblem]:
+    """One problem per line holding characters YAML does not allow, for the first
+    MAX_SYNTAX_ERRORS such lines (they are then read as spaces, so that the rest of the file is
+    still checked)."""
+    document = 0 if _MARKER_FIRST.match(text) else 1
+    found = 0
+    for number, line in enumerate(_BREAKS.split(text), 1):
+        document += bool(_DOCUMENT_START.match(line))
+        bad = _NOT_ALLOWED.search(line)
+        if bad is None:
+            continue
+        found += 1
+        if found <= MAX_SYNTAX_ERRORS:
+            yield YamlProblem(number, bad.start() + 1,
+                              f"character U+{ord(bad.group()):04X} is not allowed in YAML",
+                              document)
+    if found > MAX_SYNTAX_ERRORS:
+        yield YamlProblem(0, 0, f"{found - MAX_SYNTAX_ERRORS} more lines hold characters YAML "
+                          "does not allow (is this a text file in UTF-8?)")
+
+
+def _char_at(text: str, mark: yaml.Mark) -> str:
+    return text[mark.index] if 0 <= mark.index < len(text) else ""
+
+
+def _next_document(text: str, since: tuple[int, int],
+                   cause: tuple[int, int]) -> tuple[int, int] | None:
+    """Where (offset, line) the document after the one holding `cause` (0-based line and
+    column) begins: the first marker below it, or at it when the parser stopped right on the
+    marker of the next document. `since` is the offset and line of the text read last."""
+    (start, line), counted = since, since[0]
+    for m in _DOCUMENT_START.finditer(text, start + 1):
+        line += len(_BREAKS.findall(text, counted, m.start()))
+        counted = m.start()
+        if line > cause[0] or (line, 0) == cause:
+            return m.start(), line
+    return None
