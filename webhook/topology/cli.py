@@ -5,17 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from webhook.topology import simcommand
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sim = sub.add_parser(
-        "simulate",
-        help="reference scenario: topology-aware vs regular placement, modelled throughput",
-        description="Places the reference MPIJob (4 workers x 1 GPU, two DGX-1 V100 nodes) with "
-        "Muster and with default spreading + the NVIDIA device plugin, and models training "
-        "throughput (VGG16, ResNet50) from each placement's allreduce bandwidth.",
-    )
-    sim.add_argument("--json", action="store_true", help="machine-readable output")
-    sim.set_defaults(func=_simulate)
+    simcommand.register(sub)
 
     topo = sub.add_parser("topology", help="GPU topologies: built-in types, nvidia-smi parsing")
     tsub = topo.add_subparsers(dest="topology_command", metavar="ACTION", required=True)
@@ -47,12 +41,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     choose.add_argument("-k", type=int, required=True, help="how many GPUs")
     choose.add_argument("--free", default="", help="free GPU indices, e.g. 0,1,2,5 (default all)")
     choose.set_defaults(func=_choose)
-
-
-def _simulate(args: argparse.Namespace) -> int:
-    from webhook.topology import commands  # noqa: PLC0415 (keep the CLI light)
-
-    return commands.simulate(args)
 
 
 def _show(args: argparse.Namespace) -> int:
