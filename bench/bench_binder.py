@@ -1,17 +1,18 @@
 """The binder through the emulator: throughput, gang latency at a fixed arrival rate, memory.
 
 Run: .venv/bin/python bench/bench_binder.py [--nodes 500] [--gangs 200] [--rate 100]
-     [--rss-nodes 5000]
+     [--rss-nodes 5000] [--rounds 3] [--only burst|arrival|memory]
 
 Reference jobs (4 workers x 1 GPU + a 0-GPU launcher, minMember 5) on DGX-1 V100 nodes. The
 binder runs as its own process (`muster bind`), exactly as deployed; the emulator, the pod
 creator and a watch that timestamps bindings share this process.
 
 1. burst: all pods exist, then the binder starts; pods bound per second from its first write
-   (an assignment seen on the watch) to its last Binding. Baseline in the same run: a "null
-   binder" doing only the API writes the binder must do (one assignment PATCH and one
-   Binding per pod, gangs concurrently, no planning) against a fresh emulator with the same
-   cluster: the ratio is the share of the API ceiling the binder reaches.
+   (an assignment seen on the watch) to its last Binding. Baseline in the same run, measured
+   the same way: a "null binder" doing only the API writes the binder must do (one assignment
+   PATCH and one Binding per pod, gangs concurrently, no planning), in its own process as the
+   binder is, against a fresh emulator with the same cluster. Rounds alternate which goes
+   first; the ratio (median of per-round ratios) is the share of the API ceiling reached.
 2. arrival: pods created at --rate pods/s, members of a gang one after another; per gang, the
    time from its last pod's creation to its last Binding seen on the watch (p50/p99/max).
    Target p99 < 1 s at 100 pods/s.
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from webhook import keys
 from webhook.emulator import ApiServerEmulator
 from webhook.kube import KubeApi, make_api_client
-from webhook.kube.api import PODS
+from webhook.kube.api import NODES, PODS
 from webhook.topology import builtin, encode
 
 REPO = Path(__file__).resolve().parent.parent
@@ -188,7 +189,9 @@ async def create_all(kube: KubeApi, pods: list[dict[str, Any]], concurrency: int
     await asyncio.gather(*(one(p) for p in pods))
 
 
-async def burst(nodes: int, gangs: int, tmp: Path) -> float:
+async def burst(nodes: int, gangs: int, tmp: Path, binder_class: type[BinderProcess]) -> float:
+    """All pods exist, then `binder_class` starts as a process; pods bound per second from its
+    first write (an assignment seen on the watch) to its last Binding."""
     pods = [p for g in range(gangs) for p in gang_pods(g)]
     async with cluster(nodes) as api:
         client, kube, kubeconfig = await with_client(api, tmp)
@@ -196,7 +199,7 @@ async def burst(nodes: int, gangs: int, tmp: Path) -> float:
             await create_all(kube, pods)
             watch = BindWatch(kube)
             await watch.start()
-            binder = BinderProcess(kubeconfig)
+            binder = binder_class(kubeconfig)
             await binder.start()
             try:
                 ok = await watch.wait_for(len(pods), 120)
@@ -212,35 +215,42 @@ async def burst(nodes: int, gangs: int, tmp: Path) -> float:
     return len(pods) / max(last - first, 1e-9)
 
 
-async def null_binder(nodes: int, gangs: int, tmp: Path) -> float:
-    """The writes alone: per gang, PATCH every member's assignment, then bind every member."""
-    pods = [p for g in range(gangs) for p in gang_pods(g)]
-    async with cluster(nodes) as api:
-        client, kube, _ = await with_client(api, tmp)
-        try:
-            await create_all(kube, pods)
-            listed = {p["metadata"]["name"]: p for p in (await kube.list(PODS, NS))["items"]}
-            sem = asyncio.Semaphore(64)
+async def null_writes(kubeconfig: Path) -> None:
+    """The null binder's body (`--null-binder KUBECONFIG`, its own process as the binder is):
+    list what a binder lists, then per gang PATCH every member's assignment and bind every
+    member, gangs concurrently, no planning."""
+    client = await make_api_client(str(kubeconfig))
+    kube = KubeApi(client)
+    try:
+        nodes = sorted(n["metadata"]["name"] for n in (await kube.list(NODES))["items"])
+        gangs: dict[str, list[dict[str, Any]]] = {}
+        for p in (await kube.list(PODS, NS))["items"]:
+            gangs.setdefault(p["metadata"]["annotations"][keys.ANN_GANG_NAME], []).append(p)
+        sem = asyncio.Semaphore(64)
 
-            async def gang(g: int) -> None:
-                members = [listed[p["metadata"]["name"]] for p in gang_pods(g)]
-                target = f"dgx-{g % nodes:05d}"
-                async with sem:
-                    await asyncio.gather(*(kube.patch(PODS, m["metadata"]["name"], [
-                        {"op": "test", "path": "/metadata/resourceVersion",
-                         "value": m["metadata"]["resourceVersion"]},
-                        {"op": "add", "path": "/metadata/annotations/muster.io~1gpu-assignment",
-                         "value": json.dumps({"v": 1, "node": target, "containers": {}})}],
-                        NS, patch_type="json") for m in members))
-                    await asyncio.gather(*(kube.bind(NS, m["metadata"]["name"], target)
-                                           for m in members))
+        async def gang(i: int, members: list[dict[str, Any]]) -> None:
+            target = nodes[i % len(nodes)]
+            async with sem:
+                await asyncio.gather(*(kube.patch(PODS, m["metadata"]["name"], [
+                    {"op": "test", "path": "/metadata/resourceVersion",
+                     "value": m["metadata"]["resourceVersion"]},
+                    {"op": "add", "path": "/metadata/annotations/muster.io~1gpu-assignment",
+                     "value": json.dumps({"v": 1, "node": target, "containers": {}})}],
+                    NS, patch_type="json") for m in members))
+                await asyncio.gather(*(kube.bind(NS, m["metadata"]["name"], target)
+                                       for m in members))
 
-            started = time.perf_counter()
-            await asyncio.gather(*(gang(g) for g in range(gangs)))
-            elapsed = time.perf_counter() - started
-        finally:
-            await client.close()
-    return len(pods) / elapsed
+        await asyncio.gather(*(gang(i, gangs[name]) for i, name in enumerate(sorted(gangs))))
+    finally:
+        await client.close()
+
+
+class NullBinderProcess(BinderProcess):
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--null-binder", str(self.kubeconfig),
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
 
 
 async def arrival(nodes: int, gangs: int, rate: float, tmp: Path) -> list[float]:
@@ -314,7 +324,12 @@ async def main() -> int:
     parser.add_argument("--binder-log", type=Path, default=None,
                         help="append the binder processes' logs (info level) to this file")
     parser.add_argument("--only", choices=["burst", "arrival", "memory"], default=None)
+    parser.add_argument("--rounds", type=int, default=3, help="burst rounds (binder, baseline)")
+    parser.add_argument("--null-binder", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.null_binder is not None:
+        await null_writes(args.null_binder)
+        return 0
     BinderProcess.log_path = args.binder_log
     pods = args.gangs * 5
     with tempfile.TemporaryDirectory() as tmp_dir:
@@ -322,10 +337,20 @@ async def main() -> int:
         print(f"{args.gangs} gangs ({pods} pods: 4 workers x 1 GPU + launcher) on {args.nodes} "
               f"DGX-1 V100 nodes, binder as a process, emulator over HTTP")
         if args.only in (None, "burst"):
-            baseline = await null_binder(args.nodes, args.gangs, tmp)
-            rate = await burst(args.nodes, args.gangs, tmp)
-            print(f"burst:    binder {rate:7.1f} pods/s bound; API-writes-only baseline "
-                  f"{baseline:7.1f} pods/s; ratio {rate / baseline:.2f}")
+            rates: dict[str, list[float]] = {"null": [], "binder": []}
+            for r in range(args.rounds):  # alternate who goes first: drift hits both
+                order = ["null", "binder"] if r % 2 == 0 else ["binder", "null"]
+                for who in order:
+                    cls = NullBinderProcess if who == "null" else BinderProcess
+                    rates[who].append(await burst(args.nodes, args.gangs, tmp, cls))
+                print(f"  round {r + 1}: binder {rates['binder'][-1]:7.1f} pods/s, "
+                      f"API-writes-only {rates['null'][-1]:7.1f} pods/s", flush=True)
+            ratio = statistics.median(b / n for b, n in zip(rates["binder"], rates["null"],
+                                                             strict=True))
+            print(f"burst:    binder {statistics.median(rates['binder']):7.1f} pods/s bound; "
+                  f"API-writes-only baseline (own process) "
+                  f"{statistics.median(rates['null']):7.1f} pods/s; ratio {ratio:.2f} "
+                  f"(median of {args.rounds} rounds)")
         if args.only in (None, "arrival"):
             lat = await arrival(args.nodes, args.gangs, args.rate, tmp)
             verdict = "OK" if pct(lat, 0.99) < 1.0 else "ABOVE TARGET"

@@ -1,19 +1,28 @@
-"""Load against `muster serve` vs. a no-op aiohttp TLS webhook: same machine, run and client.
+"""Load against `muster serve` vs. a no-op aiohttp TLS webhook: same machine, run, client, requests.
 
-    .venv/bin/python bench/bench_serve.py [--duration 8] [--connections 50] [--client auto]
+    .venv/bin/python bench/bench_serve.py [--duration 5] [--rounds 5] [--request mix|hit|miss|plain]
 
-Both servers run as their own processes with the same certificate; the client is `wrk` when it
-is installed (a C client, so the client's own CPU cost distorts less), else an aiohttp client;
-both keep 50 connections open, as kube-apiserver does. The request is the real captured MPI worker
-AdmissionReview. `muster serve` runs against the API server emulator (MPIJob present, so the
-decision includes the owner lookup and the PodGroup check from its caches) with the shipped
-example policies plus 40 generated ones that do not match. The no-op parses the JSON and answers
-allowed:true with the uid, the least any correct webhook does; with `--noop-parser msgspec` it
-reads only apiVersion and uid with msgspec and encodes with it, the cheapest there is (muster
-uses msgspec for both too, so this shows what is left of muster's own cost). Rounds alternate
-(no-op, muster, no-op, muster, ...) so that drift on a shared machine hits both; each muster
-round is compared with the no-op round just before it and the median of those ratios is
-reported.
+Both servers run as their own processes with the same certificate; the client is `wrk` (a C
+client, so the client's own CPU cost distorts less; Debian package `wrk`), keeping 50 connections
+open as kube-apiserver does. `muster serve` runs against the API server emulator with the shipped
+example policies plus 40 generated ones that do not match. The requests are the real captured MPI
+worker AdmissionReview with the names, owner and request uid filled in per request (a wrk Lua
+script), for MPIJobs created in the emulator beforehand:
+
+- `mix` (the headline): the worker pods of many jobs, one job after another, job sizes drawn from
+  a realistic mix (1, 2, 2, 4, 4, 4, 8, 8, 16 or 32 workers: 8.1 on average). A job's first pod
+  misses the outcome memo (muster reads the MPIJob, decides afresh and creates the PodGroup); its
+  other pods hit it. No job is sent twice unless the bench says it wrapped around.
+- `hit`: the 32 workers of one job, over and over: every pod after the first hits the memo.
+- `miss`: every pod is the first of a job never seen: owner read, decision, PodGroup create.
+- `plain`: a pod outside any job (no owner, no policy matches), evaluated afresh each time.
+
+Without --request the bench runs mix, hit and miss in that order against the same servers. The
+no-op parses the JSON and answers allowed:true with the uid, the least any correct webhook does;
+with `--noop-parser msgspec` it reads only apiVersion and uid with msgspec and encodes with it,
+the cheapest there is. Rounds alternate (no-op, muster, no-op, muster, ...) over the same request
+sequence so that drift on a shared machine hits both; each muster round is compared with the no-op
+round just before it and the median of those ratios is reported.
 Targets (issue 3): throughput >= 75 % of the no-op, p99 latency <= 1.5x the no-op.
 """
 
@@ -37,8 +46,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import msgspec
+import yaml
 from aiohttp import web
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,7 +57,6 @@ from webhook.admission.tls import server_context  # noqa: E402
 from webhook.certs import generate_ca, issue_serving_cert, write_pair  # noqa: E402
 
 FIXTURES = REPO.parent / "shared" / "fixtures"
-JOB = "tensorflow-topo-4-vgg16"
 EXTRA_POLICY = """\
 apiVersion: muster.io/v1alpha1
 kind: SchedulingPolicy
@@ -67,6 +75,16 @@ class Result:
     p50_ms: float
     p99_ms: float
     errors: int
+    requests: int = 0
+    #: CPU seconds the server process, and the emulator, used during the run
+    server_cpu_s: float = 0.0
+    emulator_cpu_s: float = 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system time of a process so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -137,13 +155,81 @@ def noop_server(port: int, cert: str, key: str, parser: str, patch: str | None =
 
 # --- clients -------------------------------------------------------------------------------
 
+#: wrk's Lua: one request body per call, from a template of the captured worker request.
+#: Arguments after `--`: mode, template file, uids file (one MPIJob uid per line, job j on line
+#: j+1), first job, job sizes (comma-separated), threads. Each thread walks its own jobs
+#: (first + tid, + threads, ...); `done` prints the last job sent and whether any wrapped.
 _WRK_LUA = """
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local f = io.open("{body}", "rb")
-wrk.body = f:read("*a")
-f:close()
+local threads = {}
+
+function setup(thread)
+  thread:set("tid", #threads)
+  table.insert(threads, thread)
+end
+
+function init(args)
+  mode = args[1]
+  local f = io.open(args[2], "rb")
+  template = f:read("*a")
+  f:close()
+  uids = {}
+  for line in io.lines(args[3]) do uids[#uids + 1] = line end
+  sizes = {}
+  for n in string.gmatch(args[5], "%d+") do sizes[#sizes + 1] = tonumber(n) end
+  nthreads = tonumber(args[6])
+  job = tonumber(args[4]) + (mode == "hit" and 0 or tid)
+  pos, counter, last, wrapped = 0, 0, job, 0
+  wrk.method = "POST"
+  wrk.headers["Content-Type"] = "application/json"
+end
+
+local function workers(j) return sizes[(j * 7) % #sizes + 1] end
+
+function request()
+  counter = counter + 1
+  local j, p = job, pos
+  if mode == "hit" then
+    p = counter % workers(j)
+  elseif mode == "miss" then
+    job = job + nthreads
+  else
+    pos = pos + 1
+    if pos >= workers(j) then pos, job = 0, job + nthreads end
+  end
+  if j >= #uids then wrapped = 1 end
+  if j > last then last = j end
+  local name = "mix-" .. (j % #uids)
+  local body = string.gsub(template, "@(%u+)@", {
+    JOB = name, UID = uids[(j % #uids) + 1], POD = name .. "-worker-" .. p,
+    IDX = tostring(p), REQ = tid .. "-" .. counter})
+  return wrk.format(nil, nil, nil, body)
+end
+
+function done(summary, latency, requests)
+  local used, wrap = 0, 0
+  for _, t in ipairs(threads) do
+    used = math.max(used, t:get("last"))
+    wrap = math.max(wrap, t:get("wrapped"))
+  end
+  io.write(string.format("JOBS_LAST %d WRAPPED %d\\n", used, wrap))
+end
 """
+
+#: workers per MPIJob in the mix; job j has SIZES[(7 j) % 10] (the Lua script's rule)
+SIZES = (1, 2, 2, 4, 4, 4, 8, 8, 16, 32)
+THREADS = 2
+
+
+def job_size(j: int) -> int:
+    return SIZES[(j * 7) % len(SIZES)]
+
+
+@dataclass
+class Load:
+    """What one wrk run sends: a mode of the Lua script from a first job, or one fixed body."""
+
+    mode: str  # mix | hit | miss | plain
+    first: int = 0
 
 
 def _ms(text: str) -> float:
@@ -153,13 +239,18 @@ def _ms(text: str) -> float:
     return float(m[1]) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m[2]]
 
 
-def run_wrk(url: str, body_file: Path, connections: int, duration: float,
-            work: Path) -> Result:
-    lua = work / "post.lua"
-    lua.write_text(_WRK_LUA.format(body=body_file))
+def run_wrk(url: str, load: Load, connections: int, duration: float,
+            work: Path) -> tuple[Result, int, bool]:
+    """The run's figures, the last job it sent and whether it wrapped around the jobs."""
+    lua = work / "requests.lua"
+    lua.write_text(_WRK_LUA)
+    mode = "hit" if load.mode == "plain" else load.mode  # plain: one fixed body, job unused
+    template = work / ("plain.json" if load.mode == "plain" else "template.json")
     out = subprocess.run(
-        ["wrk", "-t2", f"-c{connections}", f"-d{int(duration)}s", "--latency", "-s", str(lua),
-         url], capture_output=True, text=True, check=True).stdout
+        ["wrk", f"-t{THREADS}", f"-c{connections}", f"-d{int(duration)}s", "--latency",
+         "-s", str(lua), url, "--", mode, str(template), str(work / "uids.txt"), str(load.first),
+         ",".join(map(str, SIZES)), str(THREADS)],
+        capture_output=True, text=True, check=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
     p50 = _ms(re.search(r"\s50%\s+(\S+)", out)[1])  # type: ignore[index]
     p99 = _ms(re.search(r"\s99%\s+(\S+)", out)[1])  # type: ignore[index]
@@ -169,40 +260,11 @@ def run_wrk(url: str, body_file: Path, connections: int, duration: float,
     if m := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)",
                       out):
         errors += sum(int(x) for x in m.groups())
-    return Result(rps, p50, p99, errors)
+    jobs = re.search(r"JOBS_LAST (\d+) WRAPPED (\d)", out)
+    sent = re.search(r"(\d+) requests in", out)
+    assert jobs is not None and sent is not None, out
+    return Result(rps, p50, p99, errors, int(sent[1])), int(jobs[1]), jobs[2] == "1"
 
-
-async def _aiohttp_load(url: str, body: bytes, connections: int, duration: float,
-                        cafile: Path) -> Result:
-    ctx = ssl.create_default_context(cafile=str(cafile))
-    latencies: list[float] = []
-    errors = 0
-    conn = aiohttp.TCPConnector(ssl=ctx, limit=connections)
-    async with aiohttp.ClientSession(connector=conn) as session:
-        end = time.perf_counter() + duration
-
-        async def worker() -> None:
-            nonlocal errors
-            while time.perf_counter() < end:
-                start = time.perf_counter()
-                try:
-                    async with session.post(url, data=body, headers={
-                            "Content-Type": "application/json"}) as resp:
-                        await resp.read()
-                        ok = resp.status == 200
-                except aiohttp.ClientError:
-                    ok = False
-                latencies.append(time.perf_counter() - start)
-                errors += not ok
-
-        begin = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(connections)))
-        elapsed = time.perf_counter() - begin
-    qs = statistics.quantiles(latencies, n=100)
-    return Result(len(latencies) / elapsed, qs[49] * 1000, qs[98] * 1000, errors)
-
-
-# --- processes -------------------------------------------------------------------------------
 
 @contextmanager
 def process(cmd: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
@@ -239,38 +301,67 @@ def wait_ready(url: str, cafile: Path, proc: subprocess.Popen[bytes], log: Path,
 
 
 def emulator_cmd(work: Path) -> tuple[list[str], Path]:
-    """The API server emulator as a process, seeded with namespace team-a and the MPIJob."""
+    """The API server emulator as a process, with namespace team-a and the Volcano queues the
+    jobs and the policies name, Open (a missing queue would make every pod an Event)."""
     kubeconfig = work / "kubeconfig"
     seed = work / "seed.yaml"
-    seed.write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n---\n"
-                    + (FIXTURES / "jobs" / "mpijob-vgg16-4workers.yaml").read_text())
+    seed.write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n" + "".join(
+        f"---\napiVersion: scheduling.volcano.sh/v1beta1\nkind: Queue\nmetadata: {{name: {q}}}\n"
+        "spec: {weight: 1}\nstatus: {state: Open}\n" for q in ("default", "research", "training")))
     cmd = [sys.executable, "-m", "webhook.emulator", "--port", str(free_port()),
            "--kubeconfig", str(kubeconfig), "--crds", str(REPO.parent / "shared" / "crds"),
            "--seed", str(seed), "--log-level", "warning"]
     return cmd, kubeconfig
 
 
-def owned_review(kubeconfig: Path) -> bytes:
-    """The captured worker request, its ownerReference pointing at the emulator's MPIJob."""
-    import urllib.request  # noqa: PLC0415
+async def create_jobs(kubeconfig: Path, count: int) -> list[str]:
+    """MPIJobs mix-0 .. mix-<count-1> (the fixture's job, SIZES workers each); their uids."""
+    from webhook.kube import MPIJOBS, KubeApi, make_api_client  # noqa: PLC0415
 
-    import yaml  # noqa: PLC0415
+    base = yaml.safe_load((FIXTURES / "jobs" / "mpijob-vgg16-4workers.yaml").read_text())
+    client = await make_api_client(str(kubeconfig))
+    kube = KubeApi(client)
+    uids = [""] * count
+    sem = asyncio.Semaphore(32)
 
-    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-    url = f"{server}/apis/kubeflow.org/v2beta1/namespaces/team-a/mpijobs/{JOB}"
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        job = json.loads(resp.read())
+    async def one(j: int) -> None:
+        job = json.loads(json.dumps(base))
+        job["metadata"]["name"] = f"mix-{j}"
+        job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = job_size(j)
+        async with sem:
+            made = await kube.create(MPIJOBS, job, namespace="team-a")
+        uids[j] = made["metadata"]["uid"]
+
+    try:
+        await asyncio.gather(*(one(j) for j in range(count)))
+    finally:
+        await client.close()
+    return uids
+
+
+def worker_template() -> str:
+    """The captured worker request with @JOB@, @UID@, @POD@, @IDX@ and @REQ@ to fill in."""
     review = json.loads((FIXTURES / "admission" / "pod-create-worker.json").read_text())
-    review["request"]["object"]["metadata"]["ownerReferences"][0]["uid"] = job["metadata"]["uid"]
-    return json.dumps(review).encode()
+    req = review["request"]
+    req["uid"], req["name"] = "@REQ@", "@POD@"
+    meta = req["object"]["metadata"]
+    meta["name"] = "@POD@"
+    meta["labels"]["training.kubeflow.org/job-name"] = "@JOB@"
+    meta["labels"]["training.kubeflow.org/replica-index"] = "@IDX@"
+    owner = meta["ownerReferences"][0]
+    owner["name"], owner["uid"] = "@JOB@", "@UID@"
+    meta.pop("managedFields", None)  # it names the captured owner's uid
+    return json.dumps(review)
 
 
-def plain_review(raw: bytes) -> bytes:
-    review = json.loads(raw)
+def plain_review() -> str:
+    """The captured worker without owner or MPI labels: no policy matches (fixed body)."""
+    review = json.loads((FIXTURES / "admission" / "pod-create-worker.json").read_text())
     meta = review["request"]["object"]["metadata"]
     meta["labels"] = {"app": "web"}
     meta.pop("ownerReferences", None)
-    return json.dumps(review).encode()
+    meta.pop("managedFields", None)
+    return json.dumps(review)
 
 
 def main() -> int:
@@ -278,13 +369,10 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--connections", type=int, default=50)
-    parser.add_argument("--client", choices=["auto", "wrk", "aiohttp"], default="auto")
-    parser.add_argument("--request", choices=["worker", "plain"], default="worker",
-                        help="worker: the captured MPI worker (gang, PodGroup check, patch); "
-                             "plain: the same pod without owner or MPI labels (no policy "
-                             "matches: the server's own cost without the decision)")
-    parser.add_argument("--no-cluster", action="store_true",
-                        help="run muster serve without the emulator (no owner/PodGroup work)")
+    parser.add_argument("--request", choices=["mix", "hit", "miss", "plain"], action="append",
+                        help="which requests (repeatable; default: mix, hit, miss)")
+    parser.add_argument("--jobs", type=int, default=30000,
+                        help="MPIJobs created in the emulator for mix and miss")
     parser.add_argument("--noop-parser", choices=["json", "msgspec"], default="json",
                         help="how the no-op reads and answers: json (the plain webhook), or "
                              "msgspec decoding only apiVersion and uid (the cheapest possible)")
@@ -297,9 +385,9 @@ def main() -> int:
         noop_server(int(port), cert, key, parser_name,
                     patch=args.noop_patch.read_text().strip() if args.noop_patch else None)
         return 0
-    client = args.client
-    if client == "auto":
-        client = "wrk" if shutil.which("wrk") else "aiohttp"
+    if shutil.which("wrk") is None:
+        raise SystemExit("bench_serve needs wrk (Debian/Ubuntu: apt-get install wrk)")
+    cases = args.request or ["mix", "hit", "miss"]
 
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         work = Path(tmp)
@@ -309,90 +397,89 @@ def main() -> int:
                         ignore=shutil.ignore_patterns("tests", "*.md"))
         for i in range(40):
             (policies / f"generated-{i:02d}.yaml").write_text(EXTRA_POLICY.format(i=i))
-        body_file = work / "review.json"
-        body_file.write_bytes((FIXTURES / "admission" / "pod-create-worker.json").read_bytes())
-        emulator = None if args.no_cluster else emulator_cmd(work)
+        (work / "template.json").write_text(worker_template())
+        (work / "plain.json").write_text(plain_review())
+        emulator, kubeconfig_path = emulator_cmd(work)
         muster_port, noop_port = free_port(), free_port()
         serve_cmd = [sys.executable, "-m", "webhook", "--log-level", "warning", "serve",
                      "--host", "127.0.0.1", "--port", str(muster_port),
                      "--policies", str(policies), "--tls-cert-file", str(work / "tls.crt"),
-                     "--tls-key-file", str(work / "tls.key")]
+                     "--tls-key-file", str(work / "tls.key"), "--kubeconfig", str(kubeconfig_path)]
         noop_cmd = [sys.executable, __file__, "--noop-server", str(noop_port),
                     str(work / "tls.crt"), str(work / "tls.key"), args.noop_parser]
-        with contextmanager_chain(emulator, work) as kubeconfig:
-            if kubeconfig is not None:
-                serve_cmd += ["--kubeconfig", str(kubeconfig)]
-                body_file.write_bytes(owned_review(kubeconfig))
-            if args.request == "plain":
-                body_file.write_bytes(plain_review(body_file.read_bytes()))
-            body = body_file.read_bytes()
+        with process(emulator, work / "emulator.log") as emu:
+            wait_kubeconfig(kubeconfig_path, emu, work / "emulator.log")
+            started = time.monotonic()
+            uids = asyncio.run(create_jobs(kubeconfig_path, args.jobs))
+            (work / "uids.txt").write_text("\n".join(uids) + "\n")
+            print(f"{args.jobs} MPIJobs created in {time.monotonic() - started:.0f} s",
+                  flush=True)
             with process(serve_cmd, work / "serve.log") as serve, \
                     process(noop_cmd, work / "noop.log") as noop:
                 targets = {"no-op": (f"https://127.0.0.1:{noop_port}", noop, "noop.log"),
                            "muster": (f"https://127.0.0.1:{muster_port}", serve, "serve.log")}
                 for url, proc, log in targets.values():
                     wait_ready(url, cafile, proc, work / log)
-                results: dict[str, list[Result]] = {"no-op": [], "muster": []}
-                for round_no in range(args.rounds + 1):  # round 0 warms both up
-                    for name, (url, _, _) in targets.items():
-                        target = f"{url}/mutate/pods?timeout=10s"
-                        duration = 2.0 if round_no == 0 else args.duration
-                        if client == "wrk":
-                            res = run_wrk(target, body_file, args.connections, duration, work)
-                        else:
-                            res = asyncio.run(_aiohttp_load(target, body, args.connections,
-                                                            duration, cafile))
-                        if round_no:
-                            results[name].append(res)
-                            print(f"round {round_no} {name:7s} {res.rps:8.0f} req/s  "
-                                  f"p50 {res.p50_ms:7.2f} ms  p99 {res.p99_ms:7.2f} ms  "
-                                  f"errors {res.errors}", flush=True)
-        print(f"request: {args.request}, no-op parser: {args.noop_parser}")
-        report(results, client, args.connections, emulator is not None)
+                hit_job = next(j for j in range(len(SIZES)) if job_size(j) == max(SIZES))
+                first = len(SIZES)  # jobs below are the hit case's
+                for case in cases:
+                    results: dict[str, list[Result]] = {"no-op": [], "muster": []}
+                    wrapped = False
+                    for round_no in range(args.rounds + 1):  # round 0 warms both up
+                        load = Load(case, hit_job if case == "hit" else first)
+                        last = first
+                        for name, (url, proc, _) in targets.items():
+                            cpu0 = cpu_seconds(proc.pid), cpu_seconds(emu.pid)
+                            res, used, wrap = run_wrk(
+                                f"{url}/mutate/pods?timeout=10s", load, args.connections,
+                                2.0 if round_no == 0 else args.duration, work)
+                            res.server_cpu_s = cpu_seconds(proc.pid) - cpu0[0]
+                            res.emulator_cpu_s = cpu_seconds(emu.pid) - cpu0[1]
+                            if name == "muster":  # the no-op is sent the same jobs
+                                last, wrapped = max(last, used), wrapped or wrap
+                            if round_no:
+                                results[name].append(res)
+                                print(f"{case} round {round_no} {name:7s} {res.rps:8.0f} req/s  "
+                                      f"p50 {res.p50_ms:7.2f} ms  p99 {res.p99_ms:7.2f} ms  "
+                                      f"errors {res.errors}", flush=True)
+                        if case in ("mix", "miss"):
+                            first = last + THREADS  # the next round sends jobs never seen
+                    report(case, results, args, wrapped)
     return 0
 
 
-@contextmanager
-def contextmanager_chain(emulator: tuple[list[str], Path] | None,
-                         work: Path) -> Iterator[Path | None]:
-    if emulator is None:
-        yield None
-        return
-    cmd, kubeconfig = emulator
-    with process(cmd, work / "emulator.log") as proc:
-        deadline = time.monotonic() + 30
-        while not kubeconfig.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"emulator failed:\n{(work / 'emulator.log').read_text()}")
-            time.sleep(0.1)
-        yield kubeconfig
+def wait_kubeconfig(kubeconfig: Path, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not kubeconfig.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"emulator failed:\n{log.read_text()}")
+        time.sleep(0.1)
 
 
-def report(results: dict[str, list[Result]], client: str, connections: int,
-           cluster: bool) -> None:
+def report(case: str, results: dict[str, list[Result]], args: argparse.Namespace,
+           wrapped: bool) -> None:
     """Each round's muster run is compared with the no-op run just before it (paired rounds);
     the median of the per-round ratios is the figure, robust to a neighbour's burst of CPU."""
     noop, muster = results["no-op"], results["muster"]
     rps_ratio = statistics.median(m.rps / n.rps for n, m in zip(noop, muster, strict=True))
     p99_ratio = statistics.median(m.p99_ms / n.p99_ms for n, m in zip(noop, muster, strict=True))
     p50_ratio = statistics.median(m.p50_ms / n.p50_ms for n, m in zip(noop, muster, strict=True))
-    print()
-    print(f"client {client}, {connections} connections, cpus {os.cpu_count()}, "
-          f"muster with {'emulator (owner + PodGroup caches)' if cluster else 'no cluster'}, "
-          f"{len(noop)} paired rounds")
+    print(f"\n{case}: wrk, {args.connections} connections, cpus {os.cpu_count()}, no-op parser "
+          f"{args.noop_parser}, {len(noop)} paired rounds"
+          + ("; JOBS WRAPPED AROUND: raise --jobs" if wrapped else ""))
     for name, rs in (("no-op", noop), ("muster", muster)):
-        print(f"{name:7s} median {statistics.median(r.rps for r in rs):8.0f} req/s  "
+        print(f"  {name:7s} median {statistics.median(r.rps for r in rs):8.0f} req/s  "
               f"p50 {statistics.median(r.p50_ms for r in rs):6.2f} ms  "
               f"p99 {statistics.median(r.p99_ms for r in rs):6.2f} ms  "
-              f"errors {sum(r.errors for r in rs)}")
-    print(f"throughput ratio {rps_ratio:.2f} (target >= 0.75: "
+              f"errors {sum(r.errors for r in rs)}  CPU per request: server "
+              f"{statistics.median(r.server_cpu_s / r.requests for r in rs) * 1e6:5.0f} us, "
+              f"emulator {statistics.median(r.emulator_cpu_s / r.requests for r in rs) * 1e6:5.0f}"
+              " us")
+    print(f"  throughput ratio {rps_ratio:.2f} (target >= 0.75: "
           f"{'met' if rps_ratio >= 0.75 else 'NOT met'})")
-    print(f"p99 ratio        {p99_ratio:.2f} (target <= 1.5: "
+    print(f"  p99 ratio        {p99_ratio:.2f} (target <= 1.5: "
           f"{'met' if p99_ratio <= 1.5 else 'NOT met'})")
-    print(f"p50 ratio        {p50_ratio:.2f}")
-    if client == "aiohttp":
-        print("note: the Python client can saturate before the servers on few cores (then both "
-              "show its rate); install wrk for figures")
+    print(f"  p50 ratio        {p50_ratio:.2f}\n", flush=True)
 
 
 if __name__ == "__main__":

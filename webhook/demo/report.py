@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from webhook.demo.run import DemoResult, JobOutcome, PodOutcome
-from webhook.topology.simulate import WORKLOADS
+from webhook.topology.simulate import REFERENCE, reference_scenario
 
 
 def _compact(value: Any) -> str:
@@ -79,6 +79,10 @@ def _job(job: JobOutcome) -> list[str]:
     return lines
 
 
+def _error(modelled: float, published: float) -> str:
+    return f"{100 * (modelled / published - 1):+.1f} %"
+
+
 def format_result(result: DemoResult) -> str:
     lines = ["", "Muster demo: the reference scenario (2 x DGX-1 V100, MPIJob 4 workers x 1 GPU"
              " + launcher), three jobs", ""]
@@ -86,21 +90,27 @@ def format_result(result: DemoResult) -> str:
         lines += [*_job(job), ""]
     placed = [j for j in result.jobs if j.images_per_s]
     if placed:
-        lines.append("  Modelled training throughput (img/s; step = compute + 2(n-1)/n x gradients"
-                     " / bandwidth,")
-        lines.append("  calibrated on the reference benchmark):")
-        lines.append("    " + f"{'':<36}" + "".join(f"{w.name:>10}" for w in WORKLOADS))
+        names = [m.name for m in reference_scenario().models]
+        lines.append("  Modelled training throughput (img/s), from the GPUs each job got: published"
+                     " single-GPU")
+        lines.append("  figures, link speeds and a 10 GbE network (docs/topology.md); not fitted"
+                     " to the reference:")
+        lines.append("    " + f"{'':<40}" + "".join(f"{n:>10}" for n in names))
         rows = [(f"Muster, {j.name} (one node, best GPUs)", j.images_per_s) for j in placed]
-        rows.append(("regular scheduling (2+2 over TCP)", result.regular_images_per_s))
+        rows.append(("regular scheduling (2+2 over the network)", result.regular_images_per_s))
         for label, ips in rows:
-            lines.append("    " + f"{label:<36}" + "".join(f"{ips[w.name]:>10.1f}"
-                                                           for w in WORKLOADS))
+            lines.append("    " + f"{label:<40}" + "".join(f"{ips[n]:>10.1f}" for n in names))
         best = placed[0].images_per_s
-        lines.append("    " + f"{'speed-up':<36}" + "".join(
-            f"{best[w.name] / result.regular_images_per_s[w.name]:>9.2f}x" for w in WORKLOADS))
+        regular = result.regular_images_per_s
+        lines.append("    " + f"{'speed-up (modelled)':<40}" + "".join(
+            f"{best[n] / regular[n]:>9.2f}x" for n in names))
         lines.append(f"    regular placement: {result.regular_placement}")
-        lines.append("    measured by Alibaba ACK: VGG16 991.92 vs 200.47, ResNet50 1471.55 vs"
-                     " 745.38 img/s")
+        lines.append("    published by Alibaba ACK: " + "; ".join(
+            f"{n} {REFERENCE[n][0]} vs {REFERENCE[n][1]} ({REFERENCE[n][0] / REFERENCE[n][1]:.2f}x)"
+            for n in names if n in REFERENCE))
+        lines.append("    the model's error against it: " + "; ".join(
+            f"{n} Muster {_error(best[n], REFERENCE[n][0])}, regular "
+            f"{_error(regular[n], REFERENCE[n][1])}" for n in names if n in REFERENCE))
     lines.append(f"\n  done in {result.seconds:.1f} s")
     return "\n".join(lines)
 
@@ -114,9 +124,9 @@ def as_json(result: DemoResult) -> str:
     return json.dumps({
         "jobs": [{"name": j.name, "namespace": j.namespace, "policies": j.policies,
                   "gang": j.gang, "podGroup": j.pod_group, "busGBps": j.bus_gbps,
-                  "imagesPerSecond": j.images_per_s, "pods": [pod(p) for p in j.pods]}
+                  "modelledImagesPerSecond": j.images_per_s, "pods": [pod(p) for p in j.pods]}
                  for j in result.jobs],
         "regular": {"placement": result.regular_placement,
-                    "imagesPerSecond": result.regular_images_per_s},
+                    "modelledImagesPerSecond": result.regular_images_per_s},
         "seconds": result.seconds,
     }, indent=2)

@@ -41,7 +41,7 @@ from webhook.kube import (
     make_api_client,
 )
 from webhook.topology import builtin, set_score
-from webhook.topology.simulate import WORKLOADS, run_reference, throughput
+from webhook.topology.simulate import images_per_second, predict, reference_scenario
 
 WEBHOOK_CONFIGURATION = "0-muster-demo"
 
@@ -281,18 +281,17 @@ async def run_demo(policies: list[Path], progress: Progress) -> DemoResult:
                     await kubelet.stop()
                 await client.close()
 
-    reference = run_reference()
-    cal = reference.calibration
+    # modelled from the GPUs the binder really gave each job (webhook.topology.simulate)
+    reference = reference_scenario()
     for job in outcomes:
         if len({p.node for p in job.pods if p.gpus}) == 1:
             node_gpus = sorted(g for p in job.pods for g in p.gpus)
             job.bus_gbps = set_score(topology, node_gpus).allreduce_gbps
-            eff = job.bus_gbps * cal.nvlink_efficiency
-            job.images_per_s = {w.name: throughput(w, cal.compute_s[w.name], len(node_gpus), eff)
-                                for w in WORKLOADS}
-    regular = reference.outcomes[1]
-    where = ", ".join(sorted({f"{m.node}:{','.join(map(str, m.gpus))}"
-                              for m in regular.placement.members if m.gpus}))
+            job.images_per_s = {m.name: images_per_second(m, len(node_gpus), job.bus_gbps,
+                                                          reference.links)
+                                for m in reference.models}
+    regular = predict(reference).regular
+    where = " + ".join(f"{node}:{','.join(map(str, g))}" for node, g in regular.gpus.items())
     return DemoResult(outcomes, dict(regular.images_per_s), where, time.monotonic() - started)
 
 

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from webhook.topology import simcommand
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sim = sub.add_parser(
-        "simulate",
-        help="reference scenario: topology-aware vs regular placement, modelled throughput",
-        description="Places the reference MPIJob (4 workers x 1 GPU, two DGX-1 V100 nodes) with "
-        "Muster and with default spreading + the NVIDIA device plugin, and models training "
-        "throughput (VGG16, ResNet50) from each placement's allreduce bandwidth.",
-    )
-    sim.add_argument("--json", action="store_true", help="machine-readable output")
-    sim.set_defaults(func=_simulate)
+    simcommand.register(sub)
 
     topo = sub.add_parser("topology", help="GPU topologies: built-in types, nvidia-smi parsing")
     tsub = topo.add_subparsers(dest="topology_command", metavar="ACTION", required=True)
@@ -75,12 +69,6 @@ def _topology_source(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("name", nargs="?", help="built-in node type (see `muster topology list`)")
     which.add_argument("--file", help="a topology JSON file (what `parse` and `show` write), or -")
-
-
-def _simulate(args: argparse.Namespace) -> int:
-    from webhook.topology import commands  # noqa: PLC0415 (keep the CLI light)
-
-    return commands.simulate(args)
 
 
 def _show(args: argparse.Namespace) -> int:

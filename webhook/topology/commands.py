@@ -1,4 +1,4 @@
-"""Handlers of `muster simulate` and `muster topology ...` (imported lazily by cli.py)."""
+"""Handlers of `muster topology ...` (imported lazily by cli.py)."""
 
 from __future__ import annotations
 
@@ -13,37 +13,12 @@ from webhook.topology.codec import TopologyFormatError, decode, to_dict, topolog
 from webhook.topology.gpu_choice import set_score, usable_mask
 from webhook.topology.model import GangRequest, MemberRequest, NodeState, Topology, Unplaceable
 from webhook.topology.placement import place_gang
-from webhook.topology.simulate import format_report, run_reference
 from webhook.topology.smi import build_topology, read_gpu_list, read_topo_matrix
 
 
 def _print_topology(doc: dict[str, object], pretty: bool) -> None:
     print(json.dumps(doc, indent=2 if pretty else None,
                      separators=None if pretty else (",", ":")))
-
-
-def simulate(args: argparse.Namespace) -> int:
-    report = run_reference()
-    if args.json:
-        print(json.dumps({
-            "calibration": {
-                "computeSeconds": report.calibration.compute_s,
-                "interNodeGBps": report.calibration.inter_node_gbps,
-                "nvlinkEfficiency": report.calibration.nvlink_efficiency,
-            },
-            "placements": [
-                {"label": o.label, "busGBps": o.bus_gbps, "effectiveGBps": o.effective_gbps,
-                 "imagesPerSecond": o.images_per_s,
-                 "members": [{"key": m.key, "node": m.node, "gpus": list(m.gpus)}
-                             for m in o.placement.members]}
-                for o in report.outcomes
-            ],
-            "inNode": [{"label": label, "gpus": list(g), "busGBps": bw, "imagesPerSecond": ips}
-                       for label, g, bw, ips in report.in_node],
-        }, indent=2))
-    else:
-        print(format_report(report))
-    return 0
 
 
 def _read(path: str) -> str:

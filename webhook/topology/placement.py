@@ -138,7 +138,7 @@ def place_gang(
     if len({m.key for m in gang.members}) != len(gang.members):
         return Unplaceable(f"gang {gang.name} lists a member twice")
     gpu_members = [m for m in gang.members if m.gpus > 0]
-    views = _Views(nodes, tables or TableCache())
+    views = _Views(nodes, tables or TableCache(warm=False))
     used: list[_Node] = []
     if gpu_members:
         placed = _place_single(views, gang, gpu_members)
