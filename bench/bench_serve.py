@@ -244,7 +244,7 @@ def emulator_cmd(work: Path) -> tuple[list[str], Path]:
     seed = work / "seed.yaml"
     seed.write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n---\n"
                     + (FIXTURES / "jobs" / "mpijob-vgg16-4workers.yaml").read_text())
-    cmd = [sys.executable, "-m", "webhook.emulator", "--port", str(free_port()),
+    cmd = [sys.executable, "-m", "webhook.doubles.emulator", "--port", str(free_port()),
            "--kubeconfig", str(kubeconfig), "--crds", str(REPO.parent / "shared" / "crds"),
            "--seed", str(seed), "--log-level", "warning"]
     return cmd, kubeconfig
