@@ -14,6 +14,9 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY webhook ./webhook
+# the test doubles stay out of the image, except the fake NVML that `muster agent --fake-nvml`
+# builds on nodes without GPUs (docs/architecture.md, "Layers")
+RUN rm -r webhook/doubles/emulator webhook/doubles/fakekubelet.py webhook/doubles/webhooks.py
 # a venv: the same recipe on the official Python image and on a Debian python3 base, whose
 # system site-packages are externally managed (PEP 668). Wheels only for the dependencies
 # (grpcio, cryptography...): no compiler in the image
@@ -31,13 +34,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY --from=build /opt/muster /opt/muster
 ENV PATH=/opt/muster/bin:$PATH
 # the import line loads every command's engine and native extension (grpcio needs libstdc++, for
-# one): a base image missing a shared library fails here, not in a crash-looping pod.
+# one) and the fake NVML: a base image missing a shared library fails here, not in a
+# crash-looping pod.
 # 65532: the uid/gid the chart's pod securityContext runs as (runAsNonRoot needs a numeric USER)
 RUN groupadd --system --gid 65532 muster \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin muster \
  && muster --help >/dev/null \
- && python -c "import webhook.admission.server, webhook.binder.service, webhook.agent.runner, webhook.certs.manager"
+ && python -c "import webhook.admission.server, webhook.binder.service, webhook.agent.runner, webhook.certs.manager, webhook.doubles.fakenvml"
 USER 65532:65532
 EXPOSE 8443
 ENTRYPOINT ["muster"]

@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from webhook import keys
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi, make_api_client
 from webhook.kube.api import NODES, PODS
 from webhook.topology import builtin, encode

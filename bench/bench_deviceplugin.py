@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_deviceplugin.py [--pods 400] [--rounds 5] [--restarts 3]
 
-A fake kubelet (webhook.agent.fakekubelet: the kubelet device manager's protocol) in this process
+A fake kubelet (webhook.doubles.fakekubelet: the kubelet device manager's protocol) in this process
 admits pods one container of 1 GPU at a time, as the kubelet does: GetPreferredAllocation, then
 Allocate. Two plugins, each in its own process and registered with its own fake kubelet:
 
@@ -46,8 +46,8 @@ from webhook.agent.deviceplugin.plugin import (  # noqa: E402
     VISIBLE_DEVICES_ENV,
     device_list,
 )
-from webhook.agent.fakekubelet import FakeKubelet  # noqa: E402
 from webhook.binder.assignment import encode_assignment  # noqa: E402
+from webhook.doubles.fakekubelet import FakeKubelet  # noqa: E402
 from webhook.kube import PODS, KubeApi, make_api_client  # noqa: E402
 from webhook.topology import ContainerGpus, GpuAssignment, builtin  # noqa: E402
 
@@ -179,7 +179,7 @@ async def run(args: argparse.Namespace, work: Path) -> None:
     for k in kubelets.values():
         await k.start()
     py = sys.executable
-    async with process(py, "-m", "webhook.emulator", "--kubeconfig", str(kubeconfig),
+    async with process(py, "-m", "webhook.doubles.emulator", "--kubeconfig", str(kubeconfig),
                        "--seed", str(seed), "--log-level", "warning",
                        log=work / "emulator.log") as emulator:
         await wait_file(kubeconfig, emulator, work / "emulator.log")

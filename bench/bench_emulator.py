@@ -29,7 +29,7 @@ from aiohttp import web
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from webhook.emulator import ApiServerEmulator  # noqa: E402
+from webhook.doubles.emulator import ApiServerEmulator  # noqa: E402
 from webhook.kube import NAMESPACES, NODES, PODS, KubeApi, make_api_client  # noqa: E402
 
 

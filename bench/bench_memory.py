@@ -116,7 +116,7 @@ def main() -> int:
         seed = work / "seed.yaml"
         seed_file(seed, args.namespaces, args.jobs)
         kubeconfig = work / "kubeconfig"
-        emulator = [sys.executable, "-m", "webhook.emulator", "--port", str(free_port()),
+        emulator = [sys.executable, "-m", "webhook.doubles.emulator", "--port", str(free_port()),
                     "--kubeconfig", str(kubeconfig), "--crds",
                     str(REPO.parent / "shared" / "crds"), "--seed", str(seed),
                     "--log-level", "warning"]

@@ -308,7 +308,7 @@ def emulator_cmd(work: Path) -> tuple[list[str], Path]:
     seed.write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n" + "".join(
         f"---\napiVersion: scheduling.volcano.sh/v1beta1\nkind: Queue\nmetadata: {{name: {q}}}\n"
         "spec: {weight: 1}\nstatus: {state: Open}\n" for q in ("default", "research", "training")))
-    cmd = [sys.executable, "-m", "webhook.emulator", "--port", str(free_port()),
+    cmd = [sys.executable, "-m", "webhook.doubles.emulator", "--port", str(free_port()),
            "--kubeconfig", str(kubeconfig), "--crds", str(REPO.parent / "shared" / "crds"),
            "--seed", str(seed), "--log-level", "warning"]
     return cmd, kubeconfig

@@ -142,7 +142,7 @@ class LocalCluster:
         and logs one JSON line per pod started."""
         self._proc(f"kubelet-{node_name}", "--dir", str(self.tmp / node_name),
                    "--kubeconfig", str(self.kubeconfig), "--node", node_name,
-                   module="webhook.agent.fakekubelet")
+                   module="webhook.doubles.fakekubelet")
 
     def restart_kubelet(self, node_name: str) -> None:
         """A kubelet restart: the device plugin must notice and register again."""
@@ -192,7 +192,8 @@ class LocalCluster:
         emulator = Proc("apiserver", [
             "--kubeconfig", str(self.kubeconfig), "--crds", str(self.shared / "crds"),
             "--service-host", f"{NAMESPACE}/{RELEASE}-webhook=127.0.0.1:{self.webhook_port}"],
-            self.tmp / "apiserver.log", module="webhook.emulator", capture_stdout=True).start()
+            self.tmp / "apiserver.log", module="webhook.doubles.emulator",
+            capture_stdout=True).start()
         self.procs["apiserver"] = emulator
         assert emulator.popen is not None and emulator.popen.stdout is not None
         url = await asyncio.wait_for(asyncio.to_thread(emulator.popen.stdout.readline), 30)

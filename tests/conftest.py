@@ -1,7 +1,7 @@
 """Shared pytest configuration. Area-specific fixtures live in tests/<area>/conftest.py.
 
 Fixtures for everything that talks to Kubernetes:
-- `apiserver`: a started `webhook.emulator.ApiServerEmulator` with the shared upstream CRDs
+- `apiserver`: a started `webhook.doubles.emulator.ApiServerEmulator` with the shared upstream CRDs
   installed (Volcano and coscheduling PodGroups, Volcano Queues, MPIJobs) and namespace "team-a".
 - `kubeconfig`: path of a kubeconfig pointing at it; `kube`: a `webhook.kube.KubeApi` on it.
 - `tls_webhook`: starts HTTPS admission webhooks (self-signed CA) with a handler of the test's.
@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from webhook.demo import scenario
-from webhook.emulator import ApiServerEmulator
-from webhook.emulator.testing import TlsCerts, WebhookServers, make_certs
+from webhook.doubles.emulator import ApiServerEmulator
+from webhook.doubles.webhooks import TlsCerts, WebhookServers, make_certs
 from webhook.kube import KubeApi, make_api_client
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,7 +75,7 @@ def webhook_certs() -> TlsCerts:
 @pytest.fixture
 async def tls_webhook(webhook_certs: TlsCerts) -> AsyncIterator[WebhookServers]:
     """`hook = await tls_webhook.start(handler, path="/mutate")`: an HTTPS admission webhook
-    (see webhook.emulator.testing); every server started stops at teardown."""
+    (see webhook.doubles.webhooks); every server started stops at teardown."""
     servers = WebhookServers(webhook_certs)
     yield servers
     await servers.stop()

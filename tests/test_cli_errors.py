@@ -4,12 +4,13 @@ the input, exit 2 for usage and 1 for runtime, no traceback (unless --log-level 
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from webhook.cli import main
+from webhook.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = str(REPO / "policies")
@@ -116,3 +117,10 @@ def test_a_wrong_type_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         main(["serve", "--policies", POLICIES, "--port", "abc"])
     assert exited.value.code == 2
     assert "argument --port: invalid int value: 'abc'" in capsys.readouterr().err
+
+
+def test_an_area_that_does_not_import_fails_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug, not a smaller CLI: `muster` never starts without one of its commands."""
+    monkeypatch.setitem(sys.modules, "webhook.analyze.cli", None)
+    with pytest.raises(ModuleNotFoundError, match=r"webhook\.analyze\.cli"):
+        build_parser()

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from webhook.admission.server import ServeOptions, WebhookServer
 from webhook.certs import KeyPair, generate_ca, issue_serving_cert, write_pair
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 
 #: the shipped-style policies the fixtures are checked against
 POLICIES = """\

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from admission_helpers import Tls, running, wait_for
 
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.keys import ANN_GPU_ASSIGNMENT, ANN_POLICY, ISTIO_INJECT, VOLCANO_GROUP_ANNOTATION
 from webhook.kube import CONFIGMAPS, PODS, ApiError, KubeApi
 

@@ -34,7 +34,7 @@ from aiohttp import web
 
 from webhook import jsonpatch
 from webhook.admission.podgroups import resource_for
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.keys import (
     ANN_POLICY,
     COSCHEDULING_GROUP_LABEL,

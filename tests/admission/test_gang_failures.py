@@ -34,7 +34,7 @@ from admission_helpers import (
 from webhook import jsonpatch
 from webhook.admission.server import WebhookServer
 from webhook.demo import scenario
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.keys import VOLCANO_GROUP_ANNOTATION, VOLCANO_QUEUE_ANNOTATION
 
 MPIJOB_GET = r"/mpijobs/" + JOB + "$"

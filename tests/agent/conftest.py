@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from webhook.agent.discovery import discover
-from webhook.agent.fakekubelet import FakeKubelet
-from webhook.agent.fakenvml import FakeNvml
+from webhook.doubles.fakekubelet import FakeKubelet
+from webhook.doubles.fakenvml import FakeNvml
 from webhook.topology.model import Topology
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -20,10 +20,10 @@ from agent_helpers import NODE, make_pod
 from webhook import keys
 from webhook.agent.deviceplugin.plugin import PluginConfig
 from webhook.agent.discovery import Discovery, discover, keep_identity
-from webhook.agent.fakekubelet import FakeKubelet
-from webhook.agent.fakenvml import FakeNvml
 from webhook.agent.runner import Agent, AgentConfig, nvml_discoverer, static_discoverer
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
+from webhook.doubles.fakekubelet import FakeKubelet
+from webhook.doubles.fakenvml import FakeNvml
 from webhook.kube.api import KubeApi
 from webhook.topology import builtin, decode, encode, topology_class
 from webhook.topology.model import Topology

@@ -91,7 +91,7 @@ async def test_fake_kubelet_process_admits_through_the_plugin(
     plugin = GpuDevicePlugin(PluginConfig(node=NODE, kubelet_dir=sock_dir, kubelet_check_s=0.05,
                                           assignment_wait_s=0.3, poll_s=0.05), dgx1, pods)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "webhook.agent.fakekubelet", "--dir", str(sock_dir),
+        sys.executable, "-m", "webhook.doubles.fakekubelet", "--dir", str(sock_dir),
         "--admit", "4", "--admit", "1", cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     run = asyncio.create_task(plugin.run())

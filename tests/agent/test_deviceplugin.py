@@ -19,7 +19,7 @@ from agent_helpers import NODE, ListedPods, make_pod
 
 from webhook.agent.deviceplugin.plugin import GpuDevicePlugin, PluginConfig
 from webhook.agent.deviceplugin.regen import OUTPUTS, ROOT, regenerate
-from webhook.agent.fakekubelet import FakeKubelet
+from webhook.doubles.fakekubelet import FakeKubelet
 from webhook.topology.model import Topology
 
 

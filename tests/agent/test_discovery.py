@@ -11,8 +11,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from webhook.agent.discovery import discover
-from webhook.agent.fakenvml import FakeHandle, FakeNvml, profile_record
+from webhook.agent.nvml import Nvml, RealNvml
 from webhook.agent.nvmlrecord import Err, NvmlRecord, record_nvml
+from webhook.doubles.fakenvml import FakeHandle, FakeNvml, profile_record
 from webhook.topology import builtin, decode, encode, topology_class
 from webhook.topology.model import PCIeLevel
 
@@ -184,8 +185,17 @@ def test_fake_answers_with_real_pynvml_types() -> None:
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         nvml.nvmlDeviceGetUUID(object())  # type: ignore[arg-type]
     assert nvml.nvmlDeviceGetTopologyCommonAncestor(handle, FakeHandle(3)) == 10
-    assert nvml.NVML_NVLINK_MAX_LINKS == pynvml.NVML_NVLINK_MAX_LINKS
     nvml.nvmlShutdown()
+
+
+def test_real_and_fake_nvml_answer_every_call_of_the_interface() -> None:
+    calls = {name for name in vars(Nvml) if name.startswith("nvml")}
+    assert calls <= set(vars(RealNvml)) and calls <= set(vars(FakeNvml))
+
+
+def test_real_nvml_answers_as_the_library_does() -> None:
+    # with or without NVIDIA's driver here: the adapter changes nothing discovery sees
+    assert discover(RealNvml()) == discover(pynvml)
 
 
 def test_recorded_file_replays_to_the_same_discovery(tmp_path: Path) -> None:

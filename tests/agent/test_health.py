@@ -12,12 +12,12 @@ from agent_helpers import NODE
 
 from webhook import keys
 from webhook.agent.deviceplugin.plugin import PluginConfig
-from webhook.agent.fakekubelet import FakeKubelet
-from webhook.agent.fakenvml import FakeNvml
 from webhook.agent.health import XidEvent, XidWatcher, mark_unhealthy
 from webhook.agent.nvmlrecord import Err, NvmlRecord
 from webhook.agent.runner import Agent, AgentConfig, nvml_discoverer
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
+from webhook.doubles.fakekubelet import FakeKubelet
+from webhook.doubles.fakenvml import FakeNvml
 from webhook.kube.api import KubeApi
 from webhook.topology import builtin, decode
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from webhook.agent.discovery import discover
-from webhook.agent.fakenvml import FakeNvml
 from webhook.agent.nvmlrecord import record_nvml
+from webhook.doubles.fakenvml import FakeNvml
 from webhook.topology import builtin, decode, encode, topology_class
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "nvml").glob("*.json"))

@@ -21,7 +21,7 @@ from webhook.analyze.findings import Finding, Snapshot, analyze
 from webhook.certs import generate_ca, issue_serving_cert
 from webhook.cli import main
 from webhook.demo import scenario
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi, make_api_client
 from webhook.policy import load_policy_texts
 from webhook.topology import builtin, codec

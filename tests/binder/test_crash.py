@@ -16,7 +16,7 @@ from binder_objects import eventually, gpu_claims, node, pod
 
 from webhook import keys
 from webhook.binder.controller import Binder, BinderConfig
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi
 from webhook.kube.api import PODS
 

@@ -9,7 +9,7 @@ from binder_objects import eventually, job, node, pod
 
 from webhook import keys
 from webhook.binder.controller import Binder, BinderConfig
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi
 from webhook.kube.api import PODS
 

@@ -14,7 +14,7 @@ from webhook.binder.assignment import encode_assignment
 from webhook.binder.controller import Binder, BinderConfig
 from webhook.binder.gate import AllocationGate
 from webhook.binder.pods import PodInfo, parse_pod
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi
 from webhook.kube.api import PODS
 from webhook.topology.model import ContainerGpus, GpuAssignment

@@ -10,7 +10,7 @@ from binder_objects import eventually, job, node
 
 from webhook.binder.controller import BinderConfig
 from webhook.binder.service import BinderService, ServiceConfig
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi
 from webhook.kube.api import LEASES, PODS
 from webhook.kube.leader import LeaderElector, LeaseConfig

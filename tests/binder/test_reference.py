@@ -14,7 +14,7 @@ from binder_objects import best_ring_links, eventually, gpu_claims, job, node, p
 from webhook import keys
 from webhook.binder.assignment import build_assignment, encode_assignment
 from webhook.binder.controller import Binder, BinderConfig
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi
 from webhook.kube.api import PODS
 from webhook.topology.builtin import builtin

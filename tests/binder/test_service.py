@@ -11,7 +11,7 @@ from binder_objects import eventually, job, node
 from webhook.binder.controller import BinderConfig
 from webhook.binder.service import BinderService, ServiceConfig
 from webhook.cli import build_parser
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi
 from webhook.kube.api import PODS
 

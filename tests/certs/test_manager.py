@@ -18,7 +18,7 @@ from webhook.certs.manager import (
     SelfCertManager,
     remove_webhook_configurations,
 )
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import (
     LEASES,
     MUTATING_WEBHOOKS,

@@ -21,7 +21,7 @@ from webhook.admission.metrics import Metrics
 from webhook.admission.tls import CertReloader
 from webhook.certs import pki
 from webhook.certs.manager import SelfCertConfig, SelfCertManager
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import MUTATING_WEBHOOKS, NAMESPACES, PODS, SECRETS, KubeApi
 
 NS, SVC, CONFIG = "muster-system", "muster-webhook", "0-muster"

@@ -24,7 +24,7 @@ from chart_helpers import NAMESPACE, REPO, Obj, hook, one, run_cert_hook
 
 from webhook.admission.server import ServeOptions, WebhookServer
 from webhook.certs import pki
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import NAMESPACES, SECRETS, KubeApi, make_api_client
 
 Render = Callable[..., list[Obj]]

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from chart_helpers import CHART, NAMESPACE, run_cert_hook, run_helm, values_args
 
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 
 RELEASE = "muster"
 CONFIG = "0-muster"  # both webhook configurations

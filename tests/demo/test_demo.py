@@ -81,3 +81,13 @@ def test_cli_refuses_a_missing_policy_path(tmp_path: Path) -> None:
                            str(tmp_path / "nope")], cwd=REPO, capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 2 and "no such policy path" in proc.stderr
+
+
+def test_cli_without_the_emulator_says_how_to_run_it() -> None:
+    """As in the image, which leaves the test doubles out (the Dockerfile)."""
+    code = ("import sys; sys.modules['webhook.doubles.emulator'] = None; "
+            "from webhook.cli import main; sys.exit(main(['demo']))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "pip install . && muster demo" in proc.stderr and "Traceback" not in proc.stderr

@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from webhook.emulator import ApiServerEmulator
-from webhook.emulator.testing import (
+from webhook.doubles.emulator import ApiServerEmulator
+from webhook.doubles.webhooks import (
     TlsWebhook,
     WebhookServers,
     admission_response,

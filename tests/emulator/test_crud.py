@@ -12,8 +12,8 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from webhook.emulator import ApiServerEmulator
-from webhook.emulator.testing import make_certs
+from webhook.doubles.emulator import ApiServerEmulator
+from webhook.doubles.webhooks import make_certs
 from webhook.kube import (
     CONFIGMAPS,
     DEPLOYMENTS,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 
 REPO = Path(__file__).resolve().parents[2]
 KUBECTL = REPO / ".cache" / "bin" / "kubectl"

@@ -1,5 +1,5 @@
-"""`python -m webhook.emulator` as a process: kubeconfig written, CRDs and seeds loaded, URL on
-the first line of stdout, clean exit on SIGTERM."""
+"""`python -m webhook.doubles.emulator` as a process: kubeconfig written, CRDs and seeds loaded,
+URL on the first line of stdout, clean exit on SIGTERM."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ async def test_runs_as_a_process(tmp_path: Path, shared_dir: Path) -> None:
     seed.write_text(NODE)
     kubeconfig = tmp_path / "kubeconfig"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "webhook.emulator", "--kubeconfig", str(kubeconfig),
+        sys.executable, "-m", "webhook.doubles.emulator", "--kubeconfig", str(kubeconfig),
         "--crds", str(shared_dir / "crds"), "--seed", str(seed),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:

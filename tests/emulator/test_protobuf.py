@@ -14,7 +14,7 @@ from google.protobuf.message import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.emulator.protobuf import MAGIC, ProtobufError, decode_body
+from webhook.doubles.emulator.protobuf import MAGIC, ProtobufError, decode_body
 
 F = descriptor_pb2.FieldDescriptorProto
 STRING, BYTES, BOOL, INT64, INT32, MSG = (F.TYPE_STRING, F.TYPE_BYTES, F.TYPE_BOOL, F.TYPE_INT64,

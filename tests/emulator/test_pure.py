@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.emulator.errors import ApiStatusError
-from webhook.emulator.patch import merge_patch, strategic_merge
-from webhook.emulator.resources import ResourceType
-from webhook.emulator.schema import validate_custom
-from webhook.emulator.selectors import (
+from webhook.doubles.emulator.errors import ApiStatusError
+from webhook.doubles.emulator.patch import merge_patch, strategic_merge
+from webhook.doubles.emulator.resources import ResourceType
+from webhook.doubles.emulator.schema import validate_custom
+from webhook.doubles.emulator.selectors import (
     Selector,
     label_selector_object,
     labels_match,

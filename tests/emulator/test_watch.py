@@ -12,7 +12,7 @@ import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import (
     CONFIGMAPS,
     COSCHEDULING_PODGROUPS,

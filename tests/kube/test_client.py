@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import NAMESPACES, KubeApi, make_api_client
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import CONFIGMAPS, EVENTS, EventRecorder, KubeApi, make_api_client
 
 

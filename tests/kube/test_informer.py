@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import CONFIGMAPS, NAMESPACES, ApiError, Informer, KubeApi, make_api_client
 
 

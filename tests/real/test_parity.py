@@ -17,7 +17,7 @@ import pytest
 from real_helpers import crd_documents
 
 from e2e.node.cluster import NodeCluster
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import (
     NAMESPACES,
     PODS,

@@ -1,10 +1,11 @@
 """NVML → Topology: what the node's GPUs are and how they are wired.
 
-`discover(nvml)` takes the `pynvml` module or a `FakeNvml`. A failing NVML call degrades the one
-field it was asked for (recorded in `Discovery.degradations` and logged), never the whole run;
-only a failed nvmlInit/nvmlDeviceGetCount leaves no topology at all. Answers a driver gives for
-features the hardware or driver lacks (NotSupported, FunctionNotFound, InvalidArgument for link
-numbers past the GPU's last link) are facts, not failures, and degrade nothing.
+`discover(nvml)` takes an `Nvml` (webhook.agent.nvml), real or fake. A failing NVML call
+degrades the one field it was asked for (recorded in `Discovery.degradations` and logged), never
+the whole run; only a failed nvmlInit/nvmlDeviceGetCount leaves no topology at all. Answers a
+driver gives for features the hardware or driver lacks (NotSupported, FunctionNotFound,
+InvalidArgument for link numbers past the GPU's last link) are facts, not failures, and degrade
+nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import pynvml
 
+from webhook.agent.nvml import Nvml
 from webhook.topology.model import GPU, PCIeLevel, Topology
 
 log = logging.getLogger(__name__)
@@ -68,7 +70,7 @@ class Discovery:
 
 @dataclass
 class _Probe:
-    nvml: Any
+    nvml: Nvml
     problems: list[Degradation] = field(default_factory=list)
     lost: set[int] = field(default_factory=set)
 
@@ -96,7 +98,7 @@ def _pci_key(info: Any) -> tuple[int, int, int]:
     return int(info.domain), int(info.bus), int(info.device)
 
 
-def discover(nvml: Any) -> Discovery:
+def discover(nvml: Nvml) -> Discovery:
     """Ask NVML for the node's GPUs, their PCIe levels, NVLinks and NVSwitch membership."""
     probe = _Probe(nvml)
     _, err = probe.ask("nvml.init", None, nvml.nvmlInit)

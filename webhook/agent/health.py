@@ -13,10 +13,10 @@ import logging
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
 
 import pynvml
 
+from webhook.agent.nvml import EventSet, Nvml
 from webhook.topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def mark_unhealthy(topology: Topology, uuids: Collection[str]) -> Topology:
 
 
 class XidWatcher:
-    def __init__(self, nvml: Any, skip: Collection[int] = APPLICATION_XIDS,
+    def __init__(self, nvml: Nvml, skip: Collection[int] = APPLICATION_XIDS,
                  wait_ms: int = 1000) -> None:
         self.nvml = nvml
         self.skip = frozenset(skip)
@@ -72,7 +72,7 @@ class XidWatcher:
             except pynvml.NVMLError as exc:
                 log.warning("nvmlShutdown failed", extra={"error": str(exc)})
 
-    def _register(self, events: Any) -> None:
+    def _register(self, events: EventSet) -> None:
         nvml = self.nvml
         for index in range(nvml.nvmlDeviceGetCount()):
             try:
@@ -83,7 +83,7 @@ class XidWatcher:
                 # e.g. NotSupported on some boards: that GPU's faults show up at re-discovery
                 log.warning("cannot watch XID events", extra={"gpu": index, "error": str(exc)})
 
-    def _wait_one(self, events: Any, emit: Callable[[XidEvent], None],
+    def _wait_one(self, events: EventSet, emit: Callable[[XidEvent], None],
                   stop: threading.Event) -> None:
         nvml = self.nvml
         try:

@@ -1,7 +1,7 @@
 """What NVML answered on one node, as JSON: the fake NVML replays it, the recorder writes it.
 
 One format serves both directions, so a file recorded on a real GPU node (`muster agent discover
---record FILE`) and the built-in profiles of `webhook.agent.fakenvml` go through the same code.
+--record FILE`) and the built-in profiles of `webhook.doubles.fakenvml` go through the same code.
 Every answer is either the value pynvml returned or `{"error": <NVML return code>}`.
 """
 
@@ -14,6 +14,8 @@ from typing import Any, Literal, TypeVar
 
 import pynvml
 from pydantic import BaseModel, ConfigDict, Field
+
+from webhook.agent.nvml import DeviceHandle, Nvml
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +98,8 @@ def _anon_uuid(uuid: str, salt: str) -> str:
     return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
-def record_nvml(nvml: Any, source: str = "", anonymise_salt: str | None = None) -> NvmlRecord:
-    """Ask `nvml` (pynvml or a fake) everything discovery asks, keeping answers and errors.
+def record_nvml(nvml: Nvml, source: str = "", anonymise_salt: str | None = None) -> NvmlRecord:
+    """Ask `nvml` (real or fake) everything discovery asks, keeping answers and errors.
 
     With `anonymise_salt`, UUIDs are replaced by salted hashes (stable within one file).
     """
@@ -139,7 +141,7 @@ def record_nvml(nvml: Any, source: str = "", anonymise_salt: str | None = None) 
     return rec
 
 
-def _record_device(nvml: Any, handle: Any) -> DeviceRecord:
+def _record_device(nvml: Nvml, handle: DeviceHandle) -> DeviceRecord:
     memory = _answer(nvml.nvmlDeviceGetMemoryInfo, handle)
     pci = _answer(nvml.nvmlDeviceGetPciInfo, handle)
     links: list[LinkRecord] = []

@@ -18,13 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pynvml
-
 from webhook import keys
 from webhook.agent.deviceplugin.plugin import GpuDevicePlugin, PluginConfig
 from webhook.agent.discovery import Discovery, discover, keep_identity
-from webhook.agent.fakenvml import PROFILES, FakeNvml
 from webhook.agent.health import XidEvent, XidWatcher, mark_unhealthy
+from webhook.agent.nvml import Nvml
 from webhook.agent.publisher import NodePublisher
 from webhook.kube.api import PODS, ApiError, KubeApi
 from webhook.topology.builtin import builtin
@@ -36,20 +34,7 @@ log = logging.getLogger(__name__)
 Discoverer = Callable[[], Discovery]
 
 
-def nvml_source(fake: str | None = None) -> Any:
-    """Real NVML (the pynvml module), or the fake NVML with a built-in profile or recorded file.
-    libnvidia-ml itself is loaded on nvmlInit, not here."""
-    if fake is None:
-        return pynvml
-    if fake in PROFILES:
-        return FakeNvml.profile(fake)
-    if Path(fake).is_file():
-        return FakeNvml.from_file(fake)
-    raise ValueError(f"--fake-nvml {fake!r}: neither a profile ({', '.join(PROFILES)}) "
-                     "nor a recorded file")
-
-
-def nvml_discoverer(nvml: Any) -> Discoverer:
+def nvml_discoverer(nvml: Nvml) -> Discoverer:
     return lambda: discover(nvml)
 
 
@@ -102,11 +87,11 @@ class AgentConfig:
 
 
 class Agent:
-    """Discovery → Node publisher and device plugin; `events_nvml` (pynvml or a fake) adds XID
+    """Discovery → Node publisher and device plugin; `events_nvml` (real or fake) adds XID
     fault watching between discoveries."""
 
     def __init__(self, config: AgentConfig, discoverer: Discoverer, api: KubeApi,
-                 events_nvml: Any | None = None) -> None:
+                 events_nvml: Nvml | None = None) -> None:
         self.config = config
         self.discoverer = discoverer
         self.events_nvml = events_nvml

@@ -22,14 +22,14 @@ from typing import Any
 from webhook import keys
 from webhook.admission import ServeOptions, WebhookServer
 from webhook.agent.deviceplugin.plugin import PluginConfig
-from webhook.agent.fakekubelet import FakeKubelet
-from webhook.agent.fakenvml import FakeNvml
 from webhook.agent.runner import Agent, AgentConfig, nvml_discoverer
 from webhook.binder.controller import BinderConfig
 from webhook.binder.service import BinderService, ServiceConfig
 from webhook.certs import generate_ca, issue_serving_cert, write_pair
 from webhook.demo import mpi, scenario
-from webhook.emulator import ApiServerEmulator
+from webhook.doubles.emulator import ApiServerEmulator
+from webhook.doubles.fakekubelet import FakeKubelet
+from webhook.doubles.fakenvml import FakeNvml
 from webhook.kube import (
     COSCHEDULING_PODGROUPS,
     JOBS,

@@ -1,5 +1,5 @@
 """Kubernetes client helpers on kubernetes-asyncio: raw-JSON API access, informers, events.
-They work the same against a real kube-apiserver and against webhook.emulator."""
+They work the same against a real kube-apiserver and against webhook.doubles.emulator."""
 
 from .api import (
     CONFIGMAPS,

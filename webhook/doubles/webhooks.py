@@ -4,9 +4,7 @@ admission webhook server whose handler the test supplies, and AdmissionReview an
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import inspect
-import ipaddress
 import json
 import ssl
 import tempfile
@@ -16,10 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+
+from webhook.certs import pki
 
 
 @dataclass
@@ -43,37 +39,10 @@ class TlsCerts:
 
 
 def make_certs(dns_names: list[str]) -> TlsCerts:
-    """A self-signed CA and a serving certificate for dns_names plus 127.0.0.1."""
-    now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "muster-test-ca")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - dt.timedelta(minutes=5))
-          .not_valid_after(now + dt.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
-                                       crl_sign=True, content_commitment=False,
-                                       key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False,
-                                       decipher_only=False), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
-    sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
-            .issuer_name(ca_name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([x509.OID_SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    return TlsCerts(
-        ca.public_bytes(serialization.Encoding.PEM), cert.public_bytes(serialization.Encoding.PEM),
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                          serialization.NoEncryption()))
+    """A self-signed CA and a serving certificate for dns_names plus 127.0.0.1, for a day."""
+    ca = pki.generate_ca("muster-test-ca", days=1)
+    serving = pki.issue_serving_cert(ca, dns_names, ["127.0.0.1"], days=1)
+    return TlsCerts(ca.cert_pem, serving.cert_pem, serving.key_pem)
 
 
 Handler = Callable[[dict[str, Any]], "dict[str, Any] | Awaitable[dict[str, Any]]"]

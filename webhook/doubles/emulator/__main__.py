@@ -1,4 +1,4 @@
-"""`python -m webhook.emulator --port N --kubeconfig PATH [--crds DIR] [--seed FILE...]`:
+"""`python -m webhook.doubles.emulator --port N --kubeconfig PATH [--crds DIR] [--seed FILE...]`:
 the emulator as a process, for e2e tests that start components as processes."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .server import ApiServerEmulator
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m webhook.emulator", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m webhook.doubles.emulator", description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
     p.add_argument("--kubeconfig", required=True, help="where to write the kubeconfig")

@@ -138,9 +138,6 @@ class Registry:
                 return rt
         return None
 
-    def versions_of(self, group: str, plural: str) -> list[ResourceType]:
-        return [rt for rt in self._types.values() if rt.group == group and rt.plural == plural]
-
     def set_crd(self, crd_name: str, types: list[ResourceType]) -> None:
         for old in self._crd_owned.pop(crd_name, []):
             self._types.pop((old.group, old.version, old.plural), None)

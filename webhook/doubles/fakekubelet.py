@@ -9,7 +9,7 @@ kubelet restart does to the directory: every socket is deleted and kubelet.sock 
 `start_pods` is the kubelet's pod admission: it starts each pod bound to its node that asks for
 the resource, container by container, once.
 
-Runnable as a process: `python -m webhook.agent.fakekubelet --dir DIR` serves and prints one JSON
+Runnable as a process: `python -m webhook.doubles.fakekubelet --dir DIR` serves and prints one JSON
 line per event (registered, devices); `--admit N` (repeatable) admits containers once devices
 have arrived and prints the allocation; `--kubeconfig K --node N` starts the node's pods as they
 are bound and prints one `started` (or `refused`) line per pod.
@@ -290,7 +290,7 @@ async def _main(directory: Path, admit: list[int], resource: str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m webhook.agent.fakekubelet")
+    parser = argparse.ArgumentParser(prog="python -m webhook.doubles.fakekubelet")
     parser.add_argument("--dir", type=Path, required=True, help="device plugin directory")
     parser.add_argument("--resource", default="nvidia.com/gpu")
     parser.add_argument("--admit", type=int, action="append", default=[],

@@ -116,7 +116,6 @@ class ApiServerEmulator:
         self.admission = AdmissionChain(self._webhook_configurations, self._namespace_labels,
                                         service_hosts)
         self._runner: web.AppRunner | None = None
-        self._watch_tasks: set[asyncio.Task[Any]] = set()
         for ns in DEFAULT_NAMESPACES:
             self._seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         for crd in crds:

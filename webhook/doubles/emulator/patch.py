@@ -13,7 +13,6 @@ from .errors import ApiStatusError
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
-APPLY = "application/apply-patch+yaml"
 
 #: list fields merged element-wise by key in strategic merge patch (patchMergeKey in k8s types);
 #: any other list is replaced, as apimachinery does for lists without a patch strategy. A field

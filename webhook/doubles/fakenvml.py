@@ -1,7 +1,7 @@
-"""A fake NVML: pynvml's function names, return types and errors, answering from an NvmlRecord.
+"""A fake NVML: the agent's `Nvml` interface (webhook.agent.nvml), answering from an NvmlRecord.
 
-Discovery code cannot tell it from the real `pynvml` module: strings come back as `str` (pynvml
-decodes them), PCI and memory answers are the real ctypes structures, and failures raise
+Discovery code cannot tell it from the real library: strings come back as `str` (pynvml decodes
+them), PCI and memory answers are the real ctypes structures, and failures raise
 `pynvml.NVMLError` with the real return codes. The answers come from a recorded JSON file
 (`muster agent discover --record`) or a built-in profile; `lose_gpu_after` injects a GPU that
 falls off the bus mid-discovery.
@@ -71,9 +71,7 @@ def _value(answer: T | Err) -> T:
 
 
 class FakeNvml:
-    """Stands in for the `pynvml` module. Not thread safe (neither is discovery)."""
-
-    NVMLError = pynvml.NVMLError
+    """Stands in for `webhook.agent.nvml.RealNvml`. Not thread safe (neither is discovery)."""
 
     def __init__(self, record: NvmlRecord) -> None:
         self.record = record
@@ -100,12 +98,6 @@ class FakeNvml:
     def lose_gpu_after(self, index: int, calls: int) -> None:
         """After `calls` more NVML calls on this GPU, every call on it raises GPU_IS_LOST."""
         self._lost[index] = calls
-
-    def __getattr__(self, name: str) -> Any:
-        # constants (NVML_*) are the real module's, so code can use either object for them
-        if name.startswith("NVML"):
-            return getattr(pynvml, name)
-        raise AttributeError(name)
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -338,3 +330,13 @@ def profile_record(name: str) -> NvmlRecord:
         return PROFILES[name]()
     except KeyError:
         raise ValueError(f"unknown fake NVML profile {name!r}; known: {sorted(PROFILES)}") from None
+
+
+def fake_nvml(spec: str) -> FakeNvml:
+    """What `--fake-nvml SPEC` names: a built-in profile or a file recorded with --record."""
+    if spec in PROFILES:
+        return FakeNvml.profile(spec)
+    if Path(spec).is_file():
+        return FakeNvml.from_file(spec)
+    raise ValueError(f"--fake-nvml {spec!r}: neither a profile ({', '.join(PROFILES)}) "
+                     "nor a recorded file")
