@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from e2e.probes import open_volcano_queues
+from e2e.probes import eventually, open_volcano_queues
 from e2e.procs import REPO, Proc, https_ok, wait_for
 from e2e.projection import project
 from webhook import keys
@@ -215,7 +215,8 @@ class LocalCluster:
             (self.certs / name).write_bytes(base64.b64decode(tls["data"][name]))
         self._projection = asyncio.create_task(
             project(self.kube, NAMESPACE, POLICIES_CONFIGMAP, self.policies_dir))
-        await _until(lambda: any(self.policies_dir.glob("*.yaml")))
+        await eventually(lambda: any(self.policies_dir.glob("*.yaml")), within=30,
+                         what="the policies projected from their ConfigMap")
         await asyncio.to_thread(self.start_webhook)
 
         for name in NODE_NAMES:
@@ -320,12 +321,6 @@ def _json_line(line: str) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-async def _until(check: Any, within: float = 30.0) -> None:
-    async with asyncio.timeout(within):
-        while True:
-            if check():
-                return
-            await asyncio.sleep(0.05)
 
 
 async def _until_async(check: Any, *, what: str, procs: list[Proc], within: float = 60.0) -> None:

@@ -81,7 +81,7 @@ async def _statefulset(tier: Tier, sts: dict[str, Any]) -> list[dict[str, Any]]:
         found[:] = [p for p in (await tier.kube.list(PODS, namespace=ns))["items"]
                     if p["metadata"]["name"] in names]
         return len(found) == len(names)
-    await eventually(f"the pods of StatefulSet {sts['metadata']['name']}", created, within=60)
+    await eventually(created, within=60, what=f"the pods of StatefulSet {sts['metadata']['name']}")
     return sorted(found, key=lambda p: str(p["metadata"]["name"]))
 
 
@@ -163,7 +163,7 @@ async def check(kube: KubeApi, ns: str, gang: Gang) -> dict[str, Any]:
                                                label_selector=gang.selector))["items"]
                    if gang.names is None or p["metadata"]["name"] in gang.names]
         return len(pods) >= gang.pods
-    await eventually(f"{gang.pods} pods of {gang.name}", all_created, within=60)
+    await eventually(all_created, within=60, what=f"{gang.pods} pods of {gang.name}")
     assert len(pods) == gang.pods, [p["metadata"]["name"] for p in pods]
     joined = {str(p["metadata"]["name"]): group_key(p, gang.resource) for p in pods}
     assert set(joined.values()) == {gang.name}, joined

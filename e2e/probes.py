@@ -4,7 +4,8 @@ share: waiting as a user would, and asking admission what it would do."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 from webhook.demo import mpi, scenario
@@ -24,15 +25,22 @@ spec:
 """
 
 
-async def eventually(what: str, check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
-    try:
-        async with asyncio.timeout(within):
-            while True:  # polled through the API, as a user would with kubectl get
-                if await check():
-                    return
-                await asyncio.sleep(0.1)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {within:g} s waiting for {what}") from None
+async def eventually(check: Callable[[], Any], within: float = 10.0, *,
+                     what: str = "the condition", interval: float = 0.05) -> Any:
+    """Poll `check` (a function, or a coroutine function) until it returns something truthy,
+    and return that, as a user polling with kubectl would; AssertionError naming `what` after
+    `within` seconds. The one polling helper of every test tier."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {within:g} s waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 async def probe_labels(kube: KubeApi, ns: str) -> dict[str, str]:

@@ -120,9 +120,10 @@ async def test_reference_mpijob_is_placed_whole_on_the_best_nvlink_ring(cluster:
             nodes.update(p["spec"]["nodeName"] for p in await pods_of(kube, ns, "vgg16")
                          if worker(p) and p["spec"].get("nodeName"))
             return bool(nodes)
-        await eventually("a first worker to be bound", first_bound)
+        await eventually(first_bound, within=30, what="a first worker to be bound")
         await asyncio.to_thread(cluster.restart_kubelet, next(iter(nodes)))
-    await eventually("the gang of 5 to be bound", lambda: all_bound(kube, ns, "vgg16"))
+    await eventually(lambda: all_bound(kube, ns, "vgg16"), within=30,
+                     what="the gang of 5 to be bound")
 
     pods = await pods_of(kube, ns, "vgg16")
     for pod in pods:  # the webhook's gang and topology request, on every member
@@ -206,7 +207,7 @@ async def test_policy_edit_is_picked_up_live_and_a_broken_one_refused(cluster: C
 
     async def labelled() -> bool:
         return (await probe_labels(kube, "team-c")).get("cost-center") == "vision"
-    await eventually("the edited policy to apply without a restart", labelled)
+    await eventually(labelled, within=30, what="the edited policy to apply without a restart")
 
     broken = copy.deepcopy(await _policies(kube))
     broken["data"]["team-c.yaml"] = EXTRA_POLICY.replace("cost-center: vision",
@@ -226,7 +227,8 @@ async def test_policy_edit_is_picked_up_live_and_a_broken_one_refused(cluster: C
         async def refused_event() -> bool:
             events = await kube.list(EVENTS, namespace=NAMESPACE)
             return any(e.get("reason") == "PolicyUpdateRefused" for e in events["items"])
-        await eventually("a PolicyUpdateRefused Event on the ConfigMap", refused_event)
+        await eventually(refused_event, within=30,
+                         what="a PolicyUpdateRefused Event on the ConfigMap")
         assert (await probe_labels(kube, "team-c")).get("cost-center") == "vision"
 
 
@@ -245,7 +247,7 @@ async def test_helm_upgrade_changes_policies_without_a_restart(cluster: Cluster)
 
     async def labelled() -> bool:
         return (await probe_labels(kube, "team-d")).get("cost-center") == "vision"
-    await eventually("the upgraded policies to apply without a restart", labelled)
+    await eventually(labelled, within=30, what="the upgraded policies to apply without a restart")
     if webhook is not None:  # the same process, still running
         assert webhook is cluster.procs["webhook"].popen and webhook.poll() is None
 
@@ -275,7 +277,7 @@ async def test_binder_killed_mid_gang_never_assigns_a_gpu_twice(cluster: Cluster
     async def any_bound() -> bool:
         pods = [p for n in names for p in await pods_of(kube, ns, n)]
         return any(p["spec"].get("nodeName") for p in pods)
-    await eventually("the first binding", any_bound)
+    await eventually(any_bound, within=30, what="the first binding")
     await asyncio.to_thread(cluster.kill, "binder")  # SIGKILL, possibly mid-gang
     for name in names[1:]:
         await submit(kube, name, ns)
@@ -283,7 +285,7 @@ async def test_binder_killed_mid_gang_never_assigns_a_gpu_twice(cluster: Cluster
 
     async def every_gang_bound() -> bool:
         return all([await all_bound(kube, ns, n) for n in names])
-    await eventually("every gang to be bound after the restart", every_gang_bound, within=60)
+    await eventually(every_gang_bound, within=60, what="every gang to be bound after the restart")
     seen: dict[tuple[str, int], str] = {}
     for name in names:
         pods = await pods_of(kube, ns, name)

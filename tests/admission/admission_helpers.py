@@ -9,7 +9,7 @@ import json
 import os
 import re
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,13 +127,6 @@ async def review(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
     assert answer["response"]["uid"] == body["request"]["uid"]
     return answer["response"]  # type: ignore[no-any-return]
 
-
-async def wait_for(predicate: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 def json_paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

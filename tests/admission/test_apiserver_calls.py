@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
-from admission_helpers import Tls, running, wait_for
+from admission_helpers import Tls, running
 
+from e2e.probes import eventually
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.keys import ANN_GPU_ASSIGNMENT, ANN_POLICY, ISTIO_INJECT, VOLCANO_GROUP_ANNOTATION
 from webhook.kube import CONFIGMAPS, PODS, ApiError, KubeApi
@@ -67,7 +68,7 @@ async def test_gang_created_through_the_api(
                         .read_text())["request"]["object"]
     worker["metadata"]["ownerReferences"][0]["uid"] = job["metadata"]["uid"]
     async with running(tls, [policy_dir], kubeconfig=str(kubeconfig), namespace="muster") as srv:
-        await wait_for(srv.admitter.ready)
+        await eventually(srv.admitter.ready)
         for config in _configurations(srv.url, tls.ca.cert_pem):
             await apiserver.create(config["kind"], config)
 

@@ -27,11 +27,11 @@ from admission_helpers import (
     review,
     running,
     volcano_podgroups,
-    wait_for,
     worker_review,
 )
 from aiohttp import web
 
+from e2e.probes import eventually
 from webhook import jsonpatch
 from webhook.admission.podgroups import resource_for
 from webhook.doubles.emulator import ApiServerEmulator
@@ -60,7 +60,7 @@ async def test_real_requests_against_the_cluster(
                          launcher_job)
     async with running(tls, [policy_dir], kubeconfig=str(kubeconfig)) as srv, \
             client(tls) as s:
-        await wait_for(srv.admitter.ready)
+        await eventually(srv.admitter.ready)
         url = f"{srv.url}/mutate/pods"
 
         resp = await review(s, url, dry)
@@ -101,7 +101,7 @@ async def test_twenty_pods_of_one_job_make_one_podgroup(
     worker = owned_by(load_fixture(shared_dir, "pod-create-worker.json"), job)
     async with running(tls, [policy_dir], kubeconfig=str(kubeconfig)) as srv, \
             client(tls) as s:
-        await wait_for(srv.admitter.ready)
+        await eventually(srv.admitter.ready)
         answers = await asyncio.gather(*(
             review(s, f"{srv.url}/mutate/pods", worker_review(worker, i)) for i in range(20)))
         for resp in answers:
@@ -126,7 +126,7 @@ async def test_existing_podgroup_409_and_scaled_job_update(
     worker = owned_by(load_fixture(shared_dir, "pod-create-worker.json"), job)
     async with running(tls, [policy_dir], kubeconfig=str(kubeconfig),
                        owner_cache_ttl=0.05) as srv, client(tls) as s:
-        await wait_for(srv.admitter.ready)
+        await eventually(srv.admitter.ready)
         resp = await review(s, f"{srv.url}/mutate/pods", worker_review(worker, 0))
         assert "warnings" not in resp, resp.get("warnings")
         assert len(volcano_podgroups(apiserver)) == 1
@@ -150,18 +150,18 @@ async def test_existing_podgroup_409_and_scaled_job_update(
         # edited behind Muster's back: the informer sees it, the next pod of the job (the same
         # remembered decision, found current before the edit) restores minMember
         podgroups = srv.context.podgroups  # type: ignore[union-attr]
-        await wait_for(lambda: [k[1].get("minMember") for k in podgroups.known.values()] == [7])
+        await eventually(lambda: [k[1].get("minMember") for k in podgroups.known.values()] == [7])
         await review(s, f"{srv.url}/mutate/pods", worker_review(worker, 6))
         await srv.context.api.patch(  # type: ignore[union-attr]
             resource_for("volcano"), JOB, {"spec": {"minMember": 2}}, namespace="team-a",
             patch_type="merge")
-        await wait_for(lambda: [k[1].get("minMember") for k in podgroups.known.values()] == [2])
+        await eventually(lambda: [k[1].get("minMember") for k in podgroups.known.values()] == [2])
         await review(s, f"{srv.url}/mutate/pods", worker_review(worker, 7))
         assert [g["spec"]["minMember"] for g in volcano_podgroups(apiserver)] == [7]
 
         # a deleted PodGroup is forgotten (informer) and made again by the next pod
         await apiserver.delete("podgroups.scheduling.volcano.sh", JOB, namespace="team-a")
-        await wait_for(lambda: not srv.context.podgroups.known)  # type: ignore[union-attr]
+        await eventually(lambda: not srv.context.podgroups.known)  # type: ignore[union-attr]
         await review(s, f"{srv.url}/mutate/pods", worker_review(worker, 8))
         assert len(volcano_podgroups(apiserver)) == 1
 
@@ -184,7 +184,7 @@ async def test_podgroup_api_error_fails_open(
     worker = owned_by(load_fixture(shared_dir, "pod-create-worker.json"), job)
     async with running(tls, [tmp_path / "p"], kubeconfig=str(kubeconfig)) as srv, \
             client(tls) as s:
-        await wait_for(srv.admitter.ready)
+        await eventually(srv.admitter.ready)
         resp = await review(s, f"{srv.url}/mutate/pods", worker)
     assert resp["allowed"] is True
     pod = jsonpatch.apply_patch(worker["request"]["object"], decode_patch(resp))
@@ -255,10 +255,10 @@ async def test_refused_policy_update_keeps_previous_and_emits_event(
     body = load_fixture(shared_dir, "pod-create-launcher-generatename.json")
     async with running(tls, [mount], kubeconfig=str(kubeconfig),
                        namespace="muster") as srv, client(tls) as s:
-        await wait_for(srv.admitter.ready)
+        await eventually(srv.admitter.ready)
         configmap_version(mount, "v2", {"mpi.yaml": POLICIES.replace("optOut: true",
                                                                      "optOut: maybe")})
-        await wait_for(lambda: metric(srv, "muster_policy_reloads_total", result="error") == 1)
+        await eventually(lambda: metric(srv, "muster_policy_reloads_total", result="error") == 1)
         resp = await review(s, f"{srv.url}/mutate/pods", body)
         pod = jsonpatch.apply_patch(body["request"]["object"], decode_patch(resp))
         assert pod["metadata"]["labels"][ISTIO_INJECT] == "false"  # previous policies apply
@@ -266,7 +266,7 @@ async def test_refused_policy_update_keeps_previous_and_emits_event(
         def refused_event() -> list[dict[str, Any]]:
             return [e for e in apiserver.objects("events", namespace="muster")
                     if e.get("reason") == "PolicyUpdateRefused"]
-        await wait_for(lambda: bool(refused_event()))
+        await eventually(lambda: bool(refused_event()))
         event = refused_event()[0]
         assert event["involvedObject"]["name"] == "muster-policies"
         assert event["type"] == "Warning"
@@ -274,7 +274,7 @@ async def test_refused_policy_update_keeps_previous_and_emits_event(
 
         configmap_version(mount, "v3", {"mpi.yaml": POLICIES.replace(
             "  istio:\n    optOut: true\n", "")})
-        await wait_for(lambda: metric(srv, "muster_policy_reloads_total",
+        await eventually(lambda: metric(srv, "muster_policy_reloads_total",
                                        result="success") == 2)
         resp = await review(s, f"{srv.url}/mutate/pods", body)
         pod = jsonpatch.apply_patch(body["request"]["object"], decode_patch(resp))
@@ -300,7 +300,7 @@ async def test_self_cert_mode_serves_the_managed_secret(
     async def kubelet() -> None:  # projects the Secret into the pod's volume once it exists
         def secret() -> dict[str, Any] | None:
             return apiserver.get("secrets", "muster-webhook-tls", namespace="muster")
-        await wait_for(lambda: secret() is not None, within=10)
+        await eventually(lambda: secret() is not None, within=10)
         data = secret()["data"]  # type: ignore[index]
         mount.mkdir()
         for key in ("tls.crt", "tls.key", "ca.crt"):

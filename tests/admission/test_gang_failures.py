@@ -27,10 +27,10 @@ from admission_helpers import (
     review,
     running,
     volcano_podgroups,
-    wait_for,
     worker_review,
 )
 
+from e2e.probes import eventually
 from webhook import jsonpatch
 from webhook.admission.server import WebhookServer
 from webhook.demo import scenario
@@ -102,7 +102,7 @@ async def test_an_unreadable_job_refuses_its_pods_then_admits_them_without_the_g
     async with running(env.tls, [env.policy_dir],
                        kubeconfig=str(proxy.kubeconfig(env.tmp / "kc")),
                        owner_retry_seconds=1.5) as srv, client(env.tls) as s:
-        await wait_for(srv.admitter.ready)
+        await eventually(srv.admitter.ready)
         url = f"{srv.url}/mutate/pods"
         # worker (pod → MPIJob) and launcher (pod → Job → MPIJob): both refused, in time
         for body in (worker, launcher):
@@ -113,7 +113,7 @@ async def test_an_unreadable_job_refuses_its_pods_then_admits_them_without_the_g
         assert volcano_podgroups(apiserver) == []  # no half gang: nothing joined, nothing made
         assert metric(srv, "muster_gang_interventions_total",
                       reason="owner_unavailable_denied") == 2
-        await wait_for(lambda: {e["involvedObject"]["kind"] for e in events(
+        await eventually(lambda: {e["involvedObject"]["kind"] for e in events(
             apiserver, "GangOwnerUnavailable")} >= {"MPIJob", "Pod"})
 
         # still unreadable after the bound: admitted, without the gang, and said so
@@ -143,7 +143,7 @@ async def test_a_deleted_job_admits_its_pods_without_a_gang_and_without_refusing
     async with running(env.tls, [env.policy_dir],
                        kubeconfig=str(proxy.kubeconfig(env.tmp / "kc"))) as srv, \
             client(env.tls) as s:
-        await wait_for(srv.admitter.ready)
+        await eventually(srv.admitter.ready)
         for body in (env.worker(job), launcher):
             resp = await review(s, f"{srv.url}/mutate/pods", body)
             assert resp["allowed"] is True
@@ -163,14 +163,14 @@ async def test_a_podgroup_left_by_a_deleted_job_is_replaced(
                     "spec": {"minMember": 9, "queue": "default"}})
     worker = owned_by(load_fixture(shared_dir, "pod-create-worker.json"), job)
     async with running(tls, [policy_dir], kubeconfig=str(kubeconfig)) as srv, client(tls) as s:
-        await wait_for(srv.admitter.ready)
+        await eventually(srv.admitter.ready)
         resp = await review(s, f"{srv.url}/mutate/pods", worker)
         assert resp["allowed"] is True and "warnings" not in resp, resp.get("warnings")
         [group] = volcano_podgroups(apiserver)
         assert group["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
         assert group["spec"]["minMember"] == 5
         assert metric(srv, "muster_podgroup_writes_total", result="replaced") == 1
-        await wait_for(lambda: events(apiserver, "GangPodGroupReplaced"))
+        await eventually(lambda: events(apiserver, "GangPodGroupReplaced"))
 
 
 @pytest.mark.parametrize("owner", ["live", "none"])
@@ -192,7 +192,7 @@ async def test_a_podgroup_another_object_controls_is_never_taken_over(
     worker = env.worker(job)
     async with running(env.tls, [env.policy_dir], kubeconfig=str(env.kubeconfig)) as srv, \
             client(env.tls) as s:
-        await wait_for(srv.admitter.ready)
+        await eventually(srv.admitter.ready)
         resp = await review(s, f"{srv.url}/mutate/pods", worker)
         assert resp["allowed"] is False
         assert resp["status"]["code"] == 409
@@ -202,7 +202,7 @@ async def test_a_podgroup_another_object_controls_is_never_taken_over(
         assert group["spec"]["minMember"] == 2  # untouched
         assert metric(srv, "muster_gang_interventions_total",
                       reason="podgroup_foreign_denied") == 1
-        await wait_for(lambda: events(apiserver, "GangPodGroupConflict"))
+        await eventually(lambda: events(apiserver, "GangPodGroupConflict"))
 
 
 # --- the Volcano queue ------------------------------------------------------------------------
@@ -212,7 +212,7 @@ async def serve_with(env: Env, policy: str) -> tuple[Any, WebhookServer]:
     (env.tmp / "p" / "policy.yaml").write_text(policy)
     manager = running(env.tls, [env.tmp / "p"], kubeconfig=str(env.kubeconfig))
     srv = await manager.__aenter__()
-    await wait_for(srv.admitter.ready)
+    await eventually(srv.admitter.ready)
     return manager, srv
 
 
@@ -250,7 +250,7 @@ async def test_an_unavailable_queue_falls_back_or_drops_the_gang_and_says_so(
             reason = "queue_fallback"
         assert any("gpu-queue" in w for w in resp.get("warnings", [])) or queue is not None
         assert metric(srv, "muster_gang_interventions_total", reason=reason) == 1
-        await wait_for(lambda: {e["involvedObject"]["kind"] for e in events(
+        await eventually(lambda: {e["involvedObject"]["kind"] for e in events(
             apiserver, "GangQueueUnavailable")} >= {"MPIJob", "Pod"})
         message = events(apiserver, "GangQueueUnavailable")[0]["message"]
         assert "Volcano queue 'gpu-queue'" in message
@@ -291,7 +291,7 @@ async def test_the_janitor_deletes_finished_jobs_podgroups_as_their_operators_wo
     api.seed(podgroup("not-ours", jobs["done-running"], managed=False))  # someone else's
     async with running(env.tls, [env.policy_dir], kubeconfig=str(env.kubeconfig),
                        namespace="team-a", podgroup_cleanup_interval=0.2) as srv:
-        await wait_for(lambda: metric(srv, "muster_podgroup_cleanups_total") == 2, within=10)
+        await eventually(lambda: metric(srv, "muster_podgroup_cleanups_total") == 2, within=10)
         await asyncio.sleep(0.5)  # later rounds delete nothing more
         assert metric(srv, "muster_podgroup_cleanups_total") == 2
     left = sorted(g["metadata"]["name"] for g in volcano_podgroups(api))

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from webhook import keys
@@ -123,15 +122,3 @@ def gpu_claims(pods: Iterable[dict[str, Any]]) -> list[tuple[str, int, str]]:
             out.extend((doc["node"], i, p["metadata"]["name"]) for i in c["indices"])
     return out
 
-
-async def eventually(predicate: Callable[[], Any], within: float = 10.0,
-                     interval: float = 0.02) -> Any:
-    """Poll until predicate() is truthy; its value, or AssertionError after `within` s."""
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {within}s")
-        await asyncio.sleep(interval)

@@ -12,8 +12,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from binder_objects import eventually, gpu_claims, node, pod
+from binder_objects import gpu_claims, node, pod
 
+from e2e.probes import eventually
 from webhook import keys
 from webhook.binder.controller import Binder, BinderConfig
 from webhook.doubles.emulator import ApiServerEmulator

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from binder_objects import eventually, job, node, pod
+from binder_objects import job, node, pod
 
+from e2e.probes import eventually
 from webhook import keys
 from webhook.binder.controller import Binder, BinderConfig
 from webhook.doubles.emulator import ApiServerEmulator

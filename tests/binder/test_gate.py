@@ -7,8 +7,9 @@ import asyncio
 import contextlib
 from typing import Any
 
-from binder_objects import eventually, job, node, pod
+from binder_objects import job, node, pod
 
+from e2e.probes import eventually
 from webhook import keys
 from webhook.binder.assignment import encode_assignment
 from webhook.binder.controller import Binder, BinderConfig

@@ -6,8 +6,9 @@ import asyncio
 import time
 
 import pytest
-from binder_objects import eventually, job, node
+from binder_objects import job, node
 
+from e2e.probes import eventually
 from webhook.binder.controller import BinderConfig
 from webhook.binder.service import BinderService, ServiceConfig
 from webhook.doubles.emulator import ApiServerEmulator

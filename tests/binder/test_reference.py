@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from binder_objects import best_ring_links, eventually, gpu_claims, job, node, pod
+from binder_objects import best_ring_links, gpu_claims, job, node, pod
 
+from e2e.probes import eventually
 from webhook import keys
 from webhook.binder.assignment import build_assignment, encode_assignment
 from webhook.binder.controller import Binder, BinderConfig

@@ -7,16 +7,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from e2e.probes import eventually
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import CONFIGMAPS, NAMESPACES, ApiError, Informer, KubeApi, make_api_client
-
-
-async def eventually(check: Any, within: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 def cm(name: str, **labels: str) -> dict[str, Any]:

@@ -29,7 +29,8 @@ async def _launcher_made(kube: KubeApi, ns: str, job: str, count: int) -> list[d
         nonlocal pods
         pods = await pods_of(kube, ns, job)
         return len(pods) == count
-    await eventually(f"the Job controller to create {job}'s launcher pod", all_there, within=60)
+    await eventually(all_there, within=60,
+                     what=f"the Job controller to create {job}'s launcher pod")
     return pods
 
 

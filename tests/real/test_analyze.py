@@ -39,7 +39,7 @@ async def test_analyze_names_what_is_wrong_on_the_real_node_and_nothing_else(
         nonlocal found, code
         code, found = await asyncio.to_thread(_analyze, node_cluster)
         return any(f["code"] == "SchedulerNotRunning" for f in found)
-    await eventually("SchedulerNotRunning for the coscheduling pods", fired, within=60)
+    await eventually(fired, within=60, what="SchedulerNotRunning for the coscheduling pods")
     codes = {(f["code"], f["object"]) for f in found}
     assert ("SchedulerNotRunning", "Scheduler/scheduler-plugins-scheduler") in codes
     assert code == 1  # an error: a pipeline gating on it stops

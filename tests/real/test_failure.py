@@ -41,7 +41,7 @@ async def _delete_jobs(kube: KubeApi, ns: str, names: list[str]) -> None:
 
     async def gone() -> bool:
         return not [p for name in names for p in await pods_of(kube, ns, name)]
-    await eventually("the jobs' pods to be deleted", gone, within=120)
+    await eventually(gone, within=120, what="the jobs' pods to be deleted")
 
 
 async def test_deleting_a_webhook_pod_during_200_creates_loses_no_pod(kube: KubeApi) -> None:
@@ -93,7 +93,7 @@ async def test_deleting_a_webhook_pod_during_200_creates_loses_no_pod(kube: Kube
                                 label_selector="app.kubernetes.io/component=webhook"))["items"]
         return sum(all(c.get("ready") for c in p["status"].get("containerStatuses", []))
                    and not p["metadata"].get("deletionTimestamp") for p in pods) == 2
-    await eventually("the Deployment to replace the webhook pod", two_ready, within=120)
+    await eventually(two_ready, within=120, what="the Deployment to replace the webhook pod")
 
 
 def _assigned(pod: dict[str, Any]) -> list[int]:
@@ -119,7 +119,7 @@ async def test_binder_leader_deleted_mid_gang_binds_it_whole_and_no_gpu_twice(
             bound = [p for p in pods if p["spec"].get("nodeName") and _assigned(p)]
             seen.append(len(bound))
             return bool(bound)
-        await eventually("a first GPU pod to be bound", first_bound, within=60)
+        await eventually(first_bound, within=60, what="a first GPU pod to be bound")
         await kube.delete(PODS, leader, NAMESPACE)  # the leader goes, mid-gang or close to it
 
         pods: list[dict[str, Any]] = []
@@ -128,7 +128,7 @@ async def test_binder_leader_deleted_mid_gang_binds_it_whole_and_no_gpu_twice(
             nonlocal pods
             pods = [p for n in names for p in await pods_of(kube, ns, n)]
             return len(pods) == 10 and all(p["status"].get("phase") == "Running" for p in pods)
-        await eventually("both gangs bound whole and running", all_running, within=180)
+        await eventually(all_running, within=180, what="both gangs bound whole and running")
         gpus = [i for p in pods for i in _assigned(p)]
         assert sorted(gpus) == list(range(8))  # every GPU once: none assigned twice
         assert {p["spec"]["nodeName"] for p in pods} == {NODE_NAME}

@@ -62,7 +62,7 @@ async def test_a_closed_queue_falls_back_with_an_event(kube: KubeApi) -> None:
 
     async def told() -> bool:
         return bool(await _events(kube, "GangQueueUnavailable", "queued"))
-    await eventually("the GangQueueUnavailable Event on the MPIJob", told, within=30)
+    await eventually(told, within=30, what="the GangQueueUnavailable Event on the MPIJob")
     message = (await _events(kube, "GangQueueUnavailable", "queued"))[0]["message"]
     assert "Volcano queue 'closed-q' is Closed, not Open" in message
 
@@ -96,7 +96,7 @@ async def test_a_podgroup_another_object_controls_refuses_the_pods_until_it_goes
         except ApiError:
             return False
         return True
-    await eventually("the retried create to be admitted", admitted, within=30)
+    await eventually(admitted, within=30, what="the retried create to be admitted")
     group = await kube.get(VOLCANO_PODGROUPS, "taken", namespace=NS)
     assert group["metadata"]["ownerReferences"][0]["kind"] == "MPIJob"
 
@@ -121,8 +121,8 @@ async def test_a_job_the_webhook_cannot_read_refuses_its_pods(
                 return exc.status == 503 and "could not be read" in exc.message
             await kube.delete(PODS, pod["metadata"]["name"], NS)  # RBAC not yet in effect
             return False
-        await eventually("the pod to be refused while its MPIJob cannot be read", refused,
-                         within=30)
+        await eventually(refused,
+                         within=30, what="the pod to be refused while its MPIJob cannot be read")
         assert not (await kube.list(VOLCANO_PODGROUPS, namespace=NS,
                                     field_selector="metadata.name=unreadable"))["items"]
     finally:
@@ -134,8 +134,8 @@ async def test_a_job_the_webhook_cannot_read_refuses_its_pods(
         except ApiError:
             return False
         return made["metadata"]["annotations"].get(keys.VOLCANO_GROUP_ANNOTATION) == "unreadable"
-    await eventually("the pod admitted into its gang once the job can be read", admitted,
-                     within=90)
+    await eventually(admitted,
+                     within=90, what="the pod admitted into its gang once the job can be read")
 
 
 def _apply(cluster: NodeCluster, obj: dict[str, Any]) -> None:
@@ -167,11 +167,11 @@ async def test_a_finished_jobs_podgroup_goes_and_explicit_zeros_are_kept(
         found = await kube.list(VOLCANO_PODGROUPS, namespace=NS,
                                 field_selector="metadata.name=finishes")
         return not found["items"]
-    await eventually("the janitor to delete the finished job's PodGroup", gone, within=90)
+    await eventually(gone, within=90, what="the janitor to delete the finished job's PodGroup")
 
     async def told() -> bool:  # the Event follows the delete
         return bool(await _events(kube, "PodGroupDeleted", "finishes"))
-    await eventually("the PodGroupDeleted Event on the MPIJob", told, within=30)
+    await eventually(told, within=30, what="the PodGroupDeleted Event on the MPIJob")
     [event] = await _events(kube, "PodGroupDeleted", "finishes")
     assert "the MPIJob succeeded (cleanPodPolicy Running)" in event["message"]
     lease = await kube.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/"
@@ -201,4 +201,4 @@ async def test_min_resources_count_the_higher_priority_workers_first(kube: KubeA
         group = await kube.get(VOLCANO_PODGROUPS, name, namespace=NS)
         return bool(group["spec"]["minResources"].get(keys.GPU_RESOURCE) == "2")
     # two workers (1 GPU each), not the launcher and one worker, as mpi-operator counts
-    await eventually("minResources of the two higher-priority workers", sized, within=30)
+    await eventually(sized, within=30, what="minResources of the two higher-priority workers")

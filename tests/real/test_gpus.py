@@ -53,7 +53,7 @@ async def _running_job(kube: KubeApi, ns: str, name: str) -> list[dict[str, Any]
         return len(pods) == 5 and all(p["status"].get("phase") == "Running" for p in pods)
     # containerd's native snapshotter copies the image for every container: on a loaded
     # 2-core machine a container can take a minute or more to be created
-    await eventually(f"{name}'s 5 pods bound and running", running, within=300)
+    await eventually(running, within=300, what=f"{name}'s 5 pods bound and running")
     return pods
 
 
@@ -61,7 +61,7 @@ async def test_device_plugin_registers_with_the_kubelet(kube: KubeApi) -> None:
     async def eight() -> bool:
         node = await kube.get(NODES, NODE_NAME)
         return bool(node["status"].get("capacity", {}).get(keys.GPU_RESOURCE) == "8")
-    await eventually("the kubelet to report 8 nvidia.com/gpu", eight, within=60)
+    await eventually(eight, within=60, what="the kubelet to report 8 nvidia.com/gpu")
     node = await kube.get(NODES, NODE_NAME)
     assert node["status"]["allocatable"][keys.GPU_RESOURCE] == "8"
     assert keys.ANN_NODE_TOPOLOGY in node["metadata"]["annotations"]  # the agent published it

@@ -58,7 +58,7 @@ async def test_upgrade_applies_policies_live_and_rollback_restores_them(
 
     async def labelled() -> bool:
         return (await probe_labels(kube, ns)).get("cost-center") == "vision"
-    await eventually("the upgraded policies to apply without a restart", labelled, within=120)
+    await eventually(labelled, within=120, what="the upgraded policies to apply without a restart")
     assert await _webhook_pods(kube) == before_pods  # same pods, no restart
     assert await _ca_bundles(kube) == before_ca  # the caBundle survived the upgrade
 
@@ -67,7 +67,7 @@ async def test_upgrade_applies_policies_live_and_rollback_restores_them(
 
     async def unlabelled() -> bool:
         return "cost-center" not in await probe_labels(kube, ns)
-    await eventually("the rollback to restore the old policies", unlabelled, within=120)
+    await eventually(unlabelled, within=120, what="the rollback to restore the old policies")
     assert await _ca_bundles(kube) == before_ca
 
 
