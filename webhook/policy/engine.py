@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from webhook import keys
@@ -105,110 +105,144 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
 
 def decide(view: PodView, policies: PolicySet) -> Decision:
     """`evaluate` on the pod's view: all the engine reads of a pod is in it."""
-    namespace, work = view.namespace, view.work
-    pod_labels, pod_ann = view.label_map(), view.annotation_map()
+    matches, matched = _match(view, policies)
+    draft = _Draft()
+    if view.shape.annotation(keys.ANN_GPU_ASSIGNMENT) is not None:
+        draft.annotations[keys.ANN_GPU_ASSIGNMENT] = None
+        draft.warnings.append(f"removed {keys.ANN_GPU_ASSIGNMENT}: only Muster's binder "
+                              "assigns GPUs")
+    if not matched:
+        return Decision(matches=matches, annotations=draft.annotations,
+                        warnings=tuple(draft.warnings))
+    writes = _writes(policies, matched)
+    backend: Backend | None = writes.value.get("gang.backend")
+    if backend is not None and view.work.kind == POD and backend != "muster":
+        _lone_pod(draft, view, writes, backend)
+    elif backend is not None:
+        _job_gang(draft, view, writes, backend)
+    current = view.shape.scheduler_name
+    if draft.scheduler_name and current not in (None, "default-scheduler",
+                                                draft.scheduler_name):
+        draft.warnings.append(f"schedulerName {current!r} replaced by "
+                              f"{draft.scheduler_name!r} for backend {backend}")
+    _topology_request(draft, writes)
+    _istio_opt_out(draft, writes)
+    draft.labels.update(writes.labels)
+    draft.annotations.update(writes.annotations)
+    draft.annotations[keys.ANN_POLICY] = writes.policy_annotation
+    return Decision(
+        matches=matches, policies=writes.names, pod_group=draft.pod_group,
+        labels=draft.labels, annotations=draft.annotations, scheduler_name=draft.scheduler_name,
+        tolerations=tuple(draft.tolerations), node_affinity=tuple(draft.node_affinity),
+        warnings=tuple(draft.warnings), gang_blocked=draft.gang_blocked)
 
+
+def _match(view: PodView, policies: PolicySet
+           ) -> tuple[tuple[PolicyMatch, ...], list[CompiledPolicy]]:
+    """(the record of every policy examined, the policies that match, by priority)."""
+    work = view.work
+    match_input = MatchInput(view.namespace, view.ns_label_map(), view.label_map(),
+                             work.owner_kinds, work.gpus)
     matches: list[PolicyMatch] = []
     matched: list[CompiledPolicy] = []
-    match_input = MatchInput(namespace, view.ns_label_map(), pod_labels, work.owner_kinds,
-                             work.gpus)
-    for compiled in policies.index.candidates(namespace):
+    for compiled in policies.index.candidates(view.namespace):
         failed = compiled.first_failure(match_input)
         if failed:
             matches.append(compiled.failed_records[failed])
         else:
             matches.append(compiled.matched_record)
             matched.append(compiled)
+    return tuple(matches), matched
 
-    labels: dict[str, str | None] = {}
-    annotations: dict[str, str | None] = {}
-    warnings: list[str] = []
-    if view.shape.annotation(keys.ANN_GPU_ASSIGNMENT) is not None:
-        annotations[keys.ANN_GPU_ASSIGNMENT] = None
-        warnings.append(f"removed {keys.ANN_GPU_ASSIGNMENT}: only Muster's binder assigns GPUs")
-    if not matched:
-        return Decision(matches=tuple(matches), annotations=annotations,
-                        warnings=tuple(warnings))
 
-    writes = _writes(policies, matched)
-    merged, value = writes.merged, writes.value
+@dataclass(slots=True)
+class _Draft:
+    """The Decision being built, step by step."""
+
+    labels: dict[str, str | None] = field(default_factory=dict)
+    annotations: dict[str, str | None] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
     scheduler_name: str | None = None
-    tolerations: list[Mapping[str, Any]] = []
-    node_affinity: list[Mapping[str, Any]] = []
-
-    pod_group = None
+    tolerations: list[Mapping[str, Any]] = field(default_factory=list)
+    node_affinity: list[Mapping[str, Any]] = field(default_factory=list)
+    pod_group: PodGroupSpec | None = None
     gang_blocked: str | None = None
-    backend: Backend | None = value.get("gang.backend")
-    if backend is not None and work.kind == POD and backend != "muster":
-        # A single pod needs no gang, and a PodGroup made for it could not be owned by it (no
-        # uid yet at admission), so it would outlive the pod. Volcano still schedules it: its
-        # controller creates the pod's own PodGroup, taking the queue from the annotation.
-        if work.solo:
-            warnings.append(f"gang policy {merged['gang.backend'][1]} not applied: {work.solo}")
-        if backend == "volcano":
-            scheduler_name = value.get("gang.schedulerName") or "volcano"
-            queue = pod_ann.get(keys.VOLCANO_QUEUE_ANNOTATION) or value.get("gang.queue")
-            if queue:
-                annotations[keys.VOLCANO_QUEUE_ANNOTATION] = queue
-    elif backend is not None:
-        warnings.extend(work.warnings)
-        try:
-            pod_group, why_not = _gang(backend, value, merged, work, namespace=namespace,
-                                       pod_labels=pod_labels, pod_ann=pod_ann,
-                                       warnings=warnings, priorities=view.priorities)
-        except _NeedsJob as exc:
-            pod_group, why_not = None, str(exc)
-            gang_blocked = why_not
-        if pod_group is None:
-            warnings.append(f"gang policy {merged['gang.backend'][1]} not applied: {why_not}")
-        else:
-            scheduler_name = value.get("gang.schedulerName") or _DEFAULT_SCHEDULER[backend]
-            _join(pod_group, labels, annotations)
-            if backend == "muster":
-                tolerations.append(TOPOLOGY_TOLERATION)
-            elif pod_group.owner is None:
-                # The job's uid is unknown (its object could not be read): a PodGroup made now
-                # could not be owned by the job and would outlive it. The pod joins the group;
-                # the job's other pods, admitted with their owner, create it.
-                gang_blocked = (f"PodGroup {pod_group.name} not created from this pod: the "
-                                f"{work.kind} object is not available to own it")
-                warnings.append(gang_blocked)
-                pod_group = None
-    current = view.shape.scheduler_name
-    if scheduler_name and current not in (None, "default-scheduler", scheduler_name):
-        warnings.append(f"schedulerName {current!r} replaced by {scheduler_name!r} for backend "
-                        f"{backend}")
 
+
+def _lone_pod(draft: _Draft, view: PodView, writes: _Writes, backend: Backend) -> None:
+    """A pod outside any job needs no gang, and a PodGroup made for it could not be owned by it
+    (no uid yet at admission), so it would outlive the pod. Volcano still schedules it: its
+    controller creates the pod's own PodGroup, taking the queue from the annotation."""
+    if view.work.solo:
+        draft.warnings.append(f"gang policy {writes.merged['gang.backend'][1]} not applied: "
+                              f"{view.work.solo}")
+    if backend == "volcano":
+        value = writes.value
+        draft.scheduler_name = value.get("gang.schedulerName") or "volcano"
+        queue = view.annotation_map().get(keys.VOLCANO_QUEUE_ANNOTATION) or value.get(
+            "gang.queue")
+        if queue:
+            draft.annotations[keys.VOLCANO_QUEUE_ANNOTATION] = queue
+
+
+def _job_gang(draft: _Draft, view: PodView, writes: _Writes, backend: Backend) -> None:
+    """The job's gang: its PodGroup spec and the pod's keys to join it."""
+    work = view.work
+    draft.warnings.extend(work.warnings)
+    try:
+        pod_group, why_not = _gang(backend, writes.value, writes.merged, work,
+                                   namespace=view.namespace, pod_labels=view.label_map(),
+                                   pod_ann=view.annotation_map(), warnings=draft.warnings,
+                                   priorities=view.priorities)
+    except _NeedsJob as exc:
+        pod_group, why_not = None, str(exc)
+        draft.gang_blocked = why_not
+    if pod_group is None:
+        draft.warnings.append(f"gang policy {writes.merged['gang.backend'][1]} not applied: "
+                              f"{why_not}")
+        return
+    draft.scheduler_name = writes.value.get("gang.schedulerName") or _DEFAULT_SCHEDULER[backend]
+    _join(pod_group, draft.labels, draft.annotations)
+    draft.pod_group = pod_group
+    if backend == "muster":
+        draft.tolerations.append(TOPOLOGY_TOLERATION)
+    elif pod_group.owner is None:
+        # The job's uid is unknown (its object could not be read): a PodGroup made now could
+        # not be owned by the job and would outlive it. The pod joins the group; the job's
+        # other pods, admitted with their owner, create it.
+        draft.gang_blocked = (f"PodGroup {pod_group.name} not created from this pod: the "
+                              f"{work.kind} object is not available to own it")
+        draft.warnings.append(draft.gang_blocked)
+        draft.pod_group = None
+
+
+def _topology_request(draft: _Draft, writes: _Writes) -> None:
+    """The topology request for the binder, which only a muster gang gets."""
+    value = writes.value
     mode = value.get("topology.mode", "off")
-    if mode != "off":
-        if pod_group is None or pod_group.backend != "muster":
-            warnings.append(f"topology policy {merged['topology.mode'][1]} not applied: it needs "
-                            "a gang with backend muster")
-        else:
-            request = {"v": 1, "mode": mode, "singleNode": bool(value.get("topology.singleNode")),
-                       "minRingGBps": value.get("topology.minRingGBps")}
-            annotations[keys.ANN_GPU_TOPOLOGY] = json.dumps(request, separators=(",", ":"))
-            models = value.get("topology.allowedModels") or []
-            if models:
-                node_affinity.append({
-                    "key": keys.LABEL_GPU_MODEL, "operator": "In",
-                    "values": sorted({keys.gpu_model_label_value(m) for m in models})})
+    if mode == "off":
+        return
+    if draft.pod_group is None or draft.pod_group.backend != "muster":
+        draft.warnings.append(f"topology policy {writes.merged['topology.mode'][1]} not "
+                              "applied: it needs a gang with backend muster")
+        return
+    request = {"v": 1, "mode": mode, "singleNode": bool(value.get("topology.singleNode")),
+               "minRingGBps": value.get("topology.minRingGBps")}
+    draft.annotations[keys.ANN_GPU_TOPOLOGY] = json.dumps(request, separators=(",", ":"))
+    models = value.get("topology.allowedModels") or []
+    if models:
+        draft.node_affinity.append({
+            "key": keys.LABEL_GPU_MODEL, "operator": "In",
+            "values": sorted({keys.gpu_model_label_value(m) for m in models})})
 
-    opt_out = value.get("istio.optOut", "none")
+
+def _istio_opt_out(draft: _Draft, writes: _Writes) -> None:
+    opt_out = writes.value.get("istio.optOut", "none")
     if opt_out in ("sidecar", "both"):
-        labels[keys.ISTIO_INJECT] = "false"
-        annotations[keys.ISTIO_INJECT] = "false"
+        draft.labels[keys.ISTIO_INJECT] = "false"
+        draft.annotations[keys.ISTIO_INJECT] = "false"
     if opt_out in ("ambient", "both"):
-        labels[keys.ISTIO_DATAPLANE_MODE] = keys.ISTIO_DATAPLANE_MODE_NONE
-    labels.update(writes.labels)
-    annotations.update(writes.annotations)
-    annotations[keys.ANN_POLICY] = writes.policy_annotation
-
-    return Decision(
-        matches=tuple(matches), policies=writes.names, pod_group=pod_group,
-        labels=labels, annotations=annotations, scheduler_name=scheduler_name,
-        tolerations=tuple(tolerations), node_affinity=tuple(node_affinity),
-        warnings=tuple(warnings), gang_blocked=gang_blocked)
+        draft.labels[keys.ISTIO_DATAPLANE_MODE] = keys.ISTIO_DATAPLANE_MODE_NONE
 
 
 class _NeedsJob(Exception):
@@ -222,73 +256,100 @@ def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple
     name = work.name
     if not name:
         return None, "the pod has no name yet (generateName) and no owner to name a gang after"
-    # A group key from another controller (e.g. the MPI operator's --gang-scheduling) stays.
-    # Our own keys, from an earlier pass, are recognised by the audit annotation.
+    joined = _joined_elsewhere(backend, name, pod_labels, pod_ann)
+    if joined:
+        return None, joined
+    min_member = _min_member(value, work, warnings)
+    job_min = work.scheduling_policy.get("minAvailable")
+    if min_member < 1 and not (job_min == 0 and backend != "muster"):
+        return None, f"the {work.kind} has no pods to gang"
+    for written, only in _BACKEND_FIELDS:
+        if written in merged and backend not in only:
+            warnings.append(f"{written} of policy {merged[written][1]} ignored: backend is "
+                            f"{backend}")
+    queue, priority_class, fallback = _volcano_fields(backend, value, work)
+    return PodGroupSpec(backend=backend, name=name, namespace=namespace, min_member=min_member,
+                        min_resources=_min_resources(backend, value, work, min_member,
+                                                     priorities),
+                        queue=queue, priority_class=priority_class,
+                        timeout_seconds=_timeout(backend, value, work), owner=work.owner,
+                        fallback_queue=fallback), ""
+
+
+def _joined_elsewhere(backend: Backend, name: str, pod_labels: Mapping[str, str],
+                      pod_ann: Mapping[str, str]) -> str | None:
+    """Why the pod already belongs to another gang, or None. A group key from another
+    controller (e.g. the MPI operator's --gang-scheduling) stays; our own keys, from an earlier
+    pass, are recognised by the audit annotation."""
     ours = keys.ANN_POLICY in pod_ann
     for where, key, key_backend in _GROUP_KEYS:
         present = (pod_labels if where == "label" else pod_ann).get(key)
         if present is not None and not (ours and key_backend == backend and present == name):
-            return None, f"the pod already joins gang {present!r} through {where} {key}"
+            return f"the pod already joins gang {present!r} through {where} {key}"
+    return None
 
-    sp = work.scheduling_policy
-    job_min = sp.get("minAvailable")
+
+def _min_member(value: Mapping[str, Any], work: Workload, warnings: list[str]) -> int:
+    """The job's own minAvailable (0 too: the operator then makes a PodGroup that waits for
+    none), else the policy's: auto, a count capped at the job's size, or a percentage."""
+    job_min = work.scheduling_policy.get("minAvailable")
     if isinstance(job_min, int) and not isinstance(job_min, bool) and job_min >= 0:
-        min_member = job_min  # 0 too: the operator then makes a PodGroup that waits for none
-    else:
-        wanted = value.get("gang.minAvailable", "auto")
-        total = work.members
-        if wanted == "auto":
-            if work.auto_min_member is None:
-                raise _NeedsJob(f"minAvailable auto needs the {work.kind} object to count its "
-                                "pods")
-            min_member = work.auto_min_member
-        elif isinstance(wanted, int):
-            min_member = wanted
-            if total is not None and wanted > total:
-                warnings.append(f"minAvailable {wanted} is more than the job's {total} pods: "
-                                f"using {total}")
-                min_member = total
-        else:
-            if total is None:
-                raise _NeedsJob(f"minAvailable {wanted} needs the {work.kind} object to count "
-                                "its pods")
-            min_member = max(1, math.ceil(int(wanted[:-1]) * total / 100))
-    if min_member < 1 and not (job_min == 0 and backend != "muster"):
-        return None, f"the {work.kind} has no pods to gang"
+        return job_min
+    wanted = value.get("gang.minAvailable", "auto")
+    total = work.members
+    if wanted == "auto":
+        if work.auto_min_member is None:
+            raise _NeedsJob(f"minAvailable auto needs the {work.kind} object to count its pods")
+        return work.auto_min_member
+    if isinstance(wanted, int):
+        if total is not None and wanted > total:
+            warnings.append(f"minAvailable {wanted} is more than the job's {total} pods: "
+                            f"using {total}")
+            return total
+        return wanted
+    if total is None:
+        raise _NeedsJob(f"minAvailable {wanted} needs the {work.kind} object to count its pods")
+    return max(1, math.ceil(int(wanted[:-1]) * total / 100))
 
-    for field, only in _BACKEND_FIELDS:
-        if field in merged and backend not in only:
-            warnings.append(f"{field} of policy {merged[field][1]} ignored: backend is {backend}")
 
-    queue = priority_class = fallback = None
-    if backend == "volcano":
-        queue = as_str(sp.get("queue")) or work.queue or value.get("gang.queue")
-        priority_class = (as_str(sp.get("priorityClass")) or work.priority_class
-                          or value.get("gang.priorityClass"))
-        if value.get("gang.unavailableQueue", "Fallback") == "Fallback":
-            fallback = value.get("gang.fallbackQueue", "default")
-    timeout = None
+def _volcano_fields(backend: Backend, value: Mapping[str, Any], work: Workload
+                    ) -> tuple[str | None, str | None, str | None]:
+    """(queue, priority class, fallback queue): the job's own first, then the policy's."""
     if backend != "volcano":
-        job_timeout = sp.get("scheduleTimeoutSeconds")
-        # an explicit 0 on the job is kept, as the operator writes it (no policy default)
-        timeout = job_timeout if isinstance(job_timeout, int) and job_timeout >= 0 \
-            and not isinstance(job_timeout, bool) else value.get("gang.scheduleTimeoutSeconds")
-    min_resources = None
-    if backend != "muster" and min_member > 0:
-        job_res = sp.get("minResources")
-        if type(job_res) is dict or isinstance(job_res, Mapping):
-            min_resources = {str(k): str(v) for k, v in job_res.items()}  # {} stays empty
-        else:
-            wanted_res = value.get("gang.minResources", "auto")
-            if isinstance(wanted_res, dict):
-                min_resources = dict(wanted_res)
-            elif wanted_res == "auto":
-                min_resources = work.min_resources(min_member, priorities)
-    return PodGroupSpec(backend=backend, name=name, namespace=namespace, min_member=min_member,
-                        min_resources=min_resources, queue=queue, priority_class=priority_class,
-                        timeout_seconds=timeout, owner=work.owner, fallback_queue=fallback), ""
+        return None, None, None
+    sp = work.scheduling_policy
+    queue = as_str(sp.get("queue")) or work.queue or value.get("gang.queue")
+    priority_class = (as_str(sp.get("priorityClass")) or work.priority_class
+                      or value.get("gang.priorityClass"))
+    fallback = value.get("gang.fallbackQueue", "default") if value.get(
+        "gang.unavailableQueue", "Fallback") == "Fallback" else None
+    return queue, priority_class, fallback
 
 
+def _timeout(backend: Backend, value: Mapping[str, Any], work: Workload) -> int | None:
+    """The schedule timeout (Volcano has none); an explicit 0 on the job is kept, as the
+    operator writes it."""
+    if backend == "volcano":
+        return None
+    job_timeout = work.scheduling_policy.get("scheduleTimeoutSeconds")
+    if isinstance(job_timeout, int) and job_timeout >= 0 and not isinstance(job_timeout, bool):
+        return job_timeout
+    timeout: int | None = value.get("gang.scheduleTimeoutSeconds")
+    return timeout
+
+
+def _min_resources(backend: Backend, value: Mapping[str, Any], work: Workload,
+                   min_member: int, priorities: Priorities) -> dict[str, str] | None:
+    """The job's own minResources ({} stays empty), else the policy's map or its sum."""
+    if backend == "muster" or min_member <= 0:
+        return None
+    job_res = work.scheduling_policy.get("minResources")
+    if type(job_res) is dict or isinstance(job_res, Mapping):
+        return {str(k): str(v) for k, v in job_res.items()}
+    wanted = value.get("gang.minResources", "auto")
+    if isinstance(wanted, dict):
+        return dict(wanted)
+    return work.min_resources(min_member, priorities) if wanted == "auto" else None
 
 
 def _join(group: PodGroupSpec, labels: dict[str, str | None],
