@@ -184,88 +184,110 @@ def plan(pods: Sequence[PodInfo], nodes: Mapping[str, NodeInfo],
          generation: int = 0, inflight: Collection[str] = ()) -> Plan:
     gangs = assemble(pods, config.scheduler_name, pod_groups, config.podgroup_default_timeout)
     allocation = Allocation.from_pods(pods)
-    states = {name: allocation.node_state(node) for name, node in nodes.items()}
+    r = _Round(Plan(gangs=gangs, allocation=allocation), nodes,
+               {name: allocation.node_state(node) for name, node in nodes.items()},
+               config, now)
     conflicts = allocation.conflicts()
-    out = Plan(gangs=gangs, allocation=allocation)
-
-    candidates: list[Gang] = []
-    for gang in gangs.values():
-        if gang.key in inflight:
-            continue
-        timed_out = (gang.timeout_seconds is not None
-                     and now - gang.created >= gang.timeout_seconds)
-        if gang.problems:
-            out.waits.append(Wait(gang, "invalid", "; ".join(gang.problems), timed_out))
-            continue
-        reserved = gang.reserved
-        if reserved:
-            ok: list[PodInfo] = []
-            bad: list[tuple[PodInfo, str]] = []
-            for pod in reserved:
-                problem = _reservation_problem(pod, nodes, conflicts, states)
-                if problem is None:
-                    ok.append(pod)
-                else:
-                    bad.append((pod, problem))
-            if gang.bound or len(gang.bound) + len(ok) >= gang.min_member:
-                if ok:
-                    out.finishes.append(Finish(gang, tuple(ok)))
-                if bad:
-                    out.strips.append(Strip(gang, tuple(p for p, _ in bad), bad[0][1]))
-            else:
-                why = bad[0][1] if bad else (
-                    f"only {len(ok)} of minMember {gang.min_member} members were reserved")
-                out.strips.append(Strip(gang, tuple(reserved), why))
-            continue
-        pending = gang.pending
-        if not pending:
-            continue
-        have = len(gang.bound) + len(pending)
-        if have < gang.min_member:
-            out.waits.append(Wait(gang, "members",
-                                  f"waiting for members: {have} of minMember "
-                                  f"{gang.min_member} exist", timed_out))
-            continue
-        candidates.append(gang)
-
+    candidates = [g for g in gangs.values()
+                  if g.key not in inflight and _ready(r, g, conflicts)]
     candidates.sort(key=Gang.order_key)
     blocker: Gang | None = None
     for gang in candidates:
-        timed_out = (gang.timeout_seconds is not None
-                     and now - gang.created >= gang.timeout_seconds)
         if blocker is not None:
-            out.waits.append(Wait(gang, "blocked",
-                                  f"queued behind gang {blocker.key}, which has waited "
-                                  f"longer than {config.starvation_seconds:g}s for resources",
-                                  timed_out))
-            continue
-        if not queue.due(gang.key, now, generation):
-            if queue.reserves(gang.key):
-                blocker = gang
-            out.waits.append(Wait(gang, "backoff", "", timed_out, queue.reserves(gang.key)))
-            continue
-        request = _request(gang, nodes, fit)
-        if isinstance(request, str):
-            out.waits.append(Wait(gang, "unplaceable", request, timed_out))
-            continue
-        result = place(list(states.values()), request)
-        if isinstance(result, Unplaceable):
-            since = queue.waiting_since(gang.key)
-            starving = since is not None and now - since >= config.starvation_seconds
-            reserves = starving and isinstance(
-                place([_empty_state(n) for n in nodes.values()], request), GangPlacement)
-            if reserves:
-                blocker = gang
-            out.waits.append(Wait(gang, "unplaceable", result.reason, timed_out, reserves))
-            continue
-        by_key = {p.key: p for p in gang.pending}
-        members = {m.key: m for m in request.members}
-        assignments = []
-        for mp in result.members:
-            pod = by_key[mp.key]
-            node = nodes[mp.node]
-            assignments.append((pod, build_assignment(mp.node, node.topology, mp.gpus,
-                                                      pod.container_gpus, pod.init_containers)))
-            states[mp.node] = _consume(states[mp.node], members[mp.key], mp.gpus)
-        out.places.append(Place(gang, result, tuple(assignments)))
-    return out
+            r.wait(gang, "blocked", f"queued behind gang {blocker.key}, which has waited longer "
+                   f"than {config.starvation_seconds:g}s for resources")
+        elif not queue.due(gang.key, now, generation):
+            r.wait(gang, "backoff", "", queue.reserves(gang.key))
+            blocker = gang if queue.reserves(gang.key) else None
+        elif _try_place(r, gang, queue, fit, place):
+            blocker = gang
+    return r.out
+
+
+@dataclass(slots=True)
+class _Round:
+    """One planning round: its result so far, the nodes, and what is free on them now."""
+
+    out: Plan
+    nodes: Mapping[str, NodeInfo]
+    states: dict[str, NodeState]
+    config: PlanConfig
+    now: float
+
+    def wait(self, gang: Gang, kind: WaitKind, why: str, reserves: bool = False) -> None:
+        timed_out = gang.timeout_seconds is not None and \
+            self.now - gang.created >= gang.timeout_seconds
+        self.out.waits.append(Wait(gang, kind, why, timed_out, reserves))
+
+
+_Conflicts = Mapping[str, Mapping[int, list[str]]]
+
+
+def _ready(r: _Round, gang: Gang, conflicts: _Conflicts) -> bool:
+    """Whether the gang is to be placed now; otherwise what happens to it is recorded (it is
+    invalid, finishes or strips its reservations, or waits for members)."""
+    if gang.problems:
+        r.wait(gang, "invalid", "; ".join(gang.problems))
+        return False
+    if gang.reserved:
+        _settle_reservations(r, gang, conflicts)
+        return False
+    if not gang.pending:
+        return False
+    have = len(gang.bound) + len(gang.pending)
+    if have < gang.min_member:
+        r.wait(gang, "members", f"waiting for members: {have} of minMember {gang.min_member} "
+               "exist")
+        return False
+    return True
+
+
+def _settle_reservations(r: _Round, gang: Gang, conflicts: _Conflicts) -> None:
+    """Members reserved (annotated) by an earlier round: bind the good ones if the gang is
+    whole with them, strip the ones whose reservation no longer holds."""
+    ok: list[PodInfo] = []
+    bad: list[tuple[PodInfo, str]] = []
+    for pod in gang.reserved:
+        problem = _reservation_problem(pod, r.nodes, conflicts, r.states)
+        if problem is None:
+            ok.append(pod)
+        else:
+            bad.append((pod, problem))
+    if gang.bound or len(gang.bound) + len(ok) >= gang.min_member:
+        if ok:
+            r.out.finishes.append(Finish(gang, tuple(ok)))
+        if bad:
+            r.out.strips.append(Strip(gang, tuple(p for p, _ in bad), bad[0][1]))
+    else:
+        why = bad[0][1] if bad else (
+            f"only {len(ok)} of minMember {gang.min_member} members were reserved")
+        r.out.strips.append(Strip(gang, tuple(gang.reserved), why))
+
+
+def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: PlaceFn
+               ) -> bool:
+    """Place the gang on what is free; True when it could not be and, starving, now reserves
+    the cluster (the gangs behind it wait)."""
+    request = _request(gang, r.nodes, fit)
+    if isinstance(request, str):
+        r.wait(gang, "unplaceable", request)
+        return False
+    result = place(list(r.states.values()), request)
+    if isinstance(result, Unplaceable):
+        since = queue.waiting_since(gang.key)
+        starving = since is not None and r.now - since >= r.config.starvation_seconds
+        reserves = starving and isinstance(
+            place([_empty_state(n) for n in r.nodes.values()], request), GangPlacement)
+        r.wait(gang, "unplaceable", result.reason, reserves)
+        return reserves
+    by_key = {p.key: p for p in gang.pending}
+    members = {m.key: m for m in request.members}
+    assignments = []
+    for mp in result.members:
+        pod = by_key[mp.key]
+        node = r.nodes[mp.node]
+        assignments.append((pod, build_assignment(mp.node, node.topology, mp.gpus,
+                                                  pod.container_gpus, pod.init_containers)))
+        r.states[mp.node] = _consume(r.states[mp.node], members[mp.key], mp.gpus)
+    r.out.places.append(Place(gang, result, tuple(assignments)))
+    return False
