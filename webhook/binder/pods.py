@@ -177,16 +177,10 @@ def _positive_int(text: str, what: str, problems: list[str]) -> int | None:
     return value
 
 
-def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
-    """Never raises for bad user input: problems are collected for an Event instead."""
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    ann: Mapping[str, str] = meta.get("annotations") or {}
-    labels: Mapping[str, str] = meta.get("labels") or {}
-    ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-    problems: list[str] = []
-
+def _pod_requests(spec: Mapping[str, Any], problems: list[str]
+                  ) -> tuple[int, int, int, list[tuple[str, int]]]:
+    """(CPU milli, memory bytes, GPUs, GPUs per container) the scheduler counts for the pod:
+    the containers' sum or the largest init container, whichever is more, plus the overhead."""
     cpu = mem = gpus = 0
     init_cpu = init_mem = init_gpus = 0
     container_gpus: list[tuple[str, int]] = []
@@ -206,7 +200,12 @@ def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
         gpus = max(gpus, init_gpus)
     except QuantityError as exc:
         problems.append(f"bad resource quantity: {exc}")
+    return cpu, mem, gpus, container_gpus
 
+
+def _gang_annotations(ann: Mapping[str, str], problems: list[str]
+                      ) -> tuple[int | None, int | None]:
+    """(minMember, timeout) of a muster gang, from the webhook's annotations."""
     min_member = timeout = None
     if keys.ANN_GANG_MIN_MEMBER in ann:
         min_member = _positive_int(ann[keys.ANN_GANG_MIN_MEMBER], keys.ANN_GANG_MIN_MEMBER,
@@ -215,7 +214,20 @@ def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
         problems.append(f"{keys.ANN_GANG_NAME} is set but {keys.ANN_GANG_MIN_MEMBER} is missing")
     if keys.ANN_GANG_TIMEOUT in ann:
         timeout = _positive_int(ann[keys.ANN_GANG_TIMEOUT], keys.ANN_GANG_TIMEOUT, problems)
+    return min_member, timeout
 
+
+def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
+    """Never raises for bad user input: problems are collected for an Event instead."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    ann: Mapping[str, str] = meta.get("annotations") or {}
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    problems: list[str] = []
+    cpu, mem, gpus, container_gpus = _pod_requests(spec, problems)
+    min_member, timeout = _gang_annotations(ann, problems)
     topology = None
     if keys.ANN_GPU_TOPOLOGY in ann:
         try:
