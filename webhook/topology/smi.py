@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from webhook.topology.codec import TopologyFormatError, validate
 from webhook.topology.model import GPU, PCIeLevel, Topology
@@ -106,13 +106,36 @@ def read_topo_matrix(text: str) -> TopoMatrix:
     # "NUMA Affinity" (or just "NUMA"), not "GPU NUMA ID"
     has_numa = any(w == "NUMA" and (k == 0 or trailing[k - 1] != "GPU")
                    for k, w in enumerate(trailing))
-    cells: dict[int, list[str]] = {}
-    affinity: dict[int, str] = {}
-    numa: dict[int, int | None] = {}
-    for line in lines[start + 1 :]:
+    rows = _gpu_rows(lines[start + 1:], cols, gpu_cols, has_numa)
+    missing = [i for i in range(n) if i not in rows.cells]
+    if missing:
+        raise TopologyFormatError(f"rows missing for GPU{', GPU'.join(map(str, missing))}")
+    numa = rows.numa
+    if all(v is None for v in numa.values()):
+        # no NUMA column: number the distinct CPU affinities in order of appearance
+        groups: dict[str, int] = {}
+        numa = {i: groups.setdefault(rows.affinity[i], len(groups)) for i in range(n)}
+    links, pcie = _links(rows, numa, n)
+    return _with_switch(links, pcie, tuple(numa[i] for i in range(n)))
+
+
+@dataclass
+class _Rows:
+    """Each GPU row's cells (GPU columns only), CPU affinity and NUMA node."""
+
+    cells: dict[int, list[str]] = field(default_factory=dict)
+    affinity: dict[int, str] = field(default_factory=dict)
+    numa: dict[int, int | None] = field(default_factory=dict)
+
+
+def _gpu_rows(lines: list[str], cols: list[str], gpu_cols: list[str], has_numa: bool) -> _Rows:
+    """The GPU rows under the header, until a blank line after them or the legend; NIC rows
+    are skipped."""
+    rows = _Rows()
+    for line in lines:
         words = line.split()
         if not words:
-            if cells:
+            if rows.cells:
                 break
             continue
         m = _GPU.match(words[0])
@@ -121,30 +144,29 @@ def read_topo_matrix(text: str) -> TopoMatrix:
                 break
             continue  # NIC rows
         i = int(m.group(1))
-        if i >= n:
+        if i >= len(gpu_cols):
             raise TopologyFormatError(f"row GPU{i} has no matching column")
         if len(words) < 1 + len(cols):
             raise TopologyFormatError(
                 f"row GPU{i} has {len(words) - 1} cells, expected {len(cols)}"
             )
         row = words[1 : 1 + len(cols)]
-        cells[i] = [row[cols.index(c)] for c in gpu_cols]
+        rows.cells[i] = [row[cols.index(c)] for c in gpu_cols]
         rest = words[1 + len(cols) :]
-        affinity[i] = rest[0] if rest else ""
-        numa[i] = int(rest[1]) if has_numa and len(rest) > 1 and rest[1].isdigit() else None
-    missing = [i for i in range(n) if i not in cells]
-    if missing:
-        raise TopologyFormatError(f"rows missing for GPU{', GPU'.join(map(str, missing))}")
-    if all(v is None for v in numa.values()):
-        # no NUMA column: number the distinct CPU affinities in order of appearance
-        groups: dict[str, int] = {}
-        numa = {i: groups.setdefault(affinity[i], len(groups)) for i in range(n)}
+        rows.affinity[i] = rest[0] if rest else ""
+        rows.numa[i] = int(rest[1]) if has_numa and len(rest) > 1 and rest[1].isdigit() \
+            else None
+    return rows
 
+
+def _links(rows: _Rows, numa: dict[int, int | None], n: int
+           ) -> tuple[list[list[int]], list[list[PCIeLevel]]]:
+    """NVLink counts and PCIe levels between every pair of GPUs, from the matrix cells."""
     links = [[0] * n for _ in range(n)]
     pcie = [[PCIeLevel.INTERNAL] * n for _ in range(n)]
     for i in range(n):
         for j in range(n):
-            cell = cells[i][j]
+            cell = rows.cells[i][j]
             if i == j:
                 if cell != "X":
                     raise TopologyFormatError(f"GPU{i} to itself must be X, got {cell!r}")
@@ -152,12 +174,21 @@ def read_topo_matrix(text: str) -> TopoMatrix:
             nv = _NV.match(cell)
             if nv:
                 links[i][j] = int(nv.group(1))
-                same = numa[i] == numa[j] if numa[i] is not None else affinity[i] == affinity[j]
+                same = numa[i] == numa[j] if numa[i] is not None else \
+                    rows.affinity[i] == rows.affinity[j]
                 pcie[i][j] = PCIeLevel.NODE if same else PCIeLevel.SYS
             elif cell in _LEVELS:
                 pcie[i][j] = _LEVELS[cell]
             else:
                 raise TopologyFormatError(f"unknown link {cell!r} between GPU{i} and GPU{j}")
+    return links, pcie
+
+
+def _with_switch(links: list[list[int]], pcie: list[list[PCIeLevel]],
+                 numa: tuple[int | None, ...]) -> TopoMatrix:
+    """GPUs with more NVLinks than direct links allow sit on an NVSwitch: their pairwise
+    counts become the switch's link count."""
+    n = len(links)
     switched = {i for i in range(n) if sum(links[i]) > MAX_DIRECT_LINKS}
     switch_links = 0
     if switched:
@@ -165,13 +196,8 @@ def read_topo_matrix(text: str) -> TopoMatrix:
         for i in switched:
             for j in switched:
                 links[i][j] = 0
-    return TopoMatrix(
-        nvlinks=tuple(tuple(r) for r in links),
-        pcie=tuple(tuple(r) for r in pcie),
-        numa=tuple(numa[i] for i in range(n)),
-        nvswitch=frozenset(switched),
-        nvswitch_links=switch_links,
-    )
+    return TopoMatrix(nvlinks=tuple(tuple(r) for r in links), pcie=tuple(tuple(r) for r in pcie),
+                      numa=numa, nvswitch=frozenset(switched), nvswitch_links=switch_links)
 
 
 def read_gpu_list(text: str) -> tuple[ListedGpu, ...]:
