@@ -125,7 +125,7 @@ def test_delete_options_keep_a_zero_grace_period() -> None:
 
 @pytest.mark.parametrize(("body", "needle"), [
     (b"{}", "magic"),
-    (MAGIC + b"\x0a\x05\x0a\x02v1", "runs past the end"),  # truncated TypeMeta
+    (MAGIC + b"\x0a\x05\x0a\x02v1", "corrupt"),  # truncated TypeMeta
     (None, "field 17 of ObjectMeta is not decoded"),  # managedFields: refused, not dropped
     (_body("ConfigMap", M["ConfigMap"](metadata=M["ObjectMeta"](
         creationTimestamp=M["Time"](seconds=2**62)))), "time out of range"),

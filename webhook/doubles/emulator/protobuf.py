@@ -3,13 +3,15 @@ for the few kinds client-go's typed clients send that way to the emulator: Secre
 (Helm keeps its releases in them) and DeleteOptions. Decoded to their JSON form.
 
 The encoding: the magic bytes "k8s\\0", then a runtime.Unknown whose `raw` field holds the
-object's message. Field numbers are those of the generated.proto files of k8s.io/api (core/v1)
-and k8s.io/apimachinery (meta/v1, runtime). A field the tables below do not know is refused with
-a clear error, never dropped: what the emulator stores is what the client sent.
+object's message. The messages are parsed by the protobuf runtime with the modules generated
+from `kubeproto.proto` (the field numbers of k8s.io/api and k8s.io/apimachinery), then walked by
+their descriptors into JSON: each field's `json_name` is its Kubernetes JSON name. A field the
+schema does not know is refused with a clear error, never dropped: what the emulator stores is
+what the client sent.
 
 Zero values: the Go types' JSON drops empty strings, maps and false/0 of plain fields
 (`omitempty`), while pointer fields (DeleteOptions.gracePeriodSeconds, Secret.immutable, ...)
-are sent only when set and keep their value, zero included; the tables mark those.
+are sent only when set and keep their value, zero included; `POINTERS` names those.
 """
 
 from __future__ import annotations
@@ -18,175 +20,111 @@ import base64
 from datetime import UTC, datetime
 from typing import Any
 
-MAGIC = b"k8s\x00"
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 
-# A field: (JSON name, type, pointer). Types: "string", "bytes" (base64 in JSON), "bool",
-# "int64", "int32", "time" (meta/v1 Time as RFC 3339), a message name, "map:K:V" (a map of
-# two scalar types), "[]T" (repeated T).
-Field = tuple[str, str, bool]
-MESSAGES: dict[str, dict[int, Field]] = {
-    "Unknown": {1: ("typeMeta", "RuntimeTypeMeta", False), 2: ("raw", "raw", False),
-                3: ("contentEncoding", "string", False), 4: ("contentType", "string", False)},
-    "RuntimeTypeMeta": {1: ("apiVersion", "string", False), 2: ("kind", "string", False)},
-    "ObjectMeta": {
-        1: ("name", "string", False), 2: ("generateName", "string", False),
-        3: ("namespace", "string", False), 4: ("selfLink", "string", False),
-        5: ("uid", "string", False), 6: ("resourceVersion", "string", False),
-        7: ("generation", "int64", False), 8: ("creationTimestamp", "time", False),
-        9: ("deletionTimestamp", "time", True),
-        10: ("deletionGracePeriodSeconds", "int64", True),
-        11: ("labels", "map:string:string", False), 12: ("annotations", "map:string:string", False),
-        13: ("ownerReferences", "[]OwnerReference", False),
-        14: ("finalizers", "[]string", False)},
-    "OwnerReference": {
-        5: ("apiVersion", "string", False), 1: ("kind", "string", False),
-        3: ("name", "string", False), 4: ("uid", "string", False),
-        6: ("controller", "bool", True), 7: ("blockOwnerDeletion", "bool", True)},
-    "Secret": {1: ("metadata", "ObjectMeta", False), 5: ("immutable", "bool", True),
-               2: ("data", "map:string:bytes", False),
-               4: ("stringData", "map:string:string", False), 3: ("type", "string", False)},
-    "ConfigMap": {1: ("metadata", "ObjectMeta", False), 4: ("immutable", "bool", True),
-                  2: ("data", "map:string:string", False),
-                  3: ("binaryData", "map:string:bytes", False)},
-    "DeleteOptions": {
-        1: ("gracePeriodSeconds", "int64", True), 2: ("preconditions", "Preconditions", True),
-        3: ("orphanDependents", "bool", True), 4: ("propagationPolicy", "string", True),
-        5: ("dryRun", "[]string", False)},
-    "Preconditions": {1: ("uid", "string", True), 2: ("resourceVersion", "string", True)},
-    "Time": {1: ("seconds", "int64", False), 2: ("nanos", "int32", False)},
+from . import kubeproto_pb2 as pb
+
+MAGIC = b"k8s\x00"
+#: the kinds a body may hold (runtime.Unknown's typeMeta.kind), and their messages
+MESSAGES: dict[str, type[Message]] = {
+    "Secret": pb.Secret, "ConfigMap": pb.ConfigMap, "DeleteOptions": pb.DeleteOptions}
+KINDS = tuple(MESSAGES)
+#: per message, the JSON names of the fields that are pointers in the Go types
+POINTERS: dict[str, frozenset[str]] = {
+    "ObjectMeta": frozenset({"deletionTimestamp", "deletionGracePeriodSeconds"}),
+    "OwnerReference": frozenset({"controller", "blockOwnerDeletion"}),
+    "Secret": frozenset({"immutable"}), "ConfigMap": frozenset({"immutable"}),
+    "DeleteOptions": frozenset({"gracePeriodSeconds", "preconditions", "orphanDependents",
+                                "propagationPolicy"}),
+    "Preconditions": frozenset({"uid", "resourceVersion"}),
 }
-_POINTERS = {m: frozenset(name for name, _, pointer in fields.values() if pointer)
-             for m, fields in MESSAGES.items()}
-#: the kinds a body may hold (runtime.Unknown's typeMeta.kind)
-KINDS = ("Secret", "ConfigMap", "DeleteOptions")
 
 
 class ProtobufError(ValueError):
     """The body is not a protobuf object the emulator decodes; the message says why."""
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise ProtobufError("truncated or overlong varint")
-        byte = buf[pos]
-        value |= (byte & 0x7F) << shift
-        pos += 1
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
-
-def _fields(buf: bytes, message: str) -> list[tuple[int, int | bytes]]:
-    """(field number, value) in wire order; only varint and length-delimited wire types occur
-    in the messages above."""
-    out: list[tuple[int, int | bytes]] = []
-    pos = 0
-    while pos < len(buf):
-        tag, pos = _varint(buf, pos)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-            out.append((number, value))
-        elif wire == 2:
-            size, pos = _varint(buf, pos)
-            if pos + size > len(buf):
-                raise ProtobufError(f"{message}: field {number} runs past the end")
-            out.append((number, buf[pos:pos + size]))
-            pos += size
-        else:
-            raise ProtobufError(f"{message}: field {number} has wire type {wire}, not expected "
-                                "in this message")
-    return out
-
-
-def _signed64(value: int) -> int:
-    value &= (1 << 64) - 1
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _scalar(kind: str, value: int | bytes, where: str) -> Any:
-    if kind in ("string", "bytes", "raw"):
-        if not isinstance(value, bytes):
-            raise ProtobufError(f"{where}: expected bytes")
-        if kind == "string":
-            try:
-                return value.decode()
-            except UnicodeDecodeError as exc:
-                raise ProtobufError(f"{where}: not UTF-8") from exc
-        return value if kind == "raw" else base64.b64encode(value).decode()
-    if not isinstance(value, int):
-        raise ProtobufError(f"{where}: expected a varint")
-    if kind == "bool":
-        return value != 0
-    # int32 and int64 alike: a negative number is sent as its 64-bit two's complement
-    return _signed64(value)
-
-
-def _time(buf: bytes, where: str) -> str:
-    t = decode_message(buf, "Time", where)
+def _parse(cls: type[Message], buf: bytes, where: str) -> Message:
     try:
-        moment = datetime.fromtimestamp(t.get("seconds", 0), UTC)
+        return cls.FromString(buf)
+    except DecodeError as exc:
+        raise ProtobufError(f"{where}: {exc}") from exc
+
+
+def _scalar(field: FieldDescriptor, value: Any) -> Any:
+    return base64.b64encode(value).decode() if field.type == FieldDescriptor.TYPE_BYTES \
+        else value
+
+
+def _time(t: Message, where: str) -> str:
+    try:
+        moment = datetime.fromtimestamp(t.seconds, UTC)
     except (OverflowError, OSError, ValueError) as exc:
         raise ProtobufError(f"{where}: time out of range") from exc
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _value(kind: str, value: int | bytes, where: str) -> Any:
-    if kind != "time" and kind not in MESSAGES:
-        return _scalar(kind, value, where)
-    if not isinstance(value, bytes):
-        raise ProtobufError(f"{where}: expected a message")
-    return _time(value, where) if kind == "time" else decode_message(value, kind, where)
+def _value(field: FieldDescriptor, value: Any, where: str) -> Any:
+    if field.type != FieldDescriptor.TYPE_MESSAGE:
+        return _scalar(field, value)
+    if field.message_type.name == "Time":
+        _refuse_unknown(value, where)
+        return _time(value, where)
+    return to_json(value, where)
+
+
+def _refuse_unknown(msg: Message, where: str) -> None:
+    unknown = [f.field_number for f in UnknownFieldSet(msg)]
+    if unknown:
+        raise ProtobufError(f"{where}: field {unknown[0]} of {msg.DESCRIPTOR.name} is not "
+                            "decoded by the emulator")
 
 
 def _zero(value: Any) -> bool:
     return value in ("", 0, False) or value in ({}, [])
 
 
-def decode_message(buf: bytes, message: str, where: str = "") -> dict[str, Any]:
+def to_json(msg: Message, where: str = "") -> dict[str, Any]:
     """One message as its JSON object (zero values of non-pointer fields left out)."""
-    table = MESSAGES[message]
+    name = msg.DESCRIPTOR.name
+    where = where or name
+    _refuse_unknown(msg, where)
     out: dict[str, Any] = {}
-    where = where or message
-    for number, raw in _fields(buf, message):
-        spec = table.get(number)
-        if spec is None:
-            raise ProtobufError(f"{where}: field {number} of {message} is not decoded by the "
-                                "emulator")
-        name, kind, _pointer = spec
-        at = f"{where}.{name}"
-        if kind.startswith("map:"):
-            _, key_kind, value_kind = kind.split(":")
-            if not isinstance(raw, bytes):
-                raise ProtobufError(f"{at}: expected a map entry")
-            entry = {n: v for n, v in _fields(raw, f"{message}.{name} entry")}
-            if set(entry) - {1, 2}:
-                raise ProtobufError(f"{at}: a map entry has fields other than key and value")
-            key = _scalar(key_kind, entry.get(1, b""), at)
-            value_default: int | bytes = b"" if value_kind in ("string", "bytes") else 0
-            out.setdefault(name, {})[key] = _scalar(value_kind, entry.get(2, value_default), at)
-        elif kind.startswith("[]"):
-            out.setdefault(name, []).append(_value(kind[2:], raw, at))
+    for field, value in msg.ListFields():
+        at = f"{where}.{field.json_name}"
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            out[field.json_name] = {k: _scalar(value_field, v) for k, v in value.items()}
+        elif field.is_repeated:
+            out[field.json_name] = [_value(field, v, at) for v in value]
         else:
-            out[name] = _value(kind, raw, at)
-    pointers = _POINTERS[message]
+            out[field.json_name] = _value(field, value, at)
+    pointers = POINTERS.get(name, frozenset())
     return {k: v for k, v in out.items() if k in pointers or not _zero(v)}
 
 
 def decode_body(body: bytes) -> dict[str, Any]:
     """A request body in the Kubernetes protobuf encoding as the JSON object it stands for."""
+    try:
+        return _decode(body)
+    except UnicodeDecodeError as exc:  # proto2 strings are checked when read, not when parsed
+        raise ProtobufError(f"a string field is not UTF-8: {exc}") from exc
+
+
+def _decode(body: bytes) -> dict[str, Any]:
     if not body.startswith(MAGIC):
         raise ProtobufError('the body does not start with the Kubernetes protobuf magic "k8s\\0"')
-    unknown = decode_message(body[len(MAGIC):], "Unknown")
-    type_meta = unknown.get("typeMeta", {})
-    kind = type_meta.get("kind", "")
-    if unknown.get("contentEncoding"):
-        raise ProtobufError(f"content encoding {unknown['contentEncoding']!r} is not supported")
-    if kind not in KINDS:
+    unknown = _parse(pb.Unknown, body[len(MAGIC):], "Unknown")
+    _refuse_unknown(unknown, "Unknown")
+    kind = unknown.type_meta.kind
+    if unknown.content_encoding:
+        raise ProtobufError(f"content encoding {unknown.content_encoding!r} is not "
+                            "supported")
+    if kind not in MESSAGES:
         raise ProtobufError(f"the emulator decodes protobuf bodies of {', '.join(KINDS)} only, "
                             f"not {kind or 'an object without a kind'}")
-    obj = decode_message(unknown.get("raw", b""), kind)
-    head = {"apiVersion": type_meta.get("apiVersion") or "v1", "kind": kind}
+    obj = to_json(_parse(MESSAGES[kind], unknown.raw, kind))
+    head = {"apiVersion": unknown.type_meta.api_version or "v1", "kind": kind}
     return head | obj
