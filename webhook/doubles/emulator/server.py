@@ -11,7 +11,8 @@ import json
 import logging
 import ssl
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -86,6 +87,47 @@ def _truthy(value: str | None) -> bool:
     return value is not None and value.lower() in ("1", "true")
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _as_status(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error as the apiserver answers it: a Status object (a path no route has is the
+    apiserver's 404 "the server could not find the requested resource")."""
+    try:
+        return await handler(request)
+    except ApiStatusError as exc:
+        return _json(exc.to_status(), exc.code)
+    except web.HTTPNotFound:
+        err = errors.server_not_found()
+        return _json(err.to_status(), err.code)
+    except web.HTTPMethodNotAllowed:
+        err = errors.method_not_allowed()
+        return _json(err.to_status(), err.code)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.exception("emulator request failed", extra={"path": request.path})
+        return _json(errors.internal(repr(exc)).to_status(), 500)
+
+
+def _found(doc: Any) -> web.Response:
+    """A discovery document, or the apiserver's 404 when the group or version is unknown."""
+    if doc is None:
+        raise errors.server_not_found()
+    return _json(doc)
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """What a resource path names."""
+
+    rt: ResourceType
+    ns: str
+    name: str
+    sub: str
+
+
 def _spec_like(obj: Mapping[str, Any]) -> dict[str, Any]:
     """Everything but metadata and status: what a generation bump tracks."""
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "kind", "apiVersion")}
@@ -124,8 +166,10 @@ class ApiServerEmulator:
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=16 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
+        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[_as_status])
+        for path, handler in self._routes():
+            # a trailing slash is the same path (client-go asks for /apis/)
+            app.router.add_route("*", path + "{slash:/?}", handler)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=0.5)
         await self._runner.setup()
@@ -264,17 +308,25 @@ class ApiServerEmulator:
 
     # --- HTTP ---------------------------------------------------------------------------------
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        try:
-            return await self._route(request)
-        except ApiStatusError as exc:
-            return _json(exc.to_status(), exc.code)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.exception("emulator request failed", extra={"path": request.path})
-            err = errors.internal(repr(exc))
-            return _json(err.to_status(), 500)
+    def _routes(self) -> list[tuple[str, Handler]]:
+        """The API server's paths: discovery, then each resource path under /api/{version} and
+        /apis/{group}/{version}, with and without /watch. A namespaced path is tried first; its
+        resource is never `status` or `finalize`, which are a Namespace's subresources."""
+        routes: list[tuple[str, Handler]] = [
+            ("/version", self._version), ("/healthz", self._ok), ("/readyz", self._ok),
+            ("/livez", self._ok), ("/api", self._api_versions), ("/apis", self._group_list),
+            ("/openapi/v3", self._openapi_root),
+            ("/openapi/v3/api/{version}", self._openapi),
+            ("/openapi/v3/apis/{group}/{version}", self._openapi),
+            ("/api/{version}", self._resource_list), ("/apis/{group}", self._api_group),
+            ("/apis/{group}/{version}", self._resource_list)]
+        namespaced = "/namespaces/{namespace}/{resource:(?!status$|finalize$)[^/]+}"
+        for prefix in ("/api/{version}", "/apis/{group}/{version}"):
+            for watch, handler in (("", self._resource), ("/watch", self._watch_path)):
+                for base in (namespaced, "/{resource}"):
+                    for tail in ("", "/{name}", "/{name}/{subresource}"):
+                        routes.append((prefix + watch + base + tail, handler))
+        return routes
 
     async def _body(self, request: web.Request) -> Any:
         raw = await request.read()
@@ -300,38 +352,44 @@ class ApiServerEmulator:
         except (ValueError, yaml.YAMLError) as exc:
             raise errors.bad_request(f"error decoding request body: {exc}") from exc
 
-    async def _route(self, request: web.Request) -> web.StreamResponse:
-        parts = [p for p in request.path.split("/") if p]
-        discovery = self._discovery(parts)
-        if discovery is not None:
-            return discovery
-        if len(parts) < 3 or parts[0] not in ("api", "apis") or \
-                (parts[0] == "apis" and len(parts) < 4):
-            raise errors.server_not_found()
-        if parts[0] == "api":
-            group, version, rest = "", parts[1], parts[2:]
-        else:
-            group, version, rest = parts[1], parts[2], parts[3:]
-        watch_path = rest[0] == "watch"
-        if watch_path:
-            rest = rest[1:]
-        ns = ""
-        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] not in ("status", "finalize"):
-            ns, rest = rest[1], rest[2:]
-        if not rest or len(rest) > 3:
-            raise errors.server_not_found()
-        rt = self.registry.lookup(group, version, rest[0])
-        if rt is None or (ns and not rt.namespaced):
-            raise errors.server_not_found()
-        name = rest[1] if len(rest) > 1 else ""
-        sub = rest[2] if len(rest) > 2 else ""
-        if sub and sub not in rt.subresources:
-            raise errors.server_not_found()
-        if rt.namespaced and name and not ns:
-            raise errors.server_not_found()
-        q = request.query
-        method = request.method
-        user = self.user  # no authentication: every request is the configured user
+    # --- discovery ----------------------------------------------------------------------------
+
+    async def _version(self, _request: web.Request) -> web.Response:
+        return _json(VERSION_INFO)
+
+    async def _ok(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _api_versions(self, _request: web.Request) -> web.Response:
+        return _json(self.registry.api_versions())
+
+    async def _group_list(self, _request: web.Request) -> web.Response:
+        return _json(self.registry.api_group_list())
+
+    async def _openapi_root(self, _request: web.Request) -> web.Response:
+        return _json(self.registry.openapi_v3_root())
+
+    async def _openapi(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        return _found(self.registry.openapi_v3(m.get("group", ""), m["version"]))
+
+    async def _resource_list(self, request: web.Request) -> web.Response:
+        m = request.match_info
+        return _found(self.registry.resource_list(m.get("group", ""), m["version"]))
+
+    async def _api_group(self, request: web.Request) -> web.Response:
+        return _found(self.registry.api_group(request.match_info["group"]))
+
+    # --- resources ----------------------------------------------------------------------------
+
+    async def _watch_path(self, request: web.Request) -> web.StreamResponse:
+        """/watch/...: only GET, and always a watch."""
+        return await self._resource(request, watch=True)
+
+    async def _resource(self, request: web.Request, watch: bool = False
+                        ) -> web.StreamResponse:
+        t = self._target(request)
+        method, q = request.method, request.query
         dry_run = q.get("dryRun") == "All"
         if "dryRun" in q and not dry_run:
             verb = {"POST": "Create", "PUT": "Update", "PATCH": "Patch",
@@ -339,103 +397,98 @@ class ApiServerEmulator:
             raise errors.invalid("meta.k8s.io", f"{verb}Options", "", [(
                 "dryRun", "FieldValueNotSupported",
                 f'Unsupported value: []string{{"{q["dryRun"]}"}}: supported values: "All"')])
-        if sub == "binding" and method != "POST":
+        if t.sub == "binding" and method != "POST":
             raise errors.method_not_allowed()
         if method == "GET":
-            if watch_path or _truthy(q.get("watch")):
-                return await self._watch(request, rt, ns, name)
-            if name:
-                return _json(self._get(rt, ns, name).raw)
-            return self._list(request, rt, ns)
+            if watch or _truthy(q.get("watch")):
+                return await self._watch(request, t.rt, t.ns, t.name)
+            if t.name:
+                return _json(self._get(t.rt, t.ns, t.name).raw)
+            return self._list(request, t.rt, t.ns)
         body = await self._body(request) if method in ("POST", "PUT", "PATCH", "DELETE") else None
-        warnings: list[str] = []
-        if method == "POST" and not name:
-            if not isinstance(body, dict):
-                raise errors.bad_request("the request body must be a JSON object")
-            created, warnings = await self._create(rt, ns, body, dry_run=dry_run,
-                                                   query=dict(q), user=user)
-            return _json(created, 201, warnings)
-        if method == "POST" and sub == "binding":
-            status, warnings = await self._bind(ns, name, body, dry_run, user)
-            return _json(status, 201, warnings)
-        if method in ("PUT", "PATCH") and name:
-            # GuaranteedUpdate: a write that raced with ours during admission is retried
-            # (re-applying a patch to the new state), unless a resourceVersion was given
-            for _ in range(_UPDATE_RETRIES):
-                if method == "PUT":
-                    if not isinstance(body, dict):
-                        raise errors.bad_request("the request body must be a JSON object")
-                    new = copy.deepcopy(body)
-                    pinned = bool((body.get("metadata") or {}).get("resourceVersion"))
-                else:
-                    current = self._get(rt, ns, name).obj
-                    # on a copy: stored objects are never changed in place
-                    new = apply_patch_body(request.headers.get("Content-Type", ""),
-                                           copy.deepcopy(current), body,
-                                           custom=rt.schema is not None)
-                    if not isinstance(new, dict):
-                        raise errors.bad_request("the patch result is not an object")
-                    pinned = (new.get("metadata") or {}).get("resourceVersion") != \
-                        current["metadata"]["resourceVersion"]
-                try:
-                    obj, warnings = await self._update(
-                        rt, ns, name, sub=sub, body=new, dry_run=dry_run, query=dict(q),
-                        user=user, patch=method == "PATCH")
-                    return _json(obj, 200, warnings)
-                except _Changed:
-                    if pinned:
-                        raise errors.conflict(rt.group, rt.plural, name) from None
-            raise errors.conflict(rt.group, rt.plural, name)
-        if method == "DELETE" and name and not sub:
-            opts = body if isinstance(body, dict) else {}
-            result, warnings = await self._delete(rt, ns, name, query=dict(q), opts=opts,
-                                                  user=user)
-            return _json(result, 200, warnings)
-        if method == "DELETE" and not name:
-            sel = Selector(rt.group, rt.plural, q.get("labelSelector"), q.get("fieldSelector"))
-            items = []
-            for st in list(self.store.items(rt.key, ns or None, sel)):
-                meta = st.obj["metadata"]
-                await self._delete(rt, meta.get("namespace", ""), meta["name"], query=dict(q),
-                                   opts={}, user=user)
-                items.append(st.obj)
-            return _json({"kind": rt.list_kind, "apiVersion": rt.api_version,
-                          "metadata": {"resourceVersion": str(self.store.rv)}, "items": items})
+        if method == "POST":
+            return await self._post(t, body, dry_run, dict(q))
+        if method in ("PUT", "PATCH") and t.name:
+            return await self._write(request, t, body, dry_run)
+        if method == "DELETE":
+            return await self._delete_request(t, body, dict(q))
         raise errors.method_not_allowed()
 
-    def _discovery(self, parts: list[str]) -> web.Response | None:
-        reg = self.registry
-        doc: Any = None
-        if parts == ["version"]:
-            doc = VERSION_INFO
-        elif parts in (["healthz"], ["readyz"], ["livez"]):
-            return web.Response(text="ok")
-        elif parts == ["api"]:
-            doc = reg.api_versions()
-        elif parts == ["openapi", "v3"]:
-            doc = reg.openapi_v3_root()
-        elif parts[:2] == ["openapi", "v3"] and len(parts) in (4, 5):
-            gv = parts[2:] if parts[2] == "api" else parts[3:]
-            doc = reg.openapi_v3(parts[3] if parts[2] == "apis" else "", gv[-1])
-            if doc is None:
-                raise errors.server_not_found()
-        elif parts == ["apis"]:
-            doc = reg.api_group_list()
-        elif len(parts) == 2 and parts[0] == "api":
-            doc = reg.resource_list("", parts[1])
-            if doc is None:
-                raise errors.server_not_found()
-        elif len(parts) == 2 and parts[0] == "apis":
-            doc = reg.api_group(parts[1])
-            if doc is None:
-                raise errors.server_not_found()
-        elif len(parts) == 3 and parts[0] == "apis":
-            doc = reg.resource_list(parts[1], parts[2])
-            if doc is None:
-                raise errors.server_not_found()
-        else:
-            return None
-        return _json(doc)
+    def _target(self, request: web.Request) -> _Target:
+        """The resource type, namespace, name and subresource a path names (404 if none)."""
+        m = request.match_info
+        ns, name, sub = m.get("namespace", ""), m.get("name", ""), m.get("subresource", "")
+        rt = self.registry.lookup(m.get("group", ""), m["version"], m["resource"])
+        if rt is None or (ns and not rt.namespaced) or (sub and sub not in rt.subresources) \
+                or (rt.namespaced and name and not ns):
+            raise errors.server_not_found()
+        return _Target(rt, ns, name, sub)
+
+    async def _post(self, t: _Target, body: Any, dry_run: bool, query: dict[str, str]
+                    ) -> web.Response:
+        if not t.name:
+            if not isinstance(body, dict):
+                raise errors.bad_request("the request body must be a JSON object")
+            created, warnings = await self._create(t.rt, t.ns, body, dry_run=dry_run,
+                                                   query=query, user=self.user)
+            return _json(created, 201, warnings)
+        if t.sub == "binding":
+            status, warnings = await self._bind(t.ns, t.name, body, dry_run, self.user)
+            return _json(status, 201, warnings)
+        raise errors.method_not_allowed()
+
+    async def _write(self, request: web.Request, t: _Target, body: Any, dry_run: bool
+                     ) -> web.Response:
+        """PUT or PATCH, as GuaranteedUpdate: a write that raced with ours during admission is
+        retried (re-applying a patch to the new state), unless a resourceVersion was given."""
+        rt, ns, name = t.rt, t.ns, t.name
+        for _ in range(_UPDATE_RETRIES):
+            if request.method == "PUT":
+                if not isinstance(body, dict):
+                    raise errors.bad_request("the request body must be a JSON object")
+                new = copy.deepcopy(body)
+                pinned = bool((body.get("metadata") or {}).get("resourceVersion"))
+            else:
+                current = self._get(rt, ns, name).obj
+                # on a copy: stored objects are never changed in place
+                new = apply_patch_body(request.headers.get("Content-Type", ""),
+                                       copy.deepcopy(current), body,
+                                       custom=rt.schema is not None)
+                if not isinstance(new, dict):
+                    raise errors.bad_request("the patch result is not an object")
+                pinned = (new.get("metadata") or {}).get("resourceVersion") != \
+                    current["metadata"]["resourceVersion"]
+            try:
+                obj, warnings = await self._update(
+                    rt, ns, name, sub=t.sub, body=new, dry_run=dry_run,
+                    query=dict(request.query), user=self.user,
+                    patch=request.method == "PATCH")
+                return _json(obj, 200, warnings)
+            except _Changed:
+                if pinned:
+                    raise errors.conflict(rt.group, rt.plural, name) from None
+        raise errors.conflict(rt.group, rt.plural, name)
+
+    async def _delete_request(self, t: _Target, body: Any, query: dict[str, str]) -> web.Response:
+        """DELETE of one object, or of the collection (with its selectors)."""
+        rt = t.rt
+        if t.name and not t.sub:
+            opts = body if isinstance(body, dict) else {}
+            result, warnings = await self._delete(rt, t.ns, t.name, query=query, opts=opts,
+                                                  user=self.user)
+            return _json(result, 200, warnings)
+        if t.name:
+            raise errors.method_not_allowed()
+        sel = Selector(rt.group, rt.plural, query.get("labelSelector"),
+                       query.get("fieldSelector"))
+        items = []
+        for st in list(self.store.items(rt.key, t.ns or None, sel)):
+            meta = st.obj["metadata"]
+            await self._delete(rt, meta.get("namespace", ""), meta["name"], query=query,
+                               opts={}, user=self.user)
+            items.append(st.obj)
+        return _json({"kind": rt.list_kind, "apiVersion": rt.api_version,
+                      "metadata": {"resourceVersion": str(self.store.rv)}, "items": items})
 
     # --- reads --------------------------------------------------------------------------------
 
