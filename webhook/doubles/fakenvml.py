@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from webhook.agent.nvmlrecord import DeviceRecord, Err, LinkRecord, NvmlRecord
-from webhook.topology.builtin import synthetic_uuid
+from webhook.topology.builtin import DGX1_V100_NVLINKS, synthetic_uuid
 
 T = TypeVar("T")
 
@@ -231,17 +231,6 @@ class FakeNvml:
 
 # --- built-in profiles: real machines' answers ---------------------------------------------------
 
-#: DGX-1 (Volta) NVLink hybrid cube-mesh, links between GPU i and j (DESIGN.md reference facts)
-DGX1_V100_NVLINKS = (
-    (0, 1, 1, 2, 2, 0, 0, 0),
-    (1, 0, 2, 1, 0, 2, 0, 0),
-    (1, 2, 0, 2, 0, 0, 1, 0),
-    (2, 1, 2, 0, 0, 0, 0, 1),
-    (2, 0, 0, 0, 0, 1, 1, 2),
-    (0, 2, 0, 0, 1, 0, 2, 1),
-    (0, 0, 1, 0, 1, 2, 0, 2),
-    (0, 0, 0, 1, 2, 1, 2, 0),
-)
 _DGX1_BUS = ("06", "07", "0A", "0B", "85", "86", "89", "8A")
 _HGX_A100_BUS = ("07", "0F", "47", "4E", "87", "90", "B7", "BD")
 _HGX_A100_SWITCH_BUS = ("C4", "C5", "C6", "C7", "C8", "C9")

@@ -15,8 +15,9 @@ from webhook.topology.model import GPU, PCIeLevel, Topology
 
 _UUID_NS = uuid.UUID("6f1d3c2e-5b1a-4c59-9d0e-6d7573746572")
 
-# DGX-1 V100 hybrid cube-mesh, NVLink 2.0 (DESIGN.md, "Reference facts").
-_DGX1V_LINKS = (
+#: DGX-1 V100 hybrid cube-mesh, NVLink 2.0: links between GPU i and j (DESIGN.md, "Reference
+#: facts")
+DGX1_V100_NVLINKS = (
     (0, 1, 1, 2, 2, 0, 0, 0),
     (1, 0, 2, 1, 0, 2, 0, 0),
     (1, 2, 0, 2, 0, 0, 1, 0),
@@ -107,7 +108,7 @@ def _make(name: str) -> Topology:
     if name == "dgx1-v100":
         return Topology(
             gpus=_gpus(name, "Tesla V100-SXM2-16GB", _DGX1_BUS, 16160, 4),
-            nvlinks=_DGX1V_LINKS, pcie=_pcie(8, _dgx1_pcie), nvlink_gbps=25.0, name=name,
+            nvlinks=DGX1_V100_NVLINKS, pcie=_pcie(8, _dgx1_pcie), nvlink_gbps=25.0, name=name,
         )
     if name == "dgx2":
         bus: tuple[str, ...] = ("34", "36", "39", "3B", "57", "59", "5C", "5E",
