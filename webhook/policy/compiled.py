@@ -35,7 +35,7 @@ NO_MATCH_NAMESPACE, NO_MATCH_NS_SELECTOR, NO_MATCH_POD_SELECTOR, NO_MATCH_OWNER,
     range(1, 6))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: not frozen, whose __init__ is slower
 class MatchInput:
     """What a policy's `match` reads of a pod: the one input of the one matcher."""
 

@@ -67,7 +67,9 @@ def _tolerations(value: Any) -> bool | None:
     return TOPOLOGY_TOLERATION in value
 
 
-@dataclass(frozen=True, slots=True)
+# not frozen: a frozen dataclass's __init__ costs a setattr call per field, on every request;
+# nothing assigns to these after construction (hash is over the compared fields)
+@dataclass(slots=True, unsafe_hash=True)
 class PodShape:
     """What the patch renderer reads of a pod: its labels and annotations (projected onto the
     keys the policy set reads or writes), schedulerName, tolerations and affinity."""
@@ -106,7 +108,7 @@ def shape_of(pod: Any, label_keys: tuple[str, ...], annotation_keys: tuple[str, 
                     affinity, label_keys, annotation_keys)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class PodView:
     """A pod as the engine and the renderer see it; compared and hashed as the memo key."""
 
@@ -121,6 +123,10 @@ class PodView:
     work: Workload = field(compare=False)
     priorities: Priorities = field(compare=False)
     index: PolicyIndex = field(compare=False, repr=False)
+    #: the projected labels, annotations and namespace labels that are strings, as maps (a
+    #: function of the fields above, built once: the engine reads them several times)
+    strings: tuple[dict[str, str], dict[str, str], dict[str, str]] = field(
+        compare=False, repr=False, default=({}, {}, {}))
 
     @property
     def memoisable(self) -> bool:
@@ -131,13 +137,13 @@ class PodView:
 
     def label_map(self) -> dict[str, str]:
         """The projected labels with string values, for selectors and key checks."""
-        return _strings(self.index.label_keys, self.shape.labels)
+        return self.strings[0]
 
     def annotation_map(self) -> dict[str, str]:
-        return _strings(self.index.annotation_keys, self.shape.annotations)
+        return self.strings[1]
 
     def ns_label_map(self) -> dict[str, str]:
-        return _strings(self.index.ns_label_keys, self.ns_labels)
+        return self.strings[2]
 
 
 def _strings(names: tuple[str, ...], values: tuple[Any, ...] | None) -> dict[str, str]:
@@ -162,13 +168,16 @@ def view_of(pod: Any, *, namespace_labels: Any, owners: Any, index: PolicyIndex,
     owners = owners if type(owners) is list or isinstance(owners, Sequence) else ()
     key = chain_key(pod, owners)
     work = index.workloads.workload(pod, owners, key)
+    shape = shape_of(pod, index.label_keys, index.annotation_keys)
+    ns_labels = _project(as_map(namespace_labels), index.ns_label_keys) or ()
     return PodView(
         namespace=as_str(as_map(pod.get("metadata")).get("namespace")) or "",
-        shape=shape_of(pod, index.label_keys, index.annotation_keys),
-        ns_labels=_project(as_map(namespace_labels), index.ns_label_keys) or (),
-        workload_key=key,
+        shape=shape, ns_labels=ns_labels, workload_key=key,
         replica_priorities=work.facts.replica_priorities(priorities) if work.facts else (),
-        work=work, priorities=priorities, index=index)
+        work=work, priorities=priorities, index=index,
+        strings=(_strings(index.label_keys, shape.labels),
+                 _strings(index.annotation_keys, shape.annotations),
+                 _strings(index.ns_label_keys, ns_labels)))
 
 
 def memo_key(view: PodView) -> PodView | None:
