@@ -158,8 +158,8 @@ class LocalCluster:
             events[:] = [e for e in map(_json_line, log_path.read_text().splitlines())
                          if e.get("event") in ("started", "refused")]
             return len(events) >= count
-        await _until_async(enough, what=f"{count} pods started on {node_name}",
-                           procs=list(self.procs.values()), within=60)
+        await _while_running(enough, what=f"{count} pods started on {node_name}",
+                             procs=list(self.procs.values()), within=60)
         return events[:count]
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -229,8 +229,8 @@ class LocalCluster:
             nodes = (await self.kube.list(NODES))["items"]
             return all(keys.ANN_NODE_TOPOLOGY in (n["metadata"].get("annotations") or {})
                        for n in nodes)
-        await _until_async(published, what="the agents to publish node topologies",
-                           procs=list(self.procs.values()))
+        await _while_running(published, what="the agents to publish node topologies",
+                             procs=list(self.procs.values()))
 
     async def stop(self) -> None:
         if self._projection is not None:
@@ -323,18 +323,19 @@ def _json_line(line: str) -> dict[str, Any]:
 
 
 
-async def _until_async(check: Any, *, what: str, procs: list[Proc], within: float = 60.0) -> None:
+async def _while_running(check: Any, *, what: str, procs: list[Proc], within: float = 60.0
+                         ) -> None:
+    """`eventually`, failing at once with its log when one of `procs` exits, and with every
+    process's log when the time is up."""
+    async def alive_and_done() -> bool:
+        for p in procs:
+            if not p.running:
+                raise AssertionError(f"{p.name} exited while waiting for {what}:\n{p.tail()}")
+        return bool(await check())
     try:
-        async with asyncio.timeout(within):
-            while True:
-                for p in procs:
-                    if not p.running:
-                        raise AssertionError(f"{p.name} exited while waiting for {what}:\n"
-                                             f"{p.tail()}")
-                if await check():
-                    return
-                await asyncio.sleep(0.1)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}\n" + "\n".join(
+        await eventually(alive_and_done, within, what=what, interval=0.1)
+    except AssertionError as exc:
+        if "exited while waiting" in str(exc):
+            raise
+        raise AssertionError(f"{exc}\n" + "\n".join(
             f"--- {p.name}\n{p.tail()}" for p in procs)) from None
-

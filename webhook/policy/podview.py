@@ -3,10 +3,11 @@
 `view_of` projects the pod onto the keys the policy set can read (the label and annotation keys
 some policy tests or writes, and the engine's own; the namespace label keys some policy tests) and
 reads the few spec fields they use. `engine.decide` and `patch.render` take only a `PodView`, so
-they cannot read anything else; and the outcome memo keys on the view itself: every field but
-`work` is compared and hashed, and `work` is a function of `workload_key` (`workload.chain_key`
-holds everything the owner-chain walk reads). A new read therefore needs a new field, which is
-in the key by construction.
+they cannot read anything else; and the outcome memo keys on the view itself: its fields are
+compared and hashed, except the ones derived from them (`work` is a function of `workload_key`,
+which holds everything the owner-chain walk reads; `strings` of the projected maps; the raw
+affinity of `affinity_key`) and the policy index it was made for. A new read therefore needs a
+new field, which is in the key unless marked `compare=False` for that reason.
 """
 
 from __future__ import annotations
