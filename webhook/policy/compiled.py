@@ -9,12 +9,12 @@ condition alone and only adds the words, so explain cannot disagree with admissi
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhook import keys
+from webhook.lru import Lru
 from webhook.policy.decision import PolicyMatch
 from webhook.policy.schema import LabelSelector, SchedulingPolicy
 from webhook.policy.workload import WorkloadMemo
@@ -30,6 +30,11 @@ ENGINE_ANNOTATION_KEYS = (
     keys.ANN_GPU_ASSIGNMENT, keys.ANN_POLICY, keys.ANN_GPU_TOPOLOGY, keys.ANN_GANG_NAME,
     keys.ANN_GANG_MIN_MEMBER, keys.ANN_GANG_TIMEOUT, keys.VOLCANO_GROUP_ANNOTATION,
     keys.VOLCANO_QUEUE_ANNOTATION, keys.ISTIO_INJECT)
+
+#: outcomes remembered per policy set (webhook.policy.outcome)
+OUTCOME_MEMO_SIZE = 4096
+#: distinct sets of matched policies whose merged writes are remembered (engine._writes)
+WRITES_MEMO_SIZE = 1024
 
 NO_MATCH_NAMESPACE, NO_MATCH_NS_SELECTOR, NO_MATCH_POD_SELECTOR, NO_MATCH_OWNER, NO_MATCH_GPUS = (
     range(1, 6))
@@ -213,16 +218,16 @@ class PolicyIndex:
     #: every policy, in evaluation order (what `muster policy explain` narrates)
     every: tuple[CompiledPolicy, ...] = ()
     #: the engine's memo of what each set of matched policies writes (see engine._writes)
-    merged_writes: dict[tuple[int, ...], Any] = field(default_factory=dict, compare=False,
-                                                      repr=False)
+    merged_writes: Lru[tuple[int, ...], Any] = field(
+        default_factory=lambda: Lru(WRITES_MEMO_SIZE), compare=False, repr=False)
     #: the pod label / annotation keys some policy tests or writes, and the engine's own; the
     #: namespace label keys some policy tests (each sorted): all the outcome memo's key reads
     label_keys: tuple[str, ...] = ()
     annotation_keys: tuple[str, ...] = ()
     ns_label_keys: tuple[str, ...] = ()
     #: the memo of whole outcomes (see webhook.policy.outcome)
-    outcomes: OrderedDict[Any, Any] = field(default_factory=OrderedDict, compare=False,
-                                            repr=False)
+    outcomes: Lru[Any, Any] = field(default_factory=lambda: Lru(OUTCOME_MEMO_SIZE),
+                                    compare=False, repr=False)
     #: the memo of pods' workload analyses (see webhook.policy.workload.WorkloadMemo)
     workloads: WorkloadMemo = field(default_factory=WorkloadMemo, compare=False, repr=False)
 

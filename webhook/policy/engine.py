@@ -29,8 +29,6 @@ _DEFAULT_SCHEDULER: dict[str, str | None] = {
 _BACKEND_FIELDS = (("gang.queue", ("volcano",)), ("gang.priorityClass", ("volcano",)),
                    ("gang.unavailableQueue", ("volcano",)), ("gang.fallbackQueue", ("volcano",)),
                    ("gang.scheduleTimeoutSeconds", ("coscheduling", "muster")))
-#: distinct sets of matched policies remembered per policy set
-_WRITES_MEMO_SIZE = 1024
 _GROUP_KEYS = (  # (where, key, backend) of every key that puts a pod into a gang
     ("annotation", keys.VOLCANO_GROUP_ANNOTATION, "volcano"),
     ("label", keys.COSCHEDULING_GROUP_LABEL, "coscheduling"),
@@ -83,10 +81,8 @@ def _writes(policies: PolicySet, matched: list[CompiledPolicy]) -> _Writes:
             annotations.update(compiled.annotations)
         names = tuple(c.policy.name for c in matched)
         found = _Writes(merged, {k: v for k, (v, _) in merged.items()}, names, labels,
-                     annotations, ",".join(names))
-        if len(memo) >= _WRITES_MEMO_SIZE:
-            memo.clear()
-        memo[key] = found
+                        annotations, ",".join(names))
+        memo.put(key, found)
     return found
 
 

@@ -12,7 +12,6 @@ also for pods differing in exactly one field.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -23,9 +22,6 @@ from webhook.policy.patch import render
 from webhook.policy.podview import PodView, memo_key, view_of
 from webhook.policy.policyset import PolicySet
 from webhook.policy.workload import NO_PRIORITIES, Priorities
-
-#: outcomes remembered per policy set
-MEMO_SIZE = 4096
 
 
 class Outcome(NamedTuple):
@@ -52,17 +48,14 @@ def evaluate_and_render(pod: Mapping[str, Any], *, namespace_labels: Mapping[str
     view = view_of(pod, namespace_labels=namespace_labels, owners=owners,
                    index=policies.index, priorities=priorities)
     key = memo_key(view)
-    memo: OrderedDict[Any, Outcome] = policies.index.outcomes
+    memo = policies.index.outcomes
     if key is not None:
-        found = memo.get(key)
+        found: Outcome | None = memo.get(key)
         if found is not None:
-            memo.move_to_end(key)
             return found
     decision = decide(view, policies)
     ops = tuple(render(view.shape, decision)) if decision.changes_pod else ()
     outcome = Outcome(decision, ops, jsonpatch.encode(ops) if ops else b"")
     if key is not None:
-        memo[key] = outcome
-        if len(memo) > MEMO_SIZE:
-            memo.popitem(last=False)
+        memo.put(key, outcome)
     return outcome

@@ -11,13 +11,13 @@ which `chain_key` includes.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from webhook import keys
+from webhook.lru import Lru
 from webhook.policy import podsets
 from webhook.policy.decision import OwnerRef
 from webhook.policy.jsonshape import as_int, as_list, as_map, as_str
@@ -326,9 +326,8 @@ class WorkloadMemo:
     index owns one (so a policy reload starts it empty)."""
 
     def __init__(self, size: int = 512) -> None:
-        self.size = size
-        self._workloads: OrderedDict[tuple[Any, ...], Workload] = OrderedDict()
-        self._facts: OrderedDict[tuple[Any, ...], JobFacts] = OrderedDict()
+        self._workloads: Lru[tuple[Any, ...], Workload] = Lru(size)
+        self._facts: Lru[tuple[Any, ...], JobFacts] = Lru(size)
 
     def workload(self, pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]],
                  key: tuple[Any, ...] | None) -> Workload:
@@ -340,7 +339,7 @@ class WorkloadMemo:
                 return found
         work = _read_workload(pod, owners, self)
         if key is not None and work.facts is not None and work.kind != POD:
-            _remember(self._workloads, key, work, self.size)
+            self._workloads.put(key, work)
         return work
 
     def facts(self, kind: str, obj: Mapping[str, Any], inner: Mapping[str, Any] | None = None
@@ -351,18 +350,12 @@ class WorkloadMemo:
         if found is None:
             found = _job_facts(kind, obj, inner)
             if key is not None:
-                _remember(self._facts, key, found, self.size)
+                self._facts.put(key, found)
         return found
 
     def clear(self) -> None:
         self._workloads.clear()
         self._facts.clear()
-
-
-def _remember(memo: OrderedDict[Any, Any], key: Any, value: Any, size: int) -> None:
-    memo[key] = value
-    if len(memo) > size:
-        memo.popitem(last=False)
 
 
 _Link = tuple[str, Mapping[str, Any], Mapping[str, Any] | None]

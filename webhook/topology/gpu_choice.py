@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
 
+from webhook.lru import Lru
 from webhook.topology import scoring
 from webhook.topology.codec import topology_class
 from webhook.topology.model import Topology
@@ -150,11 +149,12 @@ class TableCache:
     def __init__(self, classes: int = 64, objects: int = 4096, *, warm: bool = True) -> None:
         # warm: compute every table up front (88 ms for a DGX-1 V100), for a long-lived owner;
         # a one-off caller fills only the entries it asks for
-        self.classes, self.objects, self.warm = classes, objects, warm
-        self._by_class: OrderedDict[str, ClassTables] = OrderedDict()
-        # keyed by identity with the object held, so an id is never reused while it is a key
-        self._by_object: OrderedDict[int, tuple[Topology, ClassTables]] = OrderedDict()
-        self._masks: OrderedDict[tuple[int, frozenset[int]], int] = OrderedDict()
+        self.warm = warm
+        self._by_class: Lru[str, ClassTables] = Lru(classes)
+        # keyed by identity with the object held: a hit is the same object only if it `is` the
+        # one held (an id is reused once its object is gone)
+        self._by_object: Lru[int, tuple[Topology, ClassTables]] = Lru(objects)
+        self._masks: Lru[tuple[int, frozenset[int]], tuple[Topology, int]] = Lru(objects * 4)
         self._lock = threading.Lock()
 
     def tables(self, t: Topology) -> ClassTables:
@@ -168,8 +168,8 @@ class TableCache:
                 tables = ClassTables(t)
                 if self.warm:
                     tables.warm()
-                _remember(self._by_class, cls, tables, self.classes)
-            _remember(self._by_object, id(t), (t, tables), self.objects)
+                self._by_class.put(cls, tables)
+            self._by_object.put(id(t), (t, tables))
         return tables
 
     def usable(self, t: Topology, free: frozenset[int]) -> tuple[ClassTables, int]:
@@ -177,17 +177,11 @@ class TableCache:
         one lookup per node and call once the node's Topology is known."""
         tables = self.tables(t)
         key = (id(t), free)
-        mask = self._masks.get(key)
-        if mask is None:
-            mask = usable_mask(t, free)
-            _remember(self._masks, key, mask, self.objects * 4)
-        return tables, mask
-
-
-def _remember(memo: OrderedDict[Any, Any], key: Any, value: Any, size: int) -> None:
-    memo[key] = value
-    if len(memo) > size:
-        memo.popitem(last=False)
+        hit = self._masks.get(key)
+        if hit is None or hit[0] is not t:
+            hit = (t, usable_mask(t, free))
+            self._masks.put(key, hit)
+        return tables, hit[1]
 
 
 def usable_mask(t: Topology, free: Iterable[int]) -> int:
