@@ -136,9 +136,7 @@ def decide(view: PodView, policies: PolicySet) -> Decision:
 def _match(view: PodView, policies: PolicySet
            ) -> tuple[tuple[PolicyMatch, ...], list[CompiledPolicy]]:
     """(the record of every policy examined, the policies that match, by priority)."""
-    work = view.work
-    match_input = MatchInput(view.namespace, view.ns_label_map(), view.label_map(),
-                             work.owner_kinds, work.gpus)
+    match_input = _match_input(view)
     matches: list[PolicyMatch] = []
     matched: list[CompiledPolicy] = []
     for compiled in policies.index.candidates(view.namespace):
@@ -189,7 +187,7 @@ def _job_gang(draft: _Draft, view: PodView, writes: _Writes, backend: Backend) -
         pod_group, why_not = _gang(backend, writes.value, writes.merged, work,
                                    namespace=view.namespace, pod_labels=view.label_map(),
                                    pod_ann=view.annotation_map(), warnings=draft.warnings,
-                                   priorities=view.priorities)
+                                   replica_priorities=view.replica_priorities)
     except _NeedsJob as exc:
         pod_group, why_not = None, str(exc)
         draft.gang_blocked = why_not
@@ -248,7 +246,7 @@ class _NeedsJob(Exception):
 def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple[Any, str]],
           work: Workload, *, namespace: str, pod_labels: Mapping[str, str],
           pod_ann: Mapping[str, str], warnings: list[str],
-          priorities: Priorities) -> tuple[PodGroupSpec | None, str]:
+          replica_priorities: tuple[int, ...]) -> tuple[PodGroupSpec | None, str]:
     name = work.name
     if not name:
         return None, "the pod has no name yet (generateName) and no owner to name a gang after"
@@ -266,7 +264,7 @@ def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple
     queue, priority_class, fallback = _volcano_fields(backend, value, work)
     return PodGroupSpec(backend=backend, name=name, namespace=namespace, min_member=min_member,
                         min_resources=_min_resources(backend, value, work, min_member,
-                                                     priorities),
+                                                     replica_priorities),
                         queue=queue, priority_class=priority_class,
                         timeout_seconds=_timeout(backend, value, work), owner=work.owner,
                         fallback_queue=fallback), ""
@@ -335,7 +333,8 @@ def _timeout(backend: Backend, value: Mapping[str, Any], work: Workload) -> int 
 
 
 def _min_resources(backend: Backend, value: Mapping[str, Any], work: Workload,
-                   min_member: int, priorities: Priorities) -> dict[str, str] | None:
+                   min_member: int, replica_priorities: tuple[int, ...]
+                   ) -> dict[str, str] | None:
     """The job's own minResources ({} stays empty), else the policy's map or its sum."""
     if backend == "muster" or min_member <= 0:
         return None
@@ -345,7 +344,7 @@ def _min_resources(backend: Backend, value: Mapping[str, Any], work: Workload,
     wanted = value.get("gang.minResources", "auto")
     if isinstance(wanted, dict):
         return dict(wanted)
-    return work.min_resources(min_member, priorities) if wanted == "auto" else None
+    return work.min_resources(min_member, replica_priorities) if wanted == "auto" else None
 
 
 def _join(group: PodGroupSpec, labels: dict[str, str | None],
@@ -369,8 +368,11 @@ def explain(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
     """Every condition of every policy, met or not (evaluate stops at the first failure and
     skips the policies of other namespaces), decided by the same matcher as `evaluate`."""
     view = view_of(pod, namespace_labels=namespace_labels, owners=owners, index=policies.index)
-    work = view.work
-    match_input = MatchInput(view.namespace, view.ns_label_map(), view.label_map(),
-                             work.owner_kinds, work.gpus,
-                             "job" if work.members is not None and work.kind != POD else "pod")
+    match_input = _match_input(view)
     return tuple(c.narrate(match_input) for c in policies.index.every)
+
+
+def _match_input(view: PodView) -> MatchInput:
+    work = view.work
+    return MatchInput(view.namespace, view.ns_label_map(), view.label_map(), work.owner_kinds,
+                      work.gpus, "job" if work.members is not None and work.kind != POD else "pod")

@@ -122,7 +122,6 @@ class PodView:
     #: the PriorityClass values of the job's replicas (minResources counts higher ones first)
     replica_priorities: tuple[int, ...]
     work: Workload = field(compare=False)
-    priorities: Priorities = field(compare=False)
     index: PolicyIndex = field(compare=False, repr=False)
     #: the projected labels, annotations and namespace labels that are strings, as maps (a
     #: function of the fields above, built once: the engine reads them several times)
@@ -175,7 +174,7 @@ def view_of(pod: Any, *, namespace_labels: Any, owners: Any, index: PolicyIndex,
         namespace=as_str(as_map(pod.get("metadata")).get("namespace")) or "",
         shape=shape, ns_labels=ns_labels, workload_key=key,
         replica_priorities=work.facts.replica_priorities(priorities) if work.facts else (),
-        work=work, priorities=priorities, index=index,
+        work=work, index=index,
         strings=(_strings(index.label_keys, shape.labels),
                  _strings(index.annotation_keys, shape.annotations),
                  _strings(index.ns_label_keys, ns_labels)))

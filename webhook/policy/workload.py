@@ -110,14 +110,15 @@ class JobFacts:
         return tuple(priorities.values.get(str(r.pod_spec.get("priorityClassName") or ""), 0)
                      for r in self.replicas)
 
-    def min_resources(self, min_member: int, priorities: Priorities = NO_PRIORITIES
+    def min_resources(self, min_member: int, values: tuple[int, ...] | None = None
                       ) -> dict[str, str] | None:
         """Sum of requests (limits where no request) over the first min_member pods (at least
         `reserve_members`: a staged job reserves what all its stages need), the
         replicas of higher PriorityClass value first and, between equals, the launcher or
         master first: as mpi-operator's calPGMinResource (see docs/policies.md for where
-        its arithmetic differs)."""
-        key = (max(min_member, self.reserve_members), self.replica_priorities(priorities))
+        its arithmetic differs). `values`: `replica_priorities` (None: every replica equal)."""
+        key = (max(min_member, self.reserve_members),
+               values if values is not None else (0,) * len(self.replicas))
         if key not in self.min_resources_memo:
             self.min_resources_memo[key] = _sum_resources(self.replicas, *key)
         found = self.min_resources_memo[key]
@@ -181,9 +182,9 @@ class Workload:
     def priority_class(self) -> str | None:
         return self.facts.priority_class if self.facts else None
 
-    def min_resources(self, min_member: int, priorities: Priorities = NO_PRIORITIES
+    def min_resources(self, min_member: int, values: tuple[int, ...] | None = None
                       ) -> dict[str, str] | None:
-        return self.facts.min_resources(min_member, priorities) if self.facts else None
+        return self.facts.min_resources(min_member, values) if self.facts else None
 
 
 def _version(obj: Mapping[str, Any]) -> tuple[str, str] | None:
