@@ -6,6 +6,11 @@ allocates devices for a container the way the kubelet's device manager does: fre
 devices, the plugin's GetPreferredAllocation if offered, then Allocate. `restart` does what a
 kubelet restart does to the directory: every socket is deleted and kubelet.sock is recreated.
 
+What was allocated, to which pod, and which pods were started is kept, as the device manager's
+`kubelet_internal_checkpoint` is, in a file beside kubelet.sock that outlives the process: a
+restarted kubelet starts a pod whose containers were allocated before the restart with the
+checkpointed devices, without asking the plugin again, and never starts a pod twice.
+
 `start_pods` is the kubelet's pod admission: it starts each pod bound to its node that asks for
 the resource, container by container, once.
 
@@ -22,7 +27,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
+import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,7 +38,6 @@ from typing import Any
 
 import grpc
 
-from webhook import keys
 from webhook.agent.deviceplugin import api_pb2, api_pb2_grpc
 from webhook.agent.deviceplugin.plugin import API_VERSION, HEALTHY, KUBELET_SOCKET
 from webhook.quantity import whole
@@ -40,6 +46,8 @@ log = logging.getLogger(__name__)
 
 # the kubelet's check of extended resource names: <domain>/<name>, not kubernetes.io
 _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+#: the device manager's checkpoint, beside kubelet.sock
+CHECKPOINT = "kubelet_internal_checkpoint"
 
 
 @dataclass
@@ -66,6 +74,39 @@ class Admission:
     cdi_devices: list[str]
 
 
+@dataclass
+class PodRecord:
+    """A pod's entry in the checkpoint: its containers' allocations, in admission order."""
+
+    admissions: list[Admission] = field(default_factory=list)
+    started: bool = False
+
+
+class Checkpoint:
+    """The device manager's checkpoint file: devices given out per resource, and per pod uid.
+    Written whole (to a temporary file, then renamed) after every change, as the kubelet does."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.allocated: dict[str, set[str]] = {}
+        self.pods: dict[str, PodRecord] = {}
+        if path.exists():
+            data = json.loads(path.read_text())
+            self.allocated = {r: set(ids) for r, ids in data["allocated"].items()}
+            self.pods = {uid: PodRecord([Admission(**a) for a in rec["admissions"]],
+                                        rec["started"]) for uid, rec in data["pods"].items()}
+
+    def save(self) -> None:
+        data = {"allocated": {r: sorted(ids) for r, ids in self.allocated.items()},
+                "pods": {uid: {"admissions": [{"devices": a.devices, "envs": a.envs,
+                                                "cdi_devices": a.cdi_devices}
+                                               for a in rec.admissions],
+                               "started": rec.started} for uid, rec in self.pods.items()}}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.path)
+
+
 class _Registration(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
     def __init__(self, kubelet: FakeKubelet) -> None:
         self.kubelet = kubelet
@@ -87,9 +128,8 @@ class FakeKubelet:
         self.dir = directory
         self.endpoints: dict[str, Endpoint] = {}
         self.registrations: list[tuple[str, str]] = []  # (resource, endpoint) per Register
-        #: devices given to containers, per resource; like the kubelet's checkpoint file it
-        #: survives plugin re-registration and kubelet restarts
-        self.allocated: dict[str, set[str]] = {}
+        #: survives plugin re-registration and kubelet restarts, in memory and on disk
+        self.checkpoint = Checkpoint(directory / CHECKPOINT)
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._server: grpc.aio.Server | None = None
         self._changed = asyncio.Condition()
@@ -175,10 +215,15 @@ class FakeKubelet:
             await asyncio.wait_for(self._changed.wait_for(ready), within)
         return self.endpoints[resource]
 
-    async def admit(self, resource: str, count: int) -> Admission:
-        """Allocate `count` devices for one container, as the kubelet's device manager does."""
+    async def admit(self, resource: str, count: int, pod_uid: str | None = None) -> Admission:
+        """Allocate `count` devices for one container (of the pod `pod_uid`, checkpointed under
+        it), as the kubelet's device manager does.
+
+        Once the plugin is asked, its answer is recorded even when this kubelet is told to stop
+        meanwhile: a plugin may act on an Allocate (Muster's agent marks the pod served), so a
+        kubelet that asked and forgot would start the pod on nothing."""
         ep = self.endpoints[resource]
-        taken = self.allocated.setdefault(resource, set())
+        taken = self.checkpoint.allocated.setdefault(resource, set())
         free = sorted(d for d, h in ep.devices.items() if h == HEALTHY and d not in taken)
         if len(free) < count:
             raise RuntimeError(f"{resource}: {count} requested, {len(free)} free")
@@ -190,20 +235,32 @@ class FakeKubelet:
             ids = list(pref.container_responses[0].deviceIDs)
             if len(ids) == count and set(ids) <= set(free):
                 chosen = ids
+        allocate = asyncio.ensure_future(self._allocate(ep, chosen, pod_uid))
+        try:
+            return await asyncio.shield(allocate)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await allocate
+            raise
+
+    async def _allocate(self, ep: Endpoint, chosen: list[str], pod_uid: str | None
+                        ) -> Admission:
         resp = await ep.stub.Allocate(api_pb2.AllocateRequest(container_requests=[
             api_pb2.ContainerAllocateRequest(devices_ids=chosen)]), timeout=30)
-        taken.update(chosen)
         cresp = resp.container_responses[0]
-        return Admission(chosen, dict(cresp.envs), [c.name for c in cresp.cdi_devices])
-
+        got = Admission(chosen, dict(cresp.envs), [c.name for c in cresp.cdi_devices])
+        self.checkpoint.allocated.setdefault(ep.resource, set()).update(chosen)
+        if pod_uid is not None:
+            self.checkpoint.pods.setdefault(pod_uid, PodRecord()).admissions.append(got)
+        self.checkpoint.save()
+        return got
 
     async def start_pods(self, pods: Callable[[], Awaitable[list[dict[str, Any]]]],
                          resource: str, poll_s: float = 0.05) -> AsyncIterator[dict[str, Any]]:
         """Start every pending pod that `pods` lists (those bound to this node) and that asks for
         `resource`: admit its containers in the kubelet's order (init containers, then spec
-        order), once. A pod the agent already marked served was started before this kubelet
-        restarted (the real kubelet's checkpoint). Yields one event per pod."""
-        started: set[str] = set()
+        order), once. Containers allocated before a restart keep their checkpointed devices.
+        Yields one event per pod."""
         while True:
             try:
                 listed = await pods()
@@ -211,26 +268,34 @@ class FakeKubelet:
                 log.warning("listing this node's pods failed", extra={"error": str(exc)})
                 listed = []
             for pod in listed:
-                meta = pod["metadata"]
-                if (meta["uid"] in started or meta.get("deletionTimestamp")
-                        or (pod.get("status") or {}).get("phase", "Pending") != "Pending"
-                        or keys.ANN_GPU_ALLOCATED in (meta.get("annotations") or {})):
-                    continue
-                counts = [_asks(c, resource) for c in [*pod["spec"].get("initContainers", ()),
-                                                        *pod["spec"]["containers"]]]
-                started.add(meta["uid"])
-                if not any(counts):
-                    continue
-                name = f"{meta['namespace']}/{meta['name']}"
-                try:
-                    got = [await self.admit(resource, n) for n in counts if n]
-                except grpc.aio.AioRpcError as exc:
-                    yield {"event": "refused", "pod": name, "code": exc.code().name,
-                           "detail": exc.details()}
-                    continue
-                yield {"event": "started", "pod": name,
-                       "envs": [a.envs for a in got], "devices": [a.devices for a in got]}
+                event = await self._start(pod, resource)
+                if event is not None:
+                    yield event
             await asyncio.sleep(poll_s)
+
+    async def _start(self, pod: dict[str, Any], resource: str) -> dict[str, Any] | None:
+        meta = pod["metadata"]
+        record = self.checkpoint.pods.get(meta["uid"])
+        if ((record is not None and record.started) or meta.get("deletionTimestamp")
+                or (pod.get("status") or {}).get("phase", "Pending") != "Pending"):
+            return None
+        counts = [n for n in (_asks(c, resource) for c in [
+            *pod["spec"].get("initContainers", ()), *pod["spec"]["containers"]]) if n]
+        if not counts:
+            return None  # nothing for the device manager to do
+        name = f"{meta['namespace']}/{meta['name']}"
+        done = list(record.admissions) if record is not None else []
+        try:
+            got = done + [await self.admit(resource, n, meta["uid"]) for n in counts[len(done):]]
+        except grpc.aio.AioRpcError as exc:
+            event = {"event": "refused", "pod": name, "code": exc.code().name,
+                     "detail": exc.details()}
+        else:
+            event = {"event": "started", "pod": name,
+                     "envs": [a.envs for a in got], "devices": [a.devices for a in got]}
+        self.checkpoint.pods.setdefault(meta["uid"], PodRecord()).started = True
+        self.checkpoint.save()
+        return event
 
 
 def _asks(container: dict[str, Any], resource: str) -> int:
@@ -300,9 +365,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_main(args.dir, args.admit, args.resource, args.kubeconfig,
-                                 args.node))
+        return asyncio.run(_until_sigterm(_main(args.dir, args.admit, args.resource,
+                                                args.kubeconfig, args.node)))
     return 0
+
+
+async def _until_sigterm(main: Awaitable[int]) -> int:
+    """SIGTERM cancels `main` at its next await, as the kubelet shuts down on it: an Allocate
+    already sent is still recorded (`FakeKubelet.admit`)."""
+    task = asyncio.ensure_future(main)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return 0
 
 
 if __name__ == "__main__":
