@@ -4,6 +4,7 @@ the input, exit 2 for usage and 1 for runtime, no traceback (unless --log-level 
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,3 +125,14 @@ def test_an_area_that_does_not_import_fails_the_cli(monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(sys.modules, "webhook.analyze.cli", None)
     with pytest.raises(ModuleNotFoundError, match=r"webhook\.analyze\.cli"):
         build_parser()
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """`muster topology show dgx2 | head -c1`: the pipe closes before the command writes."""
+    proc = subprocess.Popen([sys.executable, "-m", "webhook", "topology", "show", "dgx2"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the interpreter has even imported the CLI
+    err = proc.stderr.read().decode()
+    assert proc.wait(30) == 141
+    assert err == ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -53,6 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (`muster ... | head`): stop quietly, as Unix tools do; stdout
+        # goes to /dev/null so that the interpreter's final flush does not complain either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # killed by SIGPIPE, as the shell reports it
     except Exception as exc:
         known = failures.explain(exc)
         if known is None or args.log_level == "debug":
