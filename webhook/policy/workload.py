@@ -46,6 +46,7 @@ LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 #: the pod labels `chain_key` includes: the only things read from a pod of a known job
 _POD_KEY_LABELS = (JOBSET_REPLICATED_JOB_LABEL, LWS_GROUP_INDEX_LABEL, POD_INDEX_LABEL)
+_STR_OR_NONE = frozenset({str, type(None)})
 
 
 def group_kind(api_version: Any, kind: Any) -> str:
@@ -275,8 +276,6 @@ def pod_gpus(spec: Mapping[str, Any]) -> int:
     return max(main, 0 if init is None else init)
 
 
-
-
 def chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
               ) -> tuple[Any, ...] | None:
     """Everything the owner-chain walk reads: the pod's ownerReferences (the fields used), its
@@ -288,22 +287,27 @@ def chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
     if type(refs) is not list:
         return None
     key: list[Any] = []
+    by_sts = False
     for ref in refs:
         if type(ref) is not dict:
             return None
-        fields = (ref.get("apiVersion"), ref.get("kind"), ref.get("name"), ref.get("uid"))
-        if not all(type(f) is str or f is None for f in fields):
-            return None  # lists or objects there: not hashable, and never from an API server
-        key.append((*fields, ref.get("controller") is True))
+        get = ref.get
+        fields = (get("apiVersion"), get("kind"), get("name"), get("uid"))
+        for f in fields:
+            if type(f) not in _STR_OR_NONE:
+                return None  # lists or objects there: not hashable, never from an API server
+        controller = get("controller") is True
+        # the name only where it is read: a StatefulSet pod's ordinal (a LeaderWorkerSet leader)
+        by_sts = by_sts or (controller and fields[1] == "StatefulSet")
+        key.append((*fields, controller))
     labels = meta.get("labels")
     if labels is not None and type(labels) is not dict:
         return None
-    # the name only where it is read: a StatefulSet pod's ordinal (a LeaderWorkerSet leader)
-    by_sts = any(r.get("kind") == "StatefulSet" and r.get("controller") is True for r in refs)
     name = meta.get("name") if by_sts else None
-    pod_keys = (name, *(labels.get(k) for k in _POD_KEY_LABELS)) if labels else (name,)
-    if not all(type(v) is str or v is None for v in pod_keys):
-        return None
+    pod_keys = (name, *map(labels.get, _POD_KEY_LABELS)) if labels else (name,)
+    for v in pod_keys:
+        if type(v) not in _STR_OR_NONE:
+            return None
     key.append(pod_keys)
     for obj in owners:
         meta = as_map(obj.get("metadata")) if type(obj) is dict else {}
