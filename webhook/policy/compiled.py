@@ -18,6 +18,7 @@ from webhook.lru import Lru
 from webhook.policy.decision import PolicyMatch
 from webhook.policy.schema import LabelSelector, SchedulingPolicy
 from webhook.policy.workload import WorkloadMemo
+from webhook.records import record
 
 #: one selector requirement: (operator, key, values); matchLabels become ("=", key, {value})
 Requirement = tuple[str, str, frozenset[str]]
@@ -40,7 +41,7 @@ NO_MATCH_NAMESPACE, NO_MATCH_NS_SELECTOR, NO_MATCH_POD_SELECTOR, NO_MATCH_OWNER,
     range(1, 6))
 
 
-@dataclass(slots=True)  # built per request: not frozen, whose __init__ is slower
+@record  # built per request
 class MatchInput:
     """What a policy's `match` reads of a pod: the one input of the one matcher."""
 

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from webhook.records import record
+
 Backend = Literal["volcano", "coscheduling", "muster"]
 
 
@@ -33,7 +35,7 @@ class OwnerRef:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PodGroupSpec:
     backend: Backend
     name: str
@@ -58,7 +60,7 @@ class PolicyMatch:
     reasons: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Decision:
     #: every policy considered, in evaluation order, with the reasons it matched or not
     matches: tuple[PolicyMatch, ...] = ()

@@ -64,6 +64,15 @@ class _Writes:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     policy_annotation: str
+    #: the warning for each gang field written that the gang's backend does not use
+    ignored: tuple[str, ...]
+
+
+def _ignored_fields(merged: Mapping[str, tuple[Any, str]]) -> tuple[str, ...]:
+    backend = merged.get("gang.backend", (None, ""))[0]
+    return tuple(f"{written} of policy {merged[written][1]} ignored: backend is {backend}"
+                 for written, only in _BACKEND_FIELDS
+                 if written in merged and backend not in only)
 
 
 def _writes(policies: PolicySet, matched: list[CompiledPolicy]) -> _Writes:
@@ -81,7 +90,7 @@ def _writes(policies: PolicySet, matched: list[CompiledPolicy]) -> _Writes:
             annotations.update(compiled.annotations)
         names = tuple(c.policy.name for c in matched)
         found = _Writes(merged, {k: v for k, (v, _) in merged.items()}, names, labels,
-                        annotations, ",".join(names))
+                        annotations, ",".join(names), _ignored_fields(merged))
         memo.put(key, found)
     return found
 
@@ -184,7 +193,7 @@ def _job_gang(draft: _Draft, view: PodView, writes: _Writes, backend: Backend) -
     work = view.work
     draft.warnings.extend(work.warnings)
     try:
-        pod_group, why_not = _gang(backend, writes.value, writes.merged, work,
+        pod_group, why_not = _gang(backend, writes, work,
                                    namespace=view.namespace, pod_labels=view.label_map(),
                                    pod_ann=view.annotation_map(), warnings=draft.warnings,
                                    replica_priorities=view.replica_priorities)
@@ -243,10 +252,10 @@ class _NeedsJob(Exception):
     """The gang's size needs the job's object, which was not read (Decision.gang_blocked)."""
 
 
-def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple[Any, str]],
-          work: Workload, *, namespace: str, pod_labels: Mapping[str, str],
-          pod_ann: Mapping[str, str], warnings: list[str],
+def _gang(backend: Backend, writes: _Writes, work: Workload, *, namespace: str,
+          pod_labels: Mapping[str, str], pod_ann: Mapping[str, str], warnings: list[str],
           replica_priorities: tuple[int, ...]) -> tuple[PodGroupSpec | None, str]:
+    value = writes.value
     name = work.name
     if not name:
         return None, "the pod has no name yet (generateName) and no owner to name a gang after"
@@ -257,10 +266,7 @@ def _gang(backend: Backend, value: Mapping[str, Any], merged: Mapping[str, tuple
     job_min = work.scheduling_policy.get("minAvailable")
     if min_member < 1 and not (job_min == 0 and backend != "muster"):
         return None, f"the {work.kind} has no pods to gang"
-    for written, only in _BACKEND_FIELDS:
-        if written in merged and backend not in only:
-            warnings.append(f"{written} of policy {merged[written][1]} ignored: backend is "
-                            f"{backend}")
+    warnings.extend(writes.ignored)
     queue, priority_class, fallback = _volcano_fields(backend, value, work)
     return PodGroupSpec(backend=backend, name=name, namespace=namespace, min_member=min_member,
                         min_resources=_min_resources(backend, value, work, min_member,

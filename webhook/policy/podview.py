@@ -13,7 +13,7 @@ new field, which is in the key unless marked `compare=False` for that reason.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from webhook import keys
@@ -26,6 +26,7 @@ from webhook.policy.workload import (
     Workload,
     chain_key,
 )
+from webhook.records import record
 
 #: the toleration the engine adds for backend muster (render checks whether it is present)
 TOPOLOGY_TOLERATION: Mapping[str, str] = {
@@ -68,9 +69,7 @@ def _tolerations(value: Any) -> bool | None:
     return TOPOLOGY_TOLERATION in value
 
 
-# not frozen: a frozen dataclass's __init__ costs a setattr call per field, on every request;
-# nothing assigns to these after construction (hash is over the compared fields)
-@dataclass(slots=True, unsafe_hash=True)
+@record  # built on every request (hash is over the compared fields)
 class PodShape:
     """What the patch renderer reads of a pod: its labels and annotations (projected onto the
     keys the policy set reads or writes), schedulerName, tolerations and affinity."""
@@ -109,7 +108,7 @@ def shape_of(pod: Any, label_keys: tuple[str, ...], annotation_keys: tuple[str, 
                     affinity, label_keys, annotation_keys)
 
 
-@dataclass(slots=True, unsafe_hash=True)
+@record
 class PodView:
     """A pod as the engine and the renderer see it; compared and hashed as the memo key."""
 
@@ -149,7 +148,7 @@ class PodView:
 def _strings(names: tuple[str, ...], values: tuple[Any, ...] | None) -> dict[str, str]:
     if values is None:
         return {}
-    return {k: v for k, v in zip(names, values, strict=True) if type(v) is str}
+    return {k: v for k, v in zip(names, values, strict=False) if type(v) is str}
 
 
 def _raw(names: tuple[str, ...], values: tuple[Any, ...] | None, key: str) -> Any:
