@@ -112,3 +112,41 @@ async def test_stopped_kubelet_still_records_the_allocate_it_sent(
             break
         await asyncio.sleep(0.01)
     assert keys.ANN_GPU_ALLOCATED in slow.items[0]["metadata"]["annotations"]
+
+
+async def test_a_kubelet_that_lost_its_checkpoint_gets_the_same_gpus_again(
+        sock_dir: Path, dgx1: Topology) -> None:
+    """SIGKILL between the agent's answer and the checkpoint: the restarted kubelet asks for the
+    served pod again and the agent gives it the same GPUs, not a refusal."""
+    pods = ListedPods()
+    pods.items.append(make_pod("worker-0", assign={"main": [4, 5]}, topology=dgx1))
+    plugin = GpuDevicePlugin(PluginConfig(node=NODE, kubelet_dir=sock_dir, assignment_wait_s=1,
+                                          poll_s=0.05, kubelet_check_s=0.05), dgx1, pods)
+    run = asyncio.create_task(plugin.run())
+    first = FakeKubelet(sock_dir)
+    await first.start()
+    try:
+        await first.wait_for("nvidia.com/gpu", count=8)
+        [started] = await asyncio.wait_for(_events(first, pods, 1), 10)
+        for _ in range(100):  # the agent acknowledges in the background
+            if keys.ANN_GPU_ALLOCATED in pods.items[0]["metadata"]["annotations"]:
+                break
+            await asyncio.sleep(0.01)
+        await first.stop()
+        (sock_dir / CHECKPOINT).unlink()  # what it had not written when it was killed
+        second = FakeKubelet(sock_dir)
+        await second.start()
+        try:
+            await second.wait_for("nvidia.com/gpu", count=8, within=10)
+            [again] = await asyncio.wait_for(_events(second, pods, 1), 10)
+        finally:
+            await second.stop()
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await plugin.stop()
+    assert keys.ANN_GPU_ALLOCATED in pods.items[0]["metadata"]["annotations"]
+    assert started["event"] == again["event"] == "started"
+    assert again["envs"] == started["envs"] == [
+        {"NVIDIA_VISIBLE_DEVICES": f"{dgx1.gpus[4].uuid},{dgx1.gpus[5].uuid}"}]

@@ -32,7 +32,8 @@ def test_handed_out_containers_move_to_the_next_one(dgx1: Topology) -> None:
         ("a", 2, True), ("b", 1, False)]
     assert choose(offer, 1) is None  # "b" is not asked for before "a"
     done = pending([pod], NODE, devices(dgx1), {("uid-p", "init"), ("uid-p", "a"), ("uid-p", "b")})
-    assert done.grants == () and done.live == {"uid-p"}
+    assert all(g.again for g in done.grants) and done.live == {"uid-p"}
+    assert choose(done, 1) is None and choose(done, 2) is None  # never for a plain Allocate
 
 
 def test_a_pod_is_served_after_its_last_container_and_then_never_offered_again(
@@ -42,10 +43,33 @@ def test_a_pod_is_served_after_its_last_container_and_then_never_offered_again(
     first, second = offer.grants
     assert not served(offer, first, {("uid-p", "a")})
     assert served(offer, second, {("uid-p", "a"), ("uid-p", "b")})
-    # the mark outlives this agent: after a restart, nothing of the pod is offered
+    # the mark outlives this agent: after a restart, the pod is offered only as served before
     pod["metadata"]["annotations"][keys.ANN_GPU_ALLOCATED] = NODE
     again = pending([pod], NODE, devices(dgx1), set())
-    assert again.grants == () and again.refused == {} and again.live == frozenset()
+    assert [g.again for g in again.grants] == [True, True] and again.refused == {}
+    # the kubelet holds its GPUs (it recorded them): no Allocate, preferred or not, gets them
+    held = [g.uuid for g in dgx1.gpus[3:]]
+    assert choose(again, 2) is None and choose(again, 2, available=held) is None
+    assert choose(again, 2, wanted=[dgx1.gpus[6].uuid, dgx1.gpus[7].uuid]) is None
+    assert explain(again, NODE, 2).endswith("(pending pods here: none)")
+
+
+def test_a_kubelet_that_lost_its_record_gets_the_same_gpus_for_the_same_pod(
+        dgx1: Topology) -> None:
+    """The kubelet restarted between the agent's answer and its checkpoint: it has the served
+    pod's GPUs free and asks for the pod's container again, oldest pod first, as it admits."""
+    lost = make_pod("lost", assign={"main": [4, 5]}, topology=dgx1, created="2026-01-01T00:00:00Z")
+    lost["metadata"]["annotations"][keys.ANN_GPU_ALLOCATED] = NODE
+    fresh = make_pod("fresh", assign={"main": [0, 1]}, topology=dgx1,
+                     created="2026-01-01T00:00:09Z")
+    offer = pending([fresh, lost], NODE, devices(dgx1), set())
+    everything = [g.uuid for g in dgx1.gpus]
+    preferred = choose(offer, 2, available=everything)
+    assert preferred is not None and preferred.pod == "ml/lost" and preferred.again
+    again = choose(offer, 2, wanted=list(preferred.uuids))
+    assert again is not None and again.pod == "ml/lost"
+    nxt = choose(offer, 2, available=[u for u in everything if u not in preferred.uuids])
+    assert nxt is not None and nxt.pod == "ml/fresh" and not nxt.again
 
 
 def test_missing_uuids_are_resolved_from_the_local_topology(dgx1: Topology) -> None:

@@ -8,6 +8,11 @@ many GPUs as the kubelet asks for. Among several, the one whose assigned GPUs ar
 the kubelet asked for wins, then the oldest. What was already handed out is remembered so that a
 container is never served twice; after an agent restart the kubelet's free-device list tells
 which containers it already served.
+
+A served pod still Pending is offered once more, but only for exactly its own GPUs and only when
+the kubelet has all of them free: the kubelet then lost its record of the Allocate (it restarted
+between our answer and its checkpoint) and asks again for the same container; any other time it
+holds those GPUs itself and never offers them.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ class Grant:
     created: str  # creationTimestamp (RFC 3339 sorts as text)
     #: the pod's first unserved container: the one the kubelet asks for next
     next: bool = True
+    #: served before: offered again only to a kubelet that has its GPUs free (lost its record)
+    again: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,45 +64,52 @@ def pending(pods: Iterable[Mapping[str, Any]], node: str, devices: Mapping[int, 
     grants: list[Grant] = []
     refused: dict[str, str] = {}
     live: set[str] = set()
-    known = set(devices.values())
     for pod in pods:
         if not _is_pending(pod, node):
             continue
         meta = pod.get("metadata", {})
-        annotations = meta.get("annotations") or {}
-        if keys.ANN_GPU_ALLOCATED in annotations:
-            continue  # every container served (by us, maybe before a restart)
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         uid = str(meta.get("uid", key))
         live.add(uid)
-        text = annotations.get(keys.ANN_GPU_ASSIGNMENT)
-        if text is None:
-            refused[key] = f"no {keys.ANN_GPU_ASSIGNMENT} annotation"
-            continue
-        try:
-            assignment = decode_assignment(text)
-        except AssignmentError as exc:
-            refused[key] = f"unreadable {keys.ANN_GPU_ASSIGNMENT}: {exc}"
-            continue
-        if assignment.node != node:
-            refused[key] = f"assigned GPUs on node {assignment.node!r}, not {node!r}"
-            continue
-        todo = [(n, c) for n, c in assignment.containers.items() if (uid, n) not in handed]
-        mine: list[Grant] = []
-        for name, gpus in todo:
-            # the binder may not know UUIDs (node published no topology): resolve by index here
-            uuids = tuple(u or devices.get(i, "") for i, u in zip(gpus.indices, gpus.uuids,
-                                                                   strict=True))
-            wrong = [u for u in uuids if u not in known]
-            if wrong:
-                refused[key] = f"container {name!r} is assigned GPUs not on this node: {wrong}"
-                mine = []
-                break
-            mine.append(Grant(key, uid, name, uuids, str(meta.get("creationTimestamp", "")),
-                              next=not mine))
+        mine, why = _pod_grants(meta, key, uid, node=node, devices=devices,
+                                handed=handed)
+        if why is not None and keys.ANN_GPU_ALLOCATED not in (meta.get("annotations") or {}):
+            refused[key] = why  # (a pod served before waits for nothing)
         grants += mine
     grants.sort(key=lambda g: (g.created, g.pod))
     return Pending(tuple(grants), refused, frozenset(live))
+
+
+def _pod_grants(meta: Mapping[str, Any], key: str, uid: str, *, node: str,
+                devices: Mapping[int, str], handed: Collection[tuple[str, str]]
+                ) -> tuple[list[Grant], str | None]:
+    """One pending pod's grants, or why it cannot be served."""
+    annotations = meta.get("annotations") or {}
+    text = annotations.get(keys.ANN_GPU_ASSIGNMENT)
+    if text is None:
+        return [], f"no {keys.ANN_GPU_ASSIGNMENT} annotation"
+    try:
+        assignment = decode_assignment(text)
+    except AssignmentError as exc:
+        return [], f"unreadable {keys.ANN_GPU_ASSIGNMENT}: {exc}"
+    if assignment.node != node:
+        return [], f"assigned GPUs on node {assignment.node!r}, not {node!r}"
+    containers = list(assignment.containers.items())
+    again = keys.ANN_GPU_ALLOCATED in annotations or all((uid, n) in handed
+                                                         for n, _ in containers)
+    todo = containers if again else [(n, c) for n, c in containers if (uid, n) not in handed]
+    known = set(devices.values())
+    mine: list[Grant] = []
+    for name, gpus in todo:
+        # the binder may not know UUIDs (node published no topology): resolve by index here
+        uuids = tuple(u or devices.get(i, "") for i, u in zip(gpus.indices, gpus.uuids,
+                                                               strict=True))
+        wrong = [u for u in uuids if u not in known]
+        if wrong:
+            return [], f"container {name!r} is assigned GPUs not on this node: {wrong}"
+        mine.append(Grant(key, uid, name, uuids, str(meta.get("creationTimestamp", "")),
+                          next=not mine, again=again))
+    return mine, None
 
 
 def served(offer: Pending, grant: Grant, handed: Collection[tuple[str, str]]) -> bool:
@@ -112,9 +126,11 @@ def choose(offer: Pending, count: int, wanted: Collection[str] = (),
     container with the right count. With `available` (GetPreferredAllocation), only grants whose
     GPUs the kubelet still has free count: a container whose GPUs the kubelet already gave out
     was served before this agent restarted, so a later container of that pod is the one asked for.
+    A grant served before counts only with `available` or as the exact pick (see the module).
     """
     fits = [g for g in offer.grants if len(g.uuids) == count
-            and (available is None or set(g.uuids) <= set(available))]
+            and (available is None or set(g.uuids) <= set(available))
+            and (not g.again or available is not None or set(g.uuids) == set(wanted))]
     exact = [g for g in fits if set(g.uuids) == set(wanted)]
     best = exact or [g for g in fits if g.next] or (fits if available is not None else [])
     return best[0] if best else None
@@ -124,7 +140,7 @@ def explain(offer: Pending, node: str, count: int) -> str:
     """Why no grant fits: for the gRPC error the kubelet records on the pod."""
     parts = [f"{pod}: {why}" for pod, why in sorted(offer.refused.items())]
     parts += [f"{g.pod}: container {g.container!r} is assigned {len(g.uuids)} GPU(s)"
-              for g in offer.grants if g.next]
+              for g in offer.grants if g.next and not g.again]
     waiting = "; ".join(parts) if parts else "none"
     return (f"no pod bound to node {node!r} is waiting for {count} GPU(s) with a "
             f"{keys.ANN_GPU_ASSIGNMENT} annotation from the binder (pending pods here: {waiting})")

@@ -209,9 +209,13 @@ class GpuDevicePlugin:
                     message = f"{message}; {error}"
                 log.warning("allocate refused", extra={"reason": message})
                 raise AllocationRefused(message)
-            self._handed.add((grant.uid, grant.container))
-            if served(offer, grant, self._handed):
-                self._acknowledge(grant)
+            if grant.again:  # same pod, same GPUs: the kubelet restarted before recording it
+                log.warning("served again: the kubelet had lost its record of this container",
+                            extra={"pod": grant.pod, "container": grant.container})
+            else:
+                self._handed.add((grant.uid, grant.container))
+                if served(offer, grant, self._handed):
+                    self._acknowledge(grant)
         if set(grant.uuids) != set(requested):
             log.warning("kubelet picked other GPUs than the binder; the binder's are used",
                         extra={"pod": grant.pod, "kubelet": requested, "binder": grant.uuids})
