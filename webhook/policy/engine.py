@@ -37,10 +37,6 @@ _GROUP_KEYS = (  # (where, key, backend) of every key that puts a pod into a gan
 )
 
 
-
-
-
-
 def _merge(matched: Sequence[CompiledPolicy]) -> dict[str, tuple[Any, str]]:
     """field → (value, policy name); the first writer wins (policies come highest priority
     first)."""

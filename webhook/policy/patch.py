@@ -17,8 +17,6 @@ from webhook.policy.podview import PodShape, shape_of
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
-
-
 def _map_ops(present: bool, current: Callable[[str], Any], wanted: Mapping[str, str | None],
              base: str) -> list[dict[str, Any]]:
     if not present:

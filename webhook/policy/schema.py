@@ -152,7 +152,6 @@ class LabelSelectorRequirement(_Model):
     values: list[str] = Field(default_factory=list)
 
 
-
 class LabelSelector(_Model):
     matchLabels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     matchExpressions: list[LabelSelectorRequirement] = Field(default_factory=list)
