@@ -20,7 +20,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -70,6 +70,8 @@ class BinderConfig:
     component: str = "muster-binder"
     #: the longest a node's next GPU pod waits for the agent to acknowledge the previous one
     allocation_wait_seconds: float = 30.0
+    #: Events and status conditions written at once, at most (see Binder._spawn)
+    report_concurrency: int = 8
 
 
 @dataclass(slots=True)
@@ -125,6 +127,7 @@ class Binder:
         self.snapshot = Snapshot(self.config.scheduler_name)  # _pods with _assumed over them
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._report_slots = asyncio.Semaphore(self.config.report_concurrency)
         self._ready_since: dict[str, float] = {}
         self._last_event: dict[str, tuple[str, float]] = {}
         self._generation = 0
@@ -336,13 +339,19 @@ class Binder:
 
         task.add_done_callback(done)
 
-    def _spawn(self, work: Awaitable[Any]) -> None:
-        """Fire-and-forget writes (Events, status conditions), cancelled on shutdown."""
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Fire-and-forget writes (Events, status conditions), cancelled on shutdown. At most
+        `report_concurrency` run at once: in a burst they queue behind the assignments and
+        Bindings instead of taking a third of the API calls (kube-scheduler's Events, too, go
+        out from a queue of their own)."""
         async def run() -> None:
             try:
-                await work
+                async with self._report_slots:
+                    await work
             except Exception as exc:  # best effort: never let a report disturb binding
                 log.info("report not written", extra={"error": repr(exc)})
+            finally:
+                work.close()  # cancelled while queued: closed, not left "never awaited"
         task = asyncio.create_task(run())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
