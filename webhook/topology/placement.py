@@ -206,8 +206,9 @@ def _place_single(
         fits = [
             (i, n) for i, n in group
             if n.free_cpu_milli >= cpu and n.free_memory_bytes >= mem and n.free_pods >= pods
-            and all(n.name in e for e in eligible)
         ]
+        if eligible:
+            fits = [(i, n) for i, n in fits if all(n.name in e for e in eligible)]
         if not fits:
             continue
         pkey = tables.placement_key(free, total)  # one per group: its nodes score alike
