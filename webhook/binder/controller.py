@@ -100,13 +100,13 @@ class Binder:
                  place: PlaceFn | None = None,
                  fence: Callable[[], bool] = lambda: True,
                  clock: Callable[[], float] = time.time) -> None:
-        if place is None:  # the binder's own choice tables, kept for its life
-            place = functools.partial(place_gang, tables=TableCache())
+        #: the binder's own choice tables, kept for its life (None when given `place`)
+        self._tables = TableCache() if place is None else None
         self.api = api
         self.config = config or BinderConfig()
         self.metrics = metrics or Metrics()
         self.recorder = recorder or EventRecorder(api, self.config.component, "binder")
-        self._place = place
+        self._place = place or functools.partial(place_gang, tables=self._tables)
         self._fence = fence
         self._clock = clock
         self.plan_config = PlanConfig(self.config.scheduler_name,
@@ -179,6 +179,10 @@ class Binder:
             if self._nodes.get(name) == node:
                 return  # heartbeat-only change: nothing the binder reads
             self._nodes[name] = node
+            if self._tables is not None and node.topology is not None:
+                # a new node type's tables (88 ms for a DGX-1) are made as it is seen, not
+                # during the first placement on it, which would wait that long
+                self._tables.tables(node.topology)
         self.fit.clear()
         self._generation += 1
         self._dirty.set()
