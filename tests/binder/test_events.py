@@ -60,3 +60,35 @@ async def test_timeout_and_invalid_gangs_are_reported(apiserver: ApiServerEmulat
 def cycles(b: Binder) -> float:
     return sum(s.value for m in b.metrics.registry.collect() for s in m.samples
                if s.name == "muster_binder_cycle_duration_seconds_count")
+
+
+async def test_reports_go_out_report_concurrency_at_a_time_and_all_get_written(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    for n in ("dgx-a", "dgx-b"):
+        apiserver.seed(node(n))
+    b = Binder(kube, BinderConfig(report_concurrency=1))
+    running = peak = 0
+    emit = b.recorder.emit
+
+    async def counted(*args: Any) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        try:
+            await asyncio.sleep(0.01)  # a slow Event write
+            await emit(*args)
+        finally:
+            running -= 1
+
+    b.recorder.emit = counted  # type: ignore[method-assign]
+    task = asyncio.create_task(b.run())
+    try:
+        await asyncio.wait_for(b.synced.wait(), 5)
+        for p in job("j1") + job("j2"):
+            await kube.create(PODS, p)
+        await eventually(lambda: len(events(apiserver, "Scheduled", "j")) == 10, within=5)
+        assert peak == 1
+        assert all(p["spec"].get("nodeName") for p in apiserver.objects("pods"))
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

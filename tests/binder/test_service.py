@@ -6,15 +6,17 @@ import asyncio
 import socket
 
 import aiohttp
+import pytest
 from binder_objects import job, node
 
 from e2e.probes import eventually
-from webhook.binder.controller import BinderConfig
+from webhook.binder.controller import Binder, BinderConfig
 from webhook.binder.service import BinderService, ServiceConfig
 from webhook.cli import build_parser
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi
 from webhook.kube.api import PODS
+from webhook.topology.gpu_choice import ClassTables
 
 
 def free_port() -> int:
@@ -70,3 +72,26 @@ def test_cli_parses_the_chart_arguments() -> None:
             args.lease_namespace, args.identity) == (
         "muster-binder", 9090, True, "muster-binder", "muster-system", "pod-1")
     assert callable(args.func)
+
+
+async def test_a_node_types_choice_tables_are_made_when_its_nodes_are_seen(
+        apiserver: ApiServerEmulator, kube: KubeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not during the first placement on them, which would wait as long (88 ms, DGX-1)."""
+    made: list[str] = []
+    warm = ClassTables.warm
+
+    def counted(self: ClassTables) -> None:
+        made.append(self.topology.name)
+        warm(self)
+
+    monkeypatch.setattr(ClassTables, "warm", counted)
+    for name in ("dgx-a", "dgx-b"):
+        apiserver.seed(node(name))
+    b = Binder(kube)
+    task = asyncio.create_task(b.run())
+    try:
+        await asyncio.wait_for(b.synced.wait(), 5)
+        assert made == ["dgx1-v100"]  # one class, two nodes: made once, before any pod
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -17,7 +17,7 @@ from webhook.topology import (
     builtin,
     place_gang,
 )
-from webhook.topology.gpu_choice import set_score
+from webhook.topology.gpu_choice import TableCache, set_score
 
 V100 = builtin("dgx1-v100")
 GIB = 1 << 30
@@ -228,3 +228,33 @@ def test_malformed_gangs_are_refused_not_crashed() -> None:
     too_big = GangRequest(name="g", members=(MemberRequest("ns/a", 9),))
     r = place_gang([node("a", free=range(8)), node("b", free=(0, 99))], too_big)
     assert isinstance(r, Unplaceable) and "needs 9 GPUs" in r.reason
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([frozenset(range(8)), frozenset({0, 1, 2, 3}),
+                                           frozenset({4, 5, 6, 7}), frozenset({1, 2, 5, 6}),
+                                           frozenset({0, 7})]),
+                          st.sampled_from(["dgx1-v100", "hgx-a100"]),
+                          st.sampled_from([2000, 64000])), min_size=1, max_size=40),
+       st.integers(1, 4), st.randoms(use_true_random=False))
+def test_single_node_choice_is_the_best_key_over_every_node(
+        shapes: list[tuple[frozenset[int], str, int]], k: int, rnd: random.Random) -> None:
+    """Many nodes alike (as in a real cluster): the node chosen is the one a scan of every
+    node would choose, the least (placement key, name) among the nodes that fit."""
+    nodes = [node(f"n{i:02d}", free, topo=topo, cpu=cpu)
+             for i, (free, topo, cpu) in enumerate(shapes)]
+    rnd.shuffle(nodes)
+    gang = GangRequest("g", workers(k, cpu_milli=4000), single_node=True)
+    tables = TableCache()
+
+    def key(n: NodeState) -> tuple[object, str]:
+        assert n.topology is not None
+        choice, free = tables.usable(n.topology, n.free_gpus)
+        return choice.placement_key(free, k), n.name
+
+    fits = [key(n) for n in nodes if len(n.free_gpus) >= k and n.free_cpu_milli >= 4000 * k]
+    result = place_gang(nodes, gang, tables=tables)
+    if not fits:
+        assert isinstance(result, Unplaceable)
+        return
+    assert {p.node for p in ok(result).members} == {min(fits)[1]}

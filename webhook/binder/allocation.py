@@ -1,6 +1,6 @@
 """Allocation state derived from the cluster: what every live pod uses on every node.
 
-Rebuilt from pods on each cycle, so a restarted binder knows exactly what its predecessor did.
+Derived from pods only, so a restarted binder knows exactly what its predecessor did.
 A pod holds node resources when it is bound, or when it carries a GPU assignment but is not yet
 bound (the binder reserved them); GPUs are held by every non-terminated pod whose assignment
 names them.
@@ -39,26 +39,49 @@ class NodeUsage:
 
 
 class Allocation:
+    """Per-node usage; `add` and `remove` keep it current pod by pod (webhook.binder.snapshot),
+    so that it always equals `from_pods` of the pods added and not removed."""
+
     def __init__(self, usage: Mapping[str, NodeUsage]) -> None:
         self.usage = dict(usage)
 
     @classmethod
     def from_pods(cls, pods: Iterable[PodInfo]) -> Allocation:
-        usage: dict[str, NodeUsage] = defaultdict(NodeUsage)
+        alloc = cls({})
         for pod in pods:
-            node = holding_node(pod)
-            if node is None:
-                continue
-            u = usage[node]
-            u.cpu_milli += pod.cpu_milli
-            u.memory_bytes += pod.memory_bytes
-            u.pods += 1
-            if pod.assignment is not None and pod.assignment.node == node:
-                for index in assigned_indices(pod.assignment):
-                    u.gpus[index].append(pod.key)
-            elif pod.gpus and pod.node_name is not None:
-                u.unknown_gpus += pod.gpus
-        return cls(usage)
+            alloc.add(pod)
+        return alloc
+
+    def add(self, pod: PodInfo) -> str | None:
+        """Count what the pod holds; the node it holds resources on, if any."""
+        return self._count(pod, 1)
+
+    def remove(self, pod: PodInfo) -> str | None:
+        """Undo `add` of the same pod."""
+        return self._count(pod, -1)
+
+    def _count(self, pod: PodInfo, sign: int) -> str | None:
+        node = holding_node(pod)
+        if node is None:
+            return None
+        u = self.usage.get(node)
+        if u is None:
+            u = self.usage[node] = NodeUsage()
+        u.cpu_milli += sign * pod.cpu_milli
+        u.memory_bytes += sign * pod.memory_bytes
+        u.pods += sign
+        if pod.assignment is not None and pod.assignment.node == node:
+            for index in assigned_indices(pod.assignment):
+                holders = u.gpus[index]
+                if sign > 0:
+                    holders.append(pod.key)
+                else:
+                    holders.remove(pod.key)
+                    if not holders:  # a listed index counts as held (node_state, assigned_gpus)
+                        del u.gpus[index]
+        elif pod.gpus and pod.node_name is not None:
+            u.unknown_gpus += sign * pod.gpus
+        return node
 
     def conflicts(self) -> dict[str, dict[int, list[str]]]:
         """GPUs named by more than one live pod's assignment, per node."""

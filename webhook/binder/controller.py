@@ -3,7 +3,9 @@
 Each cycle plans from the informer caches (webhook.binder.planner, pure) and starts the I/O of
 the plan as tasks, one per gang. Writes are visible to the next cycle at once through an
 "assumed" overlay (as kube-scheduler's assume cache): a pod we annotated or bound counts as such
-until the informer shows it, so a lagging cache never hands out a GPU twice.
+until the informer shows it, so a lagging cache never hands out a GPU twice. The planner's
+inputs are kept current pod by pod, overlay included (webhook.binder.snapshot), so that a cycle
+costs what changed rather than the cluster's size.
 
 Per gang the order of writes is the crash-safety argument: every member's assignment is
 PATCHed (with a resourceVersion test, so a concurrent writer is detected) before any member's
@@ -18,7 +20,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,10 +39,11 @@ from webhook.binder.planner import (
     PlanConfig,
     Strip,
     Wait,
-    plan,
+    plan_gangs,
 )
 from webhook.binder.pods import PodInfo, parse_pod
 from webhook.binder.queue import GangQueue
+from webhook.binder.snapshot import Snapshot
 from webhook.kube.api import COSCHEDULING_PODGROUPS, NODES, PODS, ApiError, KubeApi
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer
@@ -67,6 +70,8 @@ class BinderConfig:
     component: str = "muster-binder"
     #: the longest a node's next GPU pod waits for the agent to acknowledge the previous one
     allocation_wait_seconds: float = 30.0
+    #: Events and status conditions written at once, at most (see Binder._spawn)
+    report_concurrency: int = 8
 
 
 @dataclass(slots=True)
@@ -95,13 +100,13 @@ class Binder:
                  place: PlaceFn | None = None,
                  fence: Callable[[], bool] = lambda: True,
                  clock: Callable[[], float] = time.time) -> None:
-        if place is None:  # the binder's own choice tables, kept for its life
-            place = functools.partial(place_gang, tables=TableCache())
+        #: the binder's own choice tables, kept for its life (None when given `place`)
+        self._tables = TableCache() if place is None else None
         self.api = api
         self.config = config or BinderConfig()
         self.metrics = metrics or Metrics()
         self.recorder = recorder or EventRecorder(api, self.config.component, "binder")
-        self._place = place
+        self._place = place or functools.partial(place_gang, tables=self._tables)
         self._fence = fence
         self._clock = clock
         self.plan_config = PlanConfig(self.config.scheduler_name,
@@ -119,8 +124,10 @@ class Binder:
         self._nodes: dict[str, NodeInfo] = {}
         self._pod_groups: dict[str, PodGroupInfo] | None = None
         self._assumed: dict[str, _Assumed] = {}
+        self.snapshot = Snapshot(self.config.scheduler_name)  # _pods with _assumed over them
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._report_slots = asyncio.Semaphore(self.config.report_concurrency)
         self._ready_since: dict[str, float] = {}
         self._last_event: dict[str, tuple[str, float]] = {}
         self._generation = 0
@@ -137,6 +144,7 @@ class Binder:
             self._pods.pop(key, None)
             self._raw_pods.pop(key, None)
             self._assumed.pop(key, None)
+            self.snapshot.remove(key)
             self.gate.release(key)
             self._generation += 1
             self._dirty.set()
@@ -152,6 +160,7 @@ class Binder:
         if assumed is not None and _rv(pod.resource_version) >= assumed.min_rv and (
                 not assumed.need_bound or pod.bound):
             del self._assumed[key]
+        self._refresh(key)
         freed = prev is not None and (
             (pod.terminated and not prev.terminated)
             or (prev.assignment_raw is not None and pod.assignment_raw is None))
@@ -170,6 +179,10 @@ class Binder:
             if self._nodes.get(name) == node:
                 return  # heartbeat-only change: nothing the binder reads
             self._nodes[name] = node
+            if self._tables is not None and node.topology is not None:
+                # a new node type's tables (88 ms for a DGX-1) are made as it is seen, not
+                # during the first placement on it, which would wait that long
+                self._tables.tables(node.topology)
         self.fit.clear()
         self._generation += 1
         self._dirty.set()
@@ -247,17 +260,26 @@ class Binder:
                 self._dirty.set()
             await asyncio.sleep(0)  # let handlers and writes run between cycles
 
-    def _view(self) -> list[PodInfo]:
-        assumed = self._assumed
-        return [assumed[k].pod if k in assumed else p for k, p in self._pods.items()]
+    def _refresh(self, key: str) -> None:
+        """Show the planner the pod as we believe it is: our write if the informer lags."""
+        pod = self._pods.get(key)
+        if pod is None:
+            self.snapshot.remove(key)
+            return
+        assumed = self._assumed.get(key)
+        self.snapshot.put(assumed.pod if assumed is not None else pod)
 
     def cycle(self) -> Plan:
         """Plan once from the caches and start the plan's writes."""
         started = time.perf_counter()
         now = self._last_cycle = self._clock()
-        result = plan(self._view(), self._nodes, self._pod_groups, config=self.plan_config,
-                      queue=self.queue, fit=self.fit, place=self._place, now=now,
-                      generation=self._generation, inflight=self._inflight.keys())
+        gangs = self.snapshot.open_gangs(self._pod_groups,
+                                         self.plan_config.podgroup_default_timeout)
+        result = plan_gangs(gangs, self.snapshot.allocation,
+                            self.snapshot.node_states(self._nodes), self._nodes,
+                            config=self.plan_config, queue=self.queue, fit=self.fit,
+                            place=self._place, now=now, generation=self._generation,
+                            inflight=self._inflight.keys())
         self.metrics.cycle_seconds.observe(time.perf_counter() - started)
         self.last_plan = result
         for place in result.places:
@@ -275,8 +297,8 @@ class Binder:
         for strip in result.strips:
             self._start(strip.gang.key, self._strip(strip))
         self._report_waits(result.waits, now)
-        live = set(result.gangs)
-        self.queue.retain(live | set(self._inflight))
+        live = set(result.gangs) | set(self._inflight)  # a gang being bound looks bound
+        self.queue.retain(live)
         for stale in (self._ready_since, self._last_event):
             for key in [k for k in stale if k not in live]:
                 del stale[key]
@@ -300,6 +322,11 @@ class Binder:
 
     def _assume(self, pod: PodInfo, min_rv: int, need_bound: bool) -> None:
         self._assumed[pod.key] = _Assumed(pod, min_rv, need_bound)
+        self._refresh(pod.key)
+
+    def _unassume(self, key: str) -> None:
+        if self._assumed.pop(key, None) is not None:
+            self._refresh(key)
 
     def _start(self, key: str, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work, name=f"gang:{key}")
@@ -316,13 +343,19 @@ class Binder:
 
         task.add_done_callback(done)
 
-    def _spawn(self, work: Awaitable[Any]) -> None:
-        """Fire-and-forget writes (Events, status conditions), cancelled on shutdown."""
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Fire-and-forget writes (Events, status conditions), cancelled on shutdown. At most
+        `report_concurrency` run at once: in a burst they queue behind the assignments and
+        Bindings instead of taking a third of the API calls (kube-scheduler's Events, too, go
+        out from a queue of their own)."""
         async def run() -> None:
             try:
-                await work
+                async with self._report_slots:
+                    await work
             except Exception as exc:  # best effort: never let a report disturb binding
                 log.info("report not written", extra={"error": repr(exc)})
+            finally:
+                work.close()  # cancelled while queued: closed, not left "never awaited"
         task = asyncio.create_task(run())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -382,7 +415,7 @@ class Binder:
             log.info("gang assignment lost a race; rolling back", extra={
                 "gang": gang.key, "pod": failed[0][0].name, "error": str(failed[0][1])})
             for p, _ in failed:
-                self._assumed.pop(p.key, None)
+                self._unassume(p.key)
             written = [self._assumed[p.key].pod for (p, _), r in zip(pods, results, strict=True)
                        if not isinstance(r, BaseException) and p.key in self._assumed]
             undo = await asyncio.gather(*(self._unannotate(replace(w, node_name=None))
@@ -425,7 +458,7 @@ class Binder:
         for (pod, _), r in zip(targets, results, strict=True):
             if isinstance(r, BaseException):
                 # stays reserved; the recovery rule binds or strips it on a later cycle
-                self._assumed.pop(pod.key, None)
+                self._unassume(pod.key)
                 log.warning("binding failed", extra={"gang": gang, "pod": pod.key,
                                                      "error": str(r)})
             else:

@@ -182,13 +182,27 @@ def plan(pods: Sequence[PodInfo], nodes: Mapping[str, NodeInfo],
          pod_groups: Mapping[str, PodGroupInfo] | None, *, config: PlanConfig,
          queue: GangQueue, fit: FitCache, place: PlaceFn, now: float,
          generation: int = 0, inflight: Collection[str] = ()) -> Plan:
-    gangs = assemble(pods, config.scheduler_name, pod_groups, config.podgroup_default_timeout)
+    """One cycle from every pod: gangs, allocation and node states made from scratch."""
     allocation = Allocation.from_pods(pods)
-    r = _Round(Plan(gangs=gangs, allocation=allocation), nodes,
-               {name: allocation.node_state(node) for name, node in nodes.items()},
-               config, now)
+    gangs = assemble(pods, config.scheduler_name, pod_groups, config.podgroup_default_timeout)
+    return plan_gangs(gangs, allocation,
+                      {name: allocation.node_state(node) for name, node in nodes.items()},
+                      nodes, config=config, queue=queue, fit=fit, place=place, now=now,
+                      generation=generation, inflight=inflight)
+
+
+def plan_gangs(gangs: Mapping[str, Gang], allocation: Allocation,
+               states: dict[str, NodeState], nodes: Mapping[str, NodeInfo], *,
+               config: PlanConfig, queue: GangQueue, fit: FitCache, place: PlaceFn,
+               now: float, generation: int = 0, inflight: Collection[str] = ()) -> Plan:
+    """One cycle from its inputs (webhook.binder.snapshot keeps them current): `states` is
+    what is free per node under `allocation`, and is consumed by this cycle's placements.
+    Gangs whose members are all bound need nothing and are left out of the plan, so that a
+    caller may pass only the others."""
+    live = {k: g for k, g in sorted(gangs.items()) if any(not p.bound for p in g.members)}
+    r = _Round(Plan(gangs=live, allocation=allocation), nodes, states, config, now)
     conflicts = allocation.conflicts()
-    candidates = [g for g in gangs.values()
+    candidates = [g for g in live.values()
                   if g.key not in inflight and _ready(r, g, conflicts)]
     candidates.sort(key=Gang.order_key)
     blocker: Gang | None = None

@@ -8,7 +8,9 @@ launcher) go to a node the gang already uses when it has room, else to the node 
 free GPUs that has room. `min_ring_gbps` (a policy's minRingGBps) is decided by `ringfloor`.
 
 Speed: nodes are looked at once per call, through per-class tables keyed by (class, free mask,
-k), so the per-node cost is a few dictionary lookups. See bench/bench_placement.py.
+k). The single-node search scores each group of like nodes (same topology, same free GPUs) once,
+so its per-node cost is one dictionary insert and the resource checks. See
+bench/bench_placement.py.
 """
 
 from __future__ import annotations
@@ -94,6 +96,22 @@ class _Views:
                 if free:
                     yield n, tables, free
 
+    def gpu_groups(self) -> Iterator[tuple[ClassTables, int, list[tuple[int, NodeState]]]]:
+        """`gpu_nodes` grouped by (topology object, free GPUs), which fixes the tables and the
+        mask: (tables, free mask, [(position in `nodes`, node)]), groups in order of their
+        first node. Scoring a group once, not each of its nodes, is what keeps a placement
+        cheap on a large cluster of like nodes."""
+        groups: dict[tuple[int, frozenset[int]], list[tuple[int, NodeState]]] = {}
+        for i, n in enumerate(self.nodes):
+            if n.topology is not None and n.free_gpus:
+                groups.setdefault((id(n.topology), n.free_gpus), []).append((i, n))
+        for group in groups.values():
+            first = group[0][1]
+            assert first.topology is not None
+            tables, free = self.tables.usable(first.topology, first.free_gpus)
+            if free:
+                yield tables, free, group
+
 
 def _assign_gpus(node: _Node) -> dict[str, tuple[int, ...]]:
     """One optimal set for all GPU members on the node, split among them largest first."""
@@ -178,27 +196,30 @@ def _place_single(
     best: NodeState | None = None
     best_key: tuple[object, ...] | None = None
     most_free: tuple[int, str] | None = None
-    best_refused: tuple[float, str] | None = None  # the best node below minRingGBps
-    for n, tables, free in views.gpu_nodes():
+    best_refused: tuple[float, int, str] | None = None  # the best node below minRingGBps
+    for tables, free, group in views.gpu_groups():
         nfree = free.bit_count()
         if most_free is None or nfree > most_free[0]:
-            most_free = (nfree, n.name)
-        if (
-            nfree < total
-            or n.free_cpu_milli < cpu
-            or n.free_memory_bytes < mem
-            or n.free_pods < pods
-            or any(n.name not in e for e in eligible)
-        ):
+            most_free = (nfree, group[0][1].name)
+        if nfree < total:
             continue
-        pkey = tables.placement_key(free, total)
-        if floor is not None and not meets_min_ring(-pkey[0], floor, total):  # hot loop
-            if best_refused is None or -pkey[0] > best_refused[0]:
-                best_refused = (-pkey[0], n.name)
+        fits = [
+            (i, n) for i, n in group
+            if n.free_cpu_milli >= cpu and n.free_memory_bytes >= mem and n.free_pods >= pods
+        ]
+        if eligible:
+            fits = [(i, n) for i, n in fits if all(n.name in e for e in eligible)]
+        if not fits:
             continue
-        key = (pkey, n.name)
+        pkey = tables.placement_key(free, total)  # one per group: its nodes score alike
+        if floor is not None and not meets_min_ring(-pkey[0], floor, total):
+            first = fits[0]  # ties go to the node that comes first, as in a scan
+            if best_refused is None or (-pkey[0], -first[0]) > best_refused[:2]:
+                best_refused = (-pkey[0], -first[0], first[1].name)
+            continue
+        key = (pkey, min(n.name for _, n in fits))
         if best_key is None or key < best_key:
-            best, best_key = n, key
+            best, best_key = next(n for _, n in fits if n.name == key[1]), key
     if best is not None:
         v = views.get(best)
         for m in gpu_members:
@@ -208,7 +229,7 @@ def _place_single(
         return Unplaceable(
             f"gang {gang.name} needs {total} GPUs on one node with an allreduce bus bandwidth "
             f"of at least {floor:g} GB/s (minRingGBps); the best eligible node "
-            f"({best_refused[1]}) offers {best_refused[0]:g} GB/s"
+            f"({best_refused[2]}) offers {best_refused[0]:g} GB/s"
         )
     where = (
         f"the node with the most free GPUs ({most_free[1]}) has {most_free[0]}"

@@ -1,0 +1,101 @@
+"""The planner's inputs kept current pod by pod, so that a cycle costs what changed.
+
+Rebuilding them from every pod on every cycle (gangs, allocation, each node's free resources)
+cost about 25 ms at 1,000 pods and 500 nodes, and the controller plans after every burst of
+informer events. The snapshot owns three caches, each keyed on what its reader reads:
+- the allocation, updated by `Allocation.add` / `remove` as each pod changes;
+- the members of every gang that still has an unbound member (the only gangs a plan can act
+  on), so that assembling gangs costs only theirs;
+- each node's NodeState, recomputed when the node's usage or its NodeInfo object changes.
+`planner.plan` computes the same from scratch; tests/binder/test_snapshot.py holds them equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from webhook.binder.allocation import Allocation
+from webhook.binder.gangs import Gang, PodGroupInfo, assemble, gang_key
+from webhook.binder.nodes import NodeInfo
+from webhook.binder.pods import PodInfo
+from webhook.topology.model import NodeState
+
+
+def _member_of(pod: PodInfo, scheduler_name: str) -> str | None:
+    """The key of the gang `assemble` would put the pod in, or None."""
+    if pod.scheduler_name != scheduler_name or pod.terminated:
+        return None
+    return gang_key(pod)[0]
+
+
+class Snapshot:
+    def __init__(self, scheduler_name: str) -> None:
+        self.scheduler_name = scheduler_name
+        self.allocation = Allocation({})
+        self._pods: dict[str, PodInfo] = {}
+        self._members: dict[str, dict[str, PodInfo]] = {}  # gang key -> pod key -> pod
+        self._unbound: dict[str, set[str]] = {}  # gang key -> keys of its unbound members
+        self._states: dict[str, tuple[NodeInfo, NodeState]] = {}
+        self._stale: set[str] = set()  # nodes whose usage changed since their state was made
+
+    def put(self, pod: PodInfo) -> None:
+        """The pod as the planner is to see it now (added or replaced)."""
+        old = self._pods.get(pod.key)
+        if old is pod:
+            return
+        if old is not None:
+            self._drop(old)
+        self._pods[pod.key] = pod
+        self._touch(self.allocation.add(pod))
+        gang = _member_of(pod, self.scheduler_name)
+        if gang is not None:
+            self._members.setdefault(gang, {})[pod.key] = pod
+            if not pod.bound:
+                self._unbound.setdefault(gang, set()).add(pod.key)
+
+    def remove(self, key: str) -> None:
+        old = self._pods.pop(key, None)
+        if old is not None:
+            self._drop(old)
+
+    def _drop(self, pod: PodInfo) -> None:
+        self._touch(self.allocation.remove(pod))
+        gang = _member_of(pod, self.scheduler_name)
+        if gang is None:
+            return
+        members = self._members[gang]
+        del members[pod.key]
+        if not members:
+            del self._members[gang]
+        unbound = self._unbound.get(gang)
+        if unbound is not None:
+            unbound.discard(pod.key)
+            if not unbound:
+                del self._unbound[gang]
+
+    def _touch(self, node: str | None) -> None:
+        if node is not None:
+            self._stale.add(node)
+
+    def open_gangs(self, pod_groups: Mapping[str, PodGroupInfo] | None,
+                   podgroup_default_timeout: int) -> dict[str, Gang]:
+        """The gangs with an unbound member, as `assemble` makes them from every pod."""
+        return assemble((p for g in self._unbound for p in self._members[g].values()),
+                        self.scheduler_name, pod_groups, podgroup_default_timeout)
+
+    def node_states(self, nodes: Mapping[str, NodeInfo]) -> dict[str, NodeState]:
+        """What is free on each node, in `nodes` order (a fresh dict: the planner edits it)."""
+        out: dict[str, NodeState] = {}
+        cached = self._states
+        for name, node in nodes.items():
+            hit = cached.get(name)
+            if hit is None or hit[0] is not node or name in self._stale:
+                hit = cached[name] = (node, self.allocation.node_state(node))
+            out[name] = hit[1]
+        for name in self._stale.difference(nodes):
+            cached.pop(name, None)  # not in `nodes`: its state was not remade above
+        self._stale.clear()
+        if len(cached) > len(nodes):
+            for name in [n for n in cached if n not in nodes]:
+                del cached[name]
+        return out
