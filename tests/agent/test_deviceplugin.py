@@ -17,7 +17,7 @@ import grpc
 import pytest
 from agent_helpers import NODE, ListedPods, make_pod
 
-from webhook.agent.deviceplugin.plugin import GpuDevicePlugin, PluginConfig
+from webhook.agent.deviceplugin.plugin import AllocationRefused, GpuDevicePlugin, PluginConfig
 from webhook.agent.deviceplugin.regen import OUTPUTS, ROOT, regenerate
 from webhook.doubles.fakekubelet import FakeKubelet
 from webhook.topology.model import Topology
@@ -62,6 +62,20 @@ async def test_allocate_gives_exactly_the_assigned_gpus(
     assert set(got.envs) == {"NVIDIA_VISIBLE_DEVICES"} and got.cdi_devices == []
     # GetPreferredAllocation steered the kubelet's own accounting to the same GPUs
     assert set(got.devices) == uuids(dgx1, 0, 2, 3, 4)
+    assert pods.lists == 1  # the Allocate took the preference's answer without a second list
+
+
+async def test_an_allocate_that_ignores_the_preference_looks_afresh(
+        plugin: GpuDevicePlugin, dgx1: Topology, pods: ListedPods) -> None:
+    pods.items.append(make_pod("worker-0", assign={"main": [0, 1]}, topology=dgx1))
+    every = [g.uuid for g in dgx1.gpus]
+    assert set(await plugin.preferred(every, [], 2)) == uuids(dgx1, 0, 1)
+    # the kubelet took other GPUs: the pods are listed again, and the binder's GPUs still win
+    assert set(await plugin.allocate(every[6:8])) == uuids(dgx1, 0, 1)
+    assert pods.lists == 2
+    # a preference is used once: the pod is served, so a second Allocate finds nobody
+    with pytest.raises(AllocationRefused):
+        await plugin.allocate(every[2:4])
 
 
 async def test_pod_without_assignment_gets_a_clear_error_after_the_wait(

@@ -16,6 +16,7 @@ import pytest
 from agent_helpers import NODE, ListedPods, make_pod
 
 from webhook import keys
+from webhook.agent.deviceplugin import api_pb2
 from webhook.agent.deviceplugin.plugin import GpuDevicePlugin, PluginConfig
 from webhook.doubles.fakekubelet import CHECKPOINT, Admission, FakeKubelet, PodRecord
 from webhook.topology.model import Topology
@@ -51,7 +52,7 @@ async def _events(kubelet: FakeKubelet, pods: ListedPods, count: int) -> list[di
 
 @pytest.fixture
 def slow() -> SlowAllocate:
-    return SlowAllocate(block_from=3)  # 1: the kubelet's, 2: GetPreferredAllocation, 3: Allocate
+    return SlowAllocate(block_from=2)  # 1: the kubelet's, 2: Allocate
 
 
 @pytest.fixture
@@ -95,7 +96,9 @@ async def test_stopped_kubelet_still_records_the_allocate_it_sent(
         sock_dir: Path) -> None:
     slow.items.append(make_pod("worker-0", assign={"main": [2]}, topology=dgx1))
     await plugin.ensure_registered()
-    await kubelet.wait_for("nvidia.com/gpu", count=8)
+    ep = await kubelet.wait_for("nvidia.com/gpu", count=8)
+    # a kubelet that asks no preference: Allocate itself lists the pods (and waits there)
+    ep.options = api_pb2.DevicePluginOptions(get_preferred_allocation_available=False)
     starting = asyncio.create_task(_events(kubelet, slow, 1))
     await asyncio.wait_for(slow.entered.wait(), 5)
     starting.cancel()  # SIGTERM while the agent answers Allocate
@@ -105,7 +108,7 @@ async def test_stopped_kubelet_still_records_the_allocate_it_sent(
         await starting
     assert starting.cancelled()
     record = json.loads((sock_dir / CHECKPOINT).read_text())["pods"]["uid-worker-0"]
-    assert record["admissions"][0]["devices"] == [dgx1.gpus[2].uuid]
+    assert record["admissions"][0]["envs"] == {"NVIDIA_VISIBLE_DEVICES": dgx1.gpus[2].uuid}
     assert record["started"] is False  # the restarted kubelet starts it from the checkpoint
     for _ in range(100):  # the agent acknowledges in the background
         if keys.ANN_GPU_ALLOCATED in slow.items[0]["metadata"]["annotations"]:

@@ -33,6 +33,9 @@ KUBELET_SOCKET = "kubelet.sock"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+#: how long a preference stands for the Allocate that follows it (the kubelet sends them back
+#: to back, milliseconds apart)
+_PROPOSAL_TTL_S = 1.0
 
 
 class PodSource(Protocol):
@@ -124,6 +127,8 @@ class GpuDevicePlugin:
         self._changed = asyncio.Condition()
         self._handed: set[tuple[str, str]] = set()
         self._missed: tuple[int, float] | None = None  # (count, when) of a fruitless preference
+        #: (grant, offer, when) of the last preference: the Allocate that follows takes it
+        self._proposed: tuple[Grant, Pending, float] | None = None
         self._lock = asyncio.Lock()
         self._acks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
@@ -182,10 +187,12 @@ class GpuDevicePlugin:
 
     async def preferred(self, available: list[str], must: list[str], size: int) -> list[str]:
         async with self._lock:
-            grant, _, _ = await self._wait_for(size, [], self.config.assignment_wait_s,
-                                               available + must)
+            grant, offer, _ = await self._wait_for(size, [], self.config.assignment_wait_s,
+                                                   available + must)
             # the Allocate that follows need not wait a second time for the same answer
-            self._missed = None if grant else (size, asyncio.get_running_loop().time())
+            now = asyncio.get_running_loop().time()
+            self._missed = None if grant else (size, now)
+            self._proposed = (grant, offer, now) if grant else None
         if grant is not None and set(must) <= set(grant.uuids):
             return list(grant.uuids)
         # no assignment to honour: the kubelet's own default order
@@ -199,7 +206,9 @@ class GpuDevicePlugin:
                     now - self._missed[1] < wait_s + 1.0):
                 wait_s = 0.0
             self._missed = None
-            grant, offer, error = await self._wait_for(len(requested), requested, wait_s)
+            grant, offer, error = self._take_proposed(requested, now)
+            if grant is None:
+                grant, offer, error = await self._wait_for(len(requested), requested, wait_s)
             if grant is None:
                 if self.config.unassigned == "kubelet":
                     log.info("no assignment: kubelet's pick", extra={"devices": requested})
@@ -222,6 +231,19 @@ class GpuDevicePlugin:
         log.info("allocated", extra={"pod": grant.pod, "container": grant.container,
                                      "gpus": list(grant.uuids)})
         return list(grant.uuids)
+
+    def _take_proposed(self, requested: list[str], now: float
+                       ) -> tuple[Grant | None, Pending, str]:
+        """The grant the preference just proposed, when the kubelet took exactly its GPUs: the
+        pods need not be listed a second time for the same answer (half of each admission's
+        cost). Any other Allocate looks afresh."""
+        proposed, self._proposed = self._proposed, None
+        if proposed is None or now - proposed[2] > _PROPOSAL_TTL_S:
+            return None, Pending(()), ""
+        grant, offer, _ = proposed
+        if set(grant.uuids) != set(requested) or (grant.uid, grant.container) in self._handed:
+            return None, Pending(()), ""
+        return grant, offer, ""
 
     def _acknowledge(self, grant: Grant) -> None:
         """Tell the binder the pod is served, so it may bind this node's next GPU pod
