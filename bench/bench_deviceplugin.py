@@ -8,8 +8,9 @@ Allocate. Two plugins, each in its own process and registered with its own fake 
 
 - `muster`: `muster agent` (node type dgx1-v100) against the API server emulator (its own
   process). Each pod is bound to the node with the binder's `muster.io/gpu-assignment`; the
-  plugin lists the node's pods on every call to find the pod being started (two field-selected
-  LISTs per pod) and marks it served in the background, as deployed.
+  plugin lists the node's pods to find the pod being started (one field-selected LIST per pod:
+  the Allocate takes the answer of the GetPreferredAllocation before it) and marks it served in
+  the background, as deployed.
 - `bare`: the least a device plugin does: the same gRPC server, devices and answers (the
   kubelet's own pick, NVIDIA_VISIBLE_DEVICES), no API reads. The baseline.
 
@@ -161,7 +162,7 @@ async def admit_batches(kubelet: FakeKubelet, kube: KubeApi | None, pods: int,
         if kube is not None:
             for p in made:
                 await kube.delete(PODS, p["metadata"]["name"], NS)
-        kubelet.allocated.clear()  # the pods ended: the kubelet frees their devices
+        kubelet.checkpoint.allocated.clear()  # the pods ended: the kubelet frees their devices
     return times
 
 
