@@ -21,7 +21,13 @@ from webhook.admission.app import build_app
 from webhook.admission.metrics import Metrics
 from webhook.admission.reload import PolicyStore, refusal_note
 from webhook.admission.tls import CertReloader
-from webhook.certs import generate_ca, issue_serving_cert, service_dns_names, write_pair
+from webhook.certs import (
+    generate_ca,
+    issue_serving_cert,
+    service_dns_names,
+    write_file,
+    write_pair,
+)
 from webhook.certs.pki import LOCAL_IPS
 from webhook.policy import PolicyError, PolicySet, load_policies
 
@@ -75,9 +81,9 @@ def _self_signed_pair(opts: ServeOptions) -> tuple[Path, Path]:
     ca = generate_ca("muster-webhook-ca", days=365)
     pair = issue_serving_cert(ca, service_dns_names(opts.service_name, opts.namespace),
                               LOCAL_IPS, days=365)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "ca.crt").write_bytes(ca.cert_pem)
     write_pair(pair, out / "tls.crt", out / "tls.key")
+    # last and whole: a client that waits for ca.crt (the CLI test) finds everything in place
+    write_file(out / "ca.crt", ca.cert_pem, 0o644)
     log.info("self-signed serving certificate written", extra={"dir": str(out)})
     return out / "tls.crt", out / "tls.key"
 

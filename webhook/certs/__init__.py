@@ -13,6 +13,7 @@ from webhook.certs.pki import (
     not_after,
     service_dns_names,
     signed_by,
+    write_file,
     write_pair,
 )
 
@@ -29,5 +30,6 @@ __all__ = [
     "not_after",
     "service_dns_names",
     "signed_by",
+    "write_file",
     "write_pair",
 ]

@@ -250,14 +250,20 @@ def write_pair(pair: KeyPair, cert_path: Path, key_path: Path) -> None:
     A server reloading these files never sees a half-written file or a mismatched pair as long as
     it reloads after both renames (it should check `key_matches` and retry otherwise).
     """
-    for path, data, mode in ((key_path, pair.key_pem, 0o600), (cert_path, pair.cert_pem, 0o644)):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+    write_file(key_path, pair.key_pem, 0o600)
+    write_file(cert_path, pair.cert_pem, 0o644)
+
+
+def write_file(path: Path, data: bytes, mode: int) -> None:
+    """Write `data` to `path` atomically (a temporary file beside it, then a rename): a reader
+    that polls for the file never reads it half written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
 
 
 def issue_for_service(
