@@ -182,14 +182,16 @@ class Binder:
         if assumed is not None and _rv(pod.resource_version) >= assumed.min_rv and (
                 not assumed.need_bound or pod.bound):
             del self._assumed[key]
-        self._refresh(key)
+        seen_new = self._refresh(key)
         freed = prev is not None and (
             (pod.terminated and not prev.terminated)
             or (prev.assignment_raw is not None and pod.assignment_raw is None))
         if freed:
             self._generation += 1
-        if (prev is None or freed or pod.scheduler_name == self.config.scheduler_name
-                or pod.node_name != prev.node_name):
+        # the echo of our own write (the snapshot showed it already) plans nothing new: a cycle
+        # for each would be 2 of every 3 cycles of an arrival run
+        if (prev is None or freed or pod.node_name != prev.node_name
+                or (pod.scheduler_name == self.config.scheduler_name and seen_new)):
             self._dirty.set()
 
     def _on_node(self, event: str, obj: dict[str, Any], _old: dict[str, Any] | None) -> None:
@@ -282,14 +284,15 @@ class Binder:
                 self._dirty.set()
             await asyncio.sleep(0)  # let handlers and writes run between cycles
 
-    def _refresh(self, key: str) -> None:
-        """Show the planner the pod as we believe it is: our write if the informer lags."""
+    def _refresh(self, key: str) -> bool:
+        """Show the planner the pod as we believe it is: our write if the informer lags. True
+        when that changed what a plan can see."""
         pod = self._pods.get(key)
         if pod is None:
             self.snapshot.remove(key)
-            return
+            return True
         assumed = self._assumed.get(key)
-        self.snapshot.put(assumed.pod if assumed is not None else pod)
+        return self.snapshot.put(assumed.pod if assumed is not None else pod)
 
     def cycle(self) -> Plan:
         """Plan once from the caches and start the plan's writes."""
