@@ -15,7 +15,10 @@ creator and a watch that timestamps bindings share this process.
    first; the ratio (median of per-round ratios) is the share of the API ceiling reached.
 2. arrival: pods created at --rate pods/s, members of a gang one after another; per gang, the
    time from its last pod's creation to its last Binding seen on the watch (p50/p99/max).
-   Target p99 < 1 s at 100 pods/s.
+   Target p99 < 1 s at 100 pods/s. Then where that time went inside the binder, from its
+   /metrics: muster_binder_gang_stage_duration_seconds (queued, plan, assign, bind) and the
+   cycles it ran; the rest of the end-to-end time is the watch's delivery to the binder and
+   to this process.
 3. memory: binder resident set (VmRSS, and peak VmHWM) with --rss-nodes nodes after binding
    the same gangs. Target < 500 MiB at 5,000 nodes.
 """
@@ -31,10 +34,14 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_serve import free_port
+from prometheus_client.parser import text_string_to_metric_families
 
 from webhook import keys
 from webhook.doubles.emulator import ApiServerEmulator
@@ -97,6 +104,7 @@ class BinderProcess:
     def __init__(self, kubeconfig: Path) -> None:
         self.kubeconfig = kubeconfig
         self.proc: asyncio.subprocess.Process | None = None
+        self.metrics_port = free_port()
 
     async def start(self) -> None:
         log = open(self.log_path, "a") if self.log_path else None  # noqa: SIM115, ASYNC230
@@ -104,11 +112,21 @@ class BinderProcess:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "webhook", "--log-level", "info" if log else "warning",
                 "bind", "--kubeconfig", str(self.kubeconfig),
+                "--metrics-port", str(self.metrics_port),
                 env={**os.environ, "PYTHONPATH": str(REPO)},
                 stdout=asyncio.subprocess.DEVNULL, stderr=log or asyncio.subprocess.DEVNULL)
         finally:
             if log is not None:
                 log.close()
+
+    async def scrape(self) -> str:
+        """Its /metrics text (a blocking read in a thread: the emulator shares this loop)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+        def get() -> str:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return str(resp.read().decode())
+        return await asyncio.to_thread(get)
 
     def memory(self) -> dict[str, int]:
         assert self.proc is not None
@@ -253,7 +271,54 @@ class NullBinderProcess(BinderProcess):
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
 
 
-async def arrival(nodes: int, gangs: int, rate: float, tmp: Path) -> list[float]:
+def quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    """histogram_quantile's linear interpolation within the bucket holding the q-quantile;
+    `buckets` are (upper bound, cumulative count) ascending, +Inf last."""
+    total = buckets[-1][1]
+    if total == 0:
+        return float("nan")
+    rank, lower, below = q * total, 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-9)
+        lower, below = upper, count
+    return lower
+
+
+def stage_breakdown(text: str) -> str:
+    """The binder's per-gang stages and cycles from its /metrics text: mean, and p50/p99 as
+    estimated from the histogram's buckets, in ms."""
+    stages: dict[str, dict[str, Any]] = {}
+    cycles = {"count": 0.0, "sum": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if family.name == "muster_binder_gang_stage_duration_seconds":
+                st = stages.setdefault(sample.labels["stage"], {"buckets": []})
+                if sample.name.endswith("_bucket"):
+                    st["buckets"].append((float(sample.labels["le"]), sample.value))
+                else:
+                    st[sample.name.rsplit("_", 1)[1]] = sample.value
+            elif family.name == "muster_binder_cycle_duration_seconds" and \
+                    sample.name[-4:] in ("ount", "_sum"):
+                cycles["count" if sample.name.endswith("count") else "sum"] = sample.value
+    lines = []
+    for name in ("queued", "plan", "assign", "bind"):
+        st = stages.get(name)
+        if st is None or not st.get("count"):
+            continue
+        lines.append(f"    {name:7} mean {st['sum'] / st['count'] * 1e3:6.1f} ms, p50 ~"
+                     f"{quantile(st['buckets'], 0.5) * 1e3:6.1f} ms, p99 ~"
+                     f"{quantile(st['buckets'], 0.99) * 1e3:6.1f} ms ({st['count']:.0f} gangs)")
+    lines.append(f"    cycles  {cycles['count']:.0f}, mean "
+                 f"{cycles['sum'] / max(cycles['count'], 1) * 1e3:.2f} ms, "
+                 f"total {cycles['sum']:.2f} s")
+    return "\n".join(lines)
+
+
+async def arrival(nodes: int, gangs: int, rate: float, tmp: Path) -> tuple[list[float], str]:
+    """Per gang, its last pod created -> its last Binding seen; and the binder's stages."""
     async with cluster(nodes) as api:
         client, kube, kubeconfig = await with_client(api, tmp)
         binder = BinderProcess(kubeconfig)
@@ -275,6 +340,7 @@ async def arrival(nodes: int, gangs: int, rate: float, tmp: Path) -> list[float]
                     await kube.create(PODS, p, NS)
                 last_created[g] = time.perf_counter()
             ok = await watch.wait_for(gangs * 5, 60)
+            stages = stage_breakdown(await binder.scrape()) if ok else ""
         finally:
             await binder.stop()
             await watch.stop()
@@ -285,7 +351,7 @@ async def arrival(nodes: int, gangs: int, rate: float, tmp: Path) -> list[float]
     for g in range(gangs):
         names = [p["metadata"]["name"] for p in gang_pods(g)]
         latencies.append(max(watch.bound[x] for x in names) - last_created[g])
-    return latencies
+    return latencies, stages
 
 
 async def memory(nodes: int, gangs: int, tmp: Path) -> dict[str, int]:
@@ -352,12 +418,13 @@ async def main() -> int:
                   f"{statistics.median(rates['null']):7.1f} pods/s; ratio {ratio:.2f} "
                   f"(median of {args.rounds} rounds)")
         if args.only in (None, "arrival"):
-            lat = await arrival(args.nodes, args.gangs, args.rate, tmp)
+            lat, stages = await arrival(args.nodes, args.gangs, args.rate, tmp)
             verdict = "OK" if pct(lat, 0.99) < 1.0 else "ABOVE TARGET"
             print(f"arrival:  {args.rate:g} pods/s; last pod created -> last Binding per gang: "
                   f"p50 {pct(lat, 0.5) * 1000:.0f} ms, p99 {pct(lat, 0.99) * 1000:.0f} ms, "
                   f"max {max(lat) * 1000:.0f} ms, mean {statistics.mean(lat) * 1000:.0f} ms "
                   f"(target p99 < 1000 ms: {verdict})")
+            print(f"  inside the binder, per gang (from its /metrics):\n{stages}")
         if args.only in (None, "memory"):
             mem = await memory(args.rss_nodes, args.gangs, tmp)
             rss, hwm = mem["VmRSS"] / 2**20, mem["VmHWM"] / 2**20

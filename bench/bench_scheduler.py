@@ -24,6 +24,9 @@ the pods deleted (grace 0) between runs, the variants in a rotated order per rou
 2. arrival: the scheduler runs (3 s to sync), pods are created at `--rate` pods/s, a job's pods one
    after another; per job, the time from its last pod created to its last pod bound (p50, p99).
 
+For Muster's arrival runs the binder's own stage breakdown follows (bench_binder.stage_breakdown:
+queued, plan, assign PATCHes, Bindings, from its /metrics).
+
 Ratios are Muster's against each kube-scheduler variant per round, median over rounds. Target:
 Muster's gang binding at least as fast as kube-scheduler's pod-by-pod binding.
 """
@@ -51,7 +54,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_binder import NS, BindWatch, gang_pods, node, pct  # noqa: E402
+from bench_binder import NS, BindWatch, gang_pods, node, pct, stage_breakdown  # noqa: E402
+from bench_serve import free_port  # noqa: E402
 
 from e2e.node.assets import binaries, missing_prerequisites  # noqa: E402
 from e2e.node.cluster import write_pki  # noqa: E402
@@ -140,11 +144,15 @@ class ControlPlane:
 
 @contextlib.asynccontextmanager
 async def scheduler(variant: str, bins: dict[str, str], kubeconfig: Path,
-                    log: Path) -> AsyncIterator[None]:
-    """The variant's scheduler as a process, for the duration of the block."""
+                    log: Path) -> AsyncIterator[str | None]:
+    """The variant's scheduler as a process, for the duration of the block; yields Muster's
+    /metrics URL (None for kube-scheduler)."""
+    metrics = None
     if variant == "muster":
+        port = free_port()
+        metrics = f"http://127.0.0.1:{port}/metrics"
         argv = [sys.executable, "-m", "webhook", "--log-level", "warning", "bind",
-                "--kubeconfig", str(kubeconfig)]
+                "--kubeconfig", str(kubeconfig), "--metrics-port", str(port)]
     else:
         argv = [bins["kube-scheduler"], "--kubeconfig", str(kubeconfig), "--leader-elect=false",
                 "--bind-address", "127.0.0.1", "--v=1"]
@@ -154,7 +162,7 @@ async def scheduler(variant: str, bins: dict[str, str], kubeconfig: Path,
         proc = await asyncio.create_subprocess_exec(
             *argv, stdout=out, stderr=out, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
-        yield
+        yield metrics
     finally:
         if proc.returncode is None:
             proc.terminate()
@@ -235,11 +243,19 @@ async def burst(kube: KubeApi, args: argparse.Namespace, variant: str, env: Env)
     return len(pods) / max(max(watch.bound.values()) - first, 1e-9)
 
 
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
 async def arrival(kube: KubeApi, args: argparse.Namespace, variant: str,
-                  env: Env) -> list[float]:
+                  env: Env) -> tuple[list[float], str]:
+    """Per job, its last pod created -> its last pod bound; Muster's stage breakdown ("" for
+    kube-scheduler)."""
     watch = BindWatch(kube)
     last_created: dict[int, float] = {}
-    async with scheduler(variant, env.bins, env.kubeconfig, env.log(variant)):
+    stages = ""
+    async with scheduler(variant, env.bins, env.kubeconfig, env.log(variant)) as metrics:
         await asyncio.sleep(3.0)  # start-up and informer sync: latency, not start-up, is measured
         await watch.start()
         try:
@@ -253,6 +269,8 @@ async def arrival(kube: KubeApi, args: argparse.Namespace, variant: str,
                     await kube.create(PODS, p, NS)
                 last_created[g] = time.perf_counter()
             ok = await watch.wait_for(args.gangs * 5, args.timeout)
+            if ok and metrics is not None:
+                stages = stage_breakdown(await asyncio.to_thread(scrape, metrics))
         finally:
             await watch.stop()
     if not ok:
@@ -261,7 +279,7 @@ async def arrival(kube: KubeApi, args: argparse.Namespace, variant: str,
     latencies = [max(watch.bound[p["metadata"]["name"]] for p in job_pods(g, variant))
                  - last_created[g] for g in range(args.gangs)]
     await delete_pods(kube)
-    return latencies
+    return latencies, stages
 
 
 class Env:
@@ -299,10 +317,13 @@ async def bench(args: argparse.Namespace, env: Env) -> None:
             k = r % len(args.variants)
             for v in args.variants[k:] + args.variants[:k]:
                 rates[v].append(await burst(kube, args, v, env))
-                lat[v].append(await arrival(kube, args, v, env))
+                latencies, stages = await arrival(kube, args, v, env)
+                lat[v].append(latencies)
                 print(f"  round {r + 1} {v:23} burst {rates[v][-1]:7.1f} pods/s; arrival at "
                       f"{args.rate:g} pods/s: p50 {pct(lat[v][-1], 0.5) * 1e3:6.0f} ms, "
                       f"p99 {pct(lat[v][-1], 0.99) * 1e3:6.0f} ms", flush=True)
+                if stages:
+                    print(f"  inside the binder, per job (its /metrics):\n{stages}", flush=True)
         report(args, rates, lat)
     finally:
         await client.close()

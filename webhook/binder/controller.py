@@ -83,6 +83,24 @@ class _Assumed:
     need_bound: bool  # also wait for the informer to show spec.nodeName
 
 
+@dataclass(slots=True)
+class _Timeline:
+    """perf_counter marks of one gang's placement: the stage histogram and the "gang bound"
+    log line say where its time went."""
+
+    arrived: float  # the informer's update of its last member
+    cycle: float  # the cycle that placed it began
+    planned: float  # that cycle's plan was done
+    assigned: float = 0.0  # every assignment PATCH answered
+    bound: float = 0.0  # every Binding answered
+
+    def stages(self) -> dict[str, float]:
+        return {"queued": max(0.0, self.cycle - self.arrived),
+                "plan": self.planned - self.cycle,
+                "assign": self.assigned - self.planned,
+                "bind": self.bound - self.assigned}
+
+
 def _rv(value: str) -> int:
     try:
         return int(value)
@@ -121,6 +139,7 @@ class Binder:
         self.last_plan: Plan | None = None
         self._pods: dict[str, PodInfo] = {}
         self._raw_pods: dict[str, dict[str, Any]] = {}
+        self._updated_at: dict[str, float] = {}  # perf_counter of a pending pod's last update
         self._nodes: dict[str, NodeInfo] = {}
         self._pod_groups: dict[str, PodGroupInfo] | None = None
         self._assumed: dict[str, _Assumed] = {}
@@ -143,6 +162,7 @@ class Binder:
         if event == "DELETED":
             self._pods.pop(key, None)
             self._raw_pods.pop(key, None)
+            self._updated_at.pop(key, None)
             self._assumed.pop(key, None)
             self.snapshot.remove(key)
             self.gate.release(key)
@@ -154,20 +174,24 @@ class Binder:
         self.gate.observe(pod)
         if pod.scheduler_name == self.config.scheduler_name and not pod.bound:
             self._raw_pods[key] = obj  # conditions for status patches
+            self._updated_at[key] = time.perf_counter()
         else:
             self._raw_pods.pop(key, None)
+            self._updated_at.pop(key, None)
         assumed = self._assumed.get(key)
         if assumed is not None and _rv(pod.resource_version) >= assumed.min_rv and (
                 not assumed.need_bound or pod.bound):
             del self._assumed[key]
-        self._refresh(key)
+        seen_new = self._refresh(key)
         freed = prev is not None and (
             (pod.terminated and not prev.terminated)
             or (prev.assignment_raw is not None and pod.assignment_raw is None))
         if freed:
             self._generation += 1
-        if (prev is None or freed or pod.scheduler_name == self.config.scheduler_name
-                or pod.node_name != prev.node_name):
+        # the echo of our own write (the snapshot showed it already) plans nothing new; such
+        # echoes started about a fifth of an arrival run's cycles
+        if (prev is None or freed or pod.node_name != prev.node_name
+                or (pod.scheduler_name == self.config.scheduler_name and seen_new)):
             self._dirty.set()
 
     def _on_node(self, event: str, obj: dict[str, Any], _old: dict[str, Any] | None) -> None:
@@ -260,14 +284,15 @@ class Binder:
                 self._dirty.set()
             await asyncio.sleep(0)  # let handlers and writes run between cycles
 
-    def _refresh(self, key: str) -> None:
-        """Show the planner the pod as we believe it is: our write if the informer lags."""
+    def _refresh(self, key: str) -> bool:
+        """Show the planner the pod as we believe it is: our write if the informer lags. True
+        when that changed what a plan can see."""
         pod = self._pods.get(key)
         if pod is None:
             self.snapshot.remove(key)
-            return
+            return True
         assumed = self._assumed.get(key)
-        self.snapshot.put(assumed.pod if assumed is not None else pod)
+        return self.snapshot.put(assumed.pod if assumed is not None else pod)
 
     def cycle(self) -> Plan:
         """Plan once from the caches and start the plan's writes."""
@@ -280,7 +305,8 @@ class Binder:
                             config=self.plan_config, queue=self.queue, fit=self.fit,
                             place=self._place, now=now, generation=self._generation,
                             inflight=self._inflight.keys())
-        self.metrics.cycle_seconds.observe(time.perf_counter() - started)
+        planned = time.perf_counter()
+        self.metrics.cycle_seconds.observe(planned - started)
         self.last_plan = result
         for place in result.places:
             self._ready_since.setdefault(place.gang.key, now)
@@ -288,7 +314,10 @@ class Binder:
                 self._assume(replace(pod, assignment=assignment,
                                      assignment_raw=encode_assignment(assignment),
                                      node_name=assignment.node), 0, True)
-            self._start(place.gang.key, self._bind_gang(place))
+            arrived = max((self._updated_at.get(p.key, started) for p, _ in place.assignments),
+                          default=started)
+            self._start(place.gang.key,
+                        self._bind_gang(place, _Timeline(arrived, started, planned)))
         for finish in result.finishes:
             for pod in finish.pods:
                 self._assume(replace(pod, node_name=pod.assignment.node if pod.assignment
@@ -401,7 +430,7 @@ class Binder:
                 raise
             # already bound to this node: an earlier attempt succeeded after all
 
-    async def _bind_gang(self, place: Place) -> None:
+    async def _bind_gang(self, place: Place, timeline: _Timeline) -> None:
         gang = place.gang
         pods = place.assignments
         # phase 1: every member's assignment, before any Binding
@@ -422,8 +451,13 @@ class Binder:
                                           for w in written), return_exceptions=True)
             self._raise_unexpected(undo)
             return
+        timeline.assigned = time.perf_counter()
         # phase 2: Bindings
         await self._bind_all(gang.key, [(self._current(p), a.node) for p, a in pods], "placed")
+        timeline.bound = time.perf_counter()
+        stages = timeline.stages()
+        for stage, seconds in stages.items():
+            self.metrics.stage_seconds.labels(stage).observe(seconds)
         self.metrics.placements.labels("placed").inc()
         self.queue.forget(gang.key)
         started = self._ready_since.pop(gang.key, None)
@@ -431,7 +465,8 @@ class Binder:
             self.metrics.bind_seconds.observe(max(0.0, self._clock() - started))
         log.info("gang bound", extra={
             "gang": gang.key, "members": len(pods), "nodes": place.placement.nodes_used,
-            "gbps": round(place.placement.gang_gbps, 1)})
+            "gbps": round(place.placement.gang_gbps, 1),
+            **{f"{stage}_ms": round(seconds * 1e3, 1) for stage, seconds in stages.items()}})
         for pod, a in pods:
             gpus = ",".join(str(i) for c in a.containers.values() for i in c.indices)
             self._spawn(self.recorder.emit(

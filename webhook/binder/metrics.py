@@ -13,6 +13,10 @@ __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
 _BIND_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
+#: fine at the low end: a placed gang's stages take milliseconds each
+_STAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0, 30.0,
+                  300.0)
+
 #: per node: (GPUs assigned, GPUs total)
 GpuCounts = Callable[[], Mapping[str, tuple[int, int]]]
 
@@ -48,6 +52,12 @@ class Metrics:
             "muster_binder_gang_bind_duration_seconds",
             "From the moment a gang had minMember members pending (as the binder saw it) to its "
             "last Binding", buckets=_BIND_BUCKETS, registry=r)
+        self.stage_seconds = Histogram(
+            "muster_binder_gang_stage_duration_seconds",
+            "Where a placed gang's time goes, by stage: queued (the informer's update of its "
+            "last member to the start of the cycle that placed it, waits for resources "
+            "included), plan (that cycle's planning), assign (the assignment PATCHes), bind (the "
+            "Bindings)", ["stage"], buckets=_STAGE_BUCKETS, registry=r)
         self.placements = Counter(
             "muster_binder_placements", "Placement attempts by outcome (placed, unplaceable, "
             "invalid, conflict, error)", ["outcome"], registry=r)

@@ -6,6 +6,9 @@ from a dead leader is exactly the restart path (recovery rule in webhook.binder.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
 import logging
 from dataclasses import dataclass
 
@@ -46,12 +49,17 @@ class BinderService:
 
     async def _term(self) -> None:
         self.terms += 1
-        self.binder = Binder(self.api, self.config.binder, metrics=self.metrics,
-                             fence=self._fence)
+        binder = self.binder = Binder(self.api, self.config.binder, metrics=self.metrics,
+                                      fence=self._fence)
+        freeze = asyncio.create_task(_freeze_when_synced(binder))
         try:
-            await self.binder.run()
+            await binder.run()
         finally:
             self.binder = None
+            freeze.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await freeze
+            gc.unfreeze()  # the term's caches may be collected once it is over
 
     async def run(self) -> None:
         runner = await self._serve_metrics() if self.config.metrics_port is not None else None
@@ -82,6 +90,17 @@ class BinderService:
         await site.start()
         log.info("metrics listening", extra={"port": self.config.metrics_port})
         return runner
+
+
+async def _freeze_when_synced(binder: Binder) -> None:
+    """Once the informers have synced, move the caches (nodes, pods, choice tables) out of the
+    cyclic GC's way: a full collection then scans only what the cycles allocate, not the whole
+    heap (it paused the binder for up to 75 ms with 500 nodes, the slowest gangs of an arrival
+    run). Objects are still freed by reference counting."""
+    await binder.synced.wait()
+    gc.freeze()
+    log.debug("synced heap frozen for the garbage collector",
+              extra={"objects": gc.get_freeze_count()})
 
 
 async def serve(kubeconfig: str | None, config: ServiceConfig) -> None:

@@ -13,6 +13,7 @@ informer events. The snapshot owns three caches, each keyed on what its reader r
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from webhook.binder.allocation import Allocation
 from webhook.binder.gangs import Gang, PodGroupInfo, assemble, gang_key
@@ -38,11 +39,14 @@ class Snapshot:
         self._states: dict[str, tuple[NodeInfo, NodeState]] = {}
         self._stale: set[str] = set()  # nodes whose usage changed since their state was made
 
-    def put(self, pod: PodInfo) -> None:
-        """The pod as the planner is to see it now (added or replaced)."""
+    def put(self, pod: PodInfo) -> bool:
+        """The pod as the planner is to see it now (added or replaced). False when a plan
+        cannot differ for it: the same pod, or only its resourceVersion is new (the informer
+        showing a write we had assumed)."""
         old = self._pods.get(pod.key)
         if old is pod:
-            return
+            return False
+        changed = old is None or replace(old, resource_version=pod.resource_version) != pod
         if old is not None:
             self._drop(old)
         self._pods[pod.key] = pod
@@ -52,6 +56,7 @@ class Snapshot:
             self._members.setdefault(gang, {})[pod.key] = pod
             if not pod.bound:
                 self._unbound.setdefault(gang, set()).add(pod.key)
+        return changed
 
     def remove(self, key: str) -> None:
         old = self._pods.pop(key, None)
