@@ -138,8 +138,9 @@ class Binder:
         self.synced = asyncio.Event()
         self.last_plan: Plan | None = None
         self._pods: dict[str, PodInfo] = {}
-        self._raw_pods: dict[str, dict[str, Any]] = {}
-        self._updated_at: dict[str, float] = {}  # perf_counter of a pending pod's last update
+        #: each pending pod of ours: its object (for Events and status patches) and the
+        #: perf_counter of its last update (when a gang's last member arrived)
+        self._pending: dict[str, tuple[dict[str, Any], float]] = {}
         self._nodes: dict[str, NodeInfo] = {}
         self._pod_groups: dict[str, PodGroupInfo] | None = None
         self._assumed: dict[str, _Assumed] = {}
@@ -161,8 +162,7 @@ class Binder:
         prev = self._pods.get(key)
         if event == "DELETED":
             self._pods.pop(key, None)
-            self._raw_pods.pop(key, None)
-            self._updated_at.pop(key, None)
+            self._pending.pop(key, None)
             self._assumed.pop(key, None)
             self.snapshot.remove(key)
             self.gate.release(key)
@@ -173,11 +173,9 @@ class Binder:
         self._pods[key] = pod
         self.gate.observe(pod)
         if pod.scheduler_name == self.config.scheduler_name and not pod.bound:
-            self._raw_pods[key] = obj  # conditions for status patches
-            self._updated_at[key] = time.perf_counter()
+            self._pending[key] = (obj, time.perf_counter())
         else:
-            self._raw_pods.pop(key, None)
-            self._updated_at.pop(key, None)
+            self._pending.pop(key, None)
         assumed = self._assumed.get(key)
         if assumed is not None and _rv(pod.resource_version) >= assumed.min_rv and (
                 not assumed.need_bound or pod.bound):
@@ -314,8 +312,8 @@ class Binder:
                 self._assume(replace(pod, assignment=assignment,
                                      assignment_raw=encode_assignment(assignment),
                                      node_name=assignment.node), 0, True)
-            arrived = max((self._updated_at.get(p.key, started) for p, _ in place.assignments),
-                          default=started)
+            arrived = max((self._pending.get(p.key, (None, started))[1]
+                           for p, _ in place.assignments), default=started)
             self._start(place.gang.key,
                         self._bind_gang(place, _Timeline(arrived, started, planned)))
         for finish in result.finishes:
@@ -470,9 +468,13 @@ class Binder:
         for pod, a in pods:
             gpus = ",".join(str(i) for c in a.containers.values() for i in c.indices)
             self._spawn(self.recorder.emit(
-                self._raw_pods.get(pod.key) or _ref(pod), "Normal", "Scheduled",
+                self._raw(pod) or _ref(pod), "Normal", "Scheduled",
                 f"Successfully assigned {pod.key} to {a.node}"
                 + (f" (GPUs {gpus})" if gpus else "") + f" as part of gang {gang.key}"))
+
+    def _raw(self, pod: PodInfo) -> dict[str, Any] | None:
+        pending = self._pending.get(pod.key)
+        return pending[0] if pending is not None else None
 
     def _current(self, pod: PodInfo) -> PodInfo:
         assumed = self._assumed.get(pod.key)
@@ -552,7 +554,7 @@ class Binder:
         for pod in w.gang.members:
             if pod.bound:
                 continue
-            raw = self._raw_pods.get(pod.key)
+            raw = self._raw(pod)
             self._spawn(self.recorder.emit(raw or _ref(pod), "Warning", reason, message))
             if condition and raw is not None:
                 self._spawn(self._set_unschedulable(pod, raw, message))
