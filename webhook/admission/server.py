@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from webhook import atomicfile
 from webhook.admission.admit import AdmissionConfig, Admitter, ClusterContext, UserAssignment
 from webhook.admission.app import build_app
 from webhook.admission.metrics import Metrics
@@ -25,7 +26,6 @@ from webhook.certs import (
     generate_ca,
     issue_serving_cert,
     service_dns_names,
-    write_file,
     write_pair,
 )
 from webhook.certs.pki import LOCAL_IPS
@@ -83,7 +83,7 @@ def _self_signed_pair(opts: ServeOptions) -> tuple[Path, Path]:
                               LOCAL_IPS, days=365)
     write_pair(pair, out / "tls.crt", out / "tls.key")
     # last and whole: a client that waits for ca.crt (the CLI test) finds everything in place
-    write_file(out / "ca.crt", ca.cert_pem, 0o644)
+    atomicfile.write(out / "ca.crt", ca.cert_pem)
     log.info("self-signed serving certificate written", extra={"dir": str(out)})
     return out / "tls.crt", out / "tls.key"
 

@@ -13,7 +13,6 @@ from webhook.certs.pki import (
     not_after,
     service_dns_names,
     signed_by,
-    write_file,
     write_pair,
 )
 
@@ -30,6 +29,5 @@ __all__ = [
     "not_after",
     "service_dns_names",
     "signed_by",
-    "write_file",
     "write_pair",
 ]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from webhook import atomicfile
 
 #: certificates start this long before "now" so a peer whose clock lags still accepts them
 CLOCK_SKEW = dt.timedelta(minutes=5)
@@ -250,20 +251,8 @@ def write_pair(pair: KeyPair, cert_path: Path, key_path: Path) -> None:
     A server reloading these files never sees a half-written file or a mismatched pair as long as
     it reloads after both renames (it should check `key_matches` and retry otherwise).
     """
-    write_file(key_path, pair.key_pem, 0o600)
-    write_file(cert_path, pair.cert_pem, 0o644)
-
-
-def write_file(path: Path, data: bytes, mode: int) -> None:
-    """Write `data` to `path` atomically (a temporary file beside it, then a rename): a reader
-    that polls for the file never reads it half written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    atomicfile.write(key_path, pair.key_pem, 0o600)
+    atomicfile.write(cert_path, pair.cert_pem, 0o644)
 
 
 def issue_for_service(

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import re
 import signal
 import sys
@@ -38,6 +37,7 @@ from typing import Any
 
 import grpc
 
+from webhook import atomicfile
 from webhook.agent.deviceplugin import api_pb2, api_pb2_grpc
 from webhook.agent.deviceplugin.plugin import API_VERSION, HEALTHY, KUBELET_SOCKET
 from webhook.quantity import whole
@@ -102,9 +102,7 @@ class Checkpoint:
                                                 "cdi_devices": a.cdi_devices}
                                                for a in rec.admissions],
                                "started": rec.started} for uid, rec in self.pods.items()}}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.path)
+        atomicfile.write(self.path, json.dumps(data).encode())
 
 
 class _Registration(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
