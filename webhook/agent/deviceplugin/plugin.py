@@ -113,6 +113,16 @@ class _Servicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
         return api_pb2.PreStartContainerResponse()
 
 
+@dataclass(frozen=True, slots=True)
+class _Preference:
+    """What the last GetPreferredAllocation found, for the Allocate that follows it."""
+
+    size: int
+    grant: Grant | None
+    offer: Pending
+    at: float  # event loop time
+
+
 class AllocationRefused(Exception):
     """No pending pod's assignment matches what the kubelet asks for."""
 
@@ -126,9 +136,7 @@ class GpuDevicePlugin:
         self._version = 0
         self._changed = asyncio.Condition()
         self._handed: set[tuple[str, str]] = set()
-        self._missed: tuple[int, float] | None = None  # (count, when) of a fruitless preference
-        #: (grant, offer, when) of the last preference: the Allocate that follows takes it
-        self._proposed: tuple[Grant, Pending, float] | None = None
+        self._preference: _Preference | None = None
         self._lock = asyncio.Lock()
         self._acks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
@@ -189,10 +197,8 @@ class GpuDevicePlugin:
         async with self._lock:
             grant, offer, _ = await self._wait_for(size, [], self.config.assignment_wait_s,
                                                    available + must)
-            # the Allocate that follows need not wait a second time for the same answer
-            now = asyncio.get_running_loop().time()
-            self._missed = None if grant else (size, now)
-            self._proposed = (grant, offer, now) if grant else None
+            self._preference = _Preference(size, grant, offer,
+                                           asyncio.get_running_loop().time())
         if grant is not None and set(must) <= set(grant.uuids):
             return list(grant.uuids)
         # no assignment to honour: the kubelet's own default order
@@ -200,13 +206,8 @@ class GpuDevicePlugin:
 
     async def allocate(self, requested: list[str]) -> list[str]:
         async with self._lock:
-            wait_s = self.config.assignment_wait_s
-            now = asyncio.get_running_loop().time()
-            if self._missed and self._missed[0] == len(requested) and (
-                    now - self._missed[1] < wait_s + 1.0):
-                wait_s = 0.0
-            self._missed = None
-            grant, offer, error = self._take_proposed(requested, now)
+            grant, offer, wait_s = self._after_preference(requested)
+            error = ""
             if grant is None:
                 grant, offer, error = await self._wait_for(len(requested), requested, wait_s)
             if grant is None:
@@ -232,18 +233,23 @@ class GpuDevicePlugin:
                                      "gpus": list(grant.uuids)})
         return list(grant.uuids)
 
-    def _take_proposed(self, requested: list[str], now: float
-                       ) -> tuple[Grant | None, Pending, str]:
-        """The grant the preference just proposed, when the kubelet took exactly its GPUs: the
-        pods need not be listed a second time for the same answer (half of each admission's
-        cost). Any other Allocate looks afresh."""
-        proposed, self._proposed = self._proposed, None
-        if proposed is None or now - proposed[2] > _PROPOSAL_TTL_S:
-            return None, Pending(()), ""
-        grant, offer, _ = proposed
-        if set(grant.uuids) != set(requested) or (grant.uid, grant.container) in self._handed:
-            return None, Pending(()), ""
-        return grant, offer, ""
+    def _after_preference(self, requested: list[str]) -> tuple[Grant | None, Pending, float]:
+        """What the GetPreferredAllocation just before this Allocate leaves it: its grant, when
+        the kubelet took exactly its GPUs (no second list of the pods for the same answer: half
+        of each admission's cost); else how long to wait for an assignment, not at all when the
+        preference has just waited in vain for one of this size."""
+        pref, self._preference = self._preference, None
+        wait_s = self.config.assignment_wait_s
+        if pref is None or pref.size != len(requested):
+            return None, Pending(()), wait_s
+        age = asyncio.get_running_loop().time() - pref.at
+        grant = pref.grant
+        if grant is None:
+            return None, Pending(()), 0.0 if age < wait_s + 1.0 else wait_s
+        if (age <= _PROPOSAL_TTL_S and set(grant.uuids) == set(requested)
+                and (grant.uid, grant.container) not in self._handed):
+            return grant, pref.offer, wait_s
+        return None, Pending(()), wait_s
 
     def _acknowledge(self, grant: Grant) -> None:
         """Tell the binder the pod is served, so it may bind this node's next GPU pod
