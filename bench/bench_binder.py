@@ -7,16 +7,16 @@ Reference jobs (4 workers x 1 GPU + a 0-GPU launcher, minMember 5) on DGX-1 V100
 binder runs as its own process (`muster bind`), exactly as deployed; the emulator, the pod
 creator and a watch that timestamps bindings share this process.
 
-1. burst: all pods exist, then the binder starts; pods bound per second from its first write
-   (an assignment seen on the watch) to its last Binding. Baseline in the same run, measured
-   the same way: a "null binder" doing only the API writes the binder must do (one assignment
-   PATCH and one Binding per pod, gangs concurrently, no planning), in its own process as the
-   binder is, against a fresh emulator with the same cluster. Rounds alternate which goes
+1. burst: all pods exist, then the binder starts; pods bound per second from its first Binding
+   seen on the watch to its last. Baseline in the same run, measured the same way: a "null
+   binder" doing only the API writes the binder must do (one Binding per pod carrying its
+   assignment and the gang's record, gangs concurrently, no planning), in its own process as
+   the binder is, against a fresh emulator with the same cluster. Rounds alternate which goes
    first; the ratio (median of per-round ratios) is the share of the API ceiling reached.
 2. arrival: pods created at --rate pods/s, members of a gang one after another; per gang, the
    time from its last pod's creation to its last Binding seen on the watch (p50/p99/max).
    Target p99 < 1 s at 100 pods/s. Then where that time went inside the binder, from its
-   /metrics: muster_binder_gang_stage_duration_seconds (queued, plan, assign, bind) and the
+   /metrics: muster_binder_gang_stage_duration_seconds (queued, plan, bind) and the
    cycles it ran; the rest of the end-to-end time is the watch's delivery to the binder and
    to this process.
 3. memory: binder resident set (VmRSS, and peak VmHWM) with --rss-nodes nodes after binding
@@ -44,6 +44,7 @@ from bench_serve import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from webhook import keys
+from webhook.binder.assignment import encode_record
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi, make_api_client
 from webhook.kube.api import NODES, PODS
@@ -148,12 +149,10 @@ class BinderProcess:
 
 
 class BindWatch:
-    """Timestamps the first time each pod is seen with an assignment, and bound, from a real
-    watch."""
+    """Timestamps the first time each pod is seen bound, from a real watch."""
 
     def __init__(self, kube: KubeApi) -> None:
         self.kube = kube
-        self.assigned: dict[str, float] = {}
         self.bound: dict[str, float] = {}
         self.task: asyncio.Task[None] | None = None
 
@@ -172,8 +171,6 @@ class BindWatch:
 
     def _see(self, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
-        if keys.ANN_GPU_ASSIGNMENT in (obj["metadata"].get("annotations") or {}):
-            self.assigned.setdefault(name, time.perf_counter())
         if (obj.get("spec") or {}).get("nodeName") and name not in self.bound:
             self.bound[name] = time.perf_counter()
 
@@ -229,14 +226,15 @@ async def burst(nodes: int, gangs: int, tmp: Path, binder_class: type[BinderProc
     if not ok:
         raise SystemExit(f"burst: only {len(watch.bound)}/{len(pods)} pods bound in 120 s")
     # from the binder's first write to its last: start-up and informer sync are not counted
-    first, last = min(watch.assigned.values()), max(watch.bound.values())
+    first, last = min(watch.bound.values()), max(watch.bound.values())
     return len(pods) / max(last - first, 1e-9)
 
 
 async def null_writes(kubeconfig: Path) -> None:
     """The null binder's body (`--null-binder KUBECONFIG`, its own process as the binder is):
-    list what a binder lists, then per gang PATCH every member's assignment and bind every
-    member, gangs concurrently, no planning."""
+    list what a binder lists, then per gang bind every member with its assignment and the
+    gang's record as annotations (what the binder's Bindings carry), gangs concurrently, no
+    planning."""
     client = await make_api_client(str(kubeconfig))
     kube = KubeApi(client)
     try:
@@ -248,15 +246,14 @@ async def null_writes(kubeconfig: Path) -> None:
 
         async def gang(i: int, members: list[dict[str, Any]]) -> None:
             target = nodes[i % len(nodes)]
+            names = sorted(m["metadata"]["name"] for m in members)
+            record = encode_record(tuple((n, target, (g,)) for g, n in enumerate(names)))
             async with sem:
-                await asyncio.gather(*(kube.patch(PODS, m["metadata"]["name"], [
-                    {"op": "test", "path": "/metadata/resourceVersion",
-                     "value": m["metadata"]["resourceVersion"]},
-                    {"op": "add", "path": "/metadata/annotations/muster.io~1gpu-assignment",
-                     "value": json.dumps({"v": 1, "node": target, "containers": {}})}],
-                    NS, patch_type="json") for m in members))
-                await asyncio.gather(*(kube.bind(NS, m["metadata"]["name"], target)
-                                       for m in members))
+                await asyncio.gather(*(kube.bind(NS, m["metadata"]["name"], target,
+                                                 uid=m["metadata"]["uid"], annotations={
+                    keys.ANN_GPU_ASSIGNMENT: json.dumps({"v": 1, "node": target,
+                                                         "containers": {}}),
+                    keys.ANN_GANG_PLACEMENT: record}) for m in members))
 
         await asyncio.gather(*(gang(i, gangs[name]) for i, name in enumerate(sorted(gangs))))
     finally:
@@ -304,7 +301,7 @@ def stage_breakdown(text: str) -> str:
                     sample.name[-4:] in ("ount", "_sum"):
                 cycles["count" if sample.name.endswith("count") else "sum"] = sample.value
     lines = []
-    for name in ("queued", "plan", "assign", "bind"):
+    for name in ("queued", "plan", "bind"):
         st = stages.get(name)
         if st is None or not st.get("count"):
             continue

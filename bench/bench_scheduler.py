@@ -13,19 +13,19 @@ through the API. The pods are bench_binder's jobs: 4 workers x 1 GPU and a 0-GPU
   pods as plain pods, one by one (no gang annotations, `schedulerName: default-scheduler`);
 - `kube-scheduler-qps1000`: the same with `--kube-api-qps 1000 --kube-api-burst 1000`, as busy
   clusters run it;
-- `muster`: `muster bind` places the same pods as gangs (it writes each pod's GPU assignment, then
-  binds the gang).
+- `muster`: `muster bind` places the same pods as gangs (one Binding per pod, all of a gang's at
+  once, each carrying the pod's GPU assignment and the gang's record).
 
 Each runs as its own process, alone, started for its run and stopped after it. Two figures per run,
 the pods deleted (grace 0) between runs, the variants in a rotated order per round:
 
 1. burst: every pod exists, then the scheduler starts; pods bound per second from its first write
-   (a Binding, or for Muster an assignment) to its last Binding, seen on one watch;
+   (a Binding) to its last Binding, seen on one watch;
 2. arrival: the scheduler runs (3 s to sync), pods are created at `--rate` pods/s, a job's pods one
    after another; per job, the time from its last pod created to its last pod bound (p50, p99).
 
 For Muster's arrival runs the binder's own stage breakdown follows (bench_binder.stage_breakdown:
-queued, plan, assign PATCHes, Bindings, from its /metrics).
+queued, plan, Bindings, from its /metrics).
 
 Ratios are Muster's against each kube-scheduler variant per round, median over rounds. Target:
 Muster's gang binding at least as fast as kube-scheduler's pod-by-pod binding.
@@ -238,7 +238,7 @@ async def burst(kube: KubeApi, args: argparse.Namespace, variant: str, env: Env)
     if not ok:
         raise SystemExit(f"{variant} burst: {len(watch.bound)}/{len(pods)} bound in "
                          f"{args.timeout:g} s; see {env.log(variant)}\n{await why_pending(kube)}")
-    first = min([*watch.assigned.values(), *watch.bound.values()])
+    first = min(watch.bound.values())
     await delete_pods(kube)
     return len(pods) / max(max(watch.bound.values()) - first, 1e-9)
 

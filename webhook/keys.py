@@ -17,6 +17,11 @@ ANN_POLICY = "muster.io/policy"
 ANN_GPU_TOPOLOGY = "muster.io/gpu-topology"
 #: JSON GPU assignment, written only by the binder, see webhook.topology.model.GpuAssignment
 ANN_GPU_ASSIGNMENT = "muster.io/gpu-assignment"
+#: JSON record of a whole gang placement (each member's node and GPUs), written by the binder
+#: on every Binding of the gang: a member left unbound by a crash stays reserved by it
+ANN_GANG_PLACEMENT = "muster.io/gang-placement"
+#: the annotations only the binder may write: the webhook removes them from a pod's CREATE
+BINDER_ANNOTATIONS = (ANN_GPU_ASSIGNMENT, ANN_GANG_PLACEMENT)
 #: written by the node agent once the kubelet's Allocate served every GPU container of the pod
 #: (value: the node's name); the binder binds the node's next GPU pod after it
 ANN_GPU_ALLOCATED = "muster.io/gpu-allocated"

@@ -10,7 +10,9 @@ from webhook.binder.assignment import (
     AssignmentError,
     build_assignment,
     decode_assignment,
+    decode_record,
     encode_assignment,
+    encode_record,
     shape_matches,
 )
 from webhook.binder.nodes import parse_node
@@ -106,3 +108,26 @@ def test_assignment_round_trip_and_container_order() -> None:
 def test_bad_assignment_is_refused(text: str) -> None:
     with pytest.raises(AssignmentError):
         decode_assignment(text)
+
+
+def test_gang_record_round_trip_and_only_a_bound_pods_counts() -> None:
+    record = (("w-0", "n1", (0, 1)), ("w-1", "n2", (4,)), ("launcher", "n1", ()))
+    text = encode_record(record)
+    assert sorted(decode_record(text)) == sorted(record)
+    bound = pod("w-0", node_name="n1")
+    bound["metadata"]["annotations"][keys.ANN_GANG_PLACEMENT] = text
+    assert sorted(parse_pod(bound).placement) == sorted(record)
+    del bound["spec"]["nodeName"]  # a user's annotation on a pending pod reserves nothing
+    assert parse_pod(bound).placement == ()
+
+
+@pytest.mark.parametrize("text", ['{"v": 2, "members": {}}', "[]", "{",
+                                  '{"v": 1, "members": {"a": {"node": "", "gpus": []}}}',
+                                  '{"v": 1, "members": {"a": {"node": "n", "gpus": [true]}}}',
+                                  '{"v": 1, "members": {"a": ["n", [0]]}}'])
+def test_bad_gang_record_is_refused_and_reserves_nothing(text: str) -> None:
+    with pytest.raises(AssignmentError):
+        decode_record(text)
+    bound = pod("w-0", node_name="n1")
+    bound["metadata"]["annotations"][keys.ANN_GANG_PLACEMENT] = text
+    assert parse_pod(bound).placement == () and not parse_pod(bound).problems

@@ -9,7 +9,12 @@ from typing import Any
 
 from binder_objects import job, node, pod
 
-from webhook.binder.assignment import build_assignment, encode_assignment
+from webhook.binder.assignment import (
+    assigned_indices,
+    build_assignment,
+    encode_assignment,
+    encode_record,
+)
 from webhook.binder.fit import FitCache
 from webhook.binder.gangs import PodGroupInfo
 from webhook.binder.nodes import parse_node
@@ -155,12 +160,12 @@ def reserved_job(name: str, node_name: str, gpus: Sequence[int], bound: int = 0,
 
 def test_recovery_binds_a_fully_reserved_consistent_gang() -> None:
     p = run(reserved_job("j1", "n1", [0, 1, 2, 3]), [node("n1")])
-    assert [len(f.pods) for f in p.finishes] == [5] and not p.strips and not p.places
+    assert [len(f.assignments) for f in p.finishes] == [5] and not p.strips and not p.places
 
 
 def test_recovery_finishes_a_partially_bound_gang() -> None:
     p = run(reserved_job("j1", "n1", [0, 1, 2, 3], bound=2), [node("n1")])
-    assert [len(f.pods) for f in p.finishes] == [3]
+    assert [len(f.assignments) for f in p.finishes] == [3]
 
 
 def test_recovery_strips_an_incomplete_reservation() -> None:
@@ -179,8 +184,67 @@ def test_recovery_strips_reservations_on_vanished_nodes_or_doubled_gpus() -> Non
     p = run([thief, *reserved_job("j1", "n1", [0, 1, 2, 3])], [node("n1")])
     assert not p.finishes and "assigned to another pod" in p.strips[0].reason
     p = run([thief, *reserved_job("j1", "n1", [0, 1, 2, 3], bound=1)], [node("n1")])
-    assert [len(f.pods) for f in p.finishes] == [3]  # the doubled one is stripped, not bound
+    assert [len(f.assignments) for f in p.finishes] == [3]  # the doubled one is stripped, not bound
     assert [s.pods[0].name for s in p.strips] == ["j1-worker-2"]
+
+
+def recorded_job(name: str, slots: Sequence[tuple[str, int]], bound: int
+                 ) -> list[dict[str, Any]]:
+    """A job placed worker i on slots[i] (node, GPU) and the launcher on the first node, as one
+    round of Bindings records it; only the first `bound` members' Bindings went through."""
+    pods = job(name, workers=len(slots))
+    where = [(n, (g,)) for n, g in slots] + [(slots[0][0], ())]
+    record = encode_record(tuple(sorted((p["metadata"]["name"], n, g)
+                                        for p, (n, g) in zip(pods, where, strict=True))))
+    for obj, (node_name, gpus) in list(zip(pods, where, strict=True))[:bound]:
+        a = build_assignment(node_name, TOPO, gpus, [("main", len(gpus))])
+        obj["metadata"]["annotations"].update({"muster.io/gpu-assignment": encode_assignment(a),
+                                               "muster.io/gang-placement": record})
+        obj["spec"]["nodeName"] = node_name
+    return pods
+
+
+def finished(p: Plan) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {pod.name: (a.node, tuple(sorted(assigned_indices(a))))
+            for f in p.finishes for pod, a in f.assignments}
+
+
+def test_recovery_binds_the_unbound_members_where_the_gangs_record_put_them() -> None:
+    slots = [("n1", 5), ("n1", 6), ("n2", 0), ("n2", 7)]
+    p = run(recorded_job("j1", slots, bound=2), [node("n1"), node("n2")])
+    assert finished(p) == {"j1-worker-2": ("n2", (0,)), "j1-worker-3": ("n2", (7,)),
+                           "j1-launcher": ("n1", ())}
+    assert not p.places and not p.strips and not p.waits
+
+
+def test_a_recorded_slot_that_was_taken_is_placed_afresh_and_the_rest_finished() -> None:
+    thief = pod("thief", gpus=1, node_name="n1", scheduler="other",
+                assignment=encode_assignment(build_assignment("n1", TOPO, (2,), [("main", 1)])))
+    pods = recorded_job("j1", [("n1", 0), ("n1", 1), ("n1", 2), ("n1", 3)], bound=1)
+    p = run([thief, *pods], [node("n1")])
+    assert set(finished(p)) == {"j1-worker-1", "j1-worker-3", "j1-launcher"}
+    assert not p.places  # one action per gang and cycle: the taken one's turn is next
+    done = {pod_.name: a for f in p.finishes for pod_, a in f.assignments}
+    for obj in pods:  # the finished ones are bound now
+        if obj["metadata"]["name"] in done:
+            obj["spec"]["nodeName"] = "n1"
+            obj["metadata"]["annotations"]["muster.io/gpu-assignment"] = encode_assignment(
+                done[obj["metadata"]["name"]])
+    p = run([thief, *pods], [node("n1")])
+    assert not p.finishes and placed(p) == {"j1-worker-2": "n1"}
+    [(_, a)] = p.places[0].assignments
+    assert assigned_indices(a) & {0, 1, 2, 3} == frozenset()
+
+
+def test_a_record_on_a_vanished_node_or_an_unbound_pod_reserves_nothing() -> None:
+    pods = recorded_job("j1", [("n1", 0), ("gone", 0), ("gone", 1), ("n1", 1)], bound=1)
+    p = run(pods, [node("n1")])
+    assert set(finished(p)) == {"j1-worker-3", "j1-launcher"}
+    pods = recorded_job("j2", [("n1", 0), ("n1", 1), ("n1", 2), ("n1", 3)], bound=1)
+    del pods[0]["spec"]["nodeName"]  # a record on a pod that is not bound is not the binder's
+    del pods[0]["metadata"]["annotations"]["muster.io/gpu-assignment"]
+    p = run(pods, [node("n1")])
+    assert not p.finishes and len(placed(p)) == 5
 
 
 def test_inflight_gangs_are_left_alone() -> None:

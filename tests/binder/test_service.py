@@ -61,7 +61,7 @@ async def test_metrics_endpoint_reports_placements_and_gpus(apiserver: ApiServer
     assert 'muster_binder_placements_total{outcome="placed"} 1.0' in text
     assert 'muster_binder_bindings_total{path="placed"} 5.0' in text
     assert "muster_binder_gang_bind_duration_seconds_count 1.0" in text
-    for stage in ("queued", "plan", "assign", "bind"):  # the placed gang's, once each
+    for stage in ("queued", "plan", "bind"):  # the placed gang's, once each
         assert f'muster_binder_gang_stage_duration_seconds_count{{stage="{stage}"}} 1.0' in text
     assert 'muster_binder_pending_gangs{state="unplaceable"} 1.0' in text
     assert "muster_binder_leader 1.0" in text

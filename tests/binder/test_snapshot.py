@@ -61,7 +61,8 @@ ops = st.lists(st.one_of(pod_versions(), st.sampled_from([f"p{i}" for i in range
 def summary(p: Plan) -> dict[str, Any]:
     return {
         "places": [(x.gang.key, [(pod.key, a) for pod, a in x.assignments]) for x in p.places],
-        "finishes": [(x.gang.key, [pod.key for pod in x.pods]) for x in p.finishes],
+        "finishes": [(x.gang.key, [pod.key for pod, _ in x.assignments])
+                     for x in p.finishes],
         "strips": [(x.gang.key, [pod.key for pod in x.pods], x.reason) for x in p.strips],
         "waits": [(w.gang.key, w.kind, w.reason, w.timed_out, w.reserves) for w in p.waits],
         "gangs": {k: (g.min_member, g.members, g.problems) for k, g in p.gangs.items()},

@@ -186,11 +186,15 @@ async def test_bindings_are_checked_as_the_binder_relies_on(api: tuple[str, Kube
         assert err.status == 409 and "Precondition failed: ResourceVersion" in err.message
         err = await refused(kube.request("POST", path, body=binding(uid="not-the-pod")))
         assert err.status == 409 and "Precondition failed: UID" in err.message
-        # the node need not exist; the pod's uid and current resourceVersion pass
-        await kube.request("POST", path, body=binding(
-            uid=made["metadata"]["uid"], resourceVersion=made["metadata"]["resourceVersion"]))
+        # the node need not exist; the pod's uid and current resourceVersion pass; the
+        # Binding's annotations land on the pod in the same write (the binder's assignment)
+        body = binding(uid=made["metadata"]["uid"],
+                       resourceVersion=made["metadata"]["resourceVersion"])
+        body["metadata"]["annotations"] = {"muster.io/gpu-assignment": "{}"}
+        await kube.request("POST", path, body=body)
         bound = await kube.get(PODS, "bind", namespace=NS)
         assert bound["spec"]["nodeName"] == "nowhere"
+        assert bound["metadata"]["annotations"]["muster.io/gpu-assignment"] == "{}"
         assert {"type": "PodScheduled", "status": "True"}.items() <= next(
             c for c in bound["status"]["conditions"] if c["type"] == "PodScheduled").items()
         err = await refused(kube.request("POST", path, body=binding()))
@@ -201,7 +205,8 @@ async def test_bindings_are_checked_as_the_binder_relies_on(api: tuple[str, Kube
 
 async def test_a_json_patch_test_of_a_stale_resource_version_is_refused(
         api: tuple[str, KubeApi]) -> None:
-    """The binder writes assignments with a `test` of resourceVersion (webhook.binder)."""
+    """The binder strips a stale assignment with a `test` of resourceVersion
+    (webhook.binder)."""
     _, kube = api
     made = await kube.create(PODS, pod("patch"), NS)
     try:

@@ -1,4 +1,6 @@
-"""The muster.io/gpu-assignment annotation: JSON form and construction from a placement."""
+"""The annotations the binder writes: muster.io/gpu-assignment (one pod's GPUs, by container)
+and muster.io/gang-placement (every member's node and GPUs); JSON forms, and an assignment's
+construction from a placement."""
 
 from __future__ import annotations
 
@@ -44,6 +46,43 @@ def decode_assignment(text: str) -> GpuAssignment:
                                   "equal length of integers and strings")
         out[name] = ContainerGpus(tuple(indices), tuple(uuids))
     return GpuAssignment(node=node, containers=out)
+
+
+#: (pod name, node, GPU indices) of each member of one placement
+Record = tuple[tuple[str, str, tuple[int, ...]], ...]
+
+#: a record longer than this is not written: annotations share 256 KiB per object with the
+#: user's own; a gang of 2,000 members with short names fits
+RECORD_LIMIT = 100_000
+
+
+def encode_record(record: Record) -> str:
+    """The gang-placement annotation of the members placed together."""
+    return json.dumps(
+        {"v": 1, "members": {name: {"node": node, "gpus": list(gpus)}
+                             for name, node, gpus in record}},
+        separators=(",", ":"),
+    )
+
+
+def decode_record(text: str) -> Record:
+    """A gang-placement annotation; AssignmentError when it is not one."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise AssignmentError(f"not JSON: {exc.msg}") from exc
+    members = doc.get("members") if isinstance(doc, dict) and doc.get("v") == 1 else None
+    if not isinstance(members, dict):
+        raise AssignmentError('expected an object with "v": 1 and "members"')
+    out = []
+    for name, slot in members.items():
+        node = slot.get("node") if isinstance(slot, dict) else None
+        gpus = slot.get("gpus") if isinstance(slot, dict) else None
+        if not isinstance(node, str) or not node or not isinstance(gpus, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in gpus):
+            raise AssignmentError(f"member {name!r}: expected a node and a list of GPU indices")
+        out.append((name, node, tuple(gpus)))
+    return tuple(out)
 
 
 def assigned_indices(a: GpuAssignment) -> frozenset[int]:

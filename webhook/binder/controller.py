@@ -1,16 +1,17 @@
-"""The binder controller: informers in, assignments and Bindings out.
+"""The binder controller: informers in, Bindings out.
 
 Each cycle plans from the informer caches (webhook.binder.planner, pure) and starts the I/O of
 the plan as tasks, one per gang. Writes are visible to the next cycle at once through an
-"assumed" overlay (as kube-scheduler's assume cache): a pod we annotated or bound counts as such
-until the informer shows it, so a lagging cache never hands out a GPU twice. The planner's
-inputs are kept current pod by pod, overlay included (webhook.binder.snapshot), so that a cycle
-costs what changed rather than the cluster's size.
+"assumed" overlay (as kube-scheduler's assume cache): a pod we bound counts as such until the
+informer shows it, so a lagging cache never hands out a GPU twice. The planner's inputs are
+kept current pod by pod, overlay included (webhook.binder.snapshot), so that a cycle costs what
+changed rather than the cluster's size.
 
-Per gang the order of writes is the crash-safety argument: every member's assignment is
-PATCHed (with a resourceVersion test, so a concurrent writer is detected) before any member's
-Binding is created. Wherever the process dies, the planner's recovery rule on restart either
-binds a complete reservation or strips an incomplete one.
+Per gang there is one round of writes: every member's Binding, all at once, each carrying the
+member's assignment and the whole gang's placement as annotations (the API server copies a
+Binding's annotations onto the pod in the same write). That record is the crash-safety
+argument: once any member is bound, the others are reserved by it, and the planner's recovery
+rule binds them there on a later cycle, whoever runs it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from webhook import jsonpatch, keys
-from webhook.binder.assignment import encode_assignment
+from webhook.binder.assignment import RECORD_LIMIT, encode_assignment, encode_record
 from webhook.binder.fit import FitCache
 from webhook.binder.gangs import PodGroupInfo
 from webhook.binder.gate import AllocationGate
@@ -91,14 +92,12 @@ class _Timeline:
     arrived: float  # the informer's update of its last member
     cycle: float  # the cycle that placed it began
     planned: float  # that cycle's plan was done
-    assigned: float = 0.0  # every assignment PATCH answered
     bound: float = 0.0  # every Binding answered
 
     def stages(self) -> dict[str, float]:
         return {"queued": max(0.0, self.cycle - self.arrived),
                 "plan": self.planned - self.cycle,
-                "assign": self.assigned - self.planned,
-                "bind": self.bound - self.assigned}
+                "bind": self.bound - self.planned}
 
 
 def _rv(value: str) -> int:
@@ -308,18 +307,24 @@ class Binder:
         self.last_plan = result
         for place in result.places:
             self._ready_since.setdefault(place.gang.key, now)
+            record, text = place.record, encode_record(place.record)
+            if len(text) > RECORD_LIMIT:
+                log.warning("gang placement too large to record: a member a crash leaves "
+                            "unbound is placed afresh", extra={"gang": place.gang.key,
+                                                               "bytes": len(text)})
+                record, text = (), ""
             for pod, assignment in place.assignments:
                 self._assume(replace(pod, assignment=assignment,
                                      assignment_raw=encode_assignment(assignment),
-                                     node_name=assignment.node), 0, True)
+                                     node_name=assignment.node, placement=record), 0, True)
             arrived = max((self._pending.get(p.key, (None, started))[1]
                            for p, _ in place.assignments), default=started)
             self._start(place.gang.key,
-                        self._bind_gang(place, _Timeline(arrived, started, planned)))
+                        self._bind_gang(place, text, _Timeline(arrived, started, planned)))
         for finish in result.finishes:
-            for pod in finish.pods:
-                self._assume(replace(pod, node_name=pod.assignment.node if pod.assignment
-                                     else None), 0, True)
+            for pod, assignment in finish.assignments:
+                self._assume(replace(pod, node_name=assignment.node, assignment=assignment,
+                                     assignment_raw=encode_assignment(assignment)), 0, True)
             self._start(finish.gang.key, self._finish(finish))
         for strip in result.strips:
             self._start(strip.gang.key, self._strip(strip))
@@ -393,21 +398,6 @@ class Binder:
         if not self._fence():
             raise WriteFenced("not leader")
 
-    async def _annotate(self, pod: PodInfo, assignment: GpuAssignment) -> None:
-        self._check_fence()
-        text = encode_assignment(assignment)
-        ops: list[dict[str, Any]] = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": pod.resource_version}]
-        if pod.has_annotations:
-            ops.append({"op": "add", "path": _ANN_PATH, "value": text})
-        else:
-            ops.append({"op": "add", "path": "/metadata/annotations",
-                        "value": {keys.ANN_GPU_ASSIGNMENT: text}})
-        obj = await self.api.patch(PODS, pod.name, ops, pod.namespace, patch_type="json")
-        written = parse_pod(obj)
-        self._assume(replace(written, node_name=assignment.node),
-                     _rv(written.resource_version), True)
-
     async def _unannotate(self, pod: PodInfo) -> None:
         self._check_fence()
         ops = [{"op": "test", "path": "/metadata/resourceVersion",
@@ -419,51 +409,38 @@ class Binder:
         self._generation += 1
         self.metrics.stripped.inc()
 
-    async def _bind(self, pod: PodInfo, node: str) -> None:
+    async def _bind(self, pod: PodInfo, assignment: GpuAssignment, record: str) -> None:
+        """The Binding, with the pod's assignment and its gang's record (empty: none) as
+        annotations that the API server writes onto the pod with spec.nodeName."""
         self._check_fence()
+        annotations = {keys.ANN_GPU_ASSIGNMENT: encode_assignment(assignment)}
+        if record:
+            annotations[keys.ANN_GANG_PLACEMENT] = record
         try:
-            await self.api.bind(pod.namespace, pod.name, node, uid=pod.uid or None)
+            await self.api.bind(pod.namespace, pod.name, assignment.node, uid=pod.uid or None,
+                                annotations=annotations)
         except ApiError as exc:
-            if not (exc.conflict and f"node {node}" in exc.message):
+            if not (exc.conflict and f"node {assignment.node}" in exc.message):
                 raise
             # already bound to this node: an earlier attempt succeeded after all
 
-    async def _bind_gang(self, place: Place, timeline: _Timeline) -> None:
-        gang = place.gang
-        pods = place.assignments
-        # phase 1: every member's assignment, before any Binding
-        results = await asyncio.gather(*(self._annotate(p, a) for p, a in pods),
-                                       return_exceptions=True)
-        failed = [(p, r) for (p, _), r in zip(pods, results, strict=True)
-                  if isinstance(r, BaseException)]
-        if failed:
-            self._raise_unexpected(r for _, r in failed)
-            self.metrics.placements.labels("conflict").inc()
-            log.info("gang assignment lost a race; rolling back", extra={
-                "gang": gang.key, "pod": failed[0][0].name, "error": str(failed[0][1])})
-            for p, _ in failed:
-                self._unassume(p.key)
-            written = [self._assumed[p.key].pod for (p, _), r in zip(pods, results, strict=True)
-                       if not isinstance(r, BaseException) and p.key in self._assumed]
-            undo = await asyncio.gather(*(self._unannotate(replace(w, node_name=None))
-                                          for w in written), return_exceptions=True)
-            self._raise_unexpected(undo)
-            return
-        timeline.assigned = time.perf_counter()
-        # phase 2: Bindings
-        await self._bind_all(gang.key, [(self._current(p), a.node) for p, a in pods], "placed")
+    async def _bind_gang(self, place: Place, record: str, timeline: _Timeline) -> None:
+        gang, pods = place.gang, place.assignments
+        failed = await self._bind_all(gang.key, [(self._current(p), a) for p, a in pods],
+                                      "placed", record)
         timeline.bound = time.perf_counter()
         stages = timeline.stages()
         for stage, seconds in stages.items():
             self.metrics.stage_seconds.labels(stage).observe(seconds)
-        self.metrics.placements.labels("placed").inc()
+        # a member whose Binding failed is bound from the record on a later cycle
+        self.metrics.placements.labels("conflict" if failed else "placed").inc()
         self.queue.forget(gang.key)
         started = self._ready_since.pop(gang.key, None)
-        if started is not None:
+        if started is not None and not failed:
             self.metrics.bind_seconds.observe(max(0.0, self._clock() - started))
         log.info("gang bound", extra={
-            "gang": gang.key, "members": len(pods), "nodes": place.placement.nodes_used,
-            "gbps": round(place.placement.gang_gbps, 1),
+            "gang": gang.key, "members": len(pods), "failed": failed,
+            "nodes": place.placement.nodes_used, "gbps": round(place.placement.gang_gbps, 1),
             **{f"{stage}_ms": round(seconds * 1e3, 1) for stage, seconds in stages.items()}})
         for pod, a in pods:
             gpus = ",".join(str(i) for c in a.containers.values() for i in c.indices)
@@ -480,30 +457,36 @@ class Binder:
         assumed = self._assumed.get(pod.key)
         return assumed.pod if assumed is not None else pod
 
-    async def _bind_in_turn(self, pod: PodInfo, node: str) -> None:
+    async def _bind_in_turn(self, pod: PodInfo, assignment: GpuAssignment, record: str) -> None:
         """GPU pods on a node whose agent acknowledges them go one at a time (binder.gate)."""
+        node = assignment.node
         info = self._nodes.get(node)
         if pod.gpus > 0 and info is not None and info.acks_allocation:
-            await self.gate.bind(node, pod.key, lambda: self._bind(pod, node))
+            await self.gate.bind(node, pod.key, lambda: self._bind(pod, assignment, record))
         else:
-            await self._bind(pod, node)
+            await self._bind(pod, assignment, record)
 
-    async def _bind_all(self, gang: str, targets: Sequence[tuple[PodInfo, str]],
-                        path: str) -> None:
-        results = await asyncio.gather(*(self._bind_in_turn(p, n) for p, n in targets),
+    async def _bind_all(self, gang: str, targets: Sequence[tuple[PodInfo, GpuAssignment]],
+                        path: str, record: str = "") -> int:
+        """Bind every target at once; how many Bindings failed."""
+        results = await asyncio.gather(*(self._bind_in_turn(p, a, record) for p, a in targets),
                                        return_exceptions=True)
+        failed = 0
         for (pod, _), r in zip(targets, results, strict=True):
             if isinstance(r, BaseException):
-                # stays reserved; the recovery rule binds or strips it on a later cycle
+                # reserved by its gang's record (or its own annotation) if a member is bound:
+                # the recovery rule binds it on a later cycle; else the gang is placed afresh
+                failed += 1
                 self._unassume(pod.key)
                 log.warning("binding failed", extra={"gang": gang, "pod": pod.key,
                                                      "error": str(r)})
             else:
                 self.metrics.bindings.labels(path).inc()
         self._raise_unexpected(results)
+        return failed
 
     async def _finish(self, finish: Finish) -> None:
-        targets = [(p, p.assignment.node) for p in finish.pods if p.assignment is not None]
+        targets = [(self._current(p), a) for p, a in finish.assignments]
         log.info("binding reserved members", extra={"gang": finish.gang.key,
                                                     "members": len(targets)})
         await self._bind_all(finish.gang.key, targets, "recovered")

@@ -42,6 +42,14 @@ class Gang:
         return [p for p in self.members if not p.bound and p.assignment_raw is None]
 
     @property
+    def recorded(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Pending members that a bound member's gang-placement record names: pod name ->
+        (node, GPUs) of the slot the gang was placed with."""
+        slots = {name: (node, gpus) for p in self.members if p.bound
+                 for name, node, gpus in p.placement}
+        return {p.name: slots[p.name] for p in self.pending if p.name in slots}
+
+    @property
     def priority(self) -> int:
         return max((p.priority for p in self.members), default=0)
 

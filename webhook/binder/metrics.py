@@ -56,17 +56,17 @@ class Metrics:
             "muster_binder_gang_stage_duration_seconds",
             "Where a placed gang's time goes, by stage: queued (the informer's update of its "
             "last member to the start of the cycle that placed it, waits for resources "
-            "included), plan (that cycle's planning), assign (the assignment PATCHes), bind (the "
-            "Bindings)", ["stage"], buckets=_STAGE_BUCKETS, registry=r)
+            "included), plan (that cycle's planning), bind (its Bindings, each carrying the "
+            "member's assignment)", ["stage"], buckets=_STAGE_BUCKETS, registry=r)
         self.placements = Counter(
             "muster_binder_placements", "Placement attempts by outcome (placed, unplaceable, "
-            "invalid, conflict, error)", ["outcome"], registry=r)
+            "invalid, conflict: a Binding failed, error)", ["outcome"], registry=r)
         self.bindings = Counter(
             "muster_binder_bindings", "Pods bound, by path (placed, recovered)", ["path"],
             registry=r)
         self.stripped = Counter(
-            "muster_binder_assignments_removed", "Assignments removed from unbound pods during "
-            "recovery", registry=r)
+            "muster_binder_assignments_removed", "Assignment annotations removed from unbound "
+            "pods during recovery (written by a binder that annotated before binding)", registry=r)
         self.cycle_seconds = Histogram(
             "muster_binder_cycle_duration_seconds", "Planning time of one scheduling cycle",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0), registry=r)

@@ -1,12 +1,16 @@
 """One scheduling cycle as a pure function: cluster snapshot in, actions out.
 
 Rules (docs/binder.md has the reasoning):
-- Recovery: unbound pods carrying an assignment (a binder wrote it, then died or failed) are
-  bound when their gang already has bound members or when the consistent reserved members reach
-  minMember with the bound ones; otherwise every reserved member is stripped and the gang is
-  placed afresh. Inconsistent reservations (node gone, GPUs changed or doubly assigned, pod no
-  longer fits) are always stripped. The binder writes every member's assignment before any
-  Binding, so no crash point leaves a gang bound below minMember.
+- Recovery: every Binding of a gang records the whole placement (muster.io/gang-placement), so
+  once a member is bound the others are reserved by that record. A pending member a bound
+  member's record names is bound to its recorded node and GPUs if they are still free and it
+  still fits there; otherwise it is placed afresh with the gang's other pending members.
+  Unbound pods carrying an assignment annotation (an earlier Muster binder PATCHed every
+  member's assignment before the first Binding; one may be upgraded mid-gang) are bound when
+  their gang already has bound members or when the consistent reserved members reach minMember
+  with the bound ones; otherwise they are stripped and the gang is placed afresh. Inconsistent
+  reservations (node gone, GPUs changed or doubly assigned, pod no longer fits) are always
+  stripped.
 - Queue: ready gangs go in order (priority desc, oldest first). A gang that has failed for
   longer than `starvation_seconds` and that would fit on the empty cluster reserves: no gang
   after it in the order is placed until it is.
@@ -20,6 +24,8 @@ from typing import Literal
 
 from webhook.binder.allocation import Allocation
 from webhook.binder.assignment import (
+    AssignmentError,
+    Record,
     assigned_indices,
     build_assignment,
     shape_matches,
@@ -49,13 +55,19 @@ class Place:
     placement: GangPlacement
     assignments: tuple[tuple[PodInfo, GpuAssignment], ...]
 
+    @property
+    def record(self) -> Record:
+        """What every member's Binding records (muster.io/gang-placement)."""
+        return tuple(sorted((p.name, a.node, tuple(sorted(assigned_indices(a))))
+                            for p, a in self.assignments))
+
 
 @dataclass(frozen=True, slots=True)
 class Finish:
     """Bind reserved pods whose assignments are still valid."""
 
     gang: Gang
-    pods: tuple[PodInfo, ...]
+    assignments: tuple[tuple[PodInfo, GpuAssignment], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +106,10 @@ class PlanConfig:
     podgroup_default_timeout: int = 60
 
 
-def _reservation_problem(pod: PodInfo, nodes: Mapping[str, NodeInfo],
-                         conflicts: Mapping[str, Mapping[int, list[str]]],
-                         states: Mapping[str, NodeState]) -> str | None:
+def _reservation(pod: PodInfo, nodes: Mapping[str, NodeInfo],
+                 conflicts: Mapping[str, Mapping[int, list[str]]],
+                 states: Mapping[str, NodeState]) -> GpuAssignment | str:
+    """An annotated reservation's assignment if it still holds, else what is wrong with it."""
     a = pod.assignment
     if a is None:
         return "assignment annotation is unreadable"
@@ -119,15 +132,16 @@ def _reservation_problem(pod: PodInfo, nodes: Mapping[str, NodeInfo],
     s = states[a.node]
     if s.free_cpu_milli < 0 or s.free_memory_bytes < 0 or s.free_pods < 0:
         return f"node {a.node} is overcommitted"
-    return None
+    return a
 
 
-def _consume(state: NodeState, member: MemberRequest, gpus: Collection[int]) -> NodeState:
+def _consume(state: NodeState, need: MemberRequest | PodInfo, gpus: Collection[int]
+             ) -> NodeState:
     return replace(
         state,
         free_gpus=state.free_gpus - frozenset(gpus),
-        free_cpu_milli=state.free_cpu_milli - member.cpu_milli,
-        free_memory_bytes=state.free_memory_bytes - member.memory_bytes,
+        free_cpu_milli=state.free_cpu_milli - need.cpu_milli,
+        free_memory_bytes=state.free_memory_bytes - need.memory_bytes,
         free_pods=state.free_pods - 1,
     )
 
@@ -246,7 +260,7 @@ def _ready(r: _Round, gang: Gang, conflicts: _Conflicts) -> bool:
     if gang.reserved:
         _settle_reservations(r, gang, conflicts)
         return False
-    if not gang.pending:
+    if not gang.pending or _finish_recorded(r, gang):
         return False
     have = len(gang.bound) + len(gang.pending)
     if have < gang.min_member:
@@ -259,14 +273,14 @@ def _ready(r: _Round, gang: Gang, conflicts: _Conflicts) -> bool:
 def _settle_reservations(r: _Round, gang: Gang, conflicts: _Conflicts) -> None:
     """Members reserved (annotated) by an earlier round: bind the good ones if the gang is
     whole with them, strip the ones whose reservation no longer holds."""
-    ok: list[PodInfo] = []
+    ok: list[tuple[PodInfo, GpuAssignment]] = []
     bad: list[tuple[PodInfo, str]] = []
     for pod in gang.reserved:
-        problem = _reservation_problem(pod, r.nodes, conflicts, r.states)
-        if problem is None:
-            ok.append(pod)
+        held = _reservation(pod, r.nodes, conflicts, r.states)
+        if isinstance(held, str):
+            bad.append((pod, held))
         else:
-            bad.append((pod, problem))
+            ok.append((pod, held))
     if gang.bound or len(gang.bound) + len(ok) >= gang.min_member:
         if ok:
             r.out.finishes.append(Finish(gang, tuple(ok)))
@@ -276,6 +290,40 @@ def _settle_reservations(r: _Round, gang: Gang, conflicts: _Conflicts) -> None:
         why = bad[0][1] if bad else (
             f"only {len(ok)} of minMember {gang.min_member} members were reserved")
         r.out.strips.append(Strip(gang, tuple(gang.reserved), why))
+
+
+def _finish_recorded(r: _Round, gang: Gang) -> bool:
+    """Bind the pending members that a bound member's record reserves, where the recorded slot
+    is still free and the pod still fits it; True when there are some. The others are placed
+    afresh (the gang has a bound member: it is completed, not released)."""
+    finish: list[tuple[PodInfo, GpuAssignment]] = []
+    for name, (node, gpus) in gang.recorded.items():
+        pod = next(p for p in gang.pending if p.name == name)
+        assignment = _recorded_assignment(r, pod, node, gpus)
+        if assignment is not None:
+            finish.append((pod, assignment))
+    if finish:
+        r.out.finishes.append(Finish(gang, tuple(finish)))
+    return bool(finish)
+
+
+def _recorded_assignment(r: _Round, pod: PodInfo, node_name: str, gpus: tuple[int, ...]
+                         ) -> GpuAssignment | None:
+    """The pod's assignment to its recorded slot, taken from the round's free resources; None
+    when the slot no longer holds (node gone or changed, GPUs taken, the pod does not fit)."""
+    node, state = r.nodes.get(node_name), r.states.get(node_name)
+    if (node is None or state is None or why_not(pod.constraints, node) is not None
+            or len(gpus) != pod.gpus or not state.free_gpus.issuperset(gpus)
+            or state.free_cpu_milli < pod.cpu_milli
+            or state.free_memory_bytes < pod.memory_bytes or state.free_pods < 1):
+        return None
+    try:
+        assignment = build_assignment(node_name, node.topology, gpus, pod.container_gpus,
+                                      pod.init_containers)
+    except AssignmentError:
+        return None
+    r.states[node_name] = _consume(state, pod, gpus)
+    return assignment
 
 
 def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: PlaceFn

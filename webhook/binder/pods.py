@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from webhook import keys
-from webhook.binder.assignment import AssignmentError, decode_assignment
+from webhook.binder.assignment import AssignmentError, Record, decode_assignment, decode_record
 from webhook.quantity import QuantityError, cpu_milli, whole
 from webhook.topology.model import GpuAssignment, TopologyRequest
 
@@ -78,6 +78,9 @@ class PodInfo:
     assignment: GpuAssignment | None = None
     #: raw assignment annotation text (present even when it does not parse)
     assignment_raw: str | None = None
+    #: the gang placement its Binding recorded (muster.io/gang-placement; empty when none or
+    #: unreadable): the members placed with it, reserved until they are bound too
+    placement: Record = ()
     has_annotations: bool = False
     #: problems with Muster's annotations, in words for an Event
     problems: tuple[str, ...] = ()
@@ -243,6 +246,14 @@ def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
         except AssignmentError:
             assignment = None  # treated as unknown GPUs in use; the planner decides
 
+    placement: Record = ()
+    recorded = ann.get(keys.ANN_GANG_PLACEMENT)
+    if recorded is not None and spec.get("nodeName"):
+        try:
+            placement = decode_record(recorded)
+        except AssignmentError:
+            placement = ()  # reserves nothing; its members are placed afresh if unbound
+
     priority = spec.get("priority")
     return PodInfo(
         key=f"{ns}/{name}",
@@ -268,6 +279,7 @@ def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
         topology=topology,
         assignment=assignment,
         assignment_raw=raw,
+        placement=placement,
         has_annotations=bool(meta.get("annotations")),
         problems=tuple(problems),
         pending=status.get("phase", "Pending") == "Pending",

@@ -44,6 +44,8 @@ from webhook.topology import builtin, set_score
 from webhook.topology.simulate import images_per_second, predict, reference_scenario
 
 WEBHOOK_CONFIGURATION = "0-muster-demo"
+#: the webhook's gang annotations (backend muster), shown per job
+_GANG_KEYS = (keys.ANN_GANG_NAME, keys.ANN_GANG_MIN_MEMBER, keys.ANN_GANG_TIMEOUT)
 
 
 @dataclass
@@ -314,7 +316,7 @@ async def _collect(api: ApiServerEmulator, kube: KubeApi, *, name: str, namespac
             outcome.visible_devices = handed.get(pod_name)
         job.policies = sorted(set(job.policies) | set(filter(None, ann.get(keys.ANN_POLICY,
                                                                           "").split(","))))
-        job.gang = {k: v for k, v in ann.items() if k.startswith("muster.io/gang-")} or job.gang
+        job.gang = {k: ann[k] for k in _GANG_KEYS if k in ann} or job.gang
         job.pods.append(outcome)
     # backend muster carries its gang on the pods; Volcano and coscheduling have a PodGroup
     for resource in (VOLCANO_PODGROUPS, COSCHEDULING_PODGROUPS):
