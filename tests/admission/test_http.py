@@ -20,6 +20,7 @@ from admission_helpers import (
 
 from webhook import jsonpatch
 from webhook.keys import (
+    ANN_GANG_PLACEMENT,
     ANN_GPU_ASSIGNMENT,
     ANN_POLICY,
     ISTIO_INJECT,
@@ -94,19 +95,22 @@ async def test_launcher_without_cluster(tls: Tls, policy_dir: Path, shared_dir: 
 async def test_user_gpu_assignment_is_stripped_or_denied(tls: Tls, policy_dir: Path) -> None:
     body = _plain_pod_review()
     body["request"]["object"]["metadata"]["annotations"] = {
-        ANN_GPU_ASSIGNMENT: '{"v":1,"node":"n1","containers":{}}', "keep": "me"}
+        ANN_GPU_ASSIGNMENT: '{"v":1,"node":"n1","containers":{}}', "keep": "me",
+        ANN_GANG_PLACEMENT: '{"v":1,"members":{}}'}
     async with running(tls, [policy_dir]) as srv, client(tls) as s:
         resp = await review(s, f"{srv.url}/mutate/pods", body)
     assert resp["allowed"] is True
     pod = jsonpatch.apply_patch(body["request"]["object"], decode_patch(resp))
     assert pod["metadata"]["annotations"] == {"keep": "me"}
     assert any(ANN_GPU_ASSIGNMENT in w for w in resp["warnings"])
+    assert any(ANN_GANG_PLACEMENT in w for w in resp["warnings"])
 
     async with running(tls, [policy_dir], on_user_assignment="deny") as srv, client(tls) as s:
         resp = await review(s, f"{srv.url}/mutate/pods", body)
     assert resp["allowed"] is False
     assert resp["status"]["code"] == 403
     assert ANN_GPU_ASSIGNMENT in resp["status"]["message"]
+    assert ANN_GANG_PLACEMENT in resp["status"]["message"]
     assert "patch" not in resp
 
 

@@ -30,7 +30,7 @@ from webhook.admission.metrics import Metrics
 from webhook.admission.podgroups import Ensured
 from webhook.admission.reload import PolicyStore
 from webhook.admission.review import AdmissionReview, response
-from webhook.keys import ANN_GPU_ASSIGNMENT
+from webhook.keys import BINDER_ANNOTATIONS
 from webhook.kube.owners import controller_ref
 from webhook.policy import PolicyError, PolicySet, load_policy_texts, render_patch
 from webhook.policy.decision import Decision, PodGroupSpec
@@ -151,13 +151,16 @@ class OwnerRetry:
         self._since.pop(job, None)
 
 
-def _strip_assignment(pod: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The pod without the binder-only annotation, and the op that removes it from the original."""
-    if ANN_GPU_ASSIGNMENT not in _annotations(pod):
-        return pod, []
-    op = {"op": "remove",
-          "path": "/metadata/annotations/" + jsonpatch.escape(ANN_GPU_ASSIGNMENT)}
-    return jsonpatch.apply_patch(pod, [op]), [op]
+def _strip_binder_annotations(pod: dict[str, Any]
+                              ) -> tuple[dict[str, Any], list[str], list[dict[str, Any]]]:
+    """The pod without the binder-only annotations, which of them it had, and the ops that
+    remove them from the original."""
+    found = [key for key in BINDER_ANNOTATIONS if key in _annotations(pod)]
+    if not found:
+        return pod, [], []
+    ops = [{"op": "remove", "path": "/metadata/annotations/" + jsonpatch.escape(key)}
+           for key in found]
+    return jsonpatch.apply_patch(pod, ops), found, ops
 
 
 class Admitter:
@@ -211,17 +214,16 @@ class Admitter:
         if namespace in self._excluded:
             return _Result()
         try:
-            clean_pod, strip_ops = _strip_assignment(pod)
+            clean_pod, found, strip_ops = _strip_binder_annotations(pod)
         except jsonpatch.JsonPatchError:  # annotations not an object: let the API server reject
             return _Result()
         if strip_ops and self.config.on_user_assignment == "deny":
             return _Result(allowed=False, message=(
-                f"{ANN_GPU_ASSIGNMENT} is written only by the Muster binder; "
+                f"{', '.join(found)} is written only by the Muster binder; "
                 "remove it from the pod"))
         result = _Result(patch=list(strip_ops))
-        if strip_ops:
-            result.warnings.append(f"muster: removed {ANN_GPU_ASSIGNMENT}, which only the "
-                                   "binder may set")
+        for key in found:
+            result.warnings.append(f"muster: removed {key}, which only the binder may set")
         policies = self.policies.current
         if policies is None:
             result.warnings.append("muster: no valid policies loaded; pod admitted unchanged")

@@ -45,8 +45,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--policies-configmap", default="muster-policies",
                    help="ConfigMap that Events about refused policy updates are attached to")
     p.add_argument("--on-user-assignment", choices=["strip", "deny"], default="strip",
-                   help="a pod that sets muster.io/gpu-assignment itself: remove it (default) "
-                        "or deny the pod")
+                   help="a pod that sets muster.io/gpu-assignment or muster.io/gang-placement "
+                        "itself: remove it (default) or deny the pod")
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
                    help="larger requests get HTTP 413 (default 8 MiB)")
     p.add_argument("--owner-cache-ttl", type=float, default=5.0,

@@ -108,10 +108,10 @@ def decide(view: PodView, policies: PolicySet) -> Decision:
     """`evaluate` on the pod's view: all the engine reads of a pod is in it."""
     matches, matched = _match(view, policies)
     draft = _Draft()
-    if view.shape.annotation(keys.ANN_GPU_ASSIGNMENT) is not None:
-        draft.annotations[keys.ANN_GPU_ASSIGNMENT] = None
-        draft.warnings.append(f"removed {keys.ANN_GPU_ASSIGNMENT}: only Muster's binder "
-                              "assigns GPUs")
+    for key in keys.BINDER_ANNOTATIONS:
+        if view.shape.annotation(key) is not None:
+            draft.annotations[key] = None
+            draft.warnings.append(f"removed {key}: only Muster's binder assigns GPUs")
     if not matched:
         return Decision(matches=matches, annotations=draft.annotations,
                         warnings=tuple(draft.warnings))
