@@ -247,6 +247,19 @@ def test_a_record_on_a_vanished_node_or_an_unbound_pod_reserves_nothing() -> Non
     assert not p.finishes and len(placed(p)) == 5
 
 
+def test_an_unbound_member_being_deleted_is_not_placed_and_a_bound_one_holds_its_gpus() -> None:
+    pods = job("j1")
+    pods[1]["metadata"]["deletionTimestamp"] = "2026-11-21T05:01:00Z"  # a finalizer holds it
+    p = run(pods, [node("n1")])
+    assert not p.places and "4 of minMember 5" in p.waits[0].reason
+    leaving = pod("leaving", gpus=8, node_name="n1", scheduler="other",
+                  assignment=encode_assignment(build_assignment("n1", TOPO, range(8),
+                                                                [("main", 8)])))
+    leaving["metadata"]["deletionTimestamp"] = "2026-11-21T05:01:00Z"
+    p = run([leaving, *job("j2")], [node("n1")])
+    assert not p.places and p.waits[0].kind == "unplaceable"
+
+
 def test_inflight_gangs_are_left_alone() -> None:
     p = run(reserved_job("j1", "n1", [0, 1, 2, 3]), [node("n1")], inflight=("team-a/j1",))
     assert not (p.finishes or p.strips or p.places or p.waits)

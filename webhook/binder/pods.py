@@ -60,7 +60,7 @@ class PodInfo:
     resource_version: str
     scheduler_name: str
     node_name: str | None
-    terminated: bool
+    terminated: bool  # Succeeded or Failed, or deleted before it was bound
     priority: int
     created: float  # epoch seconds
     cpu_milli: int
@@ -263,7 +263,10 @@ def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
         resource_version=str(meta.get("resourceVersion") or ""),
         scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
         node_name=spec.get("nodeName") or None,
-        terminated=status.get("phase") in TERMINATED_PHASES,
+        # an unbound pod being deleted (a finalizer keeps it) is never scheduled, as
+        # kube-scheduler skips it; a bound one holds its node until the kubelet lets go
+        terminated=status.get("phase") in TERMINATED_PHASES or bool(
+            meta.get("deletionTimestamp") and not spec.get("nodeName")),
         priority=priority if isinstance(priority, int) else 0,
         created=parse_time(meta.get("creationTimestamp")),
         cpu_milli=cpu,
