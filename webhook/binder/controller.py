@@ -426,8 +426,7 @@ class Binder:
 
     async def _bind_gang(self, place: Place, record: str, timeline: _Timeline) -> None:
         gang, pods = place.gang, place.assignments
-        failed = await self._bind_all(gang.key, [(self._current(p), a) for p, a in pods],
-                                      "placed", record)
+        failed = await self._bind_all(gang.key, pods, "placed", record)
         timeline.bound = time.perf_counter()
         stages = timeline.stages()
         for stage, seconds in stages.items():
@@ -452,10 +451,6 @@ class Binder:
     def _raw(self, pod: PodInfo) -> dict[str, Any] | None:
         pending = self._pending.get(pod.key)
         return pending[0] if pending is not None else None
-
-    def _current(self, pod: PodInfo) -> PodInfo:
-        assumed = self._assumed.get(pod.key)
-        return assumed.pod if assumed is not None else pod
 
     async def _bind_in_turn(self, pod: PodInfo, assignment: GpuAssignment, record: str) -> None:
         """GPU pods on a node whose agent acknowledges them go one at a time (binder.gate)."""
@@ -486,10 +481,9 @@ class Binder:
         return failed
 
     async def _finish(self, finish: Finish) -> None:
-        targets = [(self._current(p), a) for p, a in finish.assignments]
         log.info("binding reserved members", extra={"gang": finish.gang.key,
-                                                    "members": len(targets)})
-        await self._bind_all(finish.gang.key, targets, "recovered")
+                                                    "members": len(finish.assignments)})
+        await self._bind_all(finish.gang.key, finish.assignments, "recovered")
 
     async def _strip(self, strip: Strip) -> None:
         log.info("removing assignments of unbound members", extra={

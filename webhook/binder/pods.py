@@ -81,7 +81,6 @@ class PodInfo:
     #: the gang placement its Binding recorded (muster.io/gang-placement; empty when none or
     #: unreadable): the members placed with it, reserved until they are bound too
     placement: Record = ()
-    has_annotations: bool = False
     #: problems with Muster's annotations, in words for an Event
     problems: tuple[str, ...] = ()
     #: status.phase is Pending (or not set yet): the kubelet has not started the pod
@@ -283,7 +282,6 @@ def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
         assignment=assignment,
         assignment_raw=raw,
         placement=placement,
-        has_annotations=bool(meta.get("annotations")),
         problems=tuple(problems),
         pending=status.get("phase", "Pending") == "Pending",
         allocated=keys.ANN_GPU_ALLOCATED in ann,
