@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from webhook.topology.model import ContainerGpus, GpuAssignment, Topology
 
@@ -23,13 +24,19 @@ def encode_assignment(a: GpuAssignment) -> str:
     )
 
 
-def decode_assignment(text: str) -> GpuAssignment:
+def _version_1(text: str) -> dict[str, Any]:
+    """The JSON object of one of the binder's annotations (schema version 1)."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise AssignmentError(f"not JSON: {exc.msg}") from exc
     if not isinstance(doc, dict) or doc.get("v") != 1:
         raise AssignmentError('expected an object with "v": 1')
+    return doc
+
+
+def decode_assignment(text: str) -> GpuAssignment:
+    doc = _version_1(text)
     node, containers = doc.get("node"), doc.get("containers")
     if not isinstance(node, str) or not node or not isinstance(containers, dict):
         raise AssignmentError('"node" (string) and "containers" (object) are required')
@@ -67,13 +74,9 @@ def encode_record(record: Record) -> str:
 
 def decode_record(text: str) -> Record:
     """A gang-placement annotation; AssignmentError when it is not one."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise AssignmentError(f"not JSON: {exc.msg}") from exc
-    members = doc.get("members") if isinstance(doc, dict) and doc.get("v") == 1 else None
+    members = _version_1(text).get("members")
     if not isinstance(members, dict):
-        raise AssignmentError('expected an object with "v": 1 and "members"')
+        raise AssignmentError('"members" (object) is required')
     out = []
     for name, slot in members.items():
         node = slot.get("node") if isinstance(slot, dict) else None
