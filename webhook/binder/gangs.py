@@ -45,9 +45,18 @@ class Gang:
     def recorded(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Pending members that a bound member's gang-placement record names: pod name ->
         (node, GPUs) of the slot the gang was placed with."""
-        slots = {name: (node, gpus) for p in self.members if p.bound
-                 for name, node, gpus in p.placement}
-        return {p.name: slots[p.name] for p in self.pending if p.name in slots}
+        wanted = {p.name for p in self.pending}
+        slots: dict[str, tuple[str, tuple[int, ...]]] = {}
+        read: set[int] = set()
+        for pod in self.members:
+            # a placement's members share one record object (pods._record): read each once,
+            # or a large gang would cost members x record size per cycle
+            if wanted and pod.bound and pod.placement and id(pod.placement) not in read:
+                read.add(id(pod.placement))
+                for name, node, gpus in pod.placement:
+                    if name in wanted:
+                        slots.setdefault(name, (node, gpus))
+        return slots
 
     @property
     def priority(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -219,6 +220,16 @@ def _gang_annotations(ann: Mapping[str, str], problems: list[str]
     return min_member, timeout
 
 
+@functools.lru_cache(maxsize=256)
+def _record(annotation: str) -> Record:
+    """The members of one placement carry the same record: decoded once, one object, which
+    Gang.recorded reads once. An unreadable one reserves nothing."""
+    try:
+        return decode_record(annotation)
+    except AssignmentError:
+        return ()
+
+
 def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
     """Never raises for bad user input: problems are collected for an Event instead."""
     meta = obj.get("metadata") or {}
@@ -245,13 +256,8 @@ def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
         except AssignmentError:
             assignment = None  # treated as unknown GPUs in use; the planner decides
 
-    placement: Record = ()
     recorded = ann.get(keys.ANN_GANG_PLACEMENT)
-    if recorded is not None and spec.get("nodeName"):
-        try:
-            placement = decode_record(recorded)
-        except AssignmentError:
-            placement = ()  # reserves nothing; its members are placed afresh if unbound
+    placement = _record(recorded) if recorded is not None and spec.get("nodeName") else ()
 
     priority = spec.get("priority")
     return PodInfo(
