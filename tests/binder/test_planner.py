@@ -217,6 +217,14 @@ def test_recovery_binds_the_unbound_members_where_the_gangs_record_put_them() ->
     assert not p.places and not p.strips and not p.waits
 
 
+def test_a_restarted_worker_goes_back_to_its_recorded_slot() -> None:
+    pods = recorded_job("j1", [("n1", 4), ("n1", 5), ("n1", 6), ("n1", 7)], bound=5)
+    restarted = job("j1")[2]  # worker 2 failed; its controller made a new pod of the same name
+    restarted["metadata"]["uid"] = "uid-new"
+    p = run([*pods[:2], restarted, *pods[3:]], [node("n1")])
+    assert finished(p) == {"j1-worker-2": ("n1", (6,))} and not p.places
+
+
 def test_a_recorded_slot_that_was_taken_is_placed_afresh_and_the_rest_finished() -> None:
     thief = pod("thief", gpus=1, node_name="n1", scheduler="other",
                 assignment=encode_assignment(build_assignment("n1", TOPO, (2,), [("main", 1)])))
