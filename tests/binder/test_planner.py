@@ -268,6 +268,21 @@ def test_an_unbound_member_being_deleted_is_not_placed_and_a_bound_one_holds_its
     assert not p.places and p.waits[0].kind == "unplaceable"
 
 
+def test_a_job_recreated_while_its_old_pods_terminate_waits_for_its_own_members() -> None:
+    old = recorded_job("j1", [("n1", 0), ("n1", 1), ("n1", 2), ("n1", 3)], bound=5)
+    for obj in old:  # the job was deleted: its pods terminate within their grace period
+        obj["metadata"]["deletionTimestamp"] = "2026-11-21T05:01:00Z"
+    new = job("j1")
+    for obj in new:
+        obj["metadata"]["uid"] += "-new"
+    p = run([*old, *new[:2]], [node("n1")])
+    assert not p.places and not p.finishes  # the old bound pods are no members of the new gang
+    assert "2 of minMember 5" in p.waits[0].reason
+    p = run([*old, *new], [node("n1")])
+    gpus = {i for place in p.places for _, a in place.assignments for i in assigned_indices(a)}
+    assert len(placed(p)) == 5 and not gpus & {0, 1, 2, 3}  # the old pods still hold theirs
+
+
 def test_inflight_gangs_are_left_alone() -> None:
     p = run(reserved_job("j1", "n1", [0, 1, 2, 3]), [node("n1")], inflight=("team-a/j1",))
     assert not (p.finishes or p.strips or p.places or p.waits)

@@ -78,6 +78,11 @@ class Gang:
         return (-self.priority, self.created, self.key)
 
 
+def is_member(pod: PodInfo, scheduler_name: str) -> bool:
+    """Whether the pod belongs to a gang of this binder's: ours, alive and not being deleted."""
+    return pod.scheduler_name == scheduler_name and not pod.terminated and not pod.deleting
+
+
 def gang_key(pod: PodInfo) -> tuple[str, str]:
     """(key, gang name) of the gang a pod belongs to."""
     if pod.gang_name:
@@ -100,7 +105,7 @@ def assemble(pods: Iterable[PodInfo], scheduler_name: str,
     """
     gangs: dict[str, Gang] = {}
     for pod in pods:
-        if pod.scheduler_name != scheduler_name or pod.terminated:
+        if not is_member(pod, scheduler_name):
             continue
         key, name = gang_key(pod)
         gang = gangs.get(key)

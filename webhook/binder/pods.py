@@ -62,6 +62,9 @@ class PodInfo:
     scheduler_name: str
     node_name: str | None
     terminated: bool  # Succeeded or Failed, or deleted before it was bound
+    #: metadata.deletionTimestamp is set: no longer a member of its gang (a job recreated under
+    #: the same name, or a worker its controller replaces), though it may still hold its node
+    deleting: bool
     priority: int
     created: float  # epoch seconds
     cpu_milli: int
@@ -272,6 +275,7 @@ def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
         # kube-scheduler skips it; a bound one holds its node until the kubelet lets go
         terminated=status.get("phase") in TERMINATED_PHASES or bool(
             meta.get("deletionTimestamp") and not spec.get("nodeName")),
+        deleting=bool(meta.get("deletionTimestamp")),
         priority=priority if isinstance(priority, int) else 0,
         created=parse_time(meta.get("creationTimestamp")),
         cpu_milli=cpu,

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from webhook.binder.allocation import Allocation
-from webhook.binder.gangs import Gang, PodGroupInfo, assemble, gang_key
+from webhook.binder.gangs import Gang, PodGroupInfo, assemble, gang_key, is_member
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo
 from webhook.topology.model import NodeState
@@ -24,9 +24,7 @@ from webhook.topology.model import NodeState
 
 def _member_of(pod: PodInfo, scheduler_name: str) -> str | None:
     """The key of the gang `assemble` would put the pod in, or None."""
-    if pod.scheduler_name != scheduler_name or pod.terminated:
-        return None
-    return gang_key(pod)[0]
+    return gang_key(pod)[0] if is_member(pod, scheduler_name) else None
 
 
 class Snapshot:
