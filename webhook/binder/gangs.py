@@ -42,21 +42,21 @@ class Gang:
         return [p for p in self.members if not p.bound and p.assignment_raw is None]
 
     @property
-    def recorded(self) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """Pending members that a bound member's gang-placement record names: pod name ->
-        (node, GPUs) of the slot the gang was placed with."""
-        wanted = {p.name for p in self.pending}
-        slots: dict[str, tuple[str, tuple[int, ...]]] = {}
+    def recorded(self) -> list[tuple[PodInfo, str, tuple[int, ...]]]:
+        """Pending members that a bound member's gang-placement record names, each with the
+        node and GPUs of the slot the gang was placed with."""
+        wanted = {p.name: p for p in self.pending}
+        slots: dict[str, tuple[PodInfo, str, tuple[int, ...]]] = {}
         read: set[int] = set()
-        for pod in self.members:
+        for member in self.members:
             # a placement's members share one record object (pods._record): read each once,
             # or a large gang would cost members x record size per cycle
-            if wanted and pod.bound and pod.placement and id(pod.placement) not in read:
-                read.add(id(pod.placement))
-                for name, node, gpus in pod.placement:
+            if wanted and member.bound and member.placement and id(member.placement) not in read:
+                read.add(id(member.placement))
+                for name, node, gpus in member.placement:
                     if name in wanted:
-                        slots.setdefault(name, (node, gpus))
-        return slots
+                        slots.setdefault(name, (wanted[name], node, gpus))
+        return list(slots.values())
 
     @property
     def priority(self) -> int:

@@ -297,8 +297,7 @@ def _finish_recorded(r: _Round, gang: Gang) -> bool:
     is still free and the pod still fits it; True when there are some. The others are placed
     afresh (the gang has a bound member: it is completed, not released)."""
     finish: list[tuple[PodInfo, GpuAssignment]] = []
-    for name, (node, gpus) in gang.recorded.items():
-        pod = next(p for p in gang.pending if p.name == name)
+    for pod, node, gpus in gang.recorded:
         assignment = _recorded_assignment(r, pod, node, gpus)
         if assignment is not None:
             finish.append((pod, assignment))
