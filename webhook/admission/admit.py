@@ -219,8 +219,8 @@ class Admitter:
             return _Result()
         if strip_ops and self.config.on_user_assignment == "deny":
             return _Result(allowed=False, message=(
-                f"{', '.join(found)} is written only by the Muster binder; "
-                "remove it from the pod"))
+                f"only the Muster binder writes {' and '.join(found)}; "
+                f"remove {'them' if len(found) > 1 else 'it'} from the pod"))
         result = _Result(patch=list(strip_ops))
         for key in found:
             result.warnings.append(f"muster: removed {key}, which only the binder may set")
