@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +33,8 @@ def inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    # `serve --self-signed` keeps its certificates in a temp dir for the user: here, in tmp_path
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     (tmp_path / "empty.yaml").write_text("")
     (tmp_path / "adir").mkdir()
     (tmp_path / "notyaml").write_text("clusters: [unclosed\n")
