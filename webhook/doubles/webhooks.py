@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import inspect
 import json
+import shutil
 import ssl
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -89,7 +90,7 @@ class WebhookServers:
     def __init__(self, certs: TlsCerts) -> None:
         self.certs = certs
         self._runners: list[web.AppRunner] = []
-        self._tmp = Path(tempfile.mkdtemp(prefix="muster-webhook-"))
+        self._tmp: Path | None = None  # the servers' key pair files, removed by `stop`
 
     async def start(self, handler: Handler, path: str = "/mutate") -> TlsWebhook:
         """handler(review) returns the answer (see `admission_response`), sync or async."""
@@ -111,6 +112,8 @@ class WebhookServers:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await runner.setup()
         self._runners.append(runner)
+        if self._tmp is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix="muster-webhook-"))
         site = web.TCPSite(runner, "127.0.0.1", 0,
                            ssl_context=self.certs.server_context(self._tmp))
         await site.start()
@@ -123,3 +126,6 @@ class WebhookServers:
         for runner in self._runners:
             await runner.cleanup()
         self._runners.clear()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
