@@ -307,7 +307,8 @@ class Binder:
         self.last_plan = result
         for place in result.places:
             self._ready_since.setdefault(place.gang.key, now)
-            record, text = place.record, encode_record(place.record)
+            record = place.record
+            text = encode_record(record)
             if len(text) > RECORD_LIMIT:
                 log.warning("gang placement too large to record: a member a crash leaves "
                             "unbound is placed afresh", extra={"gang": place.gang.key,

@@ -217,9 +217,10 @@ def _place_single(
             if best_refused is None or (-pkey[0], -first[0]) > best_refused[:2]:
                 best_refused = (-pkey[0], -first[0], first[1].name)
             continue
-        key = (pkey, min(n.name for _, n in fits))
+        chosen = min((n for _, n in fits), key=lambda n: n.name)
+        key = (pkey, chosen.name)
         if best_key is None or key < best_key:
-            best, best_key = next(n for _, n in fits if n.name == key[1]), key
+            best, best_key = chosen, key
     if best is not None:
         v = views.get(best)
         for m in gpu_members:
