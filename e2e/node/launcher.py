@@ -147,7 +147,8 @@ state = "{d}/containerd/state"
 """)
         (d / "kubelet.yaml").write_text(json.dumps({
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            "cgroupDriver": "cgroupfs", "failSwapOn": False,
+            # this machine kind has cgroup v1: 1.35+ refuse it unless told (KEP-5573)
+            "cgroupDriver": "cgroupfs", "failSwapOn": False, "failCgroupV1": False,
             "containerRuntimeEndpoint": f"unix://{d}/containerd.sock",
             "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
             "authorization": {"mode": "AlwaysAllow"},
@@ -205,7 +206,6 @@ state = "{d}/containerd/state"
         self.start("kubelet", self.bin["kubelet"], "--config", str(d / "kubelet.yaml"),
                    "--kubeconfig", kc, "--node-ip", NODE_IP, "--hostname-override", self.node,
                    "--root-dir", KUBELET_ROOT, "--cert-dir", str(d / "kubelet-pki"),
-                   "--pod-infra-container-image", self.plan["pause_image"],
                    "--node-labels", ",".join(f"{k}={v}" for k, v in
                                               self.plan["node_labels"].items()),
                    "--v=1")

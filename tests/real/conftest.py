@@ -1,6 +1,7 @@
-"""The `real` tier: Muster installed with `helm install` on a real single-node Kubernetes 1.28
-cluster (etcd, kube-apiserver, controller-manager, scheduler, containerd, kubelet, kube-proxy)
-started from `../shared/k8s` or `MUSTER_K8S_BIN` inside namespaces the session creates.
+"""The `real` tier: Muster installed with `helm install` on a real single-node Kubernetes cluster
+(etcd, kube-apiserver, controller-manager, scheduler, containerd, kubelet, kube-proxy) built from
+the Go module proxy at the pinned release (`e2e/node/versions.py`; `MUSTER_K8S_VERSION` picks
+another, `MUSTER_K8S_BIN` takes a user's own binaries) inside namespaces the session creates.
 
 One cluster and one installation serve every test of the session. Each test runs with its thread
 inside the cluster's network namespace (`_in_cluster_network`), so its API clients, helm and

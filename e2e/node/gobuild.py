@@ -1,0 +1,175 @@
+"""Builds the cluster's server binaries from the Go module proxy, at pinned releases, into a cache
+outside the checkout (`~/.cache/muster/<what>/<version>/`, or `$MUSTER_CACHE`).
+
+Nothing upstream is kept in the project: a build module is written at build time into a
+temporary directory, `go build` resolves every module through GOPROXY, and only the binaries
+land in the cache.
+
+- Kubernetes: `k8s.io/kubernetes`'s go.mod replaces each `k8s.io/*` staging module with a
+  local path, so `go install k8s.io/kubernetes/cmd/...@vX.Y.Z` refuses it. Our build module
+  requires `k8s.io/kubernetes vX.Y.Z` and replaces each staging module (read from that go.mod)
+  with its published `v0.Y.Z`. The version is stamped with the same `-X` flags as upstream's
+  `hack/lib/version.sh`, so `/version` and the kubelet report the release.
+- etcd: `go.etcd.io/etcd/server/v3` has no replaces; a build module pins it and builds its
+  `etcdmain`-based command (`go.etcd.io/etcd/server/v3` holds no main, the server is in
+  `go.etcd.io/etcd/v3`, whose go.mod does replace: so the same build-module trick).
+
+Run as `python -m e2e.node.gobuild [kubernetes VERSION | etcd VERSION | all]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from e2e.node.versions import ETCD, KUBERNETES
+
+SERVER_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
+                   "kube-proxy")
+_REPLACE_LINE = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/src/k8s\.io/[\w.-]+\s*$")
+
+
+def cache_root() -> Path:
+    """Where built binaries live: `$MUSTER_CACHE`, else `$XDG_CACHE_HOME/muster`, else
+    `~/.cache/muster`."""
+    if os.environ.get("MUSTER_CACHE"):
+        return Path(os.environ["MUSTER_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "muster"
+
+
+def _go(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 3600
+        ) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["go", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"go {' '.join(args)} failed in {cwd}:\n{done.stderr[-4000:]}")
+    return done
+
+
+def _go_env() -> dict[str, str]:
+    if shutil.which("go") is None:
+        raise RuntimeError("building cluster binaries needs Go (1.26 or newer) on PATH, or set "
+                           "MUSTER_K8S_BIN to a directory of prebuilt binaries")
+    return {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod -trimpath -buildvcs=false",
+            "GOTOOLCHAIN": "local"}
+
+
+def staging_modules(version: str, env: dict[str, str], work: Path) -> list[str]:
+    """The `k8s.io/*` modules that `k8s.io/kubernetes@version` replaces with staging paths."""
+    out = _go(["mod", "download", "-json", f"k8s.io/kubernetes@{version}"], work, env)
+    gomod = Path(json.loads(out.stdout)["GoMod"]).read_text()
+    mods = [m.group(1) for line in gomod.splitlines() if (m := _REPLACE_LINE.match(line))]
+    if not mods:
+        raise RuntimeError(f"k8s.io/kubernetes@{version}'s go.mod names no staging replaces")
+    return mods
+
+
+def kubernetes_build_module(version: str, staging: list[str], go_version: str) -> str:
+    """The go.mod text of our build module for `k8s.io/kubernetes@version`."""
+    staging_version = "v0." + version.removeprefix("v1.")
+    lines = ["module muster.local/k8sbuild", "", f"go {go_version}", "",
+             f"require k8s.io/kubernetes {version}", "", "replace ("]
+    lines += [f"\t{mod} => {mod} {staging_version}" for mod in staging]
+    lines += [")", ""]
+    return "\n".join(lines)
+
+
+def _version_ldflags(version: str) -> str:
+    major, minor = version.removeprefix("v").split(".")[:2]
+    stamp = {"gitVersion": version, "gitMajor": major, "gitMinor": minor,
+             "gitTreeState": "clean", "gitCommit": "0000000000000000000000000000000000000000",
+             "buildDate": "1970-01-01T00:00:00Z"}
+    flags = []
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [f"-X '{pkg}.{k}={v}'" for k, v in stamp.items()]
+    return " ".join(["-s", "-w", *flags])
+
+
+def _module_go_version(version: str, env: dict[str, str], work: Path) -> str:
+    out = _go(["mod", "download", "-json", f"k8s.io/kubernetes@{version}"], work, env)
+    m = re.search(r"^go (\S+)$", Path(json.loads(out.stdout)["GoMod"]).read_text(), re.M)
+    return m.group(1) if m else "1.26"
+
+
+def _install(built: Path, dest: Path, names: tuple[str, ...]) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        tmp = dest / f".{name}.tmp"
+        shutil.copy2(built / name, tmp)
+        tmp.chmod(0o755)
+        tmp.replace(dest / name)
+
+
+def build_kubernetes(version: str = KUBERNETES,
+                     names: tuple[str, ...] = SERVER_BINARIES) -> Path:
+    """The directory holding the server binaries `names` of `version`; those missing are built
+    (once: the cache keeps them)."""
+    dest = cache_root() / "k8s" / version
+    missing = tuple(n for n in names if not (dest / n).exists())
+    if not missing:
+        return dest
+    env = _go_env()
+    with tempfile.TemporaryDirectory(prefix="muster-k8sbuild-") as tmp:
+        work = Path(tmp)
+        (work / "go.mod").write_text("module muster.local/probe\n\ngo 1.26\n")
+        staging = staging_modules(version, env, work)
+        go_version = _module_go_version(version, env, work)
+        (work / "go.mod").write_text(kubernetes_build_module(version, staging, go_version))
+        out = work / "bin"
+        pkgs = [f"k8s.io/kubernetes/cmd/{n}" for n in missing]
+        _go(["build", "-ldflags", _version_ldflags(version), "-o", f"{out}/", *pkgs], work, env)
+        _install(out, dest, missing)
+    return dest
+
+
+def build_etcd(version: str = ETCD) -> Path:
+    """The path of an etcd server binary of `version`, built once."""
+    dest = cache_root() / "etcd" / version
+    if (dest / "etcd").exists():
+        return dest / "etcd"
+    env = _go_env()
+    with tempfile.TemporaryDirectory(prefix="muster-etcdbuild-") as tmp:
+        work = Path(tmp)
+        (work / "go.mod").write_text(
+            f"module muster.local/etcdbuild\n\ngo 1.26\n\n"
+            f"require go.etcd.io/etcd/server/v3 {version}\n")
+        # etcd's own main (go.etcd.io/etcd/v3) replaces its sibling modules by path; the
+        # server module's etcdmain package is the same entry point, so a two-line main does
+        (work / "main.go").write_text(
+            'package main\n\nimport (\n\t"os"\n\n\t"go.etcd.io/etcd/server/v3/etcdmain"\n)\n\n'
+            "func main() { etcdmain.Main(os.Args) }\n")
+        _go(["build", "-ldflags", "-s -w", "-o", str(work / "etcd"), "."], work, env)
+        _install(work, dest, ("etcd",))
+    return dest / "etcd"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.node.gobuild", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=("kubernetes", "etcd", "all"), nargs="?", default="all")
+    parser.add_argument("version", nargs="?", help="a release tag (default: the pinned one)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    try:
+        if args.what in ("kubernetes", "all"):
+            print(build_kubernetes(args.version or KUBERNETES))
+        if args.what in ("etcd", "all"):
+            print(build_etcd(args.version if args.what == "etcd" and args.version else ETCD))
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"done in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
