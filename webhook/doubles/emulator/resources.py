@@ -232,5 +232,5 @@ class Registry:
             paths[f"{base}{ns}/{rt.plural}/{{name}}"] = {"patch": {
                 "operationId": f"patch{rt.kind}", "parameters": params,
                 "x-kubernetes-action": "patch", "x-kubernetes-group-version-kind": gvk}}
-        return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.28.7"},
+        return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.37.2"},
                 "paths": paths, "components": {"schemas": {}}}

@@ -61,10 +61,10 @@ _NO_GENERATION = frozenset({("", "namespaces"), ("", "configmaps"), ("", "secret
 #: pod spec fields an update may change (validation.ValidatePodUpdate)
 _UPDATE_RETRIES = 5
 _POD_MUTABLE_SPEC = ("activeDeadlineSeconds", "tolerations", "schedulingGates")
-#: what it emulates: the Kubernetes of ../shared/k8s, which the real tier runs
-VERSION_INFO = {"major": "1", "minor": "28", "gitVersion": "v1.28.7-muster-emulator",
+#: what it emulates: the newest release the real tier runs (e2e/node/versions.py)
+VERSION_INFO = {"major": "1", "minor": "37", "gitVersion": "v1.37.2-muster-emulator",
                 "gitCommit": "", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
-                "goVersion": "go1.21", "compiler": "gc", "platform": "linux/amd64"}
+                "goVersion": "go1.26", "compiler": "gc", "platform": "linux/amd64"}
 #: PriorityClasses every cluster has (the apiserver creates them at start)
 _SYSTEM_PRIORITIES = {"system-cluster-critical": 2000000000, "system-node-critical": 2000001000}
 
