@@ -103,8 +103,3 @@ def add_value(total: dict[str, tuple[int, bool]], name: str, value: tuple[int, b
         total[name] = (old + nanos * times, old_binary and binary)
     else:
         total[name] = (nanos * times, binary)
-
-
-def add_quantities(total: dict[str, tuple[int, bool]], name: str, text: object,
-                   times: int = 1) -> None:
-    add_value(total, name, parse_quantity(text), times)
