@@ -77,6 +77,9 @@ class PodInfo:
     constraints: Constraints
     #: the init containers that are sidecars (restartPolicy Always): their GPUs stay theirs
     sidecars: frozenset[str] = frozenset()
+    #: spec.schedulingGates is not empty: not to be scheduled yet, as kube-scheduler skips it
+    #: (the API server refuses its Binding); it is scheduled once its last gate is removed
+    gated: bool = False
     gang_name: str | None = None  # from muster.io/gang-name
     pod_group: str | None = None  # from the coscheduling label
     min_member: int | None = None
@@ -253,6 +256,7 @@ def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
         init_containers=len(spec.get("initContainers") or ()),
         constraints=parse_constraints(spec),
         sidecars=frozenset(a.name for a in asks if a.kind == "sidecar"),
+        gated=bool(spec.get("schedulingGates")),
         gang_name=ann.get(keys.ANN_GANG_NAME) or None,
         pod_group=labels.get(keys.COSCHEDULING_GROUP_LABEL) or None,
         min_member=min_member,
