@@ -57,14 +57,24 @@ def parse_quantity(text: object) -> tuple[int, bool]:
     return _parse(str(text))
 
 
+def milli(nanos: int) -> int:
+    """Thousandths of a value, rounded up as the scheduler does (Quantity.MilliValue)."""
+    return -(-nanos // 10**6)
+
+
+def units(nanos: int) -> int:
+    """Whole units of a value (bytes, pods, devices), rounded up (Quantity.Value)."""
+    return -(-nanos // _NANO)
+
+
 def cpu_milli(text: object) -> int:
     """CPU in millicores, rounded up as the scheduler does ("100u" is 1)."""
-    return -(-parse_quantity(text)[0] // 10**6)
+    return milli(parse_quantity(text)[0])
 
 
 def whole(text: object) -> int:
     """Bytes, pods or device counts, rounded up."""
-    return -(-parse_quantity(text)[0] // _NANO)
+    return units(parse_quantity(text)[0])
 
 
 @lru_cache(maxsize=1024)
@@ -84,11 +94,12 @@ def format_quantity(nanos: int, binary: bool) -> str:
     return f"{nanos}n"  # unreachable: every integer is a whole number of nanos
 
 
-def add_quantities(total: dict[str, tuple[int, bool]], name: str, text: object,
-                   times: int = 1) -> None:
-    value, binary = parse_quantity(text)
+def add_value(total: dict[str, tuple[int, bool]], name: str, value: tuple[int, bool],
+              times: int = 1) -> None:
+    """Add a parsed quantity `times` over; the sum keeps a binary suffix only when all do."""
+    nanos, binary = value
     if name in total:
         old, old_binary = total[name]
-        total[name] = (old + value * times, old_binary and binary)
+        total[name] = (old + nanos * times, old_binary and binary)
     else:
-        total[name] = (value * times, binary)
+        total[name] = (nanos * times, binary)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from webhook.admission.admit import _strip_binder_annotations
 from webhook.admission.review import BadReview, parse_pod_review, parse_review
+from webhook.podresources import pod_gpus, pod_requests
 from webhook.policy import PolicySet, evaluate, load_policies, render_patch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,3 +123,19 @@ def test_fixtures_projected(policies: PolicySet, index: int) -> None:
     for owners in ([], [OWNERS[0]]):
         decision, patch = _answer(fast, policies, owners, {})
         assert (decision, patch) == _answer(full, policies, owners, {})
+
+
+def test_the_projection_keeps_what_a_pods_requests_are_counted_from() -> None:
+    """Sidecars (an init container's restartPolicy), pod-level resources and the overhead."""
+    review = json.loads(PODS[0])
+    spec = review["request"]["object"]["spec"]
+    spec["initContainers"] = [{"name": "proxy", "image": "envoy", "restartPolicy": "Always",
+                               "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    spec["resources"] = {"requests": {"cpu": "64", "memory": "1Ti"}}
+    spec["overhead"] = {"cpu": "1", "nvidia.com/gpu": "1"}
+    body = json.dumps(review).encode()
+    full = parse_review(body).request.object
+    fast = parse_pod_review(body).request.object
+    assert full is not None and fast is not None
+    assert pod_requests(fast["spec"]) == pod_requests(full["spec"])
+    assert pod_gpus(fast["spec"]) == pod_gpus(full["spec"]) == 3

@@ -183,6 +183,41 @@ async def test_pod_spec_is_immutable_but_binding_sets_node(kube: KubeApi) -> Non
                                  'pod p is already assigned to node "n1"')
 
 
+async def test_scheduling_gates_may_only_be_removed_and_hold_off_a_binding(
+        kube: KubeApi) -> None:
+    """As kube-apiserver: a gated pod's Binding is refused (409), a gate cannot be added after
+    creation, nor created beside a node name (422)."""
+    gated = pod("g")
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/a"}, {"name": "example.com/b"}]
+    created = await kube.create(PODS, gated, "team-a")
+    with pytest.raises(ApiError) as err:
+        await kube.bind("team-a", "g", "n1", uid=created["metadata"]["uid"])
+    assert (err.value.status, err.value.message) == (
+        409, 'Operation cannot be fulfilled on pods/binding "g": '
+             "pod g has non-empty .spec.schedulingGates")
+    with pytest.raises(ApiError) as err:
+        await kube.patch(PODS, "g", {"spec": {"schedulingGates": [
+            {"name": "example.com/b"}, {"name": "example.com/c"}]}}, "team-a")
+    assert err.value.status == 422
+    assert err.value.body["details"]["causes"] == [{
+        "reason": "FieldValueForbidden", "field": "spec.schedulingGates[1].name",
+        "message": "Forbidden: only deletion is allowed, but found new scheduling gate "
+                   "'example.com/c'"}]
+    one = await kube.patch(PODS, "g", {"spec": {"schedulingGates": [{"name": "example.com/b"}]}},
+                           "team-a")
+    assert one["spec"]["schedulingGates"] == [{"name": "example.com/b"}]
+    await kube.patch(PODS, "g", [{"op": "remove", "path": "/spec/schedulingGates"}], "team-a",
+                     patch_type="json")
+    await kube.bind("team-a", "g", "n1")
+    assert (await kube.get(PODS, "g", "team-a"))["spec"]["nodeName"] == "n1"
+    pinned = pod("h")
+    pinned["spec"].update(nodeName="n1", schedulingGates=[{"name": "example.com/a"}])
+    with pytest.raises(ApiError) as err:
+        await kube.create(PODS, pinned, "team-a")
+    assert err.value.status == 422 and err.value.message.endswith(
+        "spec.nodeName: Forbidden: cannot be set until all schedulingGates have been cleared")
+
+
 async def test_status_subresource_separates_spec_and_status(kube: KubeApi) -> None:
     job = await kube.create(MPIJOBS, {
         "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "j"},

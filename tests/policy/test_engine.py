@@ -193,6 +193,24 @@ def test_min_resources_count_the_higher_priority_replicas_first(
                                               "nvidia.com/gpu": "3"}  # three workers
 
 
+def test_min_resources_count_each_pod_as_the_scheduler_does(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    """A sidecar runs beside the app containers and adds to them; pod-level resources replace
+    the containers' cpu and memory (never GPUs); the larger init container is not added."""
+    mpijob["spec"]["runPolicy"]["schedulingPolicy"] = {"minAvailable": 3}
+    specs = mpijob["spec"]["mpiReplicaSpecs"]
+    specs["Worker"]["template"]["spec"]["initContainers"] = [
+        {"name": "fetch", "resources": {"requests": {"cpu": "4", "memory": "1Gi"}}},
+        {"name": "proxy", "restartPolicy": "Always", "resources": {
+            "requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"nvidia.com/gpu": "1"}}}]
+    specs["Launcher"]["template"]["spec"]["resources"] = {
+        "requests": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"}}
+    d, _ = run(worker_pod, [mpijob], policies(policy("v", "gang:\n  backend: volcano")))
+    assert d.pod_group is not None
+    # launcher (2, 4Gi) + 2 workers of (4 + 1, 16Gi + 1Gi, 1 + 1 GPU)
+    assert d.pod_group.min_resources == {"cpu": "12", "memory": "38Gi", "nvidia.com/gpu": "4"}
+
+
 @pytest.mark.parametrize("backend", ["volcano", "coscheduling"])
 def test_explicit_zeros_on_the_job_are_honoured_as_the_operator_does(
         backend: str, worker_pod: dict[str, Any], mpijob: dict[str, Any],

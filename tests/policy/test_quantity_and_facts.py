@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from webhook.policy.workload import MPIJOB, WorkloadMemo, pod_gpus
-from webhook.quantity import QuantityError, add_quantities, format_quantity, parse_quantity
+from webhook.quantity import QuantityError, add_value, format_quantity, parse_quantity
 
 
 @pytest.mark.parametrize(("text", "canonical"), [
@@ -28,12 +28,12 @@ def test_bad_quantities(bad: object) -> None:
 
 def test_sums_are_exact_and_keep_binary_only_when_all_binary() -> None:
     total: dict[str, tuple[int, bool]] = {}
-    add_quantities(total, "cpu", "500m")
-    add_quantities(total, "cpu", "4", 4)
-    add_quantities(total, "memory", "1Gi")
-    add_quantities(total, "memory", "16Gi", 4)
-    add_quantities(total, "mixed", "1Gi")
-    add_quantities(total, "mixed", "1G")
+    add_value(total, "cpu", parse_quantity("500m"))
+    add_value(total, "cpu", parse_quantity("4"), 4)
+    add_value(total, "memory", parse_quantity("1Gi"))
+    add_value(total, "memory", parse_quantity("16Gi"), 4)
+    add_value(total, "mixed", parse_quantity("1Gi"))
+    add_value(total, "mixed", parse_quantity("1G"))
     assert {k: format_quantity(*v) for k, v in total.items()} == {
         "cpu": "16500m", "memory": "65Gi", "mixed": "2073741824"}
 
@@ -52,6 +52,13 @@ def test_job_facts_memo_follows_resource_version(mpijob: dict[str, Any]) -> None
     changed["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = 2
     assert job_facts(MPIJOB, changed).auto_min_member == 3
     assert first.min_resources(5) == {"cpu": "16500m", "memory": "65Gi", "nvidia.com/gpu": "4"}
+
+
+def test_job_gpus_count_a_sidecars(mpijob: dict[str, Any]) -> None:
+    worker = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    worker["initContainers"] = [{"name": "proxy", "restartPolicy": "Always", "resources": {
+        "limits": {"nvidia.com/gpu": "1"}}}]
+    assert WorkloadMemo().facts(MPIJOB, mpijob).gpus == 4 * 2
 
 
 def _container(limits: Any = None, requests: Any = None) -> dict[str, Any]:

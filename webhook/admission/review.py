@@ -71,11 +71,14 @@ _AnyContainers = list["_Container | _NotObject"] | dict[str, Any] | str | int | 
 
 class _Container(TypedDict, total=False):
     resources: Any
+    restartPolicy: Any  # Always: a sidecar (webhook.podresources)
 
 
 class _PodSpec(TypedDict, total=False):
     containers: _AnyContainers
     initContainers: _AnyContainers
+    resources: Any  # pod-level resources
+    overhead: Any
     schedulerName: Any
     priorityClassName: Any
     tolerations: Any

@@ -5,9 +5,10 @@ construction from a placement."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
+from webhook.podresources import DeviceShortage, GpuAsk, allocate
 from webhook.topology.model import ContainerGpus, GpuAssignment, Topology
 
 
@@ -102,26 +103,25 @@ def uuids_of(topology: Topology | None, indices: Sequence[int]) -> tuple[str, ..
 
 def build_assignment(node: str, topology: Topology | None, gpus: Sequence[int],
                      container_gpus: Sequence[tuple[str, int]],
-                     init_containers: int = 0) -> GpuAssignment:
-    """Give containers GPUs in spec order, as many as their nvidia.com/gpu limit.
+                     init_containers: int = 0, *,
+                     sidecars: Collection[str] = ()) -> GpuAssignment:
+    """Give containers the pod's GPUs as the kubelet's device manager will
+    (`webhook.podresources.allocate`), as many as their nvidia.com/gpu limit.
 
-    The first `init_containers` entries are init containers: they run before the app containers,
-    so each reuses the start of the pod's set instead of consuming its own GPUs.
+    The first `init_containers` entries are init containers, `sidecars` those among them with
+    restartPolicy Always: a container after a finished regular init container reuses its GPUs,
+    never a sidecar's, which keeps them.
     """
-    out: dict[str, ContainerGpus] = {}
-    pos = 0
-    for n, (name, count) in enumerate(container_gpus):
-        if count <= 0:
-            continue
-        start = 0 if n < init_containers else pos
-        chosen = tuple(gpus[start:start + count])
-        if len(chosen) != count:
-            raise AssignmentError(f"container {name!r} needs {count} GPUs, placement has "
-                                  f"{len(gpus)}")
-        out[name] = ContainerGpus(chosen, uuids_of(topology, chosen))
-        if n >= init_containers:
-            pos += count
-    return GpuAssignment(node=node, containers=out)
+    asks = [GpuAsk(name, count, "app" if n >= init_containers
+                   else "sidecar" if name in sidecars else "init")
+            for n, (name, count) in enumerate(container_gpus)]
+    try:
+        chosen = allocate(asks, gpus)
+    except DeviceShortage as exc:
+        raise AssignmentError(str(exc)) from exc
+    return GpuAssignment(node=node, containers={
+        name: ContainerGpus(indices, uuids_of(topology, indices))
+        for name, indices in chosen.items()})
 
 
 def shape_matches(a: GpuAssignment, container_gpus: Sequence[tuple[str, int]]) -> bool:

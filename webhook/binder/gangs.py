@@ -79,8 +79,11 @@ class Gang:
 
 
 def is_member(pod: PodInfo, scheduler_name: str) -> bool:
-    """Whether the pod belongs to a gang of this binder's: ours, alive and not being deleted."""
-    return pod.scheduler_name == scheduler_name and not pod.terminated and not pod.deleting
+    """Whether the pod belongs to a gang of this binder's: ours, alive, not being deleted, and
+    not held by scheduling gates (kube-scheduler keeps a gated pod out of its queue, so a gang
+    plugin never sees it arrive)."""
+    return (pod.scheduler_name == scheduler_name and not pod.terminated and not pod.deleting
+            and not pod.gated)
 
 
 def gang_key(pod: PodInfo) -> tuple[str, str]:

@@ -318,7 +318,7 @@ def _recorded_assignment(r: _Round, pod: PodInfo, node_name: str, gpus: tuple[in
         return None
     try:
         assignment = build_assignment(node_name, node.topology, gpus, pod.container_gpus,
-                                      pod.init_containers)
+                                      pod.init_containers, sidecars=pod.sidecars)
     except AssignmentError:
         return None
     r.states[node_name] = _consume(state, pod, gpus)
@@ -348,7 +348,8 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
         pod = by_key[mp.key]
         node = r.nodes[mp.node]
         assignments.append((pod, build_assignment(mp.node, node.topology, mp.gpus,
-                                                  pod.container_gpus, pod.init_containers)))
+                                                  pod.container_gpus, pod.init_containers,
+                                                  sidecars=pod.sidecars)))
         r.states[mp.node] = _consume(r.states[mp.node], members[mp.key], mp.gpus)
     r.out.places.append(Place(gang, result, tuple(assignments)))
     return False

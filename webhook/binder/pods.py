@@ -11,7 +11,8 @@ from typing import Any
 
 from webhook import keys
 from webhook.binder.assignment import AssignmentError, Record, decode_assignment, decode_record
-from webhook.quantity import QuantityError, cpu_milli, whole
+from webhook.podresources import GPU, gpu_asks, pod_requests
+from webhook.quantity import milli, units
 from webhook.topology.model import GpuAssignment, TopologyRequest
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -69,11 +70,16 @@ class PodInfo:
     created: float  # epoch seconds
     cpu_milli: int
     memory_bytes: int
-    gpus: int  # effective GPU count (max of app sum and any init container)
+    gpus: int  # what the scheduler counts (webhook.podresources.pod_requests)
     #: (container name, GPUs) for init containers then app containers, in spec order
     container_gpus: tuple[tuple[str, int], ...]
     init_containers: int  # how many leading entries of container_gpus are init containers
     constraints: Constraints
+    #: the init containers that are sidecars (restartPolicy Always): their GPUs stay theirs
+    sidecars: frozenset[str] = frozenset()
+    #: spec.schedulingGates is not empty: not to be scheduled yet, as kube-scheduler skips it
+    #: (the API server refuses its Binding); it is scheduled once its last gate is removed
+    gated: bool = False
     gang_name: str | None = None  # from muster.io/gang-name
     pod_group: str | None = None  # from the coscheduling label
     min_member: int | None = None
@@ -104,25 +110,6 @@ def parse_time(value: str | None) -> float:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return 0.0
-
-
-def _requests(container: Mapping[str, Any]) -> tuple[int, int, int]:
-    """(cpu milli, memory bytes, GPUs) of one container; a limit stands in for a missing request
-    (the API server defaults requests to limits)."""
-    res = container.get("resources") or {}
-    requests: Mapping[str, Any] = res.get("requests") or {}
-    limits: Mapping[str, Any] = res.get("limits") or {}
-
-    def pick(name: str) -> Any:
-        return requests.get(name, limits.get(name))
-
-    cpu, mem = pick("cpu"), pick("memory")
-    gpu = limits.get(keys.GPU_RESOURCE, requests.get(keys.GPU_RESOURCE))
-    return (
-        cpu_milli(cpu) if cpu is not None else 0,
-        whole(mem) if mem is not None else 0,
-        whole(gpu) if gpu is not None else 0,
-    )
 
 
 def _requirements(items: Any) -> tuple[Requirement, ...]:
@@ -183,30 +170,13 @@ def _positive_int(text: str, what: str, problems: list[str]) -> int | None:
     return value
 
 
-def _pod_requests(spec: Mapping[str, Any], problems: list[str]
-                  ) -> tuple[int, int, int, list[tuple[str, int]]]:
-    """(CPU milli, memory bytes, GPUs, GPUs per container) the scheduler counts for the pod:
-    the containers' sum or the largest init container, whichever is more, plus the overhead."""
-    cpu = mem = gpus = 0
-    init_cpu = init_mem = init_gpus = 0
-    container_gpus: list[tuple[str, int]] = []
-    try:
-        for c in spec.get("initContainers") or ():
-            c_cpu, c_mem, c_gpu = _requests(c)
-            init_cpu, init_mem, init_gpus = max(init_cpu, c_cpu), max(init_mem, c_mem), max(
-                init_gpus, c_gpu)
-            container_gpus.append((str(c.get("name", "")), c_gpu))
-        for c in spec.get("containers") or ():
-            c_cpu, c_mem, c_gpu = _requests(c)
-            cpu, mem, gpus = cpu + c_cpu, mem + c_mem, gpus + c_gpu
-            container_gpus.append((str(c.get("name", "")), c_gpu))
-        overhead = spec.get("overhead") or {}
-        cpu = max(cpu, init_cpu) + (cpu_milli(overhead["cpu"]) if "cpu" in overhead else 0)
-        mem = max(mem, init_mem) + (whole(overhead["memory"]) if "memory" in overhead else 0)
-        gpus = max(gpus, init_gpus)
-    except QuantityError as exc:
-        problems.append(f"bad resource quantity: {exc}")
-    return cpu, mem, gpus, container_gpus
+def _pod_requests(spec: Mapping[str, Any], problems: list[str]) -> tuple[int, int, int]:
+    """(CPU milli, memory bytes, GPUs) the scheduler counts for the pod, each rounded up once
+    for the pod as the scheduler does (podresources)."""
+    requests = pod_requests(spec, problems)
+    return (milli(requests.get("cpu", (0, False))[0]),
+            units(requests.get("memory", (0, False))[0]),
+            units(requests.get(GPU, (0, False))[0]))
 
 
 def _gang_annotations(ann: Mapping[str, str], problems: list[str]
@@ -242,7 +212,8 @@ def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
     labels: Mapping[str, str] = meta.get("labels") or {}
     ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     problems: list[str] = []
-    cpu, mem, gpus, container_gpus = _pod_requests(spec, problems)
+    cpu, mem, gpus = _pod_requests(spec, problems)
+    asks = gpu_asks(spec)
     min_member, timeout = _gang_annotations(ann, problems)
     topology = None
     if keys.ANN_GPU_TOPOLOGY in ann:
@@ -281,9 +252,11 @@ def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
         cpu_milli=cpu,
         memory_bytes=mem,
         gpus=gpus,
-        container_gpus=tuple(container_gpus),
+        container_gpus=tuple((a.name, a.gpus) for a in asks),
         init_containers=len(spec.get("initContainers") or ()),
         constraints=parse_constraints(spec),
+        sidecars=frozenset(a.name for a in asks if a.kind == "sidecar"),
+        gated=bool(spec.get("schedulingGates")),
         gang_name=ann.get(keys.ANN_GANG_NAME) or None,
         pod_group=labels.get(keys.COSCHEDULING_GROUP_LABEL) or None,
         min_member=min_member,

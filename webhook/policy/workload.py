@@ -18,11 +18,12 @@ from typing import Any
 
 from webhook import keys
 from webhook.lru import Lru
+from webhook.podresources import pod_gpus, pod_requests
 from webhook.policy import podsets
 from webhook.policy.decision import OwnerRef
 from webhook.policy.jsonshape import as_int, as_list, as_map, as_str
 from webhook.policy.podsets import PodSets, Replica
-from webhook.quantity import QuantityError, add_quantities, format_quantity
+from webhook.quantity import add_value, format_quantity
 
 MPIJOB = "kubeflow.org/MPIJob"
 PYTORCHJOB = "kubeflow.org/PyTorchJob"
@@ -113,11 +114,12 @@ class JobFacts:
 
     def min_resources(self, min_member: int, values: tuple[int, ...] | None = None
                       ) -> dict[str, str] | None:
-        """Sum of requests (limits where no request) over the first min_member pods (at least
-        `reserve_members`: a staged job reserves what all its stages need), the
-        replicas of higher PriorityClass value first and, between equals, the launcher or
-        master first: as mpi-operator's calPGMinResource (see docs/policies.md for where
-        its arithmetic differs). `values`: `replica_priorities` (None: every replica equal)."""
+        """Sum of the requests of the first min_member pods (at least `reserve_members`: a
+        staged job reserves what all its stages need), each pod's counted as the scheduler
+        counts it (`podresources.pod_requests`), the replicas of higher PriorityClass value
+        first and, between equals, the launcher or master first: as mpi-operator's
+        calPGMinResource (see docs/policies.md for where its arithmetic differs). `values`:
+        `replica_priorities` (None: every replica equal)."""
         key = (max(min_member, self.reserve_members),
                values if values is not None else (0,) * len(self.replicas))
         if key not in self.min_resources_memo:
@@ -137,14 +139,9 @@ def _sum_resources(replicas: tuple[Replica, ...], min_member: int,
         left -= take
         if take <= 0:
             continue
-        for c in as_list(rep.pod_spec.get("containers")):
-            res = as_map(as_map(c).get("resources"))
-            merged = {**as_map(res.get("limits")), **as_map(res.get("requests"))}
-            for name, qty in merged.items():
-                try:
-                    add_quantities(total, str(name), qty, take)
-                except QuantityError:
-                    continue  # the API server rejects such pods anyway
+        # a bad quantity counts as none: the API server rejects such pods anyway
+        for name, value in pod_requests(rep.pod_spec).items():
+            add_value(total, name, value, take)
     return {k: format_quantity(v, b) for k, (v, b) in sorted(total.items())} or None
 
 
@@ -247,33 +244,6 @@ def _job_facts(kind: str, obj: Mapping[str, Any], inner: Mapping[str, Any] | Non
         scheduling_policy=as_map(as_map(spec.get("runPolicy")).get("schedulingPolicy")),
         queue=queue, priority_class=priority_class, reserve_members=sets.reserve_members,
         outside=sets.outside, notes=sets.notes)
-
-
-def _container_gpus(container: Any) -> int:
-    res = as_map(as_map(container).get("resources"))
-    limits = as_map(res.get("limits"))
-    raw = limits[keys.GPU_RESOURCE] if keys.GPU_RESOURCE in limits else as_map(
-        res.get("requests")).get(keys.GPU_RESOURCE, 0)
-    if type(raw) is int:  # the common case first: no isinstance chain
-        return raw
-    if isinstance(raw, bool) or not isinstance(raw, int | str):
-        return 0
-    try:
-        return int(raw)
-    except ValueError:
-        return 0
-
-
-def pod_gpus(spec: Mapping[str, Any]) -> int:
-    """GPUs a pod asks for: its containers' sum, or its largest init container when more."""
-    main = 0
-    for c in as_list(spec.get("containers")):
-        main += _container_gpus(c)
-    init: int | None = None
-    for c in as_list(spec.get("initContainers")):
-        n = _container_gpus(c)
-        init = n if init is None or n > init else init
-    return max(main, 0 if init is None else init)
 
 
 def chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]

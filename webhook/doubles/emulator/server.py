@@ -886,6 +886,8 @@ class ApiServerEmulator:
             why = f"pod {name} is being deleted, cannot be assigned to a host"
         elif (current.get("spec") or {}).get("nodeName"):
             why = f'pod {name} is already assigned to node "{current["spec"]["nodeName"]}"'
+        elif (current.get("spec") or {}).get("schedulingGates"):
+            why = f"pod {name} has non-empty .spec.schedulingGates"
         if why:
             raise errors.conflict("", "pods/binding", name, why)
         uid = (body.get("metadata") or {}).get("uid")
@@ -1030,14 +1032,26 @@ def _without_seconds(tolerations: Any) -> list[Any]:
             else t for t in tolerations or ()]
 
 
+def _gate_names(pod: dict[str, Any]) -> list[Any]:
+    return [g.get("name") if isinstance(g, dict) else g
+            for g in (pod.get("spec") or {}).get("schedulingGates") or ()]
+
+
 def _check_pod_update(old: dict[str, Any], new: dict[str, Any]) -> None:
     """ValidatePodUpdate: only images and a few fields of a pod's spec may change; tolerations
-    may only be added to."""
+    may only be added to, scheduling gates only removed."""
     kept = _without_seconds((new.get("spec") or {}).get("tolerations"))
     if any(t not in kept for t in _without_seconds((old.get("spec") or {}).get("tolerations"))):
         raise errors.invalid("", "Pod", old["metadata"]["name"], [(
             "spec.tolerations", "FieldValueForbidden",
             "Forbidden: existing toleration can not be modified except its tolerationSeconds")])
+    before = _gate_names(old)
+    added = [(i, g) for i, g in enumerate(_gate_names(new)) if g not in before]
+    if added:
+        raise errors.invalid("", "Pod", old["metadata"]["name"], [(
+            f"spec.schedulingGates[{i}].name", "FieldValueForbidden",
+            f"Forbidden: only deletion is allowed, but found new scheduling gate '{g}'")
+            for i, g in added])
     old_spec, new_spec = dict(old.get("spec") or {}), dict(new.get("spec") or {})
     for spec in (old_spec, new_spec):
         for key in _POD_MUTABLE_SPEC:

@@ -67,8 +67,9 @@ def check_decodable(rt: ResourceType, obj: dict[str, Any]) -> None:
 
 
 def validate_pod(pod: dict[str, Any]) -> None:
-    """422 for a pod without well-formed containers (each with a name). The real server also
-    requires an image; that is left out so that image-less test pods keep working."""
+    """422 for a pod without well-formed containers (each with a name), or with both a node
+    and scheduling gates. The real server also requires an image; that is left out so that
+    image-less test pods keep working."""
     name = str(pod["metadata"].get("name") or pod["metadata"].get("generateName") or "")
     containers = (pod.get("spec") or {}).get("containers")
     if not isinstance(containers, list) or not containers:
@@ -90,6 +91,10 @@ def validate_pod(pod: dict[str, Any]) -> None:
             raise _undecodable(f"spec.containers[{i}].resources", "limits/requests of "
                                "quantities")
     causes = [*_toleration_errors(pod), *_extended_resource_errors(pod)]
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName") and spec.get("schedulingGates"):
+        causes.append(("spec.nodeName", "FieldValueForbidden",
+                       "Forbidden: cannot be set until all schedulingGates have been cleared"))
     if causes:
         raise errors.invalid("", "Pod", name, causes)
 
