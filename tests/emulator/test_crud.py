@@ -190,6 +190,9 @@ async def test_scheduling_gates_may_only_be_removed_and_hold_off_a_binding(
     gated = pod("g")
     gated["spec"]["schedulingGates"] = [{"name": "example.com/a"}, {"name": "example.com/b"}]
     created = await kube.create(PODS, gated, "team-a")
+    cond = created["status"]["conditions"][0]
+    assert (cond["type"], cond["status"], cond["reason"]) == (
+        "PodScheduled", "False", "SchedulingGated")
     with pytest.raises(ApiError) as err:
         await kube.bind("team-a", "g", "n1", uid=created["metadata"]["uid"])
     assert (err.value.status, err.value.message) == (

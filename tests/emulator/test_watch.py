@@ -200,3 +200,37 @@ async def test_deleting_a_crd_deletes_its_objects_with_events(apiserver: ApiServ
     with pytest.raises(ApiError) as err:
         await kube.list(COSCHEDULING_PODGROUPS, "team-a")
     assert err.value.status == 404
+
+
+async def test_a_streaming_list_sends_the_state_then_the_initial_events_end(kube: KubeApi
+                                                                            ) -> None:
+    await kube.create(CONFIGMAPS, cm("a"), "team-a")
+    seen: list[tuple[str, str]] = []
+    async for kind, obj in kube.watch(CONFIGMAPS, "team-a", send_initial_events=True):
+        meta = obj["metadata"]
+        if kind == "BOOKMARK":
+            assert meta["annotations"] == {"k8s.io/initial-events-end": "true"}
+            seen.append((kind, meta["resourceVersion"]))
+            await kube.create(CONFIGMAPS, cm("b"), "team-a")
+            continue
+        seen.append((kind, meta["name"]))
+        if meta["name"] == "b":
+            break
+    rv = seen[1][1]
+    assert seen == [("ADDED", "a"), ("BOOKMARK", rv), ("ADDED", "b")] and int(rv) > 0
+
+
+@pytest.mark.parametrize(("query", "message"), [
+    ({"sendInitialEvents": "true", "allowWatchBookmarks": "true"},
+     "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"),
+    ({"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan"},
+     "sendInitialEvents requires setting allowWatchBookmarks to true"),
+    ({"resourceVersionMatch": "NotOlderThan", "allowWatchBookmarks": "true"},
+     "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"),
+])
+async def test_a_streaming_list_checks_its_options(kube: KubeApi, query: dict[str, str],
+                                                   message: str) -> None:
+    with pytest.raises(ApiError) as err:
+        await kube.request("GET", CONFIGMAPS.path("team-a"),
+                           [("watch", "true"), *query.items()])
+    assert err.value.status == 422 and message in err.value.message

@@ -1,4 +1,8 @@
-"""The emulator against kube-apiserver 1.28: the same checks, run on both backends.
+"""The emulator against the real kube-apiserver: the same checks, run on both backends.
+
+The emulator follows the newest release (`versions.KUBERNETES`); the tier also runs these checks
+on the oldest supported one (`versions.KUBERNETES_OLDEST`), where a check whose answer changed
+between them says so.
 
 Each test states what the real API server does with something Muster writes or relies on, and
 runs once against the emulator and once against the real node's API server. Where the emulator
@@ -8,6 +12,7 @@ the test checks that exact difference, so the document cannot go stale.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +21,7 @@ from typing import Any
 import pytest
 from real_helpers import crd_documents
 
+from e2e.node import versions
 from e2e.node.cluster import NodeCluster
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import (
@@ -72,11 +78,15 @@ async def refused(call: Any) -> ApiError:
     return err.value
 
 
-async def test_version_is_the_one_emulated(api: tuple[str, KubeApi]) -> None:
-    _, kube = api
+async def test_version_is_the_one_built(api: tuple[str, KubeApi]) -> None:
+    """The emulator answers as the newest release; the real server is the release this run
+    built (the newest, or the oldest supported on that pass)."""
+    backend, kube = api
     version = await kube.request("GET", "/version")
-    assert (version["major"], version["minor"]) == ("1", "28")
-    assert version["gitVersion"].startswith("v1.28.7")
+    expected = versions.KUBERNETES if backend == "emulator" else versions.kubernetes()
+    major, minor = expected.removeprefix("v").split(".")[:2]
+    assert (version["major"], version["minor"]) == (major, minor)
+    assert version["gitVersion"].startswith(expected)
 
 
 async def test_dry_run_persists_nothing_and_only_all_is_accepted(api: tuple[str, KubeApi]
@@ -244,3 +254,72 @@ async def test_a_pod_field_typo_under_strict_validation(api: tuple[str, KubeApi]
             in err.message
     else:
         assert (await call)["metadata"]["name"] == "typo"
+
+
+async def test_scheduling_gates_hold_a_pod_until_removed(api: tuple[str, KubeApi]) -> None:
+    """A gated pod is not schedulable: the API server marks it SchedulingGated, refuses a
+    Binding of it and refuses new gates; removing the gates is the one change allowed."""
+    _, kube = api
+    made = await kube.create(PODS, pod("gated", schedulingGates=[{"name": "example.com/hold"}]),
+                             NS)
+    try:
+        cond = next(c for c in made["status"]["conditions"] if c["type"] == "PodScheduled")
+        assert (cond["status"], cond["reason"]) == ("False", "SchedulingGated")
+        err = await refused(kube.bind(NS, "gated", "nowhere", uid=made["metadata"]["uid"]))
+        assert "non-empty .spec.schedulingGates" in err.message
+        made["spec"]["schedulingGates"].append({"name": "example.com/more"})
+        err = await refused(kube.request("PUT", PODS.path(NS, "gated"), body=made))
+        assert err.status == 422 and "only deletion is allowed" in err.message
+        ungated = await kube.patch(PODS, "gated", {"spec": {"schedulingGates": None}}, NS,
+                                   patch_type="strategic")
+        assert not ungated["spec"].get("schedulingGates")
+        await kube.bind(NS, "gated", "nowhere", uid=made["metadata"]["uid"])
+    finally:
+        await kube.delete(PODS, "gated", NS)
+
+
+async def test_a_sidecar_is_an_init_container_that_restarts_always(api: tuple[str, KubeApi]
+                                                                    ) -> None:
+    """Sidecars (GA in 1.33) are kept as written: Muster counts them as the kubelet does
+    (webhook.podresources). 1.34.4 and 1.37.2 also accept `OnFailure` on an init container
+    (container restart rules), a regular init container to Muster."""
+    _, kube = api
+    sidecar = {"name": "side", "image": "busybox", "restartPolicy": "Always",
+               "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    made = await kube.create(PODS, pod("side", initContainers=[sidecar]), NS, dry_run=True)
+    kept = made["spec"]["initContainers"][0]
+    assert kept["restartPolicy"] == "Always"
+    assert kept["resources"]["requests"] == {"nvidia.com/gpu": "1"}
+
+
+async def test_a_watch_list_streams_the_state_then_a_bookmark(api: tuple[str, KubeApi]) -> None:
+    """A streaming list (`sendInitialEvents`, the WatchList feature): every current object as
+    ADDED, then one BOOKMARK annotated `k8s.io/initial-events-end`, then changes."""
+    _, kube = api
+    labelled = {"labels": {"parity": "watch-list"}}
+    await kube.create(PODS, {**pod("wl-a"), "metadata": {"name": "wl-a", **labelled}}, NS)
+    try:
+        seen: list[tuple[str, str]] = []
+        stream = kube.watch(PODS, NS, send_initial_events=True, timeout_seconds=10,
+                            label_selector="parity=watch-list")
+        async with contextlib.aclosing(stream):
+            async for kind, obj in stream:
+                meta = obj.get("metadata") or {}
+                if kind == "BOOKMARK":
+                    assert meta["annotations"] == {"k8s.io/initial-events-end": "true"}
+                    assert int(meta["resourceVersion"]) > 0
+                    seen.append((kind, ""))
+                    await kube.create(PODS, {**pod("wl-b"), "metadata": {
+                        "name": "wl-b", **labelled}}, NS)
+                    continue
+                seen.append((kind, meta["name"]))
+                if meta["name"] == "wl-b":
+                    break
+        assert seen == [("ADDED", "wl-a"), ("BOOKMARK", ""), ("ADDED", "wl-b")]
+        err = await refused(kube.request("GET", PODS.path(NS), [
+            ("watch", "true"), ("sendInitialEvents", "true")]))
+        assert err.status == 422 and "resourceVersionMatch" in err.message
+    finally:
+        for name in ("wl-a", "wl-b"):
+            with contextlib.suppress(ApiError):
+                await kube.delete(PODS, name, NS)

@@ -259,14 +259,19 @@ class KubeApi:
     async def watch(self, resource: Resource, namespace: str | None = None, *,
                     resource_version: str | None = None, label_selector: str | None = None,
                     field_selector: str | None = None, timeout_seconds: int | None = None,
-                    allow_bookmarks: bool = True
+                    allow_bookmarks: bool = True, send_initial_events: bool = False
                     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(type, object) for ADDED / MODIFIED / DELETED / BOOKMARK until the server ends the
         stream; an ERROR event raises ApiError (410 Gone: the resourceVersion is too old).
+        `send_initial_events`: a streaming list (WatchList): the current objects as ADDED, then
+        a BOOKMARK annotated `k8s.io/initial-events-end`, then changes.
         Leaving early? Close it (`contextlib.aclosing`) so the connection goes at once."""
+        streaming = {"sendInitialEvents": True, "resourceVersionMatch": "NotOlderThan"} \
+            if send_initial_events else {}
         query = _query(watch=True, resourceVersion=resource_version,
                        labelSelector=label_selector, fieldSelector=field_selector,
-                       timeoutSeconds=timeout_seconds, allowWatchBookmarks=allow_bookmarks)
+                       timeoutSeconds=timeout_seconds,
+                       allowWatchBookmarks=allow_bookmarks or send_initial_events, **streaming)
         resp = await self._open("GET", resource.path(namespace), query)
         try:
             buf = b""

@@ -4,6 +4,7 @@ built-in admission plugins ServiceAccount, DefaultTolerationSeconds, Priority) a
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import string
 from typing import Any
@@ -105,6 +106,13 @@ def pod_status_on_create(pod: dict[str, Any]) -> None:
     status = pod.setdefault("status", {})
     status.setdefault("phase", "Pending")
     status["qosClass"] = qos_class(pod)
+    if (pod.get("spec") or {}).get("schedulingGates"):
+        # kube-apiserver's pod strategy marks a gated pod, for users and autoscalers
+        status["conditions"] = [{
+            "type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+            "message": "Scheduling is blocked due to non-empty scheduling gates",
+            "lastProbeTime": None, "lastTransitionTime": dt.datetime.now(dt.UTC).strftime(
+                "%Y-%m-%dT%H:%M:%SZ")}]
 
 
 def default_namespace(ns: dict[str, Any]) -> None:

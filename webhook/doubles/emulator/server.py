@@ -83,6 +83,32 @@ def _json(body: Any, status: int = 200, warnings: Iterable[str] = ()) -> web.Res
     return resp
 
 
+def _watch_list(q: Mapping[str, str]) -> bool:
+    """Is this watch a streaming list (sendInitialEvents=true)? Refuses the combinations
+    kube-apiserver's ValidateListOptions refuses for a watch."""
+    initial, match = q.get("sendInitialEvents"), q.get("resourceVersionMatch")
+    causes = []
+    if initial is not None and match != "NotOlderThan":
+        causes.append(("resourceVersionMatch", "FieldValueForbidden",
+                       "Forbidden: sendInitialEvents requires setting resourceVersionMatch to "
+                       "NotOlderThan"))
+    if match:
+        if initial is None:
+            causes.append(("resourceVersionMatch", "FieldValueForbidden",
+                           "Forbidden: resourceVersionMatch is forbidden for watch unless "
+                           "sendInitialEvents is provided"))
+        if match != "NotOlderThan":
+            causes.append(("resourceVersionMatch", "FieldValueNotSupported",
+                           f'Unsupported value: "{match}": supported values: "NotOlderThan"'))
+    if initial is not None and not _truthy(q.get("allowWatchBookmarks")):
+        causes.append(("allowWatchBookmarks", "FieldValueForbidden",
+                       "Forbidden: sendInitialEvents requires setting allowWatchBookmarks to "
+                       "true"))
+    if causes:
+        raise errors.invalid("meta.k8s.io", "ListOptions", "", causes)
+    return _truthy(initial)
+
+
 def _truthy(value: str | None) -> bool:
     return value is not None and value.lower() in ("1", "true")
 
@@ -578,6 +604,9 @@ class ApiServerEmulator:
             raise errors.bad_request(f"invalid resource version: {rv_param}") from exc
         timeout = float(q.get("timeoutSeconds") or 1800)
         bookmarks = _truthy(q.get("allowWatchBookmarks"))
+        streaming = _watch_list(q)
+        if streaming:
+            since = None  # NotOlderThan: the current state is never older than asked
         resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()
         try:
@@ -592,6 +621,11 @@ class ApiServerEmulator:
             await resp.prepare(request)
             if first:
                 await resp.write(b"".join(first))
+            if streaming:
+                await resp.write(dumps({"type": "BOOKMARK", "object": {
+                    "kind": rt.kind, "apiVersion": rt.api_version, "metadata": {
+                        "resourceVersion": str(self.store.rv),
+                        "annotations": {"k8s.io/initial-events-end": "true"}}}}) + b"\n")
             await self._pump(resp, rt, watcher, timeout, bookmarks)
         except (ConnectionResetError, ConnectionError):
             pass
