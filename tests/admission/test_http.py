@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 from admission_helpers import (
+    ALIAS_BOMB,
     POLICIES,
     Tls,
     client,
@@ -157,6 +159,20 @@ async def test_validate_policies_fixtures_are_denied_with_loader_message(
         resp = await review(s, f"{srv.url}/validate/policies", good)
         assert resp == {"uid": good["request"]["uid"], "allowed": True}
 
+
+async def test_validate_policies_refuses_an_alias_bomb_at_once(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    body = load_fixture(shared_dir, "configmap-update-policies.json")
+    body["request"]["object"]["data"] = {"bomb.yaml": ALIAS_BOMB}
+    async with running(tls, [policy_dir]) as srv, client(tls) as s:
+        started = time.perf_counter()
+        resp = await review(s, f"{srv.url}/validate/policies", body)
+        elapsed = time.perf_counter() - started
+    assert resp["allowed"] is False and resp["status"]["code"] == 422
+    assert resp["status"]["message"] == (
+        "invalid Muster policies:\nbomb.yaml:7:14: alias *a0: aliases are not accepted (write "
+        "the value out) (document 1)")
+    assert elapsed < 1.0, elapsed
 
 async def test_probes_and_metrics(tls: Tls, tmp_path: Path, shared_dir: Path) -> None:
     broken = tmp_path / "p"
