@@ -116,6 +116,10 @@ async def _review(
     try:
         review = parse(body)
     except BadReview as exc:
+        # one line, no traceback: a malformed body says nothing about the server
+        metrics.bad_requests.labels(exc.reason).inc()
+        log.warning("malformed admission request refused", extra={
+            "path": request.path, "reason": exc.reason, "error": str(exc)[:200]})
         return _error(400, "not an admission.k8s.io/v1 AdmissionReview request",
                       exc.errors), "bad_request"
     try:

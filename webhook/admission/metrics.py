@@ -82,6 +82,10 @@ class Metrics:
             "muster_admission_fail_open", "Requests admitted without the full decision, by reason "
             "(deadline, error, podgroup, owner: the job's object not read, not_ready)",
             ["reason"], registry=r)
+        self.bad_requests = Counter(
+            "muster_admission_bad_requests", "Requests refused with HTTP 400 (outcome "
+            "bad_request), by reason (invalid_json, not_utf8, too_deep, invalid_review, "
+            "unsupported_version)", ["reason"], registry=r)
         self.reloads = Counter(
             "muster_policy_reloads", "Policy loads from the mounted directory, by result "
             "(success, error)", ["result"], registry=r)
