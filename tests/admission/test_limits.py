@@ -180,3 +180,20 @@ async def test_normal_requests_are_served_under_the_limits(
         answers = await asyncio.gather(*(review(s, f"{srv.url}/mutate/pods", body)
                                          for _ in range(40)))
     assert all(a["allowed"] is True for a in answers)
+
+
+async def test_a_client_leaving_mid_body_is_counted_without_a_traceback(
+        tls: Tls, policy_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async with running(tls, [policy_dir]) as srv:
+        _, writer = await _tls(tls, srv.port)
+        writer.write(_headers(100_000) + b"{" + b" " * 20_000)
+        await asyncio.sleep(0.2)
+        writer.transport.abort()
+        for _ in range(50):
+            if metric(srv, "muster_admission_requests_total", endpoint="mutate",
+                      outcome="disconnected"):
+                break
+            await asyncio.sleep(0.05)
+        assert metric(srv, "muster_admission_requests_total", endpoint="mutate",
+                      outcome="disconnected") == 1
+    assert not [r for r in caplog.records if r.exc_info], caplog.text

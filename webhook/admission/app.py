@@ -44,7 +44,7 @@ class BodyLimits:
     #: seconds a body has to arrive once its headers have, waiting for `in_flight` included
     timeout: float = 10.0
     #: bytes that the bodies being read hold together; the others wait their turn
-    in_flight: int = 32 * MiB
+    in_flight: int = 16 * MiB
 
 
 def _json(status: int, body: dict[str, Any]) -> web.Response:
@@ -143,6 +143,8 @@ class _Bodies:
             resp = _error(408, f"body not received within {limits.timeout:g} s")
             resp.force_close()
             return resp, "body_timeout"
+        except ConnectionError:  # the client went away mid-body: nobody to answer, no traceback
+            return _error(400, "connection lost"), "disconnected"
 
 
 async def _review(

@@ -61,10 +61,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     limits.add_argument("--body-timeout", type=_positive(float), default=10.0,
                         metavar="SECONDS", help="a request body must arrive within this once "
                         "its headers have, or gets HTTP 408 (default 10)")
-    limits.add_argument("--max-inflight-body-bytes", type=_positive(int), default=32 * MiB,
+    limits.add_argument("--max-inflight-body-bytes", type=_positive(int), default=16 * MiB,
                         help="request bodies being read hold at most this many bytes "
                              "together; the others wait, within --body-timeout (default "
-                             "32 MiB)")
+                             "16 MiB)")
     limits.add_argument("--header-timeout", type=_positive(float), default=10.0,
                         metavar="SECONDS", help="a connection must finish its TLS handshake "
                         "and send its first request's headers within this, or is closed "
@@ -72,9 +72,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     limits.add_argument("--idle-timeout", type=_positive(float), default=120.0,
                         metavar="SECONDS", help="an idle kept-alive connection is closed "
                         "after this (default 120: longer than kube-apiserver's own 90)")
-    limits.add_argument("--max-connections", type=_positive(int), default=256,
+    limits.add_argument("--max-connections", type=_positive(int), default=128,
                         help="connections open at once, TLS handshakes included; a new one "
-                             "over it is closed at once (default 256, about 0.25 MiB each)")
+                             "over it is closed at once (default 128; each may hold about "
+                             "0.5 MiB)")
     p.add_argument("--owner-cache-ttl", type=float, default=5.0,
                    help="seconds an owner object (MPIJob, Job...) is reused (default 5)")
     p.add_argument("--podgroup-cleanup-interval", type=float, default=30.0, metavar="SECONDS",

@@ -53,7 +53,7 @@ class _RequestStats(Collector):
         requests = CounterMetricFamily(
             "muster_admission_requests", "Admission requests answered, by endpoint and outcome "
             "(allowed, patched, denied, fail_open, bad_request, too_large, body_timeout, "
-            "unsupported_media)",
+            "disconnected, unsupported_media)",
             labels=["endpoint", "outcome"])
         latency = HistogramMetricFamily(
             "muster_admission_request_duration_seconds", "Time to answer an admission request",

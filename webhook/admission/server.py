@@ -19,7 +19,7 @@ from aiohttp import web
 from webhook import atomicfile
 from webhook.admission.admit import AdmissionConfig, Admitter, ClusterContext, UserAssignment
 from webhook.admission.app import BodyLimits, build_app
-from webhook.admission.limits import ConnectionGuard, GuardedSite
+from webhook.admission.limits import READ_BUFFER, ConnectionGuard, GuardedSite
 from webhook.admission.metrics import Metrics
 from webhook.admission.reload import PolicyStore, refusal_note
 from webhook.admission.tls import CertReloader
@@ -54,8 +54,9 @@ class ServeOptions:
     service_name: str = "muster-webhook"
     namespace: str = "muster-system"
     on_user_assignment: UserAssignment = "strip"
-    #: what one client may hold (docs/webhook.md, "Limits"); the defaults fit the chart's
-    #: 256 MiB memory limit with every connection taken and every body budget byte in use
+    #: what one client may hold (docs/webhook.md, "Limits"); the defaults keep a server with
+    #: large caches (130 MiB) inside the chart's 256 MiB memory limit with every connection
+    #: sending a body and the body budget in use
     max_body_bytes: int = BodyLimits.max_bytes
     body_timeout: float = BodyLimits.timeout
     max_inflight_body_bytes: int = BodyLimits.in_flight
@@ -63,7 +64,7 @@ class ServeOptions:
     #: longer than the 90 s after which kube-apiserver drops an idle connection itself, so a
     #: request never races the server closing the connection it was sent on
     idle_timeout: float = 120.0
-    max_connections: int = 256
+    max_connections: int = 128
     exclude_namespaces: list[str] = field(default_factory=list)
     policies_configmap: str = "muster-policies"
     policy_poll_interval: float = 2.0
@@ -222,7 +223,8 @@ class WebhookServer:
         # of the body is read and dropped this long so that the client sees the answer
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      shutdown_timeout=opts.shutdown_timeout,
-                                     keepalive_timeout=opts.idle_timeout, lingering_time=2.0)
+                                     keepalive_timeout=opts.idle_timeout, lingering_time=2.0,
+                                     read_bufsize=READ_BUFFER)
         await self._runner.setup()
         assert self._runner.server is not None  # (set up)
         guard = ConnectionGuard(self._runner.server, reloader.context,
