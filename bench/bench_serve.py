@@ -137,8 +137,9 @@ def noop_server(port: int, cert: str, key: str, parser: str, patch: str | None =
         return web.Response(text="ok")
 
     # The same server settings as `muster serve` (webhook.admission.server): body limit, TLS
-    # context, runner without access log, listen backlog.
-    app = web.Application(client_max_size=8 * 1024 * 1024)
+    # context, runner without access log, listen backlog. (muster also counts connections and
+    # starts TLS itself, webhook.admission.limits: that is part of what is measured.)
+    app = web.Application(client_max_size=3 * 1024 * 1024)
     app.router.add_post("/mutate/pods", mutate)
     app.router.add_get("/readyz", healthz)
     ctx = server_context()

@@ -42,6 +42,14 @@ spec:
 """
 
 
+#: a policy whose labels expand through aliases to 10**7 leaves ("billion laughs", 600 bytes);
+#: its first alias is at line 7, column 14
+ALIAS_BOMB = (
+    "apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: bomb}\nspec:\n"
+    "  labels:\n    a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"
+    + "".join(f"    a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 7)))
+
+
 @dataclass
 class Tls:
     ca: KeyPair

@@ -5,15 +5,20 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from admission_helpers import (
+    ALIAS_BOMB,
     POLICIES,
     Tls,
     client,
     decode_patch,
     load_fixture,
+    metric,
     review,
     running,
 )
@@ -70,6 +75,31 @@ async def test_http_errors_are_json_and_never_5xx(tls: Tls, policy_dir: Path) ->
             in text
         assert 'outcome="unsupported_media"' in text and 'outcome="too_large"' in text
 
+
+async def test_hostile_bodies_are_400_with_one_log_line_and_a_counted_reason(
+        tls: Tls, policy_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    head = (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u",'
+            b'"kind":{},"resource":{},"operation":"CREATE","object":')
+    bodies = {"too_deep": head + b'{"a":' * 20_000 + b"1" + b"}" * 20_001 + b"}",
+              "not_utf8": head + b'{"metadata":{"name":"\xff"}}}}',
+              "unsupported_version": json.dumps(
+                  {**_plain_pod_review(), "apiVersion": "admission.k8s.io/v1beta1"}).encode()}
+    async with running(tls, [policy_dir]) as srv, client(tls) as s:
+        with caplog.at_level(logging.WARNING):
+            for reason, body in bodies.items():
+                for path in ("/mutate/pods", "/validate/policies"):
+                    async with s.post(f"{srv.url}{path}", data=body,
+                                      headers={"Content-Type": "application/json"}) as r:
+                        assert r.status == 400, reason
+                        details = (await r.json())["details"]
+                    assert len(details) == 1, details
+                assert metric(srv, "muster_admission_bad_requests_total", reason=reason) == 2
+    assert "admissionReviewVersions: [v1]" in details[0]
+    records = [r for r in caplog.records if r.name != "webhook.admission.server"]
+    assert [r.getMessage() for r in records] == ["malformed admission request refused"] * 6
+    assert [r.reason for r in records] == [  # type: ignore[attr-defined]
+        reason for reason in bodies for _ in range(2)]
+    assert all(r.exc_info is None for r in records)
 
 async def test_non_matching_pod_gets_no_patch(tls: Tls, policy_dir: Path) -> None:
     async with running(tls, [policy_dir]) as srv, client(tls) as s:
@@ -157,6 +187,20 @@ async def test_validate_policies_fixtures_are_denied_with_loader_message(
         resp = await review(s, f"{srv.url}/validate/policies", good)
         assert resp == {"uid": good["request"]["uid"], "allowed": True}
 
+
+async def test_validate_policies_refuses_an_alias_bomb_at_once(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    body = load_fixture(shared_dir, "configmap-update-policies.json")
+    body["request"]["object"]["data"] = {"bomb.yaml": ALIAS_BOMB}
+    async with running(tls, [policy_dir]) as srv, client(tls) as s:
+        started = time.perf_counter()
+        resp = await review(s, f"{srv.url}/validate/policies", body)
+        elapsed = time.perf_counter() - started
+    assert resp["allowed"] is False and resp["status"]["code"] == 422
+    assert resp["status"]["message"] == (
+        "invalid Muster policies:\nbomb.yaml:7:14: alias *a0: aliases are not accepted (write "
+        "the value out) (document 1)")
+    assert elapsed < 1.0, elapsed
 
 async def test_probes_and_metrics(tls: Tls, tmp_path: Path, shared_dir: Path) -> None:
     broken = tmp_path / "p"

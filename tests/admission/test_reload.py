@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from admission_helpers import configmap_version
+from admission_helpers import ALIAS_BOMB, configmap_version
 
 from webhook.admission.metrics import Metrics
 from webhook.admission.reload import EVENT_NOTE_LIMIT, PolicyStore, digest, refusal_note
@@ -123,6 +124,20 @@ async def test_a_refused_policy_update_names_every_problem(
     assert refusal_note(refused[0]).splitlines() == [
         "policy update refused, previous policies stay active: 4 problems", *expected]
 
+
+async def test_an_alias_bomb_in_the_configmap_is_refused_at_once(tmp_path: Path) -> None:
+    store = PolicyStore([tmp_path], load_policies, error_types=(PolicyError,),
+                        metrics=Metrics(), count=len)
+    configmap_version(tmp_path, "v1", {"a.yaml": POLICY % "a"})
+    assert await store.reload()
+    good = store.current
+    configmap_version(tmp_path, "v2", {"a.yaml": POLICY % "a", "bomb.yaml": ALIAS_BOMB})
+    started = time.perf_counter()
+    assert not await store.reload()
+    assert time.perf_counter() - started < 1.0
+    assert store.current is good
+    assert store.last_error == (f"{tmp_path / 'bomb.yaml'}:7:14: alias *a0: aliases are not "
+                                "accepted (write the value out) (document 1)")
 
 def test_refusal_note_keeps_whole_problems_and_counts_the_rest() -> None:
     problems = [f"p{i}.yaml:1:1: spec.gang.backend: required field is missing" for i in range(40)]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from webhook.admission.deadline import budget, budget_for_query, parse_go_duration
-from webhook.admission.review import BadReview, parse_review, response
+from webhook.admission.review import BadReview, parse_pod_review, parse_review, response
 
 
 def _fixture(shared_dir: Path, name: str) -> bytes:
@@ -64,11 +65,36 @@ def test_denial_carries_status(shared_dir: Path) -> None:
     assert resp["status"] == {"message": "bad", "code": 422, "status": "Failure"}
 
 
-def test_v1beta1_is_echoed(shared_dir: Path) -> None:
+@pytest.mark.parametrize("parse", [parse_review, parse_pod_review])
+def test_v1beta1_is_refused(shared_dir: Path, parse: Callable[[bytes], object]) -> None:
+    """The webhook configurations declare admissionReviewVersions [v1] only."""
     raw = json.loads(_fixture(shared_dir, "pod-create-worker.json"))
     raw["apiVersion"] = "admission.k8s.io/v1beta1"
-    review = parse_review(json.dumps(raw).encode())
-    assert response(review, allowed=True)["apiVersion"] == "admission.k8s.io/v1beta1"
+    with pytest.raises(BadReview) as info:
+        parse(json.dumps(raw).encode())
+    assert info.value.reason == "unsupported_version"
+    assert info.value.errors == [
+        "apiVersion: only admission.k8s.io/v1 is served (the webhook configuration's "
+        "admissionReviewVersions: [v1]), got 'admission.k8s.io/v1beta1'"]
+
+
+def _nested(depth: int) -> bytes:
+    return (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u",'
+            b'"kind":{},"resource":{},"operation":"CREATE","object":{"metadata":{"labels":'
+            + b'{"a":' * depth + b"1" + b"}" * depth + b"}}}}")
+
+
+@pytest.mark.parametrize("parse", [parse_review, parse_pod_review])
+@pytest.mark.parametrize(("body", "reason", "error"), [
+    (_nested(10_000), "too_deep", "JSON nested too deep"),
+    (_nested(1).replace(b'"u"', b'"\xff"'), "not_utf8", "a string is not UTF-8 (byte 0xff)"),
+    (b"{", "invalid_json", "invalid JSON: Input data was truncated"),
+])
+def test_hostile_bodies_are_bad_reviews_not_crashes(
+        parse: Callable[[bytes], object], body: bytes, reason: str, error: str) -> None:
+    with pytest.raises(BadReview) as info:
+        parse(body)
+    assert (info.value.reason, info.value.errors) == (reason, [error])
 
 
 @pytest.mark.parametrize(("body", "needle"), [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import sys
@@ -620,3 +621,26 @@ def test_install_dry_run_renders_notes() -> None:
     notes = proc.stdout.split("NOTES:", 1)[1]
     assert "Mutating webhook: 0-muster (failurePolicy Ignore, timeout 5s)" in notes
     assert f"Never sent to the webhook: kube-system, {NAMESPACE}, monitoring." in notes
+
+
+def test_webhook_limits_are_serve_flags_with_the_servers_defaults(helm_template: Render) -> None:
+    """values.yaml's webhook.limits are `muster serve`'s defaults (docs/webhook.md, "Limits"),
+    and a large value renders as an integer, not Helm's float notation."""
+    from webhook.admission.server import ServeOptions  # noqa: PLC0415
+    from webhook.cli import build_parser  # noqa: PLC0415
+
+    def serve_options(values: Obj | None) -> argparse.Namespace:
+        args = _container_args(helm_template(values))["muster-webhook/webhook"]
+        return build_parser().parse_args(args)
+
+    ns = serve_options(None)
+    defaults = ServeOptions(policies=[])
+    for flag in ("max_body_bytes", "body_timeout", "max_inflight_body_bytes", "header_timeout",
+                 "idle_timeout", "max_connections"):
+        assert getattr(ns, flag) == getattr(defaults, flag), flag
+    big = {"webhook": {"limits": {
+        "maxBodyBytes": 6291456, "bodyTimeoutSeconds": 2.5, "maxInflightBodyBytes": 268435456,
+        "headerTimeoutSeconds": 5, "idleTimeoutSeconds": 300, "maxConnections": 1024}}}
+    ns = serve_options(big)
+    assert (ns.max_body_bytes, ns.body_timeout, ns.max_inflight_body_bytes, ns.header_timeout,
+            ns.idle_timeout, ns.max_connections) == (6291456, 2.5, 268435456, 5.0, 300.0, 1024)

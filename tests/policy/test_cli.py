@@ -141,3 +141,26 @@ def test_policytest_file_problems_are_one_line_each_with_their_place(
         "or ']' at line 6, column 1 (document 1)",
         f"ERROR {tmp_path}/b.yaml:6:12: spec.expect.polcies: Extra inputs are not permitted "
         "(document 1)"]
+
+
+def test_check_and_test_refuse_aliases_at_their_place(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An alias bomb (10**7 leaves once expanded) is one error line, at once."""
+    rows = ["    a0: &a0 [x, x, x, x, x, x, x, x, x, x]",
+            *(f"    a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 7))]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: b}\n"
+                    "spec:\n  labels:\n" + "\n".join(rows) + "\n")
+    code, out = run(["policy", "check", str(bomb)], capsys)
+    assert code == 1
+    assert out.splitlines()[0] == (
+        f"{bomb}:7:14: alias *a0: aliases are not accepted (write the value out) (document 1)")
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "t.yaml").write_text(
+        "apiVersion: muster.io/v1alpha1\nkind: PolicyTest\nmetadata: {name: t}\nspec:\n"
+        "  pod: &pod {metadata: {name: p}}\n  owners: [*pod]\n")
+    code, out = run(["policy", "test", "-p", str(REPO / "policies"), str(cases)], capsys)
+    assert code == 1
+    assert out.splitlines() == [f"ERROR {cases}/t.yaml:6:12: alias *pod: aliases are not "
+                                "accepted (write the value out) (document 1)"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -12,6 +14,7 @@ from aiohttp import web
 
 from webhook.admission.admit import Admitter
 from webhook.admission.deadline import budget_for_query
+from webhook.admission.limits import BodyBudget
 from webhook.admission.metrics import CONTENT_TYPE_LATEST, Metrics
 from webhook.admission.review import (
     AdmissionReview,
@@ -26,6 +29,22 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ReviewFn = Callable[[AdmissionReview, float], Awaitable[tuple[dict[str, Any], str]]]
 ParseFn = Callable[[bytes], AdmissionReview]
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """How request bodies are read (`muster serve --max-body-bytes --body-timeout
+    --max-inflight-body-bytes`)."""
+
+    #: a larger body gets 413 unread (kube-apiserver's own request limit is 3 MiB; real
+    #: AdmissionReviews stay under 1.5 MiB)
+    max_bytes: int = 3 * MiB
+    #: seconds a body has to arrive once its headers have, waiting for `in_flight` included
+    timeout: float = 10.0
+    #: bytes that the bodies being read hold together; the others wait their turn
+    in_flight: int = 16 * MiB
 
 
 def _json(status: int, body: dict[str, Any]) -> web.Response:
@@ -56,13 +75,14 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
         return _error(400, "request could not be processed")
 
 
-def build_app(admitter: Admitter, metrics: Metrics, max_body_bytes: int) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors_as_json])
+def build_app(admitter: Admitter, metrics: Metrics, limits: BodyLimits) -> web.Application:
+    app = web.Application(client_max_size=limits.max_bytes, middlewares=[_errors_as_json])
+    bodies = _Bodies(limits, BodyBudget(limits.in_flight))
 
     def review_route(endpoint: str, parse: ParseFn, decide: ReviewFn) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
             start = time.perf_counter()
-            resp, outcome = await _review(request, parse, decide, max_body_bytes=max_body_bytes,
+            resp, outcome = await _review(request, parse, decide, bodies=bodies,
                                           margin=admitter.config.deadline_margin, metrics=metrics)
             metrics.observe_request(endpoint, outcome, time.perf_counter() - start)
             return resp
@@ -98,24 +118,53 @@ def build_app(admitter: Admitter, metrics: Metrics, max_body_bytes: int) -> web.
     return app
 
 
+@dataclass(frozen=True, slots=True)
+class _Bodies:
+    limits: BodyLimits
+    budget: BodyBudget
+
+    async def read(self, request: web.Request) -> bytes | tuple[web.Response, str]:
+        """The whole body, or the answer when it is too large or too slow."""
+        limits = self.limits
+        size = request.content_length
+        if size is not None and size > limits.max_bytes:
+            return _error(413, f"body of {size} bytes exceeds the limit of "
+                               f"{limits.max_bytes}"), "too_large"
+        try:
+            if request.content.is_eof():  # all here already (the usual small review)
+                return await request.read()
+            async with asyncio.timeout(limits.timeout), \
+                    self.budget.hold(limits.max_bytes if size is None else size):
+                return await request.read()
+        except web.HTTPRequestEntityTooLarge:  # a chunked body, found too large as it came
+            return _error(413, f"body exceeds the limit of {limits.max_bytes} bytes"), \
+                "too_large"
+        except TimeoutError:
+            resp = _error(408, f"body not received within {limits.timeout:g} s")
+            resp.force_close()
+            return resp, "body_timeout"
+        except ConnectionError:  # the client went away mid-body: nobody to answer, no traceback
+            return _error(400, "connection lost"), "disconnected"
+
+
 async def _review(
-    request: web.Request, parse: ParseFn, decide: ReviewFn, *, max_body_bytes: int,
+    request: web.Request, parse: ParseFn, decide: ReviewFn, *, bodies: _Bodies,
     margin: float, metrics: Metrics,
 ) -> tuple[web.Response, str]:
     content_type = request.headers.get("Content-Type", "")
     if content_type.partition(";")[0].strip().lower() != "application/json":
         return _error(415, f"content type must be application/json, got "
                            f"{content_type!r}"), "unsupported_media"
-    if request.content_length is not None and request.content_length > max_body_bytes:
-        return _error(413, f"body of {request.content_length} bytes exceeds the limit of "
-                           f"{max_body_bytes}"), "too_large"
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return _error(413, f"body exceeds the limit of {max_body_bytes} bytes"), "too_large"
+    body = await bodies.read(request)
+    if not isinstance(body, bytes):
+        return body
     try:
         review = parse(body)
     except BadReview as exc:
+        # one line, no traceback: a malformed body says nothing about the server
+        metrics.bad_requests.labels(exc.reason).inc()
+        log.warning("malformed admission request refused", extra={
+            "path": request.path, "reason": exc.reason, "error": str(exc)[:200]})
         return _error(400, "not an admission.k8s.io/v1 AdmissionReview request",
                       exc.errors), "bad_request"
     try:

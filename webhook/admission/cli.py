@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from webhook.failures import UsageError
+
+MiB = 1024 * 1024
+N = TypeVar("N", int, float)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,8 +52,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--on-user-assignment", choices=["strip", "deny"], default="strip",
                    help="a pod that sets muster.io/gpu-assignment or muster.io/gang-placement "
                         "itself: remove it (default) or deny the pod")
-    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
-                   help="larger requests get HTTP 413 (default 8 MiB)")
+    limits = p.add_argument_group(
+        "limits", "what one client may hold (docs/webhook.md, \"Limits\"); the defaults fit "
+        "a 256 MiB memory limit")
+    limits.add_argument("--max-body-bytes", type=_positive(int), default=3 * MiB,
+                        help="larger requests get HTTP 413 unread (default 3 MiB, "
+                             "kube-apiserver's own request limit)")
+    limits.add_argument("--body-timeout", type=_positive(float), default=10.0,
+                        metavar="SECONDS", help="a request body must arrive within this once "
+                        "its headers have, or gets HTTP 408 (default 10)")
+    limits.add_argument("--max-inflight-body-bytes", type=_positive(int), default=16 * MiB,
+                        help="request bodies being read hold at most this many bytes "
+                             "together; the others wait, within --body-timeout (default "
+                             "16 MiB)")
+    limits.add_argument("--header-timeout", type=_positive(float), default=10.0,
+                        metavar="SECONDS", help="a connection must finish its TLS handshake "
+                        "and send its first request's headers within this, or is closed "
+                        "(default 10)")
+    limits.add_argument("--idle-timeout", type=_positive(float), default=120.0,
+                        metavar="SECONDS", help="an idle kept-alive connection is closed "
+                        "after this (default 120: longer than kube-apiserver's own 90)")
+    limits.add_argument("--max-connections", type=_positive(int), default=128,
+                        help="connections open at once, TLS handshakes included; a new one "
+                             "over it is closed at once (default 128; each may hold about "
+                             "0.5 MiB)")
     p.add_argument("--owner-cache-ttl", type=float, default=5.0,
                    help="seconds an owner object (MPIJob, Job...) is reused (default 5)")
     p.add_argument("--podgroup-cleanup-interval", type=float, default=30.0, metavar="SECONDS",
@@ -85,6 +112,9 @@ def _serve(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig, cert_mode=args.cert_mode,
         service_name=args.service_name, namespace=args.namespace,
         on_user_assignment=args.on_user_assignment, max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout, max_inflight_body_bytes=args.max_inflight_body_bytes,
+        header_timeout=args.header_timeout, idle_timeout=args.idle_timeout,
+        max_connections=args.max_connections,
         exclude_namespaces=args.exclude_namespace, policies_configmap=args.policies_configmap,
         owner_cache_ttl=args.owner_cache_ttl, owner_retry_seconds=args.owner_retry_seconds,
         podgroup_cleanup_interval=args.podgroup_cleanup_interval,
@@ -93,3 +123,14 @@ def _serve(args: argparse.Namespace) -> int:
         cert_wait=60.0 if args.cert_mode == "self" else 0.0)
     asyncio.run(run(opts))
     return 0
+
+
+def _positive(kind: Callable[[str], N]) -> Callable[[str], N]:
+    """An argparse type: a number of `kind` above zero."""
+    def parse(text: str) -> N:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in its "invalid ..." message
+    return parse

@@ -52,7 +52,8 @@ class _RequestStats(Collector):
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
             "muster_admission_requests", "Admission requests answered, by endpoint and outcome "
-            "(allowed, patched, denied, fail_open, bad_request, too_large, unsupported_media)",
+            "(allowed, patched, denied, fail_open, bad_request, too_large, body_timeout, "
+            "disconnected, unsupported_media)",
             labels=["endpoint", "outcome"])
         latency = HistogramMetricFamily(
             "muster_admission_request_duration_seconds", "Time to answer an admission request",
@@ -82,6 +83,18 @@ class Metrics:
             "muster_admission_fail_open", "Requests admitted without the full decision, by reason "
             "(deadline, error, podgroup, owner: the job's object not read, not_ready)",
             ["reason"], registry=r)
+        self.bad_requests = Counter(
+            "muster_admission_bad_requests", "Requests refused with HTTP 400 (outcome "
+            "bad_request), by reason (invalid_json, not_utf8, too_deep, invalid_review, "
+            "unsupported_version)", ["reason"], registry=r)
+        self.connections_closed = Counter(
+            "muster_admission_connections_closed", "Connections the server closed before "
+            "serving them, by reason (limit: over --max-connections; header_timeout: TLS "
+            "handshake and first request headers not done within --header-timeout)",
+            ["reason"], registry=r)
+        self.open_connections = Gauge(
+            "muster_admission_open_connections", "Connections open, TLS handshakes included",
+            registry=r)
         self.reloads = Counter(
             "muster_policy_reloads", "Policy loads from the mounted directory, by result "
             "(success, error)", ["result"], registry=r)

@@ -1,5 +1,8 @@
 """AdmissionReview (admission.k8s.io/v1) as the API server sends and expects it.
 
+Only v1 is served, as the webhook configurations declare (`admissionReviewVersions: [v1]`): a
+v1beta1 review is refused (HTTP 400) rather than answered in a version nobody asked for.
+
 Decoded with msgspec into typed structs: only the fields Muster reads are declared, the others
 are skipped without being built (a newer API server adding fields never turns into a 400). This
 parse is the largest single cost of a request, which is why it is not pydantic here: on the
@@ -45,17 +48,23 @@ class AdmissionRequest(msgspec.Struct, rename="camel"):
 
 
 class AdmissionReview(msgspec.Struct, rename="camel"):
-    api_version: Literal["admission.k8s.io/v1", "admission.k8s.io/v1beta1"]
+    api_version: Literal["admission.k8s.io/v1"]
     kind: Literal["AdmissionReview"]
     request: AdmissionRequest
+
+
+#: why a body is not an AdmissionReview (the `reason` of muster_admission_bad_requests_total)
+BadReason = Literal["invalid_json", "not_utf8", "too_deep", "invalid_review",
+                    "unsupported_version"]
 
 
 class BadReview(ValueError):
     """The body is not an AdmissionReview; `errors` are short human-readable reasons."""
 
-    def __init__(self, errors: Sequence[str]) -> None:
+    def __init__(self, errors: Sequence[str], reason: BadReason = "invalid_review") -> None:
         super().__init__("; ".join(errors))
         self.errors = list(errors)
+        self.reason: BadReason = reason
 
 
 # --- the pod as /mutate/pods reads it -------------------------------------------------------
@@ -117,35 +126,45 @@ class PodAdmissionReview(AdmissionReview, rename="camel"):
 _decode_review = msgspec.json.Decoder(AdmissionReview).decode
 _decode_pod_review = msgspec.json.Decoder(PodAdmissionReview).decode
 _MISSING_FIELD = re.compile(r"^Object missing required field `(.*)`$")
+_BAD_ENUM = re.compile(r"^Invalid enum value (.*)$")
 
 
-def _reason(exc: msgspec.MsgspecError) -> str:
-    """msgspec's message as "field.path: what is wrong" (the path as the API names it)."""
+def _bad(exc: Exception) -> BadReview:
+    """The decoder's error as "field.path: what is wrong" (the path as the API names it)."""
+    if isinstance(exc, UnicodeDecodeError):  # in a string: the JSON is not UTF-8
+        return BadReview([f"a string is not UTF-8 (byte 0x{exc.object[exc.start]:02x})"],
+                         "not_utf8")
+    if isinstance(exc, RecursionError):
+        return BadReview(["JSON nested too deep"], "too_deep")
     if not isinstance(exc, msgspec.ValidationError):  # (a subclass of DecodeError)
-        return f"invalid JSON: {exc}"
+        return BadReview([f"invalid JSON: {exc}"], "invalid_json")
     # e.g. "Expected `str`, got `int` - at `$.request.uid`"
     message, _, at = str(exc).partition(" - at `$")
     path = at.removesuffix("`").removeprefix(".")
     if missing := _MISSING_FIELD.match(message):
         path = f"{path}.{missing[1]}" if path else missing[1]
         message = "field required"
-    return f"{path or '(body)'}: {message}"
+    elif path == "apiVersion" and (got := _BAD_ENUM.match(message)):
+        return BadReview([f"apiVersion: only admission.k8s.io/v1 is served (the webhook "
+                          f"configuration's admissionReviewVersions: [v1]), got {got[1]}"],
+                         "unsupported_version")
+    return BadReview([f"{path or '(body)'}: {message}"])
 
 
 def parse_review(body: bytes) -> AdmissionReview:
     """Parse and validate a request body; raises BadReview with a reason naming the field."""
     try:
         return _decode_review(body)
-    except msgspec.MsgspecError as exc:
-        raise BadReview([_reason(exc)]) from None
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError) as exc:
+        raise _bad(exc) from None
 
 
 def parse_pod_review(body: bytes) -> AdmissionReview:
     """`parse_review` for /mutate/pods: the pod projected to the fields Muster reads."""
     try:
         return _decode_pod_review(body)
-    except msgspec.MsgspecError as exc:
-        raise BadReview([_reason(exc)]) from None
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError) as exc:
+        raise _bad(exc) from None
 
 
 def response(

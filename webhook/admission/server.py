@@ -18,7 +18,8 @@ from aiohttp import web
 
 from webhook import atomicfile
 from webhook.admission.admit import AdmissionConfig, Admitter, ClusterContext, UserAssignment
-from webhook.admission.app import build_app
+from webhook.admission.app import BodyLimits, build_app
+from webhook.admission.limits import READ_BUFFER, ConnectionGuard, GuardedSite
 from webhook.admission.metrics import Metrics
 from webhook.admission.reload import PolicyStore, refusal_note
 from webhook.admission.tls import CertReloader
@@ -53,7 +54,17 @@ class ServeOptions:
     service_name: str = "muster-webhook"
     namespace: str = "muster-system"
     on_user_assignment: UserAssignment = "strip"
-    max_body_bytes: int = 8 * 1024 * 1024
+    #: what one client may hold (docs/webhook.md, "Limits"); the defaults keep a server with
+    #: large caches (130 MiB) inside the chart's 256 MiB memory limit with every connection
+    #: sending a body and the body budget in use
+    max_body_bytes: int = BodyLimits.max_bytes
+    body_timeout: float = BodyLimits.timeout
+    max_inflight_body_bytes: int = BodyLimits.in_flight
+    header_timeout: float = 10.0
+    #: longer than the 90 s after which kube-apiserver drops an idle connection itself, so a
+    #: request never races the server closing the connection it was sent on
+    idle_timeout: float = 120.0
+    max_connections: int = 128
     exclude_namespaces: list[str] = field(default_factory=list)
     policies_configmap: str = "muster-policies"
     policy_poll_interval: float = 2.0
@@ -206,12 +217,21 @@ class WebhookServer:
             AdmissionConfig(opts.on_user_assignment, excluded, opts.deadline_margin,
                             opts.owner_retry_seconds),
             self.policy_store, self.context, self.metrics)
-        app = build_app(self._admitter, self.metrics, opts.max_body_bytes)
+        app = build_app(self._admitter, self.metrics, BodyLimits(
+            opts.max_body_bytes, opts.body_timeout, opts.max_inflight_body_bytes))
+        # lingering: after an answer sent before its body was read (413, 415, 408), the rest
+        # of the body is read and dropped this long so that the client sees the answer
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                     shutdown_timeout=opts.shutdown_timeout)
+                                     shutdown_timeout=opts.shutdown_timeout,
+                                     keepalive_timeout=opts.idle_timeout, lingering_time=2.0,
+                                     read_bufsize=READ_BUFFER)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, opts.host, opts.port, ssl_context=reloader.context,
-                           backlog=1024)
+        assert self._runner.server is not None  # (set up)
+        guard = ConnectionGuard(self._runner.server, reloader.context,
+                                max_connections=opts.max_connections,
+                                header_timeout=opts.header_timeout, metrics=self.metrics)
+        self.metrics.open_connections.set_function(lambda: len(guard.open))
+        site = GuardedSite(self._runner, opts.host, opts.port, guard=guard, backlog=1024)
         await site.start()
         if opts.port == 0:
             self.port = int(self._runner.addresses[0][1])

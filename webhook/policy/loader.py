@@ -27,7 +27,7 @@ from webhook.policy.schema import (
     contradictions,
     parts_of,
 )
-from webhook.policy.yamlpos import Document, YamlProblem, decode, documents
+from webhook.policy.yamlpos import Document, NodeBudget, YamlProblem, decode, documents, read
 
 POLICY_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -45,9 +45,9 @@ def load_policies(paths: Sequence[str | FsPath]) -> PolicySet:
                 for entry in sorted(path.iterdir()):
                     if not entry.name.startswith(".") and entry.suffix in POLICY_SUFFIXES \
                             and entry.is_file():
-                        sources.append((str(entry), entry.read_bytes()))
+                        sources.append((str(entry), read(entry)))
             else:
-                sources.append((str(path), path.read_bytes()))
+                sources.append((str(path), read(path)))
         except OSError as exc:
             issues.append(PolicyIssue(str(path), 0, 0, 0, "", exc.strerror or str(exc)))
     return _build(sources, issues)
@@ -76,12 +76,13 @@ class _Read:
 
 
 def _build(sources: list[tuple[str, bytes]], issues: list[PolicyIssue]) -> PolicySet:
-    read: list[_Read] = []
+    found: list[_Read] = []
+    budget = NodeBudget()
     for name, raw in sources:
-        read.extend(_parse_source(name, raw, issues))
-    issues.extend(_duplicate_names(read))
-    issues.extend(_unstable_selectors(read))
-    loaded = [(r, r.policy) for r in read if r.policy is not None]
+        found.extend(_parse_source(name, raw, budget, issues))
+    issues.extend(_duplicate_names(found))
+    issues.extend(_unstable_selectors(found))
+    loaded = [(r, r.policy) for r in found if r.policy is not None]
     policies = [p for _, p in loaded]
     for c in find_conflicts(policies):
         (a, _), (b, b_policy) = loaded[c.first], loaded[c.second]
@@ -140,14 +141,15 @@ def _origin(file: str, doc: Document) -> str:
     return f"{file}:{doc.value_pos.get((), (1, 1))[0]}"
 
 
-def _parse_source(name: str, raw: bytes, issues: list[PolicyIssue]) -> list[_Read]:
+def _parse_source(name: str, raw: bytes, budget: NodeBudget,
+                  issues: list[PolicyIssue]) -> list[_Read]:
     try:
         text = decode(raw)
     except YamlProblem as exc:
         issues.append(PolicyIssue(name, exc.document, exc.line, exc.column, "", exc.message))
         return []
     out: list[_Read] = []
-    for doc in documents(text):
+    for doc in documents(text, budget):
         if isinstance(doc, YamlProblem):
             issues.append(PolicyIssue(name, doc.document, doc.line, doc.column, "", doc.message))
         elif (checked := _check(name, doc, issues)) is not None:

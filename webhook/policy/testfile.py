@@ -24,7 +24,7 @@ from webhook.policy.engine import evaluate
 from webhook.policy.patch import render_patch
 from webhook.policy.podgroup import podgroup_manifest
 from webhook.policy.policyset import PolicySet
-from webhook.policy.yamlpos import Document, YamlProblem, decode, documents
+from webhook.policy.yamlpos import Document, YamlProblem, decode, documents, read
 
 TEST_KIND = "PolicyTest"
 
@@ -202,7 +202,7 @@ def load_tests(path: Path) -> tuple[list[tuple[PolicyTest, Path]], list[str]]:
     problems: list[str] = []
     for file in files:
         try:
-            for doc in documents(decode(file.read_bytes())):
+            for doc in documents(decode(read(file))):
                 if isinstance(doc, YamlProblem):
                     problems.append(_problem(file, (doc.line, doc.column), doc.document,
                                              doc.message))

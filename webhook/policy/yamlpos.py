@@ -2,6 +2,10 @@
 
 Never raises on any input: undecodable bytes, YAML syntax errors and unsupported tags come back
 as (line, column, message) problems.
+
+Hostile input is refused before it costs anything (security review #24): aliases are refused
+where they appear (a 1.7 KB document whose aliases expand to 10^7 leaves took 1.7 GiB to walk),
+a file holds at most MAX_BYTES bytes, and the files read together at most MAX_NODES nodes.
 """
 
 from __future__ import annotations
@@ -9,12 +13,31 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path as FsPath
+from typing import TYPE_CHECKING, Any
 
 import yaml
+from yaml.composer import Composer, ComposerError
+
+try:
+    from yaml import CSafeLoader as _Base
+except ImportError:  # PyYAML built without libyaml
+    from yaml import SafeLoader as _Base  # type: ignore[assignment]
 
 Path = tuple[str | int, ...]
-_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+#: the largest file read (real policy files are a few KB; a ConfigMap holds at most 1 MiB)
+MAX_BYTES = 256 * 1024
+#: the most YAML nodes (scalars, sequences, mappings) read together (a policy has about 50;
+#: each costs about 1 KB while it is checked)
+MAX_NODES = 20_000
+
+
+@dataclass
+class NodeBudget:
+    """Nodes still allowed: one budget for all the files of a load."""
+
+    nodes: int = MAX_NODES
 
 
 @dataclass
@@ -45,7 +68,15 @@ class YamlProblem(Exception):
         self.line, self.column, self.message, self.document = line, column, message, document
 
 
+def read(path: FsPath) -> bytes:
+    """The file's bytes, no more than one past MAX_BYTES (which `decode` refuses)."""
+    with path.open("rb") as f:
+        return f.read(MAX_BYTES + 1)
+
+
 def decode(raw: bytes) -> str:
+    if len(raw) > MAX_BYTES:
+        raise YamlProblem(0, 0, f"larger than {MAX_BYTES // 1024} KiB, the most a file may hold")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -53,6 +84,48 @@ def decode(raw: bytes) -> str:
         line = before.count(b"\n") + 1
         column = exc.start - (before.rfind(b"\n") + 1) + 1
         raise YamlProblem(line, column, f"not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
+
+
+class _TooLarge(ComposerError):
+    """More nodes than MAX_NODES: the rest of the file is not read."""
+
+
+class _Guard(Composer):
+    """The composer, refusing aliases and counting nodes. Composing never expands an alias
+    (both places share one node), but everything that walks the result does, once per path."""
+
+    budget: NodeBudget
+
+    if TYPE_CHECKING:  # the parser's (libyaml's or PyYAML's), after this class in the MRO
+        def check_event(self, *choices: type[yaml.Event]) -> bool: ...
+        def peek_event(self) -> yaml.Event: ...
+        def get_event(self) -> yaml.Event: ...
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.get_event()
+            assert isinstance(event, yaml.AliasEvent)
+            raise ComposerError(None, None, f"alias *{event.anchor}: aliases are not accepted "
+                                "(write the value out)", _at(event))
+        self.budget.nodes -= 1
+        if self.budget.nodes < 0:
+            raise _TooLarge(None, None, f"more than {MAX_NODES} YAML nodes, the most that "
+                            "are read at once", _at(self.peek_event()))
+        return super().compose_node(parent, index)
+
+
+def _at(event: yaml.Event) -> yaml.Mark:
+    """Where the event starts, as the Mark an error takes (libyaml's events have their own)."""
+    m = event.start_mark
+    return yaml.Mark("", m.index, m.line, m.column, None, 0) if m else yaml.Mark(
+        "", 0, 0, 0, None, 0)
+
+
+class _Loader(_Guard, _Base):
+    def __init__(self, stream: str, budget: NodeBudget) -> None:
+        _Base.__init__(self, stream)
+        Composer.__init__(self)  # (libyaml's loader has a composer of its own, set aside here)
+        self.budget = budget
 
 
 def _mark(node: yaml.Node) -> tuple[int, int]:
@@ -85,28 +158,37 @@ def _walk(doc: Document, node: yaml.Node, path: Path, depth: int = 0) -> None:
             _walk(doc, item, (*path, i), depth + 1)
 
 
-def documents(text: str) -> Iterator[Document | YamlProblem]:
+def documents(text: str, budget: NodeBudget | None = None) -> Iterator[Document | YamlProblem]:
     """Each non-empty YAML document with positions, and a YamlProblem for each document that
     cannot be read. After a syntax error, reading goes on at the next document marker (`---` at
     the start of a line) after the error's cause, so one pass reports every document (up to
-    MAX_SYNTAX_ERRORS: each one costs a pass over the rest of the text)."""
+    MAX_SYNTAX_ERRORS: each one costs a pass over the rest of the text). Reading stops where
+    `budget` (of this text alone when not given) runs out."""
     yield from _not_allowed(text)
     text = _NOT_ALLOWED.sub(" ", text)
     start = start_line = index = 0  # where reading (re)starts; its line; documents read so far
+    budget = budget if budget is not None else NodeBudget()
     for _ in range(MAX_SYNTAX_ERRORS):
         # the lines before `start` left empty: marks keep their lines
         padded = "\n" * start_line + text[start:]
+        loader = _Loader(padded, budget)
         try:
-            for node in yaml.compose_all(padded, Loader=_Loader):
+            while loader.check_node():
+                node = loader.get_node()
                 index += 1
-                read = _document(index, node)
-                if read is not None:
-                    yield read
+                found = _document(index, node)
+                if found is not None:
+                    yield found
+            return
+        except _TooLarge as exc:
+            yield _syntax_problem(exc, padded, index + 1)
             return
         except yaml.MarkedYAMLError as exc:
             problem = _syntax_problem(exc, padded, index + 1)
         except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
             problem = YamlProblem(0, 0, f"cannot read YAML: {exc}", index + 1)
+        finally:
+            loader.dispose()
         yield problem
         index += 1
         resume = _next_document(text, (start, start_line), (problem.line - 1, problem.column - 1))

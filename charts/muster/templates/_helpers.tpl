@@ -117,6 +117,14 @@ capabilities:
 - --namespace={{ .Release.Namespace }}
 - --service-name={{ include "muster.webhook.fullname" . }}
 - --policies-configmap={{ include "muster.policies.fullname" . }}
+{{- with .Values.webhook.limits }}
+- --max-body-bytes={{ int64 .maxBodyBytes }}
+- --body-timeout={{ .bodyTimeoutSeconds }}
+- --max-inflight-body-bytes={{ int64 .maxInflightBodyBytes }}
+- --header-timeout={{ .headerTimeoutSeconds }}
+- --idle-timeout={{ .idleTimeoutSeconds }}
+- --max-connections={{ int64 .maxConnections }}
+{{- end }}
 {{- range .Values.webhook.excludeNamespaces }}
 - --exclude-namespace={{ . }}
 {{- end }}

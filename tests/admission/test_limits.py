@@ -1,0 +1,199 @@
+"""Slow, idle and greedy clients (security review #24): each is cut off or bounded, and normal
+admission requests keep being answered meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from admission_helpers import Tls, client, load_fixture, metric, review, running
+
+from webhook.admission.limits import BodyBudget
+
+Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _tls(tls: Tls, port: int) -> Stream:
+    return await asyncio.open_connection("127.0.0.1", port, ssl=tls.client_context(),
+                                         server_hostname="localhost")
+
+
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> float:
+    """Seconds until the server closes the connection (read to EOF, or reset)."""
+    started = time.perf_counter()
+    try:
+        async with asyncio.timeout(seconds):
+            while await reader.read(65536):
+                pass
+    except (ConnectionError, ssl.SSLError):
+        pass
+    return time.perf_counter() - started
+
+
+def _headers(content_length: int) -> bytes:
+    return (f"POST /mutate/pods?timeout=5s HTTP/1.1\r\nHost: localhost\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {content_length}\r\n\r\n").encode()
+
+
+async def test_a_slow_header_client_is_cut_off_after_the_timeout(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    body = load_fixture(shared_dir, "pod-create-worker.json")
+    async with running(tls, [policy_dir], header_timeout=0.5) as srv, client(tls) as s:
+        # one header byte every 0.1 s: each arrives in time, the headers never do
+        slow_reader, slow = await _tls(tls, srv.port)
+        silent_reader, silent = await asyncio.open_connection("127.0.0.1", srv.port)  # no TLS
+
+        async def trickle() -> None:
+            for byte in _headers(10):
+                slow.write(bytes([byte]))
+                await asyncio.sleep(0.1)
+
+        trickling = asyncio.create_task(trickle())
+        closed = await asyncio.gather(_closed_within(slow_reader, 3.0),
+                                      _closed_within(silent_reader, 3.0))
+        trickling.cancel()
+        assert all(0.3 < t < 1.5 for t in closed), closed
+        assert metric(srv, "muster_admission_connections_closed_total",
+                      reason="header_timeout") == 2
+        # a client that sends its request at once is served, on a connection kept alive
+        for _ in range(2):
+            assert (await review(s, f"{srv.url}/mutate/pods", body))["allowed"] is True
+        await asyncio.sleep(0.8)  # past the header timeout: a served connection stays
+        assert (await review(s, f"{srv.url}/mutate/pods", body))["allowed"] is True
+        for w in (slow, silent):
+            w.close()
+
+
+async def test_an_idle_kept_alive_connection_is_closed(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    body = json.dumps(load_fixture(shared_dir, "pod-create-worker.json")).encode()
+    async with running(tls, [policy_dir], idle_timeout=0.5) as srv:
+        reader, writer = await _tls(tls, srv.port)
+        writer.write(_headers(len(body)) + body)
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        assert 0.3 < await _closed_within(reader, 3.0) < 1.5
+        writer.close()
+
+
+async def test_connections_over_the_cap_are_closed_before_any_tls(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    body = load_fixture(shared_dir, "pod-create-worker.json")
+    async with running(tls, [policy_dir], max_connections=4, header_timeout=30.0) as srv:
+        held = [await _tls(tls, srv.port) for _ in range(4)]
+        await asyncio.sleep(0.1)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            refused = [await asyncio.open_connection("127.0.0.1", srv.port) for _ in range(100)]
+            closed = await asyncio.gather(*(_closed_within(r, 2.0) for r, _ in refused))
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert all(t < 1.0 for t in closed), max(closed)
+        # an accepted TLS connection costs asyncio 256 KiB at once: a refused one nothing
+        assert grown < 2 * 1024 * 1024, grown
+        assert metric(srv, "muster_admission_connections_closed_total", reason="limit") == 100
+        assert metric(srv, "muster_admission_open_connections") == 4
+        for _, writer in (*held, *refused):
+            writer.close()
+        await asyncio.sleep(0.2)  # the held ones are gone: room again
+        async with client(tls) as s:
+            assert (await review(s, f"{srv.url}/mutate/pods", body))["allowed"] is True
+
+
+async def test_an_oversize_body_gets_413_at_once_unread(tls: Tls, policy_dir: Path) -> None:
+    """4 MiB: over the 3 MiB default (kube-apiserver's own limit), under the old 8 MiB."""
+    async with running(tls, [policy_dir]) as srv:
+        reader, writer = await _tls(tls, srv.port)
+        started = time.perf_counter()
+        writer.write(_headers(4 * 1024 * 1024) + b"{" + b" " * 65536)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2.0)
+        assert time.perf_counter() - started < 1.0
+        assert head.startswith(b"HTTP/1.1 413")
+        # what the client still sends is dropped, then the connection is closed
+        assert await _closed_within(reader, 5.0) < 3.0
+        writer.close()
+
+
+async def test_unfinished_bodies_time_out_and_hold_no_more_than_the_budget(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    body = load_fixture(shared_dir, "pod-create-worker.json")
+    async with running(tls, [policy_dir], body_timeout=0.6,
+                       max_inflight_body_bytes=1024 * 1024) as srv, client(tls) as s:
+        # three bodies of 900 KiB, each stopping short: one reads, two wait for the budget
+        stalled = [await _tls(tls, srv.port) for _ in range(3)]
+        started = time.perf_counter()
+        for _, writer in stalled:
+            writer.write(_headers(900 * 1024) + b"{" + b" " * 100_000)
+        await asyncio.sleep(0.2)
+        # a review whose body is all there does not wait for the budget
+        assert (await review(s, f"{srv.url}/mutate/pods", body))["allowed"] is True
+        heads = await asyncio.gather(*(asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 3.0)
+                                       for r, _ in stalled))
+        assert time.perf_counter() - started < 1.5
+        assert all(h.startswith(b"HTTP/1.1 408") for h in heads), heads
+        for _, writer in stalled:
+            writer.close()
+        assert metric(srv, "muster_admission_requests_total", endpoint="mutate",
+                      outcome="body_timeout") == 3
+
+
+async def test_the_body_budget_is_first_come_first_served_and_survives_cancellation() -> None:
+    budget = BodyBudget(10)
+    order: list[str] = []
+
+    async def take(name: str, size: int, hold: float) -> None:
+        async with budget.hold(size):
+            order.append(name)
+            await asyncio.sleep(hold)
+
+    first = asyncio.create_task(take("a", 8, 0.1))
+    await asyncio.sleep(0)
+    big = asyncio.create_task(take("b", 5, 0))
+    small = asyncio.create_task(take("c", 1, 0))  # fits, but waits behind b
+    cancelled = asyncio.create_task(take("d", 4, 0))
+    await asyncio.sleep(0.01)
+    assert (order, budget.free) == (["a"], 2)
+    cancelled.cancel()
+    await asyncio.gather(first, big, small, return_exceptions=True)
+    assert order == ["a", "b", "c"]
+    assert budget.free == 10
+    async with budget.hold(1_000):  # more than the whole budget: counted as all of it
+        assert budget.free == 0
+
+
+@pytest.mark.parametrize("flag", ["max_connections", "header_timeout"])
+async def test_normal_requests_are_served_under_the_limits(
+        tls: Tls, policy_dir: Path, shared_dir: Path, flag: str) -> None:
+    """Many concurrent reviews over a few kept-alive connections: all answered."""
+    body = load_fixture(shared_dir, "pod-create-worker.json")
+    overrides: dict[str, Any] = {"max_connections": 8} if flag == "max_connections" \
+        else {"header_timeout": 0.3}
+    async with running(tls, [policy_dir], **overrides) as srv, client(tls, limit=8) as s:
+        answers = await asyncio.gather(*(review(s, f"{srv.url}/mutate/pods", body)
+                                         for _ in range(40)))
+    assert all(a["allowed"] is True for a in answers)
+
+
+async def test_a_client_leaving_mid_body_is_counted_without_a_traceback(
+        tls: Tls, policy_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async with running(tls, [policy_dir]) as srv:
+        _, writer = await _tls(tls, srv.port)
+        writer.write(_headers(100_000) + b"{" + b" " * 20_000)
+        await asyncio.sleep(0.2)
+        writer.transport.abort()
+        for _ in range(50):
+            if metric(srv, "muster_admission_requests_total", endpoint="mutate",
+                      outcome="disconnected"):
+                break
+            await asyncio.sleep(0.05)
+        assert metric(srv, "muster_admission_requests_total", endpoint="mutate",
+                      outcome="disconnected") == 1
+    assert not [r for r in caplog.records if r.exc_info], caplog.text
