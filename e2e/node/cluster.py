@@ -32,6 +32,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from e2e.node import versions
 from e2e.node.assets import REPO, binaries
 from e2e.node.image import PAUSE, Images
 from e2e.node.launcher import NODE_IP
@@ -79,11 +80,14 @@ def write_pki(pki_dir: Path) -> None:
 class NodeCluster:
     """One node, everything real. Use `with cluster.netns():` around anything that talks to it."""
 
-    def __init__(self, images: Images, node_labels: dict[str, str]) -> None:
+    def __init__(self, images: Images, node_labels: dict[str, str],
+                 version: str | None = None) -> None:
         # short: unix socket paths (containerd, device plugins) must fit in 108 bytes
         self.dir = Path(tempfile.mkdtemp(prefix="muster-k8s-"))
         self.images = images
         self.node_labels = node_labels
+        #: the Kubernetes release it runs (default: this run's, `versions.kubernetes()`)
+        self.version = version or versions.kubernetes()
         self.kubeconfig = self.dir / "admin.kubeconfig"
         self.token = secrets.token_hex(16)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -105,7 +109,8 @@ class NodeCluster:
                                                              "user": "admin"}}]}))
         plan = self.dir / "plan.json"
         plan.write_text(json.dumps({
-            "dir": str(self.dir), "binaries": {k: str(v) for k, v in binaries().items()},
+            "dir": str(self.dir),
+            "binaries": {k: str(v) for k, v in binaries(self.version).items()},
             "node_name": NODE_NAME, "node_labels": self.node_labels, "token": self.token,
             "pause_image": PAUSE,
             "images": [str(self.images.pause), str(self.images.muster)]}))
