@@ -1,7 +1,7 @@
 """Names Muster owns or reads: the contract between webhook, binder and node agent.
 
 Every component imports these instead of spelling the strings, so a rename is one edit.
-See ../shared/DESIGN.md ("Keys Muster owns") and docs/architecture.md.
+See docs/design.md ("Keys Muster owns") and docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ LABEL_GPU_ALLOCATION_ACK = "muster.io/gpu-allocation-ack"
 DEFAULT_BINDER_SCHEDULER_NAME = "muster-binder"
 GPU_RESOURCE = "nvidia.com/gpu"
 
-# --- upstream keys (reference facts in DESIGN.md) --------------------------------------------
+# --- upstream keys (reference facts in docs/design.md) --------------------------------------------
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"

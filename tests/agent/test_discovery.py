@@ -19,11 +19,20 @@ from webhook.topology.model import PCIeLevel
 
 
 def design_matrix(shared_dir: Path) -> list[list[int]]:
-    """The DGX-1 V100 NVLink matrix as DESIGN.md writes it (independent of the fake's copy)."""
-    text = (shared_dir / "DESIGN.md").read_text()
-    rows = re.findall(r"^\s+([0-7])((?:\s+[-0-9]){8})\s*$", text, re.M)
+    """The DGX-1 V100 NVLink matrix as the shared reference writes it (independent of the
+    fake's copy)."""
+    return _matrix_in((shared_dir / "DESIGN.md").read_text())
+
+
+def _matrix_in(text: str) -> list[list[int]]:
+    rows = re.findall(r"^\s*([0-7])((?:\s+[-0-9]){8})\s*$", text, re.M)
     assert len(rows) == 8
     return [[0 if c == "-" else int(c) for c in cells.split()] for _, cells in rows]
+
+
+def test_the_docs_copy_of_the_matrix_is_the_reference(shared_dir: Path) -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "design.md"
+    assert _matrix_in(docs.read_text()) == design_matrix(shared_dir)
 
 
 def test_dgx1_v100_matches_reference_facts(shared_dir: Path) -> None:

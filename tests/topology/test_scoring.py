@@ -30,7 +30,7 @@ def test_known_bus_bandwidths() -> None:
     assert allreduce_gbps(v, m(*range(8))) == 150.0  # three rings each way x 25 GB/s
     assert ring_gbps(v, m(*range(8))) == 50.0  # the double-link ring 0-3-2-1-5-6-7-4
     assert allreduce_gbps(v, m(0, 1, 2, 3)) == 100.0
-    assert allreduce_gbps(v, m(0, 2, 3, 4, 7)) == 50.0  # DESIGN.md's example
+    assert allreduce_gbps(v, m(0, 2, 3, 4, 7)) == 50.0  # docs/design.md's example
     assert allreduce_gbps(v, m(0, 1, 2, 3, 4)) == 6.0  # no NVLink ring: one PCIe ring over SYS
     assert not has_nvlink_ring(v, m(0, 1, 2, 3, 4)) and has_nvlink_ring(v, m(0, 2, 3, 4, 7))
     assert allreduce_gbps(v, m(0, 3)) == 50.0 and allreduce_gbps(v, m(0, 5)) == 6.0

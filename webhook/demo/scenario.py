@@ -1,4 +1,4 @@
-"""The embedded default that `muster demo` runs: the reference scenario of DESIGN.md.
+"""The embedded default that `muster demo` runs: the reference scenario of docs/design.md.
 
 Two DGX-1 V100 nodes (8 GPUs each) and the Alibaba ACK benchmark's MPIJob (TensorFlow +
 Horovod, 4 workers x 1 GPU plus a launcher), submitted twice in a namespace whose policy asks for

@@ -15,7 +15,7 @@ from webhook.topology.model import GPU, PCIeLevel, Topology
 
 _UUID_NS = uuid.UUID("6f1d3c2e-5b1a-4c59-9d0e-6d7573746572")
 
-#: DGX-1 V100 hybrid cube-mesh, NVLink 2.0: links between GPU i and j (DESIGN.md, "Reference
+#: DGX-1 V100 hybrid cube-mesh, NVLink 2.0: links between GPU i and j (docs/design.md, "Reference
 #: facts")
 DGX1_V100_NVLINKS = (
     (0, 1, 1, 2, 2, 0, 0, 0),

@@ -3,7 +3,7 @@
 Figures are GB/s. The headline figure, `allreduce_gbps`, is NCCL's "bus bandwidth" of a ring
 allreduce: rings ("channels") are packed into the NVLink links as NCCL does, every link is full
 duplex so each ring also runs reversed, and a ring's speed is its slowest hop. Without an NVLink
-ring the set falls back to one ring over PCIe, as fast as its slowest PCIe hop. The DESIGN.md
+ring the set falls back to one ring over PCIe, as fast as its slowest PCIe hop. The docs/design.md
 example holds: on a DGX-1 V100, {0,2,3,4,7} has one NVLink ring, 2 x 25 = 50 GB/s.
 
 Sets are bitmasks over GPU indices. Functions here are pure and uncached;

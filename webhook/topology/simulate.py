@@ -300,7 +300,7 @@ def _sensitivity(s: Scenario, muster: Placed, regular: Placed) -> tuple[Sensitiv
     return tuple(rows)
 
 
-#: Alibaba ACK's published benchmark (DESIGN.md): img/s with topology-aware placement (all 4
+#: Alibaba ACK's published benchmark (docs/design.md): img/s with topology-aware placement (all 4
 #: workers on one node) and with regular scheduling (2 + 2 over TCP). Used only to check.
 REFERENCE: Mapping[str, tuple[float, float]] = {
     "vgg16": (991.92, 200.47),
