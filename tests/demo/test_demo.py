@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from webhook.demo import EXAMPLE_POLICIES
 from webhook.demo.report import format_result
 from webhook.demo.run import DemoResult, Progress, run_demo
 from webhook.topology import builtin, set_score
@@ -18,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 async def _run() -> DemoResult:
     lines: list[str] = []
-    result = await run_demo([REPO / "policies"], Progress(lines.append, tty=False))
+    result = await run_demo([EXAMPLE_POLICIES], Progress(lines.append, tty=False))
     assert len([line for line in lines if " ok (" in line]) == 7, lines
     return result
 
@@ -67,8 +68,9 @@ async def test_coscheduling_job_gets_its_podgroup_and_launchers_opt_out_of_istio
     assert "the model's error against it: vgg16 Muster " in text
 
 
-def test_cli_prints_json_and_exits_zero() -> None:
-    proc = subprocess.run([sys.executable, "-m", "webhook", "demo", "--json"], cwd=REPO,
+def test_cli_prints_json_and_exits_zero_outside_the_repository(tmp_path: Path) -> None:
+    """The shipped policies are package data: the default needs no checkout in the cwd."""
+    proc = subprocess.run([sys.executable, "-m", "webhook", "demo", "--json"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)

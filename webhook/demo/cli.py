@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from webhook.demo import EXAMPLE_POLICIES
 from webhook.failures import CommandFailed
 
 
@@ -18,8 +19,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "with two DGX-1 V100 nodes, the admission webhook over HTTPS, the binder and a node agent "
         "per node, then prints what each pod received, where it was placed and the modelled "
         "throughput against regular scheduling.")
-    p.add_argument("--policies", type=Path, nargs="+", default=[Path("policies")],
-                   metavar="DIR|FILE", help="policies to apply (default: the shipped examples)")
+    p.add_argument("--policies", type=Path, nargs="+", default=[EXAMPLE_POLICIES],
+                   metavar="DIR|FILE", help="policies to apply (default: the shipped examples, "
+                   f"{EXAMPLE_POLICIES})")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     p.set_defaults(func=_run)
 
@@ -38,8 +40,7 @@ def _run(args: argparse.Namespace) -> int:
 
     missing = [str(p) for p in args.policies if not p.exists()]
     if missing:
-        print(f"muster demo: no such policy path: {', '.join(missing)} (run it from the "
-              "repository root, or pass --policies)", file=sys.stderr)
+        print(f"muster demo: no such policy path: {', '.join(missing)}", file=sys.stderr)
         return 2
     if args.log_level == "info":  # the components' info logs would drown the progress lines
         logging.getLogger().setLevel(logging.WARNING)

@@ -3,7 +3,7 @@
 Two DGX-1 V100 nodes (8 GPUs each) and the Alibaba ACK benchmark's MPIJob (TensorFlow +
 Horovod, 4 workers x 1 GPU plus a launcher), submitted twice in a namespace whose policy asks for
 topology-aware placement and once in a namespace whose policy uses the coscheduling plugin (the
-shipped examples in policies/).
+shipped examples in webhook/demo/policies/).
 """
 
 from __future__ import annotations
