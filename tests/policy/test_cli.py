@@ -111,6 +111,7 @@ def test_pod_mode_prints_decision_patch_and_mutated_pod(
     # the worker leaves Istio's ambient data plane with its launcher (istio-optout-mpi-jobs)
     assert '"path": "/metadata/labels/istio.io~1dataplane-mode"' in out
     assert "    istio.io/dataplane-mode: none\n" in out
+    assert "  mpi-volcano: gang.backend overridden by mpi-topology (higher precedence)\n" in out
     assert "idempotent" in out
 
 
@@ -129,6 +130,19 @@ def test_explain_lists_every_condition(capsys: pytest.CaptureFixture[str]) -> No
     assert code == 0
     assert "checked at admission against the cluster's Queues" in out
     assert "queue 'default' instead (gang.unavailableQueue)" in out
+    assert "overridden" not in out  # mpi-topology does not match: nothing to override
+
+
+def test_explain_says_which_policy_overrides_which(capsys: pytest.CaptureFixture[str]) -> None:
+    """The override comes from `evaluate`, the Decision admission applies."""
+    objects = EXAMPLE_POLICIES / "tests/objects"
+    code, out = run(["policy", "explain", "-p", str(EXAMPLE_POLICIES),
+                     "--namespace-labels", "muster.io/gpu-topology=enabled",
+                     "--owner", str(objects / "mpijob-team-a.yaml"),
+                     str(objects / "worker-team-a.yaml")], capsys)
+    assert code == 0
+    assert "MATCH  mpi-topology" in out and "MATCH  mpi-volcano" in out
+    assert "\n  mpi-volcano: gang.backend overridden by mpi-topology (higher precedence)\n" in out
 
 
 def test_policytest_file_problems_are_one_line_each_with_their_place(
