@@ -53,6 +53,7 @@ sys.path.insert(0, str(REPO))
 from bench_serve import free_port, local_tls, process, wait_ready  # noqa: E402
 
 from webhook.admission.server import ServeOptions  # noqa: E402
+from webhook.demo import EXAMPLE_POLICIES  # noqa: E402
 from webhook.quantity import whole  # noqa: E402
 
 FIXTURES = REPO.parent / "shared" / "fixtures" / "admission"
@@ -373,7 +374,7 @@ async def bench(args: argparse.Namespace, work: Path) -> int:
     port = free_port()
     url = f"https://{HOST}:{port}"
     serve = [sys.executable, "-m", "webhook", "--log-level", "error", "serve", "--host", HOST,
-             "--port", str(port), "--policies", str(REPO / "policies"), "--tls-cert-file",
+             "--port", str(port), "--policies", str(EXAMPLE_POLICIES), "--tls-cert-file",
              str(work / "tls.crt"), "--tls-key-file", str(work / "tls.key")]
     body = (FIXTURES / "pod-create-worker.json").read_bytes()
     limit = memory_limit_mib()

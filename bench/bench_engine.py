@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 sys.path.insert(0, str(REPO))
 
+from webhook.demo import EXAMPLE_POLICIES  # noqa: E402
 from webhook.policy import (  # noqa: E402 (runnable without installing the package)
     PolicySet,
     load_policy_texts,
@@ -53,7 +54,7 @@ def _doc(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def realistic() -> PolicySet:
-    texts = {p.name: p.read_text() for p in (REPO / "policies").glob("*.yaml")}
+    texts = {p.name: p.read_text() for p in EXAMPLE_POLICIES.glob("*.yaml")}
     docs = []
     for i in range(50 - len(load_policy_texts(texts))):
         backend = ("volcano", "coscheduling", "muster")[i % 3]
@@ -103,7 +104,7 @@ def main() -> int:
 
     raw = (SHARED / "fixtures/admission/pod-create-worker.json").read_bytes()
     pod = json.loads(raw)["request"]["object"]
-    mpijob = yaml.safe_load((REPO / "policies/tests/objects/mpijob-team-a.yaml").read_text())
+    mpijob = yaml.safe_load((EXAMPLE_POLICIES / "tests/objects/mpijob-team-a.yaml").read_text())
     results: dict[str, list[float]] = {"json.loads": []}
     sets = {"realistic": realistic(), "adversarial": adversarial()}
 

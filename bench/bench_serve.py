@@ -55,6 +55,7 @@ sys.path.insert(0, str(REPO))
 
 from webhook.admission.tls import server_context  # noqa: E402
 from webhook.certs import generate_ca, issue_serving_cert, write_pair  # noqa: E402
+from webhook.demo import EXAMPLE_POLICIES  # noqa: E402
 
 FIXTURES = REPO.parent / "shared" / "fixtures"
 EXTRA_POLICY = """\
@@ -394,7 +395,7 @@ def main() -> int:
         work = Path(tmp)
         cafile = local_tls(work)
         policies = work / "policies"
-        shutil.copytree(REPO / "policies", policies,
+        shutil.copytree(EXAMPLE_POLICIES, policies,
                         ignore=shutil.ignore_patterns("tests", "*.md"))
         for i in range(40):
             (policies / f"generated-{i:02d}.yaml").write_text(EXTRA_POLICY.format(i=i))

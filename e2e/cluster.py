@@ -32,6 +32,7 @@ from e2e.probes import eventually, open_volcano_queues
 from e2e.procs import REPO, Proc, https_ok, wait_for
 from e2e.projection import project
 from webhook import keys
+from webhook.demo import EXAMPLE_POLICIES
 from webhook.kube import (
     NAMESPACES,
     NODES,
@@ -188,7 +189,7 @@ class LocalCluster:
                        capture_output=True)
 
     async def start(self) -> None:
-        values = chart_values(REPO / "policies")
+        values = chart_values(EXAMPLE_POLICIES)
         emulator = Proc("apiserver", [
             "--kubeconfig", str(self.kubeconfig), "--crds", str(self.shared / "crds"),
             "--service-host", f"{NAMESPACE}/{RELEASE}-webhook=127.0.0.1:{self.webhook_port}"],
@@ -265,7 +266,7 @@ class RealCluster:
 
     async def start(self) -> None:
         values = self.tmp / "values.yaml"
-        values.write_text(yaml.safe_dump(chart_values(REPO / "policies")))
+        values.write_text(yaml.safe_dump(chart_values(EXAMPLE_POLICIES)))
         await asyncio.to_thread(
             subprocess.run, [helm(), "upgrade", "--install", RELEASE,
                              str(REPO / "charts" / "muster"), "--namespace", NAMESPACE,

@@ -26,9 +26,8 @@ from e2e.cluster import (
     namespace,
 )
 from e2e.probes import EXTRA_POLICY, eventually, pods_of, probe_labels
-from e2e.procs import REPO
 from webhook import keys
-from webhook.demo import mpi
+from webhook.demo import EXAMPLE_POLICIES, mpi
 from webhook.kube import (
     CONFIGMAPS,
     COSCHEDULING_PODGROUPS,
@@ -241,7 +240,7 @@ async def test_helm_upgrade_changes_policies_without_a_restart(cluster: Cluster)
     assert "cost-center" not in await probe_labels(kube, "team-d")
     webhook = cluster.procs["webhook"].popen if isinstance(cluster, LocalCluster) else None
 
-    values = chart_values(REPO / "policies")
+    values = chart_values(EXAMPLE_POLICIES)
     values["policies"]["team-d.yaml"] = EXTRA_POLICY.replace("team-c", "team-d")
     await cluster.helm_upgrade(values)
 

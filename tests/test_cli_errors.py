@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from webhook.cli import build_parser, main
+from webhook.demo import EXAMPLE_POLICIES
 
 REPO = Path(__file__).resolve().parents[1]
-POLICIES = str(REPO / "policies")
+POLICIES = str(EXAMPLE_POLICIES)
 CLOSED_PORT_KUBECONFIG = """\
 apiVersion: v1
 kind: Config

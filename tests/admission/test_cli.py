@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from webhook.demo import EXAMPLE_POLICIES
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -27,7 +29,7 @@ def test_serve_self_signed_as_a_process(tmp_path: Path, shared_dir: Path) -> Non
     certs = tmp_path / "certs"
     proc = subprocess.Popen(
         [sys.executable, "-m", "webhook", "--log-json", "serve", "--self-signed",
-         "--self-signed-dir", str(certs), "--policies", str(REPO / "policies"),
+         "--self-signed-dir", str(certs), "--policies", str(EXAMPLE_POLICIES),
          "--host", "127.0.0.1", "--port", str(port)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -122,6 +122,19 @@ async def test_launcher_without_cluster(tls: Tls, policy_dir: Path, shared_dir: 
     assert any("MPIJob" in w for w in resp["warnings"]), resp["warnings"]
 
 
+async def test_the_audit_log_says_which_policy_overrode_which(tls: Tls, policy_dir: Path,
+                                                                shared_dir: Path) -> None:
+    (policy_dir / "ambient.yaml").write_text(
+        "apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: ambient}\n"
+        "spec: {priority: 5, istio: {optOut: ambient}}\n")
+    body = load_fixture(shared_dir, "pod-create-launcher-generatename.json")
+    async with running(tls, [policy_dir]) as srv, client(tls) as s:
+        resp = await review(s, f"{srv.url}/mutate/pods", body)
+    assert resp["auditAnnotations"] == {
+        "policy": "ambient,mpi-volcano",
+        "overridden": "mpi-volcano: istio.optOut overridden by ambient (higher precedence)"}
+
+
 async def test_user_gpu_assignment_is_stripped_or_denied(tls: Tls, policy_dir: Path) -> None:
     body = _plain_pod_review()
     body["request"]["object"]["metadata"]["annotations"] = {

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from webhook.admission.admit import _strip_binder_annotations
 from webhook.admission.review import BadReview, parse_pod_review, parse_review
+from webhook.demo import EXAMPLE_POLICIES
 from webhook.podresources import pod_gpus, pod_requests
 from webhook.policy import PolicySet, evaluate, load_policies, render_patch
 
@@ -23,7 +24,7 @@ FIXTURES = REPO.parent / "shared" / "fixtures" / "admission"
 PODS = [(FIXTURES / name).read_bytes() for name in (
     "pod-create-worker.json", "pod-create-worker-dryrun.json",
     "pod-create-launcher-generatename.json")]
-OBJECTS = REPO / "policies" / "tests" / "objects"
+OBJECTS = EXAMPLE_POLICIES / "tests/objects"
 OWNERS = [yaml.safe_load((OBJECTS / name).read_text()) for name in (
     "mpijob-team-a.yaml", "mpijob-team-b.yaml", "launcher-job.yaml", "batch-job.yaml")]
 
@@ -61,7 +62,7 @@ def _mutated(data: st.DataObject, raw: bytes) -> Any:
 
 @pytest.fixture(scope="module")
 def policies() -> PolicySet:
-    return load_policies([REPO / "policies"])
+    return load_policies([EXAMPLE_POLICIES])
 
 
 def _answer(pod: dict[str, Any], policies: PolicySet, owners: list[dict[str, Any]],

@@ -18,9 +18,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from webhook.demo import EXAMPLE_POLICIES
+
 sys.path.insert(0, str(Path(__file__).parent))
 
-from chart_helpers import NAMESPACE, REPO, Obj, hook, one, run_cert_hook
+from chart_helpers import NAMESPACE, Obj, hook, one, run_cert_hook
 
 from webhook.admission.server import ServeOptions, WebhookServer
 from webhook.certs import pki
@@ -67,7 +69,7 @@ async def _wait_ready(port: int) -> None:
 async def test_helm_test_passes_only_when_the_webhook_applies_a_policy(
     helm_template: Render, shared_crds: list[dict[str, Any]], tmp_path: Path, selftest: bool
 ) -> None:
-    shipped = {p.name: p.read_text() for p in sorted((REPO / "policies").glob("*.yaml"))}
+    shipped = {p.name: p.read_text() for p in sorted(EXAMPLE_POLICIES.glob("*.yaml"))}
     objs = helm_template({"policies": shipped, "tests": {"selftestPolicy": selftest}})
 
     api_ca = pki.generate_ca("emulator-ca", 1)

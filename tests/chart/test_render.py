@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from webhook.demo import EXAMPLE_POLICIES
+
 sys.path.insert(0, str(Path(__file__).parent))
 
-from chart_helpers import CHART, NAMESPACE, REPO, Obj, find, hook, one, pod_specs, run_helm
+from chart_helpers import CHART, NAMESPACE, Obj, find, hook, one, pod_specs, run_helm
 
 Render = Callable[..., list[Obj]]
 
@@ -518,8 +520,8 @@ def test_uninstall_then_removes_what_the_components_created(helm_template: Rende
 
 
 def _shipped_policies() -> dict[str, str]:
-    shipped = {p.name: p.read_text() for p in sorted((REPO / "policies").glob("*.yaml"))}
-    assert shipped, "policies/ has no example policies"
+    shipped = {p.name: p.read_text() for p in sorted(EXAMPLE_POLICIES.glob("*.yaml"))}
+    assert shipped, "webhook/demo/policies/ has no example policies"
     return shipped
 
 

@@ -2,29 +2,55 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+import yaml
+
+from webhook.demo import EXAMPLE_POLICIES
 from webhook.demo.report import format_result
-from webhook.demo.run import DemoResult, Progress, run_demo
+from webhook.demo.run import DemoResult, JobOutcome, PodOutcome, Progress, run_demo
 from webhook.topology import builtin, set_score
 from webhook.topology.simulate import images_per_second, predict, reference_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-async def _run() -> DemoResult:
-    lines: list[str] = []
-    result = await run_demo([REPO / "policies"], Progress(lines.append, tty=False))
-    assert len([line for line in lines if " ok (" in line]) == 7, lines
-    return result
+@dataclass
+class Run:
+    result: DemoResult
+    #: the progress lines, as stderr shows them
+    steps: list[str]
+    text: str
 
 
-async def test_topology_gangs_bound_whole_on_one_node_with_the_best_ring() -> None:
-    result = await _run()
+def _run(policies: list[Path]) -> Run:
+    steps: list[str] = []
+    result = asyncio.run(run_demo(policies, Progress(steps.append, tty=False)))
+    return Run(result, steps, format_result(result))
+
+
+@pytest.fixture(scope="module")
+def default() -> Run:
+    """One run on the shipped policies, shared by the tests that read it."""
+    return _run([EXAMPLE_POLICIES])
+
+
+@pytest.fixture(scope="module")
+def volcano_only() -> Run:
+    """The newcomer's run of issue #25: no policy asks for GPU topology."""
+    return _run([EXAMPLE_POLICIES / "mpi-volcano.yaml", EXAMPLE_POLICIES / "istio-optout.yaml"])
+
+
+def test_topology_gangs_bound_whole_on_one_node_with_the_best_ring(default: Run) -> None:
+    assert len([line for line in default.steps if " ok (" in line]) == 7, default.steps
+    result = default.result
     dgx1 = builtin("dgx1-v100")
     best_4 = max(set_score(dgx1, c).allreduce_gbps for c in itertools.combinations(range(8), 4))
     used: set[tuple[str, int]] = set()
@@ -49,38 +75,113 @@ async def test_topology_gangs_bound_whole_on_one_node_with_the_best_ring() -> No
     assert result.regular_images_per_s == predict(reference_scenario()).regular.images_per_s
 
 
-async def test_coscheduling_job_gets_its_podgroup_and_launchers_opt_out_of_istio() -> None:
-    result = await _run()
-    gang_job = result.jobs[2]
+def test_coscheduling_job_gets_its_podgroup_and_launchers_opt_out_of_istio(default: Run) -> None:
+    gang_job = default.result.jobs[2]
     assert gang_job.pod_group is not None
     assert gang_job.pod_group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
     assert gang_job.pod_group["spec"]["minMember"] == 5
     assert gang_job.pod_group["metadata"]["ownerReferences"][0]["kind"] == "MPIJob"
     assert all(p.node is None for p in gang_job.pods)  # nobody here runs that scheduler
-    for job in result.jobs:
+    for job in default.result.jobs[:3]:
         launcher = next(p for p in job.pods if p.role == "launcher")
         ops = {(op["op"], op["path"]): op.get("value") for op in launcher.patch}
         assert ops[("add", "/metadata/labels/sidecar.istio.io~1inject")] == "false"
-    text = format_result(result)
-    assert "speed-up (modelled)" in text and "PodGroup scheduling.x-k8s.io/v1alpha1 vgg16-c" in text
+    text = default.text
+    assert "speed-up (modelled)" in text
+    assert "PodGroup scheduling.x-k8s.io/v1alpha1 vgg16-c" in text
     assert "published by Alibaba ACK: vgg16 991.92 vs 200.47" in text
     assert "the model's error against it: vgg16 Muster " in text
 
 
-def test_cli_prints_json_and_exits_zero() -> None:
-    proc = subprocess.run([sys.executable, "-m", "webhook", "demo", "--json"], cwd=REPO,
+def test_the_shipped_policies_show_a_volcano_podgroup_with_its_key_fields(default: Run) -> None:
+    job = default.result.jobs[3]
+    assert (job.namespace, job.name, job.kind) == ("team-d", "vgg16-d", "Indexed Job")
+    assert job.policies == ["indexed-job-volcano", "istio-optout-batch-jobs"]
+    assert job.pod_group is not None
+    assert job.pod_group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
+    assert job.pod_group["spec"] == {
+        "minMember": 4, "queue": "training", "priorityClassName": "batch-high",
+        "minResources": {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "4"}}
+    assert all(p.node is None for p in job.pods)  # Volcano's scheduler is not part of the demo
+    shown = ("    PodGroup scheduling.volcano.sh/v1beta1 vgg16-d, created before the first pod was"
+             " admitted:\n      minMember: 4\n      queue: training\n      priorityClassName: "
+             "batch-high\n      minResources: cpu 16, memory 64Gi, nvidia.com/gpu 4\n")
+    assert shown in default.text
+
+
+def test_annotation_values_print_as_yaml_reads_them(default: Run) -> None:
+    """A JSON annotation value keeps its quotes inside single quotes: the line is YAML."""
+    line = next(line for line in default.text.splitlines()
+                if "muster.io/gpu-topology: " in line)
+    value = yaml.safe_load(line.strip())["muster.io/gpu-topology"]
+    assert json.loads(value) == {"v": 1, "mode": "required", "singleNode": True,
+                                 "minRingGBps": 50.0}
+    pod = PodOutcome("p", "worker", [{"op": "add", "path": "/metadata/annotations", "value": {
+        "quote": "it's", "newline": "a\nb", "count": 5}}], [])
+    text = format_result(DemoResult([JobOutcome("j", "ns", "MPIJob", [], [pod])], {}, "", 0.0))
+    assert "quote: 'it''s'\n" in text  # a quote doubled, as YAML single quotes do
+    assert 'newline: "a\\nb"\n' in text  # JSON-escaped where single quotes cannot carry it
+    assert "count: 5\n" in text
+
+
+def test_a_policy_that_loses_a_field_says_to_whom(default: Run) -> None:
+    text = default.text
+    head = "  team-a/vgg16-a (MPIJob): policies istio-optout-batch-jobs, istio-optout-mpi-jobs, " \
+           "mpi-topology, mpi-volcano\n"
+    assert head + "    mpi-volcano: gang.backend overridden by mpi-topology (higher precedence)\n" \
+        in text
+    # the batch-Job opt-out matches only the launcher (a Job's pod) and loses there
+    assert ("    istio-optout-batch-jobs: istio.optOut overridden by istio-optout-mpi-jobs (higher"
+            " precedence) [launcher only]\n") in text
+    assert "    warning: gang.queue of policy mpi-volcano ignored: backend is muster\n" in text
+
+
+def test_a_policy_set_without_topology_skips_the_binder_and_shows_volcano(
+        volcano_only: Run) -> None:
+    steps = "".join(volcano_only.steps)
+    assert "[6] binder: skipped — no policy asks for GPU topology" in steps
+    assert "[7] kubelets: skipped — no GPU pod was bound" in steps
+    assert "FAILED" not in steps and steps.count(" ok (") == 5
+    result = volcano_only.result
+    assert result.seconds < 15
+    assert result.skipped[0].startswith("binder: no policy asks for GPU topology")
+    for job in result.jobs[:2]:  # mpi-volcano: team-a's MPIJobs, in the job's own queue
+        assert job.pod_group is not None
+        assert job.pod_group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
+        assert job.pod_group["spec"]["minMember"] == 5
+        assert job.pod_group["spec"]["queue"] == "research"
+        assert all(p.node is None for p in job.pods)
+    assert [j.pod_group for j in result.jobs[2:]] == [None, None]  # no gang policy there
+    text = volcano_only.text
+    assert "PodGroup scheduling.volcano.sh/v1beta1 vgg16-a" in text
+    assert "Modelled training throughput: none, no job was placed by Muster's binder" in text
+
+
+def test_cli_prints_json_and_exits_zero_outside_the_repository(tmp_path: Path) -> None:
+    """The shipped policies are package data: the default needs no checkout in the cwd."""
+    proc = subprocess.run([sys.executable, "-m", "webhook", "demo", "--json"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert [j["name"] for j in doc["jobs"]] == ["vgg16-a", "vgg16-b", "vgg16-c"]
-    assert "[7] kubelets start the workers" in proc.stderr
+    assert [j["name"] for j in doc["jobs"]] == ["vgg16-a", "vgg16-b", "vgg16-c", "vgg16-d"]
+    assert doc["jobs"][3]["podGroup"]["spec"]["queue"] == "training"
+    assert "[7] kubelets start the 8 bound GPU pods" in proc.stderr
 
 
-def test_cli_refuses_a_missing_policy_path(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "webhook", "demo", "--policies",
-                           str(tmp_path / "nope")], cwd=REPO, capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert proc.returncode == 2 and "no such policy path" in proc.stderr
+@pytest.mark.parametrize(("policy", "message"), [
+    (None, "no such policy path: "),
+    ("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: x}\n"
+     "spec: {gang: {backend: nope}}\n", "bad.yaml:4:24: spec.gang.backend: Input should be"),
+])
+def test_cli_refuses_bad_policies_in_one_line(tmp_path: Path, policy: str | None,
+                                               message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    if policy is not None:
+        path.write_text(policy)
+    proc = subprocess.run([sys.executable, "-m", "webhook", "demo", "--policies", str(path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and proc.stdout == ""
 
 
 def test_cli_without_the_emulator_says_how_to_run_it() -> None:

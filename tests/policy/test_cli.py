@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from webhook.cli import main
+from webhook.demo import EXAMPLE_POLICIES
 
 from .conftest import REPO
 
@@ -19,10 +20,11 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
 def test_readme_command_passes(capsys: pytest.CaptureFixture[str],
                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
-    code, out = run(["policy", "test", "-p", "policies/", "policies/tests/"], capsys)
+    code, out = run(["policy", "test", "-p", "webhook/demo/policies/",
+                     "webhook/demo/policies/tests/"], capsys)
     assert code == 0, out
     cases = sum(text.count("kind: PolicyTest")
-                for text in map(Path.read_text, (REPO / "policies/tests").glob("*.yaml")))
+                for text in map(Path.read_text, (EXAMPLE_POLICIES / "tests").glob("*.yaml")))
     assert cases >= 18 and f"{cases} passed, 0 failed" in out
     assert "PASS  volcano-worker-joins-podgroup" in out
     assert "PASS  lws-worker-joins-its-groups-gang" in out
@@ -30,7 +32,7 @@ def test_readme_command_passes(capsys: pytest.CaptureFixture[str],
 
 def test_check_reports_errors_and_exit_code(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    code, out = run(["policy", "check", str(REPO / "policies")], capsys)
+    code, out = run(["policy", "check", str(EXAMPLE_POLICIES)], capsys)
     assert code == 0 and "10 policies valid" in out
     bad = tmp_path / "mpi.yaml"
     bad.write_text("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata:\n"
@@ -66,7 +68,7 @@ def test_check_reports_every_problem_of_every_file_in_one_run(
 
 def test_check_of_a_missing_path_is_a_usage_error(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["policy", "check", str(REPO / "policies"), str(tmp_path / "nope.yaml")])
+    code = main(["policy", "check", str(EXAMPLE_POLICIES), str(tmp_path / "nope.yaml")])
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""
     assert captured.err == f"muster policy: no such file or directory: {tmp_path}/nope.yaml\n"
@@ -74,7 +76,7 @@ def test_check_of_a_missing_path_is_a_usage_error(
 
 def test_failing_policy_test_exits_1_with_diff(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    objects = REPO / "policies/tests/objects"
+    objects = EXAMPLE_POLICIES / "tests/objects"
     (tmp_path / "t.yaml").write_text(f"""
 apiVersion: muster.io/v1alpha1
 kind: PolicyTest
@@ -87,7 +89,7 @@ spec:
       metadata: {{annotations: {{scheduling.volcano.sh/queue-name: training}}}}
     podGroup: {{spec: {{minMember: 4}}}}
 """)
-    code, out = run(["policy", "test", "-p", str(REPO / "policies"), str(tmp_path)], capsys)
+    code, out = run(["policy", "test", "-p", str(EXAMPLE_POLICIES), str(tmp_path)], capsys)
     assert code == 1
     assert "FAIL  wrong-queue" in out
     assert ('pod metadata.annotations.scheduling.volcano.sh/queue-name: expected "training", '
@@ -97,8 +99,8 @@ spec:
 
 def test_pod_mode_prints_decision_patch_and_mutated_pod(
         shared_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    objects = REPO / "policies/tests/objects"
-    code, out = run(["policy", "test", "-p", str(REPO / "policies"),
+    objects = EXAMPLE_POLICIES / "tests/objects"
+    code, out = run(["policy", "test", "-p", str(EXAMPLE_POLICIES),
                      str(shared_dir / "fixtures/admission/pod-create-worker.json"),
                      "--namespace-labels", "muster.io/gpu-topology=enabled",
                      "--owner", str(objects / "mpijob-team-a.yaml")], capsys)
@@ -109,24 +111,38 @@ def test_pod_mode_prints_decision_patch_and_mutated_pod(
     # the worker leaves Istio's ambient data plane with its launcher (istio-optout-mpi-jobs)
     assert '"path": "/metadata/labels/istio.io~1dataplane-mode"' in out
     assert "    istio.io/dataplane-mode: none\n" in out
+    assert "  mpi-volcano: gang.backend overridden by mpi-topology (higher precedence)\n" in out
     assert "idempotent" in out
 
 
 def test_explain_lists_every_condition(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out = run(["policy", "explain", "-p", str(REPO / "policies"),
-                     str(REPO / "policies/tests/objects/worker-team-a.yaml")], capsys)
+    code, out = run(["policy", "explain", "-p", str(EXAMPLE_POLICIES),
+                     str(EXAMPLE_POLICIES / "tests/objects/worker-team-a.yaml")], capsys)
     assert code == 0
     assert "no     mpi-coscheduling" in out
     assert "✗ namespace team-a not in ['team-b']" in out
     assert "MATCH  mpi-volcano" in out
     # what admission does about the queue, which no offline check can know: said, not guessed
     assert "gang: minAvailable auto needs the kubeflow.org/MPIJob object" in out  # no --owner
-    owner = REPO / "policies/tests/objects/mpijob-team-a.yaml"
-    code, out = run(["policy", "explain", "-p", str(REPO / "policies"), "--owner", str(owner),
-                     str(REPO / "policies/tests/objects/worker-team-a.yaml")], capsys)
+    owner = EXAMPLE_POLICIES / "tests/objects/mpijob-team-a.yaml"
+    code, out = run(["policy", "explain", "-p", str(EXAMPLE_POLICIES), "--owner", str(owner),
+                     str(EXAMPLE_POLICIES / "tests/objects/worker-team-a.yaml")], capsys)
     assert code == 0
     assert "checked at admission against the cluster's Queues" in out
     assert "queue 'default' instead (gang.unavailableQueue)" in out
+    assert "overridden" not in out  # mpi-topology does not match: nothing to override
+
+
+def test_explain_says_which_policy_overrides_which(capsys: pytest.CaptureFixture[str]) -> None:
+    """The override comes from `evaluate`, the Decision admission applies."""
+    objects = EXAMPLE_POLICIES / "tests/objects"
+    code, out = run(["policy", "explain", "-p", str(EXAMPLE_POLICIES),
+                     "--namespace-labels", "muster.io/gpu-topology=enabled",
+                     "--owner", str(objects / "mpijob-team-a.yaml"),
+                     str(objects / "worker-team-a.yaml")], capsys)
+    assert code == 0
+    assert "MATCH  mpi-topology" in out and "MATCH  mpi-volcano" in out
+    assert "\n  mpi-volcano: gang.backend overridden by mpi-topology (higher precedence)\n" in out
 
 
 def test_policytest_file_problems_are_one_line_each_with_their_place(
@@ -134,7 +150,7 @@ def test_policytest_file_problems_are_one_line_each_with_their_place(
     head = "apiVersion: muster.io/v1alpha1\nkind: PolicyTest\nmetadata: {name: t}\nspec:\n"
     (tmp_path / "a.yaml").write_text(head + "  podFile: [pod.yaml\n")
     (tmp_path / "b.yaml").write_text(head + "  podFile: pod.yaml\n  expect: {polcies: []}\n")
-    code, out = run(["policy", "test", "-p", str(REPO / "policies"), str(tmp_path)], capsys)
+    code, out = run(["policy", "test", "-p", str(EXAMPLE_POLICIES), str(tmp_path)], capsys)
     assert code == 1
     assert out.splitlines() == [
         f"ERROR {tmp_path}/a.yaml:5:12: '[' opened here is not closed: did not find expected ',' "
@@ -160,7 +176,7 @@ def test_check_and_test_refuse_aliases_at_their_place(
     (cases / "t.yaml").write_text(
         "apiVersion: muster.io/v1alpha1\nkind: PolicyTest\nmetadata: {name: t}\nspec:\n"
         "  pod: &pod {metadata: {name: p}}\n  owners: [*pod]\n")
-    code, out = run(["policy", "test", "-p", str(REPO / "policies"), str(cases)], capsys)
+    code, out = run(["policy", "test", "-p", str(EXAMPLE_POLICIES), str(cases)], capsys)
     assert code == 1
     assert out.splitlines() == [f"ERROR {cases}/t.yaml:6:12: alias *pod: aliases are not "
                                 "accepted (write the value out) (document 1)"]

@@ -11,6 +11,7 @@ from webhook import keys
 from webhook.jsonpatch import apply_patch
 from webhook.policy import (
     Decision,
+    Override,
     PolicySet,
     evaluate,
     explain,
@@ -133,6 +134,8 @@ def test_a_higher_priority_policy_chooses_the_opt_out(
     assert d.policies == ("mpi", "all")
     assert pod["metadata"]["labels"][keys.ISTIO_DATAPLANE_MODE] == "none"
     assert keys.ISTIO_INJECT not in pod["metadata"]["labels"]
+    assert d.overrides == (Override("all", "istio.optOut", "mpi"),)
+    assert d.overrides[0].describe() == "all: istio.optOut overridden by mpi (higher precedence)"
 
 
 def test_degraded_owners_still_consistent(worker_pod: dict[str, Any],
@@ -302,6 +305,19 @@ def test_priority_merge_per_field(worker_pod: dict[str, Any], mpijob: dict[str, 
     assert (d.pod_group.min_member, d.pod_group.timeout_seconds) == (2, 60)
     assert pod["metadata"]["labels"]["team"] == "nlp"
     assert pod["metadata"]["annotations"][keys.ANN_POLICY] == "high,low"
+    # the backend both ask for is no override; the label they disagree on is
+    assert d.overrides == (Override("low", "labels.team", "high"),)
+
+
+def test_a_gang_backend_overridden_is_recorded_with_its_winner(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    low = policy("volcano", "gang:\n  backend: volcano\n  queue: training")
+    high = policy("binder", "priority: 10\n" + GANG["muster"])
+    d, _ = run(worker_pod, [mpijob], policies(low, high))
+    assert d.pod_group is not None and d.pod_group.backend == "muster"
+    assert d.overrides == (Override("volcano", "gang.backend", "binder"),)
+    # what the loser writes that the winner leaves alone is not overridden, but unused
+    assert "gang.queue of policy volcano ignored: backend is muster" in d.warnings
 
 
 def test_user_gpu_assignment_is_stripped(worker_pod: dict[str, Any], policies: Policies) -> None:

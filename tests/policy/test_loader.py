@@ -11,10 +11,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from webhook.demo import EXAMPLE_POLICIES
 from webhook.policy import PolicyError, load_policies, load_policy_texts
 from webhook.policy.yamlpos import MAX_SYNTAX_ERRORS
 
-from .conftest import REPO, policy
+from .conftest import policy
 
 GOOD = policy("good", """
 match:
@@ -31,7 +32,7 @@ def issues_of(texts: dict[str, str]) -> list[str]:
 
 
 def test_shipped_policies_are_valid() -> None:
-    loaded = load_policies([REPO / "policies"])
+    loaded = load_policies([EXAMPLE_POLICIES])
     assert set(loaded.names) == {"mpi-volcano", "mpi-coscheduling", "mpi-topology",
                                  "istio-optout-mpi-jobs", "istio-optout-batch-jobs",
                                  "jobset-volcano", "trainjob-coscheduling",

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from webhook import keys
+from webhook.demo import EXAMPLE_POLICIES
 from webhook.jsonpatch import apply_patch
 from webhook.policy import (
     PolicyError,
@@ -20,14 +21,12 @@ from webhook.policy import (
     render_patch,
 )
 
-from .conftest import REPO
-
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-WORKER = yaml.safe_load((REPO / "policies/tests/objects/worker-team-a.yaml").read_text())
-LAUNCHER = yaml.safe_load((REPO / "policies/tests/objects/launcher-team-a.yaml").read_text())
-MPIJOB = yaml.safe_load((REPO / "policies/tests/objects/mpijob-team-a.yaml").read_text())
-JOB = yaml.safe_load((REPO / "policies/tests/objects/launcher-job.yaml").read_text())
+WORKER = yaml.safe_load((EXAMPLE_POLICIES / "tests/objects/worker-team-a.yaml").read_text())
+LAUNCHER = yaml.safe_load((EXAMPLE_POLICIES / "tests/objects/launcher-team-a.yaml").read_text())
+MPIJOB = yaml.safe_load((EXAMPLE_POLICIES / "tests/objects/mpijob-team-a.yaml").read_text())
+JOB = yaml.safe_load((EXAMPLE_POLICIES / "tests/objects/launcher-job.yaml").read_text())
 
 label_values = st.sampled_from(["a", "b", "launcher", "worker", "true", "false"])
 selector = st.fixed_dictionaries({}, optional={

@@ -8,9 +8,9 @@ from typing import Any
 
 from e2e.cluster import chart_values, helm
 from e2e.node import image
-from e2e.node.assets import REPO
 from e2e.node.cluster import NodeCluster
 from e2e.node.kubectl import crd_documents, kubectl, wait_established
+from webhook.demo import EXAMPLE_POLICIES
 
 __all__ = ["crd_documents", "diagnostics", "kubectl", "release_values", "run_helm",
            "wait_established"]
@@ -28,7 +28,7 @@ def run_helm(cluster: NodeCluster, *args: str, timeout: float = 420
 def release_values(cluster: NodeCluster) -> dict[str, Any]:
     """The values an admin of this node would set: the shipped policies, the locally imported
     image and the fake NVML (no GPU here)."""
-    values = chart_values(REPO / "policies")
+    values = chart_values(EXAMPLE_POLICIES)
     values["image"] = {"repository": image.IMAGE_REPOSITORY, "tag": image.IMAGE_TAG,
                        "pullPolicy": "Never"}
     values["agent"] = {"extraArgs": ["--fake-nvml=dgx1-v100"]}

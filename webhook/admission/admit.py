@@ -33,7 +33,7 @@ from webhook.admission.review import AdmissionReview, response
 from webhook.keys import BINDER_ANNOTATIONS
 from webhook.kube.owners import controller_ref
 from webhook.policy import PolicyError, PolicySet, load_policy_texts, render_patch
-from webhook.policy.decision import Decision, PodGroupSpec
+from webhook.policy.decision import Decision, Override, PodGroupSpec
 from webhook.policy.outcome import evaluate_and_render
 from webhook.policy.queues import QueueVerdict, with_queue, without_gang
 from webhook.policy.workload import NO_PRIORITIES, Priorities
@@ -90,6 +90,7 @@ class _Result:
     patch_json: bytes | None = None
     warnings: list[str] = field(default_factory=list)
     policies: tuple[str, ...] = ()
+    overrides: tuple[Override, ...] = ()
     fail_open: str | None = None
     message: str | None = None
     status_code: int | None = None
@@ -193,6 +194,8 @@ class Admitter:
         for name in result.policies:
             self.metrics.count_decision(name)
         audit = {"policy": ",".join(result.policies)} if result.policies else None
+        if audit and result.overrides:  # which policy lost which field, for the audit log
+            audit["overridden"] = "; ".join(o.describe() for o in result.overrides)
         body = response(review, allowed=result.allowed, patch=result.patch,
                         patch_json=result.patch_json, warnings=result.warnings, audit=audit,
                         message=result.message, status_code=result.status_code)
@@ -239,7 +242,7 @@ class Admitter:
             result.warnings.append("muster: policy decision did not finish before the "
                                    "webhook deadline; pod admitted unchanged")
             result.patch, result.patch_json = list(strip_ops), None
-            result.policies = ()
+            result.policies, result.overrides = (), ()
             result.fail_open = "deadline"
         except Exception:
             log.exception("admission decision failed; admitting the pod unchanged",
@@ -247,7 +250,7 @@ class Admitter:
             result.warnings.append("muster: internal error while applying policies; pod "
                                    "admitted unchanged")
             result.patch, result.patch_json = list(strip_ops), None
-            result.policies = ()
+            result.policies, result.overrides = (), ()
             result.fail_open = "error"
         return result
 
@@ -305,7 +308,7 @@ class Admitter:
         if not result.patch and patch_json:
             result.patch_json = patch_json
         result.patch.extend(ops)
-        result.policies = decision.policies
+        result.policies, result.overrides = decision.policies, decision.overrides
         spec = decision.pod_group
         if spec is None:
             return

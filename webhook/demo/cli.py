@@ -8,7 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
-from webhook.failures import CommandFailed
+from webhook.demo import EXAMPLE_POLICIES
+from webhook.failures import CommandFailed, UsageError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -16,10 +17,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "demo", help="run the whole flow on one machine (webhook, binder, agents, emulator)",
         description="Runs the reference scenario end to end: an in-process API server emulator "
         "with two DGX-1 V100 nodes, the admission webhook over HTTPS, the binder and a node agent "
-        "per node, then prints what each pod received, where it was placed and the modelled "
-        "throughput against regular scheduling.")
-    p.add_argument("--policies", type=Path, nargs="+", default=[Path("policies")],
-                   metavar="DIR|FILE", help="policies to apply (default: the shipped examples)")
+        "per node, then prints what each pod received, its gang or PodGroup, where it was placed "
+        "and the modelled throughput against regular scheduling. Steps the policies give nothing "
+        "to do are skipped, with why.")
+    p.add_argument("--policies", type=Path, nargs="+", default=[EXAMPLE_POLICIES],
+                   metavar="DIR|FILE", help="policies to apply (default: the shipped examples, "
+                   f"{EXAMPLE_POLICIES})")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     p.set_defaults(func=_run)
 
@@ -36,11 +39,7 @@ def _run(args: argparse.Namespace) -> int:
                             "leaves out (the image does): run it from a checkout, "
                             "`pip install . && muster demo`") from exc
 
-    missing = [str(p) for p in args.policies if not p.exists()]
-    if missing:
-        print(f"muster demo: no such policy path: {', '.join(missing)} (run it from the "
-              "repository root, or pass --policies)", file=sys.stderr)
-        return 2
+    _check_policies(args.policies)
     if args.log_level == "info":  # the components' info logs would drown the progress lines
         logging.getLogger().setLevel(logging.WARNING)
     progress = Progress(lambda text: print(text, end="", file=sys.stderr, flush=True),
@@ -49,3 +48,19 @@ def _run(args: argparse.Namespace) -> int:
     result = asyncio.run(run_demo(list(args.policies), progress))
     print(as_json(result) if args.json else format_result(result))
     return 0
+
+
+def _check_policies(paths: list[Path]) -> None:
+    """The policies load, or a UsageError says why in one line (the webhook would start with
+    none of them)."""
+    from webhook.policy import PolicyError, load_policies  # noqa: PLC0415
+
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise UsageError(f"no such policy path: {', '.join(missing)}")
+    try:
+        load_policies(paths)
+    except PolicyError as exc:
+        more = len(exc.issues) - 1
+        raise UsageError(f"{exc.issues[0]}" + (f" (and {more} more: `muster policy check` "
+                                                "lists them)" if more else "")) from exc

@@ -1,9 +1,11 @@
-"""What the MPI operator (v2beta1) and the Job controller create for an MPIJob.
+"""What the MPI operator (v2beta1) and the Job controller create for an MPIJob, and the Job
+controller for an Indexed Job.
 
 The demo and the e2e tests play those controllers' part, so that the webhook sees exactly the pod
 shapes it sees in a cluster: workers named `<job>-worker-<i>` owned by the MPIJob, and a launcher
 pod made with `generateName` by the Job controller, owned by the `<job>-launcher` Job that the
-MPIJob owns (see ../shared/fixtures/admission/ for the real captured requests).
+MPIJob owns (see ../shared/fixtures/admission/ for the real captured requests). An Indexed Job's
+pods are `<job>-<index>-*`, labelled with their completion index.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ JOB_ROLE = "training.kubeflow.org/job-role"
 OPERATOR = "training.kubeflow.org/operator-name"
 REPLICA_INDEX = "training.kubeflow.org/replica-index"
 REPLICA_TYPE = "training.kubeflow.org/replica-type"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 
 def _owner(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,3 +79,18 @@ def launcher_pod(job: Mapping[str, Any]) -> dict[str, Any]:
     meta = {"generateName": f"{job['metadata']['name']}-",
             "namespace": job["metadata"]["namespace"], "ownerReferences": [_owner(job)]}
     return _pod(job["spec"]["template"], meta)
+
+
+def indexed_pods(job: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pods the Job controller creates at once for a created Indexed Job: one per index up
+    to its parallelism, as the controller labels and annotates them."""
+    name, uid = job["metadata"]["name"], job["metadata"]["uid"]
+    pods = []
+    for i in range(int(job["spec"].get("parallelism", 1))):
+        labels = {"batch.kubernetes.io/controller-uid": uid, "batch.kubernetes.io/job-name": name,
+                  "controller-uid": uid, "job-name": name, COMPLETION_INDEX: str(i)}
+        meta = {"generateName": f"{name}-{i}-", "namespace": job["metadata"]["namespace"],
+                "labels": labels, "annotations": {COMPLETION_INDEX: str(i)},
+                "ownerReferences": [_owner(job)]}
+        pods.append(_pod(job["spec"]["template"], meta))
+    return pods

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from webhook.demo.run import DemoResult, JobOutcome, PodOutcome
 from webhook.topology.simulate import REFERENCE, reference_scenario
 
 
-def _compact(value: Any) -> str:
-    # strings quoted but not escaped: a JSON annotation value stays readable
-    return f'"{value}"' if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+def _scalar(value: Any) -> str:
+    """A value as YAML reads it: a string single-quoted, so that a JSON annotation's quotes
+    stay as they are (a quote doubled), or JSON-escaped when it holds a character single
+    quotes cannot carry (a newline)."""
+    if isinstance(value, str) and value.isprintable():
+        return "'" + value.replace("'", "''") + "'"
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _op(op: dict[str, Any], indent: str) -> list[str]:
@@ -21,8 +26,8 @@ def _op(op: dict[str, Any], indent: str) -> list[str]:
         return [head]
     value = op.get("value")
     if isinstance(value, dict) and value:
-        return [head + ":"] + [f"{indent}          {k}: {_compact(v)}" for k, v in value.items()]
-    return [f"{head} = {_compact(value)}"]
+        return [head + ":"] + [f"{indent}          {k}: {_scalar(v)}" for k, v in value.items()]
+    return [f"{head} = {_scalar(value)}"]
 
 
 def _patch_lines(pod: PodOutcome, indent: str) -> list[str]:
@@ -47,36 +52,55 @@ def _pod_row(pod: PodOutcome) -> str:
 
 
 def _job(job: JobOutcome) -> list[str]:
-    lines = [f"  {job.namespace}/{job.name}: policies {', '.join(job.policies) or '(none)'}"]
+    lines = [f"  {job.namespace}/{job.name} ({job.kind}): policies "
+             f"{', '.join(job.policies) or '(none)'}"]
+    lines += _said(job, lambda pod: pod.overridden, "")
+    lines += _said(job, lambda pod: pod.warnings, "warning: ")
     lines += [_pod_row(p) for p in job.pods]
-    worker = next((p for p in job.pods if p.role == "worker"), None)
-    launcher = next((p for p in job.pods if p.role == "launcher"), None)
-    for pod in (worker, launcher):
-        if pod is not None:
-            lines.append(f"    patch received by {pod.name}:")
-            lines += _patch_lines(pod, "      ")
+    first: dict[str, PodOutcome] = {}
+    for pod in job.pods:
+        first.setdefault(pod.role, pod)
+    for pod in first.values():
+        lines.append(f"    patch received by {pod.name}:")
+        lines += _patch_lines(pod, "      ")
     if job.gang:
         lines.append("    gang (pod annotations, binder): " + ", ".join(
             f"{k.removeprefix('muster.io/gang-')}={v}" for k, v in sorted(job.gang.items())))
     if job.pod_group is not None:
-        spec = job.pod_group.get("spec", {})
-        res = ", ".join(f"{k} {v}" for k, v in sorted((spec.get("minResources") or {}).items()))
-        pg = job.pod_group
-        queue = f", queue {spec['queue']}" if spec.get("queue") else ""
-        timeout = (f", scheduleTimeoutSeconds {spec['scheduleTimeoutSeconds']}"
-                   if spec.get("scheduleTimeoutSeconds") else "")
-        lines.append(f"    PodGroup {pg['apiVersion']} {pg['metadata']['name']}:"
-                     f" minMember {spec.get('minMember')}{queue}{timeout}")
-        lines.append(f"      minResources {res or '-'}")
-        lines.append("    (created before the first pod was admitted; the pods' scheduler,"
-                     f" {job.scheduler_name},")
-        lines.append("     is not part of the demo, so they stay pending)")
+        lines += _pod_group(job.pod_group, job.scheduler_name)
     if job.bus_gbps is not None:
         node = next(p.node for p in job.pods if p.gpus)
         gpus = sorted(g for p in job.pods for g in p.gpus)
-        lines.append(f"    placed: all {len(job.pods)} pods bound together, workers on {node}"
+        lines.append(f"    placed: all {len(job.pods)} pods bound together, GPU pods on {node}"
                      f" GPUs {','.join(map(str, gpus))} (NVLink allreduce {job.bus_gbps:g} GB/s)")
     return lines
+
+
+def _said(job: JobOutcome, what: Callable[[PodOutcome], list[str]], prefix: str) -> list[str]:
+    """Each override or warning the webhook gave the job's pods, once, with the roles it was
+    given to when not every pod got it."""
+    roles: dict[str, set[str]] = {}
+    for pod in job.pods:
+        for line in what(pod):
+            roles.setdefault(line, set()).add(pod.role)
+    every = {p.role for p in job.pods}
+    return [f"    {prefix}{line}" + ("" if got == every else f" [{', '.join(sorted(got))} only]")
+            for line, got in roles.items()]
+
+
+def _pod_group(pg: dict[str, Any], scheduler: str) -> list[str]:
+    """The PodGroup's fields its scheduler reads (Volcano's queue and priority class,
+    coscheduling's timeout)."""
+    spec = pg.get("spec", {})
+    volcano = pg["apiVersion"].startswith("scheduling.volcano.sh/")
+    fields = ["minMember", "queue", "priorityClassName"] if volcano else [
+        "minMember", "scheduleTimeoutSeconds"]
+    res = ", ".join(f"{k} {v}" for k, v in sorted((spec.get("minResources") or {}).items()))
+    return [f"    PodGroup {pg['apiVersion']} {pg['metadata']['name']}, created before the first"
+            " pod was admitted:",
+            *(f"      {name}: {spec.get(name, '-')}" for name in fields),
+            f"      minResources: {res or '-'}",
+            f"    (the pods' scheduler, {scheduler}, is not part of the demo: they stay pending)"]
 
 
 def _error(modelled: float, published: float) -> str:
@@ -84,12 +108,15 @@ def _error(modelled: float, published: float) -> str:
 
 
 def format_result(result: DemoResult) -> str:
-    lines = ["", "Muster demo: the reference scenario (2 x DGX-1 V100, MPIJob 4 workers x 1 GPU"
-             " + launcher), three jobs", ""]
+    lines = ["", "Muster demo: the reference scenario on 2 x DGX-1 V100: an MPIJob of 4 workers x"
+             " 1 GPU + launcher, three times, and an Indexed Job of 4 ranks x 1 GPU", ""]
     for job in result.jobs:
         lines += [*_job(job), ""]
     placed = [j for j in result.jobs if j.images_per_s]
-    if placed:
+    if not placed:
+        lines.append("  Modelled training throughput: none, no job was placed by Muster's binder"
+                     " (no policy asks for GPU topology)")
+    else:
         names = [m.name for m in reference_scenario().models]
         lines.append("  Modelled training throughput (img/s), from the GPUs each job got: published"
                      " single-GPU")
@@ -118,15 +145,18 @@ def format_result(result: DemoResult) -> str:
 def as_json(result: DemoResult) -> str:
     def pod(p: PodOutcome) -> dict[str, Any]:
         return {"name": p.name, "role": p.role, "patch": p.patch, "warnings": p.warnings,
+                "overridden": p.overridden,
                 "node": p.node, "gpus": list(p.gpus), "uuids": list(p.uuids),
                 "visibleDevices": list(p.visible_devices) if p.visible_devices else None}
 
     return json.dumps({
-        "jobs": [{"name": j.name, "namespace": j.namespace, "policies": j.policies,
-                  "gang": j.gang, "podGroup": j.pod_group, "busGBps": j.bus_gbps,
-                  "modelledImagesPerSecond": j.images_per_s, "pods": [pod(p) for p in j.pods]}
+        "jobs": [{"name": j.name, "namespace": j.namespace, "kind": j.kind,
+                  "policies": j.policies, "gang": j.gang, "podGroup": j.pod_group,
+                  "busGBps": j.bus_gbps, "modelledImagesPerSecond": j.images_per_s,
+                  "pods": [pod(p) for p in j.pods]}
                  for j in result.jobs],
         "regular": {"placement": result.regular_placement,
                     "modelledImagesPerSecond": result.regular_images_per_s},
+        "skipped": result.skipped,
         "seconds": result.seconds,
     }, indent=2)

@@ -4,6 +4,9 @@ Real parts only, wired as in a cluster: the API server emulator (real HTTP, watc
 admission webhook over HTTPS called by the emulator the way kube-apiserver calls it, the binder
 and one node agent per node (fake NVML, device plugin over gRPC to a fake kubelet). The demo plays
 the MPI operator and the Job controller: it creates the pods they would create.
+
+The steps run in order (`STEPS`); a step that the policies give nothing to do (no gang for the
+binder, no GPU pod bound) is skipped, and says why.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import contextlib
 import json
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,7 @@ from webhook.demo import mpi, scenario
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.doubles.fakekubelet import FakeKubelet
 from webhook.doubles.fakenvml import FakeNvml
+from webhook.failures import CommandFailed
 from webhook.kube import (
     COSCHEDULING_PODGROUPS,
     JOBS,
@@ -40,12 +44,15 @@ from webhook.kube import (
     KubeApi,
     make_api_client,
 )
+from webhook.podresources import pod_gpus
 from webhook.topology import builtin, set_score
 from webhook.topology.simulate import images_per_second, predict, reference_scenario
 
 WEBHOOK_CONFIGURATION = "0-muster-demo"
+TOPOLOGY = builtin("dgx1-v100")
 #: the webhook's gang annotations (backend muster), shown per job
 _GANG_KEYS = (keys.ANN_GANG_NAME, keys.ANN_GANG_MIN_MEMBER, keys.ANN_GANG_TIMEOUT)
+_BINDER = BinderConfig()
 
 
 @dataclass
@@ -54,6 +61,8 @@ class PodOutcome:
     role: str
     patch: list[dict[str, Any]]
     warnings: list[str]
+    #: the fields a matched policy lost to another (the webhook's audit annotation)
+    overridden: list[str] = field(default_factory=list)
     node: str | None = None
     gpus: tuple[int, ...] = ()
     uuids: tuple[str, ...] = ()
@@ -64,6 +73,7 @@ class PodOutcome:
 class JobOutcome:
     name: str
     namespace: str
+    kind: str
     policies: list[str]
     pods: list[PodOutcome]
     scheduler_name: str = ""
@@ -79,6 +89,8 @@ class DemoResult:
     regular_images_per_s: dict[str, float]
     regular_placement: str
     seconds: float
+    #: the steps skipped, each with why
+    skipped: list[str] = field(default_factory=list)
 
 
 class Progress:
@@ -86,6 +98,7 @@ class Progress:
 
     def __init__(self, write: Callable[[str], None], tty: bool) -> None:
         self.write, self.tty, self.n = write, tty, 0
+        self.skipped: list[str] = []
 
     @contextlib.asynccontextmanager
     async def step(self, title: str) -> AsyncIterator[None]:
@@ -104,6 +117,11 @@ class Progress:
             mark = "ok" if ok else "FAILED"
             self.write(f"\r  [{self.n}] {title} ... {mark} ({time.monotonic() - start:.2f} s)\n")
 
+    def skip(self, component: str, why: str) -> None:
+        self.n += 1
+        self.skipped.append(f"{component}: {why}")
+        self.write(f"  [{self.n}] {component}: skipped — {why}\n")
+
     async def _spin(self, title: str) -> None:
         frames = "|/-\\"
         i = 0
@@ -113,8 +131,68 @@ class Progress:
             await asyncio.sleep(0.1)
 
 
-async def _until(what: str, check: Callable[[], Coroutine[Any, Any, bool]],
-                 within: float = 30.0) -> None:
+@dataclass(frozen=True, slots=True)
+class _Submitted:
+    """A pod the demo created for a job: its name, role, and the name or generateName its
+    admission request carried."""
+
+    name: str
+    role: str
+    requested_as: str
+
+
+@dataclass
+class _Demo:
+    """The running system, and what the steps learn on the way."""
+
+    tmp: Path
+    policies: list[Path]
+    api: ApiServerEmulator
+    kube: KubeApi
+    background: list[asyncio.Task[Any]] = field(default_factory=list)
+    kubelets: dict[str, FakeKubelet] = field(default_factory=dict)
+    server: WebhookServer | None = None
+    submitted: dict[str, list[_Submitted]] = field(default_factory=dict)
+    #: what the device plugin handed each started pod's containers, by pod name
+    handed: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        self.background.append(asyncio.create_task(work))
+
+    async def pods(self) -> list[dict[str, Any]]:
+        return [pod for ns in {job.namespace for job in scenario.JOBS}
+                for pod in (await self.kube.list(PODS, namespace=ns))["items"]]
+
+
+def _emulator() -> ApiServerEmulator:
+    api = ApiServerEmulator(crds=list(scenario.CRDS))
+    for obj in [*scenario.namespaces(), *map(scenario.node, scenario.NODES),
+                *map(scenario.volcano_queue, scenario.QUEUES), scenario.priority_class(),
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "muster-system"}}]:
+        api.seed(obj)
+    return api
+
+
+@contextlib.asynccontextmanager
+async def _running(api: ApiServerEmulator, tmp: Path, policies: list[Path]
+                   ) -> AsyncIterator[_Demo]:
+    """The demo's system on the started emulator; whatever the steps started stops after."""
+    client = await make_api_client(str(api.write_kubeconfig(tmp / "kubeconfig")))
+    demo = _Demo(tmp, policies, api, KubeApi(client))
+    try:
+        yield demo
+    finally:
+        for task in demo.background:
+            task.cancel()
+        await asyncio.gather(*demo.background, return_exceptions=True)
+        if demo.server is not None:
+            await demo.server.stop()
+        for kubelet in demo.kubelets.values():
+            await kubelet.stop()
+        await client.close()
+
+
+async def _until(what: str, check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
     try:
         async with asyncio.timeout(within):
             while True:  # polled through the API, as a user would with kubectl get
@@ -122,24 +200,155 @@ async def _until(what: str, check: Callable[[], Coroutine[Any, Any, bool]],
                     return
                 await asyncio.sleep(0.05)
     except TimeoutError:
-        raise TimeoutError(f"timed out after {within:g} s waiting for {what}") from None
+        raise CommandFailed(f"timed out after {within:g} s waiting for {what}") from None
 
 
-def _patch_of(api: ApiServerEmulator, namespace: str, name_or_prefix: str
-              ) -> tuple[list[dict[str, Any]], list[str]]:
-    """The JSON Patch and warnings our webhook answered for a pod CREATE (first call)."""
+async def _start_emulator(demo: _Demo, progress: Progress) -> None:
+    async with progress.step("API server emulator: 2 x DGX-1 V100 nodes, Volcano's queues"):
+        pass  # started by run_demo: this line reports it
+
+
+async def _start_agents(demo: _Demo, progress: Progress) -> None:
+    async with progress.step("node agents: NVML discovery, device plugins registered"):
+        for node in scenario.NODES:
+            kubelet = demo.kubelets[node] = FakeKubelet(demo.tmp / node)
+            await kubelet.start()
+            demo.spawn(Agent(
+                AgentConfig(node=node, rediscover_s=3600, plugin=PluginConfig(
+                    node=node, kubelet_dir=demo.tmp / node, assignment_wait_s=5.0)),
+                nvml_discoverer(FakeNvml.profile("dgx1-v100")), demo.kube).run())
+        for node, kubelet in demo.kubelets.items():
+            await kubelet.wait_for(keys.GPU_RESOURCE, count=TOPOLOGY.size, within=30)
+            # the kubelet starts the GPU pods bound to its node, one by one, as the binder binds
+            # them (it binds a node's next GPU pod once the agent served this one)
+            demo.spawn(_kubelet(demo.kube, node, kubelet, demo.handed))
+
+
+async def _start_webhook(demo: _Demo, progress: Progress) -> None:
+    async with progress.step("admission webhook over HTTPS (self-signed CA)"):
+        ca = generate_ca("muster-demo-ca", days=1)
+        write_pair(issue_serving_cert(ca, ["localhost"], ["127.0.0.1"], days=1),
+                   demo.tmp / "tls.crt", demo.tmp / "tls.key")
+        demo.server = WebhookServer(ServeOptions(
+            policies=demo.policies, host="127.0.0.1", port=0,
+            tls_cert_file=demo.tmp / "tls.crt", tls_key_file=demo.tmp / "tls.key",
+            kubeconfig=str(demo.tmp / "kubeconfig"), namespace="muster-system"))
+        await demo.server.start()
+        await demo.kube.create(MUTATING_WEBHOOKS,
+                               _webhook_configuration(demo.server.url, ca.cert_pem))
+
+
+async def _start_binder(demo: _Demo, progress: Progress) -> None:
+    async with progress.step("binder: waiting for gangs"):
+        demo.spawn(BinderService(demo.kube, ServiceConfig(_BINDER)).run())
+
+
+async def _submit_jobs(demo: _Demo, progress: Progress) -> None:
+    async with progress.step(f"MPI operator and Job controller: {scenario.SUBMITTED} created"):
+        for job in scenario.JOBS:
+            demo.submitted[job.name] = await _submit(demo.kube, job)
+
+
+async def _bind_gangs(demo: _Demo, progress: Progress) -> None:
+    """The gangs the webhook gave the binder (backend muster), bound whole."""
+    pods = [p for p in await demo.pods()
+            if p["spec"].get("schedulerName") == _BINDER.scheduler_name]
+    if not pods:
+        progress.skip("binder", "no policy asks for GPU topology (gang backend muster)")
+        return
+    gangs = {(p["metadata"]["namespace"], (p["metadata"].get("annotations") or {}).get(
+        keys.ANN_GANG_NAME)) for p in pods}
+    names = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods}
+
+    async def all_bound() -> bool:
+        return all(p["spec"].get("nodeName") for p in await demo.pods()
+                   if (p["metadata"]["namespace"], p["metadata"]["name"]) in names)
+
+    async with progress.step(f"binder: {len(gangs)} gang{'s' * (len(gangs) > 1)} "
+                             f"placed and bound ({len(pods)} pods)"):
+        try:
+            await _until(f"the binder to bind {len(pods)} pods", all_bound)
+        except CommandFailed as exc:  # a gang the policies make unplaceable: the binder's why
+            why = next((c.get("message") for p in await demo.pods()
+                        for c in (p.get("status") or {}).get("conditions") or ()
+                        if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
+            raise CommandFailed(f"{exc}" + (f"; the binder says: {why}" if why else "")) from None
+
+
+async def _start_gpu_pods(demo: _Demo, progress: Progress) -> None:
+    bound = [p for p in await demo.pods() if p["spec"].get("nodeName") and pod_gpus(p["spec"])]
+    if not bound:
+        progress.skip("kubelets", "no GPU pod was bound: only Muster's binder places pods here "
+                                  "(Volcano, coscheduling and the default scheduler are not part "
+                                  "of the demo)")
+        return
+
+    async def all_started() -> bool:
+        return len(demo.handed) >= len(bound)
+
+    async with progress.step(f"kubelets start the {len(bound)} bound GPU pods: device plugin "
+                             "Allocate"):
+        await _until(f"the kubelets to start {len(bound)} GPU pods", all_started, within=60)
+
+
+STEPS: tuple[Callable[[_Demo, Progress], Awaitable[None]], ...] = (
+    _start_emulator, _start_agents, _start_webhook, _start_binder, _submit_jobs, _bind_gangs,
+    _start_gpu_pods)
+
+
+async def run_demo(policies: list[Path], progress: Progress) -> DemoResult:
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="muster-demo-") as tmp:
+        api = _emulator()
+        async with api, _running(api, Path(tmp), policies) as demo:
+            for step in STEPS:
+                await step(demo, progress)
+            jobs = [await _collect(demo, job) for job in scenario.JOBS]
+    for job in jobs:
+        _model(job)
+    regular = predict(reference_scenario()).regular
+    where = " + ".join(f"{node}:{','.join(map(str, g))}" for node, g in regular.gpus.items())
+    return DemoResult(jobs, dict(regular.images_per_s), where, time.monotonic() - started,
+                      progress.skipped)
+
+
+def _model(job: JobOutcome) -> None:
+    """The job's throughput modelled from the GPUs the binder really gave it, when they are on
+    one node (webhook.topology.simulate)."""
+    if len({p.node for p in job.pods if p.gpus}) != 1:
+        return
+    reference = reference_scenario()
+    node_gpus = sorted(g for p in job.pods for g in p.gpus)
+    job.bus_gbps = set_score(TOPOLOGY, node_gpus).allreduce_gbps
+    job.images_per_s = {m.name: images_per_second(m, len(node_gpus), job.bus_gbps,
+                                                  reference.links)
+                        for m in reference.models}
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """What our webhook answered a pod's CREATE."""
+
+    patch: list[dict[str, Any]]
+    warnings: list[str]
+    overridden: list[str]
+
+
+def _answer(api: ApiServerEmulator, namespace: str, requested_as: str) -> _Answer:
+    """The first answer of our webhook for the pod (not a reinvocation)."""
     for call in api.webhook_calls:
         req = call.request.get("request", {})
-        obj = req.get("object") or {}
-        meta = obj.get("metadata", {})
+        meta = (req.get("object") or {}).get("metadata", {})
         if (call.configuration != WEBHOOK_CONFIGURATION or req.get("namespace") != namespace
                 or call.reinvocation):
             continue
-        if name_or_prefix in (meta.get("name"), meta.get("generateName")):
+        if requested_as in (meta.get("name"), meta.get("generateName")):
             resp = (call.response or {}).get("response", {})
             patch = json.loads(base64.b64decode(resp["patch"])) if resp.get("patch") else []
-            return patch, list(resp.get("warnings") or [])
-    return [], []
+            audit = (resp.get("auditAnnotations") or {}).get("overridden")
+            return _Answer(patch, list(resp.get("warnings") or []),
+                           audit.split("; ") if audit else [])
+    return _Answer([], [], [])
 
 
 def _webhook_configuration(url: str, ca_pem: bytes) -> dict[str, Any]:
@@ -177,151 +386,54 @@ async def _kubelet(kube: KubeApi, node: str, kubelet: FakeKubelet,
                                  for u in envs["NVIDIA_VISIBLE_DEVICES"].split(","))
 
 
-def _started(handed: dict[str, tuple[str, ...]], count: int
-             ) -> Callable[[], Coroutine[Any, Any, bool]]:
-    async def check() -> bool:
-        return len(handed) >= count
-    return check
+async def _submit(kube: KubeApi, job: scenario.Job) -> list[_Submitted]:
+    """Create the job and the pods its controllers create for it, in their order."""
+    if job.kind == "Indexed Job":
+        made = await kube.create(JOBS, scenario.indexed_job(job.name, job.namespace),
+                                 namespace=job.namespace)
+        return [await _create_pod(kube, pod, "rank") for pod in mpi.indexed_pods(made)]
+    mpijob = await kube.create(MPIJOBS, scenario.mpijob(job.name, job.namespace),
+                               namespace=job.namespace)
+    launcher_job = await kube.create(JOBS, mpi.launcher_job(mpijob), namespace=job.namespace)
+    workers = [await _create_pod(kube, pod, "worker") for pod in mpi.worker_pods(mpijob)]
+    return [*workers, await _create_pod(kube, mpi.launcher_pod(launcher_job), "launcher")]
 
 
-async def _submit(kube: KubeApi, name: str, namespace: str) -> list[tuple[str, str]]:
-    """Create the MPIJob and what the MPI operator and Job controller create for it; return
-    (pod name or generateName, role) in creation order."""
-    job = await kube.create(MPIJOBS, scenario.mpijob(name, namespace), namespace=namespace)
-    launcher_job = await kube.create(JOBS, mpi.launcher_job(job), namespace=namespace)
-    created: list[tuple[str, str]] = []
-    for pod in mpi.worker_pods(job):
-        await kube.create(PODS, pod, namespace=namespace)
-        created.append((pod["metadata"]["name"], "worker"))
-    launcher = mpi.launcher_pod(launcher_job)
-    made = await kube.create(PODS, launcher, namespace=namespace)
-    created.append((made["metadata"]["name"], "launcher"))
-    return created
+async def _create_pod(kube: KubeApi, pod: dict[str, Any], role: str) -> _Submitted:
+    meta = pod["metadata"]
+    made = await kube.create(PODS, pod, namespace=meta["namespace"])
+    return _Submitted(made["metadata"]["name"], role, meta.get("name") or meta["generateName"])
 
 
-async def run_demo(policies: list[Path], progress: Progress) -> DemoResult:
-    started = time.monotonic()
-    topology = builtin("dgx1-v100")
-    background: list[asyncio.Task[Any]] = []
-    kubelets: dict[str, FakeKubelet] = {}
-    server: WebhookServer | None = None
-    with tempfile.TemporaryDirectory(prefix="muster-demo-") as tmp_dir:
-        tmp = Path(tmp_dir)
-        api = ApiServerEmulator(crds=list(scenario.CRDS))
-        for obj in [*scenario.namespaces(), *map(scenario.node, scenario.NODES)]:
-            api.seed(obj)
-        api.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "muster-system"}})
-        async with api:
-            client = await make_api_client(str(api.write_kubeconfig(tmp / "kubeconfig")))
-            kube = KubeApi(client)
-            try:
-                async with progress.step("API server emulator: 2 x DGX-1 V100 nodes"):
-                    pass
-                async with progress.step("node agents: NVML discovery, device plugins registered"):
-                    for node in scenario.NODES:
-                        kubelet = kubelets[node] = FakeKubelet(tmp / node)
-                        await kubelet.start()
-                        agent = Agent(
-                            AgentConfig(node=node, rediscover_s=3600, plugin=PluginConfig(
-                                node=node, kubelet_dir=tmp / node, assignment_wait_s=5.0)),
-                            nvml_discoverer(FakeNvml.profile("dgx1-v100")), kube)
-                        background.append(asyncio.create_task(agent.run()))
-                    for kubelet in kubelets.values():
-                        await kubelet.wait_for(keys.GPU_RESOURCE, count=topology.size, within=30)
-
-                async with progress.step("admission webhook over HTTPS (self-signed CA)"):
-                    ca = generate_ca("muster-demo-ca", days=1)
-                    write_pair(issue_serving_cert(ca, ["localhost"], ["127.0.0.1"], days=1),
-                               tmp / "tls.crt", tmp / "tls.key")
-                    server = WebhookServer(ServeOptions(
-                        policies=policies, host="127.0.0.1", port=0,
-                        tls_cert_file=tmp / "tls.crt", tls_key_file=tmp / "tls.key",
-                        kubeconfig=str(tmp / "kubeconfig"), namespace="muster-system"))
-                    await server.start()
-                    await kube.create(MUTATING_WEBHOOKS,
-                                      _webhook_configuration(server.url, ca.cert_pem))
-
-                async with progress.step("binder: waiting for gangs"):
-                    service = BinderService(kube, ServiceConfig(BinderConfig()))
-                    background.append(asyncio.create_task(service.run()))
-
-                jobs = [("vgg16-a", scenario.TOPOLOGY_NAMESPACE),
-                        ("vgg16-b", scenario.TOPOLOGY_NAMESPACE),
-                        ("vgg16-c", scenario.GANG_NAMESPACE)]
-                submitted: dict[str, list[tuple[str, str]]] = {}
-                async with progress.step("MPI operator: 3 MPIJobs, 15 pods created"):
-                    for name, ns in jobs:
-                        submitted[name] = await _submit(kube, name, ns)
-
-                async def all_bound() -> bool:
-                    pods = (await kube.list(PODS, namespace=scenario.TOPOLOGY_NAMESPACE))["items"]
-                    return len(pods) == 10 and all(p["spec"].get("nodeName") for p in pods)
-
-                # each node's kubelet starts the GPU pods bound to it, one by one, as the binder
-                # binds them (it binds a node's next GPU pod once the agent served this one)
-                handed: dict[str, tuple[str, ...]] = {}
-                starting = [asyncio.create_task(_kubelet(kube, node, kubelet, handed))
-                            for node, kubelet in kubelets.items()]
-                background += starting
-                async with progress.step("binder: both topology gangs placed and bound"):
-                    await _until("the binder to bind both gangs", all_bound)
-
-                async with progress.step("kubelets start the workers: device plugin Allocate"):
-                    await _until("the kubelets to start the 8 workers",
-                                 _started(handed, 8), within=60)
-
-                outcomes = [await _collect(api, kube, name=name, namespace=ns,
-                                           submitted=submitted[name], handed=handed)
-                            for name, ns in jobs]
-            finally:
-                for task in background:
-                    task.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
-                if server is not None:
-                    await server.stop()
-                for kubelet in kubelets.values():
-                    await kubelet.stop()
-                await client.close()
-
-    # modelled from the GPUs the binder really gave each job (webhook.topology.simulate)
-    reference = reference_scenario()
-    for job in outcomes:
-        if len({p.node for p in job.pods if p.gpus}) == 1:
-            node_gpus = sorted(g for p in job.pods for g in p.gpus)
-            job.bus_gbps = set_score(topology, node_gpus).allreduce_gbps
-            job.images_per_s = {m.name: images_per_second(m, len(node_gpus), job.bus_gbps,
-                                                          reference.links)
-                                for m in reference.models}
-    regular = predict(reference).regular
-    where = " + ".join(f"{node}:{','.join(map(str, g))}" for node, g in regular.gpus.items())
-    return DemoResult(outcomes, dict(regular.images_per_s), where, time.monotonic() - started)
-
-
-async def _collect(api: ApiServerEmulator, kube: KubeApi, *, name: str, namespace: str,
-                   submitted: list[tuple[str, str]], handed: dict[str, tuple[str, ...]]
-                   ) -> JobOutcome:
-    job = JobOutcome(name=name, namespace=namespace, policies=[], pods=[])
-    for pod_name, role in submitted:
-        key = pod_name if role == "worker" else f"{name}-launcher-"
-        patch, warnings = _patch_of(api, namespace, key)
-        pod = await kube.get(PODS, pod_name, namespace=namespace)
+async def _collect(demo: _Demo, spec: scenario.Job) -> JobOutcome:
+    job = JobOutcome(name=spec.name, namespace=spec.namespace, kind=spec.kind, policies=[],
+                     pods=[])
+    for submitted in demo.submitted[spec.name]:
+        answer = _answer(demo.api, spec.namespace, submitted.requested_as)
+        pod = await demo.kube.get(PODS, submitted.name, namespace=spec.namespace)
+        job.pods.append(_pod_outcome(submitted, pod, answer, demo.handed))
         ann = pod["metadata"].get("annotations") or {}
         job.scheduler_name = pod["spec"].get("schedulerName", "")
-        outcome = PodOutcome(name=pod_name, role=role, patch=patch, warnings=warnings,
-                             node=pod["spec"].get("nodeName"))
-        if keys.ANN_GPU_ASSIGNMENT in ann:
-            containers = json.loads(ann[keys.ANN_GPU_ASSIGNMENT])["containers"]
-            outcome.gpus = tuple(i for c in containers.values() for i in c["indices"])
-            outcome.uuids = tuple(u for c in containers.values() for u in c["uuids"])
-            outcome.visible_devices = handed.get(pod_name)
         job.policies = sorted(set(job.policies) | set(filter(None, ann.get(keys.ANN_POLICY,
                                                                           "").split(","))))
         job.gang = {k: ann[k] for k in _GANG_KEYS if k in ann} or job.gang
-        job.pods.append(outcome)
     # backend muster carries its gang on the pods; Volcano and coscheduling have a PodGroup
     for resource in (VOLCANO_PODGROUPS, COSCHEDULING_PODGROUPS):
-        found = await kube.list(resource, namespace=namespace,
-                                field_selector=f"metadata.name={name}")
+        found = await demo.kube.list(resource, namespace=spec.namespace,
+                                     field_selector=f"metadata.name={spec.name}")
         job.pod_group = next(iter(found["items"]), job.pod_group)
     return job
 
+
+def _pod_outcome(submitted: _Submitted, pod: dict[str, Any], answer: _Answer,
+                 handed: dict[str, tuple[str, ...]]) -> PodOutcome:
+    outcome = PodOutcome(name=submitted.name, role=submitted.role, patch=answer.patch,
+                         warnings=answer.warnings, overridden=answer.overridden,
+                         node=pod["spec"].get("nodeName"))
+    assignment = (pod["metadata"].get("annotations") or {}).get(keys.ANN_GPU_ASSIGNMENT)
+    if assignment:
+        containers = json.loads(assignment)["containers"]
+        outcome.gpus = tuple(i for c in containers.values() for i in c["indices"])
+        outcome.uuids = tuple(u for c in containers.values() for u in c["uuids"])
+        outcome.visible_devices = handed.get(submitted.name)
+    return outcome

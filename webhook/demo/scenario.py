@@ -2,20 +2,38 @@
 
 Two DGX-1 V100 nodes (8 GPUs each) and the Alibaba ACK benchmark's MPIJob (TensorFlow +
 Horovod, 4 workers x 1 GPU plus a launcher), submitted twice in a namespace whose policy asks for
-topology-aware placement and once in a namespace whose policy uses the coscheduling plugin (the
-shipped examples in policies/).
+topology-aware placement and once in a namespace whose policy uses the coscheduling plugin, and
+an Indexed Job of 4 ranks in a namespace whose policy puts it on Volcano (the shipped examples
+in webhook/demo/policies/). The cluster has Volcano's Queues and a PriorityClass, as one with
+Volcano installed would.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from webhook import keys
 
 NODES = ("node-a", "node-b")
 TOPOLOGY_NAMESPACE = "team-a"  # labelled muster.io/gpu-topology=enabled: policy mpi-topology
 GANG_NAMESPACE = "team-b"  # policy mpi-coscheduling
+VOLCANO_NAMESPACE = "team-d"  # policy indexed-job-volcano
+PRIORITY_CLASS = "batch-high"  # the Indexed Job's: its Volcano PodGroup carries it
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    name: str
+    namespace: str
+    kind: Literal["MPIJob", "Indexed Job"]
+
+
+JOBS = (Job("vgg16-a", TOPOLOGY_NAMESPACE, "MPIJob"), Job("vgg16-b", TOPOLOGY_NAMESPACE, "MPIJob"),
+        Job("vgg16-c", GANG_NAMESPACE, "MPIJob"), Job("vgg16-d", VOLCANO_NAMESPACE, "Indexed Job"))
+#: what the MPI operator and the Job controller create for JOBS
+SUBMITTED = "3 MPIJobs and an Indexed Job, 19 pods"
 
 NODE_ALLOCATABLE = {"cpu": "80", "memory": "512Gi", keys.GPU_RESOURCE: "8", "pods": "110"}
 
@@ -48,7 +66,13 @@ def namespaces() -> list[dict[str, Any]]:
             "name": TOPOLOGY_NAMESPACE,
             "labels": {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED}}},
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": GANG_NAMESPACE}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": VOLCANO_NAMESPACE}},
     ]
+
+
+def priority_class() -> dict[str, Any]:
+    return {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": PRIORITY_CLASS}, "value": 1000}
 
 
 # The reference job, as `arena submit mpi --gpus=1 --workers=4` creates it
@@ -84,14 +108,29 @@ def mpijob(name: str, namespace: str) -> dict[str, Any]:
     return job
 
 
-def _crd(group: str, version: str, kind: str, plural: str, short: list[str]) -> dict[str, Any]:
+def indexed_job(name: str, namespace: str) -> dict[str, Any]:
+    """The benchmark as 4 ranks of an Indexed Job (each reads its rank from
+    JOB_COMPLETION_INDEX), at a priority class of its own."""
+    worker = _MPIJOB["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"completionMode": "Indexed", "completions": 4, "parallelism": 4,
+                 "backoffLimit": 0, "template": {"spec": {
+                     "restartPolicy": "Never", "priorityClassName": PRIORITY_CLASS,
+                     "containers": [copy.deepcopy(worker)]}}},
+    }
+
+
+def _crd(group: str, version: str, kind: str, plural: str, short: list[str], *,
+         scope: str = "Namespaced") -> dict[str, Any]:
     """A minimal CustomResourceDefinition (structural, fields preserved) for the demo's emulator;
     tests and e2e install the upstream CRDs from ../shared/crds instead."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         "metadata": {"name": f"{plural}.{group}"},
         "spec": {
-            "group": group, "scope": "Namespaced",
+            "group": group, "scope": scope,
             "names": {"kind": kind, "plural": plural, "singular": kind.lower(),
                       "listKind": f"{kind}List", "shortNames": short},
             "versions": [{
@@ -108,4 +147,6 @@ CRDS = (
     _crd("kubeflow.org", "v2beta1", "MPIJob", "mpijobs", ["mpij"]),
     _crd("scheduling.volcano.sh", "v1beta1", "PodGroup", "podgroups", ["pg", "podgroup-v1beta1"]),
     _crd("scheduling.x-k8s.io", "v1alpha1", "PodGroup", "podgroups", ["pg", "pgs"]),
+    _crd("scheduling.volcano.sh", "v1beta1", "Queue", "queues", ["q", "queue-v1beta1"],
+         scope="Cluster"),
 )

@@ -1,6 +1,6 @@
 """Policies: schema, loader, engine (`evaluate`), JSON Patch rendering and PodGroup objects."""
 
-from webhook.policy.decision import Decision, OwnerRef, PodGroupSpec, PolicyMatch
+from webhook.policy.decision import Decision, Override, OwnerRef, PodGroupSpec, PolicyMatch
 from webhook.policy.engine import evaluate, explain
 from webhook.policy.errors import PolicyError, PolicyIssue
 from webhook.policy.loader import load_policies, load_policy_texts
@@ -11,6 +11,7 @@ from webhook.policy.schema import SchedulingPolicy
 
 __all__ = [
     "Decision",
+    "Override",
     "OwnerRef",
     "PodGroupSpec",
     "PolicyError",

@@ -131,7 +131,7 @@ def _pod_mode(target: Path, args: argparse.Namespace, policies: PolicySet) -> in
         print(f"  {'match' if m.matched else 'skip ':<5} {m.policy}: {'; '.join(m.reasons)}")
     for w in decision.warnings:
         print(f"  warning: {w}")
-    for line in _gang_lines(decision):
+    for line in _decision_lines(decision):
         print(f"  {line}")
     pg = podgroup_manifest(decision.pod_group) if decision.pod_group else None
     if decision.pod_group and pg is None:
@@ -168,8 +168,8 @@ def explain_pods(args: argparse.Namespace) -> int:
             print(f"  {'MATCH' if m.matched else 'no   '}  {m.policy}")
             for reason in m.reasons:
                 print(f"         {reason}")
-        for line in _gang_lines(evaluate(pod, namespace_labels=labels, owners=owners,
-                                         policies=policies)):
+        for line in _decision_lines(evaluate(pod, namespace_labels=labels, owners=owners,
+                                             policies=policies)):
             print(f"  {line}")
     return 0
 
@@ -186,9 +186,10 @@ def _read(path: Path, what: str) -> dict[str, Any]:
         raise UsageError(f"{what} {exc}") from exc
 
 
-def _gang_lines(decision: Decision) -> list[str]:
-    """What admission does with the gang in the cluster, beyond the policies' match."""
-    out = []
+def _decision_lines(decision: Decision) -> list[str]:
+    """Beyond the policies' match: the fields a matched policy lost to another, and what
+    admission does with the gang in the cluster."""
+    out = [override.describe() for override in decision.overrides]
     g = decision.pod_group
     if g is not None and g.backend == "volcano":
         out.append(f"gang {g.name}: {describe(g)}")

@@ -60,6 +60,20 @@ class PolicyMatch:
     reasons: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Override:
+    """A field a matched policy writes that a policy of higher precedence (priority) writes
+    differently: the pod gets the other value."""
+
+    policy: str
+    #: the merge key, as the policy spells the field: "gang.backend", "labels.team"
+    field: str
+    by: str
+
+    def describe(self) -> str:
+        return f"{self.policy}: {self.field} overridden by {self.by} (higher precedence)"
+
+
 @record
 class Decision:
     #: every policy considered, in evaluation order, with the reasons it matched or not
@@ -80,6 +94,8 @@ class Decision:
     #: a gang policy matched but the job's object was not available to size or own the gang:
     #: why (admission then denies the pod for a while, so that no member joins half a gang)
     gang_blocked: str | None = None
+    #: the matched policies' fields that lost to a policy of higher precedence
+    overrides: tuple[Override, ...] = ()
 
     @property
     def changes_pod(self) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 from webhook import keys
 from webhook.policy.compiled import CompiledPolicy, MatchInput
-from webhook.policy.decision import Backend, Decision, PodGroupSpec, PolicyMatch
+from webhook.policy.decision import Backend, Decision, Override, PodGroupSpec, PolicyMatch
 from webhook.policy.jsonshape import as_str
 from webhook.policy.podview import TOPOLOGY_TOLERATION, PodView, view_of
 from webhook.policy.policyset import PolicySet
@@ -49,6 +49,22 @@ def _merge(matched: Sequence[CompiledPolicy]) -> dict[str, tuple[Any, str]]:
     return merged
 
 
+def _overrides(matched: Sequence[CompiledPolicy]) -> tuple[Override, ...]:
+    """Each field a policy writes that an earlier one (higher priority) wrote differently.
+    Equal values are no override: both policies ask the same."""
+    first: dict[str, tuple[Any, str]] = {}
+    out: list[Override] = []
+    for compiled in matched:
+        name = compiled.policy.name
+        for key, value in (*compiled.writes,
+                           *((f"labels.{k}", v) for k, v in compiled.labels.items()),
+                           *((f"annotations.{k}", v) for k, v in compiled.annotations.items())):
+            won, by = first.setdefault(key, (value, name))
+            if by != name and won != value:
+                out.append(Override(name, key, by))
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class _Writes:
     """What a set of matched policies writes, independent of the pod (computed once per set)."""
@@ -62,6 +78,7 @@ class _Writes:
     policy_annotation: str
     #: the warning for each gang field written that the gang's backend does not use
     ignored: tuple[str, ...]
+    overrides: tuple[Override, ...]
 
 
 def _ignored_fields(merged: Mapping[str, tuple[Any, str]]) -> tuple[str, ...]:
@@ -86,7 +103,8 @@ def _writes(policies: PolicySet, matched: list[CompiledPolicy]) -> _Writes:
             annotations.update(compiled.annotations)
         names = tuple(c.policy.name for c in matched)
         found = _Writes(merged, {k: v for k, (v, _) in merged.items()}, names, labels,
-                        annotations, ",".join(names), _ignored_fields(merged))
+                        annotations, ",".join(names), _ignored_fields(merged),
+                        _overrides(matched))
         memo.put(key, found)
     return found
 
@@ -135,7 +153,8 @@ def decide(view: PodView, policies: PolicySet) -> Decision:
         matches=matches, policies=writes.names, pod_group=draft.pod_group,
         labels=draft.labels, annotations=draft.annotations, scheduler_name=draft.scheduler_name,
         tolerations=tuple(draft.tolerations), node_affinity=tuple(draft.node_affinity),
-        warnings=tuple(draft.warnings), gang_blocked=draft.gang_blocked)
+        warnings=tuple(draft.warnings), gang_blocked=draft.gang_blocked,
+        overrides=writes.overrides)
 
 
 def _match(view: PodView, policies: PolicySet
