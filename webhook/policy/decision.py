@@ -61,6 +61,26 @@ class PolicyMatch:
 
 
 @record
+class PolicyAudit:
+    """What a matching policy in audit or warn mode would have done to the pod, had it been
+    enforced alongside the enforced policies, and did not do (`webhook.policy.audit`)."""
+
+    policy: str
+    mode: Literal["warn", "audit"]
+    #: what it would change, by kind: gang, istio, topology, labels, annotations (the metric's
+    #: `action`); empty: nothing (the enforced policies already do it, or override it)
+    actions: tuple[str, ...]
+    #: the same changes, in words
+    changes: tuple[str, ...]
+
+    @property
+    def summary(self) -> str:
+        what = f"would set {'; '.join(self.changes)}" if self.changes else \
+            "matches but would change nothing"
+        return f"policy {self.policy} ({self.mode}) {what}"
+
+
+@record
 class Decision:
     #: every policy considered, in evaluation order, with the reasons it matched or not
     matches: tuple[PolicyMatch, ...] = ()
@@ -80,6 +100,9 @@ class Decision:
     #: a gang policy matched but the job's object was not available to size or own the gang:
     #: why (admission then denies the pod for a while, so that no member joins half a gang)
     gang_blocked: str | None = None
+    #: the matching policies in audit or warn mode, in evaluation order: what each would have
+    #: done (none of it is in the fields above)
+    audits: tuple[PolicyAudit, ...] = ()
 
     @property
     def changes_pod(self) -> bool:
