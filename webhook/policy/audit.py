@@ -20,8 +20,9 @@ from webhook.policy.podview import PodShape
 
 #: the reason of the Event that records an audit (webhook.admission: one per job and policy)
 EVENT_REASON = "PolicyAudit"
-#: the policy an audit Event names (`muster analyze` reads it back)
-_EVENT_POLICY = re.compile(r"^policy (\S+) \((?:audit|warn)\) ")
+#: the policy an audit Event names, and whether it would change something (`muster analyze`
+#: reads it back)
+_EVENT = re.compile(r"^policy (\S+) \((?:audit|warn)\) (would set|matches but would change)")
 
 #: the keys that make a pod a member of its gang, written from `Decision.pod_group`
 _GANG_KEYS = frozenset({
@@ -90,7 +91,8 @@ def event_message(audit: PolicyAudit, pod: str) -> str:
     return f"{audit.summary} (first seen on pod {pod})"
 
 
-def event_policy(message: str) -> str | None:
-    """The policy an audit Event is about, None for another message."""
-    found = _EVENT_POLICY.match(message)
-    return found[1] if found else None
+def read_event(message: str) -> tuple[str, bool] | None:
+    """(the policy an audit Event is about, whether it would change the pod); None for another
+    message."""
+    found = _EVENT.match(message)
+    return (found[1], found[2] == "would set") if found else None
