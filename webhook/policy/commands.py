@@ -164,6 +164,7 @@ def explain_pods(args: argparse.Namespace) -> int:
         return 1
     labels = _labels(args.namespace_labels)
     owners = [_read(Path(p), "--owner") for p in args.owner]
+    modes = {p.name: p.spec.enforcement for p in policies}
     for path in map(Path, args.pods):
         pod = _read(path, "pod")
         meta = pod.get("metadata") or {}
@@ -172,7 +173,6 @@ def explain_pods(args: argparse.Namespace) -> int:
         decision = evaluate(pod, namespace_labels=labels, owners=owners, policies=policies)
         # what admission's decision records of the policies in audit or warn mode
         audits = {a.policy: a for a in decision.audits}
-        modes = {p.name: p.spec.enforcement for p in policies}
         for m in explain(pod, namespace_labels=labels, owners=owners, policies=policies):
             print(f"  {'MATCH' if m.matched else 'no   '}  {m.policy}{_mode(modes[m.policy])}")
             for reason in m.reasons:
