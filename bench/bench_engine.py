@@ -12,6 +12,8 @@ with its MPIJob as owner (as the admission server passes it from its cache).
 Two policy sets of 50:
 - realistic: the shipped examples + team policies up to 50, each scoped to another namespace
   (one team per namespace, the usual way admins split policies); the worker matches 1 of them.
+- audited: the realistic set with mpi-volcano, which the worker matches, in audit mode: the
+  engine decides once more for it (what it would do); the enforce-only sets never do.
 - adversarial: 50 policies that all must be examined to the end (no namespace scope, each with a
   pod selector and owner kinds, 10 of them matching, merged by priority).
 
@@ -53,8 +55,11 @@ def _doc(name: str, spec: dict[str, Any]) -> dict[str, Any]:
             "metadata": {"name": name}, "spec": spec}
 
 
-def realistic() -> PolicySet:
+def realistic(audited: str = "") -> PolicySet:
     texts = {p.name: p.read_text() for p in EXAMPLE_POLICIES.glob("*.yaml")}
+    if audited:
+        texts[f"{audited}.yaml"] = texts[f"{audited}.yaml"].replace(
+            "\nspec:\n", "\nspec:\n  enforcement: audit\n", 1)
     docs = []
     for i in range(50 - len(load_policy_texts(texts))):
         backend = ("volcano", "coscheduling", "muster")[i % 3]
@@ -106,7 +111,8 @@ def main() -> int:
     pod = json.loads(raw)["request"]["object"]
     mpijob = yaml.safe_load((EXAMPLE_POLICIES / "tests/objects/mpijob-team-a.yaml").read_text())
     results: dict[str, list[float]] = {"json.loads": []}
-    sets = {"realistic": realistic(), "adversarial": adversarial()}
+    sets = {"realistic": realistic(), "audited": realistic("mpi-volcano"),
+            "adversarial": adversarial()}
 
     def admit(policies: PolicySet) -> Callable[[], object]:
         def run() -> object:

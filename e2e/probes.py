@@ -25,6 +25,38 @@ spec:
 """
 
 
+#: the namespace of the rollout scenario (`rollout_policies`)
+ROLLOUT_NAMESPACE = "team-e"
+
+
+def rollout_policies(enforcement: str, marker: str) -> dict[str, str]:
+    """Policy files for the chart's values: a coscheduling gang for the MPIJobs of
+    ROLLOUT_NAMESPACE in `enforcement` mode, and an enforced policy labelling the namespace's
+    pods `rollout=<marker>`. Both load as one set, so a probe that sees the marker
+    (`rollout_loaded`) knows the gang policy's mode is the one in force."""
+    ns = ROLLOUT_NAMESPACE
+    return {
+        "rollout-gangs.yaml": (
+            "apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\n"
+            "metadata: {name: rollout-gangs}\n"
+            f"spec:\n  enforcement: {enforcement}\n"
+            f"  match: {{namespaces: [{ns}], ownerKinds: [kubeflow.org/MPIJob]}}\n"
+            "  gang: {backend: coscheduling, minAvailable: auto}\n"),
+        "rollout-marker.yaml": (
+            "apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\n"
+            "metadata: {name: rollout-marker}\n"
+            f"spec:\n  match: {{namespaces: [{ns}]}}\n  labels: {{rollout: {marker}}}\n")}
+
+
+async def rollout_loaded(kube: KubeApi, marker: str, times: int = 1) -> bool:
+    """Whether `times` probes in a row see the policy set carrying `marker` (several: with more
+    than one webhook replica, each reloads on its own)."""
+    for _ in range(times):
+        if (await probe_labels(kube, ROLLOUT_NAMESPACE)).get("rollout") != marker:
+            return False
+    return True
+
+
 async def eventually(check: Callable[[], Any], within: float = 10.0, *,
                      what: str = "the condition", interval: float = 0.05) -> Any:
     """Poll `check` (a function, or a coroutine function) until it returns something truthy,

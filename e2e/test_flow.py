@@ -25,7 +25,15 @@ from e2e.cluster import (
     chart_values,
     namespace,
 )
-from e2e.probes import EXTRA_POLICY, eventually, pods_of, probe_labels
+from e2e.probes import (
+    EXTRA_POLICY,
+    ROLLOUT_NAMESPACE,
+    eventually,
+    pods_of,
+    probe_labels,
+    rollout_loaded,
+    rollout_policies,
+)
 from webhook import keys
 from webhook.demo import EXAMPLE_POLICIES, mpi
 from webhook.kube import (
@@ -249,6 +257,46 @@ async def test_helm_upgrade_changes_policies_without_a_restart(cluster: Cluster)
     await eventually(labelled, within=30, what="the upgraded policies to apply without a restart")
     if webhook is not None:  # the same process, still running
         assert webhook is cluster.procs["webhook"].popen and webhook.poll() is None
+
+
+async def test_helm_upgrade_rolls_a_policy_out_from_audit_to_enforce(cluster: Cluster) -> None:
+    """The documented rollout (docs/policies.md, "Rolling out a policy"): shipped in audit mode,
+    the policy changes none of a job's pods and makes no PodGroup, and the job gets one Event
+    saying what it would do; after `helm upgrade` to enforce, the next job gets its gang."""
+    kube, ns = cluster.kube, ROLLOUT_NAMESPACE
+    await kube.create(NAMESPACES, namespace(ns))
+    values = chart_values(EXAMPLE_POLICIES)
+    values["policies"].update(rollout_policies("audit", "v1"))
+    await cluster.helm_upgrade(values)
+    await eventually(lambda: rollout_loaded(kube, "v1"), within=30,
+                     what="the policies in audit mode to be loaded")
+    job, _ = await submit(kube, "audited", ns)
+    pods = await pods_of(kube, ns, "audited")
+    assert len(pods) == 5
+    for pod in pods:
+        assert keys.COSCHEDULING_GROUP_LABEL not in pod["metadata"]["labels"]
+        assert "rollout-gangs" not in pod["metadata"]["annotations"].get(keys.ANN_POLICY, "")
+    assert (await kube.list(COSCHEDULING_PODGROUPS, namespace=ns))["items"] == []
+
+    async def audit_events() -> list[dict[str, Any]]:
+        return [e for e in (await kube.list(EVENTS, namespace=ns))["items"]
+                if e.get("reason") == "PolicyAudit"]
+    [event] = await eventually(audit_events, within=30, what="the job's PolicyAudit Event")
+    assert event["involvedObject"]["uid"] == job["metadata"]["uid"]
+    assert event["message"].startswith(
+        "policy rollout-gangs (audit) would set PodGroup team-e/audited (coscheduling, "
+        "minMember 5)")
+
+    values["policies"].update(rollout_policies("enforce", "v2"))
+    await cluster.helm_upgrade(values)
+    await eventually(lambda: rollout_loaded(kube, "v2"), within=30,
+                     what="the upgraded policy to be enforced")
+    await submit(kube, "enforced", ns)
+    for pod in await pods_of(kube, ns, "enforced"):
+        assert pod["metadata"]["labels"][keys.COSCHEDULING_GROUP_LABEL] == "enforced"
+    group = await kube.get(COSCHEDULING_PODGROUPS, "enforced", namespace=ns)
+    assert group["spec"]["minMember"] == 5
+    assert len(await audit_events()) == 1  # nothing audited any more
 
 
 async def test_pods_are_still_created_while_the_webhook_is_down(cluster: Cluster) -> None:

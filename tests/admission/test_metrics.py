@@ -21,9 +21,12 @@ def _series(text: bytes, names: tuple[str, ...]) -> set[str]:
 
 
 @settings(max_examples=100, deadline=None)
-@given(seen=observations, decisions=st.lists(st.sampled_from(["a", "b", "mpi-volcano"])))
+@given(seen=observations, decisions=st.lists(st.sampled_from(["a", "b", "mpi-volcano"])),
+       audits=st.lists(st.tuples(st.sampled_from(["a", "mpi-volcano"]),
+                                 st.sampled_from(["gang", "istio", "none"]))))
 def test_same_exposition_as_prometheus_client(seen: list[tuple[str, str, float]],
-                                              decisions: list[str]) -> None:
+                                              decisions: list[str],
+                                              audits: list[tuple[str, str]]) -> None:
     ours = Metrics()
     registry = CollectorRegistry()
     requests = Counter("muster_admission_requests", "", ["endpoint", "outcome"],
@@ -31,6 +34,7 @@ def test_same_exposition_as_prometheus_client(seen: list[tuple[str, str, float]]
     latency = Histogram("muster_admission_request_duration_seconds", "",
                         ["endpoint", "outcome"], buckets=_LATENCY_BUCKETS, registry=registry)
     policies = Counter("muster_policy_decisions", "", ["policy"], registry=registry)
+    audited = Counter("muster_policy_audit", "", ["policy", "action"], registry=registry)
     for endpoint, outcome, seconds in seen:
         ours.observe_request(endpoint, outcome, seconds)
         requests.labels(endpoint, outcome).inc()
@@ -38,5 +42,8 @@ def test_same_exposition_as_prometheus_client(seen: list[tuple[str, str, float]]
     for name in decisions:
         ours.count_decision(name)
         policies.labels(name).inc()
-    names = ("muster_admission_request", "muster_policy_decisions")
+    for name, action in audits:
+        ours.count_audit(name, action)
+        audited.labels(name, action).inc()
+    names = ("muster_admission_request", "muster_policy_decisions", "muster_policy_audit")
     assert _series(ours.render(), names) == _series(generate_latest(registry), names)

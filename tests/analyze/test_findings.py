@@ -102,6 +102,22 @@ def waiting_pod(age: int, reason: str | None = None) -> dict[str, Any]:
 
 
 SHADOW = POLICY.replace("name: mpi-volcano", "name: again")
+AUDITED = POLICY.replace("spec:\n", "spec:\n  enforcement: audit\n", 1)
+
+
+def audit_event(message: str, job: str = "running", reason: str = "PolicyAudit",
+                at: str = "2026-11-23T11:00:00Z") -> dict[str, Any]:
+    """An Event as the webhook records it on a job for a policy in audit or warn mode."""
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{job}.{abs(hash(message)):x}", "namespace": "team-a"},
+            "involvedObject": {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+                               "name": job, "namespace": "team-a", "uid": f"uid-{job}"},
+            "reason": reason, "message": message, "type": "Normal", "count": 1,
+            "firstTimestamp": at, "lastTimestamp": at}
+
+
+WOULD = ("policy mpi-volcano (audit) would set PodGroup team-a/{job} (volcano, minMember 5, "
+         "queue training); schedulerName volcano (first seen on pod {job}-worker-0)")
 
 
 def healthy() -> Snapshot:
@@ -195,6 +211,12 @@ CASES: list[tuple[str, Callable[[Snapshot], Snapshot], str, str]] = [
      "PolicyShadowed", "warning"),
     ("gang waiting", _set(waiting_pods=[waiting_pod(age=900, reason="0/3 nodes fit")]),
      "GangWaiting", "warning"),
+    ("not enforced", _set(policies=load_policy_texts({"p.yaml": AUDITED})), "PolicyNotEnforced",
+     "info"),
+    # a policy in audit mode decides nothing, so it shadows nothing either
+    ("shadowed by an audit", _set(policies=load_policy_texts({"p.yaml": AUDITED,
+                                                              "q.yaml": SHADOW})),
+     "PolicyNotEnforced", "info"),
 ]
 
 
@@ -262,6 +284,35 @@ def test_a_coscheduling_scheduler_nobody_runs() -> None:
     young = copy.deepcopy(pod)
     young["metadata"]["creationTimestamp"] = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert analyze(dataclasses.replace(base, unscheduled_pods=[young]), NOW) == []
+
+
+def test_a_policy_not_enforced_is_told_what_its_events_say_it_would_do() -> None:
+    base = dataclasses.replace(healthy(), policies=load_policy_texts({"p.yaml": AUDITED}))
+    [alone] = analyze(base, NOW)
+    assert alone.message == (
+        "in audit mode: it changes no pod. Its PolicyAudit Events name no workload it matched "
+        "yet (Events last the API server's --event-ttl, 1 h by default)")
+    assert "spec.enforcement: enforce" in alone.fix and "helm upgrade" in alone.fix
+    events = [audit_event(WOULD.format(job="old"), "old", at="2026-11-23T10:00:00Z"),
+              audit_event(WOULD.format(job="new"), "new"),
+              audit_event("policy mpi-volcano (audit) matches but would change nothing (first "
+                          "seen on pod x-0)", "x"),
+              audit_event("policy other (warn) would set label a=b (first seen on pod y-0)"),
+              audit_event(WOULD.format(job="z"), "z", reason="Scheduled")]
+    [told] = analyze(dataclasses.replace(base, audit_events=events), NOW)
+    assert (told.code, told.severity, told.object) == (
+        "PolicyNotEnforced", "info", "SchedulingPolicy/mpi-volcano")
+    assert told.message == (
+        "in audit mode: it changes no pod. Its PolicyAudit Events name 2 workload(s) it would "
+        "change and 1 it matches without changing, e.g. MPIJob team-a/new: "
+        + WOULD.format(job="new"))
+    warned = dataclasses.replace(base, policies=load_policy_texts(
+        {"p.yaml": AUDITED.replace("audit", "warn")}), audit_events=events[2:3])
+    [told] = analyze(warned, NOW)
+    assert told.message == (
+        "in warn mode: it changes no pod and warns whoever creates one it matches. Its "
+        "PolicyAudit Events name 1 workload(s) it matches, none of which it would change (the "
+        "enforced policies already do it, or override it)")
 
 
 # --- the same findings on a cluster set up to have them (emulator, through `collect`) ----------
@@ -386,6 +437,10 @@ LIVE: list[tuple[str, Callable[[list[dict[str, Any]]], list[dict[str, Any]]], st
         "metadata": {"name": "muster-policies", "namespace": "muster-system"},
         "data": {"p.yaml": POLICY, "q.yaml": SHADOW}}), "PolicyShadowed"),
     ("gang waiting", _stuck_pod, "GangWaiting"),
+    ("not enforced", _replace("ConfigMap", "muster-policies", {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "muster-policies", "namespace": "muster-system"},
+        "data": {"p.yaml": AUDITED}}), "PolicyNotEnforced"),
 ]
 
 
@@ -406,6 +461,23 @@ async def test_each_finding_on_a_cluster_set_up_to_have_it(
         await asyncio.sleep(1.2)  # past the pod's gang timeout
     found = sorted(f.code for f in await findings_of(api, tmp_path))
     assert found == sorted(filter(None, codes.split("+"))), what
+
+
+async def test_a_policy_not_enforced_on_a_cluster_with_its_events(
+        shared_crds: list[dict[str, Any]], tmp_path: Path) -> None:
+    api = ApiServerEmulator(crds=shared_crds)
+    objs = _replace("ConfigMap", "muster-policies", {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "muster-policies", "namespace": "muster-system"},
+        "data": {"p.yaml": AUDITED}})(cluster_objects())
+    for obj in (o for o in objs if o["kind"] != "PodGroup"):
+        api.seed(obj)
+    api.seed(audit_event(WOULD.format(job="running")))
+    api.seed(audit_event(WOULD.format(job="other"), "other", reason="Scheduled"))
+    [finding] = await findings_of(api, tmp_path)
+    assert finding.code == "PolicyNotEnforced"
+    assert "name 1 workload(s) it would change, e.g. MPIJob team-a/running: policy mpi-volcano " \
+        "(audit) would set PodGroup" in finding.message
 
 
 async def test_a_backend_without_its_crd_on_a_cluster(shared_crds: list[dict[str, Any]],

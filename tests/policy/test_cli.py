@@ -145,6 +145,40 @@ def test_explain_says_which_policy_overrides_which(capsys: pytest.CaptureFixture
     assert "\n  mpi-volcano: gang.backend overridden by mpi-topology (higher precedence)\n" in out
 
 
+def test_explain_and_test_show_a_policy_not_enforced_and_what_it_would_do(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The lines come from the decision admission makes (`evaluate`), not a second reading."""
+    shipped = (REPO / "webhook/demo/policies/mpi-volcano.yaml").read_text()
+    (tmp_path / "mpi-volcano.yaml").write_text(
+        shipped.replace("\nspec:\n", "\nspec:\n  enforcement: audit\n", 1))
+    (tmp_path / "istio.yaml").write_text(
+        (REPO / "webhook/demo/policies/istio-optout.yaml").read_text())
+    objects = REPO / "webhook/demo/policies/tests/objects"
+    owner, worker = objects / "mpijob-team-a.yaml", objects / "worker-team-a.yaml"
+    code, out = run(["policy", "check", str(tmp_path)], capsys)
+    assert code == 0 and [line for line in out.splitlines() if "[audit]" in line] == [
+        f"ok  mpi-volcano                      priority 0    {tmp_path}/mpi-volcano.yaml:8  "
+        "[audit]"]
+    code, out = run(["policy", "explain", "-p", str(tmp_path), "--owner", str(owner),
+                     str(worker)], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    at = lines.index("  MATCH  mpi-volcano  [audit]")
+    assert lines[at + 3:at + 6] == [
+        "         → not applied (audit, records it): would set",
+        "             PodGroup team-a/tensorflow-topo-4-vgg16 (volcano, minMember 5, queue "
+        "research)",
+        "             schedulerName volcano"]
+    assert "  MATCH  istio-optout-mpi-jobs" in lines  # enforced: no mark
+    assert "gang tensorflow-topo-4-vgg16" not in out  # no gang is formed
+    code, out = run(["policy", "test", "-p", str(tmp_path), str(worker), "--owner", str(owner)],
+                    capsys)
+    assert code == 0
+    assert "  match mpi-volcano  [audit]: ✓ namespace team-a" in out
+    assert "  not applied: policy mpi-volcano (audit) would set PodGroup " in out
+    assert "scheduling.k8s.io/group-name" not in out.split("## JSON Patch")[1]
+
+
 def test_policytest_file_problems_are_one_line_each_with_their_place(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     head = "apiVersion: muster.io/v1alpha1\nkind: PolicyTest\nmetadata: {name: t}\nspec:\n"

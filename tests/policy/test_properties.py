@@ -73,6 +73,8 @@ def spec(draw: st.DrawFn, priority: int) -> dict[str, Any]:
         out["labels"] = {"team": draw(label_values)}
     if draw(st.booleans()):
         out["annotations"] = {"example.com/note": draw(st.text(max_size=5))}
+    if draw(st.integers(0, 2)) == 0:
+        out["enforcement"] = draw(st.sampled_from(["enforce", "warn", "audit"]))
     return out
 
 
@@ -181,8 +183,13 @@ def test_explain_narrates_exactly_what_evaluate_decides(
     narrated = {m.policy: m for m in explain(pod, namespace_labels=ns_labels, owners=owners,
                                              policies=ps)}
     assert list(narrated) == list(ps.names)
-    # the policies that apply: the same set, in the same (priority) order
-    assert tuple(n for n, m in narrated.items() if m.matched) == decision.policies
+    # the policies that apply, and those that would in audit or warn mode: the same sets, in
+    # the same (priority) order
+    modes = {p.name: p.spec.enforcement for p in ps}
+    assert tuple(n for n, m in narrated.items() if m.matched and modes[n] == "enforce") == \
+        decision.policies
+    assert tuple(n for n, m in narrated.items() if m.matched and modes[n] != "enforce") == \
+        tuple(a.policy for a in decision.audits)
     for record in decision.matches:  # those evaluate examined, each with its first failure
         told = narrated[record.policy]
         assert told.matched == record.matched

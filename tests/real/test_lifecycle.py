@@ -11,14 +11,31 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jobs import ensure_namespace
+from jobs import ensure_namespace, mpijob, submit
 from real_helpers import kubectl, release_values, run_helm
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node.assets import REPO
 from e2e.node.cluster import NodeCluster
-from e2e.probes import EXTRA_POLICY, eventually, probe_labels
-from webhook.kube import MUTATING_WEBHOOKS, PODS, VALIDATING_WEBHOOKS, KubeApi
+from e2e.probes import (
+    EXTRA_POLICY,
+    ROLLOUT_NAMESPACE,
+    eventually,
+    pods_of,
+    probe_labels,
+    rollout_loaded,
+    rollout_policies,
+)
+from webhook import keys
+from webhook.kube import (
+    COSCHEDULING_PODGROUPS,
+    EVENTS,
+    MPIJOBS,
+    MUTATING_WEBHOOKS,
+    PODS,
+    VALIDATING_WEBHOOKS,
+    KubeApi,
+)
 
 CHART = str(REPO / "charts" / "muster")
 async def _webhook_pods(kube: KubeApi) -> dict[str, int]:
@@ -69,6 +86,75 @@ async def test_upgrade_applies_policies_live_and_rollback_restores_them(
         return "cost-center" not in await probe_labels(kube, ns)
     await eventually(unlabelled, within=120, what="the rollback to restore the old policies")
     assert await _ca_bundles(kube) == before_ca
+
+
+async def _job_pods(kube: KubeApi, ns: str, job: str) -> list[dict[str, Any]]:
+    """The job's 5 pods, once the Job controller has made its launcher."""
+    async def all_there() -> list[dict[str, Any]] | None:
+        pods = await pods_of(kube, ns, job)
+        return pods if len(pods) == 5 else None
+    found: list[dict[str, Any]] = await eventually(all_there, within=60,
+                                                   what=f"{job}'s launcher pod")
+    return found
+
+
+def _without_gpus(job: dict[str, Any]) -> dict[str, Any]:
+    """The job with no GPU limits: the audited job's pods are not gang-scheduled, and the
+    default scheduler runs them beside the other tests' without taking GPUs."""
+    for spec in job["spec"]["mpiReplicaSpecs"].values():
+        for c in spec["template"]["spec"]["containers"]:
+            c["resources"].pop("limits", None)
+    return job
+
+
+async def _roll(kube: KubeApi, cluster: NodeCluster, enforcement: str, marker: str) -> None:
+    """`helm upgrade` with the rollout policies in `enforcement` mode, until every webhook
+    replica has them (each reloads on its own)."""
+    values = release_values(cluster)
+    values["policies"].update(rollout_policies(enforcement, marker))
+    await asyncio.to_thread(run_helm, cluster, "upgrade", RELEASE, CHART, "--namespace",
+                            NAMESPACE, "--values", str(_values_file(cluster, values)), "--wait",
+                            "--timeout", "3m")
+    await eventually(lambda: rollout_loaded(kube, marker, times=10), within=120,
+                     what=f"the policies with the gang in {enforcement} mode")
+
+
+async def _audit_events(kube: KubeApi, ns: str) -> list[dict[str, Any]]:
+    return [e for e in (await kube.list(EVENTS, namespace=ns))["items"]
+            if e.get("reason") == "PolicyAudit"]
+
+
+async def test_a_policy_rolled_out_from_audit_to_enforce_by_helm_upgrade(
+        kube: KubeApi, node_cluster: NodeCluster) -> None:
+    """docs/policies.md, "Rolling out a policy": in audit mode the MPIJob's pods get no
+    PodGroup and the job one PolicyAudit Event; after `helm upgrade` to enforce the next job
+    gets its PodGroup, before its pods."""
+    ns = await ensure_namespace(kube, ROLLOUT_NAMESPACE)
+    await _roll(kube, node_cluster, "audit", "v1")
+    audited = await submit(kube, _without_gpus(mpijob("audited", ns)))
+    for pod in await _job_pods(kube, ns, "audited"):
+        assert keys.COSCHEDULING_GROUP_LABEL not in pod["metadata"]["labels"]
+    assert (await kube.list(COSCHEDULING_PODGROUPS, namespace=ns))["items"] == []
+    [event] = await eventually(lambda: _audit_events(kube, ns), within=60,
+                               what="the job's PolicyAudit Event")
+    assert event["involvedObject"]["uid"] == audited["metadata"]["uid"]
+    assert event["message"].startswith(
+        f"policy rollout-gangs (audit) would set PodGroup {ns}/audited (coscheduling, "
+        "minMember 5)")
+
+    await _roll(kube, node_cluster, "enforce", "v2")
+    await submit(kube, _without_gpus(mpijob("enforced", ns)))
+    pods = await _job_pods(kube, ns, "enforced")
+    group = await kube.get(COSCHEDULING_PODGROUPS, "enforced", namespace=ns)
+    assert group["spec"]["minMember"] == 5
+    for pod in pods:
+        assert pod["metadata"]["labels"][keys.COSCHEDULING_GROUP_LABEL] == "enforced"
+        # etcd revisions: the PodGroup was written before any member pod
+        assert int(group["metadata"]["resourceVersion"]) < int(
+            pod["metadata"]["resourceVersion"])
+    assert len(await _audit_events(kube, ns)) == 1  # nothing audited any more
+    for job in ("audited", "enforced"):  # their pods go with them (garbage collector)
+        await kube.delete(MPIJOBS, job, namespace=ns, propagation_policy="Background")
 
 
 def test_uninstall_removes_the_webhooks_first_and_leaves_nothing(

@@ -32,7 +32,9 @@ from webhook.admission.reload import PolicyStore
 from webhook.admission.review import AdmissionReview, response
 from webhook.keys import BINDER_ANNOTATIONS
 from webhook.kube.owners import controller_ref
+from webhook.lru import Lru
 from webhook.policy import PolicyError, PolicySet, load_policy_texts, render_patch
+from webhook.policy.audit import EVENT_REASON, event_message
 from webhook.policy.decision import Decision, Override, PodGroupSpec
 from webhook.policy.outcome import evaluate_and_render
 from webhook.policy.queues import QueueVerdict, with_queue, without_gang
@@ -66,7 +68,8 @@ class ClusterContext(Protocol):
     async def queue_verdict(self, spec: PodGroupSpec, deadline: float
                             ) -> QueueVerdict | None: ...
 
-    def report(self, objects: list[Mapping[str, Any]], reason: str, message: str) -> None: ...
+    def report(self, objects: list[Mapping[str, Any]], reason: str, message: str, *,
+               type_: str = "Warning") -> None: ...
 
     def ready(self) -> bool: ...
 
@@ -152,6 +155,31 @@ class OwnerRetry:
         self._since.pop(job, None)
 
 
+class Once:
+    """Which keys were seen (bounded: the least recent go first)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._seen: Lru[tuple[str, ...], bool] = Lru(size)
+
+    def first(self, key: tuple[str, ...]) -> bool:
+        """True the first time `key` is given."""
+        if self._seen.get(key):
+            return False
+        self._seen.put(key, True)
+        return True
+
+
+def _root_owner(pod: Mapping[str, Any], owners: list[dict[str, Any]]
+                ) -> Mapping[str, Any] | None:
+    """A reference to the outermost owner read (the job), else the pod's controller."""
+    if not owners:
+        return controller_ref(pod)
+    root = owners[-1]
+    meta = root.get("metadata") or {}
+    return {"apiVersion": root.get("apiVersion"), "kind": root.get("kind"),
+            "name": meta.get("name"), "uid": meta.get("uid")}
+
+
 def _strip_binder_annotations(pod: dict[str, Any]
                               ) -> tuple[dict[str, Any], list[str], list[dict[str, Any]]]:
     """The pod without the binder-only annotations, which of them it had, and the ops that
@@ -179,6 +207,8 @@ class Admitter:
         self._excluded = SYSTEM_NAMESPACES | config.excluded_namespaces
         self._background: set[asyncio.Task[Ensured]] = set()
         self.owner_retry = OwnerRetry(config.owner_retry_seconds)
+        #: (policy set, job, policy) whose audit Event was recorded: one per job, not per pod
+        self.audit_events = Once()
         #: set at shutdown: /readyz reports not ready while in-flight requests finish
         self.draining = False
 
@@ -305,6 +335,9 @@ class Admitter:
                 self.context.report(_involved(pod, namespace, _job_of(pod, spec)),
                                     "GangQueueUnavailable", verdict.reason)
         result.warnings.extend(decision.warnings)
+        if decision.audits:
+            self._record_audits(review, pod, namespace=namespace, owners=owners,
+                                policies=policies, decision=decision)
         if not result.patch and patch_json:
             result.patch_json = patch_json
         result.patch.extend(ops)
@@ -364,6 +397,31 @@ class Admitter:
             f"muster: {what} could not be read for {self.owner_retry.window:g} s; pod admitted "
             "without its gang"))
         return False
+
+    def _record_audits(self, review: AdmissionReview, pod: dict[str, Any], *, namespace: str,
+                       owners: list[dict[str, Any]], policies: PolicySet,
+                       decision: Decision) -> None:
+        """What the policies in audit or warn mode would have done: counted per pod, and an
+        Event on the pod's job once per policy (a 1,000-pod job makes one Event each)."""
+        for audit in decision.audits:
+            for action in audit.actions or ("none",):
+                self.metrics.count_audit(audit.policy, action)
+        if self.context is None or review.request.dry_run:
+            return  # sideEffects NoneOnDryRun: a dry run records nothing
+        meta = pod.get("metadata")
+        meta = meta if _is_map(meta) else {}
+        name = meta.get("name") or f"{meta.get('generateName') or ''}*"
+        ref = _root_owner(pod, owners)
+        if ref is not None and ref.get("uid"):
+            target, involved = str(ref.get("uid")), _involved({}, namespace, ref)
+        elif meta.get("name"):
+            target, involved = f"{namespace}/{name}", _involved(pod, namespace, None)
+        else:
+            return  # nothing stored to put an Event on: the metric says it
+        for audit in decision.audits:
+            if self.audit_events.first((policies.digest, target, audit.policy)):
+                self.context.report(involved, EVENT_REASON, event_message(audit, str(name)),
+                                    type_="Normal")
 
     def _report_podgroup(self, pod: dict[str, Any], namespace: str, spec: PodGroupSpec,
                          ensured: Ensured, result: _Result) -> None:

@@ -252,13 +252,14 @@ class KubeContext:
                 return None
         return {name: state_of(obj) for name, obj in self.queues.store.items()}
 
-    def report(self, objects: list[Mapping[str, Any]], reason: str, message: str) -> None:
-        """Warning Events on each object, in the background (never delays the answer)."""
+    def report(self, objects: list[Mapping[str, Any]], reason: str, message: str, *,
+               type_: str = "Warning") -> None:
+        """Events on each object, in the background (never delays the answer)."""
         recorder = self.recorder
         if recorder is None:
             return
         for obj in objects:
-            task = asyncio.create_task(recorder.emit(obj, "Warning", reason, message[:1024]))
+            task = asyncio.create_task(recorder.emit(obj, type_, reason, message[:1024]))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 

@@ -39,6 +39,7 @@ class _RequestStats(Collector):
     def __init__(self) -> None:
         self.requests: dict[tuple[str, str], _Series] = {}
         self.decisions: dict[str, int] = {}
+        self.audits: dict[tuple[str, str], int] = {}
 
     def observe(self, endpoint: str, outcome: str, seconds: float) -> None:
         series = self.requests.get((endpoint, outcome))
@@ -68,9 +69,16 @@ class _RequestStats(Collector):
             "muster_policy_decisions", "Pods mutated, by policy applied", labels=["policy"])
         for policy, count in self.decisions.items():
             decisions.add_metric([policy], count)
+        audits = CounterMetricFamily(
+            "muster_policy_audit", "Pods a policy in audit or warn mode matched without changing "
+            "them, by policy and what it would have changed (gang, istio, topology, labels, "
+            "annotations; none: nothing)", labels=["policy", "action"])
+        for (policy, action), count in self.audits.items():
+            audits.add_metric([policy, action], count)
         yield requests
         yield latency
         yield decisions
+        yield audits
 
 
 class Metrics:
@@ -130,6 +138,10 @@ class Metrics:
 
     def count_decision(self, policy: str) -> None:
         self._stats.decisions[policy] = self._stats.decisions.get(policy, 0) + 1
+
+    def count_audit(self, policy: str, action: str) -> None:
+        key = (policy, action)
+        self._stats.audits[key] = self._stats.audits.get(key, 0) + 1
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -7,11 +7,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook import keys
-from webhook.analyze.findings import BACKEND_CRDS, Snapshot, coscheduling_schedulers
+from webhook.analyze.findings import (
+    BACKEND_CRDS,
+    Snapshot,
+    coscheduling_schedulers,
+    not_enforced,
+)
 from webhook.kube import (
     COSCHEDULING_PODGROUPS,
     CRDS,
     DEPLOYMENTS,
+    EVENTS,
     LEASES,
     MUTATING_WEBHOOKS,
     NAMESPACES,
@@ -25,6 +31,7 @@ from webhook.kube import (
     Resource,
 )
 from webhook.kube.owners import controller_ref, owner_kind, owner_resource
+from webhook.policy.audit import EVENT_REASON
 from webhook.policy.errors import PolicyError
 from webhook.policy.loader import load_policy_texts
 
@@ -103,6 +110,9 @@ async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float
     s.waiting_pods = await _pods(api, keys.DEFAULT_BINDER_SCHEDULER_NAME)
     for scheduler in sorted(coscheduling_schedulers(s.policies)):
         s.unscheduled_pods = [*s.unscheduled_pods, *await _pods(api, scheduler)]
+    if not_enforced(s.policies):
+        s.audit_events = (await api.list(EVENTS, field_selector=f"reason={EVENT_REASON}"))[
+            "items"]
     lease = await _get(api, LEASES, s.binder_lease, namespace)
     s.leases = {s.binder_lease: lease} if lease is not None else {}
     return s

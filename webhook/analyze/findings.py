@@ -18,6 +18,7 @@ from cryptography.exceptions import InvalidSignature
 
 from webhook import keys
 from webhook.kube.owners import controller_ref
+from webhook.policy.audit import EVENT_REASON, read_event
 from webhook.policy.cleanup import cleanup_reason
 from webhook.policy.compiled import compile_policy, selector_matches
 from webhook.policy.podgroup import MANAGED_BY
@@ -67,6 +68,8 @@ class Snapshot:
     unscheduled_pods: Sequence[Obj] = ()
     #: a pod unbound this long with no PodScheduled condition has no scheduler looking at it
     stuck_after: float = 120.0
+    #: the webhook's Events about what policies in audit or warn mode would do (all namespaces)
+    audit_events: Sequence[Obj] = ()
 
 
 def _name(obj: Obj) -> str:
@@ -77,7 +80,8 @@ def _name(obj: Obj) -> str:
 
 def analyze(s: Snapshot, now: dt.datetime) -> list[Finding]:
     checks = (_backends, _queues, _webhook_order, _webhook_safety, _endpoints, _ca_bundle,
-              _gpu_nodes, _podgroups, _binder, _matching, _shadowed, _waiting, _schedulers)
+              _gpu_nodes, _podgroups, _binder, _matching, _shadowed, _waiting, _schedulers,
+              _not_enforced)
     out = [f for check in checks for f in check(s, now)]
     rank = {"error": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda f: (rank[f.severity], f.code, f.object))
@@ -297,8 +301,8 @@ def _shadowed(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
     for i, later in enumerate(ordered):
         writes = set(written_fields(later))
         for earlier in ordered[:i]:
-            if earlier.spec.match == later.spec.match and writes and \
-                    writes <= set(written_fields(earlier)):
+            if earlier.spec.enforcement == "enforce" and earlier.spec.match == later.spec.match \
+                    and writes and writes <= set(written_fields(earlier)):
                 yield Finding("warning", "PolicyShadowed", f"SchedulingPolicy/{later.name}",
                               f"policy {earlier.name} matches the same pods first and writes "
                               "every field this one writes: it never changes a pod",
@@ -360,3 +364,44 @@ def _schedulers(s: Snapshot, now: dt.datetime) -> Iterator[Finding]:
                       "running", f"install scheduler-plugins as {name!r}, or fix the policy's "
                       "gang.schedulerName")
 
+
+def not_enforced(policies: PolicySet | None) -> list[str]:
+    """The policies in audit or warn mode (their Events are read only when there are some)."""
+    return [p.name for p in policies or () if p.spec.enforcement != "enforce"]
+
+
+def _not_enforced(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    """What each policy in audit or warn mode would do, from the Events the webhook records once
+    per workload and policy: the evidence for switching it to enforce."""
+    told: dict[str, list[tuple[bool, Obj]]] = {}
+    for event in s.audit_events:
+        read = read_event(str(event.get("message") or ""))
+        if event.get("reason") == EVENT_REASON and read is not None:
+            told.setdefault(read[0], []).append((read[1], event))
+    for policy in s.policies.policies if s.policies else ():
+        mode = policy.spec.enforcement
+        if mode == "enforce":
+            continue
+        seen = told.get(policy.name, [])
+        changed = [e for would, e in seen if would]
+        what = "changes no pod" + (" and warns whoever creates one it matches"
+                                   if mode == "warn" else "")
+        if changed:
+            latest = max(changed, key=lambda e: str(e.get("lastTimestamp") or ""))
+            ref = latest.get("involvedObject") or {}
+            said = f"{len(changed)} workload(s) it would change" + (
+                f" and {len(seen) - len(changed)} it matches without changing" if
+                len(seen) > len(changed) else "") + (
+                f", e.g. {ref.get('kind')} {ref.get('namespace')}/{ref.get('name')}: "
+                f"{latest.get('message')}")
+        elif seen:
+            said = (f"{len(seen)} workload(s) it matches, none of which it would change (the "
+                    "enforced policies already do it, or override it)")
+        else:
+            said = ("no workload it matched yet (Events last the API server's --event-ttl, "
+                    "1 h by default)")
+        yield Finding("info", "PolicyNotEnforced", f"SchedulingPolicy/{policy.name}",
+                      f"in {mode} mode: it {what}. Its {EVENT_REASON} Events name {said}",
+                      "when that is what it should do, set spec.enforcement: enforce (or remove "
+                      "it) in the chart's values and helm upgrade (docs/policies.md, \"Rolling "
+                      "out a policy\")")

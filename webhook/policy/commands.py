@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from webhook.failures import UsageError
-from webhook.policy.decision import Decision
+from webhook.policy.decision import Decision, PolicyAudit
 from webhook.policy.engine import evaluate, explain
 from webhook.policy.errors import PolicyError
 from webhook.policy.loader import load_policies
@@ -54,7 +54,8 @@ def check(args: argparse.Namespace) -> int:
               f"file{'s' if files > 1 else ''}; nothing loaded")
         return 1
     for policy, origin in zip(policies.policies, policies.origins, strict=True):
-        print(f"ok  {policy.name:<32} priority {policy.spec.priority:<4} {origin}")
+        print(f"ok  {policy.name:<32} priority {policy.spec.priority:<4} {origin}"
+              + _mode(policy.spec.enforcement))
     print(f"{len(policies)} policies valid, digest {policies.digest[:12]}")
     return 0
 
@@ -127,10 +128,14 @@ def _pod_mode(target: Path, args: argparse.Namespace, policies: PolicySet) -> in
     ops, mutated = mutate(pod, decision)
     print(f"# {target}")
     print("## decision")
+    modes = {p.name: p.spec.enforcement for p in policies}
     for m in explain(pod, namespace_labels=labels, owners=owners, policies=policies):
-        print(f"  {'match' if m.matched else 'skip ':<5} {m.policy}: {'; '.join(m.reasons)}")
+        print(f"  {'match' if m.matched else 'skip ':<5} {m.policy}{_mode(modes[m.policy])}: "
+              f"{'; '.join(m.reasons)}")
     for w in decision.warnings:
         print(f"  warning: {w}")
+    for a in decision.audits:
+        print(f"  not applied: {a.summary}")
     for line in _decision_lines(decision):
         print(f"  {line}")
     pg = podgroup_manifest(decision.pod_group) if decision.pod_group else None
@@ -159,19 +164,39 @@ def explain_pods(args: argparse.Namespace) -> int:
         return 1
     labels = _labels(args.namespace_labels)
     owners = [_read(Path(p), "--owner") for p in args.owner]
+    modes = {p.name: p.spec.enforcement for p in policies}
     for path in map(Path, args.pods):
         pod = _read(path, "pod")
         meta = pod.get("metadata") or {}
         print(f"{path}: pod {meta.get('namespace', '')}/"
               f"{meta.get('name') or str(meta.get('generateName', '')) + '*'}")
+        decision = evaluate(pod, namespace_labels=labels, owners=owners, policies=policies)
+        # what admission's decision records of the policies in audit or warn mode
+        audits = {a.policy: a for a in decision.audits}
         for m in explain(pod, namespace_labels=labels, owners=owners, policies=policies):
-            print(f"  {'MATCH' if m.matched else 'no   '}  {m.policy}")
+            print(f"  {'MATCH' if m.matched else 'no   '}  {m.policy}{_mode(modes[m.policy])}")
             for reason in m.reasons:
                 print(f"         {reason}")
-        for line in _decision_lines(evaluate(pod, namespace_labels=labels, owners=owners,
-                                             policies=policies)):
+            if m.policy in audits:
+                for line in _audit_lines(audits[m.policy]):
+                    print(f"         {line}")
+        for line in _decision_lines(decision):
             print(f"  {line}")
     return 0
+
+
+def _mode(enforcement: str) -> str:
+    """How a policy that is not enforced is marked in listings."""
+    return "" if enforcement == "enforce" else f"  [{enforcement}]"
+
+
+def _audit_lines(audit: PolicyAudit) -> list[str]:
+    how = "warns the user" if audit.mode == "warn" else "records it"
+    if not audit.changes:
+        return [f"→ not applied ({audit.mode}, {how}): would change nothing (the enforced "
+                "policies already do it, or override it)"]
+    return [f"→ not applied ({audit.mode}, {how}): would set", *(f"    {c}" for c in
+                                                                  audit.changes)]
 
 
 def _read(path: Path, what: str) -> dict[str, Any]:

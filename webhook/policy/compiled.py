@@ -226,6 +226,8 @@ class PolicyIndex:
     label_keys: tuple[str, ...] = ()
     annotation_keys: tuple[str, ...] = ()
     ns_label_keys: tuple[str, ...] = ()
+    #: some policy is in audit or warn mode (the engine then decides twice: engine._rehearse)
+    rehearsed: bool = False
     #: the memo of whole outcomes (see webhook.policy.outcome)
     outcomes: Lru[Any, Any] = field(default_factory=lambda: Lru(OUTCOME_MEMO_SIZE),
                                     compare=False, repr=False)
@@ -247,7 +249,8 @@ class PolicyIndex:
                    label_keys=tuple(sorted(labels)),
                    annotation_keys=tuple(sorted(annotations)),
                    ns_label_keys=tuple(sorted({k for c in compiled
-                                               for _, k, _ in c.ns_selector or ()})))
+                                               for _, k, _ in c.ns_selector or ()})),
+                   rehearsed=any(c.policy.spec.enforcement != "enforce" for c in compiled))
 
     def candidates(self, namespace: str) -> tuple[CompiledPolicy, ...]:
         return self.by_namespace.get(namespace, self.unscoped)

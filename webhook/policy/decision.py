@@ -75,6 +75,26 @@ class Override:
 
 
 @record
+class PolicyAudit:
+    """What a matching policy in audit or warn mode would have done to the pod, had it been
+    enforced alongside the enforced policies, and did not do (`webhook.policy.audit`)."""
+
+    policy: str
+    mode: Literal["warn", "audit"]
+    #: what it would change, by kind: gang, istio, topology, labels, annotations (the metric's
+    #: `action`); empty: nothing (the enforced policies already do it, or override it)
+    actions: tuple[str, ...]
+    #: the same changes, in words
+    changes: tuple[str, ...]
+
+    @property
+    def summary(self) -> str:
+        what = f"would set {'; '.join(self.changes)}" if self.changes else \
+            "matches but would change nothing"
+        return f"policy {self.policy} ({self.mode}) {what}"
+
+
+@record
 class Decision:
     #: every policy considered, in evaluation order, with the reasons it matched or not
     matches: tuple[PolicyMatch, ...] = ()
@@ -96,6 +116,9 @@ class Decision:
     gang_blocked: str | None = None
     #: the matched policies' fields that lost to a policy of higher precedence
     overrides: tuple[Override, ...] = ()
+    #: the matching policies in audit or warn mode, in evaluation order: what each would have
+    #: done (none of it is in the fields above)
+    audits: tuple[PolicyAudit, ...] = ()
 
     @property
     def changes_pod(self) -> bool:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhook import keys
+from webhook.policy.audit import audit_of
 from webhook.policy.compiled import CompiledPolicy, MatchInput
 from webhook.policy.decision import Backend, Decision, Override, PodGroupSpec, PolicyMatch
 from webhook.policy.jsonshape import as_str
@@ -125,6 +126,35 @@ def evaluate(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],
 def decide(view: PodView, policies: PolicySet) -> Decision:
     """`evaluate` on the pod's view: all the engine reads of a pod is in it."""
     matches, matched = _match(view, policies)
+    if policies.index.rehearsed:
+        return _rehearse(view, policies, matches, matched)
+    return _apply(view, policies, matches, matched)
+
+
+def _rehearse(view: PodView, policies: PolicySet, matches: tuple[PolicyMatch, ...],
+              matched: list[CompiledPolicy]) -> Decision:
+    """Only the enforced policies apply, as if the others were not loaded (so a policy in audit
+    or warn mode never overrides an enforced one); each other one is told what it would change
+    if enforced alongside them, and a warn policy's user is warned."""
+    enforced = [c for c in matched if c.policy.spec.enforcement == "enforce"]
+    decision = _apply(view, policies, matches, enforced)
+    if len(enforced) == len(matched):
+        return decision
+    audits = []
+    for compiled in matched:
+        mode = compiled.policy.spec.enforcement
+        if mode != "enforce":
+            would = _apply(view, policies, matches,
+                           [c for c in matched
+                            if c is compiled or c.policy.spec.enforcement == "enforce"])
+            audits.append(audit_of(compiled.policy.name, mode, decision, would, view.shape))
+    warned = tuple(f"muster: {a.summary}" for a in audits if a.mode == "warn")
+    return replace(decision, audits=tuple(audits), warnings=decision.warnings + warned)
+
+
+def _apply(view: PodView, policies: PolicySet, matches: tuple[PolicyMatch, ...],
+           matched: list[CompiledPolicy]) -> Decision:
+    """The Decision of the `matched` policies (by priority)."""
     draft = _Draft()
     for key in keys.BINDER_ANNOTATIONS:
         if view.shape.annotation(key) is not None:

@@ -43,6 +43,9 @@ RESERVED_KEYS = frozenset({
 #: the Istio data planes a pod can leave (spec.istio.optOut)
 IstioOptOutName = Literal["none", "sidecar", "ambient", "both"]
 ISTIO_OPT_OUTS: tuple[str, ...] = typing.get_args(IstioOptOutName)
+#: what a matching policy does (spec.enforcement): the modes of Pod Security Admission
+#: (enforce, warn, audit); audit and warn change nothing and record what they would have done
+Enforcement = Literal["enforce", "warn", "audit"]
 
 
 def _dns_subdomain(value: str, what: str) -> str:
@@ -230,6 +233,7 @@ class Topology(_Model):
 
 class Spec(_Model):
     priority: int = 0
+    enforcement: Enforcement = "enforce"
     match: Match = Field(default_factory=Match)
     gang: Gang | None = None
     istio: Istio | None = None
