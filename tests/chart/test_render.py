@@ -140,7 +140,7 @@ def test_invariants(helm_template: Render, combo: str) -> None:
     (vwh,) = vwc["webhooks"]
     assert vwh["clientConfig"]["service"]["path"] == "/validate/policies"
     assert vwh["sideEffects"] == "None"
-    policies_cm = one(objs, "ConfigMap")
+    policies_cm = one(objs, "ConfigMap", "muster-policies")
     for key, value in vwh["objectSelector"]["matchLabels"].items():
         assert policies_cm["metadata"]["labels"][key] == value
     assert vwh["rules"][0]["resources"] == ["configmaps"]
@@ -646,3 +646,24 @@ def test_webhook_limits_are_serve_flags_with_the_servers_defaults(helm_template:
     ns = serve_options(big)
     assert (ns.max_body_bytes, ns.body_timeout, ns.max_inflight_body_bytes, ns.header_timeout,
             ns.idle_timeout, ns.max_connections) == (6291456, 2.5, 268435456, 5.0, 300.0, 1024)
+
+
+def test_a_hook_checks_the_policies_before_install_and_upgrade(helm_template: Render) -> None:
+    """`muster policy check` runs on exactly the values' policies before the release's objects
+    exist, with no API access, and fails the release at its first failure."""
+    shipped = _shipped_policies()
+    objs = helm_template({"policies": shipped})
+    cm = one(objs, "ConfigMap", "muster-policy-check")
+    job = one(objs, "Job", "muster-policy-check")
+    for obj in (cm, job):
+        assert hook(obj) == "pre-install,pre-upgrade"
+    assert int(cm["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(
+        job["metadata"]["annotations"]["helm.sh/hook-weight"])
+    assert cm["data"] == {k: v.rstrip("\n") for k, v in shipped.items()}
+    pod = job["spec"]["template"]["spec"]
+    assert job["spec"]["backoffLimit"] == 0 and pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["args"] == ["policy", "check", "/policies"]
+    assert pod["volumes"][0]["configMap"]["name"] == "muster-policy-check"
+    assert not find(helm_template({"policyCheck": {"enabled": False}}), "Job",
+                    "muster-policy-check")
