@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from webhook.certs import generate_ca, issue_serving_cert, write_pair
 from webhook.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,6 +44,10 @@ def inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     (tmp_path / "closedkc").write_text(CLOSED_PORT_KUBECONFIG % closed)
+    ca = generate_ca("test-ca", days=1)
+    write_pair(issue_serving_cert(ca, ["localhost"], [], days=1), tmp_path / "tls.crt",
+               tmp_path / "tls.key")
+    (tmp_path / "other.key").write_bytes(issue_serving_cert(ca, ["x"], [], days=1).key_pem)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -62,6 +67,13 @@ CASES = [
     (["serve", "--policies", POLICIES, "--tls-cert-file", "missing.pem", "--tls-key-file",
       "k.pem"], 2, "--tls-cert-file missing.pem: no such file"),
     (["serve", "--policies", "missing", "--self-signed"], 2, "--policies missing: no such"),
+    (["serve", "--policies", POLICIES, "--tls-cert-file", "tls.key", "--tls-key-file",
+      "tls.crt"], 2, "tls.key is a private key, not a certificate: are --tls-cert-file and "
+     "--tls-key-file swapped?"),
+    (["serve", "--policies", POLICIES, "--tls-cert-file", "tls.crt", "--tls-key-file",
+      "other.key"], 2, "the key in other.key does not match the certificate in tls.crt"),
+    (["serve", "--policies", POLICIES, "--tls-cert-file", "tls.crt", "--tls-key-file",
+      "empty.yaml"], 2, "empty.yaml holds no usable private key"),
     (["serve", "--policies", POLICIES], 2, "give --tls-cert-file and --tls-key-file"),
     (["serve", "--policies", POLICIES, "--self-signed", "--host", "127.0.0.1", "--port",
       "{busy}"], 1, "already in use"),
