@@ -17,6 +17,7 @@ from webhook.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = str(REPO / "policies")
+WORKER = str(REPO / "policies/tests/objects/worker-team-a.yaml")
 CLOSED_PORT_KUBECONFIG = """\
 apiVersion: v1
 kind: Config
@@ -39,6 +40,9 @@ def inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str
     (tmp_path / "empty.yaml").write_text("")
     (tmp_path / "adir").mkdir()
     (tmp_path / "notyaml").write_text("clusters: [unclosed\n")
+    (tmp_path / "badpolicy.yaml").write_text(
+        "apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: a}\n"
+        "spec: {gang: {backend: slurm}, istio: {optOut: all}}\n")
     (tmp_path / "notkc").write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
     with socket.socket() as s:  # a loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -64,6 +68,23 @@ CASES = [
     (["policy", "explain", "-p", POLICIES, "empty.yaml"], 2, "expected a Kubernetes object"),
     (["policy", "explain", "-p", POLICIES, "--owner", "notyaml", "empty.yaml"], 2,
      "--owner notyaml is not valid YAML"),
+    (["policy", "explain", "-p", "missing.yaml", WORKER], 2,
+     "--policies missing.yaml: no such file or directory"),
+    (["policy", "explain", "-p", "badpolicy.yaml", WORKER], 2,
+     "--policies: badpolicy.yaml:4:24: spec.gang.backend: Input should be 'volcano', "
+     "'coscheduling' or 'muster' (document 1, policy a) (and 1 more problem: muster policy "
+     "check lists them)"),
+    (["policy", "explain", "-p", POLICIES, "--namespace-labels", "team", WORKER], 2,
+     "--namespace-labels: 'team' is not key=value"),
+    (["policy", "test", "-p", POLICIES, WORKER, "--owner", "missing.yaml"], 2,
+     "--owner missing.yaml: No such file"),
+    (["policy", "test", "-p", "missing.yaml", WORKER], 2,
+     "--policies missing.yaml: no such file or directory"),
+    (["policy", "test", "-p", POLICIES, "missing.yaml"], 2,
+     "no such file or directory: missing.yaml"),
+    (["policy", "test", "-p", POLICIES, "notyaml"], 2, "pod notyaml is not valid YAML"),
+    (["policy", "test", "-p", POLICIES, "--namespace-labels", "=a", WORKER], 2,
+     "--namespace-labels: '=a' is not key=value"),
     (["serve", "--policies", POLICIES, "--tls-cert-file", "missing.pem", "--tls-key-file",
       "k.pem"], 2, "--tls-cert-file missing.pem: no such file"),
     (["serve", "--policies", "missing", "--self-signed"], 2, "--policies missing: no such"),

@@ -33,7 +33,7 @@ def _labels(text: str) -> dict[str, str]:
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--namespace-labels: {item!r} is not key=value")
+            raise UsageError(f"--namespace-labels: {item!r} is not key=value")
         out[key] = value
     return out
 
@@ -41,9 +41,7 @@ def _labels(text: str) -> dict[str, str]:
 def check(args: argparse.Namespace) -> int:
     """Every problem of every file, one line each (exit 1); a PATH that does not exist is a
     usage error (exit 2)."""
-    missing = [p for p in args.paths if not Path(p).exists()]
-    if missing:
-        raise UsageError(f"no such file or directory: {', '.join(missing)}")
+    _must_exist(args.paths, "")
     try:
         policies = load_policies(args.paths)
     except PolicyError as exc:
@@ -59,23 +57,37 @@ def check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(args: argparse.Namespace) -> PolicySet | None:
+def _must_exist(paths: list[str], flag: str) -> None:
+    """A path the user named that is not there is a usage error (exit 2), named with its flag."""
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing:
+        raise UsageError(f"{flag} {', '.join(missing)}: no such file or directory" if flag
+                         else f"no such file or directory: {', '.join(missing)}")
+
+
+def _load(args: argparse.Namespace) -> PolicySet:
+    """The policies of -p; problems in them are a wrong input: the first in one line (`check`
+    lists them all)."""
+    _must_exist(args.policies, "--policies")
     try:
         return load_policies(args.policies)
     except PolicyError as exc:
-        for issue in exc.issues:
-            print(issue)
-        return None
+        more = len(exc.issues) - 1
+        raise UsageError(
+            f"--policies: {exc.issues[0]}" + (f" (and {more} more problem{'s' * (more > 1)}: "
+                                              f"muster policy check lists them)" if more else "")
+        ) from exc
 
 
 def test(args: argparse.Namespace) -> int:
+    labels = _labels(args.namespace_labels)
+    owners = _owners(args)
     policies = _load(args)
-    if policies is None:
-        return 1
+    _must_exist(args.targets, "")
     failed = 0
     for target in map(Path, args.targets):
         if target.is_file() and _kind(target) != TEST_KIND:
-            failed += _pod_mode(target, args, policies)
+            failed += _pod_mode(target, labels, owners, policies)
             continue
         tests, problems = load_tests(target)
         for problem in problems:
@@ -115,14 +127,9 @@ def _run_tests(tests: list[tuple[PolicyTest, Path]], policies: PolicySet) -> int
     return failed
 
 
-def _pod_mode(target: Path, args: argparse.Namespace, policies: PolicySet) -> int:
-    try:
-        pod = read_object(target)
-        owners = [read_object(Path(p)) for p in args.owner]
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        print(f"ERROR {exc}")
-        return 1
-    labels = _labels(args.namespace_labels)
+def _pod_mode(target: Path, labels: dict[str, str], owners: list[dict[str, Any]],
+              policies: PolicySet) -> int:
+    pod = _read(target, "pod")
     decision = evaluate(pod, namespace_labels=labels, owners=owners, policies=policies)
     ops, mutated = mutate(pod, decision)
     print(f"# {target}")
@@ -154,11 +161,9 @@ def _pod_mode(target: Path, args: argparse.Namespace, policies: PolicySet) -> in
 
 
 def explain_pods(args: argparse.Namespace) -> int:
-    policies = _load(args)
-    if policies is None:
-        return 1
     labels = _labels(args.namespace_labels)
-    owners = [_read(Path(p), "--owner") for p in args.owner]
+    owners = _owners(args)
+    policies = _load(args)
     for path in map(Path, args.pods):
         pod = _read(path, "pod")
         meta = pod.get("metadata") or {}
@@ -172,6 +177,10 @@ def explain_pods(args: argparse.Namespace) -> int:
                                          policies=policies)):
             print(f"  {line}")
     return 0
+
+
+def _owners(args: argparse.Namespace) -> list[dict[str, Any]]:
+    return [_read(Path(p), "--owner") for p in args.owner]
 
 
 def _read(path: Path, what: str) -> dict[str, Any]:
