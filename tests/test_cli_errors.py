@@ -17,6 +17,9 @@ from webhook.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = str(REPO / "policies")
+#: what `notyaml` gets, in one line: file:line:column, the cause first
+NOT_YAML = ("notyaml:1:11: '[' opened here is not closed: expected ',' or ']', but got "
+            "'<stream end>' at line 2, column 1")
 WORKER = str(REPO / "policies/tests/objects/worker-team-a.yaml")
 CLOSED_PORT_KUBECONFIG = """\
 apiVersion: v1
@@ -67,7 +70,7 @@ CASES = [
     (["policy", "explain", "-p", POLICIES, "adir"], 2, "pod adir: Is a directory"),
     (["policy", "explain", "-p", POLICIES, "empty.yaml"], 2, "expected a Kubernetes object"),
     (["policy", "explain", "-p", POLICIES, "--owner", "notyaml", "empty.yaml"], 2,
-     "--owner notyaml is not valid YAML"),
+     "--owner notyaml is not valid YAML: " + NOT_YAML),
     (["policy", "explain", "-p", "missing.yaml", WORKER], 2,
      "--policies missing.yaml: no such file or directory"),
     (["policy", "explain", "-p", "badpolicy.yaml", WORKER], 2,
@@ -102,7 +105,7 @@ CASES = [
     (["bind", "--kubeconfig", "missing"], 2, "kubeconfig missing: No such file"),
     (["bind", "--kubeconfig", "adir"], 2, "kubeconfig adir: Is a directory"),
     (["bind", "--kubeconfig", "empty.yaml"], 2, "kubeconfig empty.yaml is not a kubeconfig"),
-    (["bind", "--kubeconfig", "notyaml"], 2, "kubeconfig notyaml is not valid YAML"),
+    (["bind", "--kubeconfig", "notyaml"], 2, "kubeconfig notyaml is not valid YAML: " + NOT_YAML),
     (["bind", "--kubeconfig", "notkc"], 2, "kubeconfig notkc is not a kubeconfig"),
     (["bind", "--kubeconfig", "closedkc"], 1, "cannot reach the Kubernetes API server"),
     (["agent", "--node-type", "nosuch", "discover"], 2, "unknown node type 'nosuch'"),
@@ -110,7 +113,7 @@ CASES = [
     (["agent", "discover", "--topology-file", "missing.json"], 2, "missing.json"),
     (["agent", "discover", "--fake-nvml", "nosuch"], 2, "nosuch"),
     (["agent", "--node-name", "n", "--node-type", "dgx1-v100", "--kubeconfig", "notyaml"], 2,
-     "kubeconfig notyaml is not valid YAML"),
+     "kubeconfig notyaml is not valid YAML: " + NOT_YAML),
     (["topology", "show", "nosuch"], 2, "unknown node type 'nosuch'"),
     (["topology", "parse", "missing.txt"], 2, "missing.txt: no such file"),
     (["topology", "parse", "adir"], 2, "adir: is a directory"),

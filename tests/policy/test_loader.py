@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from webhook.policy import PolicyError, load_policies, load_policy_texts
-from webhook.policy.yamlpos import MAX_SYNTAX_ERRORS
+from webhook.yamlpos import MAX_SYNTAX_ERRORS
 
 from .conftest import REPO, policy
 

@@ -189,8 +189,8 @@ def _read(path: Path, what: str) -> dict[str, Any]:
         return read_object(path)
     except OSError as exc:
         raise UsageError(f"{what} {path}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{what} {path} is not valid YAML: {exc}".replace("\n", " ")) from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{what} {path}: not UTF-8 text") from exc
     except ValueError as exc:
         raise UsageError(f"{what} {exc}") from exc
 

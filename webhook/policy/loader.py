@@ -27,7 +27,7 @@ from webhook.policy.schema import (
     contradictions,
     parts_of,
 )
-from webhook.policy.yamlpos import Document, NodeBudget, YamlProblem, decode, documents, read
+from webhook.yamlpos import Document, NodeBudget, YamlProblem, decode, documents, read
 
 POLICY_SUFFIXES = (".yaml", ".yml", ".json")
 

@@ -24,7 +24,7 @@ from webhook.policy.engine import evaluate
 from webhook.policy.patch import render_patch
 from webhook.policy.podgroup import podgroup_manifest
 from webhook.policy.policyset import PolicySet
-from webhook.policy.yamlpos import Document, YamlProblem, decode, documents, read
+from webhook.yamlpos import Document, YamlProblem, decode, documents, problem_of, read
 
 TEST_KIND = "PolicyTest"
 
@@ -83,7 +83,12 @@ class CaseResult:
 def read_object(path: Path) -> dict[str, Any]:
     """A Kubernetes object from YAML/JSON; an AdmissionReview gives its request.object (with the
     request's namespace filled in, as the API server would)."""
-    data = yaml.safe_load(path.read_text())
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML: {problem_of(exc, text).at(str(path))}"
+                         ) from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a Kubernetes object, got {type(data).__name__}")
     if data.get("kind") == "AdmissionReview":
@@ -149,7 +154,7 @@ def run_case(test: PolicyTest, base: Path, policies: PolicySet) -> CaseResult:
         expected_pod = spec.expect.patchedPod
         if spec.expect.patchedPodFile:
             expected_pod = read_object(base.parent / spec.expect.patchedPodFile)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+    except (OSError, ValueError) as exc:
         result.failures.append(f"cannot read test input: {exc}")
         return result
 
