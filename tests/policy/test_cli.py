@@ -139,8 +139,27 @@ def test_policytest_file_problems_are_one_line_each_with_their_place(
     assert out.splitlines() == [
         f"ERROR {tmp_path}/a.yaml:5:12: '[' opened here is not closed: did not find expected ',' "
         "or ']' at line 6, column 1 (document 1)",
-        f"ERROR {tmp_path}/b.yaml:6:12: spec.expect.polcies: Extra inputs are not permitted "
-        "(document 1)"]
+        f"ERROR {tmp_path}/b.yaml:6:12: spec.expect.polcies: unknown field (allowed: policies, "
+        "podContains, patchedPod, patchedPodFile, podGroup, warnings) (document 1)"]
+
+
+def test_a_policytest_typo_reads_as_a_policy_typo(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same words as `policy check` for the same mistakes: an unknown field names the
+    allowed ones, a missing one says so, a rule across fields has no pydantic prefix."""
+    head = "apiVersion: muster.io/v1alpha1\nkind: PolicyTest\n"
+    (tmp_path / "t.yaml").write_text(
+        head + "metadata: {nme: t}\nspec: {pod: {}, namespaceLabel: {}}\n---\n"
+        + head + "metadata: {name: t}\nspec: {pod: {}, podFile: p.yaml}\n")
+    code, out = run(["policy", "test", "-p", str(REPO / "policies"), str(tmp_path)], capsys)
+    assert code == 1
+    t = tmp_path / "t.yaml"
+    assert out.splitlines() == [
+        f"ERROR {t}:3:1: metadata.name: required field is missing (document 1)",
+        f"ERROR {t}:3:12: metadata.nme: unknown field (allowed: name) (document 1)",
+        f"ERROR {t}:4:17: spec.namespaceLabel: unknown field (allowed: pod, podFile, "
+        "namespaceLabels, owners, ownerFiles, expect) (document 1)",
+        f"ERROR {t}:9:7: spec: give exactly one of pod and podFile (document 2)"]
 
 
 def test_check_and_test_refuse_aliases_at_their_place(

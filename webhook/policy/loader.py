@@ -193,7 +193,7 @@ def _check(file: str, doc: Document, issues: list[PolicyIssue]) -> _Read | None:
             on_key = err["type"] in ("extra_forbidden", "missing") or "[key]" in err["loc"]
             line, col = doc.position(loc, of_key=on_key)
             issues.append(PolicyIssue(file, doc.index, line, col, _dotted(loc),
-                                      _message(err, loc), policy_name))
+                                      field_message(err, loc, SchedulingPolicy), policy_name))
     parts = parts_of(data)
     for path, message in contradictions(parts):
         line, col = doc.position(path)
@@ -201,10 +201,12 @@ def _check(file: str, doc: Document, issues: list[PolicyIssue]) -> _Read | None:
     return _Read(file, doc, policy_name, parts, policy if len(issues) == before else None)
 
 
-def _message(err: Any, loc: tuple[Any, ...]) -> str:
+def field_message(err: Any, loc: tuple[Any, ...], root: type[BaseModel]) -> str:
+    """A pydantic error at `loc` in a document of model `root`, in Muster's words (a policy's
+    and a PolicyTest's problems read alike)."""
     kind = err["type"]
     if kind == "extra_forbidden":
-        allowed = _fields_at(loc[:-1])
+        allowed = _fields_at(loc[:-1], root)
         return "unknown field" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
     if kind == "missing":
         return "required field is missing"
@@ -212,9 +214,9 @@ def _message(err: Any, loc: tuple[Any, ...]) -> str:
     return message.removeprefix("Value error, ")
 
 
-def _fields_at(loc: tuple[Any, ...]) -> list[str]:
-    """Field names of the model at `loc` in a SchedulingPolicy, for 'unknown field' hints."""
-    model: Any = SchedulingPolicy
+def _fields_at(loc: tuple[Any, ...], root: type[BaseModel]) -> list[str]:
+    """Field names of the model at `loc` in a `root` document, for 'unknown field' hints."""
+    model: Any = root
     for part in loc:
         if isinstance(part, int):
             continue

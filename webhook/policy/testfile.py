@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from webhook.jsonpatch import JsonPatchError, apply_patch
 from webhook.policy.decision import Decision
 from webhook.policy.engine import evaluate
+from webhook.policy.loader import field_message
 from webhook.policy.patch import render_patch
 from webhook.policy.podgroup import podgroup_manifest
 from webhook.policy.policyset import PolicySet
@@ -229,7 +230,8 @@ def _test(file: Path, doc: Document, problems: list[str]) -> list[PolicyTest]:
             loc = tuple(p for p in err["loc"] if p != "[key]")
             line, col = doc.position(loc, of_key=err["type"] in ("extra_forbidden", "missing"))
             field = ".".join(str(p) for p in loc)
-            problems.append(_problem(file, (line, col), doc.index, f"{field}: {err['msg']}"))
+            message = field_message(err, loc, PolicyTest)
+            problems.append(_problem(file, (line, col), doc.index, f"{field}: {message}"))
         return []
 
 
