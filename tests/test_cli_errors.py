@@ -3,6 +3,7 @@ the input, exit 2 for usage and 1 for runtime, no traceback (unless --log-level 
 
 from __future__ import annotations
 
+import importlib.metadata
 import socket
 import subprocess
 import sys
@@ -175,3 +176,10 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(30) == 141
     assert err == ""
+
+
+def test_version_is_the_installed_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"muster {importlib.metadata.version('muster')}\n"
