@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,22 @@ def test_check_reports_every_problem_of_every_file_in_one_run(
         f"{b}:4:24: spec.istio.optOut: must be sidecar, ambient, both or none (true means "
         "sidecar, false none) (document 1, policy a)",
         "5 problems in 2 files; nothing loaded"]
+
+
+def test_check_reads_stdin_for_a_dash(monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """As the topology commands do; problems there are named <stdin>."""
+    bad = ("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: a}\n"
+           "spec: {gang: {backend: slurm}}\n")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(bad.encode())))
+    code, out = run(["policy", "check", "-", str(REPO / "policies/mpi-volcano.yaml")], capsys)
+    assert code == 1
+    assert out.splitlines()[0] == ("<stdin>:4:24: spec.gang.backend: Input should be 'volcano', "
+                                   "'coscheduling' or 'muster' (document 1, policy a)")
+    good = (REPO / "policies/mpi-volcano.yaml").read_bytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(good)))
+    code, out = run(["policy", "check", "-"], capsys)
+    assert code == 0 and "ok  mpi-volcano" in out and "<stdin>:" in out
 
 
 def test_check_of_a_missing_path_is_a_usage_error(

@@ -14,12 +14,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Reports every problem of every document of every file in one run, one "
         "line each: FILE:LINE:COLUMN: FIELD: MESSAGE. Exit 1 when there is any, 2 when a PATH "
         "does not exist.")
-    check.add_argument("paths", nargs="+", metavar="PATH")
+    check.add_argument("paths", nargs="+", metavar="PATH",
+                       help="policy file or directory, or - for stdin (named <stdin>)")
     check.set_defaults(func=_check)
 
     def context(p: argparse.ArgumentParser) -> None:
         p.add_argument("-p", "--policies", action="append", required=True, metavar="PATH",
-                       help="policy file or directory (repeatable)")
+                       help="policy file or directory, or - for stdin (repeatable)")
         p.add_argument("--namespace-labels", default="", metavar="K=V,...",
                        help="labels of the pod's namespace")
         p.add_argument("--owner", action="append", default=[], metavar="OWNER.yaml",

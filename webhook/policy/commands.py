@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from webhook.failures import UsageError
 from webhook.policy.decision import Decision
 from webhook.policy.engine import evaluate, explain
 from webhook.policy.errors import PolicyError
-from webhook.policy.loader import load_policies
+from webhook.policy.loader import STDIN, load_policies
 from webhook.policy.podgroup import podgroup_manifest
 from webhook.policy.policyset import PolicySet
 from webhook.policy.queues import describe
@@ -26,6 +27,7 @@ from webhook.policy.testfile import (
     read_object,
     run_case,
 )
+from webhook.yamlpos import MAX_BYTES
 
 
 def _labels(text: str) -> dict[str, str]:
@@ -43,7 +45,7 @@ def check(args: argparse.Namespace) -> int:
     usage error (exit 2)."""
     _must_exist(args.paths, "")
     try:
-        policies = load_policies(args.paths)
+        policies = load_policies(args.paths, stdin=_stdin(args.paths))
     except PolicyError as exc:
         for issue in exc.issues:
             print(issue)
@@ -59,10 +61,15 @@ def check(args: argparse.Namespace) -> int:
 
 def _must_exist(paths: list[str], flag: str) -> None:
     """A path the user named that is not there is a usage error (exit 2), named with its flag."""
-    missing = [p for p in paths if not Path(p).exists()]
+    missing = [p for p in paths if p != STDIN and not Path(p).exists()]
     if missing:
         raise UsageError(f"{flag} {', '.join(missing)}: no such file or directory" if flag
                          else f"no such file or directory: {', '.join(missing)}")
+
+
+def _stdin(paths: list[str]) -> bytes | None:
+    """Standard input when a path is `-` (read within the size limit of a policy file)."""
+    return sys.stdin.buffer.read(MAX_BYTES + 1) if STDIN in paths else None
 
 
 def _load(args: argparse.Namespace) -> PolicySet:
@@ -70,7 +77,7 @@ def _load(args: argparse.Namespace) -> PolicySet:
     lists them all)."""
     _must_exist(args.policies, "--policies")
     try:
-        return load_policies(args.policies)
+        return load_policies(args.policies, stdin=_stdin(args.policies))
     except PolicyError as exc:
         more = len(exc.issues) - 1
         raise UsageError(

@@ -32,14 +32,23 @@ from webhook.yamlpos import Document, NodeBudget, YamlProblem, decode, documents
 POLICY_SUFFIXES = (".yaml", ".yml", ".json")
 
 
-def load_policies(paths: Sequence[str | FsPath]) -> PolicySet:
+#: a path that stands for the command's standard input (`muster policy check -`)
+STDIN = "-"
+STDIN_NAME = "<stdin>"
+
+
+def load_policies(paths: Sequence[str | FsPath], *, stdin: bytes | None = None) -> PolicySet:
     """Policies from files and directories. Directories are read one level deep, skipping hidden
     entries (a ConfigMap volume's `..data` and timestamped dot-directories) and files that do
-    not end in .yaml, .yml or .json."""
+    not end in .yaml, .yml or .json. `stdin`: what a path `-` stands for, named `<stdin>` (the
+    server never gives it: there `-` is a file)."""
     sources: list[tuple[str, bytes]] = []
     issues: list[PolicyIssue] = []
     for raw in paths:
         path = FsPath(raw)
+        if stdin is not None and str(raw) == STDIN:
+            sources.append((STDIN_NAME, stdin))
+            continue
         try:
             if path.is_dir():
                 for entry in sorted(path.iterdir()):
