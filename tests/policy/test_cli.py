@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from webhook.cli import main
+from webhook.policy import load_policies
 
 from .conftest import REPO
 
@@ -64,6 +65,32 @@ def test_check_reports_every_problem_of_every_file_in_one_run(
         f"{b}:4:24: spec.istio.optOut: must be sidecar, ambient, both or none (true means "
         "sidecar, false none) (document 1, policy a)",
         "5 problems in 2 files; nothing loaded"]
+
+
+def test_check_warns_of_an_owner_kind_without_its_group(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Valid, and matching nothing: the warning names the job kind most likely meant; the core
+    kinds that do own pods are fine."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\n"
+                      "metadata: {name: a}\nspec:\n  match:\n    ownerKinds: [PyTorchJob, "
+                      "batch/Job, Pod, ReplicationController, Jobset, Deployment]\n")
+    code, out = run(["policy", "check", str(policy)], capsys)
+    assert code == 0
+    no_match = "has no group, so it names a core-group kind, and no such kind owns pods: it " \
+               "matches no pod;"
+    assert out.splitlines() == [
+        f"{policy}:6:18: warning: spec.match.ownerKinds.0: 'PyTorchJob' {no_match} did you "
+        "mean kubeflow.org/PyTorchJob? (document 1, policy a)",
+        f"{policy}:6:69: warning: spec.match.ownerKinds.4: 'Jobset' {no_match} did you mean "
+        "jobset.x-k8s.io/JobSet? (document 1, policy a)",
+        f"{policy}:6:77: warning: spec.match.ownerKinds.5: 'Deployment' {no_match} write "
+        "group/Kind, e.g. kubeflow.org/MPIJob or batch/Job (document 1, policy a)",
+        f"ok  a                                priority 0    {policy}:1",
+        f"1 policies valid (3 warnings), digest {load_policies([policy]).digest[:12]}"]
+    policy.write_text(policy.read_text().replace("{name: a}", "{name: A}"))
+    code, out = run(["policy", "check", str(policy)], capsys)
+    assert code == 1 and out.splitlines()[-1] == "1 problem in 1 file (3 warnings); nothing loaded"
 
 
 def test_check_reads_stdin_for_a_dash(monkeypatch: pytest.MonkeyPatch,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import yaml
 from webhook.failures import UsageError
 from webhook.policy.decision import Decision
 from webhook.policy.engine import evaluate, explain
-from webhook.policy.errors import PolicyError
+from webhook.policy.errors import PolicyError, PolicyIssue
 from webhook.policy.loader import STDIN, load_policies
 from webhook.policy.podgroup import podgroup_manifest
 from webhook.policy.policyset import PolicySet
@@ -49,14 +50,27 @@ def check(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         for issue in exc.issues:
             print(issue)
-        files = len({issue.file for issue in exc.issues})
-        print(f"{len(exc.issues)} problem{'s' if len(exc.issues) > 1 else ''} in {files} "
-              f"file{'s' if files > 1 else ''}; nothing loaded")
+        problems = exc.problems
+        files = len({issue.file for issue in problems})
+        print(f"{_count(len(problems), 'problem')} in {files} file{'s' if files > 1 else ''}"
+              f"{_and_warnings(exc.issues)}; nothing loaded")
         return 1
+    for warning in policies.warnings:
+        print(warning)
     for policy, origin in zip(policies.policies, policies.origins, strict=True):
         print(f"ok  {policy.name:<32} priority {policy.spec.priority:<4} {origin}")
-    print(f"{len(policies)} policies valid, digest {policies.digest[:12]}")
+    print(f"{len(policies)} policies valid{_and_warnings(policies.warnings)}, "
+          f"digest {policies.digest[:12]}")
     return 0
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
+
+
+def _and_warnings(issues: Sequence[PolicyIssue]) -> str:
+    warnings = sum(i.warning for i in issues)
+    return f" ({_count(warnings, 'warning')})" if warnings else ""
 
 
 def _must_exist(paths: list[str], flag: str) -> None:
@@ -79,10 +93,10 @@ def _load(args: argparse.Namespace) -> PolicySet:
     try:
         return load_policies(args.policies, stdin=_stdin(args.policies))
     except PolicyError as exc:
-        more = len(exc.issues) - 1
+        more = len(exc.problems) - 1
         raise UsageError(
-            f"--policies: {exc.issues[0]}" + (f" (and {more} more problem{'s' * (more > 1)}: "
-                                              f"muster policy check lists them)" if more else "")
+            f"--policies: {exc.problems[0]}" + (f" (and {_count(more, 'more problem')}: muster "
+                                                "policy check lists them)" if more else "")
         ) from exc
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from webhook.policy.errors import PolicyError, PolicyIssue
+from webhook.policy.jsonshape import as_list, as_map
 from webhook.policy.policyset import PolicySet, find_conflicts
 from webhook.policy.schema import (
     API_VERSION,
@@ -25,8 +26,10 @@ from webhook.policy.schema import (
     Parts,
     SchedulingPolicy,
     contradictions,
+    is_owner_kind,
     parts_of,
 )
+from webhook.policy.workload import unmatched_owner_kind
 from webhook.yamlpos import Document, NodeBudget, YamlProblem, decode, documents, read
 
 POLICY_SUFFIXES = (".yaml", ".yml", ".json")
@@ -103,11 +106,11 @@ def _build(sources: list[tuple[str, bytes]], issues: list[PolicyIssue]) -> Polic
             f"different values at priority {b_policy.spec.priority} for pods both can match; "
             "give one a higher spec.priority or make their match disjoint", b.name))
 
-    if issues:
-        rank = {name: i for i, (name, _) in enumerate(sources)}
-        raise PolicyError(sorted(issues, key=lambda i: (rank.get(i.file, -1), i.document,
-                                                        i.line, i.column)))
-    return PolicySet.of([(p, _origin(r.file, r.doc)) for r, p in loaded])
+    rank = {name: i for i, (name, _) in enumerate(sources)}
+    issues.sort(key=lambda i: (rank.get(i.file, -1), i.document, i.line, i.column))
+    if any(not i.warning for i in issues):
+        raise PolicyError(issues)
+    return PolicySet.of([(p, _origin(r.file, r.doc)) for r, p in loaded], tuple(issues))
 
 
 def _duplicate_names(read: list[_Read]) -> list[PolicyIssue]:
@@ -207,7 +210,25 @@ def _check(file: str, doc: Document, issues: list[PolicyIssue]) -> _Read | None:
     for path, message in contradictions(parts):
         line, col = doc.position(path)
         issues.append(PolicyIssue(file, doc.index, line, col, _dotted(path), message, policy_name))
-    return _Read(file, doc, policy_name, parts, policy if len(issues) == before else None)
+    valid = len(issues) == before
+    issues.extend(_owner_kind_warnings(file, doc, policy_name))
+    return _Read(file, doc, policy_name, parts, policy if valid else None)
+
+
+def _owner_kind_warnings(file: str, doc: Document, policy_name: str) -> list[PolicyIssue]:
+    """ownerKinds entries that match no pod (a job kind without its group)."""
+    match = as_map(as_map(as_map(doc.data).get("spec")).get("match"))
+    out = []
+    for i, kind in enumerate(as_list(match.get("ownerKinds"))):
+        # (one the schema refuses is an error already)
+        why = unmatched_owner_kind(kind) if isinstance(kind, str) and is_owner_kind(kind) \
+            else None
+        if why is not None:
+            path = ("spec", "match", "ownerKinds", i)
+            line, col = doc.position(path)
+            out.append(PolicyIssue(file, doc.index, line, col, _dotted(path), why, policy_name,
+                                   warning=True))
+    return out
 
 
 def field_message(err: Any, loc: tuple[Any, ...], root: type[BaseModel]) -> str:
