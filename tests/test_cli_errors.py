@@ -121,6 +121,13 @@ CASES = [
     (["topology", "choose", "nosuch", "-k", "2"], 2, "unknown node type 'nosuch'"),
     (["topology", "choose", "dgx1-v100", "-k", "2", "--free", "a,b"], 2, "--free 'a,b'"),
     (["topology", "choose", "dgx1-v100", "-k", "9"], 1, "fewer than 9 healthy GPUs"),
+    (["topology", "choose", "dgx1-v100", "-k", "0"], 2, "-k 0: give how many GPUs to place, "
+     "1 or more"),
+    (["topology", "choose", "dgx1-v100", "-k", "2", "--free", "0,9"], 2,
+     "--free '0,9': dgx1-v100 has no GPU 9 (its GPUs are 0-7)"),
+    (["topology", "choose", "dgx1-v100", "-k", "4", "--free", "0,1,2,7", "--min-ring-gbps",
+      "100"], 1, "--min-ring-gbps 100 not met: the best 4 free GPUs on dgx1-v100 (GPUs 0,1,2,7) "
+     "give 6 GB/s of allreduce bus bandwidth"),
     (["certs", "ensure", "--kubeconfig", "notkc", "--namespace", "x", "--service-name", "y"],
      2, "kubeconfig notkc is not a kubeconfig"),
     (["demo", "--policies", "missing"], 2, "missing"),
