@@ -3,6 +3,7 @@ the input, exit 2 for usage and 1 for runtime, no traceback (unless --log-level 
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import socket
 import subprocess
@@ -109,6 +110,9 @@ CASES = [
     (["bind", "--kubeconfig", "notyaml"], 2, "kubeconfig notyaml is not valid YAML: " + NOT_YAML),
     (["bind", "--kubeconfig", "notkc"], 2, "kubeconfig notkc is not a kubeconfig"),
     (["bind", "--kubeconfig", "closedkc"], 1, "cannot reach the Kubernetes API server"),
+    (["bind", "--leader-elect", "--retry-period", "20"], 2, "--retry-period 20, "
+     "--renew-deadline 10, --lease-duration 15: need 0 < --retry-period < --renew-deadline < "
+     "--lease-duration"),
     (["agent", "--node-type", "nosuch", "discover"], 2, "unknown node type 'nosuch'"),
     (["agent", "discover", "--node-type", "nosuch"], 2, "unknown node type 'nosuch'"),
     (["agent", "discover", "--topology-file", "missing.json"], 2, "missing.json"),
@@ -190,3 +194,17 @@ def test_version_is_the_installed_packages(capsys: pytest.CaptureFixture[str]) -
         main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out == f"muster {importlib.metadata.version('muster')}\n"
+
+
+def test_bind_help_says_what_each_option_does_and_its_default(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["bind", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for action in sub.choices["bind"]._actions:
+        if action.default not in (None, False, argparse.SUPPRESS):
+            assert action.help and "(default: " in action.help, action.option_strings
+    # the binder writes each member's Binding once, carrying the assignment (docs/binder.md)
+    assert "then bind" not in text
+    assert "Binding, each carrying the pod's muster.io/gpu-assignment and the gang's" in text
