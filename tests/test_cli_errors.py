@@ -48,6 +48,11 @@ def inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str
     (tmp_path / "badpolicy.yaml").write_text(
         "apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: a}\n"
         "spec: {gang: {backend: slurm}, istio: {optOut: all}}\n")
+    (tmp_path / "noname.yaml").write_text("apiVersion: kubeflow.org/v1\nkind: PyTorchJob\n"
+                                          "metadata: {namespace: a}\n")
+    (tmp_path / "nopods.yaml").write_text("apiVersion: kubeflow.org/v1\nkind: PyTorchJob\n"
+                                          "metadata: {name: j}\nspec: {pytorchReplicaSpecs: "
+                                          "{Worker: {replicas: 0}}}\n")
     (tmp_path / "notkc").write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
     with socket.socket() as s:  # a loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -88,6 +93,10 @@ CASES = [
     (["policy", "test", "-p", POLICIES, "missing.yaml"], 2,
      "no such file or directory: missing.yaml"),
     (["policy", "test", "-p", POLICIES, "notyaml"], 2, "pod notyaml is not valid YAML"),
+    (["policy", "explain", "-p", POLICIES, "noname.yaml"], 2,
+     "noname.yaml: the kubeflow.org/PyTorchJob has no metadata.name"),
+    (["policy", "test", "-p", POLICIES, "nopods.yaml"], 2,
+     "nopods.yaml: the PyTorchJob j creates no pods"),
     (["policy", "test", "-p", POLICIES, "--namespace-labels", "=a", WORKER], 2,
      "--namespace-labels: '=a' is not key=value"),
     (["serve", "--policies", POLICIES, "--tls-cert-file", "missing.pem", "--tls-key-file",

@@ -228,3 +228,43 @@ def test_check_and_test_refuse_aliases_at_their_place(
     assert code == 1
     assert out.splitlines() == [f"ERROR {cases}/t.yaml:6:12: alias *pod: aliases are not "
                                 "accepted (write the value out) (document 1)"]
+
+
+def test_explain_a_job_explains_each_pod_its_operator_creates(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """As `kyverno apply` takes resources: an MPIJob is the launcher (through its Job) and the
+    workers, each explained as a pod, headed by its name and what owns it."""
+    job = REPO / "policies/tests/objects/mpijob-team-a.yaml"
+    code, out = run(["policy", "explain", "-p", str(REPO / "policies"), str(job)], capsys)
+    assert code == 0
+    name = "tensorflow-topo-4-vgg16"
+    headings = [line for line in out.splitlines() if not line.startswith(" ")]
+    assert headings == [
+        f"{job}: pod team-a/{name}-launcher-* (owned by Job {name}-launcher, MPIJob {name})",
+        *(f"{job}: pod team-a/{name}-worker-{i} (owned by MPIJob {name})" for i in range(4))]
+    blocks = out.split(f"{job}: pod ")[1:]
+    assert all("MATCH  mpi-volcano" in b and f"gang {name}: Volcano queue 'research'" in b
+               for b in blocks)
+    assert "✓ owned by batch/Job" in blocks[0] and "owned by batch/Job" not in blocks[1]
+    # the same worker, captured from a cluster and given with its owner, reads the same
+    worker = REPO / "policies/tests/objects/worker-team-a.yaml"
+    code, alone = run(["policy", "explain", "-p", str(REPO / "policies"), "--owner", str(job),
+                       str(worker)], capsys)
+    assert alone.split("\n", 1)[1] == blocks[1].split("\n", 1)[1]
+
+
+def test_policy_test_on_a_job_tests_each_pod(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path) -> None:
+    """A PyTorchJob written by hand (no uid, as before `kubectl apply`): each of its pods gets
+    the decision, PodGroup, patch and idempotency check of a pod."""
+    text = (REPO / "policies/tests/objects/pytorchjob-elastic.yaml").read_text()
+    job = tmp_path / "job.yaml"
+    job.write_text("\n".join(line for line in text.splitlines() if "uid:" not in line))
+    code, out = run(["policy", "test", "-p", str(REPO / "policies"), str(job)], capsys)
+    assert code == 0
+    headings = [line for line in out.splitlines() if line.startswith("# ")]
+    assert headings == [f"# {job}: pod team-d/elastic-bert-worker-{i} (owned by PyTorchJob "
+                        "elastic-bert)" for i in range(4)]
+    assert out.count("match pytorchjob-volcano") == 4
+    assert out.count("  minMember: 2\n") == 4  # the elastic minimum, in each pod's PodGroup
+    assert out.count("idempotent: evaluating the mutated pod again gives an empty patch") == 4

@@ -26,7 +26,7 @@ from webhook.agent.runner import Agent, AgentConfig, nvml_discoverer
 from webhook.binder.controller import BinderConfig
 from webhook.binder.service import BinderService, ServiceConfig
 from webhook.certs import generate_ca, issue_serving_cert, write_pair
-from webhook.demo import mpi, scenario
+from webhook.demo import scenario
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.doubles.fakekubelet import FakeKubelet
 from webhook.doubles.fakenvml import FakeNvml
@@ -40,6 +40,7 @@ from webhook.kube import (
     KubeApi,
     make_api_client,
 )
+from webhook.policy import operators
 from webhook.topology import builtin, set_score
 from webhook.topology.simulate import images_per_second, predict, reference_scenario
 
@@ -188,12 +189,12 @@ async def _submit(kube: KubeApi, name: str, namespace: str) -> list[tuple[str, s
     """Create the MPIJob and what the MPI operator and Job controller create for it; return
     (pod name or generateName, role) in creation order."""
     job = await kube.create(MPIJOBS, scenario.mpijob(name, namespace), namespace=namespace)
-    launcher_job = await kube.create(JOBS, mpi.launcher_job(job), namespace=namespace)
+    launcher_job = await kube.create(JOBS, operators.mpi_launcher_job(job), namespace=namespace)
     created: list[tuple[str, str]] = []
-    for pod in mpi.worker_pods(job):
+    for pod in operators.mpi_worker_pods(job):
         await kube.create(PODS, pod, namespace=namespace)
         created.append((pod["metadata"]["name"], "worker"))
-    launcher = mpi.launcher_pod(launcher_job)
+    launcher = operators.mpi_launcher_pod(launcher_job)
     made = await kube.create(PODS, launcher, namespace=namespace)
     created.append((made["metadata"]["name"], "launcher"))
     return created

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from webhook.failures import UsageError
+from webhook.policy import operators
 from webhook.policy.decision import Decision
 from webhook.policy.engine import evaluate, explain
 from webhook.policy.errors import PolicyError, PolicyIssue
@@ -150,10 +151,18 @@ def _run_tests(tests: list[tuple[PolicyTest, Path]], policies: PolicySet) -> int
 
 def _pod_mode(target: Path, labels: dict[str, str], owners: list[dict[str, Any]],
               policies: PolicySet) -> int:
-    pod = _read(target, "pod")
+    failed = 0
+    for pod, chain, made in _pods(target, owners):
+        heading = f"# {target}: pod {_pod_name(pod)}{_made_by(made)}" if made else f"# {target}"
+        failed += _test_pod(pod, chain, heading, labels, policies)
+    return failed
+
+
+def _test_pod(pod: dict[str, Any], owners: list[dict[str, Any]], heading: str,
+              labels: dict[str, str], policies: PolicySet) -> int:
     decision = evaluate(pod, namespace_labels=labels, owners=owners, policies=policies)
     ops, mutated = mutate(pod, decision)
-    print(f"# {target}")
+    print(heading)
     print("## decision")
     for m in explain(pod, namespace_labels=labels, owners=owners, policies=policies):
         print(f"  {'match' if m.matched else 'skip ':<5} {m.policy}: {'; '.join(m.reasons)}")
@@ -186,18 +195,48 @@ def explain_pods(args: argparse.Namespace) -> int:
     owners = _owners(args)
     policies = _load(args)
     for path in map(Path, args.pods):
-        pod = _read(path, "pod")
-        meta = pod.get("metadata") or {}
-        print(f"{path}: pod {meta.get('namespace', '')}/"
-              f"{meta.get('name') or str(meta.get('generateName', '')) + '*'}")
-        for m in explain(pod, namespace_labels=labels, owners=owners, policies=policies):
-            print(f"  {'MATCH' if m.matched else 'no   '}  {m.policy}")
-            for reason in m.reasons:
-                print(f"         {reason}")
-        for line in _gang_lines(evaluate(pod, namespace_labels=labels, owners=owners,
-                                         policies=policies)):
-            print(f"  {line}")
+        for pod, chain, made in _pods(path, owners):
+            print(f"{path}: pod {_pod_name(pod)}{_made_by(made)}")
+            for m in explain(pod, namespace_labels=labels, owners=chain, policies=policies):
+                print(f"  {'MATCH' if m.matched else 'no   '}  {m.policy}")
+                for reason in m.reasons:
+                    print(f"         {reason}")
+            for line in _gang_lines(evaluate(pod, namespace_labels=labels, owners=chain,
+                                             policies=policies)):
+                print(f"  {line}")
     return 0
+
+
+def _pods(path: Path, owners: list[dict[str, Any]]
+          ) -> list[tuple[dict[str, Any], list[dict[str, Any]], tuple[dict[str, Any], ...]]]:
+    """(pod, its owners, the owners made for it) for a pod file (none made), or for each pod a
+    job's operator creates from a job manifest (--owner objects come after those made, above
+    the job)."""
+    obj = _read(path, "pod")
+    if not operators.is_job(obj):
+        return [(obj, owners, ())]
+    try:
+        made = operators.expand(obj)
+    except ValueError as exc:
+        raise UsageError(f"{path}: {exc}") from exc
+    if not made:
+        raise UsageError(f"{path}: the {obj.get('kind')} {_name(obj)} creates no pods")
+    return [(p.pod, [*p.owners, *owners], p.owners) for p in made]
+
+
+def _name(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("name") or str(meta.get("generateName", "")) + "*")
+
+
+def _pod_name(pod: dict[str, Any]) -> str:
+    return f"{(pod.get('metadata') or {}).get('namespace', '')}/{_name(pod)}"
+
+
+def _made_by(owners: tuple[dict[str, Any], ...]) -> str:
+    if not owners:
+        return ""
+    return " (owned by " + ", ".join(f"{o.get('kind')} {_name(o)}" for o in owners) + ")"
 
 
 def _owners(args: argparse.Namespace) -> list[dict[str, Any]]:
