@@ -48,7 +48,6 @@ from e2e.node import image, versions  # noqa: E402
 from e2e.node.assets import ensure_debian_packages, missing_prerequisites  # noqa: E402
 from e2e.node.cluster import NodeCluster  # noqa: E402
 from e2e.node.kubectl import crd_documents, kubectl, wait_established  # noqa: E402
-from webhook.demo import mpi  # noqa: E402
 from webhook.kube import (  # noqa: E402
     MPIJOBS,
     MUTATING_WEBHOOKS,
@@ -57,6 +56,7 @@ from webhook.kube import (  # noqa: E402
     KubeApi,
     make_api_client,
 )
+from webhook.policy import operators  # noqa: E402
 
 SETUPS = ("none", "noop", "static", "muster")
 WORKERS_PER_JOB = 20
@@ -113,7 +113,7 @@ def configuration(setup: str, port: int, ca: bytes) -> dict[str, Any]:
 
 
 def worker_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
-    pods = mpi.worker_pods(job)
+    pods = operators.mpi_worker_pods(job)
     for pod in pods:
         pod["spec"]["schedulerName"] = "bench-nobody"  # nothing is scheduled or run
     return pods

@@ -27,6 +27,8 @@ from webhook.kube import (
     KubeApi,
     Resource,
 )
+from webhook.policy import operators
+from webhook.policy.workload import JOBSET_REPLICATED_JOB_LABEL
 
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", True, "JobSet")
 TRAINJOBS = Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs", True, "TrainJob")
@@ -63,7 +65,7 @@ async def _jobs(tier: Tier, jobs: list[dict[str, Any]]) -> None:
     for job in jobs:
         made = await tier.kube.create(JOBS, job, namespace=job["metadata"]["namespace"])
         if not tier.controllers:
-            for pod in jobkinds.job_pods(made):
+            for pod in operators.job_pods(made):
                 await tier.kube.create(PODS, pod, namespace=made["metadata"]["namespace"])
 
 
@@ -73,7 +75,7 @@ async def _statefulset(tier: Tier, sts: dict[str, Any]) -> list[dict[str, Any]]:
     made = await tier.kube.create(STATEFULSETS, sts, namespace=ns)
     if not tier.controllers:
         return [await tier.kube.create(PODS, pod, namespace=ns)
-                for pod in jobkinds.statefulset_pods(made)]
+                for pod in operators.statefulset_pods(made)]
     names = {f"{sts['metadata']['name']}-{i}" for i in range(sts["spec"]["replicas"])}
     found: list[dict[str, Any]] = []
 
@@ -91,8 +93,8 @@ async def jobset(tier: Tier, name: str) -> list[Gang]:
                                             Replicated("workers", replicas=2, parallelism=2)],
                          container=tier.container)
     made = await tier.kube.create(JOBSETS, js, namespace=VOLCANO_NS)
-    await _jobs(tier, jobkinds.child_jobs(made))
-    return [Gang(VOLCANO_PODGROUPS, name, 5, 5, f"{jobkinds.JOBSET_NAME}={name}")]
+    await _jobs(tier, operators.child_jobs(made))
+    return [Gang(VOLCANO_PODGROUPS, name, 5, 5, f"{operators.JOBSET_NAME_LABEL}={name}")]
 
 
 async def trainjob(tier: Tier, name: str) -> list[Gang]:
@@ -100,16 +102,17 @@ async def trainjob(tier: Tier, name: str) -> list[Gang]:
     are the gang; the initializer's pod, which completes before them, is not in it."""
     tj = await tier.kube.create(TRAINJOBS, jobkinds.trainjob(name, COSCHEDULING_NS, 3),
                                 namespace=COSCHEDULING_NS)
-    js = await tier.kube.create(JOBSETS, jobkinds.trainjob_jobset(tj, container=tier.container),
-                                namespace=COSCHEDULING_NS)
-    await _jobs(tier, jobkinds.child_jobs(js))
+    js = await tier.kube.create(
+        JOBSETS, operators.trainjob_jobset(tj, jobkinds.pod_template(tier.container)),
+        namespace=COSCHEDULING_NS)
+    await _jobs(tier, operators.child_jobs(js))
     return [Gang(COSCHEDULING_PODGROUPS, name, 3, 3,
-                 f"{jobkinds.JOBSET_NAME}={name},{jobkinds.REPLICATED_JOB}=node")]
+                 f"{operators.JOBSET_NAME_LABEL}={name},{JOBSET_REPLICATED_JOB_LABEL}=node")]
 
 
 async def initializer_pods(kube: KubeApi, name: str) -> list[dict[str, Any]]:
     found = await kube.list(PODS, namespace=COSCHEDULING_NS, label_selector=(
-        f"{jobkinds.JOBSET_NAME}={name},{jobkinds.REPLICATED_JOB}=dataset-initializer"))
+        f"{operators.JOBSET_NAME_LABEL}={name},{JOBSET_REPLICATED_JOB_LABEL}=dataset-initializer"))
     return list(found["items"])
 
 
@@ -119,11 +122,11 @@ async def leaderworkerset(tier: Tier, name: str) -> list[Gang]:
         LEADERWORKERSETS, jobkinds.leaderworkerset(name, VOLCANO_NS, groups=2, size=3,
                                                    container=tier.container),
         namespace=VOLCANO_NS)
-    leaders = await _statefulset(tier, jobkinds.leader_statefulset(lws))
+    leaders = await _statefulset(tier, operators.leader_statefulset(lws))
     for group, leader in enumerate(leaders):
-        await _statefulset(tier, jobkinds.worker_statefulset(lws, leader, group))
+        await _statefulset(tier, operators.worker_statefulset(lws, leader, group))
     # a leader has no group label until LWS's pod webhook adds it: its name says its group
-    return [Gang(VOLCANO_PODGROUPS, f"{name}-{g}", 3, 3, f"{jobkinds.LWS_NAME}={name}",
+    return [Gang(VOLCANO_PODGROUPS, f"{name}-{g}", 3, 3, f"{operators.LWS_NAME_LABEL}={name}",
                  frozenset({f"{name}-{g}", f"{name}-{g}-0", f"{name}-{g}-1"})) for g in range(2)]
 
 
@@ -134,7 +137,7 @@ async def elastic_pytorchjob(tier: Tier, name: str) -> list[Gang]:
         PYTORCHJOBS, jobkinds.elastic_pytorchjob(name, VOLCANO_NS, workers=4, min_replicas=2,
                                                  container=tier.container),
         namespace=VOLCANO_NS)
-    for pod in jobkinds.pytorch_pods(job):
+    for pod in operators.kubeflow_pods(job):
         await tier.kube.create(PODS, pod, namespace=VOLCANO_NS)
     return [Gang(VOLCANO_PODGROUPS, name, 2, 4, f"training.kubeflow.org/job-name={name}")]
 

@@ -8,8 +8,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from webhook.demo import mpi, scenario
+from webhook.demo import scenario
 from webhook.kube import PODS, VOLCANO_QUEUES, ApiError, KubeApi
+from webhook.policy.workload import JOB_NAME_LABEL
 
 #: a policy an admin adds to label one namespace's pods (visible through a dry run)
 EXTRA_POLICY = """\
@@ -85,7 +86,7 @@ async def probe_labels(kube: KubeApi, ns: str) -> dict[str, str]:
 
 async def pods_of(kube: KubeApi, ns: str, job: str) -> list[dict[str, Any]]:
     """The pods of one training job, by the Kubeflow operators' job-name label."""
-    found = await kube.list(PODS, namespace=ns, label_selector=f"{mpi.JOB_NAME}={job}")
+    found = await kube.list(PODS, namespace=ns, label_selector=f"{JOB_NAME_LABEL}={job}")
     return list(found["items"])
 
 

@@ -35,7 +35,7 @@ from e2e.probes import (
     rollout_policies,
 )
 from webhook import keys
-from webhook.demo import EXAMPLE_POLICIES, mpi
+from webhook.demo import EXAMPLE_POLICIES
 from webhook.kube import (
     CONFIGMAPS,
     COSCHEDULING_PODGROUPS,
@@ -48,6 +48,7 @@ from webhook.kube import (
     ApiError,
     KubeApi,
 )
+from webhook.policy import operators
 from webhook.topology import builtin, set_score
 
 Cluster = LocalCluster | RealCluster
@@ -70,11 +71,11 @@ async def submit(kube: KubeApi, name: str, ns: str, *, launcher: bool = True
                  ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The MPIJob, then what the MPI operator and the Job controller create for it."""
     job = await kube.create(MPIJOBS, reference_job(name, ns), namespace=ns)
-    launcher_job = await kube.create(JOBS, mpi.launcher_job(job), namespace=ns)
-    for pod in mpi.worker_pods(job):
+    launcher_job = await kube.create(JOBS, operators.mpi_launcher_job(job), namespace=ns)
+    for pod in operators.mpi_worker_pods(job):
         await kube.create(PODS, pod, namespace=ns)
     if launcher:
-        await kube.create(PODS, mpi.launcher_pod(launcher_job), namespace=ns)
+        await kube.create(PODS, operators.mpi_launcher_pod(launcher_job), namespace=ns)
     return job, launcher_job
 
 
@@ -97,7 +98,7 @@ def gpus_of(pod: dict[str, Any]) -> list[tuple[int, str]]:
 
 
 def worker(pod: dict[str, Any]) -> bool:
-    return pod["metadata"]["labels"].get(mpi.JOB_ROLE) == "worker"
+    return pod["metadata"]["labels"].get(operators.JOB_ROLE_LABEL) == "worker"
 
 
 async def topology_namespace(kube: KubeApi, ns: str = "team-a") -> str:
@@ -116,7 +117,7 @@ async def test_reference_mpijob_is_placed_whole_on_the_best_nvlink_ring(cluster:
     # Four of five gang members exist: nothing may be bound yet.
     await asyncio.sleep(2.0)
     assert not any(p["spec"].get("nodeName") for p in await pods_of(kube, ns, "vgg16"))
-    await kube.create(PODS, mpi.launcher_pod(await kube.get(JOBS, "vgg16-launcher",
+    await kube.create(PODS, operators.mpi_launcher_pod(await kube.get(JOBS, "vgg16-launcher",
                                                             namespace=ns)), namespace=ns)
     if isinstance(cluster, LocalCluster):
         # a kubelet restart while the gang is being bound: the device plugin registers again

@@ -3,6 +3,8 @@ the input, exit 2 for usage and 1 for runtime, no traceback (unless --log-level 
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
 import socket
 import subprocess
 import sys
@@ -12,11 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from webhook.certs import generate_ca, issue_serving_cert, write_pair
 from webhook.cli import build_parser, main
 from webhook.demo import EXAMPLE_POLICIES
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = str(EXAMPLE_POLICIES)
+#: what `notyaml` gets, in one line: file:line:column, the cause first
+NOT_YAML = ("notyaml:1:11: '[' opened here is not closed: expected ',' or ']', but got "
+            "'<stream end>' at line 2, column 1")
+WORKER = str(EXAMPLE_POLICIES / "tests/objects/worker-team-a.yaml")
 CLOSED_PORT_KUBECONFIG = """\
 apiVersion: v1
 kind: Config
@@ -39,11 +46,23 @@ def inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str
     (tmp_path / "empty.yaml").write_text("")
     (tmp_path / "adir").mkdir()
     (tmp_path / "notyaml").write_text("clusters: [unclosed\n")
+    (tmp_path / "badpolicy.yaml").write_text(
+        "apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: a}\n"
+        "spec: {gang: {backend: slurm}, istio: {optOut: all}}\n")
+    (tmp_path / "noname.yaml").write_text("apiVersion: kubeflow.org/v1\nkind: PyTorchJob\n"
+                                          "metadata: {namespace: a}\n")
+    (tmp_path / "nopods.yaml").write_text("apiVersion: kubeflow.org/v1\nkind: PyTorchJob\n"
+                                          "metadata: {name: j}\nspec: {pytorchReplicaSpecs: "
+                                          "{Worker: {replicas: 0}}}\n")
     (tmp_path / "notkc").write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
     with socket.socket() as s:  # a loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     (tmp_path / "closedkc").write_text(CLOSED_PORT_KUBECONFIG % closed)
+    ca = generate_ca("test-ca", days=1)
+    write_pair(issue_serving_cert(ca, ["localhost"], [], days=1), tmp_path / "tls.crt",
+               tmp_path / "tls.key")
+    (tmp_path / "other.key").write_bytes(issue_serving_cert(ca, ["x"], [], days=1).key_pem)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -59,10 +78,38 @@ CASES = [
     (["policy", "explain", "-p", POLICIES, "adir"], 2, "pod adir: Is a directory"),
     (["policy", "explain", "-p", POLICIES, "empty.yaml"], 2, "expected a Kubernetes object"),
     (["policy", "explain", "-p", POLICIES, "--owner", "notyaml", "empty.yaml"], 2,
-     "--owner notyaml is not valid YAML"),
+     "--owner notyaml is not valid YAML: " + NOT_YAML),
+    (["policy", "explain", "-p", "missing.yaml", WORKER], 2,
+     "--policies missing.yaml: no such file or directory"),
+    (["policy", "explain", "-p", "badpolicy.yaml", WORKER], 2,
+     "--policies: badpolicy.yaml:4:24: spec.gang.backend: Input should be 'volcano', "
+     "'coscheduling' or 'muster' (document 1, policy a) (and 1 more problem: muster policy "
+     "check lists them)"),
+    (["policy", "explain", "-p", POLICIES, "--namespace-labels", "team", WORKER], 2,
+     "--namespace-labels: 'team' is not key=value"),
+    (["policy", "test", "-p", POLICIES, WORKER, "--owner", "missing.yaml"], 2,
+     "--owner missing.yaml: No such file"),
+    (["policy", "test", "-p", "missing.yaml", WORKER], 2,
+     "--policies missing.yaml: no such file or directory"),
+    (["policy", "test", "-p", POLICIES, "missing.yaml"], 2,
+     "no such file or directory: missing.yaml"),
+    (["policy", "test", "-p", POLICIES, "notyaml"], 2, "pod notyaml is not valid YAML"),
+    (["policy", "explain", "-p", POLICIES, "noname.yaml"], 2,
+     "noname.yaml: the kubeflow.org/PyTorchJob has no metadata.name"),
+    (["policy", "test", "-p", POLICIES, "nopods.yaml"], 2,
+     "nopods.yaml: the PyTorchJob j creates no pods"),
+    (["policy", "test", "-p", POLICIES, "--namespace-labels", "=a", WORKER], 2,
+     "--namespace-labels: '=a' is not key=value"),
     (["serve", "--policies", POLICIES, "--tls-cert-file", "missing.pem", "--tls-key-file",
       "k.pem"], 2, "--tls-cert-file missing.pem: no such file"),
     (["serve", "--policies", "missing", "--self-signed"], 2, "--policies missing: no such"),
+    (["serve", "--policies", POLICIES, "--tls-cert-file", "tls.key", "--tls-key-file",
+      "tls.crt"], 2, "tls.key is a private key, not a certificate: are --tls-cert-file and "
+     "--tls-key-file swapped?"),
+    (["serve", "--policies", POLICIES, "--tls-cert-file", "tls.crt", "--tls-key-file",
+      "other.key"], 2, "the key in other.key does not match the certificate in tls.crt"),
+    (["serve", "--policies", POLICIES, "--tls-cert-file", "tls.crt", "--tls-key-file",
+      "empty.yaml"], 2, "empty.yaml holds no usable private key"),
     (["serve", "--policies", POLICIES], 2, "give --tls-cert-file and --tls-key-file"),
     (["serve", "--policies", POLICIES, "--self-signed", "--host", "127.0.0.1", "--port",
       "{busy}"], 1, "already in use"),
@@ -70,21 +117,31 @@ CASES = [
     (["bind", "--kubeconfig", "missing"], 2, "kubeconfig missing: No such file"),
     (["bind", "--kubeconfig", "adir"], 2, "kubeconfig adir: Is a directory"),
     (["bind", "--kubeconfig", "empty.yaml"], 2, "kubeconfig empty.yaml is not a kubeconfig"),
-    (["bind", "--kubeconfig", "notyaml"], 2, "kubeconfig notyaml is not valid YAML"),
+    (["bind", "--kubeconfig", "notyaml"], 2, "kubeconfig notyaml is not valid YAML: " + NOT_YAML),
     (["bind", "--kubeconfig", "notkc"], 2, "kubeconfig notkc is not a kubeconfig"),
     (["bind", "--kubeconfig", "closedkc"], 1, "cannot reach the Kubernetes API server"),
+    (["bind", "--leader-elect", "--retry-period", "20"], 2, "--retry-period 20, "
+     "--renew-deadline 10, --lease-duration 15: need 0 < --retry-period < --renew-deadline < "
+     "--lease-duration"),
     (["agent", "--node-type", "nosuch", "discover"], 2, "unknown node type 'nosuch'"),
     (["agent", "discover", "--node-type", "nosuch"], 2, "unknown node type 'nosuch'"),
     (["agent", "discover", "--topology-file", "missing.json"], 2, "missing.json"),
     (["agent", "discover", "--fake-nvml", "nosuch"], 2, "nosuch"),
     (["agent", "--node-name", "n", "--node-type", "dgx1-v100", "--kubeconfig", "notyaml"], 2,
-     "kubeconfig notyaml is not valid YAML"),
+     "kubeconfig notyaml is not valid YAML: " + NOT_YAML),
     (["topology", "show", "nosuch"], 2, "unknown node type 'nosuch'"),
     (["topology", "parse", "missing.txt"], 2, "missing.txt: no such file"),
     (["topology", "parse", "adir"], 2, "adir: is a directory"),
     (["topology", "choose", "nosuch", "-k", "2"], 2, "unknown node type 'nosuch'"),
     (["topology", "choose", "dgx1-v100", "-k", "2", "--free", "a,b"], 2, "--free 'a,b'"),
     (["topology", "choose", "dgx1-v100", "-k", "9"], 1, "fewer than 9 healthy GPUs"),
+    (["topology", "choose", "dgx1-v100", "-k", "0"], 2, "-k 0: give how many GPUs to place, "
+     "1 or more"),
+    (["topology", "choose", "dgx1-v100", "-k", "2", "--free", "0,9"], 2,
+     "--free '0,9': dgx1-v100 has no GPU 9 (its GPUs are 0-7)"),
+    (["topology", "choose", "dgx1-v100", "-k", "4", "--free", "0,1,2,7", "--min-ring-gbps",
+      "100"], 1, "--min-ring-gbps 100 not met: the best 4 free GPUs on dgx1-v100 (GPUs 0,1,2,7) "
+     "give 6 GB/s of allreduce bus bandwidth"),
     (["certs", "ensure", "--kubeconfig", "notkc", "--namespace", "x", "--service-name", "y"],
      2, "kubeconfig notkc is not a kubeconfig"),
     (["demo", "--policies", "missing"], 2, "missing"),
@@ -140,3 +197,24 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(30) == 141
     assert err == ""
+
+
+def test_version_is_the_installed_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"muster {importlib.metadata.version('muster')}\n"
+
+
+def test_bind_help_says_what_each_option_does_and_its_default(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["bind", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for action in sub.choices["bind"]._actions:
+        if action.default not in (None, False, argparse.SUPPRESS):
+            assert action.help and "(default: " in action.help, action.option_strings
+    # the binder writes each member's Binding once, carrying the assignment (docs/binder.md)
+    assert "then bind" not in text
+    assert "Binding, each carrying the pod's muster.io/gpu-assignment and the gang's" in text

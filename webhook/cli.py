@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -36,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-json", action="store_true", help="one JSON object per log line")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _AREAS:
         module = importlib.import_module(name)  # an area that does not import is a bug: raise
@@ -43,6 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
         register = module.register
         register(sub)
     return parser
+
+
+class _Version(argparse.Action):
+    """`muster --version`, from the package metadata, read only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        try:
+            version = importlib.metadata.version("muster")
+        except importlib.metadata.PackageNotFoundError:  # a checkout run without `pip install`
+            version = "unknown (not installed)"
+        print(f"muster {version}")
+        parser.exit()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

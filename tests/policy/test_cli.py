@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
+import sys
 from pathlib import Path
 
 import pytest
 
 from webhook.cli import main
 from webhook.demo import EXAMPLE_POLICIES
+from webhook.policy import load_policies
 
 from .conftest import REPO
 
@@ -64,6 +67,48 @@ def test_check_reports_every_problem_of_every_file_in_one_run(
         f"{b}:4:24: spec.istio.optOut: must be sidecar, ambient, both or none (true means "
         "sidecar, false none) (document 1, policy a)",
         "5 problems in 2 files; nothing loaded"]
+
+
+def test_check_warns_of_an_owner_kind_without_its_group(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Valid, and matching nothing: the warning names the job kind most likely meant; the core
+    kinds that do own pods are fine."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\n"
+                      "metadata: {name: a}\nspec:\n  match:\n    ownerKinds: [PyTorchJob, "
+                      "batch/Job, Pod, ReplicationController, Jobset, Deployment]\n")
+    code, out = run(["policy", "check", str(policy)], capsys)
+    assert code == 0
+    no_match = "has no group, so it names a core-group kind, and no such kind owns pods: it " \
+               "matches no pod;"
+    assert out.splitlines() == [
+        f"{policy}:6:18: warning: spec.match.ownerKinds.0: 'PyTorchJob' {no_match} did you "
+        "mean kubeflow.org/PyTorchJob? (document 1, policy a)",
+        f"{policy}:6:69: warning: spec.match.ownerKinds.4: 'Jobset' {no_match} did you mean "
+        "jobset.x-k8s.io/JobSet? (document 1, policy a)",
+        f"{policy}:6:77: warning: spec.match.ownerKinds.5: 'Deployment' {no_match} write "
+        "group/Kind, e.g. kubeflow.org/MPIJob or batch/Job (document 1, policy a)",
+        f"ok  a                                priority 0    {policy}:1",
+        f"1 policies valid (3 warnings), digest {load_policies([policy]).digest[:12]}"]
+    policy.write_text(policy.read_text().replace("{name: a}", "{name: A}"))
+    code, out = run(["policy", "check", str(policy)], capsys)
+    assert code == 1 and out.splitlines()[-1] == "1 problem in 1 file (3 warnings); nothing loaded"
+
+
+def test_check_reads_stdin_for_a_dash(monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """As the topology commands do; problems there are named <stdin>."""
+    bad = ("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: a}\n"
+           "spec: {gang: {backend: slurm}}\n")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(bad.encode())))
+    code, out = run(["policy", "check", "-", str(EXAMPLE_POLICIES / "mpi-volcano.yaml")], capsys)
+    assert code == 1
+    assert out.splitlines()[0] == ("<stdin>:4:24: spec.gang.backend: Input should be 'volcano', "
+                                   "'coscheduling' or 'muster' (document 1, policy a)")
+    good = (EXAMPLE_POLICIES / "mpi-volcano.yaml").read_bytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(good)))
+    code, out = run(["policy", "check", "-"], capsys)
+    assert code == 0 and "ok  mpi-volcano" in out and "<stdin>:" in out
 
 
 def test_check_of_a_missing_path_is_a_usage_error(
@@ -189,8 +234,27 @@ def test_policytest_file_problems_are_one_line_each_with_their_place(
     assert out.splitlines() == [
         f"ERROR {tmp_path}/a.yaml:5:12: '[' opened here is not closed: did not find expected ',' "
         "or ']' at line 6, column 1 (document 1)",
-        f"ERROR {tmp_path}/b.yaml:6:12: spec.expect.polcies: Extra inputs are not permitted "
-        "(document 1)"]
+        f"ERROR {tmp_path}/b.yaml:6:12: spec.expect.polcies: unknown field (allowed: policies, "
+        "podContains, patchedPod, patchedPodFile, podGroup, warnings) (document 1)"]
+
+
+def test_a_policytest_typo_reads_as_a_policy_typo(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same words as `policy check` for the same mistakes: an unknown field names the
+    allowed ones, a missing one says so, a rule across fields has no pydantic prefix."""
+    head = "apiVersion: muster.io/v1alpha1\nkind: PolicyTest\n"
+    (tmp_path / "t.yaml").write_text(
+        head + "metadata: {nme: t}\nspec: {pod: {}, namespaceLabel: {}}\n---\n"
+        + head + "metadata: {name: t}\nspec: {pod: {}, podFile: p.yaml}\n")
+    code, out = run(["policy", "test", "-p", str(EXAMPLE_POLICIES), str(tmp_path)], capsys)
+    assert code == 1
+    t = tmp_path / "t.yaml"
+    assert out.splitlines() == [
+        f"ERROR {t}:3:1: metadata.name: required field is missing (document 1)",
+        f"ERROR {t}:3:12: metadata.nme: unknown field (allowed: name) (document 1)",
+        f"ERROR {t}:4:17: spec.namespaceLabel: unknown field (allowed: pod, podFile, "
+        "namespaceLabels, owners, ownerFiles, expect) (document 1)",
+        f"ERROR {t}:9:7: spec: give exactly one of pod and podFile (document 2)"]
 
 
 def test_check_and_test_refuse_aliases_at_their_place(
@@ -214,3 +278,43 @@ def test_check_and_test_refuse_aliases_at_their_place(
     assert code == 1
     assert out.splitlines() == [f"ERROR {cases}/t.yaml:6:12: alias *pod: aliases are not "
                                 "accepted (write the value out) (document 1)"]
+
+
+def test_explain_a_job_explains_each_pod_its_operator_creates(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """As `kyverno apply` takes resources: an MPIJob is the launcher (through its Job) and the
+    workers, each explained as a pod, headed by its name and what owns it."""
+    job = EXAMPLE_POLICIES / "tests/objects/mpijob-team-a.yaml"
+    code, out = run(["policy", "explain", "-p", str(EXAMPLE_POLICIES), str(job)], capsys)
+    assert code == 0
+    name = "tensorflow-topo-4-vgg16"
+    headings = [line for line in out.splitlines() if not line.startswith(" ")]
+    assert headings == [
+        f"{job}: pod team-a/{name}-launcher-* (owned by Job {name}-launcher, MPIJob {name})",
+        *(f"{job}: pod team-a/{name}-worker-{i} (owned by MPIJob {name})" for i in range(4))]
+    blocks = out.split(f"{job}: pod ")[1:]
+    assert all("MATCH  mpi-volcano" in b and f"gang {name}: Volcano queue 'research'" in b
+               for b in blocks)
+    assert "✓ owned by batch/Job" in blocks[0] and "owned by batch/Job" not in blocks[1]
+    # the same worker, captured from a cluster and given with its owner, reads the same
+    worker = EXAMPLE_POLICIES / "tests/objects/worker-team-a.yaml"
+    code, alone = run(["policy", "explain", "-p", str(EXAMPLE_POLICIES), "--owner", str(job),
+                       str(worker)], capsys)
+    assert alone.split("\n", 1)[1] == blocks[1].split("\n", 1)[1]
+
+
+def test_policy_test_on_a_job_tests_each_pod(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path) -> None:
+    """A PyTorchJob written by hand (no uid, as before `kubectl apply`): each of its pods gets
+    the decision, PodGroup, patch and idempotency check of a pod."""
+    text = (EXAMPLE_POLICIES / "tests/objects/pytorchjob-elastic.yaml").read_text()
+    job = tmp_path / "job.yaml"
+    job.write_text("\n".join(line for line in text.splitlines() if "uid:" not in line))
+    code, out = run(["policy", "test", "-p", str(EXAMPLE_POLICIES), str(job)], capsys)
+    assert code == 0
+    headings = [line for line in out.splitlines() if line.startswith("# ")]
+    assert headings == [f"# {job}: pod team-d/elastic-bert-worker-{i} (owned by PyTorchJob "
+                        "elastic-bert)" for i in range(4)]
+    assert out.count("match pytorchjob-volcano") == 4
+    assert out.count("  minMember: 2\n") == 4  # the elastic minimum, in each pod's PodGroup
+    assert out.count("idempotent: evaluating the mutated pod again gives an empty patch") == 4

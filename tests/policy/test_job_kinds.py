@@ -12,7 +12,7 @@ import pytest
 from e2e import jobkinds
 from e2e.jobkinds import Replicated
 from webhook import keys
-from webhook.policy import Decision, PolicySet, evaluate, podgroup_manifest
+from webhook.policy import Decision, PolicySet, evaluate, operators, podgroup_manifest
 from webhook.policy.cleanup import cleanup_reason
 from webhook.policy.outcome import evaluate_and_render
 
@@ -50,8 +50,8 @@ def jobset_pods(js: dict[str, Any], only: Sequence[str] | None = None
                 ) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     """(pod, owner chain) of each pod the JobSet's Jobs start."""
     out = []
-    for job in map(stored, jobkinds.child_jobs(js, only)):
-        out += [(pod, [job, js]) for pod in jobkinds.job_pods(job)]
+    for job in map(stored, operators.child_jobs(js, only)):
+        out += [(pod, [job, js]) for pod in operators.job_pods(job)]
     return out
 
 
@@ -102,7 +102,8 @@ def test_a_jobset_initializer_that_completes_first_is_not_in_the_gang(
 def _trainjob(nodes_in_jobset: int, num_nodes: int, pod_labels: dict[str, str] | None = None
               ) -> tuple[dict[str, Any], dict[str, Any]]:
     tj = stored(jobkinds.trainjob("bert", NS, nodes_in_jobset))
-    js = stored(jobkinds.trainjob_jobset(tj, pod_labels=pod_labels))
+    js = stored(operators.trainjob_jobset(
+        tj, jobkinds.pod_template(jobkinds.DEFAULT_CONTAINER, pod_labels)))
     tj["spec"]["trainer"]["numNodes"] = num_nodes
     return tj, js
 
@@ -150,7 +151,7 @@ def test_an_elastic_pytorchjob_waits_for_its_elastic_minimum(
     else:
         job["spec"]["elasticPolicy"]["maxReplicas"] = max_replicas
     ps = gang(policies)
-    decisions = [decide(pod, [job], ps) for pod in jobkinds.pytorch_pods(job)]
+    decisions = [decide(pod, [job], ps) for pod in operators.kubeflow_pods(job)]
     group = one_group(decisions)
     assert group is not None and group.min_member == expected
     assert group.min_resources == {"cpu": str(expected), "memory": f"{expected}Gi"}
@@ -160,19 +161,19 @@ def test_an_elastic_pytorchjob_waits_for_its_elastic_minimum(
 def test_a_pytorchjob_without_elastic_policy_waits_for_all(policies: Policies) -> None:
     job = stored(jobkinds.elastic_pytorchjob("rigid", NS, workers=3, min_replicas=1))
     del job["spec"]["elasticPolicy"]
-    group = decide(jobkinds.pytorch_pods(job)[0], [job], gang(policies)).pod_group
+    group = decide(operators.kubeflow_pods(job)[0], [job], gang(policies)).pod_group
     assert group is not None and group.min_member == 3
 
 
 def _lws_pods(lws: dict[str, Any]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    leaders = stored(jobkinds.leader_statefulset(lws))
+    leaders = stored(operators.leader_statefulset(lws))
     out = []
-    for group, leader in enumerate(jobkinds.statefulset_pods(leaders)):
+    for group, leader in enumerate(operators.statefulset_pods(leaders)):
         # the leader is stored by then (its workers' StatefulSet is owned by it)
         out.append((deep(leader), [leaders, lws]))
-        workers = stored(jobkinds.worker_statefulset(lws, stored(leader), group))
+        workers = stored(operators.worker_statefulset(lws, stored(leader), group))
         out += [(pod, [workers, leader, leaders, lws])
-                for pod in jobkinds.statefulset_pods(workers)]
+                for pod in operators.statefulset_pods(workers)]
     return out
 
 
@@ -222,7 +223,7 @@ def test_an_indexed_job_gangs_the_pods_that_run_at_once(
         parallelism: int, completions: int, note: bool, policies: Policies) -> None:
     job = stored(jobkinds.indexed_job("ranks", NS, parallelism=parallelism,
                                       completions=completions))
-    pods = jobkinds.job_pods(job)
+    pods = operators.job_pods(job)
     decisions = [decide(pod, [job], gang(policies)) for pod in pods]
     group = one_group(decisions)
     assert group is not None and group.min_member == min(parallelism, completions) == len(pods)

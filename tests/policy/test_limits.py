@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from webhook.policy import PolicyError, load_policies, load_policy_texts
-from webhook.policy.yamlpos import MAX_BYTES, MAX_NODES, NodeBudget, YamlProblem, documents
+from webhook.yamlpos import MAX_BYTES, MAX_NODES, NodeBudget, YamlProblem, documents
 
 from .conftest import policy
 

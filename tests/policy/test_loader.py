@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from webhook.demo import EXAMPLE_POLICIES
 from webhook.policy import PolicyError, load_policies, load_policy_texts
-from webhook.policy.yamlpos import MAX_SYNTAX_ERRORS
+from webhook.yamlpos import MAX_SYNTAX_ERRORS
 
 from .conftest import policy
 

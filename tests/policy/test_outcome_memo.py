@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from e2e import jobkinds
 from webhook import keys
 from webhook.jsonpatch import apply_patch
-from webhook.policy import PolicyError, PolicySet, evaluate, load_policy_texts, render_patch
+from webhook.policy import (
+    PolicyError,
+    PolicySet,
+    evaluate,
+    load_policy_texts,
+    operators,
+    render_patch,
+)
 from webhook.policy.engine import TOPOLOGY_TOLERATION
 from webhook.policy.outcome import evaluate_and_render, outcome_key
 
@@ -48,10 +55,10 @@ def _stored(obj: dict[str, Any], n: int) -> dict[str, Any]:
 def _lws_pods() -> tuple[tuple[dict[str, Any], list[dict[str, Any]]], ...]:
     """A LeaderWorkerSet's group-1 leader and worker, with their owner chains."""
     lws = _stored(jobkinds.leaderworkerset("vllm", "team-a", groups=2, size=3), 1)
-    leaders = _stored(jobkinds.leader_statefulset(lws), 2)
-    leader = _stored(jobkinds.statefulset_pods(leaders)[1], 3)
-    workers = _stored(jobkinds.worker_statefulset(lws, leader, 1), 4)
-    worker = jobkinds.statefulset_pods(workers)[0]
+    leaders = _stored(operators.leader_statefulset(lws), 2)
+    leader = _stored(operators.statefulset_pods(leaders)[1], 3)
+    workers = _stored(operators.worker_statefulset(lws, leader, 1), 4)
+    worker = operators.statefulset_pods(workers)[0]
     return ((copy.deepcopy(leader), [leaders, lws]), (worker, [workers, leader, leaders, lws]))
 
 
@@ -86,7 +93,8 @@ def rich_sets(draw: st.DrawFn) -> PolicySet:
 LABEL_KEYS = ["role", "tier", "team", "x", keys.COSCHEDULING_GROUP_LABEL,
               keys.LEGACY_COSCHEDULING_GROUP_LABEL, keys.ISTIO_INJECT, keys.ISTIO_DATAPLANE_MODE,
               # read from a pod of a known job: its LeaderWorkerSet group, its JobSet job
-              jobkinds.LWS_GROUP, "apps.kubernetes.io/pod-index", jobkinds.REPLICATED_JOB]
+              "leaderworkerset.sigs.k8s.io/group-index", "apps.kubernetes.io/pod-index",
+              "jobset.sigs.k8s.io/replicatedjob-name"]
 ANNOTATION_KEYS = [
     "example.com/note", "x", keys.ANN_GPU_ASSIGNMENT, keys.ANN_POLICY, keys.ANN_GPU_TOPOLOGY,
     keys.ANN_GANG_NAME, keys.ANN_GANG_MIN_MEMBER, keys.ANN_GANG_TIMEOUT,

@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 
 from e2e.node import image
-from webhook.demo import mpi
 from webhook.kube import JOBS, MPIJOBS, NAMESPACES, PODS, ApiError, KubeApi
+from webhook.policy import operators
 
 REFERENCE_JOB = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "jobs" / \
     "mpijob-vgg16-4workers.yaml"
@@ -44,8 +44,8 @@ async def submit(kube: KubeApi, job: dict[str, Any], *, concurrently: bool = Fal
     """The MPIJob, its launcher Job (the Job controller makes the pod) and its worker pods."""
     ns = job["metadata"]["namespace"]
     made = await kube.create(MPIJOBS, copy.deepcopy(job), namespace=ns)
-    await kube.create(JOBS, mpi.launcher_job(made), namespace=ns)
-    pods = mpi.worker_pods(made)
+    await kube.create(JOBS, operators.mpi_launcher_job(made), namespace=ns)
+    pods = operators.mpi_worker_pods(made)
     if concurrently:
         await asyncio.gather(*(kube.create(PODS, p, namespace=ns) for p in pods))
     else:

@@ -9,7 +9,6 @@ from jobs import ensure_namespace, mpijob, submit
 
 from e2e.probes import eventually, pods_of
 from webhook import keys
-from webhook.demo import mpi
 from webhook.kube import (
     COSCHEDULING_PODGROUPS,
     MPIJOBS,
@@ -18,6 +17,7 @@ from webhook.kube import (
     KubeApi,
     Resource,
 )
+from webhook.policy import operators
 
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", False, "PriorityClass")
 
@@ -60,7 +60,8 @@ async def test_volcano_podgroup_before_its_pods_with_queue_priority_and_resource
     for pod in pods:
         assert pod["metadata"]["annotations"][keys.VOLCANO_GROUP_ANNOTATION] == "vgg16"
         assert pod["spec"]["schedulerName"] == "volcano"
-    launcher = next(p for p in pods if p["metadata"]["labels"][mpi.JOB_ROLE] == "launcher")
+    launcher = next(p for p in pods
+                    if p["metadata"]["labels"][operators.JOB_ROLE_LABEL] == "launcher")
     assert launcher["metadata"]["ownerReferences"][0]["kind"] == "Job"  # the controller's pod
     assert launcher["metadata"]["labels"][keys.ISTIO_INJECT] == "false"
     assert launcher["metadata"]["annotations"][keys.ISTIO_INJECT] == "false"
@@ -95,7 +96,7 @@ async def test_server_dry_run_mutates_but_creates_nothing(kube: KubeApi) -> None
     ns = await ensure_namespace(kube, "team-a")
     job = mpijob("dry", ns)
     made = await kube.create(MPIJOBS, job, namespace=ns)
-    worker = mpi.worker_pods(made)[0]
+    worker = operators.mpi_worker_pods(made)[0]
     answered = await kube.create(PODS, worker, namespace=ns, dry_run=True)
     assert answered["metadata"]["annotations"][keys.VOLCANO_GROUP_ANNOTATION] == "dry"
     assert not [p for p in (await kube.list(PODS, namespace=ns))["items"]

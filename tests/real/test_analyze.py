@@ -15,8 +15,8 @@ from jobs import ensure_namespace, mpijob
 from e2e.node.cluster import NODE_NAME, NodeCluster
 from e2e.probes import eventually
 from webhook.cli import main
-from webhook.demo import mpi
 from webhook.kube import MPIJOBS, PODS, KubeApi
+from webhook.policy import operators
 
 
 def _analyze(cluster: NodeCluster) -> tuple[int, list[dict[str, Any]]]:
@@ -31,7 +31,7 @@ async def test_analyze_names_what_is_wrong_on_the_real_node_and_nothing_else(
         kube: KubeApi, node_cluster: NodeCluster) -> None:
     ns = await ensure_namespace(kube, "team-b")  # policy mpi-coscheduling
     made = await kube.create(MPIJOBS, mpijob("analyzed", ns, workers=2), namespace=ns)
-    await kube.create(PODS, mpi.worker_pods(made)[0], namespace=ns)
+    await kube.create(PODS, operators.mpi_worker_pods(made)[0], namespace=ns)
     found: list[dict[str, Any]] = []
     code = 0
 

@@ -13,8 +13,8 @@ from e2e.cluster import NAMESPACE
 from e2e.node.cluster import NODE_NAME
 from e2e.probes import eventually, pods_of
 from webhook import keys
-from webhook.demo import mpi
 from webhook.kube import JOBS, LEASES, MPIJOBS, PODS, VOLCANO_PODGROUPS, ApiError, KubeApi
+from webhook.policy import operators
 
 JOBS_UNDER_LOAD, WORKERS = 10, 20  # 200 pods
 
@@ -50,7 +50,7 @@ async def test_deleting_a_webhook_pod_during_200_creates_loses_no_pod(kube: Kube
     pods: list[dict[str, Any]] = []
     for name in names:
         made = await kube.create(MPIJOBS, mpijob(name, ns, workers=WORKERS), namespace=ns)
-        pods += mpi.worker_pods(made)
+        pods += operators.mpi_worker_pods(made)
     victim = (await _webhook_pods(kube))[0]
     gate = asyncio.Semaphore(8)  # 8 clients creating at once
     done, failures = 0, []

@@ -17,7 +17,7 @@ from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node.cluster import NodeCluster
 from e2e.probes import eventually
 from webhook import keys
-from webhook.demo import mpi, scenario
+from webhook.demo import scenario
 from webhook.kube import (
     EVENTS,
     JOBS,
@@ -29,6 +29,7 @@ from webhook.kube import (
     KubeApi,
     Resource,
 )
+from webhook.policy import operators
 
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", False, "PriorityClass")
 
@@ -43,7 +44,7 @@ async def _events(kube: KubeApi, reason: str, name: str) -> list[dict[str, Any]]
 
 async def _workers(kube: KubeApi, job: dict[str, Any]) -> list[dict[str, Any]]:
     made = await kube.create(MPIJOBS, copy.deepcopy(job), namespace=NS)
-    return mpi.worker_pods(made)
+    return operators.mpi_worker_pods(made)
 
 
 async def test_a_closed_queue_falls_back_with_an_event(kube: KubeApi) -> None:

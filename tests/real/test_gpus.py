@@ -15,8 +15,8 @@ from real_helpers import kubectl
 from e2e.node.cluster import NODE_NAME, NodeCluster
 from e2e.probes import eventually, pods_of
 from webhook import keys
-from webhook.demo import mpi
 from webhook.kube import NODES, KubeApi
+from webhook.policy import operators
 from webhook.topology import builtin, set_score
 
 DGX1 = builtin("dgx1-v100")
@@ -79,7 +79,7 @@ async def _run_two_jobs(kube: KubeApi, cluster: NodeCluster
             await submit(kube, mpijob(name, ns))
         pods = await _running_job(kube, ns, name)
         assert all(p["spec"]["nodeName"] == NODE_NAME for p in pods)
-        workers = [p for p in pods if p["metadata"]["labels"][mpi.JOB_ROLE] == "worker"]
+        workers = [p for p in pods if p["metadata"]["labels"][operators.JOB_ROLE_LABEL] == "worker"]
         chosen = sorted(i for p in workers for i in _assigned_indices(p))
         assert len(chosen) == 4
         if name == "first":  # an empty node: the best 4-GPU NVLink set

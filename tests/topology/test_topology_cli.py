@@ -67,7 +67,15 @@ def test_choose_takes_a_topology_file_as_well_as_a_name(
         by_file = run(capsys, "choose", "--file", str(f), "-k", k, "--free", "1,2,3,5,6,7")
         assert by_name[0] == by_file[0] == 0 and by_name[1] == by_file[1]
     monkeypatch.setattr("sys.stdin", io.StringIO(f.read_text()))
-    assert run(capsys, "choose", "--file", "-", "-k", "3")[0] == 0
+    rc, out, _ = run(capsys, "choose", "--file", "-", "-k", "3")
+    assert rc == 0 and " on hgx-h100\n" in out  # the node's own name
+    nameless = json.loads(f.read_text()) | {"name": ""}
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(nameless)))
+    rc, out, _ = run(capsys, "choose", "--file", "-", "-k", "3")
+    assert rc == 0 and " on <stdin>\n" in out
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"v": 1}'))
+    rc, _, err = run(capsys, "choose", "--file", "-", "-k", "2")
+    assert rc == 2 and "<stdin>: bad topology" in err
     bad = tmp_path / "bad.json"
     bad.write_text('{"v": 1}')
     rc, _, err = run(capsys, "choose", "--file", str(bad), "-k", "2")
@@ -97,8 +105,13 @@ def test_choose_prints_the_figure_min_ring_is_compared_with(
     assert figure == set_score(builtin("dgx1-v100"), gpus).allreduce_gbps
     rc, out, _ = run(capsys, *args, "--min-ring-gbps", m.group(1))
     assert rc == 0 and f"minRingGBps {m.group(1)}: met" in out
-    rc, out, err = run(capsys, *args, "--min-ring-gbps", repr(math.nextafter(figure, math.inf)))
-    assert rc == 1 and not out and f"offers {m.group(1)} GB/s" in err and "minRingGBps" in err
+    above = math.nextafter(figure, math.inf)
+    rc, out, err = run(capsys, *args, "--min-ring-gbps", repr(above))
+    assert rc == 1 and not out
+    assert err == (f"muster topology: --min-ring-gbps {above!r} not met: the best {k} free GPUs "
+                   f"on dgx1-v100 (GPUs {','.join(map(str, gpus))}) give {m.group(1)} GB/s of "
+                   "allreduce bus bandwidth; a pod with this minRingGBps is not placed on this "
+                   "node\n")
 
 
 def test_choose_one_gpu_has_no_ring_to_compare(capsys: pytest.CaptureFixture[str]) -> None:

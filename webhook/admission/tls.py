@@ -21,7 +21,8 @@ import tempfile
 from pathlib import Path
 
 from webhook.admission.metrics import Metrics
-from webhook.certs import PkiError, not_after
+from webhook.certs import PkiError, not_after, pair_problem
+from webhook.failures import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,18 @@ class CertReloader:
             raise FileNotFoundError(f"cannot read {cert_file} or {key_file}")
         cert, key, self._digest = snapshot
         self.context = server_context()
-        _load_pair(self.context, cert, key)
+        try:
+            _load_pair(self.context, cert, key)
+        except ssl.SSLError as exc:
+            raise UsageError(self._problem(cert, key, exc)) from exc
         self._refused: str | None = None
         self._record_expiry(cert)
+
+    def _problem(self, cert: bytes, key: bytes, exc: ssl.SSLError) -> str:
+        """Why OpenSSL refused the pair, naming the files (its own words say only `PEM lib`
+        or `KEY_VALUES_MISMATCH`)."""
+        found = pair_problem(cert, key, str(self.cert_file), str(self.key_file))
+        return found or f"{self.cert_file} and {self.key_file} are not a usable pair: {exc}"
 
     def _record_expiry(self, cert: bytes) -> None:
         try:
@@ -87,7 +97,9 @@ class CertReloader:
             self._refused = digest
             self.metrics.cert_reloads.labels("error").inc()
             log.warning("serving certificate not reloaded, keeping the previous pair",
-                        extra={"cert_file": str(self.cert_file), "error": str(exc)})
+                        extra={"cert_file": str(self.cert_file),
+                               "error": self._problem(cert, key, exc)
+                               if isinstance(exc, ssl.SSLError) else str(exc)})
             return False
         self._digest = digest
         self._record_expiry(cert)

@@ -8,32 +8,47 @@ import os
 import socket
 
 from webhook import keys
+from webhook.failures import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "bind", help="run the gang binder (places whole gangs on nodes and GPU sets)",
         description="Watch pods with the binder's schedulerName, place each gang at once with "
-                    "the topology engine, write muster.io/gpu-assignment, then bind.")
+                    "the topology engine (nodes and GPU sets), then create every member's "
+                    "Binding, each carrying the pod's muster.io/gpu-assignment and the gang's "
+                    "muster.io/gang-placement as annotations (docs/binder.md).")
     p.add_argument("--kubeconfig", default=None,
                    help="kubeconfig path (default: in-cluster, then $KUBECONFIG)")
     p.add_argument("--scheduler-name", default=keys.DEFAULT_BINDER_SCHEDULER_NAME,
                    help="spec.schedulerName of the pods to bind (default: %(default)s)")
     p.add_argument("--leader-elect", action="store_true",
                    help="run several replicas; only the Lease holder binds")
-    p.add_argument("--lease-name", default="muster-binder")
-    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
+    p.add_argument("--lease-name", default="muster-binder",
+                   help="the coordination.k8s.io Lease the replicas share (default: %(default)s)")
+    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"),
+                   help="the Lease's namespace (default: $POD_NAMESPACE, else \"default\"; "
+                        "here %(default)s)")
     p.add_argument("--identity", default=None,
                    help="this replica's holderIdentity (default: hostname_pid)")
-    p.add_argument("--lease-duration", type=float, default=15.0, metavar="SECONDS")
-    p.add_argument("--renew-deadline", type=float, default=10.0, metavar="SECONDS")
-    p.add_argument("--retry-period", type=float, default=2.0, metavar="SECONDS")
+    p.add_argument("--lease-duration", type=float, default=15.0, metavar="SECONDS",
+                   help="a Lease not renewed for this long may be taken by another replica "
+                        "(default: %(default)s)")
+    p.add_argument("--renew-deadline", type=float, default=10.0, metavar="SECONDS",
+                   help="the leader stops binding when it could not renew for this long; less "
+                        "than --lease-duration (default: %(default)s)")
+    p.add_argument("--retry-period", type=float, default=2.0, metavar="SECONDS",
+                   help="how often the leader renews and a standby tries to take the Lease; "
+                        "less than --renew-deadline (default: %(default)s)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve /metrics and /healthz on this port")
     p.add_argument("--starvation-seconds", type=float, default=60.0,
                    help="an unplaceable gang waiting longer reserves resources against gangs "
                         "after it in the queue (default: %(default)s)")
-    p.add_argument("--backoff-max", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument("--backoff-max", type=float, default=60.0, metavar="SECONDS",
+                   help="a gang that could not be placed is tried again after a second, "
+                        "doubling up to this, or sooner when the cluster changes (default: "
+                        "%(default)s)")
     p.add_argument("--allocation-wait-seconds", type=float, default=30.0, metavar="SECONDS",
                    help="on nodes whose agent acknowledges served pods, bind the next GPU pod "
                         "once the previous one is served, or after this long "
@@ -50,8 +65,14 @@ def _run(args: argparse.Namespace) -> int:
     lease = None
     if args.leader_elect:
         identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
-        lease = LeaseConfig(args.lease_name, args.lease_namespace, identity,
-                            args.lease_duration, args.renew_deadline, args.retry_period)
+        try:
+            lease = LeaseConfig(args.lease_name, args.lease_namespace, identity,
+                                args.lease_duration, args.renew_deadline, args.retry_period)
+        except ValueError as exc:
+            raise UsageError(f"--retry-period {args.retry_period:g}, --renew-deadline "
+                             f"{args.renew_deadline:g}, --lease-duration "
+                             f"{args.lease_duration:g}: need 0 < --retry-period < "
+                             "--renew-deadline < --lease-duration") from exc
     config = ServiceConfig(
         binder=BinderConfig(scheduler_name=args.scheduler_name,
                             starvation_seconds=args.starvation_seconds,

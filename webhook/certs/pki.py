@@ -222,6 +222,33 @@ def key_matches(cert_pem: bytes, key_pem: bytes) -> bool:
     return bool(pub == load_private_key(key_pem).public_key())
 
 
+def pair_problem(cert_pem: bytes, key_pem: bytes, cert_name: str, key_name: str) -> str | None:
+    """What makes a serving pair unusable, in words that name its files (None: it is usable as
+    far as these checks go). Any key type a TLS server takes is read, not only Muster's own."""
+    cert_is_key = _PRIVATE_KEY in cert_pem and _CERTIFICATE not in cert_pem
+    if cert_is_key:
+        return (f"{cert_name} is a private key, not a certificate: are --tls-cert-file and "
+                "--tls-key-file swapped?")
+    if _CERTIFICATE in key_pem and _PRIVATE_KEY not in key_pem:
+        return (f"{key_name} is a certificate, not a private key: are --tls-cert-file and "
+                "--tls-key-file swapped?")
+    try:
+        cert = load_certificate(cert_pem)
+    except PkiError as exc:
+        return f"{cert_name} holds no usable certificate ({exc})"
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as exc:
+        return f"{key_name} holds no usable private key (PEM, not encrypted): {exc}"
+    if cert.public_key() != key.public_key():
+        return f"the key in {key_name} does not match the certificate in {cert_name}"
+    return None
+
+
+_PRIVATE_KEY = b"PRIVATE KEY-----"
+_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+
+
 def signed_by(cert_pem: bytes, ca_pem: bytes) -> bool:
     """Whether the first certificate of `cert_pem` was signed by any CA in the `ca_pem` bundle."""
     cert = load_certificate(cert_pem)

@@ -29,7 +29,7 @@ from webhook.agent.runner import Agent, AgentConfig, nvml_discoverer
 from webhook.binder.controller import BinderConfig
 from webhook.binder.service import BinderService, ServiceConfig
 from webhook.certs import generate_ca, issue_serving_cert, write_pair
-from webhook.demo import mpi, scenario
+from webhook.demo import scenario
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.doubles.fakekubelet import FakeKubelet
 from webhook.doubles.fakenvml import FakeNvml
@@ -45,6 +45,7 @@ from webhook.kube import (
     make_api_client,
 )
 from webhook.podresources import pod_gpus
+from webhook.policy import operators
 from webhook.topology import builtin, set_score
 from webhook.topology.simulate import images_per_second, predict, reference_scenario
 
@@ -391,12 +392,15 @@ async def _submit(kube: KubeApi, job: scenario.Job) -> list[_Submitted]:
     if job.kind == "Indexed Job":
         made = await kube.create(JOBS, scenario.indexed_job(job.name, job.namespace),
                                  namespace=job.namespace)
-        return [await _create_pod(kube, pod, "rank") for pod in mpi.indexed_pods(made)]
+        return [await _create_pod(kube, pod, "rank") for pod in operators.job_pods(made)]
     mpijob = await kube.create(MPIJOBS, scenario.mpijob(job.name, job.namespace),
                                namespace=job.namespace)
-    launcher_job = await kube.create(JOBS, mpi.launcher_job(mpijob), namespace=job.namespace)
-    workers = [await _create_pod(kube, pod, "worker") for pod in mpi.worker_pods(mpijob)]
-    return [*workers, await _create_pod(kube, mpi.launcher_pod(launcher_job), "launcher")]
+    launcher_job = await kube.create(JOBS, operators.mpi_launcher_job(mpijob),
+                                     namespace=job.namespace)
+    workers = [await _create_pod(kube, pod, "worker")
+               for pod in operators.mpi_worker_pods(mpijob)]
+    launcher = operators.mpi_launcher_pod(launcher_job)
+    return [*workers, await _create_pod(kube, launcher, "launcher")]
 
 
 async def _create_pod(kube: KubeApi, pod: dict[str, Any], role: str) -> _Submitted:

@@ -12,6 +12,7 @@ from kubernetes_asyncio.config import load_incluster_config, load_kube_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from webhook.failures import UsageError
+from webhook.yamlpos import problem_of
 
 
 async def make_api_client(kubeconfig: str | None = None,
@@ -49,7 +50,7 @@ def _check_kubeconfig(given: str | None, implicit: bool) -> None:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise UsageError(f"{where} is not valid YAML: {exc}".replace("\n", " ")) from exc
+        raise UsageError(f"{where} is not valid YAML: {problem_of(exc, text).at(path)}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("clusters"), list) or \
             not doc.get("clusters"):
         raise UsageError(f"{where} is not a kubeconfig (no clusters): give the file kubectl "

@@ -14,12 +14,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Reports every problem of every document of every file in one run, one "
         "line each: FILE:LINE:COLUMN: FIELD: MESSAGE. Exit 1 when there is any, 2 when a PATH "
         "does not exist.")
-    check.add_argument("paths", nargs="+", metavar="PATH")
+    check.add_argument("paths", nargs="+", metavar="PATH",
+                       help="policy file or directory, or - for stdin (named <stdin>)")
     check.set_defaults(func=_check)
 
     def context(p: argparse.ArgumentParser) -> None:
         p.add_argument("-p", "--policies", action="append", required=True, metavar="PATH",
-                       help="policy file or directory (repeatable)")
+                       help="policy file or directory, or - for stdin (repeatable)")
         p.add_argument("--namespace-labels", default="", metavar="K=V,...",
                        help="labels of the pod's namespace")
         p.add_argument("--owner", action="append", default=[], metavar="OWNER.yaml",
@@ -28,13 +29,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     test = sub.add_parser(
         "test", help="apply policies to a pod, or run PolicyTest files",
         description="TARGET is a Pod manifest (or a captured AdmissionReview): prints the "
-        "decision, the JSON Patch and the mutated pod. Or a PolicyTest file or directory: runs "
-        "every case. Exit 1 on any failure, including a patch that is not idempotent.")
+        "decision, the JSON Patch and the mutated pod. A job manifest (MPIJob, PyTorchJob, "
+        "TFJob, JobSet, TrainJob, LeaderWorkerSet, Job): the same for each pod its operator "
+        "creates. Or a PolicyTest file or directory: runs every case. Exit 1 on any failure, "
+        "including a patch that is not idempotent.")
     context(test)
     test.add_argument("targets", nargs="+", metavar="TARGET")
     test.set_defaults(func=_test)
 
-    explain = sub.add_parser("explain", help="show, per policy, why it matches a pod or not")
+    explain = sub.add_parser(
+        "explain", help="show, per policy, why it matches a pod or not",
+        description="POD.yaml is a Pod manifest, or a job manifest (MPIJob, PyTorchJob, TFJob, "
+        "JobSet, TrainJob, LeaderWorkerSet, Job): then each pod its operator creates.")
     context(explain)
     explain.add_argument("pods", nargs="+", metavar="POD.yaml")
     explain.set_defaults(func=_explain)

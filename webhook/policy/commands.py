@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from webhook.failures import UsageError
+from webhook.policy import operators
 from webhook.policy.decision import Decision, PolicyAudit
 from webhook.policy.engine import evaluate, explain
-from webhook.policy.errors import PolicyError
-from webhook.policy.loader import load_policies
+from webhook.policy.errors import PolicyError, PolicyIssue
+from webhook.policy.loader import STDIN, load_policies
 from webhook.policy.podgroup import podgroup_manifest
 from webhook.policy.policyset import PolicySet
 from webhook.policy.queues import describe
@@ -26,6 +29,7 @@ from webhook.policy.testfile import (
     read_object,
     run_case,
 )
+from webhook.yamlpos import MAX_BYTES
 
 
 def _labels(text: str) -> dict[str, str]:
@@ -33,7 +37,7 @@ def _labels(text: str) -> dict[str, str]:
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--namespace-labels: {item!r} is not key=value")
+            raise UsageError(f"--namespace-labels: {item!r} is not key=value")
         out[key] = value
     return out
 
@@ -41,42 +45,72 @@ def _labels(text: str) -> dict[str, str]:
 def check(args: argparse.Namespace) -> int:
     """Every problem of every file, one line each (exit 1); a PATH that does not exist is a
     usage error (exit 2)."""
-    missing = [p for p in args.paths if not Path(p).exists()]
-    if missing:
-        raise UsageError(f"no such file or directory: {', '.join(missing)}")
+    _must_exist(args.paths, "")
     try:
-        policies = load_policies(args.paths)
+        policies = load_policies(args.paths, stdin=_stdin(args.paths))
     except PolicyError as exc:
         for issue in exc.issues:
             print(issue)
-        files = len({issue.file for issue in exc.issues})
-        print(f"{len(exc.issues)} problem{'s' if len(exc.issues) > 1 else ''} in {files} "
-              f"file{'s' if files > 1 else ''}; nothing loaded")
+        problems = exc.problems
+        files = len({issue.file for issue in problems})
+        print(f"{_count(len(problems), 'problem')} in {files} file{'s' if files > 1 else ''}"
+              f"{_and_warnings(exc.issues)}; nothing loaded")
         return 1
+    for warning in policies.warnings:
+        print(warning)
     for policy, origin in zip(policies.policies, policies.origins, strict=True):
         print(f"ok  {policy.name:<32} priority {policy.spec.priority:<4} {origin}"
               + _mode(policy.spec.enforcement))
-    print(f"{len(policies)} policies valid, digest {policies.digest[:12]}")
+    print(f"{len(policies)} policies valid{_and_warnings(policies.warnings)}, "
+          f"digest {policies.digest[:12]}")
     return 0
 
 
-def _load(args: argparse.Namespace) -> PolicySet | None:
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
+
+
+def _and_warnings(issues: Sequence[PolicyIssue]) -> str:
+    warnings = sum(i.warning for i in issues)
+    return f" ({_count(warnings, 'warning')})" if warnings else ""
+
+
+def _must_exist(paths: list[str], flag: str) -> None:
+    """A path the user named that is not there is a usage error (exit 2), named with its flag."""
+    missing = [p for p in paths if p != STDIN and not Path(p).exists()]
+    if missing:
+        raise UsageError(f"{flag} {', '.join(missing)}: no such file or directory" if flag
+                         else f"no such file or directory: {', '.join(missing)}")
+
+
+def _stdin(paths: list[str]) -> bytes | None:
+    """Standard input when a path is `-` (read within the size limit of a policy file)."""
+    return sys.stdin.buffer.read(MAX_BYTES + 1) if STDIN in paths else None
+
+
+def _load(args: argparse.Namespace) -> PolicySet:
+    """The policies of -p; problems in them are a wrong input: the first in one line (`check`
+    lists them all)."""
+    _must_exist(args.policies, "--policies")
     try:
-        return load_policies(args.policies)
+        return load_policies(args.policies, stdin=_stdin(args.policies))
     except PolicyError as exc:
-        for issue in exc.issues:
-            print(issue)
-        return None
+        more = len(exc.problems) - 1
+        raise UsageError(
+            f"--policies: {exc.problems[0]}" + (f" (and {_count(more, 'more problem')}: muster "
+                                                "policy check lists them)" if more else "")
+        ) from exc
 
 
 def test(args: argparse.Namespace) -> int:
+    labels = _labels(args.namespace_labels)
+    owners = _owners(args)
     policies = _load(args)
-    if policies is None:
-        return 1
+    _must_exist(args.targets, "")
     failed = 0
     for target in map(Path, args.targets):
         if target.is_file() and _kind(target) != TEST_KIND:
-            failed += _pod_mode(target, args, policies)
+            failed += _pod_mode(target, labels, owners, policies)
             continue
         tests, problems = load_tests(target)
         for problem in problems:
@@ -116,17 +150,20 @@ def _run_tests(tests: list[tuple[PolicyTest, Path]], policies: PolicySet) -> int
     return failed
 
 
-def _pod_mode(target: Path, args: argparse.Namespace, policies: PolicySet) -> int:
-    try:
-        pod = read_object(target)
-        owners = [read_object(Path(p)) for p in args.owner]
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        print(f"ERROR {exc}")
-        return 1
-    labels = _labels(args.namespace_labels)
+def _pod_mode(target: Path, labels: dict[str, str], owners: list[dict[str, Any]],
+              policies: PolicySet) -> int:
+    failed = 0
+    for pod, chain, made in _pods(target, owners):
+        heading = f"# {target}: pod {_pod_name(pod)}{_made_by(made)}" if made else f"# {target}"
+        failed += _test_pod(pod, chain, heading, labels, policies)
+    return failed
+
+
+def _test_pod(pod: dict[str, Any], owners: list[dict[str, Any]], heading: str,
+              labels: dict[str, str], policies: PolicySet) -> int:
     decision = evaluate(pod, namespace_labels=labels, owners=owners, policies=policies)
     ops, mutated = mutate(pod, decision)
-    print(f"# {target}")
+    print(heading)
     print("## decision")
     modes = {p.name: p.spec.enforcement for p in policies}
     for m in explain(pod, namespace_labels=labels, owners=owners, policies=policies):
@@ -159,29 +196,25 @@ def _pod_mode(target: Path, args: argparse.Namespace, policies: PolicySet) -> in
 
 
 def explain_pods(args: argparse.Namespace) -> int:
-    policies = _load(args)
-    if policies is None:
-        return 1
     labels = _labels(args.namespace_labels)
-    owners = [_read(Path(p), "--owner") for p in args.owner]
+    owners = _owners(args)
+    policies = _load(args)
     modes = {p.name: p.spec.enforcement for p in policies}
     for path in map(Path, args.pods):
-        pod = _read(path, "pod")
-        meta = pod.get("metadata") or {}
-        print(f"{path}: pod {meta.get('namespace', '')}/"
-              f"{meta.get('name') or str(meta.get('generateName', '')) + '*'}")
-        decision = evaluate(pod, namespace_labels=labels, owners=owners, policies=policies)
-        # what admission's decision records of the policies in audit or warn mode
-        audits = {a.policy: a for a in decision.audits}
-        for m in explain(pod, namespace_labels=labels, owners=owners, policies=policies):
-            print(f"  {'MATCH' if m.matched else 'no   '}  {m.policy}{_mode(modes[m.policy])}")
-            for reason in m.reasons:
-                print(f"         {reason}")
-            if m.policy in audits:
-                for line in _audit_lines(audits[m.policy]):
+        for pod, chain, made in _pods(path, owners):
+            print(f"{path}: pod {_pod_name(pod)}{_made_by(made)}")
+            decision = evaluate(pod, namespace_labels=labels, owners=chain, policies=policies)
+            # what admission's decision records of the policies in audit or warn mode
+            audits = {a.policy: a for a in decision.audits}
+            for m in explain(pod, namespace_labels=labels, owners=chain, policies=policies):
+                print(f"  {'MATCH' if m.matched else 'no   '}  {m.policy}"
+                      f"{_mode(modes[m.policy])}")
+                for reason in m.reasons:
+                    print(f"         {reason}")
+                for line in _audit_lines(audits[m.policy]) if m.policy in audits else ():
                     print(f"         {line}")
-        for line in _decision_lines(decision):
-            print(f"  {line}")
+            for line in _decision_lines(decision):
+                print(f"  {line}")
     return 0
 
 
@@ -199,14 +232,50 @@ def _audit_lines(audit: PolicyAudit) -> list[str]:
                                                                   audit.changes)]
 
 
+def _pods(path: Path, owners: list[dict[str, Any]]
+          ) -> list[tuple[dict[str, Any], list[dict[str, Any]], tuple[dict[str, Any], ...]]]:
+    """(pod, its owners, the owners made for it) for a pod file (none made), or for each pod a
+    job's operator creates from a job manifest (--owner objects come after those made, above
+    the job)."""
+    obj = _read(path, "pod")
+    if not operators.is_job(obj):
+        return [(obj, owners, ())]
+    try:
+        made = operators.expand(obj)
+    except ValueError as exc:
+        raise UsageError(f"{path}: {exc}") from exc
+    if not made:
+        raise UsageError(f"{path}: the {obj.get('kind')} {_name(obj)} creates no pods")
+    return [(p.pod, [*p.owners, *owners], p.owners) for p in made]
+
+
+def _name(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("name") or str(meta.get("generateName", "")) + "*")
+
+
+def _pod_name(pod: dict[str, Any]) -> str:
+    return f"{(pod.get('metadata') or {}).get('namespace', '')}/{_name(pod)}"
+
+
+def _made_by(owners: tuple[dict[str, Any], ...]) -> str:
+    if not owners:
+        return ""
+    return " (owned by " + ", ".join(f"{o.get('kind')} {_name(o)}" for o in owners) + ")"
+
+
+def _owners(args: argparse.Namespace) -> list[dict[str, Any]]:
+    return [_read(Path(p), "--owner") for p in args.owner]
+
+
 def _read(path: Path, what: str) -> dict[str, Any]:
     """An object file, or a UsageError that names it (missing, a directory, not YAML, empty)."""
     try:
         return read_object(path)
     except OSError as exc:
         raise UsageError(f"{what} {path}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{what} {path} is not valid YAML: {exc}".replace("\n", " ")) from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{what} {path}: not UTF-8 text") from exc
     except ValueError as exc:
         raise UsageError(f"{what} {exc}") from exc
 

@@ -19,9 +19,13 @@ class PolicyIssue:
     message: str
     #: metadata.name of the document when it has one
     policy: str = ""
+    #: the set loads anyway: the document is valid but very likely not what was meant
+    warning: bool = False
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}:{self.column}" if self.line else self.file
+        if self.warning:
+            where += ": warning"
         doc = f"document {self.document}" if self.document else ""
         if self.policy:
             doc = f"{doc}, policy {self.policy}" if doc else f"policy {self.policy}"
@@ -30,8 +34,13 @@ class PolicyIssue:
 
 
 class PolicyError(Exception):
-    """One or more problems in policy sources; the previous PolicySet stays in force."""
+    """One or more problems in policy sources; the previous PolicySet stays in force. `issues`
+    also holds the warnings, in their place (`problems` are the others)."""
 
     def __init__(self, issues: Sequence[PolicyIssue]) -> None:
         self.issues: list[PolicyIssue] = list(issues)
         super().__init__("\n".join(str(i) for i in self.issues))
+
+    @property
+    def problems(self) -> list[PolicyIssue]:
+        return [i for i in self.issues if not i.warning]

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from webhook.policy.errors import PolicyError, PolicyIssue
+from webhook.policy.jsonshape import as_list, as_map
 from webhook.policy.policyset import PolicySet, find_conflicts
 from webhook.policy.schema import (
     API_VERSION,
@@ -25,21 +26,32 @@ from webhook.policy.schema import (
     Parts,
     SchedulingPolicy,
     contradictions,
+    is_owner_kind,
     parts_of,
 )
-from webhook.policy.yamlpos import Document, NodeBudget, YamlProblem, decode, documents, read
+from webhook.policy.workload import unmatched_owner_kind
+from webhook.yamlpos import Document, NodeBudget, YamlProblem, decode, documents, read
 
 POLICY_SUFFIXES = (".yaml", ".yml", ".json")
 
 
-def load_policies(paths: Sequence[str | FsPath]) -> PolicySet:
+#: a path that stands for the command's standard input (`muster policy check -`)
+STDIN = "-"
+STDIN_NAME = "<stdin>"
+
+
+def load_policies(paths: Sequence[str | FsPath], *, stdin: bytes | None = None) -> PolicySet:
     """Policies from files and directories. Directories are read one level deep, skipping hidden
     entries (a ConfigMap volume's `..data` and timestamped dot-directories) and files that do
-    not end in .yaml, .yml or .json."""
+    not end in .yaml, .yml or .json. `stdin`: what a path `-` stands for, named `<stdin>` (the
+    server never gives it: there `-` is a file)."""
     sources: list[tuple[str, bytes]] = []
     issues: list[PolicyIssue] = []
     for raw in paths:
         path = FsPath(raw)
+        if stdin is not None and str(raw) == STDIN:
+            sources.append((STDIN_NAME, stdin))
+            continue
         try:
             if path.is_dir():
                 for entry in sorted(path.iterdir()):
@@ -94,11 +106,11 @@ def _build(sources: list[tuple[str, bytes]], issues: list[PolicyIssue]) -> Polic
             f"different values at priority {b_policy.spec.priority} for pods both can match; "
             "give one a higher spec.priority or make their match disjoint", b.name))
 
-    if issues:
-        rank = {name: i for i, (name, _) in enumerate(sources)}
-        raise PolicyError(sorted(issues, key=lambda i: (rank.get(i.file, -1), i.document,
-                                                        i.line, i.column)))
-    return PolicySet.of([(p, _origin(r.file, r.doc)) for r, p in loaded])
+    rank = {name: i for i, (name, _) in enumerate(sources)}
+    issues.sort(key=lambda i: (rank.get(i.file, -1), i.document, i.line, i.column))
+    if any(not i.warning for i in issues):
+        raise PolicyError(issues)
+    return PolicySet.of([(p, _origin(r.file, r.doc)) for r, p in loaded], tuple(issues))
 
 
 def _duplicate_names(read: list[_Read]) -> list[PolicyIssue]:
@@ -193,18 +205,38 @@ def _check(file: str, doc: Document, issues: list[PolicyIssue]) -> _Read | None:
             on_key = err["type"] in ("extra_forbidden", "missing") or "[key]" in err["loc"]
             line, col = doc.position(loc, of_key=on_key)
             issues.append(PolicyIssue(file, doc.index, line, col, _dotted(loc),
-                                      _message(err, loc), policy_name))
+                                      field_message(err, loc, SchedulingPolicy), policy_name))
     parts = parts_of(data)
     for path, message in contradictions(parts):
         line, col = doc.position(path)
         issues.append(PolicyIssue(file, doc.index, line, col, _dotted(path), message, policy_name))
-    return _Read(file, doc, policy_name, parts, policy if len(issues) == before else None)
+    valid = len(issues) == before
+    issues.extend(_owner_kind_warnings(file, doc, policy_name))
+    return _Read(file, doc, policy_name, parts, policy if valid else None)
 
 
-def _message(err: Any, loc: tuple[Any, ...]) -> str:
+def _owner_kind_warnings(file: str, doc: Document, policy_name: str) -> list[PolicyIssue]:
+    """ownerKinds entries that match no pod (a job kind without its group)."""
+    match = as_map(as_map(as_map(doc.data).get("spec")).get("match"))
+    out = []
+    for i, kind in enumerate(as_list(match.get("ownerKinds"))):
+        # (one the schema refuses is an error already)
+        why = unmatched_owner_kind(kind) if isinstance(kind, str) and is_owner_kind(kind) \
+            else None
+        if why is not None:
+            path = ("spec", "match", "ownerKinds", i)
+            line, col = doc.position(path)
+            out.append(PolicyIssue(file, doc.index, line, col, _dotted(path), why, policy_name,
+                                   warning=True))
+    return out
+
+
+def field_message(err: Any, loc: tuple[Any, ...], root: type[BaseModel]) -> str:
+    """A pydantic error at `loc` in a document of model `root`, in Muster's words (a policy's
+    and a PolicyTest's problems read alike)."""
     kind = err["type"]
     if kind == "extra_forbidden":
-        allowed = _fields_at(loc[:-1])
+        allowed = _fields_at(loc[:-1], root)
         return "unknown field" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
     if kind == "missing":
         return "required field is missing"
@@ -212,9 +244,9 @@ def _message(err: Any, loc: tuple[Any, ...]) -> str:
     return message.removeprefix("Value error, ")
 
 
-def _fields_at(loc: tuple[Any, ...]) -> list[str]:
-    """Field names of the model at `loc` in a SchedulingPolicy, for 'unknown field' hints."""
-    model: Any = SchedulingPolicy
+def _fields_at(loc: tuple[Any, ...], root: type[BaseModel]) -> list[str]:
+    """Field names of the model at `loc` in a `root` document, for 'unknown field' hints."""
+    model: Any = root
     for part in loc:
         if isinstance(part, int):
             continue

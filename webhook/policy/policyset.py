@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.policy.compiled import PolicyIndex, compile_policy
+from webhook.policy.errors import PolicyIssue
 from webhook.policy.schema import Match, Path, SchedulingPolicy
 from webhook.policy.selectors import constraints, provably_disjoint
 
@@ -28,9 +29,12 @@ class PolicySet:
     #: the policies compiled for matching, indexed by namespace (derived from `policies`)
     index: PolicyIndex = field(default_factory=lambda: PolicyIndex.build(()), repr=False,
                                compare=False)
+    #: what `muster policy check` warns about (valid, but very likely not what was meant)
+    warnings: tuple[PolicyIssue, ...] = field(default=(), compare=False)
 
     @classmethod
-    def of(cls, policies: list[tuple[SchedulingPolicy, str]]) -> PolicySet:
+    def of(cls, policies: list[tuple[SchedulingPolicy, str]],
+           warnings: tuple[PolicyIssue, ...] = ()) -> PolicySet:
         ranked = sorted(enumerate(policies), key=lambda item: (-item[1][0].spec.priority, item[0]))
         ordered = tuple(p for _, (p, _) in ranked)
         canonical = json.dumps([p.model_dump(mode="json", exclude_unset=True) for p in ordered],
@@ -39,7 +43,7 @@ class PolicySet:
             compile_policy(p, [(k, v) for k, (_, v) in written_fields(p).items()])
             for p in ordered])
         return cls(ordered, tuple(o for _, (_, o) in ranked),
-                   hashlib.sha256(canonical.encode()).hexdigest(), index)
+                   hashlib.sha256(canonical.encode()).hexdigest(), index, warnings)
 
     def __len__(self) -> int:
         return len(self.policies)

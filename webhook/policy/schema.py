@@ -75,8 +75,13 @@ def _namespace(value: str) -> str:
     return _dns_subdomain(value, "namespace name")
 
 
+def is_owner_kind(value: str) -> bool:
+    """`group/Kind`, or `Kind` for the core group."""
+    return bool(_OWNER_KIND.match(value))
+
+
 def _owner_kind(value: str) -> str:
-    if not _OWNER_KIND.match(value):
+    if not is_owner_kind(value):
         raise ValueError(f"{value!r} is not an owner kind: write group/Kind, e.g. "
                          "kubeflow.org/MPIJob, batch/Job, or Kind alone for the core group")
     return value

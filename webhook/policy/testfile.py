@@ -21,10 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from webhook.jsonpatch import JsonPatchError, apply_patch
 from webhook.policy.decision import Decision
 from webhook.policy.engine import evaluate
+from webhook.policy.loader import field_message
 from webhook.policy.patch import render_patch
 from webhook.policy.podgroup import podgroup_manifest
 from webhook.policy.policyset import PolicySet
-from webhook.policy.yamlpos import Document, YamlProblem, decode, documents, read
+from webhook.yamlpos import Document, YamlProblem, decode, documents, problem_of, read
 
 TEST_KIND = "PolicyTest"
 
@@ -83,7 +84,12 @@ class CaseResult:
 def read_object(path: Path) -> dict[str, Any]:
     """A Kubernetes object from YAML/JSON; an AdmissionReview gives its request.object (with the
     request's namespace filled in, as the API server would)."""
-    data = yaml.safe_load(path.read_text())
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML: {problem_of(exc, text).at(str(path))}"
+                         ) from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a Kubernetes object, got {type(data).__name__}")
     if data.get("kind") == "AdmissionReview":
@@ -149,7 +155,7 @@ def run_case(test: PolicyTest, base: Path, policies: PolicySet) -> CaseResult:
         expected_pod = spec.expect.patchedPod
         if spec.expect.patchedPodFile:
             expected_pod = read_object(base.parent / spec.expect.patchedPodFile)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+    except (OSError, ValueError) as exc:
         result.failures.append(f"cannot read test input: {exc}")
         return result
 
@@ -224,7 +230,8 @@ def _test(file: Path, doc: Document, problems: list[str]) -> list[PolicyTest]:
             loc = tuple(p for p in err["loc"] if p != "[key]")
             line, col = doc.position(loc, of_key=err["type"] in ("extra_forbidden", "missing"))
             field = ".".join(str(p) for p in loc)
-            problems.append(_problem(file, (line, col), doc.index, f"{field}: {err['msg']}"))
+            message = field_message(err, loc, PolicyTest)
+            problems.append(_problem(file, (line, col), doc.index, f"{field}: {message}"))
         return []
 
 

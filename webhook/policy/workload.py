@@ -11,6 +11,7 @@ which `chain_key` includes.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -48,6 +49,25 @@ POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 #: the pod labels `chain_key` includes: the only things read from a pod of a known job
 _POD_KEY_LABELS = (JOBSET_REPLICATED_JOB_LABEL, LWS_GROUP_INDEX_LABEL, POD_INDEX_LABEL)
 _STR_OR_NONE = frozenset({str, type(None)})
+
+
+#: core-group kinds (no group in `ownerKinds`) that own pods: a LeaderWorkerSet's leader Pod,
+#: a ReplicationController, a Node (its static pods' mirrors)
+_CORE_POD_OWNERS = frozenset({POD, "ReplicationController", "Node"})
+
+
+def unmatched_owner_kind(kind: str) -> str | None:
+    """Why an `ownerKinds` entry matches no pod, when it certainly does not: a Kind without its
+    group names a core-group kind, and none of that name owns pods (`PyTorchJob` for
+    `kubeflow.org/PyTorchJob`). Names the job kind Muster knows that was most likely meant."""
+    if "/" in kind or kind in _CORE_POD_OWNERS:
+        return None
+    known = {k.rpartition("/")[2].lower(): k for k in sorted(_JOB_KINDS)}
+    close = difflib.get_close_matches(kind.lower(), known, n=1, cutoff=0.75)
+    meant = (f"did you mean {known[close[0]]}?" if close
+             else "write group/Kind, e.g. kubeflow.org/MPIJob or batch/Job")
+    return (f"{kind!r} has no group, so it names a core-group kind, and no such kind owns pods: "
+            f"it matches no pod; {meant}")
 
 
 def group_kind(api_version: Any, kind: Any) -> str:

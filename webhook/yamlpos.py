@@ -67,6 +67,19 @@ class YamlProblem(Exception):
         super().__init__(message)
         self.line, self.column, self.message, self.document = line, column, message, document
 
+    def at(self, file: str) -> str:
+        """`file:line:column: message`, one line (`file: message` without a position)."""
+        return f"{file}:{self.line}:{self.column}: {self.message}" if self.line \
+            else f"{file}: {self.message}"
+
+
+def problem_of(exc: yaml.YAMLError, text: str) -> YamlProblem:
+    """An error of PyYAML's own loaders on `text` (kubeconfigs, the objects `muster policy`
+    reads), at its cause in the words `documents` uses, instead of PyYAML's lines and caret."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        return _syntax_problem(exc, text, 0)
+    return YamlProblem(0, 0, f"cannot read YAML: {exc}")
+
 
 def read(path: FsPath) -> bytes:
     """The file's bytes, no more than one past MAX_BYTES (which `decode` refuses)."""
