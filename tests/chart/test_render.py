@@ -76,7 +76,8 @@ def test_invariants(helm_template: Render, combo: str) -> None:
     objs = helm_template(COMBOS[combo])
     assert objs, "nothing rendered"
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
-                      "ValidatingWebhookConfiguration"}
+                      "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding"}
     for o in objs:
         assert o["apiVersion"] and o["metadata"]["name"], o
         if o["kind"] in cluster_scoped:
@@ -444,7 +445,7 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("coordination.k8s.io", "leases"): "create,get,update"})
     assert _grants(objs, "ClusterRole", "muster-agent") == _expand({
         ("", "nodes"): "get,patch",
-        ("", "pods"): "get,list,watch,patch",  # the mark on each pod it served
+        ("", "pods"): "list,patch",  # its node's pods; the mark on each pod it served
     })
     # hooks: the uninstall Job may only delete Muster's two configurations
     name = one(objs, "MutatingWebhookConfiguration")["metadata"]["name"]
