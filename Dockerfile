@@ -12,16 +12,17 @@ FROM ${PYTHON} AS build
 ARG PIP_CERT
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY webhook ./webhook
 # the test doubles stay out of the image, except the fake NVML that `muster agent --fake-nvml`
 # builds on nodes without GPUs (docs/architecture.md, "Layers")
 RUN rm -r webhook/doubles/emulator webhook/doubles/fakekubelet.py webhook/doubles/webhooks.py
 # a venv: the same recipe on the official Python image and on a Debian python3 base, whose
 # system site-packages are externally managed (PEP 668). Wheels only for the dependencies
-# (grpcio, cryptography...): no compiler in the image
+# (grpcio, cryptography...): no compiler in the image. The versions are the tested set that
+# constraints.txt pins (CI installs the same), not whatever is newest on the day of the build
 RUN python3 -m venv /opt/muster \
- && /opt/muster/bin/pip install --only-binary=:all: . \
+ && /opt/muster/bin/pip install --only-binary=:all: -c constraints.txt . \
  && /opt/muster/bin/pip uninstall -q -y pip \
  && /opt/muster/bin/python -m compileall -q /opt/muster
 
@@ -43,6 +44,7 @@ RUN groupadd --system --gid 65532 muster \
  && muster --help >/dev/null \
  && python -c "import webhook.admission.server, webhook.binder.service, webhook.agent.runner, webhook.certs.manager, webhook.doubles.fakenvml"
 USER 65532:65532
-EXPOSE 8443
+# 8443: HTTPS admission (muster serve --port); 8080: plain-HTTP metrics (--metrics-port)
+EXPOSE 8443 8080
 ENTRYPOINT ["muster"]
 CMD ["--help"]

@@ -120,9 +120,10 @@ def main() -> int:
                     "--kubeconfig", str(kubeconfig), "--crds",
                     str(REPO.parent / "shared" / "crds"), "--seed", str(seed),
                     "--log-level", "warning"]
-        port = free_port()
+        port, metrics_port = free_port(), free_port()
         serve = [sys.executable, "-m", "webhook", "--log-level", "warning", "serve",
                  "--host", "127.0.0.1", "--port", str(port), "--policies", str(policies),
+                 "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1",
                  "--tls-cert-file", str(work / "tls.crt"), "--tls-key-file",
                  str(work / "tls.key"), "--kubeconfig", str(kubeconfig)]
         with process(emulator, work / "emulator.log") as emu:
@@ -143,8 +144,8 @@ def main() -> int:
                 ok = asyncio.run(admit_workers(url, cafile, server, template, args.jobs))
                 time.sleep(0.5)
                 loaded = rss_kib(srv.pid)
-                ctx = ssl.create_default_context(cafile=str(cafile))
-                with urllib.request.urlopen(f"{url}/metrics", context=ctx) as resp:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{metrics_port}/metrics") as resp:
                     text = resp.read().decode()
         print(f"policies loaded        {metric(text, 'muster_policies_loaded'):.0f}")
         for cache in ("namespaces", "owners", "podgroups"):

@@ -56,7 +56,8 @@ def _base_digest() -> str:
 
 def _source_digest() -> str:
     h = hashlib.sha256(BASE_PACKAGES.encode())
-    files = [REPO / "Dockerfile", REPO / "pyproject.toml", REPO / ".dockerignore",
+    files = [REPO / "Dockerfile", REPO / "pyproject.toml", REPO / "constraints.txt",
+             REPO / ".dockerignore",
              *sorted((REPO / "webhook").rglob("*"))]
     for f in files:
         if f.is_file() and "__pycache__" not in f.parts:

@@ -25,12 +25,13 @@ def _free_port() -> int:
 
 
 def test_serve_self_signed_as_a_process(tmp_path: Path, shared_dir: Path) -> None:
-    port = _free_port()
+    port, metrics_port = _free_port(), _free_port()
     certs = tmp_path / "certs"
     proc = subprocess.Popen(
         [sys.executable, "-m", "webhook", "--log-json", "serve", "--self-signed",
          "--self-signed-dir", str(certs), "--policies", str(EXAMPLE_POLICIES),
-         "--host", "127.0.0.1", "--port", str(port)],
+         "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
+         "--metrics-host", "127.0.0.1"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -57,6 +58,8 @@ def test_serve_self_signed_as_a_process(tmp_path: Path, shared_dir: Path) -> Non
         assert answer["response"]["uid"] == json.loads(body)["request"]["uid"]
         assert answer["response"]["allowed"] is True
         assert answer["response"].get("auditAnnotations", {}).get("policy")
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+            assert b'muster_admission_requests_total{endpoint="mutate",outcome="' in r.read()
     finally:
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=20)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from admission_helpers import (
     ALIAS_BOMB,
@@ -44,8 +45,17 @@ def _plain_pod_review(uid: str = "0b1c", namespace: str = "team-a") -> dict[str,
                         "object": pod, "dryRun": False}}
 
 
+async def _metrics_text(srv: Any) -> str:
+    """The metrics page, from the plain-HTTP metrics port."""
+    async with aiohttp.ClientSession() as plain, plain.get(srv.metrics_url) as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/plain")
+        return await r.text()
+
+
 async def test_http_errors_are_json_and_never_5xx(tls: Tls, policy_dir: Path) -> None:
-    async with running(tls, [policy_dir], max_body_bytes=4096) as srv, client(tls) as s:
+    async with running(tls, [policy_dir], max_body_bytes=4096, metrics_port=0) as srv, \
+            client(tls) as s:
         url = f"{srv.url}/mutate/pods"
         async with s.post(url, data=b"{", headers={"Content-Type": "application/json"}) as r:
             assert r.status == 400
@@ -69,8 +79,7 @@ async def test_http_errors_are_json_and_never_5xx(tls: Tls, policy_dir: Path) ->
             assert (await r.json())["code"] == 404
         async with s.get(url) as r:
             assert r.status == 405
-        async with s.get(f"{srv.url}/metrics") as r:
-            text = await r.text()
+        text = await _metrics_text(srv)
         assert 'muster_admission_requests_total{endpoint="mutate",outcome="bad_request"} 2.0' \
             in text
         assert 'outcome="unsupported_media"' in text and 'outcome="too_large"' in text
@@ -222,7 +231,7 @@ async def test_probes_and_metrics(tls: Tls, tmp_path: Path, shared_dir: Path) ->
     broken.mkdir()
     (broken / "p.yaml").write_text("kind: SchedulingPolicy\n")
     body = load_fixture(shared_dir, "pod-create-worker.json")
-    async with running(tls, [broken]) as srv, client(tls) as s:
+    async with running(tls, [broken], metrics_port=0) as srv, client(tls) as s:
         async with s.get(f"{srv.url}/healthz") as r:
             assert r.status == 200
         async with s.get(f"{srv.url}/readyz") as r:
@@ -243,8 +252,7 @@ async def test_probes_and_metrics(tls: Tls, tmp_path: Path, shared_dir: Path) ->
         assert await ready()
         resp = await review(s, f"{srv.url}/mutate/pods", body)
         assert "patch" in resp
-        async with s.get(f"{srv.url}/metrics") as r:
-            text = await r.text()
+        text = await _metrics_text(srv)
     for needle in ('muster_admission_fail_open_total{reason="not_ready"} 1.0',
                    'muster_policy_reloads_total{result="error"} 1.0',
                    'muster_policy_reloads_total{result="success"} 1.0',
@@ -252,3 +260,22 @@ async def test_probes_and_metrics(tls: Tls, tmp_path: Path, shared_dir: Path) ->
                    "muster_certificate_expiry_timestamp_seconds ",
                    'muster_admission_request_duration_seconds_bucket{endpoint="mutate"'):
         assert needle in text, needle
+
+
+async def test_metrics_are_never_on_the_admission_port(tls: Tls, policy_dir: Path) -> None:
+    """Whatever reaches the webhook (the API server's callers' network) reads no metrics: they
+    have their own plain-HTTP port, which may listen on the pod's loopback only."""
+    async with running(tls, [policy_dir], metrics_port=0, metrics_host="127.0.0.1") as srv, \
+            client(tls) as s:
+        assert srv.metrics_port not in (None, srv.port)
+        async with s.get(f"{srv.url}/metrics") as r:
+            assert r.status == 404
+        text = await _metrics_text(srv)
+        assert "muster_policies_loaded 1.0" in text
+        async with aiohttp.ClientSession() as plain, \
+                plain.get(f"http://127.0.0.1:{srv.metrics_port}/healthz") as r:
+            assert r.status == 200
+    async with running(tls, [policy_dir]) as srv:  # no --metrics-port: no metrics server
+        assert srv.metrics_port is None
+        with pytest.raises(RuntimeError, match="no metrics"):
+            _ = srv.metrics_url

@@ -17,14 +17,16 @@ import grpc
 import pytest
 from agent_helpers import NODE, make_pod
 
+from e2e.probes import eventually
 from webhook import keys
 from webhook.agent.deviceplugin.plugin import PluginConfig
 from webhook.agent.discovery import Discovery, discover, keep_identity
+from webhook.agent.publisher import node_patch
 from webhook.agent.runner import Agent, AgentConfig, nvml_discoverer, static_discoverer
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.doubles.fakekubelet import FakeKubelet
 from webhook.doubles.fakenvml import FakeNvml
-from webhook.kube.api import KubeApi
+from webhook.kube.api import NODES, KubeApi
 from webhook.topology import builtin, decode, encode, topology_class
 from webhook.topology.model import Topology
 
@@ -62,7 +64,9 @@ async def test_published_annotation_is_exactly_the_builtin_dgx1_v100(
     assert labels[keys.LABEL_TOPOLOGY_CLASS] == topology_class(builtin("dgx1-v100"))
     assert labels[keys.LABEL_GPU_MODEL] == "Tesla-V100-SXM2-16GB"
     assert keys.LABEL_GPU_DEGRADED not in labels
-    assert labels[keys.LABEL_GPU_ALLOCATION_ACK] == "true"  # it marks the pods it serves
+    # no kubelet has accepted its device plugin: it acknowledges nothing, so the binder must
+    # not wait for acknowledgements here
+    assert keys.LABEL_GPU_ALLOCATION_ACK not in labels
     assert labels[keys.LABEL_GPU_TOPOLOGY] == "enabled"  # the admin's label is left alone
     await agent.step()
     assert agent.publisher.writes == 1  # nothing changed: nothing written
@@ -176,11 +180,90 @@ async def test_agent_process_end_to_end(cluster: ApiServerEmulator, sock_dir: Pa
                                                  for i in (5, 6))
         _, annotations = node_meta(cluster)
         assert json.loads(annotations[keys.ANN_NODE_TOPOLOGY])["name"] == "dgx1-v100"
+        await eventually(lambda: _ack(cluster) == "true", within=10, what="the ack label")
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 0, out.decode()
     assert not (sock_dir / "muster-gpu.sock").exists()
+    assert _ack(cluster) is None  # removed on the way out
+
+
+def _ack(cluster: ApiServerEmulator) -> str | None:
+    return node_meta(cluster)[0].get(keys.LABEL_GPU_ALLOCATION_ACK)
+
+
+async def test_ack_label_means_registered_with_the_kubelet_and_serving(
+        cluster: ApiServerEmulator, kube: KubeApi, sock_dir: Path) -> None:
+    """Set once the kubelet accepted the plugin, gone when it has not been registered for the
+    grace period, back when it is again, gone when the agent stops."""
+    config = dataclasses.replace(agent_config(sock_dir), ack_grace_s=0.3)
+    agent = Agent(config, static_discoverer(node_type="dgx1-v100"), kube)
+    run = asyncio.create_task(agent.run())
+    kubelet = FakeKubelet(sock_dir)
+    try:
+        await asyncio.sleep(0.5)  # published, plugin up, but no kubelet: never acknowledged
+        assert node_meta(cluster)[1].get(keys.ANN_NODE_TOPOLOGY) and _ack(cluster) is None
+        await kubelet.start()
+        await kubelet.wait_for("nvidia.com/gpu", count=8, within=10)
+        await eventually(lambda: _ack(cluster) == "true", within=5, what="the ack label")
+
+        writes = agent.publisher.writes
+        await kubelet.restart()  # a kubelet restart: registered again within the grace
+        await kubelet.wait_for("nvidia.com/gpu", count=8, within=10)
+        await asyncio.sleep(0.4)
+        assert _ack(cluster) == "true" and agent.publisher.writes == writes
+
+        await kubelet.stop()  # the kubelet is gone (kubelet.sock with it)
+        await eventually(lambda: _ack(cluster) is None, within=5,
+                         what="the ack label to go without a kubelet")
+        await kubelet.start()
+        await eventually(lambda: _ack(cluster) == "true", within=5,
+                         what="the ack label back with the kubelet")
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await kubelet.stop()
+    assert _ack(cluster) is None  # the agent stopped: nothing acknowledges pods any more
+    assert not (sock_dir / "muster-gpu.sock").exists()
+
+
+async def test_a_label_left_by_a_crashed_agent_goes_when_no_kubelet_takes_the_plugin(
+        cluster: ApiServerEmulator, kube: KubeApi, sock_dir: Path) -> None:
+    """A control plane with no kubelet (or one that never accepts the plugin): the binder must
+    not wait 30 s per GPU pod for acknowledgements nobody will give."""
+    await kube.patch(NODES, NODE, {"metadata": {"labels": {
+        keys.LABEL_GPU_ALLOCATION_ACK: "true"}}}, patch_type="merge")
+    config = dataclasses.replace(agent_config(sock_dir), ack_grace_s=0.3)
+    agent = Agent(config, static_discoverer(node_type="dgx1-v100"), kube)
+    run = asyncio.create_task(agent.run())
+    try:
+        await asyncio.sleep(0.1)
+        assert _ack(cluster) == "true"  # within the grace: kept (it may be a kubelet restart)
+        await eventually(lambda: _ack(cluster) is None, within=5,
+                         what="the stale ack label to go")
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+
+
+@pytest.mark.parametrize(("serving", "label"), [(None, "kept"), (True, "true"), (False, None)])
+def test_node_patch_sets_the_ack_label_only_as_told(serving: bool | None,
+                                                    label: str | None) -> None:
+    found = discover(FakeNvml.profile("dgx1-v100"))
+    node = {"metadata": {"name": NODE, "labels": {keys.LABEL_GPU_ALLOCATION_ACK: "kept"}}}
+    patch = node_patch(found, node, serving)
+    assert patch is not None
+    labels = patch["metadata"]["labels"]
+    if label == "kept":
+        assert keys.LABEL_GPU_ALLOCATION_ACK not in labels
+    else:
+        assert labels[keys.LABEL_GPU_ALLOCATION_ACK] == label
+    # NVML unusable: the acknowledgement still follows the plugin, not the discovery
+    gone = node_patch(Discovery(None), node, False)
+    assert gone is not None and gone["metadata"]["labels"][keys.LABEL_GPU_ALLOCATION_ACK] is None
 
 
 def test_lost_gpu_keeps_its_uuid_across_rediscovery() -> None:

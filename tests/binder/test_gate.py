@@ -17,7 +17,7 @@ from webhook.binder.gate import AllocationGate
 from webhook.binder.pods import PodInfo, parse_pod
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi
-from webhook.kube.api import PODS
+from webhook.kube.api import NODES, PODS
 from webhook.topology.model import ContainerGpus, GpuAssignment
 
 
@@ -116,6 +116,21 @@ async def test_a_failed_binding_releases_the_node() -> None:
     assert log.done == ["b"] and gate.held("n1") == ["team-a/b"]
 
 
+async def test_a_node_that_stops_acknowledging_holds_nothing() -> None:
+    """Its agent's plugin is no longer registered (label gone): no acknowledgement will come, so
+    neither the pod bound before nor the binds queued behind it wait out the timeout."""
+    acking = {"n1": True}
+    gate, log = AllocationGate(30.0, acks=lambda n: acking[n]), Bindings()
+    await gate.bind("n1", "team-a/a", log.bind("a"))
+    queued = [asyncio.create_task(gate.bind("n1", f"team-a/{p}", log.bind(p))) for p in "bc"]
+    await settle()
+    assert log.done == ["a"]
+    acking["n1"] = False
+    gate.release_node("n1")
+    await asyncio.wait_for(asyncio.gather(*queued), 1.0)
+    assert log.done == ["a", "b", "c"] and gate.held("n1") == []
+
+
 # --- the binder ------------------------------------------------------------------------------
 
 def bound_workers(apiserver: ApiServerEmulator) -> list[dict[str, Any]]:
@@ -159,6 +174,28 @@ async def test_binder_binds_a_gang_at_once_where_the_agent_gives_no_acknowledgem
         for p in job("j1"):
             await kube.create(PODS, p)
         await eventually(lambda: len(bound_workers(apiserver)) == 4, within=5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_binder_stops_waiting_when_the_node_stops_acknowledging(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    """The agent removes its label when its device plugin is not registered (no kubelet): the
+    binder then binds the rest of the gang at once instead of 30 s per pod."""
+    apiserver.seed(node("dgx-a", labels={keys.LABEL_GPU_ALLOCATION_ACK: "true"}))
+    binder = Binder(kube, BinderConfig(allocation_wait_seconds=30.0))
+    task = asyncio.create_task(binder.run())
+    try:
+        for p in job("j1"):
+            await kube.create(PODS, p)
+        await eventually(lambda: len(bound_workers(apiserver)) == 1, within=5)
+        await asyncio.sleep(0.3)
+        assert len(bound_workers(apiserver)) == 1  # the first one waits for the kubelet
+        await kube.patch(NODES, "dgx-a", {"metadata": {"labels": {
+            keys.LABEL_GPU_ALLOCATION_ACK: None}}}, patch_type="merge")
+        await eventually(lambda: len(bound_workers(apiserver)) == 4, within=5,
+                         what="the other workers bound without waiting")
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -43,4 +43,12 @@ def test_build_context_is_only_the_package() -> None:
              if ln.strip() and not ln.startswith("#")]
     assert rules[0] == "*"  # deny everything (certs/, .venv, .git), then allow
     assert {r for r in rules if r.startswith("!")} == {"!pyproject.toml", "!README.md",
-                                                       "!webhook/"}
+                                                       "!constraints.txt", "!webhook/"}
+
+
+def test_image_installs_the_pinned_set() -> None:
+    """The image's dependencies are the versions CI tested (constraints.txt), from wheels."""
+    text = re.sub(r"\\\n", " ", (REPO / "Dockerfile").read_text())
+    (install,) = [ln for ln in text.splitlines() if "pip install" in ln]
+    assert "-c constraints.txt" in install and "--only-binary=:all:" in install
+    assert re.search(r"^COPY .*\bconstraints\.txt\b", text, re.MULTILINE)

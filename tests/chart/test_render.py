@@ -43,6 +43,9 @@ COMBOS: dict[str, Obj] = {
                                "prometheusRule": {"enabled": True}}},
     "no-pdb-no-uninstall-hook": {"webhook": {"podDisruptionBudget": {
         "enabled": False, "minAvailable": 1}}, "uninstall": {"removeWebhooksFirst": False}},
+    "network-policy+local-metrics": {"webhook": {
+        "networkPolicy": {"enabled": True, "from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]},
+        "metricsLocalhostOnly": True, "priorityClassName": ""}},
 }
 ISTIO_INJECTOR = "istio-sidecar-injector"
 
@@ -78,7 +81,8 @@ def test_invariants(helm_template: Render, combo: str) -> None:
     objs = helm_template(COMBOS[combo])
     assert objs, "nothing rendered"
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
-                      "ValidatingWebhookConfiguration"}
+                      "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding"}
     for o in objs:
         assert o["apiVersion"] and o["metadata"]["name"], o
         if o["kind"] in cluster_scoped:
@@ -308,7 +312,8 @@ def test_webhook_deployment_is_highly_available(helm_template: Render) -> None:
     assert pdb["spec"]["selector"]["matchLabels"] == selector
     assert pdb["spec"]["minAvailable"] == 1 < spec["replicas"]
     c = next(c for c in pod["containers"] if c["name"] == "webhook")
-    assert c["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
+    assert c["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"},
+                          {"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https",
                                              "scheme": "HTTPS"}
@@ -322,7 +327,8 @@ def test_webhook_deployment_is_highly_available(helm_template: Render) -> None:
     assert mounts["tls"] == "/etc/muster/tls" and mounts["policies"] == "/etc/muster/policies"
     svc = one(objs, "Service", "muster-webhook")
     assert svc["spec"]["selector"] == selector
-    assert svc["spec"]["ports"][0]["targetPort"] == "https"
+    assert [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
+        ("https", 443, "https"), ("metrics", 8080, "metrics")]
     (wh,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
     assert wh["clientConfig"]["service"] == {"name": "muster-webhook", "namespace": NAMESPACE,
                                              "path": "/mutate/pods", "port": 443}
@@ -446,7 +452,7 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("coordination.k8s.io", "leases"): "create,get,update"})
     assert _grants(objs, "ClusterRole", "muster-agent") == _expand({
         ("", "nodes"): "get,patch",
-        ("", "pods"): "get,list,watch,patch",  # the mark on each pod it served
+        ("", "pods"): "list,patch",  # its node's pods; the mark on each pod it served
     })
     # hooks: the uninstall Job may only delete Muster's two configurations
     name = one(objs, "MutatingWebhookConfiguration")["metadata"]["name"]
@@ -579,8 +585,16 @@ def test_monitoring_objects_only_when_enabled(helm_template: Render) -> None:
     assert not find(helm_template(), "ServiceMonitor")
     objs = helm_template(COMBOS["monitoring"])
     sm = one(objs, "ServiceMonitor")
-    ports = {e["port"] for e in sm["spec"]["endpoints"]}
-    assert ports == {"https", "metrics"}
+    # one endpoint: the "metrics" port of the webhook's and the binder's Services, plain HTTP;
+    # never the webhook's admission port
+    assert sm["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "scheme": "http",
+                                        "interval": "30s"}]
+    selected = [s for s in find(objs, "Service") if all(
+        s["metadata"]["labels"].get(k) == v
+        for k, v in sm["spec"]["selector"]["matchLabels"].items())]
+    assert sorted(s["metadata"]["name"] for s in selected if any(
+        p["name"] == "metrics" for p in s["spec"]["ports"])) == ["muster-binder-metrics",
+                                                                  "muster-webhook"]
     rule = one(objs, "PrometheusRule")
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
     assert {"MusterWebhookDown", "MusterCertificateExpiringSoon"} <= alerts
@@ -667,3 +681,73 @@ def test_a_hook_checks_the_policies_before_install_and_upgrade(helm_template: Re
     assert pod["volumes"][0]["configMap"]["name"] == "muster-policy-check"
     assert not find(helm_template({"policyCheck": {"enabled": False}}), "Job",
                     "muster-policy-check")
+
+
+# --- exposure: metrics port, NetworkPolicy, priority ---------------------------------------------
+
+
+def test_webhook_metrics_are_on_their_own_port(helm_template: Render) -> None:
+    objs = helm_template()
+    args = _container_args(objs)["muster-webhook/webhook"]
+    assert _arg(args, "--port") == "8443" and _arg(args, "--metrics-port") == "8080"
+    assert not any(a.startswith("--metrics-host") for a in args)
+    local = helm_template({"webhook": {"metricsLocalhostOnly": True}})
+    args = _container_args(local)["muster-webhook/webhook"]
+    assert _arg(args, "--metrics-host") == "127.0.0.1"
+    pod = one(local, "Deployment", "muster-webhook")["spec"]["template"]["spec"]
+    (c,) = [c for c in pod["containers"] if c["name"] == "webhook"]
+    assert [p["name"] for p in c["ports"]] == ["https"]
+    assert [p["name"] for p in one(local, "Service", "muster-webhook")["spec"]["ports"]] == [
+        "https"]
+
+
+@pytest.mark.parametrize(("values", "said"), [
+    ({"webhook": {"metricsPort": 8443}}, "webhook.metricsPort must differ from webhook.port"),
+    ({"webhook": {"metricsLocalhostOnly": True},
+      "metrics": {"prometheusRule": {"enabled": True}}},
+     "metrics.prometheusRule needs the webhook's metrics scraped"),
+])
+def test_metrics_settings_that_cannot_work_are_refused(
+        helm_template_error: Callable[..., str], values: Obj, said: str) -> None:
+    assert said in helm_template_error(values)
+
+
+def test_network_policy_is_optional_and_opens_only_the_webhook_ports(
+        helm_template: Render) -> None:
+    assert not find(helm_template(), "NetworkPolicy")
+    objs = helm_template({"webhook": {"networkPolicy": {"enabled": True}}})
+    policy = one(objs, "NetworkPolicy", "muster-webhook")
+    selector = one(objs, "Deployment", "muster-webhook")["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": selector}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    # from anywhere by default: where the API server calls from differs per distribution
+    assert policy["spec"]["ingress"] == [
+        {"ports": [{"port": 8443, "protocol": "TCP"}]},
+        {"ports": [{"port": 8080, "protocol": "TCP"}]}]
+    apiserver = [{"ipBlock": {"cidr": "172.16.0.0/12"}}]
+    prometheus = [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}]
+    narrowed = helm_template({"webhook": {"networkPolicy": {
+        "enabled": True, "from": apiserver, "metricsFrom": prometheus}}})
+    assert one(narrowed, "NetworkPolicy")["spec"]["ingress"] == [
+        {"ports": [{"port": 8443, "protocol": "TCP"}], "from": apiserver},
+        {"ports": [{"port": 8080, "protocol": "TCP"}], "from": prometheus}]
+    local = helm_template({"webhook": {"metricsLocalhostOnly": True,
+                                       "networkPolicy": {"enabled": True}}})
+    assert one(local, "NetworkPolicy")["spec"]["ingress"] == [
+        {"ports": [{"port": 8443, "protocol": "TCP"}]}]
+
+
+def test_components_run_with_critical_priority(helm_template: Render) -> None:
+    objs = helm_template()
+    priority = {o["metadata"]["name"]: o["spec"]["template"]["spec"].get("priorityClassName")
+                for o in find(objs, "Deployment") + find(objs, "DaemonSet")}
+    assert priority == {"muster-webhook": "system-cluster-critical",
+                        "muster-binder": "system-cluster-critical",
+                        "muster-agent": "system-node-critical"}
+    objs = helm_template({"webhook": {"priorityClassName": ""},
+                          "binder": {"priorityClassName": "gpu-infra"}})
+    assert "priorityClassName" not in one(objs, "Deployment", "muster-webhook")[
+        "spec"]["template"]["spec"]
+    assert one(objs, "Deployment", "muster-binder")["spec"]["template"]["spec"][
+        "priorityClassName"] == "gpu-infra"

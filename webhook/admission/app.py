@@ -105,16 +105,29 @@ def build_app(admitter: Admitter, metrics: Metrics, limits: BodyLimits) -> web.A
             reasons.append("cluster caches not synced")
         return web.Response(status=503, text="; ".join(reasons) + "\n")
 
+    app.router.add_post("/mutate/pods", review_route("mutate", parse_pod_review, admitter.mutate))
+    app.router.add_post("/validate/policies", review_route("validate", parse_review, validate))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    # no /metrics here: the admission port is reachable by whatever reaches the API server's
+    # webhooks; metrics are served on their own plain-HTTP port (build_metrics_app)
+    return app
+
+
+def build_metrics_app(metrics: Metrics) -> web.Application:
+    """`muster serve --metrics-port`: /metrics (Prometheus) and /healthz over plain HTTP, apart
+    from the TLS admission port."""
     async def metrics_page(_: web.Request) -> web.StreamResponse:
         resp = web.Response(body=metrics.render())
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
 
-    app.router.add_post("/mutate/pods", review_route("mutate", parse_pod_review, admitter.mutate))
-    app.router.add_post("/validate/policies", review_route("validate", parse_review, validate))
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    async def healthz(_: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok")
+
+    app = web.Application()
     app.router.add_get("/metrics", metrics_page)
+    app.router.add_get("/healthz", healthz)
     return app
 
 

@@ -18,9 +18,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "serve", help="run the admission webhook server (HTTPS)",
         description="Apply Muster policies to every pod created: mutating webhook /mutate/pods, "
-                    "validating webhook /validate/policies, /healthz, /readyz, /metrics.")
+                    "validating webhook /validate/policies, /healthz, /readyz; /metrics on "
+                    "--metrics-port.")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve /metrics (Prometheus) and /healthz over plain HTTP on this port, "
+                        "never on the admission port (default: no metrics; the chart gives "
+                        "8080)")
+    p.add_argument("--metrics-host", default="0.0.0.0",
+                   help="address the metrics port listens on (default 0.0.0.0; 127.0.0.1 "
+                        "keeps it inside the pod)")
     p.add_argument("--policies", nargs="+", type=Path, required=True, metavar="DIR|FILE",
                    help="policy files or directories (a mounted ConfigMap); reloaded on change")
     p.add_argument("--tls-cert-file", type=Path, help="serving certificate (PEM); reloaded on "
@@ -107,6 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise UsageError(f"--policies {path}: no such file or directory")
     opts = ServeOptions(
         policies=args.policies, host=args.host, port=args.port,
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
         self_signed=args.self_signed, self_signed_dir=args.self_signed_dir,
         kubeconfig=args.kubeconfig, cert_mode=args.cert_mode,

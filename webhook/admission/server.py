@@ -18,7 +18,7 @@ from aiohttp import web
 
 from webhook import atomicfile
 from webhook.admission.admit import AdmissionConfig, Admitter, ClusterContext, UserAssignment
-from webhook.admission.app import BodyLimits, build_app
+from webhook.admission.app import BodyLimits, build_app, build_metrics_app
 from webhook.admission.limits import READ_BUFFER, ConnectionGuard, GuardedSite
 from webhook.admission.metrics import Metrics
 from webhook.admission.reload import PolicyStore, refusal_note
@@ -45,6 +45,10 @@ class ServeOptions:
     policies: list[Path]
     host: str = "0.0.0.0"
     port: int = 8443
+    #: /metrics over plain HTTP on this port (0: any free one); None: no metrics endpoint
+    metrics_port: int | None = None
+    #: "127.0.0.1" keeps the metrics to the pod (a sidecar scraper, `kubectl port-forward`)
+    metrics_host: str = "0.0.0.0"
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     self_signed: bool = False
@@ -106,8 +110,11 @@ class WebhookServer:
         self.opts = opts
         self.metrics = Metrics()
         self.port = opts.port
+        #: the metrics port bound (the one asked for, or the free one for 0); None when off
+        self.metrics_port: int | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._runner: web.AppRunner | None = None
+        self._metrics_runner: web.AppRunner | None = None
         self._client: ApiClient | None = None
         self.context: ClusterContext | None = None
         self.policy_store: PolicyStore[PolicySet] = PolicyStore(
@@ -125,6 +132,12 @@ class WebhookServer:
     @property
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        if self.metrics_port is None:
+            raise RuntimeError("the server serves no metrics (no metrics_port)")
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> None:
         self._tasks.append(asyncio.create_task(coro, name=name))
@@ -238,6 +251,17 @@ class WebhookServer:
         self._spawn("cert-reload", reloader.run(opts.cert_poll_interval))
         self._spawn("policy-reload", self.policy_store.run(opts.policy_poll_interval))
         log.info("muster webhook serving", extra={"host": opts.host, "port": self.port})
+        if opts.metrics_port is not None:
+            await self._serve_metrics(opts.metrics_host, opts.metrics_port)
+
+    async def _serve_metrics(self, host: str, port: int) -> None:
+        runner = web.AppRunner(build_metrics_app(self.metrics), access_log=None,
+                               handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        self._metrics_runner = runner
+        await web.TCPSite(runner, host, port).start()
+        self.metrics_port = int(runner.addresses[0][1]) if port == 0 else port
+        log.info("metrics listening", extra={"host": host, "port": self.metrics_port})
 
     async def stop(self) -> None:
         """Finish in-flight requests and PodGroup writes, then stop watches and the client."""
@@ -246,6 +270,9 @@ class WebhookServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+            self._metrics_runner = None
         if self._admitter is not None:
             await self._admitter.drain(self.opts.shutdown_timeout)
         for task in self._tasks:

@@ -41,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        help="re-run discovery and re-publish on change this often")
     agent.add_argument("--assignment-wait-seconds", type=float, default=10.0,
                        help="how long Allocate waits for the pod's GPU assignment")
+    agent.add_argument("--ack-grace-seconds", type=float, default=10.0,
+                       help="the Node's muster.io/gpu-allocation-ack label goes when the device "
+                            "plugin has not been registered with the kubelet for this long "
+                            "(default 10: a kubelet restart does not remove it)")
     agent.add_argument("--unassigned", choices=["error", "kubelet"], default="error",
                        help="a container without assignment: refuse it (error) or give it the "
                             "kubelet's pick (kubelet)")

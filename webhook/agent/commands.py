@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     config = AgentConfig(
         node=args.node_name,
         rediscover_s=args.rediscover_seconds,
+        ack_grace_s=args.ack_grace_seconds,
         plugin=PluginConfig(node=args.node_name, kubelet_dir=Path(args.kubelet_dir),
                             resource_name=args.resource_name, cdi=args.cdi,
                             assignment_wait_s=args.assignment_wait_seconds,

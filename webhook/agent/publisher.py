@@ -1,9 +1,15 @@
-"""Publish the discovered topology on the Node: annotation, class and model labels, degraded label.
+"""Publish the discovered topology on the Node: annotation, class and model labels, degraded label,
+and the allocation acknowledgement label.
 
 `node_patch` is pure: discovery result + the Node as it is → the merge patch that brings the Node
 up to date, or None when it already is (so re-discovery every few seconds costs a GET, not a
 write). When NVML fails completely the last published topology stays (the hardware did not
 change) and only the degraded label is set.
+
+`muster.io/gpu-allocation-ack=true` means "this node's device plugin is registered with the
+kubelet and serving, and marks each pod it served": the binder then binds the node's GPU pods
+one at a time, each after the previous one's mark (webhook.binder.gate). The runner says when
+that holds (`serving`); the label is never set before, and goes when it stops holding.
 """
 
 from __future__ import annotations
@@ -40,10 +46,16 @@ def gpu_model(topology: Topology) -> str:
     return models.most_common(1)[0][0] if models else ""
 
 
-def desired(found: Discovery) -> tuple[dict[str, str | None], dict[str, str | None]]:
-    """(labels, annotations) the Node should carry; None values are removed."""
+def desired(found: Discovery, serving: bool | None = None
+            ) -> tuple[dict[str, str | None], dict[str, str | None]]:
+    """(labels, annotations) the Node should carry; None values are removed. `serving`: whether
+    the device plugin is registered with the kubelet and serving (the acknowledgement label);
+    None leaves that label as it is (not known yet)."""
     labels: dict[str, str | None] = {
         keys.LABEL_GPU_DEGRADED: "true" if found.degraded else None}
+    if serving is not None:
+        # the device plugin serves the kubelet and acknowledges each pod it served
+        labels[keys.LABEL_GPU_ALLOCATION_ACK] = "true" if serving else None
     annotations: dict[str, str | None] = {}
     if found.topology is not None:
         topology = identify(found.topology)
@@ -51,15 +63,15 @@ def desired(found: Discovery) -> tuple[dict[str, str | None], dict[str, str | No
         labels[keys.LABEL_TOPOLOGY_CLASS] = topology_class(topology)
         model = keys.gpu_model_label_value(gpu_model(topology))
         labels[keys.LABEL_GPU_MODEL] = model or None
-        # the device plugin serves these GPUs and acknowledges each pod it served
-        labels[keys.LABEL_GPU_ALLOCATION_ACK] = "true"
     return labels, annotations
 
 
-def node_patch(found: Discovery, node: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The JSON merge patch that makes `node` carry `found`, or None if it already does."""
+def node_patch(found: Discovery, node: Mapping[str, Any], serving: bool | None = None
+               ) -> dict[str, Any] | None:
+    """The JSON merge patch that makes `node` carry `found` (and the acknowledgement label as
+    `serving` says), or None if it already does."""
     meta = node.get("metadata") or {}
-    labels, annotations = desired(found)
+    labels, annotations = desired(found, serving)
     have_labels = meta.get("labels") or {}
     have_annotations = meta.get("annotations") or {}
     patch: dict[str, Any] = {}
@@ -80,16 +92,18 @@ class NodePublisher:
         self.node = node
         self.writes = 0
 
-    async def publish(self, found: Discovery) -> bool:
+    async def publish(self, found: Discovery, serving: bool | None = None) -> bool:
         """Patch the Node if it differs; True when a write was made. Raises ApiError."""
         current = await self.api.get(NODES, self.node)
-        patch = node_patch(found, current)
+        patch = node_patch(found, current, serving)
         if patch is None:
             return False
         await self.api.patch(NODES, self.node, patch, patch_type="merge")
         self.writes += 1
+        labels = patch["metadata"].get("labels") or {}
         log.info("published node topology", extra={
             "node": self.node, "degraded": found.degraded,
-            "class": (patch["metadata"].get("labels") or {}).get(keys.LABEL_TOPOLOGY_CLASS),
+            "class": labels.get(keys.LABEL_TOPOLOGY_CLASS),
+            "ack": labels.get(keys.LABEL_GPU_ALLOCATION_ACK, "unchanged"),
             "problems": [d.field for d in found.degradations][:10]})
         return True

@@ -5,11 +5,19 @@ published on the Node and a changed device health is streamed to the kubelet. Be
 discoveries, critical XID events (webhook.agent.health) mark a GPU unhealthy at once. Neither a
 failed API call nor a failed NVML call stops the agent: it logs, marks the node degraded where it
 can, and tries again on the next round.
+
+The Node's `muster.io/gpu-allocation-ack=true` follows the device plugin's registration: set once
+the kubelet has accepted it, removed when it has not been registered for `ack_grace_s` (no
+kubelet, a kubelet gone or refusing it) and when the agent stops. The grace rides over a kubelet
+restart (it deletes every socket; the plugin registers again within a second or so of the new
+kubelet.sock): while the label is gone the binder no longer binds the node's GPU pods one at a
+time, and pods that reach a restarted kubelet together are the case the label exists for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -84,6 +92,10 @@ class AgentConfig:
     node: str
     plugin: PluginConfig
     rediscover_s: float = 60.0
+    #: seconds the plugin may stay unregistered before the acknowledgement label goes
+    ack_grace_s: float = 10.0
+    #: seconds the label's removal may take when the agent stops
+    shutdown_write_s: float = 5.0
 
 
 class Agent:
@@ -101,6 +113,10 @@ class Agent:
         self.topology: Topology | None = None  # as discovered, identities kept
         self.found = Discovery(None)
         self.faulty: set[str] = set()  # UUIDs of GPUs with a critical XID since start
+        #: the device plugin is registered with the kubelet and serving (the acknowledgement
+        #: label); None until the plugin loop knows, so a label a previous agent left is not
+        #: flipped off and on at start
+        self.serving: bool | None = None
         self._apply_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self.rounds = 0
@@ -125,7 +141,7 @@ class Agent:
                 found = dataclasses.replace(found,
                                             topology=mark_unhealthy(found.topology, self.faulty))
             try:
-                await self.publisher.publish(found)
+                await self.publisher.publish(found, self.serving)
             except ApiError as exc:
                 log.warning("publishing the node topology failed; retrying next round",
                             extra={"node": self.config.node, "error": str(exc)})
@@ -134,6 +150,56 @@ class Agent:
                     self.plugin = GpuDevicePlugin(self.config.plugin, found.topology, self.pods)
                 else:
                     await self.plugin.set_topology(found.topology)
+
+    async def set_serving(self, serving: bool) -> None:
+        """The plugin's registration changed: publish the acknowledgement label (or its
+        removal). A failed write is retried with the next round's publish."""
+        if serving == self.serving:
+            return
+        self.serving = serving
+        log.info("device plugin " + ("registered and serving: acknowledging served pods"
+                                     if serving else "not registered: no acknowledgements"),
+                 extra={"node": self.config.node})
+        await self.apply()
+
+    async def serve_plugin(self, plugin: GpuDevicePlugin) -> None:
+        """Serve and (re-)register the plugin until cancelled, as `GpuDevicePlugin.run` does,
+        and keep the acknowledgement label true to its registration."""
+        loop = asyncio.get_running_loop()
+        lost_at: float | None = None  # when the plugin was last seen unregistered, in a row
+        try:
+            while True:
+                try:
+                    registered = await plugin.ensure_registered()
+                except Exception as exc:  # e.g. the socket directory is gone: retry
+                    log.warning("device plugin could not serve; will retry",
+                                extra={"error": str(exc)})
+                    registered = False
+                if registered:
+                    lost_at = None
+                    await self.set_serving(True)
+                else:
+                    lost_at = loop.time() if lost_at is None else lost_at
+                    if loop.time() - lost_at >= self.config.ack_grace_s:
+                        await self.set_serving(False)
+                await asyncio.sleep(plugin.config.kubelet_check_s)
+        finally:
+            await plugin.stop()
+            with contextlib.suppress(FileNotFoundError):
+                plugin.socket_path.unlink()
+
+    async def _withdraw(self) -> None:
+        """At shutdown: the plugin no longer serves, so the label goes (bounded: the kubelet
+        kills the pod after its grace period)."""
+        if self.serving is None and self.plugin is None:
+            return  # never registered: whatever the label says was not this agent's
+        self.serving = False
+        try:
+            async with asyncio.timeout(self.config.shutdown_write_s):
+                await self.apply()
+        except TimeoutError:
+            log.warning("could not remove the acknowledgement label in time",
+                        extra={"node": self.config.node})
 
     def _on_xid(self, event: XidEvent) -> None:
         if event.uuid not in self.faulty:
@@ -156,12 +222,13 @@ class Agent:
             while True:
                 await self.step()
                 if plugin_task is None and self.plugin is not None:
-                    plugin_task = asyncio.create_task(self.plugin.run())
+                    plugin_task = asyncio.create_task(self.serve_plugin(self.plugin))
                 await asyncio.sleep(self.config.rediscover_s)
         finally:
             stop.set()
             if plugin_task is not None:
                 plugin_task.cancel()
                 await asyncio.gather(plugin_task, return_exceptions=True)
+            await self._withdraw()
             if watcher is not None:
                 await asyncio.gather(watcher, return_exceptions=True)

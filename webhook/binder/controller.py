@@ -133,7 +133,8 @@ class Binder:
         self.fit = FitCache()
         self.gate = AllocationGate(
             self.config.allocation_wait_seconds,
-            on_timeout=lambda _node, _pod: self.metrics.allocation_timeouts.inc())
+            on_timeout=lambda _node, _pod: self.metrics.allocation_timeouts.inc(),
+            acks=self._acks_allocation)
         self.synced = asyncio.Event()
         self.last_plan: Plan | None = None
         self._pods: dict[str, PodInfo] = {}
@@ -191,15 +192,25 @@ class Binder:
                 or (pod.scheduler_name == self.config.scheduler_name and seen_new)):
             self._dirty.set()
 
+    def _acks_allocation(self, node: str) -> bool:
+        """Its agent's device plugin serves the kubelet and marks the pods it served (label)."""
+        info = self._nodes.get(node)
+        return info is not None and info.acks_allocation
+
     def _on_node(self, event: str, obj: dict[str, Any], _old: dict[str, Any] | None) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
+        before = self._nodes.get(name)
         if event == "DELETED":
             self._nodes.pop(name, None)
+            self.gate.release_node(name)
         else:
             node = parse_node(obj)
-            if self._nodes.get(name) == node:
+            if before == node:
                 return  # heartbeat-only change: nothing the binder reads
             self._nodes[name] = node
+            if before is not None and before.acks_allocation and not node.acks_allocation:
+                # its agent's plugin is no longer registered: no acknowledgement will come
+                self.gate.release_node(name)
             if self._tables is not None and node.topology is not None:
                 # a new node type's tables (88 ms for a DGX-1) are made as it is seen, not
                 # during the first placement on it, which would wait that long
@@ -456,8 +467,7 @@ class Binder:
     async def _bind_in_turn(self, pod: PodInfo, assignment: GpuAssignment, record: str) -> None:
         """GPU pods on a node whose agent acknowledges them go one at a time (binder.gate)."""
         node = assignment.node
-        info = self._nodes.get(node)
-        if pod.gpus > 0 and info is not None and info.acks_allocation:
+        if pod.gpus > 0 and self._acks_allocation(node):
             await self.gate.bind(node, pod.key, lambda: self._bind(pod, assignment, record))
         else:
             await self._bind(pod, assignment, record)

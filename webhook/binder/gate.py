@@ -9,7 +9,11 @@ Where the node's agent acknowledges each pod it served (node label muster.io/gpu
 pod annotation muster.io/gpu-allocated), the binder binds a node's next GPU pod only when no
 earlier one is still waiting for the kubelet. The earlier pod must be acknowledged, no longer
 Pending, or deleted. HAMi's and gpushare's schedulers lock the node in the same way. A pod that
-the kubelet never admits holds its node for at most `timeout` seconds.
+the kubelet never admits holds its node for at most `timeout` seconds. The agent sets the label
+only while its device plugin is registered with the kubelet; when the label goes (kubelet gone,
+agent stopped) nothing acknowledges the node's pods any more: its holds are dropped at once
+(`release_node`) and binds queued for it go on (`acks` says which nodes acknowledge), rather than
+each waiting out the timeout.
 
 The state comes from the informer, not from memory. A binder that restarts therefore still waits
 for the pods that its predecessor bound.
@@ -35,8 +39,11 @@ def holds_node(pod: PodInfo) -> bool:
 
 class AllocationGate:
     def __init__(self, timeout: float, *, on_timeout: Callable[[str, str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 acks: Callable[[str], bool] = lambda _node: True) -> None:
         self.timeout = timeout
+        #: whether a node's agent acknowledges served pods now (its label)
+        self._acks = acks
         self._on_timeout = on_timeout
         self._clock = clock
         self._held: dict[str, dict[str, float]] = {}  # node -> {pod key: held since}
@@ -65,6 +72,15 @@ class AllocationGate:
                     del self._held[name]
                 self._notify()
 
+    def release_node(self, node: str) -> None:
+        """The node no longer acknowledges served pods: nothing holds it, and binds waiting for
+        it go on now."""
+        held = self._held.pop(node, None)
+        if held:
+            log.info("node stopped acknowledging served pods; not waiting for them",
+                     extra={"node": node, "pods": sorted(held)})
+            self._notify()
+
     def _hold(self, node: str, key: str) -> None:
         self._held.setdefault(node, {}).setdefault(key, self._clock())
 
@@ -73,11 +89,12 @@ class AllocationGate:
         self._changed = asyncio.Event()
 
     async def _clear(self, node: str) -> None:
-        """Wait until no pod holds `node`; a hold older than the timeout is dropped."""
+        """Wait until no pod holds `node` or the node no longer acknowledges served pods; a hold
+        older than the timeout is dropped."""
         while True:
             changed = self._changed
             held = self._held.get(node)
-            if not held:
+            if not held or not self._acks(node):
                 return
             now = self._clock()
             for key, since in list(held.items()):
@@ -103,6 +120,9 @@ class AllocationGate:
         lock = self._locks.setdefault(node, asyncio.Lock())
         async with lock:
             await self._clear(node)
+            if not self._acks(node):  # it stopped acknowledging: nothing to wait for
+                await bind()
+                return
             self._hold(node, key)  # before the Binding: the informer may show it served at once
             try:
                 await bind()

@@ -117,6 +117,14 @@ capabilities:
 - --namespace={{ .Release.Namespace }}
 - --service-name={{ include "muster.webhook.fullname" . }}
 - --policies-configmap={{ include "muster.policies.fullname" . }}
+# /metrics never on the admission port: plain HTTP on its own, the pod's loopback if asked
+{{- if eq (int .Values.webhook.metricsPort) (int .Values.webhook.port) }}
+{{- fail "webhook.metricsPort must differ from webhook.port: metrics are never served on the admission port" }}
+{{- end }}
+- --metrics-port={{ .Values.webhook.metricsPort }}
+{{- if .Values.webhook.metricsLocalhostOnly }}
+- --metrics-host=127.0.0.1
+{{- end }}
 {{- with .Values.webhook.limits }}
 - --max-body-bytes={{ int64 .maxBodyBytes }}
 - --body-timeout={{ .bodyTimeoutSeconds }}

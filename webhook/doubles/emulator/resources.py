@@ -76,6 +76,14 @@ BUILTINS: tuple[ResourceType, ...] = (
     _core("clusterroles", "ClusterRole", False, group="rbac.authorization.k8s.io"),
     _core("clusterrolebindings", "ClusterRoleBinding", False,
           group="rbac.authorization.k8s.io"),
+    # stored only: the emulator evaluates no ValidatingAdmissionPolicy and enforces no
+    # NetworkPolicy (the chart's are checked in tests/chart and tests/real)
+    _core("validatingadmissionpolicies", "ValidatingAdmissionPolicy", False, sub=("status",),
+          group="admissionregistration.k8s.io"),
+    _core("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding", False,
+          group="admissionregistration.k8s.io"),
+    _core("networkpolicies", "NetworkPolicy", True, short=("netpol",),
+          group="networking.k8s.io"),
     _core("mutatingwebhookconfigurations", "MutatingWebhookConfiguration", False,
           group="admissionregistration.k8s.io"),
     _core("validatingwebhookconfigurations", "ValidatingWebhookConfiguration", False,

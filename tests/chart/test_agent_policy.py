@@ -1,0 +1,326 @@
+"""The chart's ValidatingAdmissionPolicies that confine the node agent to its own Node and to the
+pods bound to it, evaluated as kube-apiserver evaluates them: matchConditions, then the variables,
+then every validation (an error refuses: failurePolicy Fail), on AdmissionRequests shaped as the
+API server builds them. The CEL is run by cel-python (the expressions use only standard CEL);
+tests/real/test_agent_scope.py makes the same writes against a real API server."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from chart_helpers import CHART, NAMESPACE, Obj, find, one, run_helm
+
+from webhook import keys
+
+Render = Callable[..., list[Obj]]
+
+AGENT = f"system:serviceaccount:{NAMESPACE}:muster-agent"
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+OWN, OTHER = "gpu-a", "gpu-b"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    message: str = ""
+
+
+def _equal(a: Any, b: Any) -> Any:
+    """CEL's heterogeneous equality, as cel-go (kube-apiserver) has it: `object != null` is
+    true for an object, where cel-python finds no overload for a map and null."""
+    if a is None or b is None:
+        return celpy.celtypes.BoolType(a is None and b is None)
+    return celpy.evaluation.bool_eq(a, b)
+
+
+def _not_equal(a: Any, b: Any) -> Any:
+    same = _equal(a, b)
+    return same if isinstance(same, celpy.CELEvalError) else celpy.celtypes.BoolType(not same)
+
+
+class Policy:
+    """One rendered ValidatingAdmissionPolicy."""
+
+    def __init__(self, vap: Obj) -> None:
+        self.spec = vap["spec"]
+        self._env = celpy.Environment()
+
+    def _eval(self, expr: str, activation: dict[str, Any]) -> Any:
+        program = self._env.program(self._env.compile(expr),
+                                    functions={"_==_": _equal, "_!=_": _not_equal})
+        return program.evaluate(activation)
+
+    def matches(self, request: Obj) -> bool:
+        for rule in self.spec["matchConstraints"]["resourceRules"]:
+            resource = request["resource"]["resource"]
+            if request.get("subResource"):
+                resource += "/" + request["subResource"]
+            if resource in rule["resources"] and request["operation"] in rule["operations"]:
+                return True
+        return False
+
+    def admit(self, request: Obj, obj: Obj | None, old: Obj | None) -> Verdict:
+        if not self.matches(request):
+            return Verdict(True, "not matched")
+        base = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(obj),
+                "oldObject": celpy.json_to_cel(old)}
+        for cond in self.spec.get("matchConditions", []):
+            if not bool(self._eval(cond["expression"], base)):
+                return Verdict(True, "not matched")
+        variables: dict[str, Any] = {}
+        for var in self.spec.get("variables", []):
+            activation = {**base, "variables": celpy.celtypes.MapType(
+                {celpy.celtypes.StringType(k): v for k, v in variables.items()})}
+            variables[var["name"]] = self._eval(var["expression"], activation)
+        activation = {**base, "variables": celpy.celtypes.MapType(
+            {celpy.celtypes.StringType(k): v for k, v in variables.items()})}
+        for rule in self.spec["validations"]:
+            try:
+                ok = self._eval(rule["expression"], activation)
+            except celpy.CELEvalError as exc:
+                assert self.spec["failurePolicy"] == "Fail"
+                return Verdict(False, f"error: {exc}")
+            if isinstance(ok, celpy.CELEvalError):
+                assert self.spec["failurePolicy"] == "Fail"
+                return Verdict(False, f"error: {ok}")
+            if not bool(ok):
+                assert rule["reason"] == "Forbidden"
+                message = rule["message"]
+                if "messageExpression" in rule:
+                    said = self._eval(rule["messageExpression"], activation)
+                    if isinstance(said, str):
+                        message = str(said)
+                return Verdict(False, message)
+        return Verdict(True)
+
+
+def _request(op: str, resource: str, name: str, *, namespace: str = "",
+             user: str = AGENT, node: str | None = OWN, sub: str = "") -> Obj:
+    """An AdmissionRequest as kube-apiserver converts it for CEL: absent fields omitted."""
+    user_info: Obj = {"username": user, "uid": "u-1",
+                      "groups": ["system:serviceaccounts", "system:authenticated"]}
+    if node is not None:
+        user_info["extra"] = {NODE_CLAIM: [node], "authentication.kubernetes.io/pod-name":
+                              ["muster-agent-x"]}
+    request: Obj = {"uid": "r-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": resource},
+                    "name": name, "operation": op, "userInfo": user_info, "dryRun": False}
+    if namespace:
+        request["namespace"] = namespace
+    if sub:
+        request["subResource"] = sub
+    return request
+
+
+def _node(name: str, labels: Obj | None = None) -> Obj:
+    node: Obj = {"apiVersion": "v1", "kind": "Node",
+                 "metadata": {"name": name, "uid": f"uid-{name}",
+                              "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+                 "spec": {"taints": [{"key": keys.TAINT_GPU_TOPOLOGY, "effect": "NoSchedule"}]}}
+    return node
+
+
+def _pod(name: str, node: str | None) -> Obj:
+    pod: Obj = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}",
+                             "labels": {"app": "train"}},
+                "spec": {"containers": [{"name": "c", "image": "trainer:1"}]}}
+    if node is not None:
+        pod["spec"]["nodeName"] = node
+    return pod
+
+
+def _with(obj: Obj, path: str, key: str, value: str | None) -> Obj:
+    out = copy.deepcopy(obj)
+    meta = out["metadata"].setdefault(path, {})
+    if value is None:
+        meta.pop(key, None)
+    else:
+        meta[key] = value
+    return out
+
+
+@pytest.fixture(scope="module")
+def policies() -> dict[str, Policy]:
+    """The policies of the chart with default values."""
+    proc = run_helm("template", "muster", str(CHART), "--namespace", NAMESPACE)
+    assert proc.returncode == 0, proc.stderr
+    objs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    vaps = find(objs, "ValidatingAdmissionPolicy")
+    return {v["metadata"]["name"]: Policy(v) for v in vaps}
+
+
+def _nodes(policies: dict[str, Policy]) -> Policy:
+    return policies["muster-agent-own-node"]
+
+
+def _pods(policies: dict[str, Policy]) -> Policy:
+    return policies["muster-agent-own-node-pods"]
+
+
+def _node_write(policies: dict[str, Policy], name: str, new: Obj, old: Obj, **kw: Any
+                ) -> Verdict:
+    return _nodes(policies).admit(_request("UPDATE", "nodes", name, **kw), new, old)
+
+
+def _pod_write(policies: dict[str, Policy], new: Obj, old: Obj, **kw: Any) -> Verdict:
+    name = old["metadata"]["name"]
+    return _pods(policies).admit(_request("UPDATE", "pods", name, namespace="ml", **kw),
+                                 new, old)
+
+
+# --- what the agent does: allowed -----------------------------------------------------------
+
+
+def test_the_agent_publishes_on_its_own_node(policies: dict[str, Policy]) -> None:
+    old = _node(OWN, {keys.LABEL_GPU_TOPOLOGY: "enabled"})
+    new = _with(_with(old, "labels", keys.LABEL_GPU_ALLOCATION_ACK, "true"),
+                "annotations", keys.ANN_NODE_TOPOLOGY, '{"v":1}')
+    assert _node_write(policies, OWN, new, old) == Verdict(True)
+    # and removes its labels again (a label going)
+    assert _node_write(policies, OWN, old, new) == Verdict(True)
+
+
+def test_the_agent_marks_a_pod_bound_to_its_node(policies: dict[str, Policy]) -> None:
+    old = _pod("w-0", OWN)
+    new = _with(old, "annotations", keys.ANN_GPU_ALLOCATED, OWN)
+    assert _pod_write(policies, new, old) == Verdict(True)
+
+
+def test_everyone_else_is_not_matched(policies: dict[str, Policy]) -> None:
+    old = _node(OTHER)
+    new = _with(old, "labels", "team", "x")
+    for user in ("system:serviceaccount:muster-system:muster-binder", "admin",
+                 "system:serviceaccount:other-ns:muster-agent"):
+        verdict = _node_write(policies, OTHER, new, old, user=user, node=None)
+        assert verdict == Verdict(True, "not matched"), user
+
+
+# --- what a stolen agent token must not do: refused ------------------------------------------
+
+
+def test_another_node_is_refused(policies: dict[str, Policy]) -> None:
+    old = _node(OTHER)
+    new = _with(old, "labels", keys.LABEL_GPU_ALLOCATION_ACK, "true")
+    verdict = _node_write(policies, OTHER, new, old)
+    assert not verdict.allowed
+    assert verdict.message == (f"the muster agent of node {OWN} may write only its own Node, "
+                               f"not {OTHER}")
+
+
+@pytest.mark.parametrize("bound", [OTHER, None])
+def test_a_pod_on_another_node_or_unbound_is_refused(policies: dict[str, Policy],
+                                                     bound: str | None) -> None:
+    old = _pod("w-1", bound)
+    new = _with(old, "annotations", keys.ANN_GPU_ALLOCATED, OWN)
+    verdict = _pod_write(policies, new, old)
+    assert not verdict.allowed
+    assert verdict.message == (f"the muster agent of node {OWN} may write only pods bound to "
+                               f"it; ml/w-1 is bound to {bound or 'no node'}")
+
+
+def test_a_token_without_a_node_is_refused(policies: dict[str, Policy]) -> None:
+    old = _node(OWN)
+    new = _with(old, "labels", keys.LABEL_GPU_ALLOCATION_ACK, "true")
+    verdict = _node_write(policies, OWN, new, old, node=None)
+    assert not verdict.allowed and "bound to no node" in verdict.message
+    pod = _pod("w-2", OWN)
+    assert not _pod_write(policies, _with(pod, "annotations", "muster.io/x", "1"), pod,
+                          node=None).allowed
+
+
+@pytest.mark.parametrize(("where", "key"), [
+    ("labels", "node-role.kubernetes.io/control-plane"),  # a new label
+    ("labels", "kubernetes.io/hostname"),                 # a label changed or removed
+    ("annotations", "volumes.kubernetes.io/controller-managed-attach-detach"),
+])
+def test_only_muster_keys_on_its_own_node(policies: dict[str, Policy], where: str,
+                                          key: str) -> None:
+    old = _with(_node(OWN), "annotations", "volumes.kubernetes.io/controller-managed-attach-"
+                "detach", "true")
+    for value in ("x", None):
+        new = _with(old, where, key, value)
+        if new == old:
+            continue
+        verdict = _node_write(policies, OWN, new, old)
+        assert verdict == Verdict(False, "the muster agent may change only muster.io/ labels "
+                                         "and annotations"), (key, value)
+
+
+def test_not_a_pods_spec_or_its_labels(policies: dict[str, Policy]) -> None:
+    old = _pod("w-3", OWN)
+    image = copy.deepcopy(old)
+    image["spec"]["containers"][0]["image"] = "evil:1"
+    assert _pod_write(policies, image, old) == Verdict(
+        False, "the muster agent may not change a pod's spec, finalizers or owners")
+    finalizer = copy.deepcopy(old)
+    finalizer["metadata"]["finalizers"] = ["example.com/hold"]
+    assert not _pod_write(policies, finalizer, old).allowed
+    relabel = _with(old, "labels", "app", "serve")  # would move it into another Service
+    assert not _pod_write(policies, relabel, old).allowed
+
+
+def test_not_its_own_nodes_taints(policies: dict[str, Policy]) -> None:
+    old = _node(OWN)
+    new = copy.deepcopy(old)
+    new["spec"]["taints"] = []
+    assert not _node_write(policies, OWN, new, old).allowed
+
+
+@pytest.mark.parametrize(("op", "resource", "sub"), [
+    ("CREATE", "nodes", ""), ("DELETE", "nodes", ""), ("UPDATE", "nodes", "status"),
+    ("CREATE", "pods", ""), ("DELETE", "pods", ""), ("UPDATE", "pods", "status"),
+    ("CREATE", "pods", "eviction"), ("UPDATE", "pods", "ephemeralcontainers"),
+])
+def test_only_updates_of_the_objects_themselves(policies: dict[str, Policy], op: str,
+                                                resource: str, sub: str) -> None:
+    if resource == "nodes":
+        obj, policy, ns, name = _node(OWN), _nodes(policies), "", OWN
+    else:
+        obj, policy, ns, name = _pod("w-4", OWN), _pods(policies), "ml", "w-4"
+    new = None if op == "DELETE" else obj
+    old = None if op == "CREATE" else obj
+    verdict = policy.admit(_request(op, resource, name, namespace=ns, sub=sub), new, old)
+    assert not verdict.allowed, (op, resource, sub)
+    assert verdict.message.startswith(f"the muster agent only patches {resource}"), verdict
+
+
+# --- the chart --------------------------------------------------------------------------------
+
+
+def test_policies_are_bound_and_can_be_turned_off(helm_template: Render) -> None:
+    objs = helm_template()
+    names = {"muster-agent-own-node", "muster-agent-own-node-pods"}
+    assert {v["metadata"]["name"] for v in find(objs, "ValidatingAdmissionPolicy")} == names
+    for name in names:
+        binding = one(objs, "ValidatingAdmissionPolicyBinding", name)
+        assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+        policy = one(objs, "ValidatingAdmissionPolicy", name)
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
+    for values in ({"agent": {"nodeRestriction": {"enabled": False}}},
+                   {"agent": {"enabled": False}}):
+        objs = helm_template(values)
+        assert not find(objs, "ValidatingAdmissionPolicy")
+        assert not find(objs, "ValidatingAdmissionPolicyBinding")
+
+
+def test_the_policy_names_the_release_agent(helm_template: Render) -> None:
+    objs = helm_template(release="gpu", namespace="gpu-system")
+    sa = one(objs, "ServiceAccount", "gpu-muster-agent")
+    for vap in find(objs, "ValidatingAdmissionPolicy"):
+        (cond,) = vap["spec"]["matchConditions"]
+        assert cond["expression"] == (
+            "request.userInfo.username == 'system:serviceaccount:gpu-system:"
+            f"{sa['metadata']['name']}'")
