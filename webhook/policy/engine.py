@@ -108,10 +108,10 @@ def decide(view: PodView, policies: PolicySet) -> Decision:
     """`evaluate` on the pod's view: all the engine reads of a pod is in it."""
     matches, matched = _match(view, policies)
     draft = _Draft()
-    for key in keys.BINDER_ANNOTATIONS:
+    for key in keys.PROTECTED_ANNOTATIONS:
         if view.shape.annotation(key) is not None:
             draft.annotations[key] = None
-            draft.warnings.append(f"removed {key}: only Muster's binder assigns GPUs")
+            draft.warnings.append(f"removed {key}: only Muster's binder and node agent write it")
     if not matched:
         return Decision(matches=matches, annotations=draft.annotations,
                         warnings=tuple(draft.warnings))
