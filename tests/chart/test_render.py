@@ -360,6 +360,11 @@ def test_agent_daemonset(helm_template: Render) -> None:
     assert {"key": "muster.io/gpu-topology", "operator": "Exists"} in pod["tolerations"]
     (c,) = pod["containers"]
     assert "agent" in c["args"] and "--node-name=$(NODE_NAME)" in c["args"]
+    # assignments count only on the binder's pods: the agent knows the binder's name
+    assert "--scheduler-name=muster-binder" in c["args"]
+    renamed = helm_template({"binder": {"schedulerName": "gangs"}})
+    (c2,) = one(renamed, "DaemonSet", "muster-agent")["spec"]["template"]["spec"]["containers"]
+    assert "--scheduler-name=gangs" in c2["args"]
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     (hp,) = [v for v in pod["volumes"] if "hostPath" in v]
@@ -445,6 +450,7 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
     assert _grants(objs, "ClusterRole", "muster-agent") == _expand({
         ("", "nodes"): "get,patch",
         ("", "pods"): "get,list,watch,patch",  # the mark on each pod it served
+        ("", "events"): "create,patch",  # a pod refused: the kubelet allocated other GPUs
     })
     # hooks: the uninstall Job may only delete Muster's two configurations
     name = one(objs, "MutatingWebhookConfiguration")["metadata"]["name"]

@@ -164,6 +164,7 @@ capabilities:
 - --node-name=$(NODE_NAME)
 - --kubelet-dir=/var/lib/kubelet/device-plugins
 - --resource-name={{ .Values.agent.resourceName }}
+- --scheduler-name={{ .Values.binder.schedulerName }}
 {{- range .Values.agent.extraArgs }}
 - {{ . | quote }}
 {{- end }}
