@@ -76,6 +76,12 @@ BUILTINS: tuple[ResourceType, ...] = (
     _core("clusterroles", "ClusterRole", False, group="rbac.authorization.k8s.io"),
     _core("clusterrolebindings", "ClusterRoleBinding", False,
           group="rbac.authorization.k8s.io"),
+    # stored and served so that the chart installs, never evaluated: the emulator has no CEL
+    # (the chart's annotation guard is checked on the real tier only)
+    _core("validatingadmissionpolicies", "ValidatingAdmissionPolicy", False, sub=("status",),
+          group="admissionregistration.k8s.io"),
+    _core("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding", False,
+          group="admissionregistration.k8s.io"),
     _core("mutatingwebhookconfigurations", "MutatingWebhookConfiguration", False,
           group="admissionregistration.k8s.io"),
     _core("validatingwebhookconfigurations", "ValidatingWebhookConfiguration", False,
