@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from jobs import PRINT_GPUS, delete_jobs, ensure_namespace, mpijob, submit
 from real_helpers import kubectl
 
@@ -25,7 +26,7 @@ from e2e.node.cluster import NODE_NAME, NodeCluster
 from e2e.probes import eventually, pods_of
 from webhook import keys
 from webhook.demo import mpi
-from webhook.kube import PODS, KubeApi
+from webhook.kube import PODS, ApiError, KubeApi
 
 ATTACKER_NS = "mallory-team"
 ATTACKER = f"system:serviceaccount:{ATTACKER_NS}:mallory"
@@ -227,7 +228,24 @@ async def test_a_pod_owner_cannot_forge_their_way_to_another_pods_gpu(
         out = mallory.annotate("bound", "example.com/note", "mine")
         assert out.returncode == 0, out.stderr
 
-        # 4. the webhook down (failurePolicy Ignore: pods are admitted unmutated): the policy
+        # 4. a Binding carrying Muster's keys by anyone but the binder (here the cluster's
+        #    admin, whom the guard does not exempt either): the API server would copy its
+        #    annotations onto the pod with no pod UPDATE to check, so the Binding is refused
+        await kube.create(PODS, {"apiVersion": "v1", "kind": "Pod",
+                                 "metadata": {"name": "unbound"},
+                                 "spec": {"schedulerName": "nobody", "containers": [
+                                     {"name": "c", "image": "busybox"}]}}, ATTACKER_NS)
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {
+            "name": "unbound", "annotations": {keys.ANN_GPU_ASSIGNMENT: _assignment(stolen)}},
+            "target": {"kind": "Node", "name": NODE_NAME}}
+        with pytest.raises(ApiError) as err:
+            await kube.request("POST", PODS.path(ATTACKER_NS, "unbound") + "/binding",
+                               body=binding)
+        assert f"{GUARD}-bindings" in err.value.message, err.value.message
+        unbound = await kube.get(PODS, "unbound", namespace=ATTACKER_NS)
+        assert not unbound["spec"].get("nodeName")
+
+        # 5. the webhook down (failurePolicy Ignore: pods are admitted unmutated): the policy
         #    inside the API server refuses what the webhook would have stripped, bound at
         #    create (spec.nodeName) or not
         await _webhook_replicas(kube, node_cluster, 0)
