@@ -141,9 +141,10 @@ def pod(batch: int, gpu: int) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"w-{batch}-{gpu}", "namespace": NS,
                          "annotations": {keys.ANN_GPU_ASSIGNMENT: encode_assignment(assignment)}},
-            "spec": {"nodeName": NODE, "containers": [{
-                "name": "main", "image": "train:1",
-                "resources": {"limits": {keys.GPU_RESOURCE: "1"}}}]}}
+            # bound by the binder: the agent honours assignments on its pods only
+            "spec": {"nodeName": NODE, "schedulerName": keys.DEFAULT_BINDER_SCHEDULER_NAME,
+                     "containers": [{"name": "main", "image": "train:1",
+                                     "resources": {"limits": {keys.GPU_RESOURCE: "1"}}}]}}
 
 
 async def admit_batches(kubelet: FakeKubelet, kube: KubeApi | None, pods: int,

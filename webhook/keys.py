@@ -20,7 +20,7 @@ ANN_GPU_ASSIGNMENT = "muster.io/gpu-assignment"
 #: JSON record of a whole gang placement (each member's node and GPUs), written by the binder
 #: on every Binding of the gang: a member left unbound by a crash stays reserved by it
 ANN_GANG_PLACEMENT = "muster.io/gang-placement"
-#: the annotations only the binder may write: the webhook removes them from a pod's CREATE
+#: the annotations only the binder writes (on its Bindings)
 BINDER_ANNOTATIONS = (ANN_GPU_ASSIGNMENT, ANN_GANG_PLACEMENT)
 #: written by the node agent once the kubelet's Allocate served every GPU container of the pod
 #: (value: the node's name); the binder binds the node's next GPU pod after it
@@ -29,6 +29,16 @@ ANN_GPU_ALLOCATED = "muster.io/gpu-allocated"
 ANN_GANG_NAME = "muster.io/gang-name"
 ANN_GANG_MIN_MEMBER = "muster.io/gang-min-member"
 ANN_GANG_TIMEOUT = "muster.io/gang-timeout-seconds"
+#: prefix of every pod annotation Muster owns
+ANNOTATION_PREFIX = f"{DOMAIN}/"
+#: the muster.io/ pod annotations the webhook writes on CREATE: the only ones a pod may be
+#: created with (the chart's ValidatingAdmissionPolicy lists the same; a chart test holds them
+#: equal). A user may set them too, on their own pods only: see docs/operations.md
+WEBHOOK_ANNOTATIONS = (ANN_POLICY, ANN_GPU_TOPOLOGY, ANN_GANG_NAME, ANN_GANG_MIN_MEMBER,
+                       ANN_GANG_TIMEOUT)
+#: the annotations only Muster's binder and node agent write, never a pod's creator: the
+#: webhook removes them (and any other muster.io/ key it does not write) from every pod CREATE
+PROTECTED_ANNOTATIONS = (*BINDER_ANNOTATIONS, ANN_GPU_ALLOCATED)
 
 # --- node label / annotation / taint ---------------------------------------------------------
 #: node label value "enabled" marks nodes managed by the agent; also the optional taint key
@@ -78,3 +88,9 @@ def gpu_model_label_value(model: str) -> str:
     """
     value = _LABEL_BAD.sub("-", model.strip())[:63]
     return value.strip("-._")
+
+
+def user_may_create_with(key: str) -> bool:
+    """Whether a pod may be created carrying annotation `key`: any key outside muster.io/, and
+    the muster.io/ keys the webhook itself writes."""
+    return not key.startswith(ANNOTATION_PREFIX) or key in WEBHOOK_ANNOTATIONS

@@ -26,10 +26,14 @@ from admission_helpers import (
 
 from webhook import jsonpatch
 from webhook.keys import (
+    ANN_GANG_MIN_MEMBER,
+    ANN_GANG_NAME,
     ANN_GANG_PLACEMENT,
+    ANN_GPU_ALLOCATED,
     ANN_GPU_ASSIGNMENT,
     ANN_POLICY,
     ISTIO_INJECT,
+    PROTECTED_ANNOTATIONS,
     VOLCANO_GROUP_ANNOTATION,
 )
 
@@ -146,25 +150,32 @@ async def test_the_audit_log_says_which_policy_overrode_which(tls: Tls, policy_d
         "overridden": "mpi-volcano: istio.optOut overridden by ambient (higher precedence)"}
 
 
-async def test_user_gpu_assignment_is_stripped_or_denied(tls: Tls, policy_dir: Path) -> None:
+async def test_every_protected_key_is_stripped_or_denied(tls: Tls, policy_dir: Path) -> None:
+    """Every muster.io/ annotation only the binder or the agent writes (and any muster.io/ key
+    the webhook does not write itself) goes from a CREATE; the keys the webhook writes, which
+    affect only the creator's own pods, stay for the policy engine to judge."""
     body = _plain_pod_review()
-    body["request"]["object"]["metadata"]["annotations"] = {
-        ANN_GPU_ASSIGNMENT: '{"v":1,"node":"n1","containers":{}}', "keep": "me",
-        ANN_GANG_PLACEMENT: '{"v":1,"members":{}}'}
+    forged = {ANN_GPU_ASSIGNMENT: '{"v":1,"node":"n1","containers":{}}',
+              ANN_GANG_PLACEMENT: '{"v":1,"members":{}}', ANN_GPU_ALLOCATED: "n1",
+              "muster.io/made-up": "x"}
+    kept = {"keep": "me", "example.com/muster.io": "y", ANN_GANG_NAME: "mine",
+            ANN_GANG_MIN_MEMBER: "1"}
+    assert set(forged) >= set(PROTECTED_ANNOTATIONS)
+    body["request"]["object"]["metadata"]["annotations"] = {**forged, **kept}
     async with running(tls, [policy_dir]) as srv, client(tls) as s:
         resp = await review(s, f"{srv.url}/mutate/pods", body)
     assert resp["allowed"] is True
     pod = jsonpatch.apply_patch(body["request"]["object"], decode_patch(resp))
-    assert pod["metadata"]["annotations"] == {"keep": "me"}
-    assert any(ANN_GPU_ASSIGNMENT in w for w in resp["warnings"])
-    assert any(ANN_GANG_PLACEMENT in w for w in resp["warnings"])
+    assert pod["metadata"]["annotations"] == kept
+    for key in forged:
+        assert any(key in w for w in resp["warnings"]), key
 
     async with running(tls, [policy_dir], on_user_assignment="deny") as srv, client(tls) as s:
         resp = await review(s, f"{srv.url}/mutate/pods", body)
     assert resp["allowed"] is False
     assert resp["status"]["code"] == 403
-    assert ANN_GPU_ASSIGNMENT in resp["status"]["message"]
-    assert ANN_GANG_PLACEMENT in resp["status"]["message"]
+    for key in forged:
+        assert key in resp["status"]["message"], key
     assert "patch" not in resp
 
 

@@ -13,7 +13,7 @@ from admission_helpers import json_paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webhook.admission.admit import _strip_binder_annotations
+from webhook.admission.admit import _strip_protected_annotations
 from webhook.admission.review import BadReview, parse_pod_review, parse_review
 from webhook.demo import EXAMPLE_POLICIES
 from webhook.podresources import pod_gpus, pod_requests
@@ -67,7 +67,7 @@ def policies() -> PolicySet:
 
 def _answer(pod: dict[str, Any], policies: PolicySet, owners: list[dict[str, Any]],
             ns_labels: dict[str, str]) -> tuple[Any, ...]:
-    clean, _, strip = _strip_binder_annotations(pod)
+    clean, _, strip = _strip_protected_annotations(pod)
     decision = evaluate(clean, namespace_labels=ns_labels, owners=owners, policies=policies)
     return decision, strip + render_patch(clean, decision)
 

@@ -13,9 +13,10 @@ NODE = "gpu-node-1"
 
 def make_pod(name: str, *, node: str = NODE, assign: dict[str, list[int]] | None = None,
              topology: Topology | None = None, created: str = "2026-01-01T00:00:00Z",
-             phase: str = "Pending", assignment_node: str | None = None) -> dict[str, Any]:
-    """A pod dict as the API server returns it, bound to `node`, with the binder's assignment of
-    GPU indices per container (UUIDs from `topology`)."""
+             phase: str = "Pending", assignment_node: str | None = None,
+             scheduler: str = keys.DEFAULT_BINDER_SCHEDULER_NAME) -> dict[str, Any]:
+    """A pod dict as the API server returns it, bound to `node` by `scheduler` (the binder),
+    with the binder's assignment of GPU indices per container (UUIDs from `topology`)."""
     annotations = {}
     containers = []
     for cname, indices in (assign or {"main": []}).items():
@@ -31,7 +32,7 @@ def make_pod(name: str, *, node: str = NODE, assign: dict[str, list[int]] | None
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}",
                      "creationTimestamp": created, "annotations": annotations},
-        "spec": {"nodeName": node, "containers": containers},
+        "spec": {"nodeName": node, "schedulerName": scheduler, "containers": containers},
         "status": {"phase": phase},
     }
 
@@ -43,6 +44,8 @@ class ListedPods:
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
         self.lists = 0
+        #: (pod, uid, reason, message) of every Event recorded
+        self.events: list[tuple[str, str, str, str]] = []
 
     async def pods(self) -> list[dict[str, Any]]:
         self.lists += 1
@@ -54,3 +57,6 @@ class ListedPods:
             if f"{meta['namespace']}/{meta['name']}" == pod and meta["uid"] == uid:
                 meta.setdefault("annotations", {})[keys.ANN_GPU_ALLOCATED] = item["spec"][
                     "nodeName"]
+
+    async def report(self, pod: str, uid: str, reason: str, message: str) -> None:
+        self.events.append((pod, uid, reason, message))

@@ -159,6 +159,42 @@ async def test_allocate_reads_the_assignment_from_the_api(
             await run
 
 
+async def test_a_mismatch_is_refused_with_a_warning_event_on_the_pod(
+        cluster: ApiServerEmulator, kube: KubeApi, sock_dir: Path, kubelet: FakeKubelet) -> None:
+    """The kubelet holds GPU 0 for another container: a pod whose assignment names GPU 0 gets
+    no GPU at all (the kubelet fails it), and an Event from the agent says which GPUs."""
+    agent = Agent(agent_config(sock_dir, wait=0.1),
+                  nvml_discoverer(FakeNvml.profile("dgx1-v100")), kube)
+    run = asyncio.create_task(agent.run())
+    topo: Topology = builtin("dgx1-v100")
+    try:
+        await kubelet.wait_for("nvidia.com/gpu", count=8)
+        kubelet.checkpoint.allocated["nvidia.com/gpu"] = {topo.gpus[0].uuid}
+        await create_pod(cluster, make_pod("late", assign={"main": [0]}, topology=topo))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await kubelet.admit("nvidia.com/gpu", 1)
+        assert f"the binder assigned {topo.gpus[0].uuid}" in (err.value.details() or "")
+        events: list[dict[str, Any]] = []
+        for _ in range(100):
+            events = cluster.objects("events", "ml")
+            if events:
+                break
+            await asyncio.sleep(0.02)
+        [event] = events
+        assert event["type"] == "Warning" and event["reason"] == "GPUAssignmentMismatch"
+        late = cluster.get("pods", "late", "ml")
+        assert late is not None
+        assert event["involvedObject"]["name"] == "late"
+        assert event["involvedObject"]["uid"] == late["metadata"]["uid"]
+        assert event["source"] == {"component": "muster-agent", "host": NODE}
+        assert f"the binder assigned {topo.gpus[0].uuid}" in event["message"]
+        assert keys.ANN_GPU_ALLOCATED not in late["metadata"]["annotations"]
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+
+
 async def test_agent_process_end_to_end(cluster: ApiServerEmulator, sock_dir: Path,
                                         kubelet: FakeKubelet, tmp_path: Path) -> None:
     """`muster agent` as a process: publishes, registers, serves; SIGTERM ends it cleanly."""

@@ -17,6 +17,7 @@ import grpc
 import pytest
 from agent_helpers import NODE, ListedPods, make_pod
 
+from webhook import keys
 from webhook.agent.deviceplugin.plugin import AllocationRefused, GpuDevicePlugin, PluginConfig
 from webhook.agent.deviceplugin.regen import OUTPUTS, ROOT, regenerate
 from webhook.doubles.fakekubelet import FakeKubelet
@@ -63,19 +64,69 @@ async def test_allocate_gives_exactly_the_assigned_gpus(
     # GetPreferredAllocation steered the kubelet's own accounting to the same GPUs
     assert set(got.devices) == uuids(dgx1, 0, 2, 3, 4)
     assert pods.lists == 1  # the Allocate took the preference's answer without a second list
+    assert pods.events == []
 
 
-async def test_an_allocate_that_ignores_the_preference_looks_afresh(
+async def test_preference_steers_the_kubelet_to_the_binders_gpus(
         plugin: GpuDevicePlugin, dgx1: Topology, pods: ListedPods) -> None:
+    """GetPreferredAllocation is the binder's only way to the kubelet: it answers the pod's
+    assigned GPUs when the kubelet has them all free, else the kubelet's own default order."""
+    pods.items += [
+        make_pod("worker-0", assign={"main": [5, 6]}, topology=dgx1),
+        # older, and not the binder's: a user's forged assignment steers nothing
+        make_pod("forged", assign={"main": [0, 1]}, topology=dgx1,
+                 scheduler="default-scheduler", created="2025-01-01T00:00:00Z")]
+    every = [g.uuid for g in dgx1.gpus]
+    assert set(await plugin.preferred(every, [], 2)) == uuids(dgx1, 5, 6)
+    # a kubelet that holds GPU 6 for another container is not told to take it
+    without_6 = [u for u in every if u != dgx1.gpus[6].uuid]
+    plugin.config = dataclasses.replace(plugin.config, assignment_wait_s=0.1)
+    assert await plugin.preferred(without_6, [], 2) == without_6[:2]
+
+
+async def test_allocate_answers_exactly_the_kubelets_devices(
+        plugin: GpuDevicePlugin, dgx1: Topology, pods: ListedPods) -> None:
+    pods.items.append(make_pod("worker-0", assign={"main": [1, 0]}, topology=dgx1))
+    every = [g.uuid for g in dgx1.gpus]
+    kubelets = [every[0], every[1]]  # the kubelet's own order, not the assignment's
+    assert await plugin.allocate(kubelets) == kubelets
+    response = plugin.container_response(kubelets)
+    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(kubelets)
+
+
+async def test_kubelet_allocating_other_gpus_than_assigned_is_refused_with_an_event(
+        plugin: GpuDevicePlugin, kubelet: FakeKubelet, dgx1: Topology, pods: ListedPods) -> None:
+    """Never a silent swap: the kubelet allocated GPUs 6 and 7, the binder assigned 0 and 1
+    (which the kubelet gave another container): the container gets nothing, the kubelet is told
+    why (it fails the pod), and the pod gets a Warning Event saying which GPUs."""
     pods.items.append(make_pod("worker-0", assign={"main": [0, 1]}, topology=dgx1))
     every = [g.uuid for g in dgx1.gpus]
     assert set(await plugin.preferred(every, [], 2)) == uuids(dgx1, 0, 1)
-    # the kubelet took other GPUs: the pods are listed again, and the binder's GPUs still win
-    assert set(await plugin.allocate(every[6:8])) == uuids(dgx1, 0, 1)
-    assert pods.lists == 2
-    # a preference is used once: the pod is served, so a second Allocate finds nobody
-    with pytest.raises(AllocationRefused):
-        await plugin.allocate(every[2:4])
+    with pytest.raises(AllocationRefused) as err:
+        await plugin.allocate(every[6:8])  # the kubelet took other GPUs than it was told
+    assert pods.lists == 2  # an Allocate unlike the preference looks afresh
+    for uuid in (*every[6:8], *every[0:2]):
+        assert uuid in str(err.value)
+    await asyncio.sleep(0)  # the Event is written in the background
+    [(pod, uid, reason, message)] = pods.events
+    assert (pod, uid, reason) == ("ml/worker-0", "uid-worker-0", "GPUAssignmentMismatch")
+    assert message == str(err.value)
+    assert f"the kubelet allocated {', '.join(sorted(every[6:8]))}" in message
+    assert f"the binder assigned {every[0]}, {every[1]}" in message
+    # nothing was served: the pod is not marked, its container is not remembered as handed
+    assert keys.ANN_GPU_ALLOCATED not in pods.items[0]["metadata"]["annotations"]
+
+    # through the kubelet: it asks for the GPUs it has free, the binder's are taken
+    await plugin.ensure_registered()
+    await kubelet.wait_for("nvidia.com/gpu", count=8)
+    kubelet.checkpoint.allocated["nvidia.com/gpu"] = set(every[0:2])  # another pod's
+    plugin.config = dataclasses.replace(plugin.config, assignment_wait_s=0.1)
+    with pytest.raises(grpc.aio.AioRpcError) as rpc:
+        await kubelet.admit("nvidia.com/gpu", 2)
+    assert rpc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "the binder assigned" in (rpc.value.details() or "")
+    await asyncio.sleep(0)
+    assert len(pods.events) == 2
 
 
 async def test_pod_without_assignment_gets_a_clear_error_after_the_wait(
@@ -252,6 +303,9 @@ class BrokenApi:
         raise ConnectionError("connection refused")
 
     async def acknowledge(self, pod: str, uid: str) -> None:
+        raise ConnectionError("connection refused")
+
+    async def report(self, pod: str, uid: str, reason: str, message: str) -> None:
         raise ConnectionError("connection refused")
 
 

@@ -94,10 +94,13 @@ async def test_restarted_kubelet_starts_checkpointed_pods_once_without_asking_ag
 async def test_stopped_kubelet_still_records_the_allocate_it_sent(
         plugin: GpuDevicePlugin, kubelet: FakeKubelet, dgx1: Topology, slow: SlowAllocate,
         sock_dir: Path) -> None:
-    slow.items.append(make_pod("worker-0", assign={"main": [2]}, topology=dgx1))
+    # a kubelet that asks no preference takes the first free device (by ID): the binder
+    # assigned that one, or the agent would refuse the container
+    first = min(range(dgx1.size), key=lambda i: dgx1.gpus[i].uuid or "")
+    slow.items.append(make_pod("worker-0", assign={"main": [first]}, topology=dgx1))
     await plugin.ensure_registered()
     ep = await kubelet.wait_for("nvidia.com/gpu", count=8)
-    # a kubelet that asks no preference: Allocate itself lists the pods (and waits there)
+    # no preference asked: Allocate itself lists the pods (and waits there)
     ep.options = api_pb2.DevicePluginOptions(get_preferred_allocation_available=False)
     starting = asyncio.create_task(_events(kubelet, slow, 1))
     await asyncio.wait_for(slow.entered.wait(), 5)
@@ -108,7 +111,7 @@ async def test_stopped_kubelet_still_records_the_allocate_it_sent(
         await starting
     assert starting.cancelled()
     record = json.loads((sock_dir / CHECKPOINT).read_text())["pods"]["uid-worker-0"]
-    assert record["admissions"][0]["envs"] == {"NVIDIA_VISIBLE_DEVICES": dgx1.gpus[2].uuid}
+    assert record["admissions"][0]["envs"] == {"NVIDIA_VISIBLE_DEVICES": dgx1.gpus[first].uuid}
     assert record["started"] is False  # the restarted kubelet starts it from the checkpoint
     for _ in range(100):  # the agent acknowledges in the background
         if keys.ANN_GPU_ALLOCATED in slow.items[0]["metadata"]["annotations"]:

@@ -108,3 +108,21 @@ def test_available_devices_skip_containers_the_kubelet_already_served(dgx1: Topo
     assert (choose(offer, 2) or preferred).container == "a"
     exact = choose(offer, 2, wanted=[dgx1.gpus[3].uuid, dgx1.gpus[2].uuid])
     assert exact is not None and exact.container == "b"
+
+
+def test_an_assignment_counts_only_on_a_pod_the_binder_scheduled(dgx1: Topology) -> None:
+    """A pod another scheduler bound (a user's gate + forged annotation + ungate) names the
+    GPUs another pod holds: its annotation is ignored, whoever wrote it."""
+    forged = make_pod("forged", assign={"m": [0, 1]}, topology=dgx1, scheduler="default-scheduler",
+                      created="2026-01-01T00:00:00Z")
+    ours = make_pod("ours", assign={"m": [2, 3]}, topology=dgx1, created="2026-01-02T00:00:00Z")
+    offer = pending([forged, ours], NODE, devices(dgx1), set())
+    assert [g.pod for g in offer.grants] == ["ml/ours"]
+    # the forged pod's GPUs asked for exactly: still the binder's pod (a mismatch, refused)
+    pick = choose(offer, 2, [dgx1.gpus[0].uuid, dgx1.gpus[1].uuid])
+    assert pick is not None and pick.pod == "ml/ours"
+    assert "spec.schedulerName is 'default-scheduler', not the binder's 'muster-binder'" in (
+        offer.refused["ml/forged"])
+    # a binder of another name: only its pods count
+    other = pending([forged, ours], NODE, devices(dgx1), set(), "default-scheduler")
+    assert [g.pod for g in other.grants] == ["ml/forged"]

@@ -22,10 +22,12 @@ from webhook.topology.model import ContainerGpus, GpuAssignment
 
 
 def gpu_pod(name: str, node_name: str | None, *, served: bool = False,
-            phase: str = "Pending") -> PodInfo:
+            phase: str = "Pending", scheduler: str = keys.DEFAULT_BINDER_SCHEDULER_NAME
+            ) -> PodInfo:
     assignment = encode_assignment(GpuAssignment(node_name or "n1", {
         "main": ContainerGpus((0,), ("GPU-0",))}))
-    raw = pod(name, gpus=1, node_name=node_name, assignment=assignment, phase=phase)
+    raw = pod(name, gpus=1, node_name=node_name, assignment=assignment, phase=phase,
+              scheduler=scheduler)
     if served:
         raw["metadata"]["annotations"][keys.ANN_GPU_ALLOCATED] = node_name
     return parse_pod(raw)
@@ -90,6 +92,15 @@ async def test_pods_bound_by_a_previous_binder_are_waited_for() -> None:
     assert log.done == [] and gate.held("n1") == ["team-a/old"]
     gate.observe(gpu_pod("old", "n1", served=True))
     await task
+    assert log.done == ["new"]
+
+
+async def test_a_pod_another_scheduler_bound_holds_no_node_whatever_it_carries() -> None:
+    """A forged assignment on a pod the binder did not bind makes it no pod the agent waits
+    for: it would hold the node for the whole timeout."""
+    gate, log = AllocationGate(30.0), Bindings()
+    gate.observe(gpu_pod("forged", "n1", scheduler="default-scheduler"))
+    await gate.bind("n1", "team-a/new", log.bind("new"))
     assert log.done == ["new"]
 
 

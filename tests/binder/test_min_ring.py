@@ -70,7 +70,7 @@ def test_binder_and_choose_agree_at_the_threshold(capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     wait = next(w for w in above.waits if w.gang.key == "team-a/j")
     assert wait.kind == "unplaceable" and f"at least {over:g} GB/s (minRingGBps)" in wait.reason
-    assert f"offers {figure:g} GB/s" in wait.reason and f"offers {figure:g} GB/s" in err
+    assert f"offers {figure:g} GB/s" in wait.reason and f"give {figure:g} GB/s" in err
 
 
 def test_a_node_without_uuids_is_assigned_by_index_and_the_reservation_holds() -> None:

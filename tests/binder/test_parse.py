@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -19,6 +20,7 @@ from webhook.binder.nodes import parse_node
 from webhook.binder.pods import parse_pod
 from webhook.quantity import QuantityError, cpu_milli, whole
 from webhook.topology.builtin import builtin
+from webhook.topology.model import ContainerGpus, GpuAssignment
 
 
 @pytest.mark.parametrize(("text", "milli"), [("500m", 500), ("2", 2000), ("0.25", 250),
@@ -119,6 +121,32 @@ def test_gang_record_round_trip_and_only_a_bound_pods_counts() -> None:
     assert sorted(parse_pod(bound).placement) == sorted(record)
     del bound["spec"]["nodeName"]  # a user's annotation on a pending pod reserves nothing
     assert parse_pod(bound).placement == ()
+
+
+def test_records_and_assignments_count_only_on_the_binders_own_pods() -> None:
+    """What a user wrote on a pod the binder did not bind (a gate + annotate + ungate forgery,
+    or a pod created bound) is not the binder's: no assignment, no record, nothing reserved."""
+    text = encode_record((("w-1", "n1", (0, 1)),))
+    forged = encode_assignment(GpuAssignment("n1", {"main": ContainerGpus((2, 3), ("", ""))}))
+    mine = pod("w-0", gpus=2, node_name="n1", assignment=forged)
+    mine["metadata"]["annotations"][keys.ANN_GANG_PLACEMENT] = text
+    ours = parse_pod(mine)
+    assert ours.assignment is not None and ours.placement and ours.assignment_raw == forged
+    for scheduler in ("default-scheduler", "volcano"):
+        other = copy.deepcopy(mine)
+        other["spec"]["schedulerName"] = scheduler
+        info = parse_pod(other)
+        assert (info.assignment, info.assignment_raw, info.placement) == (None, None, ())
+    # the binder's own name, if it has another one
+    assert parse_pod(mine, "gangs").assignment is None
+    renamed = copy.deepcopy(mine)
+    renamed["spec"]["schedulerName"] = "gangs"
+    assert parse_pod(renamed, "gangs").assignment is not None
+    # an assignment for another node than the pod is bound to: no Binding of ours wrote it
+    moved = copy.deepcopy(mine)
+    moved["spec"]["nodeName"] = "n2"
+    info = parse_pod(moved)
+    assert (info.assignment, info.assignment_raw, info.placement) == (None, None, ())
 
 
 @pytest.mark.parametrize("text", ['{"v": 2, "members": {}}', "[]", "{",

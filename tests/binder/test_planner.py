@@ -179,7 +179,9 @@ def test_recovery_strips_an_incomplete_reservation() -> None:
 def test_recovery_strips_reservations_on_vanished_nodes_or_doubled_gpus() -> None:
     p = run(reserved_job("j1", "gone", [0, 1, 2, 3]), [node("n1")])
     assert [len(s.pods) for s in p.strips] == [5] and "no longer exists" in p.strips[0].reason
-    thief = pod("thief", gpus=1, node_name="n1", scheduler="other",
+    # another pod of the binder's took GPU 2 meanwhile (one of another scheduler would hold
+    # back a GPU it cannot name: test_an_assignment_counts_only_on_the_binders_own_pods)
+    thief = pod("thief", gpus=1, node_name="n1",
                 assignment=encode_assignment(build_assignment("n1", TOPO, (2,), [("main", 1)])))
     p = run([thief, *reserved_job("j1", "n1", [0, 1, 2, 3])], [node("n1")])
     assert not p.finishes and "assigned to another pod" in p.strips[0].reason
@@ -226,7 +228,9 @@ def test_a_restarted_worker_goes_back_to_its_recorded_slot() -> None:
 
 
 def test_a_recorded_slot_that_was_taken_is_placed_afresh_and_the_rest_finished() -> None:
-    thief = pod("thief", gpus=1, node_name="n1", scheduler="other",
+    # another pod of the binder's took GPU 2 meanwhile (one of another scheduler would hold
+    # back a GPU it cannot name: test_an_assignment_counts_only_on_the_binders_own_pods)
+    thief = pod("thief", gpus=1, node_name="n1",
                 assignment=encode_assignment(build_assignment("n1", TOPO, (2,), [("main", 1)])))
     pods = recorded_job("j1", [("n1", 0), ("n1", 1), ("n1", 2), ("n1", 3)], bound=1)
     p = run([thief, *pods], [node("n1")])
@@ -253,6 +257,23 @@ def test_a_record_on_a_vanished_node_or_an_unbound_pod_reserves_nothing() -> Non
     del pods[0]["metadata"]["annotations"]["muster.io/gpu-assignment"]
     p = run(pods, [node("n1")])
     assert not p.finishes and len(placed(p)) == 5
+
+
+def test_an_assignment_counts_only_on_the_binders_own_pods() -> None:
+    """A pod another scheduler bound, annotated with a forged assignment that names every GPU
+    of the node and a record naming a gang's pending members, takes nothing: the gang is
+    placed on the node's free GPUs, afresh. Its GPUs count as the kubelet counts them: a
+    0-GPU pod holds none."""
+    everything = encode_assignment(build_assignment("n1", TOPO, tuple(range(8)),
+                                                    [("main", 8)]))
+    forged = pod("forged", gpus=0, node_name="n1", scheduler="default-scheduler",
+                 assignment=everything, gang="j1", min_member=5)
+    forged["metadata"]["annotations"]["muster.io/gang-placement"] = encode_record(
+        tuple((f"j1-worker-{i}", "n1", (i,)) for i in range(4)))
+    p = run([forged, *job("j1")], [node("n1")])
+    assert not p.finishes and not p.waits
+    assert placed(p) == {f"j1-worker-{i}": "n1" for i in range(4)} | {"j1-launcher": "n1"}
+    assert p.allocation.assigned_gpus("n1") == 0
 
 
 def test_an_unbound_member_being_deleted_is_not_placed_and_a_bound_one_holds_its_gpus() -> None:

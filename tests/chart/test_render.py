@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import base64
 import json
 import sys
@@ -16,6 +17,8 @@ from webhook.demo import EXAMPLE_POLICIES
 sys.path.insert(0, str(Path(__file__).parent))
 
 from chart_helpers import CHART, NAMESPACE, Obj, find, hook, one, pod_specs, run_helm
+
+from webhook import keys
 
 Render = Callable[..., list[Obj]]
 
@@ -368,6 +371,11 @@ def test_agent_daemonset(helm_template: Render) -> None:
     assert {"key": "muster.io/gpu-topology", "operator": "Exists"} in pod["tolerations"]
     (c,) = pod["containers"]
     assert "agent" in c["args"] and "--node-name=$(NODE_NAME)" in c["args"]
+    # assignments count only on the binder's pods: the agent knows the binder's name
+    assert "--scheduler-name=muster-binder" in c["args"]
+    renamed = helm_template({"binder": {"schedulerName": "gangs"}})
+    (c2,) = one(renamed, "DaemonSet", "muster-agent")["spec"]["template"]["spec"]["containers"]
+    assert "--scheduler-name=gangs" in c2["args"]
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     (hp,) = [v for v in pod["volumes"] if "hostPath" in v]
@@ -384,6 +392,82 @@ def test_disabled_components_render_nothing(helm_template: Render) -> None:
     names = {o["metadata"]["name"] for o in objs}
     assert not any("binder" in n or "agent" in n for n in names)
     assert one(objs, "Deployment", "muster-webhook")
+
+
+# --- the annotation guard (ValidatingAdmissionPolicy) -------------------------------------------
+
+
+def _guard(objs: list[Obj], name: str = "muster-annotation-guard") -> tuple[Obj, Obj, Obj, Obj]:
+    """(pods policy, its binding, Bindings policy, its binding)."""
+    return (one(objs, "ValidatingAdmissionPolicy", name),
+            one(objs, "ValidatingAdmissionPolicyBinding", name),
+            one(objs, "ValidatingAdmissionPolicy", f"{name}-bindings"),
+            one(objs, "ValidatingAdmissionPolicyBinding", f"{name}-bindings"))
+
+
+def _variables(policy: Obj) -> dict[str, str]:
+    return {v["name"]: v["expression"] for v in policy["spec"].get("variables", [])}
+
+
+@pytest.mark.parametrize(("values", "release", "prefix"), [
+    ({}, "muster", "muster"),
+    ({}, "gpu", "gpu-muster"),
+    ({"fullnameOverride": "sched"}, "muster", "sched"),
+])
+def test_annotation_guard_names_muster_s_own_service_accounts(
+        helm_template: Render, values: Obj, release: str, prefix: str) -> None:
+    """The policy exempts the binder and lets the agent add only its mark: each by the user
+    name the API server gives the service account its pods run as, in the release namespace."""
+    objs = helm_template(values, release=release)
+    pods, pods_binding, bindings, bindings_binding = _guard(objs, f"{prefix}-annotation-guard")
+    sa = {o["metadata"]["name"]: f"system:serviceaccount:{o['metadata']['namespace']}:"
+          f"{o['metadata']['name']}" for o in find(objs, "ServiceAccount")}
+    binder = one(objs, "Deployment", f"{prefix}-binder")["spec"]["template"]["spec"]
+    agent = one(objs, "DaemonSet", f"{prefix}-agent")["spec"]["template"]["spec"]
+    binder_user, agent_user = sa[binder["serviceAccountName"]], sa[agent["serviceAccountName"]]
+    assert binder_user == f"system:serviceaccount:{NAMESPACE}:{prefix}-binder"
+    for policy in (pods, bindings):
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        assert policy["spec"]["matchConditions"] == [{
+            "name": "not-the-binder",
+            "expression": f"request.userInfo.username != '{binder_user}'"}]
+    assert _variables(pods)["isAgent"] == f"request.userInfo.username == '{agent_user}'"
+    for policy, binding in ((pods, pods_binding), (bindings, bindings_binding)):
+        assert binding["spec"] == {"policyName": policy["metadata"]["name"],
+                                   "validationActions": ["Deny"]}
+    # what is guarded: pods (CREATE, UPDATE) and their status; Bindings, whose annotations the
+    # API server copies onto the pod with no pod UPDATE to check
+    assert pods["spec"]["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+        "resources": ["pods", "pods/status"]}]
+    assert bindings["spec"]["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+        "resources": ["pods/binding"]}]
+
+
+def test_annotation_guard_lets_a_pod_be_created_with_exactly_the_webhooks_keys(
+        helm_template: Render) -> None:
+    pods = _guard(helm_template())[0]
+    listed = ast.literal_eval(_variables(pods)["webhookKeys"])
+    assert tuple(listed) == keys.WEBHOOK_ANNOTATIONS
+    assert not set(listed) & set(keys.PROTECTED_ANNOTATIONS)
+    text = json.dumps(pods["spec"])
+    assert f"'{keys.ANN_GPU_ALLOCATED}'" in text and f"'{keys.ANNOTATION_PREFIX}'" in text
+
+
+def test_annotation_guard_can_be_turned_off_or_made_to_warn(
+        helm_template: Render, helm_template_error: Callable[..., str]) -> None:
+    off = helm_template({"annotationGuard": {"enabled": False}})
+    for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+        assert not [o for o in find(off, kind) if "annotation-guard" in o["metadata"]["name"]]
+    warn = helm_template({"annotationGuard": {"validationActions": ["Warn", "Audit"]}})
+    guards = [b for b in find(warn, "ValidatingAdmissionPolicyBinding")
+              if "annotation-guard" in b["metadata"]["name"]]
+    assert guards
+    for binding in guards:
+        assert binding["spec"]["validationActions"] == ["Warn", "Audit"]
+    err = helm_template_error({"annotationGuard": {"validationActions": ["Deny", "Warn"]}})
+    assert "Deny and Warn may not be used together" in err
 
 
 # --- RBAC: exactly the verbs docs/operations.md lists -----------------------------------------
@@ -453,6 +537,7 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
     assert _grants(objs, "ClusterRole", "muster-agent") == _expand({
         ("", "nodes"): "get,patch",
         ("", "pods"): "list,patch",  # its node's pods; the mark on each pod it served
+        ("", "events"): "create,patch",  # a pod refused: the kubelet allocated other GPUs
     })
     # hooks: the uninstall Job may only delete Muster's two configurations
     name = one(objs, "MutatingWebhookConfiguration")["metadata"]["name"]

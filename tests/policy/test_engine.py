@@ -322,10 +322,11 @@ def test_a_gang_backend_overridden_is_recorded_with_its_winner(
 
 def test_user_gpu_assignment_is_stripped(worker_pod: dict[str, Any], policies: Policies) -> None:
     worker_pod["metadata"]["annotations"] = {keys.ANN_GPU_ASSIGNMENT: '{"v":1}',
-                                             keys.ANN_GANG_PLACEMENT: '{"v":1}', "keep": "me"}
+                                             keys.ANN_GANG_PLACEMENT: '{"v":1}',
+                                             keys.ANN_GPU_ALLOCATED: "n1", "keep": "me"}
     d, pod = run(worker_pod, [], policies())
     assert pod["metadata"]["annotations"] == {"keep": "me"}
-    assert len(d.warnings) == 2 and not d.policies
+    assert len(d.warnings) == 3 and not d.policies
 
 
 def test_no_match_no_patch(worker_pod: dict[str, Any], policies: Policies) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from e2e.node import image
+from e2e.probes import eventually, pods_of
 from webhook.kube import JOBS, MPIJOBS, NAMESPACES, PODS, ApiError, KubeApi
 from webhook.policy import operators
 
@@ -64,3 +65,22 @@ async def ensure_namespace(kube: KubeApi, name: str, labels: dict[str, str] | No
         if not exc.conflict:
             raise
     return name
+
+
+async def delete_jobs(kube: KubeApi, ns: str, names: list[str]) -> None:
+    """Remove the jobs and their pods now (the garbage collector would take its time)."""
+    for name in names:
+        for resource in (MPIJOBS, JOBS):
+            try:
+                await kube.delete(resource, name if resource is MPIJOBS else f"{name}-launcher",
+                                  ns, propagation_policy="Background")
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+    pods = [p for name in names for p in await pods_of(kube, ns, name)]
+    await asyncio.gather(*(kube.delete(PODS, p["metadata"]["name"], ns) for p in pods),
+                         return_exceptions=True)
+
+    async def gone() -> bool:
+        return not [p for name in names for p in await pods_of(kube, ns, name)]
+    await eventually(gone, within=120, what="the jobs' pods to be deleted")

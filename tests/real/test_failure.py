@@ -7,13 +7,13 @@ import asyncio
 import json
 from typing import Any
 
-from jobs import ensure_namespace, mpijob, submit
+from jobs import delete_jobs, ensure_namespace, mpijob, submit
 
 from e2e.cluster import NAMESPACE
 from e2e.node.cluster import NODE_NAME
 from e2e.probes import eventually, pods_of
 from webhook import keys
-from webhook.kube import JOBS, LEASES, MPIJOBS, PODS, VOLCANO_PODGROUPS, ApiError, KubeApi
+from webhook.kube import LEASES, MPIJOBS, PODS, VOLCANO_PODGROUPS, ApiError, KubeApi
 from webhook.policy import operators
 
 JOBS_UNDER_LOAD, WORKERS = 10, 20  # 200 pods
@@ -23,25 +23,6 @@ async def _webhook_pods(kube: KubeApi) -> list[str]:
     pods = (await kube.list(PODS, namespace=NAMESPACE,
                             label_selector="app.kubernetes.io/component=webhook"))["items"]
     return [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")]
-
-
-async def _delete_jobs(kube: KubeApi, ns: str, names: list[str]) -> None:
-    """Remove the jobs and their pods now (the garbage collector would take its time)."""
-    for name in names:
-        for resource in (MPIJOBS, JOBS):
-            try:
-                await kube.delete(resource, name if resource is MPIJOBS else f"{name}-launcher",
-                                  ns, propagation_policy="Background")
-            except ApiError as exc:
-                if not exc.not_found:
-                    raise
-    pods = [p for name in names for p in await pods_of(kube, ns, name)]
-    await asyncio.gather(*(kube.delete(PODS, p["metadata"]["name"], ns) for p in pods),
-                         return_exceptions=True)
-
-    async def gone() -> bool:
-        return not [p for name in names for p in await pods_of(kube, ns, name)]
-    await eventually(gone, within=120, what="the jobs' pods to be deleted")
 
 
 async def test_deleting_a_webhook_pod_during_200_creates_loses_no_pod(kube: KubeApi) -> None:
@@ -86,7 +67,7 @@ async def test_deleting_a_webhook_pod_during_200_creates_loses_no_pod(kube: Kube
             assert [g["spec"]["minMember"] for g in groups] == [WORKERS + 1]
         assert victim not in await _webhook_pods(kube)
     finally:
-        await _delete_jobs(kube, ns, names)
+        await delete_jobs(kube, ns, names)
 
     async def two_ready() -> bool:
         pods = (await kube.list(PODS, namespace=NAMESPACE,
@@ -138,4 +119,4 @@ async def test_binder_leader_deleted_mid_gang_binds_it_whole_and_no_gpu_twice(
         after = await kube.get(LEASES, "muster-binder", namespace=NAMESPACE)
         assert after["spec"]["holderIdentity"].rsplit("_", 1)[0] != leader  # another replica
     finally:
-        await _delete_jobs(kube, ns, names)
+        await delete_jobs(kube, ns, names)

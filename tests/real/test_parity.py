@@ -197,14 +197,16 @@ async def test_bindings_are_checked_as_the_binder_relies_on(api: tuple[str, Kube
         err = await refused(kube.request("POST", path, body=binding(uid="not-the-pod")))
         assert err.status == 409 and "Precondition failed: UID" in err.message
         # the node need not exist; the pod's uid and current resourceVersion pass; the
-        # Binding's annotations land on the pod in the same write (the binder's assignment)
+        # Binding's annotations land on the pod in the same write (how the binder's assignment
+        # gets there; a muster.io/ key on anyone else's Binding is refused by the chart's
+        # annotation guard: tests/real/test_forgery.py)
         body = binding(uid=made["metadata"]["uid"],
                        resourceVersion=made["metadata"]["resourceVersion"])
-        body["metadata"]["annotations"] = {"muster.io/gpu-assignment": "{}"}
+        body["metadata"]["annotations"] = {"example.com/assignment": "{}"}
         await kube.request("POST", path, body=body)
         bound = await kube.get(PODS, "bind", namespace=NS)
         assert bound["spec"]["nodeName"] == "nowhere"
-        assert bound["metadata"]["annotations"]["muster.io/gpu-assignment"] == "{}"
+        assert bound["metadata"]["annotations"]["example.com/assignment"] == "{}"
         assert {"type": "PodScheduled", "status": "True"}.items() <= next(
             c for c in bound["status"]["conditions"] if c["type"] == "PodScheduled").items()
         err = await refused(kube.request("POST", path, body=binding()))

@@ -2,7 +2,8 @@
 
 Safety rules, in order: a request is always answered before its deadline; any failure admits the
 pod (with a warning and a metric) rather than blocking it; system namespaces are never touched;
-nobody chooses their own GPUs (the binder's assignment annotation is stripped or denied).
+nobody chooses their own GPUs (the muster.io/ annotations only the binder and the node agent
+write are stripped or denied: keys.user_may_create_with).
 
 Gangs never wait forever in silence. Three cases refuse or change what the policy asked for, each
 with an Event on the job (and on the pod when it has a name) and a metric:
@@ -30,7 +31,7 @@ from webhook.admission.metrics import Metrics
 from webhook.admission.podgroups import Ensured
 from webhook.admission.reload import PolicyStore
 from webhook.admission.review import AdmissionReview, response
-from webhook.keys import BINDER_ANNOTATIONS
+from webhook.keys import user_may_create_with
 from webhook.kube.owners import controller_ref
 from webhook.lru import Lru
 from webhook.policy import PolicyError, PolicySet, load_policy_texts, render_patch
@@ -180,11 +181,13 @@ def _root_owner(pod: Mapping[str, Any], owners: list[dict[str, Any]]
             "name": meta.get("name"), "uid": meta.get("uid")}
 
 
-def _strip_binder_annotations(pod: dict[str, Any]
-                              ) -> tuple[dict[str, Any], list[str], list[dict[str, Any]]]:
-    """The pod without the binder-only annotations, which of them it had, and the ops that
-    remove them from the original."""
-    found = [key for key in BINDER_ANNOTATIONS if key in _annotations(pod)]
+def _strip_protected_annotations(pod: dict[str, Any]
+                                 ) -> tuple[dict[str, Any], list[str], list[dict[str, Any]]]:
+    """The pod without the muster.io/ annotations its creator may not set (every one the
+    webhook does not write itself: keys.user_may_create_with), which of them it had, and the
+    ops that remove them from the original."""
+    found = sorted(key for key in _annotations(pod)
+                   if isinstance(key, str) and not user_may_create_with(key))
     if not found:
         return pod, [], []
     ops = [{"op": "remove", "path": "/metadata/annotations/" + jsonpatch.escape(key)}
@@ -247,16 +250,17 @@ class Admitter:
         if namespace in self._excluded:
             return _Result()
         try:
-            clean_pod, found, strip_ops = _strip_binder_annotations(pod)
+            clean_pod, found, strip_ops = _strip_protected_annotations(pod)
         except jsonpatch.JsonPatchError:  # annotations not an object: let the API server reject
             return _Result()
         if strip_ops and self.config.on_user_assignment == "deny":
             return _Result(allowed=False, message=(
-                f"only the Muster binder writes {' and '.join(found)}; "
+                f"only Muster's binder and node agent write {' and '.join(found)}; "
                 f"remove {'them' if len(found) > 1 else 'it'} from the pod"))
         result = _Result(patch=list(strip_ops))
         for key in found:
-            result.warnings.append(f"muster: removed {key}, which only the binder may set")
+            result.warnings.append(f"muster: removed {key}, which only Muster's binder and "
+                                   "node agent may set")
         policies = self.policies.current
         if policies is None:
             result.warnings.append("muster: no valid policies loaded; pod admitted unchanged")

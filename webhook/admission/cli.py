@@ -58,8 +58,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--policies-configmap", default="muster-policies",
                    help="ConfigMap that Events about refused policy updates are attached to")
     p.add_argument("--on-user-assignment", choices=["strip", "deny"], default="strip",
-                   help="a pod that sets muster.io/gpu-assignment or muster.io/gang-placement "
-                        "itself: remove it (default) or deny the pod")
+                   help="a pod created with a muster.io/ annotation only Muster's binder "
+                        "or node agent writes (gpu-assignment, gang-placement, gpu-allocated, "
+                        "any key the webhook does not write): remove it (default) or deny "
+                        "the pod")
     limits = p.add_argument_group(
         "limits", "what one client may hold (docs/webhook.md, \"Limits\"); the defaults fit "
         "a 256 MiB memory limit")

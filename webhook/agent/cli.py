@@ -48,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     agent.add_argument("--unassigned", choices=["error", "kubelet"], default="error",
                        help="a container without assignment: refuse it (error) or give it the "
                             "kubelet's pick (kubelet)")
+    agent.add_argument("--scheduler-name", default=keys.DEFAULT_BINDER_SCHEDULER_NAME,
+                       help="the binder's scheduler name: GPU assignments count only on pods "
+                            "with this spec.schedulerName (default muster-binder)")
     agent.set_defaults(func=_run)
     sub = agent.add_subparsers(dest="agent_command", metavar="SUBCOMMAND")
     disc = sub.add_parser("discover", help="print the discovered topology as JSON",

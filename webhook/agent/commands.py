@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         plugin=PluginConfig(node=args.node_name, kubelet_dir=Path(args.kubelet_dir),
                             resource_name=args.resource_name, cdi=args.cdi,
                             assignment_wait_s=args.assignment_wait_seconds,
-                            unassigned=args.unassigned))
+                            unassigned=args.unassigned, scheduler_name=args.scheduler_name))
 
     async def main() -> int:
         client = await make_api_client(args.kubeconfig)  # UsageError names a bad kubeconfig

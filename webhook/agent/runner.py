@@ -33,6 +33,7 @@ from webhook.agent.health import XidEvent, XidWatcher, mark_unhealthy
 from webhook.agent.nvml import Nvml
 from webhook.agent.publisher import NodePublisher
 from webhook.kube.api import PODS, ApiError, KubeApi
+from webhook.kube.events import EventRecorder
 from webhook.topology.builtin import builtin
 from webhook.topology.codec import decode
 from webhook.topology.model import Topology
@@ -72,6 +73,7 @@ class NodePods:
     def __init__(self, api: KubeApi, node: str) -> None:
         self.api = api
         self.node = node
+        self.recorder = EventRecorder(api, "muster-agent", node)
 
     async def pods(self) -> list[dict[str, Any]]:
         result = await self.api.list(PODS, field_selector=f"spec.nodeName={self.node}")
@@ -85,6 +87,11 @@ class NodePods:
         await self.api.patch(PODS, name, [{"op": "test", "path": "/metadata/uid", "value": uid},
                                           {"op": "add", "path": path, "value": self.node}],
                              namespace, patch_type="json")
+
+    async def report(self, pod: str, uid: str, reason: str, message: str) -> None:
+        namespace, name = pod.split("/", 1)
+        await self.recorder.emit({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "namespace": namespace, "name": name, "uid": uid}}, "Warning", reason, message)
 
 
 @dataclass(frozen=True, slots=True)

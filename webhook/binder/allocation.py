@@ -3,7 +3,9 @@
 Derived from pods only, so a restarted binder knows exactly what its predecessor did.
 A pod holds node resources when it is bound, or when it carries a GPU assignment but is not yet
 bound (the binder reserved them); GPUs are held by every non-terminated pod whose assignment
-names them.
+names them. Only the binder's own pods have an assignment here (`pods.trusted_annotations`): a
+bound pod of another scheduler holds as many GPUs as it asks for, which ones unknown, whatever
+its annotations say.
 """
 
 from __future__ import annotations

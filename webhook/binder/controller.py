@@ -169,7 +169,7 @@ class Binder:
             self._generation += 1
             self._dirty.set()
             return
-        pod = parse_pod(obj)
+        pod = parse_pod(obj, self.config.scheduler_name)
         self._pods[key] = pod
         self.gate.observe(pod)
         if pod.scheduler_name == self.config.scheduler_name and not pod.bound:
@@ -416,7 +416,7 @@ class Binder:
                 "value": pod.resource_version},
                {"op": "remove", "path": _ANN_PATH}]
         obj = await self.api.patch(PODS, pod.name, ops, pod.namespace, patch_type="json")
-        written = parse_pod(obj)
+        written = parse_pod(obj, self.config.scheduler_name)
         self._assume(written, _rv(written.resource_version), False)
         self._generation += 1
         self.metrics.stripped.inc()

@@ -85,11 +85,14 @@ class PodInfo:
     min_member: int | None = None
     timeout_seconds: int | None = None
     topology: TopologyRequest | None = None
+    #: the binder's assignment (muster.io/gpu-assignment), read only on pods of this binder's
+    #: scheduler name, and on a bound one only for the node it is bound to (`trusted_annotations`)
     assignment: GpuAssignment | None = None
-    #: raw assignment annotation text (present even when it does not parse)
+    #: raw assignment annotation text (present even when it does not parse), under the same rule
     assignment_raw: str | None = None
-    #: the gang placement its Binding recorded (muster.io/gang-placement; empty when none or
-    #: unreadable): the members placed with it, reserved until they are bound too
+    #: the gang placement its Binding recorded (muster.io/gang-placement; empty when none,
+    #: unreadable, or not on a pod this binder bound): the members placed with it, reserved
+    #: until they are bound too
     placement: Record = ()
     #: problems with Muster's annotations, in words for an Event
     problems: tuple[str, ...] = ()
@@ -203,8 +206,35 @@ def _record(annotation: str) -> Record:
         return ()
 
 
-def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
-    """Never raises for bad user input: problems are collected for an Event instead."""
+def trusted_annotations(ann: Mapping[str, str], spec: Mapping[str, Any], scheduler_name: str
+                        ) -> tuple[GpuAssignment | None, str | None, Record]:
+    """(assignment, its raw text, gang record) of a pod, as far as the binder `scheduler_name`
+    may trust them: only a pod with that spec.schedulerName (immutable once the pod exists)
+    carries what the binder wrote, and a bound pod's only for the node it is bound to (the
+    Binding that wrote them named that node). On any other pod they are someone else's words
+    (a user's forgery): ignored, so that they neither take GPUs from the free set nor steer a
+    gang. Who may write them at all is the chart's ValidatingAdmissionPolicy's business."""
+    if (spec.get("schedulerName") or "default-scheduler") != scheduler_name:
+        return None, None, ()
+    node = spec.get("nodeName") or None
+    assignment = None
+    raw = ann.get(keys.ANN_GPU_ASSIGNMENT)
+    if raw is not None:
+        try:
+            assignment = decode_assignment(raw)
+        except AssignmentError:
+            assignment = None  # treated as unknown GPUs in use; the planner decides
+        if node is not None and assignment is not None and assignment.node != node:
+            return None, None, ()  # no Binding of ours wrote this
+    recorded = ann.get(keys.ANN_GANG_PLACEMENT)
+    placement = _record(recorded) if recorded is not None and node is not None else ()
+    return assignment, raw, placement
+
+
+def parse_pod(obj: Mapping[str, Any],
+              scheduler_name: str = keys.DEFAULT_BINDER_SCHEDULER_NAME) -> PodInfo:
+    """The pod as the binder `scheduler_name` sees it. Never raises for bad user input:
+    problems are collected for an Event instead."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -221,17 +251,7 @@ def parse_pod(obj: Mapping[str, Any]) -> PodInfo:
             topology = parse_topology_request(ann[keys.ANN_GPU_TOPOLOGY])
         except ValueError as exc:
             problems.append(str(exc))
-
-    assignment = None
-    raw = ann.get(keys.ANN_GPU_ASSIGNMENT)
-    if raw is not None:
-        try:
-            assignment = decode_assignment(raw)
-        except AssignmentError:
-            assignment = None  # treated as unknown GPUs in use; the planner decides
-
-    recorded = ann.get(keys.ANN_GANG_PLACEMENT)
-    placement = _record(recorded) if recorded is not None and spec.get("nodeName") else ()
+    assignment, raw, placement = trusted_annotations(ann, spec, scheduler_name)
 
     priority = spec.get("priority")
     return PodInfo(

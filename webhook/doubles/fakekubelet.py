@@ -230,9 +230,11 @@ class FakeKubelet:
             pref = await ep.stub.GetPreferredAllocation(api_pb2.PreferredAllocationRequest(
                 container_requests=[api_pb2.ContainerPreferredAllocationRequest(
                     available_deviceIDs=free, allocation_size=count)]), timeout=30)
-            ids = list(pref.container_responses[0].deviceIDs)
-            if len(ids) == count and set(ids) <= set(free):
-                chosen = ids
+            # as the device manager (devicesToAllocate): what the plugin prefers and is free,
+            # then the kubelet's own pick for the rest; the plugin only steers
+            chosen = [d for d in dict.fromkeys(pref.container_responses[0].deviceIDs)
+                      if d in free][:count]
+            chosen += [d for d in free if d not in chosen][:count - len(chosen)]
         allocate = asyncio.ensure_future(self._allocate(ep, chosen, pod_uid))
         try:
             return await asyncio.shield(allocate)

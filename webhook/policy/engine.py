@@ -156,10 +156,10 @@ def _apply(view: PodView, policies: PolicySet, matches: tuple[PolicyMatch, ...],
            matched: list[CompiledPolicy]) -> Decision:
     """The Decision of the `matched` policies (by priority)."""
     draft = _Draft()
-    for key in keys.BINDER_ANNOTATIONS:
+    for key in keys.PROTECTED_ANNOTATIONS:
         if view.shape.annotation(key) is not None:
             draft.annotations[key] = None
-            draft.warnings.append(f"removed {key}: only Muster's binder assigns GPUs")
+            draft.warnings.append(f"removed {key}: only Muster's binder and node agent write it")
     if not matched:
         return Decision(matches=matches, annotations=draft.annotations,
                         warnings=tuple(draft.warnings))

@@ -21,6 +21,17 @@
 {{- define "muster.binder.fullname" -}}{{ include "muster.fullname" . }}-binder{{- end }}
 {{- define "muster.agent.fullname" -}}{{ include "muster.fullname" . }}-agent{{- end }}
 {{- define "muster.policies.fullname" -}}{{ include "muster.fullname" . }}-policies{{- end }}
+{{- define "muster.annotationGuard.name" -}}{{ include "muster.fullname" . }}-annotation-guard{{- end }}
+
+{{/* the user names the API server gives Muster's service accounts (the annotation guard) */}}
+{{- define "muster.binder.username" -}}system:serviceaccount:{{ .Release.Namespace }}:{{ include "muster.binder.fullname" . }}{{- end }}
+{{- define "muster.agent.username" -}}system:serviceaccount:{{ .Release.Namespace }}:{{ include "muster.agent.fullname" . }}{{- end }}
+
+{{/* the muster.io/ pod annotations the webhook writes on CREATE, as a CEL list: the only ones a
+pod may be created with (webhook.keys.WEBHOOK_ANNOTATIONS; a chart test holds them equal) */}}
+{{- define "muster.webhookAnnotationKeys" -}}
+['muster.io/policy', 'muster.io/gpu-topology', 'muster.io/gang-name', 'muster.io/gang-min-member', 'muster.io/gang-timeout-seconds']
+{{- end }}
 
 {{/* Secret holding tls.crt/tls.key (+ca.crt) mounted by the webhook, for every cert mode */}}
 {{- define "muster.tls.secretName" -}}
@@ -172,6 +183,7 @@ capabilities:
 - --node-name=$(NODE_NAME)
 - --kubelet-dir=/var/lib/kubelet/device-plugins
 - --resource-name={{ .Values.agent.resourceName }}
+- --scheduler-name={{ .Values.binder.schedulerName }}
 {{- range .Values.agent.extraArgs }}
 - {{ . | quote }}
 {{- end }}

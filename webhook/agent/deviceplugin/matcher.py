@@ -4,7 +4,9 @@ The kubelet's Allocate and GetPreferredAllocation requests name devices, never t
 being started is one bound to this node, still Pending, not yet acknowledged as served
 (muster.io/gpu-allocated), whose `muster.io/gpu-assignment` gives
 its next container (init containers first, then spec order, as the kubelet allocates them) as
-many GPUs as the kubelet asks for. Among several, the one whose assigned GPUs are exactly what
+many GPUs as the kubelet asks for. Only pods the binder scheduled count (`spec.schedulerName`
+is the binder's, immutable once the pod exists): an assignment annotation on any other pod is
+ignored, whoever wrote it. Among several, the one whose assigned GPUs are exactly what
 the kubelet asked for wins, then the oldest. What was already handed out is remembered so that a
 container is never served twice; after an agent restart the kubelet's free-device list tells
 which containers it already served.
@@ -58,9 +60,11 @@ def _is_pending(pod: Mapping[str, Any], node: str) -> bool:
 
 
 def pending(pods: Iterable[Mapping[str, Any]], node: str, devices: Mapping[int, str],
-            handed: Collection[tuple[str, str]]) -> Pending:
+            handed: Collection[tuple[str, str]],
+            scheduler_name: str = keys.DEFAULT_BINDER_SCHEDULER_NAME) -> Pending:
     """Grants offered by `pods` (raw pod dicts) on `node`; `devices` maps GPU index → UUID of
-    this node's GPUs; `handed` holds (pod uid, container) pairs already served."""
+    this node's GPUs; `handed` holds (pod uid, container) pairs already served; only pods whose
+    spec.schedulerName is `scheduler_name` (the binder's) offer any."""
     grants: list[Grant] = []
     refused: dict[str, str] = {}
     live: set[str] = set()
@@ -71,6 +75,11 @@ def pending(pods: Iterable[Mapping[str, Any]], node: str, devices: Mapping[int, 
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         uid = str(meta.get("uid", key))
         live.add(uid)
+        scheduler = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
+        if scheduler != scheduler_name:
+            refused[key] = (f"spec.schedulerName is {scheduler!r}, not the binder's "
+                            f"{scheduler_name!r}: not placed by the binder")
+            continue
         mine, why = _pod_grants(meta, key, uid, node=node, devices=devices,
                                 handed=handed)
         if why is not None and keys.ANN_GPU_ALLOCATED not in (meta.get("annotations") or {}):
@@ -144,3 +153,11 @@ def explain(offer: Pending, node: str, count: int) -> str:
     waiting = "; ".join(parts) if parts else "none"
     return (f"no pod bound to node {node!r} is waiting for {count} GPU(s) with a "
             f"{keys.ANN_GPU_ASSIGNMENT} annotation from the binder (pending pods here: {waiting})")
+
+
+def mismatch(grant: Grant, allocated: Collection[str]) -> str:
+    """Why a container the kubelet allocated other GPUs than the binder assigned is refused:
+    for the gRPC error the kubelet records on the pod, and the agent's Event."""
+    return (f"{grant.pod}: container {grant.container!r}: the kubelet allocated "
+            f"{', '.join(sorted(allocated))}, the binder assigned {', '.join(grant.uuids)}; "
+            "the container gets no GPU it was not allocated, so the pod is refused")

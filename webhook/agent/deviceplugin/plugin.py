@@ -1,10 +1,14 @@
 """The kubelet device plugin (API v1beta1, gRPC over unix sockets) that honours the binder.
 
-It advertises the node's GPUs by UUID, and answers GetPreferredAllocation and Allocate with the
-GPUs the binder wrote into the pod's `muster.io/gpu-assignment` (see `matcher`): the container sees
-exactly those through NVIDIA_VISIBLE_DEVICES (and CDI device names when configured). A kubelet
-restart deletes every socket in its directory and recreates kubelet.sock: the plugin notices,
-serves again on a fresh socket and registers again.
+It advertises the node's GPUs by UUID. The binder's choice reaches the kubelet only through
+GetPreferredAllocation, which answers with the GPUs the binder wrote into the pod's
+`muster.io/gpu-assignment` (see `matcher`). Allocate hands a container exactly the devices the
+kubelet allocated, never others (NVIDIA_VISIBLE_DEVICES, and CDI device names when configured):
+the kubelet's accounting stays the one truth about who holds which GPU, as with NVIDIA's own
+plugin. When the kubelet allocated other GPUs than the binder assigned, the container is
+refused with the reason (the kubelet fails the pod: UnexpectedAdmissionError) and the pod gets
+a Warning Event saying which. A kubelet restart deletes every socket in its directory and
+recreates kubelet.sock: the plugin notices, serves again on a fresh socket and registers again.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -22,7 +26,15 @@ import grpc
 
 from webhook import keys
 from webhook.agent.deviceplugin import api_pb2, api_pb2_grpc
-from webhook.agent.deviceplugin.matcher import Grant, Pending, choose, explain, pending, served
+from webhook.agent.deviceplugin.matcher import (
+    Grant,
+    Pending,
+    choose,
+    explain,
+    mismatch,
+    pending,
+    served,
+)
 from webhook.topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -46,6 +58,9 @@ class PodSource(Protocol):
     async def acknowledge(self, pod: str, uid: str) -> None:
         """Mark pod `pod` ("namespace/name", with this uid) served: muster.io/gpu-allocated."""
 
+    async def report(self, pod: str, uid: str, reason: str, message: str) -> None:
+        """A Warning Event on pod `pod` ("namespace/name", with this uid); never raises."""
+
 
 @dataclass(frozen=True, slots=True)
 class PluginConfig:
@@ -63,6 +78,12 @@ class PluginConfig:
     kubelet_check_s: float = 1.0
     #: a container with no assignment: "error" (refuse) or "kubelet" (the kubelet's own pick)
     unassigned: Literal["error", "kubelet"] = "error"
+    #: the binder's spec.schedulerName: assignments on other pods are ignored
+    scheduler_name: str = keys.DEFAULT_BINDER_SCHEDULER_NAME
+
+
+#: the Event reason on a pod whose container the kubelet gave other GPUs than the binder
+MISMATCH_REASON = "GPUAssignmentMismatch"
 
 
 def device_list(topology: Topology) -> list[Any]:
@@ -138,7 +159,7 @@ class GpuDevicePlugin:
         self._handed: set[tuple[str, str]] = set()
         self._preference: _Preference | None = None
         self._lock = asyncio.Lock()
-        self._acks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
         self._kubelet_id: tuple[int, int] | None = None
         self.registrations = 0  # successful Register calls (tests, metrics)
@@ -171,7 +192,8 @@ class GpuDevicePlugin:
     async def _offer(self) -> Pending:
         pods = await self.source.pods()
         devices = {g.index: g.uuid for g in self._topology.gpus if g.uuid is not None}
-        offer = pending(pods, self.config.node, devices, self._handed)
+        offer = pending(pods, self.config.node, devices, self._handed,
+                        self.config.scheduler_name)
         # forget containers of pods that have started or gone: they are never asked again
         self._handed = {(uid, c) for uid, c in self._handed if uid in offer.live}
         return offer
@@ -205,6 +227,8 @@ class GpuDevicePlugin:
         return (must + [d for d in available if d not in must])[:size]
 
     async def allocate(self, requested: list[str]) -> list[str]:
+        """The devices the container gets: exactly `requested`, the kubelet's allocation, once
+        it matches the pod's assignment; AllocationRefused otherwise."""
         async with self._lock:
             grant, offer, wait_s = self._after_preference(requested)
             error = ""
@@ -213,11 +237,19 @@ class GpuDevicePlugin:
             if grant is None:
                 if self.config.unassigned == "kubelet":
                     log.info("no assignment: kubelet's pick", extra={"devices": requested})
-                    return requested
+                    return list(requested)
                 message = explain(offer, self.config.node, len(requested))
                 if error:
                     message = f"{message}; {error}"
                 log.warning("allocate refused", extra={"reason": message})
+                raise AllocationRefused(message)
+            if set(grant.uuids) != set(requested):
+                # Never a silent swap: handing the container the binder's GPUs would give it
+                # devices the kubelet counts as another container's (or as free)
+                message = mismatch(grant, requested)
+                log.warning("allocate refused: the kubelet allocated other GPUs than the "
+                            "binder assigned", extra={"pod": grant.pod, "reason": message})
+                self._report(grant, message)
                 raise AllocationRefused(message)
             if grant.again:  # same pod, same GPUs: the kubelet restarted before recording it
                 log.warning("served again: the kubelet had lost its record of this container",
@@ -226,12 +258,9 @@ class GpuDevicePlugin:
                 self._handed.add((grant.uid, grant.container))
                 if served(offer, grant, self._handed):
                     self._acknowledge(grant)
-        if set(grant.uuids) != set(requested):
-            log.warning("kubelet picked other GPUs than the binder; the binder's are used",
-                        extra={"pod": grant.pod, "kubelet": requested, "binder": grant.uuids})
         log.info("allocated", extra={"pod": grant.pod, "container": grant.container,
-                                     "gpus": list(grant.uuids)})
-        return list(grant.uuids)
+                                     "gpus": list(requested)})
+        return list(requested)
 
     def _after_preference(self, requested: list[str]) -> tuple[Grant | None, Pending, float]:
         """What the GetPreferredAllocation just before this Allocate leaves it: its grant, when
@@ -260,9 +289,22 @@ class GpuDevicePlugin:
             except Exception as exc:  # the binder's wait is bounded: a lost ack only slows it
                 log.warning("could not mark the pod served", extra={
                     "pod": grant.pod, "error": str(exc)})
-        task = asyncio.create_task(ack())
-        self._acks.add(task)
-        task.add_done_callback(self._acks.discard)
+        self._background(ack())
+
+    def _report(self, grant: Grant, message: str) -> None:
+        """The Warning Event on the pod refused, in the background like the acknowledgement."""
+        async def report() -> None:
+            try:
+                await self.source.report(grant.pod, grant.uid, MISMATCH_REASON, message)
+            except Exception as exc:  # the kubelet's own failure Event carries the reason too
+                log.warning("could not record the Event", extra={
+                    "pod": grant.pod, "error": str(exc)})
+        self._background(report())
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def container_response(self, uuids: list[str]) -> Any:
         cdi = ([api_pb2.CDIDevice(name=f"{self.config.cdi_kind}={u}") for u in uuids]

@@ -76,8 +76,8 @@ BUILTINS: tuple[ResourceType, ...] = (
     _core("clusterroles", "ClusterRole", False, group="rbac.authorization.k8s.io"),
     _core("clusterrolebindings", "ClusterRoleBinding", False,
           group="rbac.authorization.k8s.io"),
-    # stored only: the emulator evaluates no ValidatingAdmissionPolicy and enforces no
-    # NetworkPolicy (the chart's are checked in tests/chart and tests/real)
+    # stored and served so that the chart installs, never evaluated: the emulator has no CEL
+    # and enforces no NetworkPolicy (the chart's are checked in tests/chart and on the real tier)
     _core("validatingadmissionpolicies", "ValidatingAdmissionPolicy", False, sub=("status",),
           group="admissionregistration.k8s.io"),
     _core("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding", False,
