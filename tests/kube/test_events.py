@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import pytest
 
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import CONFIGMAPS, EVENTS, EventRecorder, KubeApi, make_api_client
@@ -44,3 +47,20 @@ async def test_emit_never_raises(tmp_path: Path) -> None:
         await EventRecorder(KubeApi(client), "muster-webhook").emit(cm, "Normal", "R", "m")
     finally:
         await client.close()
+
+
+async def test_an_event_named_once_is_recorded_once_by_every_replica(
+        kube: KubeApi, caplog: pytest.LogCaptureFixture) -> None:
+    """Two webhook replicas see pods of one job: the Event named by what it is about is
+    created by the first, and the second's create is a quiet conflict."""
+    job = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+           "metadata": {"name": "j", "namespace": "team-a", "uid": "u-j"}}
+    replicas = [EventRecorder(kube, "muster-webhook", f"pod-{i}") for i in range(2)]
+    with caplog.at_level(logging.WARNING):
+        for recorder in replicas:
+            await recorder.emit(job, "Normal", "PolicyAudit", "would set a PodGroup",
+                                once_as="muster-audit.0123")
+    listed = await kube.list(EVENTS, "team-a", field_selector="involvedObject.name=j")
+    assert [e["metadata"]["name"] for e in listed["items"]] == ["muster-audit.0123"]
+    assert listed["items"][0]["count"] == 1
+    assert not [r for r in caplog.records if r.getMessage() == "event not recorded"]

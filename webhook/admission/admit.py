@@ -20,6 +20,7 @@ with an Event on the job (and on the pod when it has a name) and a metric:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -70,7 +71,7 @@ class ClusterContext(Protocol):
                             ) -> QueueVerdict | None: ...
 
     def report(self, objects: list[Mapping[str, Any]], reason: str, message: str, *,
-               type_: str = "Warning") -> None: ...
+               type_: str = "Warning", once_as: str | None = None) -> None: ...
 
     def ready(self) -> bool: ...
 
@@ -423,9 +424,12 @@ class Admitter:
         else:
             return  # nothing stored to put an Event on: the metric says it
         for audit in decision.audits:
-            if self.audit_events.first((policies.digest, target, audit.policy)):
+            key = (policies.digest, target, audit.policy)
+            if self.audit_events.first(key):
+                # named by what it is about, so the other replicas' copy is a conflict
+                once = hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
                 self.context.report(involved, EVENT_REASON, event_message(audit, str(name)),
-                                    type_="Normal")
+                                    type_="Normal", once_as=f"muster-audit.{once}")
 
     def _report_podgroup(self, pod: dict[str, Any], namespace: str, spec: PodGroupSpec,
                          ensured: Ensured, result: _Result) -> None:

@@ -253,13 +253,15 @@ class KubeContext:
         return {name: state_of(obj) for name, obj in self.queues.store.items()}
 
     def report(self, objects: list[Mapping[str, Any]], reason: str, message: str, *,
-               type_: str = "Warning") -> None:
-        """Events on each object, in the background (never delays the answer)."""
+               type_: str = "Warning", once_as: str | None = None) -> None:
+        """Events on each object, in the background (never delays the answer); `once_as`
+        names the Event so that the webhook's replicas record it once (EventRecorder.emit)."""
         recorder = self.recorder
         if recorder is None:
             return
         for obj in objects:
-            task = asyncio.create_task(recorder.emit(obj, type_, reason, message[:1024]))
+            task = asyncio.create_task(recorder.emit(obj, type_, reason, message[:1024],
+                                                     once_as=once_as))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 

@@ -40,12 +40,20 @@ class EventRecorder:
         self._seen: OrderedDict[tuple[str, ...], tuple[str, str, int]] = OrderedDict()
 
     async def emit(self, obj: Mapping[str, Any], type_: str, reason: str,
-                   message: str) -> None:
+                   message: str, *, once_as: str | None = None) -> None:
         """Record an Event about obj ("Normal" or "Warning"). Never raises: a failed Event is
-        logged, the caller's work goes on."""
+        logged, the caller's work goes on. `once_as`: the Event's name, the same in every
+        replica, so that what several replicas see happens once in the cluster (the second
+        create is a conflict, and nothing more is done)."""
         try:
-            await self._emit(obj, type_, reason, message)
-        except (ApiError, OSError, ValueError, KeyError) as exc:
+            if once_as is None:
+                await self._emit(obj, type_, reason, message)
+            else:
+                await self._create(involved_object(obj), once_as, type_, reason, message)
+        except ApiError as exc:
+            if once_as is None or not exc.conflict:
+                log.warning("event not recorded", extra={"reason": reason, "error": str(exc)})
+        except (OSError, ValueError, KeyError) as exc:
             log.warning("event not recorded", extra={"reason": reason, "error": str(exc)})
 
     async def _emit(self, obj: Mapping[str, Any], type_: str, reason: str,
@@ -67,16 +75,22 @@ class EventRecorder:
                 if not exc.not_found:
                     raise
         name = f"{ref.get('name', 'object')}.{time.time_ns():x}"
+        await self._create(ref, name, type_, reason, message)
+        self._remember(key, (namespace, name, 1))
+
+    async def _create(self, ref: Mapping[str, Any], name: str, type_: str, reason: str,
+                      message: str) -> None:
+        namespace = ref.get("namespace") or "default"
+        now = _now()
         await self.api.create(EVENTS, {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"name": name, "namespace": namespace},
-            "involvedObject": ref, "reason": reason, "message": message, "type": type_,
+            "involvedObject": dict(ref), "reason": reason, "message": message, "type": type_,
             "source": {"component": self.component, **({"host": self.instance}
                                                        if self.instance else {})},
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
             "reportingComponent": self.component, "reportingInstance": self.instance},
             namespace)
-        self._remember(key, (namespace, name, 1))
 
     def _remember(self, key: tuple[str, ...], value: tuple[str, str, int]) -> None:
         self._seen[key] = value
