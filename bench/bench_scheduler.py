@@ -101,6 +101,8 @@ class ControlPlane:
         self.spawn("kube-apiserver", self.bin["kube-apiserver"],
                    "--etcd-servers", "http://127.0.0.1:2379",
                    "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+                   # no kubernetes Service endpoint to keep: 1.37 refuses a loopback one
+                   "--endpoint-reconciler-type", "none",
                    "--secure-port", "6443",
                    "--tls-cert-file", str(pki / "apiserver.crt"),
                    "--tls-private-key-file", str(pki / "apiserver.key"),
