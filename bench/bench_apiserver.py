@@ -48,6 +48,7 @@ from e2e.node import image, versions  # noqa: E402
 from e2e.node.assets import ensure_debian_packages, missing_prerequisites  # noqa: E402
 from e2e.node.cluster import NodeCluster  # noqa: E402
 from e2e.node.kubectl import crd_documents, kubectl, wait_established  # noqa: E402
+from e2e.probes import open_volcano_queues  # noqa: E402
 from webhook.kube import (  # noqa: E402
     MPIJOBS,
     MUTATING_WEBHOOKS,
@@ -179,6 +180,8 @@ async def bench(cluster: NodeCluster, args: argparse.Namespace, work: Path) -> d
     kube = KubeApi(client)
     results: dict[str, list[Run]] = {s: [] for s in SETUPS}
     try:
+        # the policy's queue must be open, or Muster admits the pods without their gang
+        await open_volcano_queues(kube)
         with ExitStack() as stack:
             profile = ["-m", "cProfile", "-o", str(args.profile)] if args.profile else []
             procs = {"muster": stack.enter_context(process([
