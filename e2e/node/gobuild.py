@@ -14,6 +14,12 @@ land in the cache.
   `etcdmain`-based command (`go.etcd.io/etcd/server/v3` holds no main, the server is in
   `go.etcd.io/etcd/v3`, whose go.mod does replace: so the same build-module trick).
 
+- Any other Go program (schedulers, operators, containerd): `build_module` requires the module at
+  its release and copies the versioned `replace` directives of the module's own go.mod into our
+  build module, which is what `go install mod@version` refuses to do. A replace that points at a
+  local path inside the upstream repository cannot be followed from the proxy: the caller pins it
+  to a published version (`pin=`) or the build says which one it could not follow.
+
 Run as `python -m e2e.node.gobuild [kubernetes VERSION | etcd VERSION | all]`.
 """
 
@@ -28,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from e2e.node.versions import ETCD, KUBERNETES
@@ -150,6 +157,86 @@ def build_etcd(version: str = ETCD) -> Path:
         _go(["build", "-ldflags", "-s -w", "-o", str(work / "etcd"), "."], work, env)
         _install(work, dest, ("etcd",))
     return dest / "etcd"
+
+
+@dataclass(frozen=True)
+class Replace:
+    """One `replace` directive of a go.mod: `old[@old_version] => new[@new_version]`; a `new`
+    without a version is a local path."""
+
+    old: str
+    old_version: str
+    new: str
+    new_version: str
+
+    def line(self) -> str:
+        old = f"{self.old} {self.old_version}".strip()
+        return f"\t{old} => {self.new} {self.new_version}".rstrip()
+
+
+def module_gomod(module: str, version: str, env: dict[str, str], work: Path
+                 ) -> tuple[str, list[Replace]]:
+    """The `go` version and the replace directives of `module@version`'s go.mod, read through
+    the proxy (`go mod download`, then `go mod edit -json`)."""
+    out = _go(["mod", "download", "-json", f"{module}@{version}"], work, env)
+    gomod = json.loads(out.stdout)["GoMod"]
+    parsed = json.loads(_go(["mod", "edit", "-json", gomod], work, env).stdout)
+    replaces = [Replace(r["Old"]["Path"], r["Old"].get("Version", ""), r["New"]["Path"],
+                        r["New"].get("Version", "")) for r in parsed.get("Replace") or []]
+    return parsed.get("Go") or "1.26", replaces
+
+
+def build_module_text(name: str, module: str, version: str, go_version: str,
+                      replaces: list[Replace], *, pin: dict[str, str] | None = None,
+                      require: dict[str, str] | None = None) -> str:
+    """The go.mod text of our build module for `module@version`: the module's own replaces, with
+    `pin` (module path -> published version) overriding or adding a replace; a local-path
+    replace that `pin` does not map is refused (the proxy cannot serve it). Pinning also moves a
+    replace off a version the proxy refuses (the upstream go.mod names a patch it does not hold)."""
+    pin = dict(pin or {})
+    lines = [f"module muster.local/{name}build", "", f"go {go_version}", "", "require ("]
+    lines += [f"\t{m} {v}" for m, v in {module: version, **(require or {})}.items()]
+    lines += [")", ""]
+    kept: list[str] = []
+    for r in replaces:
+        if r.old in pin:
+            kept.append(Replace(r.old, r.old_version, r.old, pin.pop(r.old)).line())
+        elif r.new_version:
+            kept.append(r.line())
+        else:
+            raise RuntimeError(
+                f"{module}@{version} replaces {r.old} with the local path {r.new}, which the "
+                f"module proxy does not serve: pin it to a published version")
+    kept += [Replace(old, "", old, v).line() for old, v in pin.items()]
+    if kept:
+        lines += ["replace (", *kept, ")", ""]
+    return "\n".join(lines)
+
+
+def build_module(name: str, module: str, version: str, packages: dict[str, str], *,
+                 pin: dict[str, str] | None = None, require: dict[str, str] | None = None,
+                 tags: tuple[str, ...] = (), ldflags: str = "-s -w", cgo: bool = False) -> Path:
+    """The directory `<cache>/<name>/<version>/` holding one binary per entry of `packages`
+    (binary name -> import path), built from `module@version` through the module proxy with the
+    module's own replaces (see `build_module_text`); built once, the cache keeps them."""
+    dest = cache_root() / name / version
+    missing = {b: pkg for b, pkg in packages.items() if not (dest / b).exists()}
+    if not missing:
+        return dest
+    env = _go_env() | ({"CGO_ENABLED": "1"} if cgo else {})
+    with tempfile.TemporaryDirectory(prefix=f"muster-{name}build-") as tmp:
+        work = Path(tmp)
+        (work / "go.mod").write_text("module muster.local/probe\n\ngo 1.26\n")
+        go_version, replaces = module_gomod(module, version, env, work)
+        (work / "go.mod").write_text(
+            build_module_text(name, module, version, go_version, replaces, pin=pin,
+                              require=require))
+        out = work / "bin"
+        for binary, pkg in missing.items():
+            args = ["build", "-ldflags", ldflags, "-o", str(out / binary)]
+            _go([*args, *(["-tags", ",".join(tags)] if tags else []), pkg], work, env)
+        _install(out, dest, tuple(missing))
+    return dest
 
 
 def main(argv: list[str] | None = None) -> int:
