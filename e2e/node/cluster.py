@@ -51,7 +51,7 @@ def _setns(fd: int) -> None:
         raise OSError(err, f"setns: {os.strerror(err)}")
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: if the test process dies, unshare (and so the cluster) too."""
     # SIGKILL: unshare --fork ignores SIGTERM; its --kill-child then TERMs the launcher
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -125,7 +125,7 @@ class NodeCluster:
              sys.executable, "-m", "e2e.node.launcher", str(plan)],
             cwd=REPO, env=env, stdin=subprocess.DEVNULL,
             stdout=(self.dir / "unshare.log").open("ab"), stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent)  # noqa: PLW1509 - only prctl, no locks taken
+            preexec_fn=die_with_parent)  # noqa: PLW1509 - only prctl, no locks taken
         deadline = time.monotonic() + within
         while not (self.dir / "ready").exists():
             failed = self.dir / "failed"

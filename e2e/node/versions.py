@@ -14,6 +14,15 @@ KUBERNETES = "v1.37.2"
 KUBERNETES_OLDEST = "v1.34.4"
 ETCD = "v3.6.16"
 
+#: sigs.k8s.io/scheduler-plugins (the coscheduling kube-scheduler): the newest release, on 1.34;
+#: its k8s.io modules are pinned to this Kubernetes release's (the proxy refuses its own v0.34.7)
+SCHEDULER_PLUGINS = "v0.34.7"
+SCHEDULER_PLUGINS_KUBERNETES = KUBERNETES_OLDEST
+KUEUE = "v0.17.0"
+#: volcano.sh/volcano releases the module proxy was asked for, each refused (403 not available)
+VOLCANO_TRIED = ("v1.14.0", "v1.13.2", "v1.13.1", "v1.13.0", "v1.12.2", "v1.12.1", "v1.12.0",
+                 "v1.11.2", "v1.11.0", "v1.10.2")
+
 
 def kubernetes() -> str:
     """The release this run's cluster is built from."""

@@ -15,15 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import sys
+import time
+import urllib.request
+from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from neighbours import KUEUE_PODS_READY_TIMEOUT
 from real_helpers import (
     crd_documents,
     diagnostics,
@@ -34,11 +40,13 @@ from real_helpers import (
 )
 
 from e2e.cluster import NAMESPACE, RELEASE
-from e2e.node import image
+from e2e.node import image, schedulers, versions
 from e2e.node.assets import REPO, ensure_debian_packages, missing_prerequisites
 from e2e.node.cluster import NodeCluster
+from e2e.node.launcher import NODE_IP
 from e2e.probes import open_volcano_queues
 from webhook import keys
+from webhook.certs import pki
 from webhook.kube import KubeApi, make_api_client
 
 
@@ -51,7 +59,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.real)
         # the first test also waits for the image build and the cluster's start
         item.add_marker(pytest.mark.timeout(900))
+    # the neighbours' scenarios first: they need the node's GPUs and CPU that other scenarios
+    # leave taken
+    real.sort(key=lambda i: i.get_closest_marker("neighbour") is None)
     items[:] = [i for i in items if i not in real] + real
+
+
+_NEIGHBOUR_SECONDS: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Adds each test's time (setup, call, teardown) to the neighbour its marker names."""
+    for name in getattr(report, "neighbours", ()):
+        _NEIGHBOUR_SECONDS[name] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The time each neighbour (a scheduler run beside the cluster) added to the run."""
+    if _NEIGHBOUR_SECONDS:
+        terminalreporter.write_sep("-", "time each neighbour adds (its tests, its start)")
+        for name, seconds in sorted(_NEIGHBOUR_SECONDS.items()):
+            terminalreporter.write_line(f"{name}: {seconds:.0f} s")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -60,6 +88,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
     """A failing real test carries the cluster's pods, warnings and not-ready containers' logs
     (the test's thread is still inside the cluster's network here)."""
     report: pytest.TestReport = yield
+    report.neighbours = [m.args[0] for m in item.iter_markers("neighbour")]  # type: ignore[attr-defined]
     cluster = getattr(item, "funcargs", {}).get("node_cluster")
     if report.when == "call" and report.failed and isinstance(cluster, NodeCluster):
         report.sections.append(("cluster", diagnostics(cluster)))
@@ -134,3 +163,102 @@ async def kube(node_cluster: NodeCluster) -> AsyncIterator[KubeApi]:
         yield KubeApi(client)
     finally:
         await client.close()
+
+
+def _wait_healthy(neighbour: schedulers.Neighbour, url: str, within: float = 90) -> None:
+    deadline = time.monotonic() + within
+    while not _healthy(url):
+        gone = neighbour.alive()
+        if gone or time.monotonic() > deadline:
+            raise RuntimeError(gone or f"{neighbour.name} is not healthy at {url} within "
+                               f"{within:.0f} s:\n{neighbour.tail()}")
+        time.sleep(0.2)
+
+
+def _healthy(url: str) -> bool:
+    insecure = ssl.create_default_context()
+    insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, context=insecure, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def coscheduling(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[schedulers.Neighbour]:
+    """scheduler-plugins' kube-scheduler, coscheduling its only gang plugin, as the second
+    scheduler `scheduler-plugins-scheduler` the shipped mpi-coscheduling policy names. Only
+    within the version skew a kube-scheduler has with its API server (at most one minor
+    older): scripts/test runs these scenarios on `KUBERNETES_OLDEST`."""
+    built_on = versions.SCHEDULER_PLUGINS_KUBERNETES
+    minor = int(node_cluster.version.split(".")[1]) - int(built_on.split(".")[1])
+    if minor not in (0, 1):
+        pytest.skip(f"scheduler-plugins {versions.SCHEDULER_PLUGINS} is built on Kubernetes "
+                    f"{built_on}, outside a kube-scheduler's version skew with this "
+                    f"{node_cluster.version} API server: run with MUSTER_K8S_VERSION={built_on}")
+    binary = schedulers.build_coscheduling()
+    work = tmp_path_factory.mktemp("coscheduling")
+    config = work / "config.yaml"
+    config.write_text(yaml.safe_dump(schedulers.coscheduling_config(
+        node_cluster.kubeconfig, schedulers.COSCHEDULING_NAME,
+        reject_percentage=schedulers.COSCHEDULING_REJECT_PERCENTAGE)))
+    port = 10359  # the cluster's own kube-scheduler has 10259 in this network
+    with node_cluster.netns():
+        neighbour = schedulers.Neighbour("coscheduling", [
+            str(binary), "--config", str(config), "--bind-address", "127.0.0.1",
+            "--secure-port", str(port), *schedulers.COSCHEDULING_FLAGS, "--v=2"],
+            work / "scheduler.log")
+        try:
+            _wait_healthy(neighbour, f"https://127.0.0.1:{port}/healthz")
+        except BaseException:
+            neighbour.stop()
+            raise
+    yield neighbour
+    neighbour.stop()
+
+
+@pytest.fixture(scope="module")
+def kueue(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[schedulers.Neighbour]:
+    """Kueue's manager (its controllers and webhooks) beside the cluster, with its own CRDs and
+    webhook configurations read from the module cache; the webhooks call it at the node's
+    address with a certificate of ours. Removed again after the module: its Job webhook fails
+    closed."""
+    binary = schedulers.build_kueue()
+    source = schedulers.module_dir("sigs.k8s.io/kueue", versions.KUEUE)
+    work = tmp_path_factory.mktemp("kueue")
+    ca = pki.generate_ca("muster-test-kueue-ca", days=1)
+    serving = pki.issue_serving_cert(ca, ["kueue-webhook"], [NODE_IP], days=1)
+    (work / "certs").mkdir()
+    (work / "certs" / "tls.crt").write_bytes(serving.cert_pem)
+    (work / "certs" / "tls.key").write_bytes(serving.key_pem)
+    port, health = 9643, "127.0.0.1:8681"
+    config = work / "config.yaml"
+    config.write_text(yaml.safe_dump(schedulers.kueue_config(
+        host=NODE_IP, port=port, cert_dir=work / "certs", health=health,
+        pods_ready_timeout=f"{KUEUE_PODS_READY_TIMEOUT}s")))
+    hooks = work / "webhooks.yaml"
+    manifests = source / "config" / "components" / "webhook" / "manifests.yaml"
+    hooks.write_text(yaml.safe_dump_all(schedulers.kueue_webhooks(
+        [d for d in yaml.safe_load_all(manifests.read_text()) if d],
+        f"https://{NODE_IP}:{port}", ca.cert_pem)))
+    with node_cluster.netns():
+        for crd in sorted((source / "config" / "components" / "crd" / "bases").glob("*.yaml")):
+            kubectl(node_cluster, "apply", "--server-side", "--force-conflicts", "-f", str(crd))
+        wait_established(node_cluster)
+        kubectl(node_cluster, "create", "namespace", "kueue-system", check=False)
+        neighbour = schedulers.Neighbour(
+            "kueue", [str(binary), "--config", str(config), "--zap-log-level=2"],
+            work / "kueue.log", env={**os.environ, "KUBECONFIG": str(node_cluster.kubeconfig)})
+        try:
+            _wait_healthy(neighbour, f"http://{health}/readyz")
+            kubectl(node_cluster, "apply", "-f", str(hooks))
+        except BaseException:
+            neighbour.stop()
+            raise
+    yield neighbour
+    with node_cluster.netns():
+        kubectl(node_cluster, "delete", "--ignore-not-found", "-f", str(hooks))
+    neighbour.stop()

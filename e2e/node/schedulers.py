@@ -1,0 +1,213 @@
+"""The schedulers Muster's output is proven against, built from the Go module proxy at the
+releases pinned in `e2e.node.versions`, into `~/.cache/muster/<name>/<version>/`.
+
+- scheduler-plugins (the coscheduling kube-scheduler): its go.mod replaces every `k8s.io/*`
+  staging module with a `v0.34.7` the proxy refuses; the replaces are pinned to the staging
+  versions of `k8s.io/kubernetes` `KUBERNETES_OLDEST` (1.34.4), whose cluster binaries the tier
+  already builds. A 1.34 scheduler is only inside the supported version skew of a 1.34 API
+  server, so its scenarios run on that cluster.
+- Kueue: no replaces; `go build` of its manager as published.
+- Volcano: every release tried (`VOLCANO_TRIED`) is refused by the module proxy ("403 not
+  available"), so it is not built; `volcano_blocked()` says so in words.
+
+Run as `python -m e2e.node.schedulers [coscheduling | kueue | all]`; it prints each directory
+and the cold build time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from e2e.node import versions
+from e2e.node.cluster import die_with_parent
+from e2e.node.gobuild import _go, _go_env, build_module, cache_root, staging_modules
+
+COSCHEDULING_BINARY = "kube-scheduler"
+#: the second scheduler's name, as scheduler-plugins' Helm chart names it (and the shipped
+#: mpi-coscheduling policy)
+COSCHEDULING_NAME = "scheduler-plugins-scheduler"
+#: a gang with at most this share unplaced keeps its waiting pods when one fails, so they wait
+#: out the PodGroup's scheduleTimeoutSeconds instead of being rejected at once
+COSCHEDULING_REJECT_PERCENTAGE = 30
+#: the plugin requeues a gang its PreFilter refused (minResources not free) only on a pod add or
+#: a PodGroup change; capacity that frees up is seen at the scheduler's flush of unschedulable
+#: pods, 5 min by default: 20 s here (the flag is deprecated but still served in 1.34)
+COSCHEDULING_FLAGS = ("--pod-max-in-unschedulable-pods-duration=20s",)
+KUEUE_BINARY = "kueue-manager"
+
+
+def _staging_pins(kubernetes: str) -> dict[str, str]:
+    """Each `k8s.io/*` staging module of `k8s.io/kubernetes@kubernetes` -> its published
+    version, and `k8s.io/kubernetes` itself."""
+    with tempfile.TemporaryDirectory(prefix="muster-staging-") as tmp:
+        work = Path(tmp)
+        (work / "go.mod").write_text("module muster.local/probe\n\ngo 1.26\n")
+        mods = staging_modules(kubernetes, _go_env(), work)
+    staging = "v0." + kubernetes.removeprefix("v1.")
+    return {**dict.fromkeys(mods, staging), "k8s.io/kubernetes": kubernetes}
+
+
+def build_coscheduling() -> Path:
+    """The scheduler-plugins kube-scheduler (coscheduling among its plugins)."""
+    dest = cache_root() / "scheduler-plugins" / versions.SCHEDULER_PLUGINS
+    if (dest / COSCHEDULING_BINARY).exists():
+        return dest / COSCHEDULING_BINARY
+    build_module("scheduler-plugins", "sigs.k8s.io/scheduler-plugins",
+                 versions.SCHEDULER_PLUGINS,
+                 {COSCHEDULING_BINARY: "sigs.k8s.io/scheduler-plugins/cmd/scheduler"},
+                 pin=_staging_pins(versions.SCHEDULER_PLUGINS_KUBERNETES))
+    return dest / COSCHEDULING_BINARY
+
+
+def build_kueue() -> Path:
+    """Kueue's controller manager (its webhooks in the same process)."""
+    dest = build_module("kueue", "sigs.k8s.io/kueue", versions.KUEUE,
+                        {KUEUE_BINARY: "sigs.k8s.io/kueue/cmd/kueue"})
+    return dest / KUEUE_BINARY
+
+
+def coscheduling_config(kubeconfig: Path, scheduler_name: str, *, qps: int | None = None,
+                        reject_percentage: int = 10) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration of a second scheduler `scheduler_name` whose only
+    profile has the coscheduling plugin (as scheduler-plugins' own
+    manifests/coscheduling/scheduler-config.yaml); `qps` is the client's QPS and burst (the
+    binary's default is 50/100). `reject_percentage` is the plugin's
+    podGroupRejectPercentage: when a gang's unplaced share is at most this, a pod that fails
+    does not reject its waiting siblings, so they wait out their PodGroup's timeout."""
+    connection: dict[str, Any] = {"kubeconfig": str(kubeconfig)}
+    if qps is not None:
+        connection |= {"qps": qps, "burst": qps}
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "leaderElection": {"leaderElect": False}, "clientConnection": connection,
+        "profiles": [{
+            "schedulerName": scheduler_name,
+            "plugins": {"multiPoint": {"enabled": [{"name": "Coscheduling"}]},
+                        "queueSort": {"enabled": [{"name": "Coscheduling"}],
+                                      "disabled": [{"name": "*"}]}},
+            "pluginConfig": [{"name": "Coscheduling", "args": {
+                "permitWaitingTimeSeconds": 60,
+                "podGroupRejectPercentage": reject_percentage}}]}]}
+
+
+class Neighbour:
+    """One upstream program run as a process beside the test's cluster (in the network
+    namespace of the thread that starts it), its output in `log`; it dies with the test
+    process."""
+
+    def __init__(self, name: str, argv: list[str], log: Path,
+                 env: dict[str, str] | None = None) -> None:
+        self.name, self.log = name, log
+        out: IO[bytes] = log.open("ab")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, env=env,
+                                     stderr=subprocess.STDOUT, preexec_fn=die_with_parent)  # noqa: PLW1509 - only prctl
+        out.close()
+
+    def alive(self) -> str | None:
+        """Why the process is gone, or None while it runs."""
+        code = self.proc.poll()
+        return None if code is None else f"{self.name} exited with {code}:\n{self.tail()}"
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def module_dir(module: str, version: str) -> Path:
+    """Where the Go module cache holds `module@version`'s files (downloaded through the proxy
+    if missing): CRDs and webhook manifests are read from there at test time."""
+    with tempfile.TemporaryDirectory(prefix="muster-moddir-") as tmp:
+        work = Path(tmp)
+        (work / "go.mod").write_text("module muster.local/probe\n\ngo 1.26\n")
+        out = _go(["mod", "download", "-json", f"{module}@{version}"], work, _go_env())
+    return Path(json.loads(out.stdout)["Dir"])
+
+
+#: the Kueue integrations the tier runs (no operator needed for either: the tests create an
+#: MPIJob's pods as the MPI operator would)
+KUEUE_FRAMEWORKS = ("batch/job", "kubeflow.org/mpijob")
+#: the webhook paths kept, of the integrations above and Kueue's own kinds
+_KUEUE_PATHS = ("-batch-v1-job", "-kubeflow-org-v2beta1-mpijob", "-kueue-x-k8s-io-")
+
+
+def kueue_config(*, host: str, port: int, cert_dir: Path, health: str,
+                 pods_ready_timeout: str) -> dict[str, Any]:
+    """Kueue's Configuration for a manager run outside the cluster: no leader election, no
+    metrics, its webhook server on `host:port` with our certificate in `cert_dir` (Kueue's own
+    certificate manager would write a Secret for an in-cluster Service instead), and
+    waitForPodsReady with `pods_ready_timeout`."""
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+        "namespace": "kueue-system", "health": {"healthProbeBindAddress": health},
+        "metrics": {"bindAddress": "0"}, "leaderElection": {"leaderElect": False},
+        "webhook": {"host": host, "port": port, "certDir": str(cert_dir)},
+        "internalCertManagement": {"enable": False},
+        "waitForPodsReady": {"timeout": pods_ready_timeout, "blockAdmission": False},
+        "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)}}
+
+
+def kueue_webhooks(manifests: list[dict[str, Any]], url: str, ca_pem: bytes
+                   ) -> list[dict[str, Any]]:
+    """Kueue's own webhook configurations (config/components/webhook/manifests.yaml) with only
+    the webhooks of `KUEUE_FRAMEWORKS` and Kueue's kinds, each pointed at `url` (the manager
+    outside the cluster) instead of its in-cluster Service."""
+    out = []
+    for doc in manifests:
+        hooks = []
+        for hook in doc.get("webhooks") or []:
+            path = hook["clientConfig"]["service"]["path"]
+            if any(part in path for part in _KUEUE_PATHS):
+                hooks.append({**hook, "clientConfig": {
+                    "url": url + path, "caBundle": base64.b64encode(ca_pem).decode()}})
+        if hooks:
+            name = doc["metadata"]["name"]
+            out.append({**doc, "metadata": {"name": f"kueue-{name}"}, "webhooks": hooks})
+    return out
+
+
+def volcano_blocked() -> str:
+    """Why Volcano is not in the real tier."""
+    return (f"volcano.sh/volcano: the Go module proxy refuses every release tried "
+            f"({', '.join(versions.VOLCANO_TRIED)}: 403 'not available'), so no Volcano "
+            f"scheduler, controller-manager or webhook can be built from it")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.node.schedulers", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=("coscheduling", "kueue", "all"), nargs="?",
+                        default="all")
+    args = parser.parse_args(argv)
+    builds = {"coscheduling": build_coscheduling, "kueue": build_kueue}
+    try:
+        for name, build in builds.items():
+            if args.what in (name, "all"):
+                started = time.monotonic()
+                path = build()
+                print(f"{name}: {path} ({time.monotonic() - started:.0f} s)")
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"volcano: not built: {volcano_blocked()}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

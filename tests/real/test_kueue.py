@@ -1,0 +1,203 @@
+"""Kueue decides when, Muster decides where: Kueue's real manager (controllers and webhooks, built
+from the module proxy) holds quota for topology MPIJobs, and Muster's binder places what Kueue
+admits. The tests act as the MPI operator: they create an MPIJob's launcher Job and worker pods
+once Kueue has unsuspended it (`mpi_launcher_job`, `mpi_worker_pods` of the admitted MPIJob,
+which carries the flavor's nodeSelector and tolerations Kueue wrote into its templates).
+
+- Over its quota, a job stays suspended: no pods, and Muster writes nothing. When quota frees,
+  Kueue admits it and the binder places it whole with a GPU set, on a node tainted for the
+  flavor (its toleration honoured); a scheduling-gated worker holds the gang until its gate goes.
+- A flavor whose nodeSelector matches no node: admitted, never bound by the binder, and Kueue's
+  waitForPodsReady evicts it (suspends the job) after its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from jobs import delete_jobs, ensure_namespace, mpijob
+from neighbours import KUEUE_PODS_READY_TIMEOUT, bound
+
+from e2e.node import schedulers
+from e2e.node.cluster import NODE_NAME
+from e2e.probes import eventually, pods_of
+from webhook import keys
+from webhook.kube import (
+    COSCHEDULING_PODGROUPS,
+    JOBS,
+    MPIJOBS,
+    NODES,
+    PODS,
+    VOLCANO_PODGROUPS,
+    KubeApi,
+    Resource,
+)
+from webhook.policy import operators
+
+pytestmark = pytest.mark.neighbour("kueue")
+
+NS = "kueue-team"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+FLAVORS = Resource("kueue.x-k8s.io", "v1beta2", "resourceflavors", False, "ResourceFlavor")
+CLUSTER_QUEUES = Resource("kueue.x-k8s.io", "v1beta2", "clusterqueues", False, "ClusterQueue")
+LOCAL_QUEUES = Resource("kueue.x-k8s.io", "v1beta2", "localqueues", True, "LocalQueue")
+WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads", True, "Workload")
+TAINT = {"key": "muster.io/kueue-pool", "value": "gpu", "effect": "NoSchedule"}
+GATE = "example.com/hold"
+
+
+async def _queue(kube: KubeApi, name: str, node_labels: dict[str, str], gpus: int,
+                 tolerations: list[dict[str, str]] | None = None) -> None:
+    """A ResourceFlavor, a ClusterQueue of `gpus` GPUs of it, and LocalQueue `name` in NS."""
+    await kube.create(FLAVORS, {
+        "apiVersion": FLAVORS.api_version, "kind": "ResourceFlavor", "metadata": {"name": name},
+        "spec": {"nodeLabels": node_labels, "tolerations": tolerations or []}})
+    await kube.create(CLUSTER_QUEUES, {
+        "apiVersion": FLAVORS.api_version, "kind": "ClusterQueue", "metadata": {"name": name},
+        "spec": {"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["cpu", "memory", keys.GPU_RESOURCE],
+            "flavors": [{"name": name, "resources": [
+                {"name": "cpu", "nominalQuota": "1"}, {"name": "memory", "nominalQuota": "1Gi"},
+                {"name": keys.GPU_RESOURCE, "nominalQuota": str(gpus)}]}]}]}})
+    await kube.create(LOCAL_QUEUES, {
+        "apiVersion": FLAVORS.api_version, "kind": "LocalQueue",
+        "metadata": {"name": name, "namespace": NS}, "spec": {"clusterQueue": name}},
+        namespace=NS)
+
+
+async def _submit_to(kube: KubeApi, name: str, queue: str) -> dict[str, Any]:
+    """A topology MPIJob of 2 workers x 1 GPU in `queue`; Kueue's webhook suspends it."""
+    await eventually(lambda: _gpus(kube), within=90, what="the node's 8 GPUs registered")
+    job = mpijob(name, NS, workers=2)
+    job["metadata"].setdefault("labels", {})[QUEUE_LABEL] = queue
+    made = await kube.create(MPIJOBS, job, namespace=NS)
+    assert made["spec"]["runPolicy"]["suspend"] is True  # Kueue's MPIJob webhook
+    return made
+
+
+async def _gpus(kube: KubeApi) -> bool:
+    node = await kube.get(NODES, NODE_NAME)
+    return bool(node["status"].get("allocatable", {}).get(keys.GPU_RESOURCE) == "8")
+
+
+async def _workload(kube: KubeApi, job: str) -> dict[str, Any] | None:
+    for w in (await kube.list(WORKLOADS, namespace=NS))["items"]:
+        if any(o["name"] == job for o in w["metadata"].get("ownerReferences") or []):
+            return dict(w)
+    return None
+
+
+def _condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    for c in (obj or {}).get("status", {}).get("conditions") or []:
+        if c["type"] == kind:
+            return dict(c)
+    return {}
+
+
+async def _admitted(kube: KubeApi, name: str) -> dict[str, Any] | None:
+    job = await kube.get(MPIJOBS, name, namespace=NS)
+    return None if job["spec"]["runPolicy"].get("suspend") else dict(job)
+
+
+async def _start(kube: KubeApi, job: dict[str, Any], gated: int | None = None) -> None:
+    """What the MPI operator does for an unsuspended MPIJob: its launcher Job and workers
+    (worker `gated` with a scheduling gate, as a quota or topology controller would add)."""
+    await kube.create(JOBS, operators.mpi_launcher_job(job), namespace=NS)
+    for i, pod in enumerate(operators.mpi_worker_pods(job)):
+        if i == gated:
+            pod["spec"]["schedulingGates"] = [{"name": GATE}]
+        await kube.create(PODS, pod, namespace=NS)
+
+
+async def _taint(kube: KubeApi, on: bool) -> None:
+    node = await kube.get(NODES, NODE_NAME)
+    taints = [t for t in node["spec"].get("taints") or [] if t["key"] != TAINT["key"]]
+    await kube.patch(NODES, NODE_NAME, {"spec": {"taints": taints + ([TAINT] if on else [])}})
+
+
+async def test_over_quota_a_job_waits_suspended_then_the_binder_places_it_whole(
+        kube: KubeApi, kueue: schedulers.Neighbour) -> None:
+    await ensure_namespace(kube, NS, {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED})
+    toleration = {"key": TAINT["key"], "operator": "Equal", "value": TAINT["value"],
+                  "effect": TAINT["effect"]}
+    await _queue(kube, "gpu-pool", {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED},
+                 gpus=1, tolerations=[toleration])
+    await _taint(kube, on=True)
+    try:
+        await _submit_to(kube, "kq-topo", "gpu-pool")
+
+        async def over_quota() -> bool:
+            reserved = _condition(await _workload(kube, "kq-topo"), "QuotaReserved")
+            return reserved.get("status") == "False" and "insufficient" in reserved["message"]
+        await eventually(over_quota, within=60, what="Kueue to hold kq-topo for want of quota")
+        for _ in range(6):  # held: suspended, no pods, nothing of Muster's
+            assert await _admitted(kube, "kq-topo") is None
+            await asyncio.sleep(0.5)
+        assert await pods_of(kube, NS, "kq-topo") == []
+        for groups in (VOLCANO_PODGROUPS, COSCHEDULING_PODGROUPS):
+            assert (await kube.list(groups, namespace=NS))["items"] == []
+
+        await kube.patch(CLUSTER_QUEUES, "gpu-pool", {"spec": {"resourceGroups": [{
+            "coveredResources": ["cpu", "memory", keys.GPU_RESOURCE],
+            "flavors": [{"name": "gpu-pool", "resources": [
+                {"name": "cpu", "nominalQuota": "1"}, {"name": "memory", "nominalQuota": "1Gi"},
+                {"name": keys.GPU_RESOURCE, "nominalQuota": "8"}]}]}]}})
+        job = await eventually(lambda: _admitted(kube, "kq-topo"), within=60,
+                               what="Kueue to admit kq-topo once the quota is there")
+        worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+        assert worker["nodeSelector"][keys.LABEL_GPU_TOPOLOGY] == keys.LABEL_GPU_TOPOLOGY_ENABLED
+        assert toleration in worker["tolerations"]
+
+        await _start(kube, job, gated=1)
+        for _ in range(10):  # a gated worker: the binder binds none of the gang
+            pods = await pods_of(kube, NS, "kq-topo")
+            assert len(pods) <= 3 and bound(pods) == []
+            await asyncio.sleep(0.5)
+        await kube.patch(PODS, "kq-topo-worker-1", {"spec": {"schedulingGates": None}},
+                         namespace=NS)
+
+        async def whole() -> list[dict[str, Any]]:
+            pods = await pods_of(kube, NS, "kq-topo")
+            return pods if len(pods) == 3 and len(bound(pods)) == 3 else []
+        pods = await eventually(whole, within=90, what="the binder to place kq-topo whole")
+        assert {p["spec"]["schedulerName"] for p in pods} == {"muster-binder"}
+        gpus = [i for p in pods if p["metadata"]["labels"][operators.JOB_ROLE_LABEL] == "worker"
+                for c in json.loads(p["metadata"]["annotations"][keys.ANN_GPU_ASSIGNMENT])[
+                    "containers"].values() for i in c["indices"]]
+        assert len(gpus) == 2 and len(set(gpus)) == 2
+    finally:
+        await _taint(kube, on=False)
+        await delete_jobs(kube, NS, ["kq-topo"])
+
+
+async def test_a_flavor_with_no_node_is_never_bound_and_kueue_evicts_it(
+        kube: KubeApi, kueue: schedulers.Neighbour) -> None:
+    await ensure_namespace(kube, NS, {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED})
+    await _queue(kube, "nowhere", {"muster.io/pool": "nowhere"}, gpus=8)
+    try:
+        await _submit_to(kube, "kq-nowhere", "nowhere")
+        job = await eventually(lambda: _admitted(kube, "kq-nowhere"), within=60,
+                               what="Kueue to admit kq-nowhere")
+        await _start(kube, job)
+
+        async def evicted() -> dict[str, Any]:
+            assert bound(await pods_of(kube, NS, "kq-nowhere")) == []  # never, all along
+            return _condition(await _workload(kube, "kq-nowhere"), "Evicted")
+        found = await eventually(evicted, within=KUEUE_PODS_READY_TIMEOUT + 60,
+                                 what="waitForPodsReady to evict the unplaceable job")
+        assert found["reason"] == "PodsReadyTimeout"
+        await eventually(lambda: _suspended(kube, "kq-nowhere"), within=30,
+                         what="Kueue to suspend the evicted MPIJob")
+        pods = await pods_of(kube, NS, "kq-nowhere")
+        assert pods and bound(pods) == []
+        assert all(p["spec"]["nodeSelector"] == {"muster.io/pool": "nowhere"} for p in pods)
+    finally:
+        await delete_jobs(kube, NS, ["kq-nowhere"])
+
+
+async def _suspended(kube: KubeApi, name: str) -> bool:
+    return bool((await kube.get(MPIJOBS, name, namespace=NS))["spec"]["runPolicy"]
+                .get("suspend"))

@@ -1,0 +1,58 @@
+"""The configuration `e2e.node.schedulers` hands the neighbour schedulers: pure data, checked
+without building or running anything."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+from e2e.node import schedulers, versions
+
+
+def test_the_coscheduling_profile_is_the_plugins_own_with_our_name_and_qps() -> None:
+    config = schedulers.coscheduling_config(Path("/k"), "second", qps=1000, reject_percentage=30)
+    assert config["clientConnection"] == {"kubeconfig": "/k", "qps": 1000, "burst": 1000}
+    (profile,) = config["profiles"]
+    assert profile["schedulerName"] == "second"
+    assert profile["plugins"]["queueSort"] == {"enabled": [{"name": "Coscheduling"}],
+                                               "disabled": [{"name": "*"}]}
+    assert profile["pluginConfig"][0]["args"]["podGroupRejectPercentage"] == 30
+    assert "qps" not in schedulers.coscheduling_config(Path("/k"), "s")["clientConnection"]
+
+
+def _hook(name: str, path: str) -> dict[str, object]:
+    return {"name": name, "clientConfig": {"service": {"name": "webhook-service",
+                                                       "namespace": "kueue-system",
+                                                       "path": path}}}
+
+
+def test_kueue_webhooks_keep_our_integrations_and_call_the_manager_by_url() -> None:
+    manifests = [{"apiVersion": "admissionregistration.k8s.io/v1",
+                  "kind": "MutatingWebhookConfiguration",
+                  "metadata": {"name": "mutating-webhook-configuration"},
+                  "webhooks": [_hook("mjob.kb.io", "/mutate-batch-v1-job"),
+                               _hook("mpod.kb.io", "/mutate--v1-pod"),
+                               _hook("mmpijob.kb.io", "/mutate-kubeflow-org-v2beta1-mpijob"),
+                               _hook("mcq.kb.io", "/mutate-kueue-x-k8s-io-v1beta2-clusterqueue")]},
+                 {"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "v"},
+                  "webhooks": [_hook("vray.kb.io", "/validate-ray-io-v1-rayjob")]}]
+    (doc,) = schedulers.kueue_webhooks(manifests, "https://10.255.0.1:9643", b"CA")
+    assert doc["metadata"] == {"name": "kueue-mutating-webhook-configuration"}
+    assert [h["name"] for h in doc["webhooks"]] == ["mjob.kb.io", "mmpijob.kb.io", "mcq.kb.io"]
+    assert doc["webhooks"][0]["clientConfig"] == {
+        "url": "https://10.255.0.1:9643/mutate-batch-v1-job",
+        "caBundle": base64.b64encode(b"CA").decode()}
+
+
+def test_kueue_runs_outside_the_cluster_with_our_certificate() -> None:
+    config = schedulers.kueue_config(host="10.255.0.1", port=9643, cert_dir=Path("/c"),
+                                     health="127.0.0.1:8681", pods_ready_timeout="40s")
+    assert config["internalCertManagement"] == {"enable": False}
+    assert config["webhook"] == {"host": "10.255.0.1", "port": 9643, "certDir": "/c"}
+    assert config["integrations"]["frameworks"] == ["batch/job", "kubeflow.org/mpijob"]
+    assert config["waitForPodsReady"]["timeout"] == "40s"
+
+
+def test_volcano_says_which_releases_the_proxy_refused() -> None:
+    why = schedulers.volcano_blocked()
+    assert all(v in why for v in versions.VOLCANO_TRIED)
