@@ -1,7 +1,7 @@
 """Muster's binder against the real kube-scheduler, on the same real kube-apiserver.
 
     sudo .venv/bin/python bench/bench_scheduler.py [--nodes 500] [--gangs 100] [--rate 100]
-        [--rounds 2] [--variants kube-scheduler,kube-scheduler-qps1000,muster]
+        [--rounds 2] [--variants kube-scheduler,kube-scheduler-qps1000,muster,...]
 
 etcd and kube-apiserver (the real tier's binaries, built from the Go module proxy at the pinned
 release; `MUSTER_K8S_VERSION` picks another, `MUSTER_K8S_BIN` takes your own) run in a network
@@ -15,7 +15,14 @@ through the API. The pods are bench_binder's jobs: 4 workers x 1 GPU and a 0-GPU
 - `kube-scheduler-qps1000`: the same with `--kube-api-qps 1000 --kube-api-burst 1000`, as busy
   clusters run it;
 - `muster`: `muster bind` places the same pods as gangs (one Binding per pod, all of a gang's at
-  once, each carrying the pod's GPU assignment and the gang's record).
+  once, each carrying the pod's GPU assignment and the gang's record);
+- `coscheduling`, `coscheduling-qps1000`: the fair rival, a gang scheduler: scheduler-plugins'
+  kube-scheduler with the coscheduling plugin (`e2e.node.schedulers`, built from the module proxy
+  on Kubernetes 1.34), at the binary's default QPS and at 1000, places the same pods as gangs of
+  the same size: each job a `scheduling.x-k8s.io` PodGroup (minMember 5, the minResources Muster
+  writes) and the pods labelled into it. It is built on 1.34: run it with
+  `MUSTER_K8S_VERSION=v1.34.4` (a kube-scheduler may be one minor older than its API server, no
+  more), and compare the variants of the same run.
 
 Each runs as its own process, alone, started for its run and stopped after it. Two figures per run,
 the pods deleted (grace 0) between runs, the variants in a rotated order per round:
@@ -51,6 +58,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
@@ -58,17 +67,30 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_binder import NS, BindWatch, gang_pods, node, pct, stage_breakdown  # noqa: E402
 from bench_serve import free_port  # noqa: E402
 
-from e2e.node import versions  # noqa: E402
+from e2e.node import schedulers, versions  # noqa: E402
 from e2e.node.assets import binaries, missing_prerequisites  # noqa: E402
 from e2e.node.cluster import write_pki  # noqa: E402
+from e2e.node.kubectl import SHARED_CRDS  # noqa: E402
 from webhook import keys  # noqa: E402
-from webhook.kube import EVENTS, NAMESPACES, NODES, PODS, KubeApi, make_api_client  # noqa: E402
+from webhook.kube import (  # noqa: E402
+    COSCHEDULING_PODGROUPS,
+    CRDS,
+    EVENTS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    KubeApi,
+    make_api_client,
+)
 from webhook.kube.api import Resource  # noqa: E402
+from webhook.quantity import milli, parse_quantity, units  # noqa: E402
 from webhook.topology import builtin, encode  # noqa: E402
 
 INNER = "MUSTER_BENCH_SCHEDULER_INNER"
 API = "https://127.0.0.1:6443"
-VARIANTS = ("kube-scheduler", "kube-scheduler-qps1000", "muster")
+VARIANTS = ("kube-scheduler", "kube-scheduler-qps1000", "muster", "coscheduling",
+            "coscheduling-qps1000")
+COSCHEDULING = ("coscheduling", "coscheduling-qps1000")
 MUSTER_ONLY = (keys.ANN_GANG_NAME, keys.ANN_GANG_MIN_MEMBER, keys.ANN_GPU_TOPOLOGY)
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", True, "ServiceAccount")
 
@@ -157,6 +179,13 @@ async def scheduler(variant: str, bins: dict[str, str], kubeconfig: Path,
         metrics = f"http://127.0.0.1:{port}/metrics"
         argv = [sys.executable, "-m", "webhook", "--log-level", "warning", "bind",
                 "--kubeconfig", str(kubeconfig), "--metrics-port", str(port)]
+    elif variant in COSCHEDULING:
+        config = log.with_suffix(".yaml")
+        config.write_text(json.dumps(schedulers.coscheduling_config(
+            kubeconfig, schedulers.COSCHEDULING_NAME,
+            qps=1000 if variant.endswith("qps1000") else None)))
+        argv = [str(schedulers.build_coscheduling()), "--config", str(config),
+                "--bind-address", "127.0.0.1", "--v=1"]
     else:
         argv = [bins["kube-scheduler"], "--kubeconfig", str(kubeconfig), "--leader-elect=false",
                 "--bind-address", "127.0.0.1", "--v=1"]
@@ -180,7 +209,8 @@ async def scheduler(variant: str, bins: dict[str, str], kubeconfig: Path,
 # --- the jobs --------------------------------------------------------------------------------
 
 def job_pods(g: int, variant: str) -> list[dict[str, Any]]:
-    """bench_binder's job g; for kube-scheduler, the same pods without Muster's gang (plain)."""
+    """bench_binder's job g; for kube-scheduler, the same pods without Muster's gang (plain);
+    for coscheduling, in the job's PodGroup (`pod_group`) instead."""
     pods = gang_pods(g)
     if variant != "muster":
         for p in pods:
@@ -188,7 +218,37 @@ def job_pods(g: int, variant: str) -> list[dict[str, Any]]:
             for key in MUSTER_ONLY:
                 ann.pop(key, None)
             p["spec"]["schedulerName"] = "default-scheduler"
+            if variant in COSCHEDULING:
+                p["metadata"]["labels"][keys.COSCHEDULING_GROUP_LABEL] = f"job-{g:04d}"
+                p["spec"]["schedulerName"] = schedulers.COSCHEDULING_NAME
     return pods
+
+
+def pod_group(g: int) -> dict[str, Any]:
+    """Job g's coscheduling PodGroup as Muster writes it (minMember: every pod; minResources:
+    the sum of their requests, a limit standing for a missing request)."""
+    nanos: dict[str, int] = {}
+    for p in gang_pods(g):
+        for c in p["spec"]["containers"]:
+            wanted = {**c["resources"].get("limits", {}), **c["resources"].get("requests", {})}
+            for k, v in wanted.items():
+                nanos[k] = nanos.get(k, 0) + parse_quantity(v)[0]
+    total = {k: f"{milli(n)}m" if k == "cpu" else str(units(n)) for k, n in nanos.items()}
+    return {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+            "metadata": {"name": f"job-{g:04d}"}, "spec": {"minMember": 5, "minResources": total}}
+
+
+async def podgroup_crd(kube: KubeApi) -> None:
+    """The coscheduling PodGroup CRD (the one the real tier installs), served."""
+    crd = yaml.safe_load((SHARED_CRDS / "scheduler-plugins-podgroups.yaml").read_text())
+    await kube.create(CRDS, crd)
+    for _ in range(100):
+        got = await kube.get(CRDS, crd["metadata"]["name"])
+        if any(c["type"] == "Established" and c["status"] == "True"
+               for c in got.get("status", {}).get("conditions") or []):
+            return
+        await asyncio.sleep(0.1)
+    raise SystemExit("the PodGroup CRD was not established")
 
 
 def ready_node(name: str, annotation: str) -> dict[str, Any]:
@@ -309,6 +369,10 @@ async def bench(args: argparse.Namespace, env: Env) -> None:
         # controller sees it Ready; there is none here, so the taint goes as it would
         await asyncio.gather(*(kube.patch(NODES, n["metadata"]["name"], {
             "spec": {"taints": n["spec"]["taints"]}}) for n in nodes))
+        if set(args.variants) & set(COSCHEDULING):
+            await podgroup_crd(kube)
+            await create_all(kube, [pod_group(g) for g in range(args.gangs)],
+                             COSCHEDULING_PODGROUPS, NS)
         sample = await kube.get(NODES, "dgx-00000")
         assert sample["status"]["allocatable"][keys.GPU_RESOURCE] == "8", sample["status"]
         assert sample["spec"]["taints"] == nodes[0]["spec"]["taints"], sample["spec"]
@@ -393,6 +457,13 @@ def main() -> int:
     if why is not None:
         raise SystemExit(f"bench_scheduler: {why}")
     binaries()  # built (once) here, where the Go module proxy is reachable
+    if set(args.variants) & set(COSCHEDULING):
+        minor = int(versions.kubernetes().split(".")[1])
+        built_on = versions.SCHEDULER_PLUGINS_KUBERNETES
+        if minor - int(built_on.split(".")[1]) not in (0, 1):
+            parser.error(f"the coscheduling variants are built on Kubernetes {built_on}: run "
+                         f"them with MUSTER_K8S_VERSION={built_on}")
+        schedulers.build_coscheduling()
     # a network and PID namespace of its own: every address is its 127.0.0.1, and every process
     # (etcd, kube-apiserver, the schedulers) dies with it
     return subprocess.call(
