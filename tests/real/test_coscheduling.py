@@ -28,11 +28,12 @@ NS = "team-b"  # policy mpi-coscheduling
 
 
 def _job(name: str, millicores: int, **scheduling: Any) -> dict[str, Any]:
-    """An MPIJob of 3 workers and a launcher (a gang of 4), each pod asking `millicores`."""
+    """An MPIJob of 3 workers and a launcher (a gang of 4), each pod asking `millicores` and
+    no GPU (the node's GPUs are handed out by Muster's binder only)."""
     job = mpijob(name, NS, workers=3, **scheduling)
     for spec in job["spec"]["mpiReplicaSpecs"].values():
         for c in spec["template"]["spec"]["containers"]:
-            c["resources"]["requests"] = {"cpu": f"{millicores}m", "memory": "32Mi"}
+            c["resources"] = {"requests": {"cpu": f"{millicores}m", "memory": "32Mi"}}
     return job
 
 
@@ -116,7 +117,10 @@ async def test_a_gang_that_cannot_complete_times_out_and_releases_what_it_held(
         assert group["spec"]["scheduleTimeoutSeconds"] == 15
 
         def waiting() -> bool:  # the workers passed Filter and hold their node in Permit
-            return coscheduling.tail(400).count("Pod is waiting to be scheduled to node") >= 3
+            return len({line.split("gang-timeout-worker-")[1][:1]
+                        for line in coscheduling.tail(400).splitlines()
+                        if "Pod is waiting to be scheduled to node" in line
+                        and "gang-timeout-worker-" in line}) == 3
         await eventually(waiting, within=60, what="the 3 workers waiting in Permit")
         await kube.create(PODS, rival, namespace=NS)
         refused = await eventually(lambda: _refused(kube, "cosched-rival"), within=10,
