@@ -35,9 +35,11 @@ COSCHEDULING_BINARY = "kube-scheduler"
 #: the second scheduler's name, as scheduler-plugins' Helm chart names it (and the shipped
 #: mpi-coscheduling policy)
 COSCHEDULING_NAME = "scheduler-plugins-scheduler"
-#: a gang with at most this share unplaced keeps its waiting pods when one fails, so they wait
-#: out the PodGroup's scheduleTimeoutSeconds instead of being rejected at once
-COSCHEDULING_REJECT_PERCENTAGE = 30
+#: the plugin's podGroupRejectPercentage for the timeout scenario: when a member fails Filter,
+#: its waiting siblings are rejected at once unless at most this share of the gang is unplaced
+#: (default 10). At 100 they are never rejected early, so they hold their node until their
+#: PodGroup's scheduleTimeoutSeconds: the timeout itself is what the scenario proves
+COSCHEDULING_REJECT_PERCENTAGE = 100
 #: the plugin requeues a gang its PreFilter refused (minResources not free) only on a pod add or
 #: a PodGroup change; capacity that frees up is seen at the scheduler's flush of unschedulable
 #: pods, 5 min by default: 20 s here (the flag is deprecated but still served in 1.34)
