@@ -3,7 +3,6 @@ without building or running anything."""
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 
 from e2e.node import schedulers, versions
@@ -26,7 +25,7 @@ def _hook(name: str, path: str) -> dict[str, object]:
                                                        "path": path}}}
 
 
-def test_kueue_webhooks_keep_our_integrations_and_call_the_manager_by_url() -> None:
+def test_kueue_webhooks_keep_our_integrations_and_call_its_service() -> None:
     manifests = [{"apiVersion": "admissionregistration.k8s.io/v1",
                   "kind": "MutatingWebhookConfiguration",
                   "metadata": {"name": "mutating-webhook-configuration"},
@@ -36,18 +35,31 @@ def test_kueue_webhooks_keep_our_integrations_and_call_the_manager_by_url() -> N
                                _hook("mcq.kb.io", "/mutate-kueue-x-k8s-io-v1beta2-clusterqueue")]},
                  {"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "v"},
                   "webhooks": [_hook("vray.kb.io", "/validate-ray-io-v1-rayjob")]}]
-    (doc,) = schedulers.kueue_webhooks(manifests, "https://10.255.0.1:9643", b"CA")
+    (doc,) = schedulers.kueue_webhooks(manifests)
     assert doc["metadata"] == {"name": "kueue-mutating-webhook-configuration"}
     assert [h["name"] for h in doc["webhooks"]] == ["mjob.kb.io", "mmpijob.kb.io", "mcq.kb.io"]
-    assert doc["webhooks"][0]["clientConfig"] == {
-        "url": "https://10.255.0.1:9643/mutate-batch-v1-job",
-        "caBundle": base64.b64encode(b"CA").decode()}
+    assert doc["webhooks"][0]["clientConfig"] == {"service": {
+        "namespace": "kueue-system", "name": "kueue-webhook-service",
+        "path": "/mutate-batch-v1-job"}}
+    service, endpoints = schedulers.kueue_service("10.255.0.1", 9643)
+    assert service["spec"]["ports"][0]["targetPort"] == 9643 and "selector" not in service["spec"]
+    assert endpoints["subsets"][0]["addresses"] == [{"ip": "10.255.0.1"}]
+
+
+def test_kueues_converted_crds_call_its_webhook() -> None:
+    crd = {"spec": {"names": {"plural": "workloads"}, "versions": []}}
+    conversion = schedulers.kueue_crd(crd)["spec"]["conversion"]
+    assert conversion["strategy"] == "Webhook"
+    assert conversion["webhook"]["clientConfig"]["service"]["path"] == "/convert"
+    flavors = {"spec": {"names": {"plural": "resourceflavors"}}}
+    assert schedulers.kueue_crd(flavors) == flavors
 
 
 def test_kueue_runs_outside_the_cluster_with_our_certificate() -> None:
     config = schedulers.kueue_config(host="10.255.0.1", port=9643, cert_dir=Path("/c"),
                                      health="127.0.0.1:8681", pods_ready_timeout="40s")
-    assert config["internalCertManagement"] == {"enable": False}
+    assert config["internalCertManagement"] == {"enable": True,
+                                                "webhookServiceName": "kueue-webhook-service"}
     assert config["webhook"] == {"host": "10.255.0.1", "port": 9643, "certDir": "/c"}
     assert config["integrations"]["frameworks"] == ["batch/job", "kubeflow.org/mpijob"]
     assert config["waitForPodsReady"]["timeout"] == "40s"

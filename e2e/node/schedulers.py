@@ -17,7 +17,6 @@ and the cold build time.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import signal
 import subprocess
@@ -149,35 +148,67 @@ KUEUE_FRAMEWORKS = ("batch/job", "kubeflow.org/mpijob")
 _KUEUE_PATHS = ("-batch-v1-job", "-kubeflow-org-v2beta1-mpijob", "-kueue-x-k8s-io-")
 
 
+KUEUE_NAMESPACE = "kueue-system"
+#: Kueue's own certificate manager names the Service its certificate is for, and the webhook
+#: configurations (`kueue-{mutating,validating}-webhook-configuration`) it writes the CA into
+KUEUE_SERVICE = "kueue-webhook-service"
+#: the CRDs Kueue converts between API versions (its kustomize patches give them a conversion
+#: webhook; its certificate manager writes the CA into each)
+KUEUE_CONVERTED = ("localqueues", "clusterqueues", "workloads", "cohorts", "multikueueclusters")
+
+
 def kueue_config(*, host: str, port: int, cert_dir: Path, health: str,
                  pods_ready_timeout: str) -> dict[str, Any]:
     """Kueue's Configuration for a manager run outside the cluster: no leader election, no
-    metrics, its webhook server on `host:port` with our certificate in `cert_dir` (Kueue's own
-    certificate manager would write a Secret for an in-cluster Service instead), and
-    waitForPodsReady with `pods_ready_timeout`."""
+    metrics, its webhook server on `host:port` (a selector-less Service `KUEUE_SERVICE` points
+    there) with the certificate its own manager makes into `cert_dir`, and waitForPodsReady with
+    `pods_ready_timeout`. (Without its certificate manager Kueue wants a metrics certificate at
+    the fixed path /etc/kueue/metrics/certs.)"""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
-        "namespace": "kueue-system", "health": {"healthProbeBindAddress": health},
+        "namespace": KUEUE_NAMESPACE, "health": {"healthProbeBindAddress": health},
         "metrics": {"bindAddress": "0"}, "leaderElection": {"leaderElect": False},
         "webhook": {"host": host, "port": port, "certDir": str(cert_dir)},
-        "internalCertManagement": {"enable": False},
+        "internalCertManagement": {"enable": True, "webhookServiceName": KUEUE_SERVICE},
         "waitForPodsReady": {"timeout": pods_ready_timeout, "blockAdmission": False},
         "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)}}
 
 
-def kueue_webhooks(manifests: list[dict[str, Any]], url: str, ca_pem: bytes
-                   ) -> list[dict[str, Any]]:
+def kueue_crd(crd: dict[str, Any]) -> dict[str, Any]:
+    """Kueue's CRD as its kustomize patches install it: the converted ones call its webhook."""
+    if crd["spec"]["names"]["plural"] not in KUEUE_CONVERTED:
+        return crd
+    return {**crd, "spec": {**crd["spec"], "conversion": {"strategy": "Webhook", "webhook": {
+        "clientConfig": {"service": {"namespace": KUEUE_NAMESPACE, "name": KUEUE_SERVICE,
+                                     "path": "/convert"}},
+        "conversionReviewVersions": ["v1"]}}}}
+
+
+def kueue_service(address: str, port: int) -> list[dict[str, Any]]:
+    """The webhook Service, without a selector, and its Endpoints at `address:port` (the manager
+    beside the cluster; the API server's endpoint routing reads them, and the mirroring
+    controller makes the EndpointSlice)."""
+    return [{"apiVersion": "v1", "kind": "Service",
+             "metadata": {"name": KUEUE_SERVICE, "namespace": KUEUE_NAMESPACE},
+             "spec": {"ports": [{"name": "https", "port": 443, "targetPort": port}]}},
+            {"apiVersion": "v1", "kind": "Endpoints",
+             "metadata": {"name": KUEUE_SERVICE, "namespace": KUEUE_NAMESPACE},
+             "subsets": [{"addresses": [{"ip": address}],
+                          "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}]}]
+
+
+def kueue_webhooks(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Kueue's own webhook configurations (config/components/webhook/manifests.yaml) with only
-    the webhooks of `KUEUE_FRAMEWORKS` and Kueue's kinds, each pointed at `url` (the manager
-    outside the cluster) instead of its in-cluster Service."""
+    the webhooks of `KUEUE_FRAMEWORKS` and Kueue's kinds, named and pointed at its Service as
+    its kustomization does (Kueue writes the CA bundle in)."""
     out = []
     for doc in manifests:
         hooks = []
         for hook in doc.get("webhooks") or []:
             path = hook["clientConfig"]["service"]["path"]
             if any(part in path for part in _KUEUE_PATHS):
-                hooks.append({**hook, "clientConfig": {
-                    "url": url + path, "caBundle": base64.b64encode(ca_pem).decode()}})
+                hooks.append({**hook, "clientConfig": {"service": {
+                    "namespace": KUEUE_NAMESPACE, "name": KUEUE_SERVICE, "path": path}}})
         if hooks:
             name = doc["metadata"]["name"]
             out.append({**doc, "metadata": {"name": f"kueue-{name}"}, "webhooks": hooks})

@@ -46,7 +46,6 @@ from e2e.node.cluster import NodeCluster
 from e2e.node.launcher import NODE_IP
 from e2e.probes import open_volcano_queues
 from webhook import keys
-from webhook.certs import pki
 from webhook.kube import KubeApi, make_api_client
 
 
@@ -226,19 +225,15 @@ def coscheduling(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFac
 @pytest.fixture(scope="module")
 def kueue(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[schedulers.Neighbour]:
-    """Kueue's manager (its controllers and webhooks) beside the cluster, with its own CRDs and
-    webhook configurations read from the module cache; the webhooks call it at the node's
-    address with a certificate of ours. Removed again after the module: its Job webhook fails
-    closed."""
+    """Kueue's manager (its controllers, webhooks and certificate manager) beside the cluster,
+    with its own CRDs and webhook configurations read from the module cache; its webhook Service
+    has Endpoints at the node's address, where the manager listens. The webhook
+    configurations go again after the module: its Job webhook fails closed."""
     started = time.monotonic()
     binary = schedulers.build_kueue()
     source = schedulers.module_dir("sigs.k8s.io/kueue", versions.KUEUE)
     work = tmp_path_factory.mktemp("kueue")
-    ca = pki.generate_ca("muster-test-kueue-ca", days=1)
-    serving = pki.issue_serving_cert(ca, ["kueue-webhook"], [NODE_IP], days=1)
     (work / "certs").mkdir()
-    (work / "certs" / "tls.crt").write_bytes(serving.cert_pem)
-    (work / "certs" / "tls.key").write_bytes(serving.key_pem)
     port, health = 9643, "127.0.0.1:8681"
     config = work / "config.yaml"
     config.write_text(yaml.safe_dump(schedulers.kueue_config(
@@ -246,20 +241,22 @@ def kueue(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
         pods_ready_timeout=f"{KUEUE_PODS_READY_TIMEOUT}s")))
     hooks = work / "webhooks.yaml"
     manifests = source / "config" / "components" / "webhook" / "manifests.yaml"
-    hooks.write_text(yaml.safe_dump_all(schedulers.kueue_webhooks(
-        [d for d in yaml.safe_load_all(manifests.read_text()) if d],
-        f"https://{NODE_IP}:{port}", ca.cert_pem)))
+    hooks.write_text(yaml.safe_dump_all(
+        schedulers.kueue_service(NODE_IP, port) + schedulers.kueue_webhooks(
+            [d for d in yaml.safe_load_all(manifests.read_text()) if d])))
+    crds = work / "crds.yaml"
+    crds.write_text(yaml.safe_dump_all([schedulers.kueue_crd(yaml.safe_load(f.read_text()))
+        for f in sorted((source / "config" / "components" / "crd" / "bases").glob("*.yaml"))]))
     with node_cluster.netns():
-        for crd in sorted((source / "config" / "components" / "crd" / "bases").glob("*.yaml")):
-            kubectl(node_cluster, "apply", "--server-side", "--force-conflicts", "-f", str(crd))
+        kubectl(node_cluster, "apply", "--server-side", "--force-conflicts", "-f", str(crds))
         wait_established(node_cluster)
-        kubectl(node_cluster, "create", "namespace", "kueue-system", check=False)
+        kubectl(node_cluster, "create", "namespace", schedulers.KUEUE_NAMESPACE, check=False)
+        kubectl(node_cluster, "apply", "-f", str(hooks))
         neighbour = schedulers.Neighbour(
             "kueue", [str(binary), "--config", str(config), "--zap-log-level=2"],
             work / "kueue.log", env={**os.environ, "KUBECONFIG": str(node_cluster.kubeconfig)})
         try:
             _wait_healthy(neighbour, f"http://{health}/readyz")
-            kubectl(node_cluster, "apply", "-f", str(hooks))
         except BaseException:
             neighbour.stop()
             raise
