@@ -41,7 +41,8 @@ def test_kueue_webhooks_keep_our_integrations_and_call_its_service() -> None:
     assert doc["webhooks"][0]["clientConfig"] == {"service": {
         "namespace": "kueue-system", "name": "kueue-webhook-service",
         "path": "/mutate-batch-v1-job"}}
-    service, endpoints = schedulers.kueue_service("10.255.0.1", 9643)
+    secret, service, endpoints = schedulers.kueue_service("10.255.0.1", 9643)
+    assert secret["metadata"]["name"] == "kueue-webhook-server-cert"
     assert service["spec"]["ports"][0]["targetPort"] == 9643 and "selector" not in service["spec"]
     assert endpoints["subsets"][0]["addresses"] == [{"ip": "10.255.0.1"}]
 

@@ -187,8 +187,11 @@ def kueue_crd(crd: dict[str, Any]) -> dict[str, Any]:
 def kueue_service(address: str, port: int) -> list[dict[str, Any]]:
     """The webhook Service, without a selector, and its Endpoints at `address:port` (the manager
     beside the cluster; the API server's endpoint routing reads them, and the mirroring
-    controller makes the EndpointSlice)."""
-    return [{"apiVersion": "v1", "kind": "Service",
+    controller makes the EndpointSlice); and the empty Secret Kueue's certificate manager fills
+    (config/components/internalcert: it updates the Secret, never creates it)."""
+    return [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+             "metadata": {"name": "kueue-webhook-server-cert", "namespace": KUEUE_NAMESPACE}},
+            {"apiVersion": "v1", "kind": "Service",
              "metadata": {"name": KUEUE_SERVICE, "namespace": KUEUE_NAMESPACE},
              "spec": {"ports": [{"name": "https", "port": 443, "targetPort": port}]}},
             {"apiVersion": "v1", "kind": "Endpoints",
