@@ -14,6 +14,8 @@ under CI=true that skip is a failure.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import ssl
 import sys
@@ -222,6 +224,26 @@ def coscheduling(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFac
     neighbour.stop()
 
 
+def _mount_secret(cluster: NodeCluster, neighbour: schedulers.Neighbour, into: Path,
+                  within: float = 90) -> None:
+    """What the kubelet's Secret volume does for Kueue in a cluster: its certificate manager
+    fills the webhook Secret, then waits to find the same files in its certificate directory."""
+    deadline = time.monotonic() + within
+    while True:
+        out = kubectl(cluster, "get", "secret", "-n", schedulers.KUEUE_NAMESPACE,
+                      "kueue-webhook-server-cert", "-o", "json", check=False).stdout
+        data = json.loads(out or "{}").get("data") or {}
+        if {"ca.crt", "tls.crt", "tls.key"} <= set(data):
+            for name, value in data.items():
+                (into / name).write_bytes(base64.b64decode(value))
+            return
+        gone = neighbour.alive()
+        if gone or time.monotonic() > deadline:
+            raise RuntimeError(gone or f"Kueue filled no certificate Secret within "
+                               f"{within:.0f} s:\n{neighbour.tail()}")
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def kueue(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[schedulers.Neighbour]:
@@ -256,6 +278,7 @@ def kueue(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
             "kueue", [str(binary), "--config", str(config), "--zap-log-level=2"],
             work / "kueue.log", env={**os.environ, "KUBECONFIG": str(node_cluster.kubeconfig)})
         try:
+            _mount_secret(node_cluster, neighbour, work / "certs")
             _wait_healthy(neighbour, f"http://{health}/readyz")
         except BaseException:
             neighbour.stop()
