@@ -275,7 +275,10 @@ def kueue(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
         kubectl(node_cluster, "create", "namespace", schedulers.KUEUE_NAMESPACE, check=False)
         kubectl(node_cluster, "apply", "-f", str(hooks))
         neighbour = schedulers.Neighbour(
-            "kueue", [str(binary), "--config", str(config), "--zap-log-level=2"],
+            "kueue", [str(binary), "--config", str(config), "--zap-log-level=2",
+                      # its on-demand visibility API server wants in-cluster credentials (it
+                      # exits without them) and writes its certificate to /visibility
+                      "--feature-gates=VisibilityOnDemand=false"],
             work / "kueue.log", env={**os.environ, "KUBECONFIG": str(node_cluster.kubeconfig)})
         try:
             _mount_secret(node_cluster, neighbour, work / "certs")
