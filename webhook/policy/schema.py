@@ -191,7 +191,7 @@ class Match(_Model):
 
 
 class Gang(_Model):
-    backend: Literal["volcano", "coscheduling", "muster"]
+    backend: Literal["volcano", "coscheduling", "muster", "kubernetes"]
     minAvailable: MinAvailable = "auto"
     queue: str | None = None
     priorityClass: str | None = None
@@ -202,6 +202,9 @@ class Gang(_Model):
     #: against the cluster's Queues): Fallback to `fallbackQueue`, or admit WithoutGang
     unavailableQueue: Literal["Fallback", "WithoutGang"] = "Fallback"
     fallbackQueue: str = "default"
+    #: kubernetes: what happens when the cluster serves no Workload API (checked at admission
+    #: by discovery): Refuse the job's pods with the reason, or admit them WithoutGang
+    unavailableApi: Literal["Refuse", "WithoutGang"] = "Refuse"
 
     @field_validator("queue", "fallbackQueue")
     @classmethod
@@ -370,6 +373,7 @@ def contradictions(parts: Parts) -> list[tuple[Path, str]]:
             out.append((("spec", "gang", "scheduleTimeoutSeconds"),
                         "Volcano PodGroups have no schedule timeout; use backend coscheduling "
                         "or muster, or remove it"))
+        out.extend(_native_gang_problems(gang))
     topo = parts.topology
     if topo is not None and topo.mode == "off" and (
             topo.singleNode or topo.minRingGBps is not None or topo.allowedModels):
@@ -383,4 +387,24 @@ def contradictions(parts: Parts) -> list[tuple[Path, str]]:
         out.append((("spec", "topology", "mode"),
                     f"topology mode {topo.mode} needs gang backend muster (Muster's binder does "
                     f"topology-aware placement), got {got}"))
+    return out
+
+
+def _native_gang_problems(gang: Gang) -> list[tuple[Path, str]]:
+    """Fields the native Workload API has no place for (kube-scheduler's GangScheduling plugin
+    waits a fixed 5 minutes and reserves no resources), and the one only it reads."""
+    if gang.backend != "kubernetes":
+        if "unavailableApi" in gang.model_fields_set:
+            return [(("spec", "gang", "unavailableApi"), "unavailableApi is a setting of "
+                     f"backend kubernetes (the native Workload API); backend {gang.backend} "
+                     "does not use it")]
+        return []
+    out: list[tuple[Path, str]] = []
+    if gang.scheduleTimeoutSeconds is not None:
+        out.append((("spec", "gang", "scheduleTimeoutSeconds"),
+                    "the native Workload API has no schedule timeout (kube-scheduler waits 5 "
+                    "minutes); use backend coscheduling or muster, or remove it"))
+    if "minResources" in gang.model_fields_set:
+        out.append((("spec", "gang", "minResources"),
+                    "the native Workload API has no minResources; remove it"))
     return out
