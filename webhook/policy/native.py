@@ -124,14 +124,15 @@ def check_served(spec: PodGroupSpec, served: Mapping[str, Iterable[str]]) -> Nat
     api = pick_api(served)
     if api is not None:
         return NativeVerdict(api)
-    problem = (f"gang backend kubernetes: this cluster serves no Workload API ({GROUP} "
-               f"{', '.join(VERSIONS)}; it needs feature gate GenericWorkload and the version in "
-               "--runtime-config on the API server, and the gate on kube-scheduler)")
+    problem = (f"this cluster serves no Workload API ({GROUP} {', '.join(VERSIONS)}: it needs "
+               "feature gate GenericWorkload and the version in --runtime-config on the API "
+               "server, and the gate on kube-scheduler)")
     if spec.unavailable_api == "WithoutGang":
-        return NativeVerdict(None, f"{problem}: pod admitted without gang {spec.name} "
-                                   "(gang.unavailableApi WithoutGang)")
-    return NativeVerdict(None, f"{problem}: the pod is refused until the API is served, or the "
-                               "policy sets gang.unavailableApi: WithoutGang", refuse=True)
+        return NativeVerdict(None, f"pod admitted without gang {spec.name} (policy "
+                                   f"gang.unavailableApi WithoutGang): {problem}")
+    return NativeVerdict(None, f"gang {spec.name} (backend kubernetes): {problem}; the pod is "
+                               "refused until the API is served, or the policy sets "
+                               "gang.unavailableApi: WithoutGang", refuse=True)
 
 
 def with_api(decision: Decision, api: str) -> Decision:
