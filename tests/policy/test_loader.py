@@ -146,8 +146,8 @@ def test_a_broken_document_does_not_hide_the_next_ones() -> None:
     assert issues_of({"x.yaml": text}) == [
         "x.yaml:11:7: '[' opened here is not closed: did not find expected ',' or ']' at line "
         "12, column 1 (document 2)",
-        "x.yaml:21:14: spec.gang.backend: Input should be 'volcano', 'coscheduling', 'muster' or 'kubernetes' "
-        "(document 3, policy good)",
+        "x.yaml:21:14: spec.gang.backend: Input should be 'volcano', 'coscheduling', "
+        "'muster' or 'kubernetes' (document 3, policy good)",
         "x.yaml:23:7: \"'\" opened here is not closed: found unexpected document indicator at "
         "line 24, column 1 (document 4)",
     ]
@@ -212,8 +212,8 @@ def test_every_problem_of_every_document_in_one_run() -> None:
         "least one value (document 1, policy mpi)",
         "a.yaml:11:25: spec.match.gpus.max: max (2) is smaller than min (4) (document 1, "
         "policy mpi)",
-        "a.yaml:13:14: spec.gang.backend: Input should be 'volcano', 'coscheduling', 'muster' or 'kubernetes' "
-        "(document 1, policy mpi)",
+        "a.yaml:13:14: spec.gang.backend: Input should be 'volcano', 'coscheduling', "
+        "'muster' or 'kubernetes' (document 1, policy mpi)",
         "a.yaml:14:12: spec.gang.queue: 'Research' is not a valid queue name (lowercase DNS-1123 "
         "subdomain) (document 1, policy mpi)",
         "a.yaml:15:19: spec.istio.optOut: must be sidecar, ambient, both or none (true means "
@@ -236,8 +236,8 @@ def test_every_problem_of_every_document_in_one_run() -> None:
 def test_a_check_that_needs_an_invalid_field_waits_for_it() -> None:
     """The topology check needs the gang's backend: an invalid one is not taken for none."""
     assert issues_of({"t": policy("t", "gang: {backend: slurm}\ntopology: {mode: required}")}) == [
-        "t:6:19: spec.gang.backend: Input should be 'volcano', 'coscheduling', 'muster' or 'kubernetes' "
-        "(document 1, policy t)"]
+        "t:6:19: spec.gang.backend: Input should be 'volcano', 'coscheduling', "
+        "'muster' or 'kubernetes' (document 1, policy t)"]
 
 
 def test_apiversion_and_kind_do_not_hide_the_fields_of_a_policy() -> None:
@@ -246,8 +246,8 @@ def test_apiversion_and_kind_do_not_hide_the_fields_of_a_policy() -> None:
     assert msgs == [
         "v.yaml:1:13: apiVersion: must be 'muster.io/v1alpha1', got 'muster.io/v2' (document 1, "
         "policy good)",
-        "v.yaml:9:14: spec.gang.backend: Input should be 'volcano', 'coscheduling', 'muster' or 'kubernetes' "
-        "(document 1, policy good)"]
+        "v.yaml:9:14: spec.gang.backend: Input should be 'volcano', 'coscheduling', "
+        "'muster' or 'kubernetes' (document 1, policy good)"]
     # another kind of object: its fields (and its name) mean something else, only its kind is
     # named
     assert issues_of({"a.yaml": GOOD, "cm.yaml": "apiVersion: v1\nkind: ConfigMap\n"
