@@ -26,7 +26,12 @@ from admission_helpers import (
 
 from e2e.probes import eventually
 from webhook import jsonpatch
+from webhook.admission.cleanup import PodGroupJanitor
+from webhook.admission.metrics import Metrics
 from webhook.doubles.emulator import ApiServerEmulator
+from webhook.kube import KubeApi, make_api_client
+from webhook.policy.decision import OwnerRef, PodGroupSpec
+from webhook.policy.podgroup import gang_objects
 
 NATIVE = """\
 apiVersion: muster.io/v1alpha1
@@ -203,3 +208,27 @@ async def test_without_gang_admits_the_pods_without_a_reference(
         assert "schedulingGroup" not in pod["spec"] and "workloadRef" not in pod["spec"]
         assert metric(srv, "muster_gang_interventions_total",
                       reason="native_api_without_gang") == 1
+
+
+async def test_the_janitor_deletes_a_finished_jobs_native_objects(
+        v1beta1: ApiServerEmulator, tmp_path: Path) -> None:
+    api = v1beta1
+    job = api.seed({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "done", "namespace": "team-a"},
+        "spec": {"template": {"spec": {"restartPolicy": "Never",
+                                       "containers": [{"name": "c", "image": "i"}]}}},
+        "status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+    spec = PodGroupSpec("kubernetes", "done", "team-a", 2, owner=OwnerRef(
+        "batch/v1", "Job", "done", job["metadata"]["uid"]))
+    for obj in gang_objects(spec):
+        plural = "workloads" if obj["kind"] == "Workload" else "podgroups"
+        await api.create(f"{plural}.scheduling.k8s.io", obj, namespace="team-a")
+    client_ = await make_api_client(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    try:
+        janitor = PodGroupJanitor(KubeApi(client_), Metrics(), None)
+        assert await janitor.sweep() == 2
+    finally:
+        await client_.close()
+    assert api.objects("workloads.scheduling.k8s.io", namespace="team-a") == []
+    assert api.objects("podgroups.scheduling.k8s.io", namespace="team-a") == []

@@ -509,6 +509,7 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("kubeflow.org", "mpijobs,pytorchjobs,tfjobs,xgboostjobs,paddlejobs"): "get,list",
         ("scheduling.volcano.sh", "scheduling.x-k8s.io", "podgroups"):
             "get,list,watch,create,patch,delete",
+        ("scheduling.k8s.io", "workloads,podgroups"): "get,list,watch,create,patch,delete",
         ("scheduling.volcano.sh", "queues"): "get,list,watch",
         ("scheduling.k8s.io", "priorityclasses"): "get,list,watch",
         ("", "events.k8s.io", "events"): "create,patch",
