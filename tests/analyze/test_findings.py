@@ -489,3 +489,37 @@ async def test_a_backend_without_its_crd_on_a_cluster(shared_crds: list[dict[str
             api.seed(obj)
     assert [f.code for f in await findings_of(api, tmp_path)] == ["BackendNotInstalled"]
 
+
+
+NATIVE_POLICY = """\
+apiVersion: muster.io/v1alpha1
+kind: SchedulingPolicy
+metadata: {name: mpi-native}
+spec:
+  match: {namespaces: [team-a]}
+  gang: {backend: kubernetes%s}
+"""
+
+
+@pytest.mark.parametrize(("served", "extra", "expected"), [
+    ("v1beta1", "", ("NativeGangs", "info", "serves scheduling.k8s.io/v1beta1")),
+    ("v1alpha1", "", ("NativeGangs", "info", "serves scheduling.k8s.io/v1alpha1")),
+    (None, "", ("WorkloadApiNotServed", "error", "pods are refused")),
+    (None, ", unavailableApi: WithoutGang",
+     ("WorkloadApiNotServed", "warning", "admitted without a gang")),
+])
+async def test_a_native_gang_policy_is_reported_with_what_the_cluster_serves(
+        served: str | None, extra: str, expected: tuple[str, str, str],
+        shared_crds: list[dict[str, Any]], tmp_path: Path) -> None:
+    api = ApiServerEmulator(crds=shared_crds, workload_api=served)
+    objs = _replace("ConfigMap", "muster-policies", {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "muster-policies", "namespace": "muster-system"},
+        "data": {"p.yaml": NATIVE_POLICY % extra}})(cluster_objects())
+    for obj in (o for o in objs if o["kind"] != "PodGroup"):
+        api.seed(obj)
+    found = [f for f in await findings_of(api, tmp_path)
+             if f.code in ("NativeGangs", "WorkloadApiNotServed")]
+    code, severity, words = expected
+    assert [(f.code, f.severity) for f in found] == [(code, severity)]
+    assert words in found[0].message and found[0].object == "SchedulingPolicy/mpi-native"

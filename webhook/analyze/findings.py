@@ -18,6 +18,7 @@ from cryptography.exceptions import InvalidSignature
 
 from webhook import keys
 from webhook.kube.owners import controller_ref
+from webhook.policy import native
 from webhook.policy.audit import EVENT_REASON, read_event
 from webhook.policy.cleanup import cleanup_reason
 from webhook.policy.compiled import compile_policy, selector_matches
@@ -58,6 +59,8 @@ class Snapshot:
     serving_cert: bytes | None = None  # PEM of the webhook's serving certificate
     nodes: Sequence[Obj] = ()
     podgroups: Sequence[tuple[str, Obj]] = ()  # (group/Kind of the owner, PodGroup)
+    #: the native Workload API's apiVersion the cluster serves (`native.pick_api`), or None
+    native_api: str | None = None
     jobs: Mapping[str, Obj] = field(default_factory=dict)  # uid -> job object
     leases: Mapping[str, Obj] = field(default_factory=dict)  # name -> Lease
     binder_deployed: bool = True
@@ -101,6 +104,26 @@ def _backends(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
                           f"gang backend {gang.backend} needs the {crd} CRD, which is not "
                           "installed: the PodGroup cannot be created and the pods never start",
                           f"install {gang.backend} (its CRDs), or change the policy's backend")
+        if gang.backend == "kubernetes":
+            yield _native_backend(s, where, gang.unavailableApi)
+
+
+def _native_backend(s: Snapshot, where: str, unavailable: str) -> Finding:
+    """A native gang's API: which shape the cluster serves, or what happens without one."""
+    if s.native_api is not None:
+        return Finding("info", "NativeGangs", where,
+                       f"gang backend kubernetes: the cluster serves {s.native_api}; Muster "
+                       "writes its Workload (and PodGroup) in that shape. kube-scheduler gangs "
+                       "the pods only with feature gate GenericWorkload on, which the API "
+                       "does not show", "check kube-scheduler's --feature-gates")
+    then = ("its job's pods are refused" if unavailable == "Refuse"
+            else "its job's pods are admitted without a gang")
+    return Finding("error" if unavailable == "Refuse" else "warning", "WorkloadApiNotServed",
+                   where, f"gang backend kubernetes needs the native Workload API "
+                   f"({native.GROUP} {', '.join(native.VERSIONS)}), which this cluster does not "
+                   f"serve: {then} (gang.unavailableApi {unavailable})",
+                   "turn on feature gate GenericWorkload (API server and kube-scheduler) and "
+                   "serve the version (--runtime-config), or change the policy's backend")
 
 
 def _queues(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
