@@ -232,3 +232,25 @@ async def test_the_janitor_deletes_a_finished_jobs_native_objects(
         await client_.close()
     assert api.objects("workloads.scheduling.k8s.io", namespace="team-a") == []
     assert api.objects("podgroups.scheduling.k8s.io", namespace="team-a") == []
+
+
+@pytest.mark.parametrize(("served", "extra", "allowed"), [
+    (None, "", False), (None, "    unavailableApi: WithoutGang\n", True), ("v1beta1", "", True)])
+async def test_a_policy_set_whose_native_gangs_would_refuse_every_pod_is_refused(
+        served: str | None, extra: str, allowed: bool, shared_crds: list[dict[str, Any]],
+        tls: Tls, tmp_path: Path, shared_dir: Path) -> None:
+    body = load_fixture(shared_dir, "configmap-update-policies.json")
+    body["request"]["object"]["data"] = {"native.yaml": NATIVE + extra}
+    async for api in _emulator(shared_crds, served):
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        async with running(tls, [_policies(tmp_path)], kubeconfig=str(kubeconfig)) as srv, \
+                client(tls) as s:
+            resp = await review(s, f"{srv.url}/validate/policies", body)
+    assert resp["allowed"] is allowed, resp
+    if not allowed:
+        assert resp["status"]["code"] == 422
+        message = resp["status"]["message"]
+        assert message.startswith("invalid Muster policies for this cluster:\npolicies "
+                                  "mpi-native: gang backend kubernetes, but this cluster serves "
+                                  "no Workload API")
+        assert "gang.unavailableApi: WithoutGang" in message

@@ -40,7 +40,7 @@ from webhook.lru import Lru
 from webhook.policy import PolicyError, PolicySet, load_policy_texts, render_patch
 from webhook.policy.audit import EVENT_REASON, event_message
 from webhook.policy.decision import Decision, Override, PodGroupSpec
-from webhook.policy.native import NativeVerdict, api_of, with_api
+from webhook.policy.native import VERSIONS, NativeVerdict, api_of, with_api
 from webhook.policy.outcome import evaluate_and_render
 from webhook.policy.queues import QueueVerdict, with_queue, without_gang
 from webhook.policy.workload import NO_PRIORITIES, Priorities
@@ -484,11 +484,34 @@ class Admitter:
             return response(review, allowed=False, status_code=422,
                             message="ConfigMap data must map file names to text"), "denied"
         try:
-            await asyncio.to_thread(load_policy_texts, data)
+            loaded = await asyncio.to_thread(load_policy_texts, data)
         except PolicyError as exc:
             return response(review, allowed=False, status_code=422,
                             message=f"invalid Muster policies:\n{exc}"), "denied"
+        unserved = await self._unserved_native_gangs(loaded)
+        if unserved:
+            return response(review, allowed=False, status_code=422,
+                            message=f"invalid Muster policies for this cluster:\n{unserved}"
+                            ), "denied"
         return response(review, allowed=True), "allowed"
+
+    async def _unserved_native_gangs(self, policies: PolicySet) -> str:
+        """Why policies whose native gangs would refuse every pod cannot be used here: the
+        cluster serves no Workload API ("" when it does, when none would, or when discovery
+        does not answer)."""
+        names = [p.name for p in policies.policies if p.spec.gang is not None
+                 and p.spec.gang.backend == "kubernetes" and p.spec.gang.unavailableApi == "Refuse"]
+        if not names or self.context is None:
+            return ""
+        probe = PodGroupSpec("kubernetes", "probe", "", 1, unavailable_api="Refuse")
+        deadline = asyncio.get_running_loop().time() + 2.0
+        verdict = await self.context.native_verdict(probe, deadline)
+        if verdict is None or verdict.api is not None:
+            return ""
+        return (f"policies {', '.join(names)}: gang backend kubernetes, but this cluster serves "
+                f"no Workload API ({', '.join(VERSIONS)} of scheduling.k8s.io; feature gate "
+                "GenericWorkload and --runtime-config on the API server): every pod of their "
+                "jobs would be refused. Turn the API on, or set gang.unavailableApi: WithoutGang")
 
     async def drain(self, grace: float) -> None:
         """Let shielded PodGroup writes finish (graceful shutdown)."""
