@@ -18,3 +18,18 @@ ETCD = "v3.6.16"
 def kubernetes() -> str:
     """The release this run's cluster is built from."""
     return os.environ.get("MUSTER_K8S_VERSION") or KUBERNETES
+
+
+#: the scheduling.k8s.io version each release serves the native Workload API in (KEP-4671),
+#: from its k8s.io/api module: 1.35 v1alpha1, 1.36 v1alpha2 (PodGroup objects), 1.37 v1beta1
+_WORKLOAD_API = {35: "v1alpha1", 36: "v1alpha2"}
+
+
+def native_gangs(release: str) -> tuple[dict[str, bool], tuple[str, ...]]:
+    """(feature gates, API server --runtime-config) that turn on native gangs (feature gate
+    GenericWorkload, off by default up to 1.37 at least) on `release`; none before 1.35."""
+    minor = int(release.lstrip("v").split(".")[1])
+    if minor < 35:
+        return {}, ()
+    version = _WORKLOAD_API.get(minor, "v1beta1")
+    return {"GenericWorkload": True}, (f"scheduling.k8s.io/{version}=true",)

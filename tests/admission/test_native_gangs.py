@@ -234,11 +234,12 @@ async def test_the_janitor_deletes_a_finished_jobs_native_objects(
     assert api.objects("podgroups.scheduling.k8s.io", namespace="team-a") == []
 
 
-@pytest.mark.parametrize(("served", "extra", "allowed"), [
+@pytest.mark.parametrize("case", [
     (None, "", False), (None, "    unavailableApi: WithoutGang\n", True), ("v1beta1", "", True)])
 async def test_a_policy_set_whose_native_gangs_would_refuse_every_pod_is_refused(
-        served: str | None, extra: str, allowed: bool, shared_crds: list[dict[str, Any]],
-        tls: Tls, tmp_path: Path, shared_dir: Path) -> None:
+        case: tuple[str | None, str, bool], shared_crds: list[dict[str, Any]], tls: Tls,
+        tmp_path: Path, shared_dir: Path) -> None:
+    served, extra, allowed = case
     body = load_fixture(shared_dir, "configmap-update-policies.json")
     body["request"]["object"]["data"] = {"native.yaml": NATIVE + extra}
     async for api in _emulator(shared_crds, served):

@@ -34,7 +34,7 @@ from real_helpers import (
 )
 
 from e2e.cluster import NAMESPACE, RELEASE
-from e2e.node import image
+from e2e.node import image, versions
 from e2e.node.assets import REPO, ensure_debian_packages, missing_prerequisites
 from e2e.node.cluster import NodeCluster
 from e2e.probes import open_volcano_queues
@@ -84,8 +84,11 @@ def images() -> image.Images:
 @pytest.fixture(scope="session")
 def node_cluster(images: image.Images, tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[NodeCluster]:
-    """The cluster with the CRDs and Muster installed by `helm install` with its hooks."""
-    cluster = NodeCluster(images, {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED})
+    """The cluster with the CRDs and Muster installed by `helm install` with its hooks, and
+    native gangs (feature gate GenericWorkload) on where the release has them."""
+    gates, runtime_config = versions.native_gangs(versions.kubernetes())
+    cluster = NodeCluster(images, {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED},
+                          feature_gates=gates, runtime_config=runtime_config)
     try:
         cluster.start()
         with cluster.netns():
