@@ -18,7 +18,7 @@ from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node.cluster import NODE_NAME, NodeCluster
 from e2e.probes import eventually, pods_of
 from webhook import keys
-from webhook.kube import CONFIGMAPS, NODES, PODS, ApiError, KubeApi, Resource
+from webhook.kube import CONFIGMAPS, NODES, PODS, KubeApi, Resource
 from webhook.policy import native
 
 NS = "team-native"
@@ -124,8 +124,5 @@ async def test_kube_scheduler_binds_none_of_a_gang_that_does_not_fit_then_all_of
     finally:
         await delete_jobs(kube, NS, [name])
         await _slots(kube, None)
-        try:
-            await kube.patch(CONFIGMAPS, config, {"data": {"mpi-native.yaml": None}},
-                             namespace=NAMESPACE)
-        except ApiError:
-            pass
+        await kube.patch(CONFIGMAPS, config, {"data": {"mpi-native.yaml": None}},
+                         namespace=NAMESPACE)
