@@ -89,7 +89,7 @@ class NodeCluster:
         self.node_labels = node_labels
         #: the Kubernetes release it runs (default: this run's, `versions.kubernetes()`)
         self.version = version or versions.kubernetes()
-        #: on the API server, controller manager and scheduler (e.g. `versions.native_gangs`)
+        #: on the API server, controller manager, scheduler and kubelet (`versions.native_gangs`)
         self.feature_gates = dict(feature_gates or {})
         #: the API server's --runtime-config entries (an alpha or beta API version turned on)
         self.runtime_config = tuple(runtime_config)

@@ -198,7 +198,8 @@ state = "{d}/containerd/state"
                    *self.gates())
 
     def gates(self) -> list[str]:
-        """--feature-gates for the control plane, when the plan turns any on or off."""
+        """--feature-gates for the control plane and the kubelet, when the plan turns any on or
+        off."""
         gates = self.plan.get("feature_gates") or {}
         return ["--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in
                                               sorted(gates.items()))] if gates else []
@@ -220,7 +221,7 @@ state = "{d}/containerd/state"
                    "--root-dir", KUBELET_ROOT, "--cert-dir", str(d / "kubelet-pki"),
                    "--node-labels", ",".join(f"{k}={v}" for k, v in
                                               self.plan["node_labels"].items()),
-                   "--v=1")
+                   "--v=1", *self.gates())
         self.start("kube-proxy", self.bin["kube-proxy"], "--kubeconfig", kc,
                    "--proxy-mode", "iptables", "--cluster-cidr", CLUSTER_CIDR,
                    "--conntrack-max-per-core", "0", "--hostname-override", self.node,
