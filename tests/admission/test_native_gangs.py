@@ -28,6 +28,7 @@ from e2e.probes import eventually
 from webhook import jsonpatch
 from webhook.admission.cleanup import PodGroupJanitor
 from webhook.admission.metrics import Metrics
+from webhook.admission.podgroups import covers
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi, make_api_client
 from webhook.policy.decision import OwnerRef, PodGroupSpec
@@ -255,3 +256,21 @@ async def test_a_policy_set_whose_native_gangs_would_refuse_every_pod_is_refused
                                   "mpi-native: gang backend kubernetes, but this cluster serves "
                                   "no Workload API")
         assert "gang.unavailableApi: WithoutGang" in message
+
+
+def test_a_spec_is_covered_field_by_field_and_a_map_of_values_whole() -> None:
+    wanted = {"podGroupTemplates": [{"name": "members",
+                                     "schedulingPolicy": {"gang": {"minCount": 5}}}]}
+    defaulted = {"podGroupTemplates": [{"name": "members", "disruptionMode": {"single": {}},
+                                        "schedulingPolicy": {"gang": {"minCount": 5}}}]}
+    assert covers(defaulted, wanted)
+    assert not covers(defaulted, {"podGroupTemplates": [
+        {"name": "members", "schedulingPolicy": {"gang": {"minCount": 6}}}]})
+    assert not covers({"podGroupTemplates": []}, wanted)
+    # Volcano's minResources: a resource no longer wanted must go
+    assert not covers({"minMember": 2, "minResources": {"cpu": "2", "nvidia.com/gpu": "4"}},
+                      {"minMember": 2, "minResources": {"cpu": "2"}})
+    assert covers({"minMember": 2, "queue": "q", "minResources": {"cpu": "2"}},
+                  {"minMember": 2, "minResources": {"cpu": "2"}})
+    # top level: fields others default (Volcano's queue) are left alone
+    assert covers({"minMember": 5, "queue": "default"}, {"minMember": 5})

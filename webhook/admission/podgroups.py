@@ -74,15 +74,23 @@ def resource_of(obj: Mapping[str, Any]) -> Resource:
     return VOLCANO_PODGROUPS if group == VOLCANO_PODGROUPS.group else COSCHEDULING_PODGROUPS
 
 
-def covers(current: Any, wanted: Any) -> bool:
-    """Whether an existing spec already has every field we want, at any depth (other fields,
-    such as those the API server defaults, are left alone)."""
+def covers(current: Any, wanted: Mapping[str, Any]) -> bool:
+    """Whether an existing spec already has every field we want (other fields, such as those
+    the API server or another webhook defaults, are left alone)."""
+    return isinstance(current, Mapping) and all(
+        _covers(current.get(k), v) for k, v in wanted.items())
+
+
+def _covers(current: Any, wanted: Any) -> bool:
+    """`covers` below the top: structures field by field, and a map of plain values (e.g.
+    minResources) as one value, so that a resource dropped from it is a change."""
     if isinstance(wanted, Mapping):
-        return isinstance(current, Mapping) and all(
-            covers(current.get(k), v) for k, v in wanted.items())
+        if not any(isinstance(v, Mapping | list) for v in wanted.values()):
+            return bool(current == wanted)
+        return covers(current, wanted)
     if isinstance(wanted, list):
         return (isinstance(current, list) and len(current) == len(wanted)
-                and all(covers(c, w) for c, w in zip(current, wanted, strict=True)))
+                and all(_covers(c, w) for c, w in zip(current, wanted, strict=True)))
     return bool(current == wanted)
 
 
