@@ -48,13 +48,16 @@ async def _slots(kube: KubeApi, count: int | None) -> None:
         SLOT: None if count is None else str(count)}}}, subresource="status")
 
 
-async def _policy_loaded(kube: KubeApi) -> bool:
-    """A server-side dry-run pod in the namespace carries the policy's audit annotation."""
+async def _policy_loaded(kube: KubeApi, times: int = 12) -> bool:
+    """`times` server-side dry-run pods in a row carry the policy's audit annotation (each
+    webhook replica reloads on its own, when the kubelet updates its ConfigMap volume)."""
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "probe-"},
            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
-    made = await kube.create(PODS, pod, namespace=NS, dry_run=True)
-    return bool((made["metadata"].get("annotations") or {}).get(keys.ANN_POLICY)
-                == "mpi-native")
+    for _ in range(times):
+        made = await kube.create(PODS, pod, namespace=NS, dry_run=True)
+        if (made["metadata"].get("annotations") or {}).get(keys.ANN_POLICY) != "mpi-native":
+            return False
+    return True
 
 
 def _job(name: str) -> dict[str, Any]:
@@ -89,7 +92,8 @@ async def test_kube_scheduler_binds_none_of_a_gang_that_does_not_fit_then_all_of
         pods = await eventually(five, within=60, what="the job's 5 pods")
         uid = job["metadata"]["uid"]
         for pod in pods:  # each joined the gang Muster made for the job, on kube-scheduler
-            assert pod["spec"]["schedulingGroup"] == {"podGroupName": name}
+            assert pod["spec"].get("schedulingGroup") == {"podGroupName": name}, (
+                pod["metadata"]["name"], pod["metadata"].get("annotations"))
             assert pod["spec"]["schedulerName"] == "default-scheduler"
         for resource in (workloads, podgroups):
             obj = await kube.get(resource, name, namespace=NS)
