@@ -67,7 +67,7 @@ def test_kueue_and_kai_annotations_mean_the_same(
 
 def test_annotations_are_honoured_without_a_network_section(
         worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
-    d, pod = decide(with_annotations(worker_pod, **{keys.KUEUE_REQUIRED_TOPOLOGY: RACK}),
+    _, pod = decide(with_annotations(worker_pod, **{keys.KUEUE_REQUIRED_TOPOLOGY: RACK}),
                     mpijob, policies(muster()))
     assert asked(pod) == {"level": RACK, "mode": "required"}
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from webhook.keys import is_label_key
+from webhook.keys import HOSTNAME_LABEL, is_label_key
 
-HOSTNAME = "kubernetes.io/hostname"
+HOSTNAME = HOSTNAME_LABEL
 CLIQUE = "nvidia.com/gpu.clique"
 TOPOGRAPH = tuple(f"network.topology.nvidia.com/{tier}"
                   for tier in ("core", "spine", "leaf", "accelerator"))
