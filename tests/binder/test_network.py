@@ -3,20 +3,26 @@ nodes' labels, and says in its wait why one that cannot fit waits."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
 from binder_objects import job, node, pod
 
+from e2e.probes import eventually
 from webhook import keys
 from webhook.binder.cli import network_levels
+from webhook.binder.controller import Binder, BinderConfig
 from webhook.binder.fit import FitCache
 from webhook.binder.nodes import parse_node
 from webhook.binder.planner import Plan, PlanConfig, plan
 from webhook.binder.pods import parse_pod, parse_topology_request
 from webhook.binder.queue import GangQueue
+from webhook.doubles.emulator import ApiServerEmulator
 from webhook.failures import UsageError
+from webhook.kube import KubeApi
+from webhook.kube.api import PODS
 from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import NetworkRequest
 from webhook.topology.network import TOPOGRAPH
@@ -109,3 +115,38 @@ def test_levels_flag(tmp_path: Any) -> None:
         network_levels(f"{RACK},{RACK}")
     with pytest.raises(UsageError, match="--network-levels @"):
         network_levels(f"@{tmp_path}/missing.yaml")
+
+
+async def test_the_binder_binds_by_the_network_and_reports_a_gang_that_cannot_fit(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    """Through the emulator: a required-rack gang bound whole in one rack, a required-block one
+    in one block; one too big for any rack waits, with the Event."""
+    for n in nodes():
+        apiserver.seed(n)
+    b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
+                                  network_levels=CFG.levels))
+    task = asyncio.create_task(b.run())
+    try:
+        await asyncio.wait_for(b.synced.wait(), 5)
+        for p in job("first", workers=2, gpus=8, topology=topo(RACK)):
+            await kube.create(PODS, p)
+
+        def bound(prefix: str) -> list[dict[str, Any]]:
+            found = [p for p in apiserver.objects("pods", "team-a")
+                     if p["metadata"]["name"].startswith(prefix) and p["spec"].get("nodeName")]
+            return found if len(found) == 3 else []
+        first = await eventually(lambda: bound("first-"), within=5)
+        assert len({tuple(p["spec"]["nodeName"].split("-")[:2]) for p in first}) == 1
+        for p in job("second", workers=2, gpus=8, topology=topo(BLOCK)):
+            await kube.create(PODS, p)
+        assert await eventually(lambda: bound("second-"), within=5)
+        for p in job("third", workers=3, gpus=8, topology=topo(RACK)):
+            await kube.create(PODS, p)
+        told = await eventually(lambda: [e for e in apiserver.objects("events", "team-a")
+                                         if e["reason"] == "FailedScheduling"
+                                         and e["involvedObject"]["name"].startswith("third")])
+        assert "needs 24 GPUs (3 members x 8 GPUs) within one example.com/rack domain; the " \
+            "largest free one (example.com/rack=r1) has 16 free GPUs" in told[0]["message"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
