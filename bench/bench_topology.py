@@ -11,10 +11,10 @@ backfill (the first 32 waiting gangs that could fit by count are tried at each e
 Metrics per placement: share of gangs within one domain of the narrowest level that could hold
 them on the empty cluster (node, leaf/clique, block); domains of that level spanned (mean, p95);
 GPU utilisation (GPU-minutes of work done, at the job's ideal speed, over the GPU-minutes of the
-arrival window: a GPU held by a slowed job counts for what it gets done); queueing delay (mean, p95, minutes);
-fragmentation (free GPUs on nodes that cannot host a whole-node pod, share of free GPUs, mean over
-arrivals); modelled step time over the job's ideal (mean, p95). The run fails when a placement
-placed no gang or a metric is empty.
+arrival window: a GPU held by a slowed job counts for what it gets done); queueing delay (mean,
+p95, minutes); fragmentation (free GPUs on nodes that cannot host a whole-node pod, share of free
+GPUs, mean over arrivals); modelled step time over the job's ideal (mean, p95). The run fails
+when a placement placed no gang or a metric is empty.
 """
 
 from __future__ import annotations
@@ -135,8 +135,6 @@ def run(spec: ClusterSpec, jobs: list[Job], name: str, placer: Placer, *, tables
             if job.gpus > free_total:
                 continue
             tried += 1
-            if on_place is not None:
-                on_place(c, job)  # type: ignore[operator]
             t0 = time.perf_counter()
             p = placer(c, job)
             r.call_ms.append((time.perf_counter() - t0) * 1e3)
@@ -144,6 +142,8 @@ def run(spec: ClusterSpec, jobs: list[Job], name: str, placer: Placer, *, tables
                 continue
             if sum(len(g) for _, g in p) != job.gpus:
                 raise SystemExit(f"{name} placed job {job.id} on {p}: not {job.gpus} GPUs")
+            if on_place is not None:
+                on_place(c, job)  # type: ignore[operator]  (sees what was free before it)
             for i, g in p:
                 c.take(i, g)
             queue.remove(job)

@@ -43,8 +43,11 @@ SPINE = "network.topology.nvidia.com/spine"
 LEAF = "network.topology.nvidia.com/leaf"
 CLIQUE = "nvidia.com/gpu.clique"
 
-#: the workload of every job: VGG16 (138 M parameters, fp32 gradients), V100's published speed
-WORKLOAD: Model = PRESETS["vgg16"]
+#: the fat trees' workload: VGG16 (138 M parameters, fp32 gradients) at V100's published speed
+VGG16: Model = PRESETS["vgg16"]
+#: the NVL72 cluster's: 1,000 M parameters (4 GB of fp32 gradients), 500 ms of compute per step
+#: on a GB200 (an assumption: no published per-GPU figure to take)
+LARGE = Model("1b-params", 1000.0, gpu_images_per_s=128.0, batch=64)
 LINKS = Links()
 
 
@@ -70,6 +73,7 @@ class ClusterSpec:
     leaves_per_block: int
     clique: bool  # each leaf is one NVLink clique
     fabric: Fabric
+    workload: Model = VGG16
 
     @property
     def gpus_per_node(self) -> int:
@@ -96,7 +100,7 @@ def nvl72(racks: int) -> ClusterSpec:
     8 racks per spine block, 2:1 at the spine uplinks."""
     return ClusterSpec(f"NVL72, {racks} racks x 18 x GB200 tray", racks * 18, gb200_tray(), 18,
                        8, True, Fabric(rail_gbps=50.0, rails=4, oversubscription=(1.0, 2.0),
-                                       clique_gbps=900.0))
+                                       clique_gbps=900.0), LARGE)
 
 
 @dataclass
@@ -181,10 +185,12 @@ SIZE_MIX: dict[int, float] = {1: 0.55, 2: 0.10, 4: 0.10, 8: 0.12, 16: 0.05, 32: 
 def arrivals(spec: ClusterSpec, count: int, load: float, rng: random.Random) -> list[Job]:
     """Poisson arrivals offering `load` of the cluster's GPUs; run times log-normal (median
     60 min, sigma 1.5, as heavy-tailed as the traces' run times); a job of up to one node is
-    one pod or one pod per GPU (even odds), a bigger one whole-node pods."""
-    sizes, weights = zip(*SIZE_MIX.items(), strict=True)
+    one pod or one pod per GPU (even odds), a bigger one whole-node pods. Sizes above half
+    the cluster are left out (the small clusters of the optimum)."""
     g = spec.gpus_per_node
-    mean_size = sum(s * w for s, w in SIZE_MIX.items())
+    mix = {s: w for s, w in SIZE_MIX.items() if s <= spec.nodes * g // 2}
+    sizes, weights = zip(*mix.items(), strict=True)
+    mean_size = sum(s * w for s, w in mix.items()) / sum(mix.values())
     mean_work = 60.0 * 2.718281828 ** (1.5 ** 2 / 2)
     rate = load * spec.nodes * g / (mean_size * mean_work)  # jobs per minute
     t = 0.0
@@ -390,7 +396,7 @@ def on_fabric(c: Cluster, placement: Placement) -> GangOnFabric:
 
 def step(c: Cluster, placement: Placement, tables: TableCache) -> float:
     g = on_fabric(c, placement)
-    return step_seconds(WORKLOAD, g.size, gang_bus_gbps(g, tables), LINKS)
+    return step_seconds(c.spec.workload, g.size, gang_bus_gbps(g, tables), LINKS)
 
 
 def ideal_step(spec: ClusterSpec, job: Job, tables: TableCache) -> float:
