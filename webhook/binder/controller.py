@@ -49,8 +49,8 @@ from webhook.kube.api import COSCHEDULING_PODGROUPS, NODES, PODS, ApiError, Kube
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer
 from webhook.topology.gpu_choice import TableCache
+from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import GpuAssignment
-from webhook.topology.placement import place_gang
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ from typing import NamedTuple
 from webhook.topology import besteffort
 from webhook.topology.builtin import builtin
 from webhook.topology.gpu_choice import set_score
+from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import (
     GangPlacement,
     GangRequest,
@@ -36,7 +37,6 @@ from webhook.topology.model import (
     Topology,
     Unplaceable,
 )
-from webhook.topology.placement import place_gang
 
 # Published single-GPU training throughput, TensorFlow tf_cnn_benchmarks, fp32, synthetic data,
 # batch 64 (img/s). P100: TensorFlow's own benchmark page (DGX-1 P100, May 2017). V100:
