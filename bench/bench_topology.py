@@ -286,14 +286,14 @@ def main() -> int:
     ok = True
     if args.only in (None, "sim"):
         cases = ([(fat_tree(256), 1500), (nvl72(16), 1500)] if args.quick else
-                 [(fat_tree(1024), 6000), (fat_tree(4096), 12000), (nvl72(64), 6000)])
+                 [(fat_tree(1024), 4000), (fat_tree(4096), 6000), (nvl72(64), 4000)])
         for spec, count in cases:
             ok &= compare(spec, count, 0.9, args.seed)
     if args.only in (None, "optimum"):
         within, total = 0, 0
         for spec in (ClusterSpec("fat tree, 64 x DGX-1 V100", 64, fat_tree(64).topology, 16, 2,
                                  False, fat_tree(64).fabric), nvl72(4)):
-            w, t = against_optimum(spec, 200 if args.quick else 800, 0.9, args.seed)
+            w, t = against_optimum(spec, 200 if args.quick else 500, 0.9, args.seed)
             within, total = within + w, total + t
         met = within >= 0.99 * total
         print(f"  all: {within}/{total} within 2 % ({'met' if met else 'NOT met'})")

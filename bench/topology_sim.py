@@ -27,15 +27,17 @@ from dataclasses import dataclass, field
 from webhook.topology import besteffort, builtin
 from webhook.topology.fabric import Fabric, Where
 from webhook.topology.gpu_choice import TableCache
+from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import (
     GPU,
     GangRequest,
     MemberRequest,
+    NetworkRequest,
     NodeState,
     PCIeLevel,
     Topology,
 )
-from webhook.topology.placement import place_gang
+from webhook.topology.network import Network
 from webhook.topology.simulate import PRESETS, Links, Model, step_seconds
 from webhook.topology.stepmodel import GangOnFabric, gang_bus_gbps
 
@@ -117,6 +119,7 @@ class Cluster:
     where: dict[str, Where] = field(init=False)
     labels: dict[str, dict[str, str]] = field(init=False)
     states: list[NodeState] = field(init=False)
+    network: Network = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.spec
@@ -137,6 +140,7 @@ class Cluster:
             block, leaf = f"b{self.block_of[i]}", f"b{self.block_of[i]}-l{self.leaf_of[i]}"
             self.where[n] = Where((block, leaf), leaf if s.clique else None)
             self.labels[n] = {SPINE: block, s.leaf_label: leaf}
+        self.network = Network(s.levels, self.labels)
         self.states = [NodeState(n, s.topology, self.free[i], 1 << 30, 1 << 50, 1000)
                        for i, n in enumerate(self.names)]
 
@@ -360,7 +364,8 @@ def request(c: Cluster, job: Job) -> GangRequest:
     """The gang as the binder hands it to its placement function."""
     members = tuple(MemberRequest(key=f"bench/j{job.id}-{p}", gpus=job.pod_gpus, cpu_milli=1000)
                     for p in range(job.pods))
-    return GangRequest(name=f"bench/j{job.id}", members=members, mode="preferred")
+    return GangRequest(name=f"bench/j{job.id}", members=members, mode="preferred",
+                       network=NetworkRequest(level=c.spec.leaf_label, mode="preferred"))
 
 
 def muster(tables: TableCache) -> Placer:
@@ -379,8 +384,9 @@ def muster(tables: TableCache) -> Placer:
 
 
 def muster_place(c: Cluster, gang: GangRequest, tables: TableCache) -> object:
-    """The one call the binder makes (webhook.binder.controller): swap here when it changes."""
-    return place_gang(c.states, gang, tables=tables)
+    """The call the binder makes (webhook.binder.controller): its placement function on the
+    node states, with the cluster's network levels."""
+    return place_gang(c.states, gang, network=c.network, tables=tables)
 
 
 # --- what a placement is worth ----------------------------------------------------------------
