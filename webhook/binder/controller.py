@@ -73,6 +73,8 @@ class BinderConfig:
     allocation_wait_seconds: float = 30.0
     #: Events and status conditions written at once, at most (see Binder._spawn)
     report_concurrency: int = 8
+    #: the cluster's network levels, node labels widest first (`--network-levels`)
+    network_levels: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -128,7 +130,8 @@ class Binder:
         self._clock = clock
         self.plan_config = PlanConfig(self.config.scheduler_name,
                                       self.config.starvation_seconds,
-                                      self.config.podgroup_default_timeout)
+                                      self.config.podgroup_default_timeout,
+                                      self.config.network_levels)
         self.queue = GangQueue(self.config.backoff_initial, self.config.backoff_max)
         self.fit = FitCache()
         self.gate = AllocationGate(

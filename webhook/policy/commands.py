@@ -284,6 +284,8 @@ def _decision_lines(decision: Decision) -> list[str]:
     """Beyond the policies' match: the fields a matched policy lost to another, and what
     admission does with the gang in the cluster."""
     out = [override.describe() for override in decision.overrides]
+    if decision.network:
+        out.append(decision.network)
     g = decision.pod_group
     if g is not None and g.backend == "volcano":
         out.append(f"gang {g.name}: {describe(g)}")

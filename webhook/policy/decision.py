@@ -119,6 +119,9 @@ class Decision:
     #: the matching policies in audit or warn mode, in evaluation order: what each would have
     #: done (none of it is in the fields above)
     audits: tuple[PolicyAudit, ...] = ()
+    #: the network level the gang asks for and why (policy, or the job's Kueue/KAI
+    #: annotations a policy honours), in words; None when it asks for none
+    network: str | None = None
 
     @property
     def changes_pod(self) -> bool:

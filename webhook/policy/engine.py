@@ -19,6 +19,7 @@ from webhook.policy.audit import audit_of
 from webhook.policy.compiled import CompiledPolicy, MatchInput
 from webhook.policy.decision import Backend, Decision, Override, PodGroupSpec, PolicyMatch
 from webhook.policy.jsonshape import as_str
+from webhook.policy.network import network_ask
 from webhook.policy.podview import TOPOLOGY_TOLERATION, PodView, view_of
 from webhook.policy.policyset import PolicySet
 from webhook.policy.workload import NO_PRIORITIES, POD, Priorities, Workload
@@ -174,7 +175,7 @@ def _apply(view: PodView, policies: PolicySet, matches: tuple[PolicyMatch, ...],
                                                 draft.scheduler_name):
         draft.warnings.append(f"schedulerName {current!r} replaced by "
                               f"{draft.scheduler_name!r} for backend {backend}")
-    _topology_request(draft, writes)
+    _topology_request(draft, writes, view)
     _istio_opt_out(draft, writes)
     draft.labels.update(writes.labels)
     draft.annotations.update(writes.annotations)
@@ -184,7 +185,7 @@ def _apply(view: PodView, policies: PolicySet, matches: tuple[PolicyMatch, ...],
         labels=draft.labels, annotations=draft.annotations, scheduler_name=draft.scheduler_name,
         tolerations=tuple(draft.tolerations), node_affinity=tuple(draft.node_affinity),
         warnings=tuple(draft.warnings), gang_blocked=draft.gang_blocked,
-        overrides=writes.overrides)
+        overrides=writes.overrides, network=draft.network)
 
 
 def _match(view: PodView, policies: PolicySet
@@ -215,6 +216,7 @@ class _Draft:
     node_affinity: list[Mapping[str, Any]] = field(default_factory=list)
     pod_group: PodGroupSpec | None = None
     gang_blocked: str | None = None
+    network: str | None = None
 
 
 def _lone_pod(draft: _Draft, view: PodView, writes: _Writes, backend: Backend) -> None:
@@ -264,18 +266,32 @@ def _job_gang(draft: _Draft, view: PodView, writes: _Writes, backend: Backend) -
         draft.pod_group = None
 
 
-def _topology_request(draft: _Draft, writes: _Writes) -> None:
-    """The topology request for the binder, which only a muster gang gets."""
+def _topology_request(draft: _Draft, writes: _Writes, view: PodView) -> None:
+    """The topology request for the binder, which only a muster gang gets. On a muster gang
+    the binder reads no request but this one: the pod's own is removed when no policy writes
+    one, so that nobody steers placement beyond what the policies allow."""
     value = writes.value
     mode = value.get("topology.mode", "off")
+    muster_gang = draft.pod_group is not None and draft.pod_group.backend == "muster"
     if mode == "off":
+        if muster_gang and view.shape.annotation(keys.ANN_GPU_TOPOLOGY) is not None:
+            draft.annotations[keys.ANN_GPU_TOPOLOGY] = None
+            draft.warnings.append(f"removed {keys.ANN_GPU_TOPOLOGY}: no policy asks for "
+                                  "topology placement")
         return
-    if draft.pod_group is None or draft.pod_group.backend != "muster":
+    if not muster_gang:
         draft.warnings.append(f"topology policy {writes.merged['topology.mode'][1]} not "
                               "applied: it needs a gang with backend muster")
         return
-    request = {"v": 1, "mode": mode, "singleNode": bool(value.get("topology.singleNode")),
-               "minRingGBps": value.get("topology.minRingGBps")}
+    request: dict[str, Any] = {
+        "v": 1, "mode": mode, "singleNode": bool(value.get("topology.singleNode")),
+        "minRingGBps": value.get("topology.minRingGBps")}
+    by = writes.merged.get("topology.network", writes.merged["topology.mode"])[1]
+    ask = network_ask(value.get("topology.network"), by, view.annotation_map())
+    draft.warnings.extend(ask.warnings)
+    if ask.request is not None:
+        request["network"] = ask.request
+        draft.network = ask.why
     draft.annotations[keys.ANN_GPU_TOPOLOGY] = json.dumps(request, separators=(",", ":"))
     models = value.get("topology.allowedModels") or []
     if models:

@@ -21,6 +21,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from webhook import keys
@@ -220,11 +221,38 @@ class Istio(_Model):
     optOut: IstioOptOut = "none"
 
 
+LevelKey = Annotated[str, AfterValidator(check_label_key)]
+
+
+class NetworkSlice(_Model):
+    #: each `size` GPU pods of the gang (in rank order) within one domain of this level
+    level: LevelKey
+    size: int = Field(ge=1)
+
+
+class Network(_Model):
+    """Where the gang's nodes go in the cluster's network levels (docs/topology.md); a level is
+    named by its node label, as Kueue and KAI name it."""
+
+    required: LevelKey | None = None
+    preferred: LevelKey | None = None
+    slice: NetworkSlice | None = None
+    #: whether the job's own Kueue / KAI topology annotations replace the policy's request
+    jobAnnotations: Literal["honour", "ignore"] = "honour"
+
+    @model_validator(mode="after")
+    def _one_level(self) -> Network:
+        if self.required is not None and self.preferred is not None:
+            raise ValueError("give required or preferred, not both")
+        return self
+
+
 class Topology(_Model):
     mode: Literal["required", "preferred", "off"]
     singleNode: bool = False
     minRingGBps: float | None = Field(default=None, gt=0)
     allowedModels: list[GpuModel] = Field(default_factory=list)
+    network: Network | None = None
 
     @field_validator("minRingGBps", mode="before")
     @classmethod
@@ -372,10 +400,11 @@ def contradictions(parts: Parts) -> list[tuple[Path, str]]:
                         "or muster, or remove it"))
     topo = parts.topology
     if topo is not None and topo.mode == "off" and (
-            topo.singleNode or topo.minRingGBps is not None or topo.allowedModels):
+            topo.singleNode or topo.minRingGBps is not None or topo.allowedModels
+            or topo.network is not None):
         out.append((("spec", "topology", "mode"),
-                    "mode off turns topology placement off: singleNode, minRingGBps and "
-                    "allowedModels would have no effect, remove them"))
+                    "mode off turns topology placement off: singleNode, minRingGBps, "
+                    "allowedModels and network would have no effect, remove them"))
     backend_known = gang is not None or not parts.has_gang  # (not that of an invalid gang)
     if topo is not None and topo.mode != "off" and backend_known and (
             gang is None or gang.backend != "muster"):

@@ -16,9 +16,10 @@ in no domain of that level or any narrower one.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from webhook.keys import is_label_key
 
 HOSTNAME = "kubernetes.io/hostname"
 CLIQUE = "nvidia.com/gpu.clique"
@@ -26,10 +27,6 @@ TOPOGRAPH = tuple(f"network.topology.nvidia.com/{tier}"
                   for tier in ("core", "spine", "leaf", "accelerator"))
 KUEUE_API_VERSIONS = ("kueue.x-k8s.io/v1beta2", "kueue.x-k8s.io/v1beta1",
                       "kueue.x-k8s.io/v1alpha1")
-
-#: a qualified label key: optional DNS prefix, then a name of at most 63 characters
-_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}"
-                  r"[A-Za-z0-9])?$")
 
 
 class LevelsError(ValueError):
@@ -54,7 +51,7 @@ def parse_levels(doc: Any) -> tuple[str, ...]:
 def check_levels(labels: Sequence[Any]) -> tuple[str, ...]:
     out: list[str] = []
     for i, label in enumerate(labels):
-        if not isinstance(label, str) or not _KEY.match(label):
+        if not isinstance(label, str) or not is_label_key(label):
             raise LevelsError(f"level {i + 1}: {label!r} is not a node label key")
         if label in out:
             raise LevelsError(f"level {i + 1}: {label} is declared twice")
