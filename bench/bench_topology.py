@@ -343,13 +343,19 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer jobs, smaller clusters")
     ap.add_argument("--only", choices=("sim", "optimum", "latency"))
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--load", type=float, default=0.9,
+                    help="offered share of the GPUs (default 0.9; above 1 the queue grows)")
+    ap.add_argument("--clusters", choices=("all", "fat1024"), default="all",
+                    help="sim: every cluster, or the 1,024-node fat tree alone")
     args = ap.parse_args()
     ok = True
     if args.only in (None, "sim"):
         cases = ([(fat_tree(256), 1500), (nvl72(16), 1500)] if args.quick else
                  [(fat_tree(1024), 4000), (fat_tree(4096), 6000), (nvl72(64), 4000)])
+        if args.clusters == "fat1024":
+            cases = cases[:1]
         for spec, count in cases:
-            ok &= compare(spec, count, 0.9, args.seed)
+            ok &= compare(spec, count, args.load, args.seed)
     if args.only in (None, "optimum"):
         within, total = 0, 0
         for spec in (ClusterSpec("fat tree, 64 x DGX-1 V100", 64, fat_tree(64).topology, 16, 2,
