@@ -58,6 +58,9 @@ LABEL_GPU_DEGRADED = "muster.io/gpu-degraded"
 #: so the binder hands that node one GPU pod at a time (webhook.binder.gate)
 LABEL_GPU_ALLOCATION_ACK = "muster.io/gpu-allocation-ack"
 
+#: the node label every kubelet sets to the node's name: the narrowest network level
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
 # --- defaults ---------------------------------------------------------------------------------
 DEFAULT_BINDER_SCHEDULER_NAME = "muster-binder"
 GPU_RESOURCE = "nvidia.com/gpu"

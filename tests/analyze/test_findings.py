@@ -489,3 +489,28 @@ async def test_a_backend_without_its_crd_on_a_cluster(shared_crds: list[dict[str
             api.seed(obj)
     assert [f.code for f in await findings_of(api, tmp_path)] == ["BackendNotInstalled"]
 
+
+
+NETWORK = """\
+apiVersion: muster.io/v1alpha1
+kind: SchedulingPolicy
+metadata: {name: racks}
+spec:
+  match: {namespaces: [team-b]}
+  gang: {backend: muster}
+  topology:
+    mode: preferred
+    network: {required: example.com/rack, slice: {level: kubernetes.io/hostname, size: 2}}
+"""
+
+
+def test_gpu_nodes_without_a_label_a_network_policy_names() -> None:
+    labelled = gpu_node("gpu-2")
+    labelled["metadata"]["labels"]["example.com/rack"] = "r1"
+    s = healthy()
+    s.policies = load_policy_texts({"p.yaml": POLICY, "n.yaml": NETWORK})
+    s.nodes = [gpu_node("gpu-1"), labelled, scenario.node("gpu-3")]
+    [finding] = [f for f in analyze(s, NOW) if f.code == "NetworkLabelMissing"]
+    assert finding.severity == "warning" and finding.object == "SchedulingPolicy/racks"
+    assert "2 GPU node(s) lack the label example.com/rack" in finding.message
+    assert "(gpu-1, gpu-3)" in finding.message  # the hostname level is every node's

@@ -9,6 +9,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -361,6 +362,24 @@ def test_binder_runs_leader_elected(helm_template: Render) -> None:
     env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert "--identity=$(POD_NAME)" in args
+
+
+@pytest.mark.parametrize(("levels", "flag"), [
+    (None, None),
+    ("topograph", "topograph"),
+    (["example.com/block", "example.com/rack"], "example.com/block,example.com/rack"),
+    # Kueue's Topology spec.levels, pasted as they are
+    ([{"nodeLabel": "example.com/block"}, {"nodeLabel": "nvidia.com/gpu.clique"}],
+     "example.com/block,nvidia.com/gpu.clique"),
+])
+def test_binder_network_levels(helm_template: Render, levels: Any, flag: str | None) -> None:
+    values = {"binder": {"networkLevels": levels}} if levels is not None else None
+    dep = one(helm_template(values), "Deployment", "muster-binder")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    if flag is None:
+        assert not any(a.startswith("--network-levels") for a in args)
+    else:
+        assert _arg(args, "--network-levels") == flag
 
 
 def test_agent_daemonset(helm_template: Render) -> None:

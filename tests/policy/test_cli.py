@@ -36,7 +36,7 @@ def test_readme_command_passes(capsys: pytest.CaptureFixture[str],
 def test_check_reports_errors_and_exit_code(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     code, out = run(["policy", "check", str(EXAMPLE_POLICIES)], capsys)
-    assert code == 0 and "10 policies valid" in out
+    assert code == 0 and "14 policies valid" in out
     bad = tmp_path / "mpi.yaml"
     bad.write_text("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata:\n"
                    "  name: mpi\nspec:\n  gang:\n    backend: volcano\n    minAvailable: 0\n")

@@ -37,8 +37,11 @@ def test_shipped_policies_are_valid() -> None:
                                  "istio-optout-mpi-jobs", "istio-optout-batch-jobs",
                                  "jobset-volcano", "trainjob-coscheduling",
                                  "leaderworkerset-volcano", "pytorchjob-volcano",
-                                 "indexed-job-volcano"}
-    assert loaded.names[0] == "mpi-topology"  # highest priority first
+                                 "indexed-job-volcano", "network-rack", "network-block",
+                                 "network-nvlink-slices", "network-as-annotated"}
+    # highest priority first (network-topology.yaml's are 11, then mpi-topology's 10)
+    assert loaded.names[:5] == ("network-rack", "network-block", "network-nvlink-slices",
+                                "network-as-annotated", "mpi-topology")
     assert len(loaded.digest) == 64
 
 

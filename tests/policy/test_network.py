@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from webhook import keys
+from webhook.cli import main
+from webhook.demo import EXAMPLE_POLICIES
 from webhook.policy import PolicyError, PolicySet
 from webhook.policy.decision import Decision
 
@@ -67,7 +69,7 @@ def test_kueue_and_kai_annotations_mean_the_same(
 
 def test_annotations_are_honoured_without_a_network_section(
         worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
-    d, pod = decide(with_annotations(worker_pod, **{keys.KUEUE_REQUIRED_TOPOLOGY: RACK}),
+    _, pod = decide(with_annotations(worker_pod, **{keys.KUEUE_REQUIRED_TOPOLOGY: RACK}),
                     mpijob, policies(muster()))
     assert asked(pod) == {"level": RACK, "mode": "required"}
 
@@ -119,3 +121,16 @@ def test_mode_off_with_a_network_is_a_contradiction(policies: Policies) -> None:
                          f"    required: {RACK}")
     with pytest.raises(PolicyError, match="network would have no effect"):
         policies(text)
+
+
+def test_explain_says_which_level_the_gang_asks_for_and_why(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    objects = EXAMPLE_POLICIES / "tests" / "objects"
+    code = main(["policy", "explain", "-p", str(EXAMPLE_POLICIES),
+                 str(objects / "indexed-job-pod.yaml"), "--owner",
+                 str(objects / "indexed-job.yaml"), "--namespace-labels",
+                 "kubernetes.io/metadata.name=team-d,muster.io/network=rack"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "  network: required network.topology.nvidia.com/leaf (from policy network-rack)" \
+        in out

@@ -246,3 +246,14 @@ def test_levels_that_cannot_be_used(doc: object, error: str) -> None:
 def test_missing_labels_are_listed() -> None:
     net = Network(LEVELS, {"a": {BLOCK: "b"}, "b": {BLOCK: "b", RACK: "r", CLIQUE: "c"}})
     assert net.missing(RACK) == ["a"] and net.missing(HOSTNAME) == []
+
+
+def test_a_node_without_a_narrower_label_is_still_in_its_rack() -> None:
+    nodes, labels = cluster()
+    for name in labels:
+        if name.startswith("b0-r0"):
+            del labels[name][CLIQUE]
+    p = ok(place(nodes, labels, gang(4)))  # a whole rack: b0-r0 holds 4 like any other
+    assert len(domains(p, labels, BLOCK, RACK)) == 1
+    sliced = ok(place(nodes, labels, gang(12, 8, level=None, slice_level=CLIQUE, size=2)))
+    assert not {m.node for m in sliced.members} & {n for n in labels if n.startswith("b0-r0")}

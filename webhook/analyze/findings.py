@@ -80,8 +80,8 @@ def _name(obj: Obj) -> str:
 
 def analyze(s: Snapshot, now: dt.datetime) -> list[Finding]:
     checks = (_backends, _queues, _webhook_order, _webhook_safety, _endpoints, _ca_bundle,
-              _gpu_nodes, _podgroups, _binder, _matching, _shadowed, _waiting, _schedulers,
-              _not_enforced)
+              _gpu_nodes, _network_labels, _podgroups, _binder, _matching, _shadowed, _waiting,
+              _schedulers, _not_enforced)
     out = [f for check in checks for f in check(s, now)]
     rank = {"error": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda f: (rank[f.severity], f.code, f.object))
@@ -237,6 +237,30 @@ def _gpu_nodes(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
                           "pods spread 4 per node over 500 nodes left no room for an 8-GPU gang)",
                           f"kubectl taint node {meta.get('name')} "
                           f"{keys.TAINT_GPU_TOPOLOGY}=enabled:NoSchedule")
+
+
+def _network_labels(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    """GPU nodes without a node label that a policy's network level names: that policy's gangs
+    never use them (a node outside a level's domains is in none of them)."""
+    gpu_nodes = [n for n in s.nodes if ((n.get("metadata") or {}).get("labels") or {}).get(
+        keys.LABEL_GPU_TOPOLOGY) == keys.LABEL_GPU_TOPOLOGY_ENABLED]
+    for policy in s.policies.policies if s.policies else ():
+        network = policy.spec.topology.network if policy.spec.topology else None
+        if network is None:
+            continue
+        wanted = [network.required, network.preferred,
+                  network.slice.level if network.slice else None]
+        for label in dict.fromkeys(w for w in wanted if w and w != keys.HOSTNAME_LABEL):
+            lacking = sorted(str((n.get("metadata") or {}).get("name")) for n in gpu_nodes
+                             if label not in ((n.get("metadata") or {}).get("labels") or {}))
+            if lacking:
+                shown = ", ".join(lacking[:5]) + (f" and {len(lacking) - 5} more"
+                                                  if len(lacking) > 5 else "")
+                yield Finding("warning", "NetworkLabelMissing", f"SchedulingPolicy/{policy.name}",
+                              f"{len(lacking)} GPU node(s) lack the label {label} that the "
+                              f"policy's network level names ({shown}): its gangs never use "
+                              "them", f"kubectl label node <node> {label}=<its domain>, or "
+                              "--network-levels / Topograph to label them")
 
 
 def _podgroups(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:

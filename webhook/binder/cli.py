@@ -56,15 +56,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="on nodes whose agent acknowledges served pods, bind the next GPU pod "
                         "once the previous one is served, or after this long "
                         "(default: %(default)s)")
-    p.add_argument("--network-levels", default="", metavar="LEVELS",
+    p.add_argument("--network-levels", default=None, metavar="LEVELS",
                    help="the cluster's network levels for gangs that name one: node labels "
                         "widest first, comma separated; \"topograph\" (NVIDIA Topograph's "
                         "labels); or @FILE, a Kueue Topology (kueue.x-k8s.io/v1beta2) or a "
-                        "YAML list (docs/topology.md, \"Network levels\")")
+                        "YAML list (docs/topology.md, \"Network levels\") (default: none: a gang "
+                        "that names a level is placed by that label alone)")
     p.set_defaults(func=_run)
 
 
-def network_levels(value: str) -> tuple[str, ...]:
+def network_levels(value: str | None) -> tuple[str, ...]:
     """--network-levels as levels; UsageError when they cannot be used."""
     if not value:
         return ()

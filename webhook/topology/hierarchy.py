@@ -42,6 +42,14 @@ from webhook.topology.ringfloor import gang_gbps, meets_min_ring
 _TRIES = 4
 
 Key = tuple[str, ...]
+#: path components that no label value can be: a leaf of nodes without the narrower labels,
+#: and a node as a domain of its own (slices of one node)
+_OWN, _NODE = "\x00", "\x01"
+
+
+def _real(key: Key) -> bool:
+    """A domain of a level (not a leaf of its own nodes, not one node)."""
+    return not key or key[-1][:1] not in (_OWN, _NODE)
 
 
 @dataclass(slots=True)
@@ -126,7 +134,8 @@ class _Decision:
         refused: Unplaceable | None = None
         for level in levels:
             fit = sorted((k for k, d in self.doms.items()
-                          if len(k) == level + 1 and d.pieces >= need), key=self._best_fit)
+                          if len(k) == level + 1 and _real(k) and d.pieces >= need),
+                         key=self._best_fit)
             for key in fit[:_TRIES]:
                 placed = self._place(self._descend(key, need))
                 if isinstance(placed, GangPlacement):
@@ -142,7 +151,9 @@ class _Decision:
         return self._why_not(need)
 
     def _group(self) -> None:
-        """Every node's room, summed into each of its domains (one pass over the nodes)."""
+        """Every node's room, summed into each of its domains (one pass over the nodes). A node
+        whose path stops above the deepest level (it lacks a narrower label) sits in a leaf of
+        its own under its last domain; with slices of one node, each node is a domain."""
         doms = self.doms
         doms[()] = _Domain()
         depth = len(self.chain)
@@ -150,12 +161,13 @@ class _Decision:
         rooms: dict[tuple[int, frozenset[int], int, int, int], tuple[int, int]] = {}
         eligible = self.gpu[0].eligible_nodes if self.uniform else None
         node_slices = self.sliced and self.slice_at == depth
+        shallow = self.slice_at if self.sliced and not node_slices else 0
         leaves: dict[Key, _Domain] = {}
         paths = self.paths
         for n in self.nodes:
             path = paths.get(n.name)
-            if path is None or n.topology is None or not n.free_gpus:
-                continue
+            if path is None or len(path) <= shallow or n.topology is None or not n.free_gpus:
+                continue  # (a sliced gang needs the slice level's label)
             if eligible is not None and n.name not in eligible:
                 continue
             rkey = (id(n.topology), n.free_gpus, n.free_cpu_milli, n.free_memory_bytes,
@@ -166,18 +178,20 @@ class _Decision:
             room, gpus = found
             if room <= 0:
                 continue
+            if len(path) < depth:
+                path = (*path, _OWN)
             leaf = leaves.get(path)
             if leaf is None:
                 leaf = leaves[path] = _Domain()
             leaf.room += room
             leaf.gpus += gpus
             leaf.nodes.append(n)
-            if node_slices:  # slices of one node: each node is a domain
-                node_key = (*path, n.name)
+            if node_slices:
+                node_key = (*path, _NODE + n.name)
                 doms[node_key] = _Domain(room, gpus, nodes=[n])
                 leaf.children.add(node_key)
         for path, leaf in leaves.items():
-            for i in range(depth):
+            for i in range(len(path)):
                 d = doms.get(path[:i])
                 if d is None:
                     d = doms[path[:i]] = _Domain()
@@ -190,10 +204,15 @@ class _Decision:
                 d.pieces = d.room
             return
         for key, d in list(doms.items()):  # whole slices of each slice domain, summed upwards
-            if len(key) == self.slice_at + 1:
+            if self._is_slice(key):
                 d.pieces = d.room // self.per_piece
                 for i in range(len(key)):
                     doms[key[:i]].pieces += d.pieces
+
+    def _is_slice(self, key: Key) -> bool:
+        if self.slice_at == len(self.chain):
+            return bool(key) and key[-1].startswith(_NODE)
+        return len(key) == self.slice_at + 1 and _real(key)
 
     def _room(self, n: NodeState) -> tuple[int, int]:
         """(members, or GPUs for unlike members, the node can take; its usable free GPUs),
@@ -212,10 +231,9 @@ class _Decision:
     def _descend(self, key: Key, need: int) -> list[tuple[Key, int]]:
         """The domains, at the slice level (or the deepest level), the gang takes under `key`,
         with how many pieces each: one child when one fits, else the fewest."""
-        stop = self.slice_at + 1 if self.sliced else len(self.chain)
-        if len(key) >= stop:
-            return [(key, need)]
         kids = self.doms[key].children
+        if not kids or (self.sliced and self._is_slice(key)):
+            return [(key, need)]
         fit = [k for k in kids if self.doms[k].pieces >= need]
         if fit:
             return self._descend(min(fit, key=self._best_fit), need)
@@ -287,7 +305,8 @@ class _Decision:
             if len(sizes) == 1 else f"{len(self.gpu)} members"
         level = self.level if self.level >= 0 else self.slice_at
         label = self.chain[level] if level < len(self.chain) else HOSTNAME
-        at = [(d.pieces, d.gpus, k) for k, d in self.doms.items() if len(k) == level + 1]
+        at = [(d.pieces, d.gpus, k) for k, d in self.doms.items()
+              if len(k) == level + 1 and _real(k)]
         if self.sliced:
             slice_label = self.req.slice_level
             head = (f"gang {self.gang.name} needs {total} GPUs ({what}) in {len(self.slices)} "

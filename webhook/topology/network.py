@@ -11,7 +11,8 @@ always the narrowest level, the node itself, whether it is declared or not.
 
 A domain of level i is the path of the node's values down to it (rack `r1` of block `b1` is
 not rack `r1` of block `b2`), as Kueue keys its domains. A node that lacks a declared label is
-in no domain of that level or any narrower one.
+in no domain of that level or any narrower one (a DGX node without a clique label is still in
+its rack and block).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from webhook.keys import is_label_key
+from webhook.keys import HOSTNAME_LABEL, is_label_key
 
-HOSTNAME = "kubernetes.io/hostname"
+HOSTNAME = HOSTNAME_LABEL
 CLIQUE = "nvidia.com/gpu.clique"
 TOPOGRAPH = tuple(f"network.topology.nvidia.com/{tier}"
                   for tier in ("core", "spine", "leaf", "accelerator"))
@@ -97,14 +98,20 @@ class Network:
         return tuple(dict.fromkeys(named))
 
     def paths(self, chain: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-        """node -> its values of `chain`, for the nodes that have every label of it."""
+        """node -> its values of `chain`, down to the first label it lacks (a node without the
+        widest label is left out)."""
         found = self._paths.get(chain)
         if found is None:
             found = self._paths[chain] = {}
             for node, labels in self._labels.items():
-                values = tuple(labels.get(label) for label in chain)
-                if None not in values:
-                    found[node] = values  # type: ignore[assignment]
+                values: list[str] = []
+                for label in chain:
+                    value = labels.get(label)
+                    if value is None:
+                        break
+                    values.append(value)
+                if values:
+                    found[node] = tuple(values)
         return found
 
     def missing(self, label: str) -> list[str]:
