@@ -345,15 +345,15 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--load", type=float, default=0.9,
                     help="offered share of the GPUs (default 0.9; above 1 the queue grows)")
-    ap.add_argument("--clusters", choices=("all", "fat1024"), default="all",
-                    help="sim: every cluster, or the 1,024-node fat tree alone")
+    ap.add_argument("--clusters", choices=("all", "fat1024", "fat4096"), default="all",
+                    help="sim: every cluster, or one fat tree alone")
     args = ap.parse_args()
     ok = True
     if args.only in (None, "sim"):
         cases = ([(fat_tree(256), 1500), (nvl72(16), 1500)] if args.quick else
                  [(fat_tree(1024), 4000), (fat_tree(4096), 6000), (nvl72(64), 4000)])
-        if args.clusters == "fat1024":
-            cases = cases[:1]
+        if args.clusters != "all":
+            cases = cases[:1] if args.clusters == "fat1024" else cases[1:2]
         for spec, count in cases:
             ok &= compare(spec, count, args.load, args.seed)
     if args.only in (None, "optimum"):
