@@ -28,6 +28,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ from webhook.topology.model import NodeState
 WINDOW = 32
 
 
-def pct(values: list[float], p: float) -> float:
+def pct(values: Sequence[float], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
@@ -114,7 +115,8 @@ BETTER_HIGH = {"within %": True, "spanned mean": False, "spanned p95": False, "u
 
 
 def run(spec: ClusterSpec, jobs: list[Job], name: str, placer: Placer, *, tables: TableCache,
-        ideal: dict[int, float], on_place: object = None) -> Result:
+        ideal: dict[int, float],
+        on_place: Callable[[Cluster, Job], None] | None = None) -> Result:
     c = Cluster(spec)
     r = Result(name, gpus=spec.nodes * spec.gpus_per_node)
     end_window = jobs[-1].arrival
@@ -155,7 +157,7 @@ def run(spec: ClusterSpec, jobs: list[Job], name: str, placer: Placer, *, tables
             if sum(len(g) for _, g in p) != job.gpus:
                 raise SystemExit(f"{name} placed job {job.id} on {p}: not {job.gpus} GPUs")
             if on_place is not None:
-                on_place(c, job)  # type: ignore[operator]  (sees what was free before it)
+                on_place(c, job)  # before the take: it sees what was free
             for i, g in p:
                 c.take(i, g)
             queue.remove(job)

@@ -30,12 +30,14 @@ from webhook.topology.gpu_choice import TableCache
 from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import (
     GPU,
+    GangPlacement,
     GangRequest,
     MemberRequest,
     NetworkRequest,
     NodeState,
     PCIeLevel,
     Topology,
+    Unplaceable,
 )
 from webhook.topology.network import Network
 from webhook.topology.simulate import PRESETS, Links, Model, step_seconds
@@ -228,7 +230,7 @@ def _fill(c: Cluster, job: Job, nodes: Sequence[int]) -> Placement | None:
     """Pods onto `nodes` in this order, each node as full as it can take; GPUs by the device
     plugin, pod by pod."""
     out: Placement = []
-    free = {}
+    free: dict[int, frozenset[int]] = {}
     for i in nodes:
         f = free.get(i, c.free[i])
         while len(out) < job.pods and len(f) >= job.pod_gpus:
@@ -376,14 +378,15 @@ def muster(tables: TableCache) -> Placer:
         if not index:
             index.update((n, i) for i, n in enumerate(c.names))
         got = muster_place(c, request(c, job), tables)
-        if not hasattr(got, "members"):
+        if isinstance(got, Unplaceable):
             return None
-        return [(index[m.node], m.gpus) for m in got.members]  # type: ignore[union-attr]
+        return [(index[m.node], m.gpus) for m in got.members]
 
     return place
 
 
-def muster_place(c: Cluster, gang: GangRequest, tables: TableCache) -> object:
+def muster_place(c: Cluster, gang: GangRequest, tables: TableCache
+                 ) -> GangPlacement | Unplaceable:
     """The call the binder makes (webhook.binder.controller): its placement function on the
     node states, with the cluster's network levels."""
     return place_gang(c.states, gang, network=c.network, tables=tables)
