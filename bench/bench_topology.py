@@ -349,6 +349,7 @@ def main() -> int:
                     help="offered share of the GPUs (default 0.9; above 1 the queue grows)")
     ap.add_argument("--clusters", choices=("all", "fat1024", "fat4096"), default="all",
                     help="sim: every cluster, or one fat tree alone")
+    ap.add_argument("--jobs", type=int, help="sim: arrivals per cluster (default per cluster)")
     args = ap.parse_args()
     ok = True
     if args.only in (None, "sim"):
@@ -357,7 +358,7 @@ def main() -> int:
         if args.clusters != "all":
             cases = cases[:1] if args.clusters == "fat1024" else cases[1:2]
         for spec, count in cases:
-            ok &= compare(spec, count, args.load, args.seed)
+            ok &= compare(spec, args.jobs or count, args.load, args.seed)
     if args.only in (None, "optimum"):
         within, total = 0, 0
         for spec in (ClusterSpec("fat tree, 64 x DGX-1 V100", 64, fat_tree(64).topology, 16, 2,
