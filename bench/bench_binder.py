@@ -402,7 +402,8 @@ async def memory(nodes: int, gangs: int, tmp: Path) -> dict[str, int]:
             await create_all(kube, pods)
             await watch.start()
             await binder.start()
-            ok = await watch.wait_for(len(pods), 180)
+            # its informers list every node first: minutes for 16,384 on a busy shared machine
+            ok = await watch.wait_for(len(pods), 180 + nodes / 40)
             await asyncio.sleep(1.0)
             mem = binder.memory()
         finally:
@@ -410,7 +411,8 @@ async def memory(nodes: int, gangs: int, tmp: Path) -> dict[str, int]:
             await watch.stop()
             await client.close()
     if not ok:
-        raise SystemExit(f"memory: only {len(watch.bound)}/{len(pods)} pods bound")
+        raise SystemExit(f"memory: only {len(watch.bound)}/{len(pods)} pods bound on {nodes} "
+                         f"nodes in {180 + nodes / 40:.0f} s")
     watch.check_placement(gangs)
     return mem
 
