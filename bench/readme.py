@@ -262,7 +262,7 @@ def run(row: Row, logs: Path | None, reparse: bool
         context = f"commit {commit()}, load {load0:.1f}→{os.getloadavg()[0]:.1f}, {took:.0f} s"
         if log is not None:  # first line: exit status and context, for --reparse
             log.write_text(f"{returncode} {context}\n{out}")
-    command = " ".join(row.command)
+    command = " ".join(row.command).replace("-m webhook", "muster", 1)
     if returncode != 0:
         why = [ln for ln in out.splitlines() if ln.startswith(("FAILED", "FAIL "))] or \
             out.strip().splitlines()[-3:]
