@@ -253,13 +253,13 @@ def run(row: Row, logs: Path | None, reparse: bool
         head, _, out = saved.partition("\n")
         returncode, context = int(head.split(" ", 1)[0]), head.split(" ", 1)[1]
     else:
-        load0 = os.getloadavg()[0]
+        load0, measured = os.getloadavg()[0], commit()  # the code as the bench starts
         start = time.monotonic()
         proc = subprocess.run([PY, *row.command], cwd=REPO, capture_output=True, text=True,
                               check=False)
         took = time.monotonic() - start
         out, returncode = proc.stdout + proc.stderr, proc.returncode
-        context = f"commit {commit()}, load {load0:.1f}→{os.getloadavg()[0]:.1f}, {took:.0f} s"
+        context = f"commit {measured}, load {load0:.1f}→{os.getloadavg()[0]:.1f}, {took:.0f} s"
         if log is not None:  # first line: exit status and context, for --reparse
             log.write_text(f"{returncode} {context}\n{out}")
     command = " ".join(row.command).replace("-m webhook", "muster", 1)
