@@ -83,8 +83,8 @@ CASES = [
      "--policies missing.yaml: no such file or directory"),
     (["policy", "explain", "-p", "badpolicy.yaml", WORKER], 2,
      "--policies: badpolicy.yaml:4:24: spec.gang.backend: Input should be 'volcano', "
-     "'coscheduling' or 'muster' (document 1, policy a) (and 1 more problem: muster policy "
-     "check lists them)"),
+     "'coscheduling', 'muster' or 'kubernetes' (document 1, policy a) (and 1 more problem: "
+     "muster policy check lists them)"),
     (["policy", "explain", "-p", POLICIES, "--namespace-labels", "team", WORKER], 2,
      "--namespace-labels: 'team' is not key=value"),
     (["policy", "test", "-p", POLICIES, WORKER, "--owner", "missing.yaml"], 2,

@@ -58,6 +58,9 @@ LABEL_GPU_DEGRADED = "muster.io/gpu-degraded"
 #: so the binder hands that node one GPU pod at a time (webhook.binder.gate)
 LABEL_GPU_ALLOCATION_ACK = "muster.io/gpu-allocation-ack"
 
+#: the node label every kubelet sets to the node's name: the narrowest network level
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
 # --- defaults ---------------------------------------------------------------------------------
 DEFAULT_BINDER_SCHEDULER_NAME = "muster-binder"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -73,10 +76,31 @@ ISTIO_INJECT = "sidecar.istio.io/inject"
 ISTIO_DATAPLANE_MODE = "istio.io/dataplane-mode"
 ISTIO_DATAPLANE_MODE_NONE = "none"
 
+#: Kueue Topology Aware Scheduling's pod template annotations (a node label names the level)
+KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+KUEUE_SLICE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-slice-required-topology"
+KUEUE_SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
+#: KAI Scheduler's topology annotations (a node label names the level)
+KAI_REQUIRED_PLACEMENT = "kai.scheduler/topology-required-placement"
+KAI_PREFERRED_PLACEMENT = "kai.scheduler/topology-preferred-placement"
+#: the job annotations a policy may honour as a network request (webhook.policy.network)
+NETWORK_ANNOTATIONS = (KUEUE_REQUIRED_TOPOLOGY, KUEUE_PREFERRED_TOPOLOGY,
+                       KUEUE_SLICE_REQUIRED_TOPOLOGY, KUEUE_SLICE_SIZE, KAI_REQUIRED_PLACEMENT,
+                       KAI_PREFERRED_PLACEMENT)
+
 VOLCANO_API = ("scheduling.volcano.sh", "v1beta1", "podgroups")
 COSCHEDULING_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
 
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
+#: a qualified label key: an optional DNS subdomain prefix, then a name of at most 63 characters
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]"
+                        r"([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def is_label_key(key: str) -> bool:
+    """Whether `key` is a valid Kubernetes label key (a network level names a node label)."""
+    return bool(_LABEL_KEY.match(key))
 
 
 def gpu_model_label_value(model: str) -> str:

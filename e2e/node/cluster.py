@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -81,13 +81,18 @@ class NodeCluster:
     """One node, everything real. Use `with cluster.netns():` around anything that talks to it."""
 
     def __init__(self, images: Images, node_labels: dict[str, str],
-                 version: str | None = None) -> None:
+                 version: str | None = None, *, feature_gates: Mapping[str, bool] | None = None,
+                 runtime_config: Sequence[str] = ()) -> None:
         # short: unix socket paths (containerd, device plugins) must fit in 108 bytes
         self.dir = Path(tempfile.mkdtemp(prefix="muster-k8s-"))
         self.images = images
         self.node_labels = node_labels
         #: the Kubernetes release it runs (default: this run's, `versions.kubernetes()`)
         self.version = version or versions.kubernetes()
+        #: on the API server, controller manager, scheduler and kubelet (`versions.native_gangs`)
+        self.feature_gates = dict(feature_gates or {})
+        #: the API server's --runtime-config entries (an alpha or beta API version turned on)
+        self.runtime_config = tuple(runtime_config)
         self.kubeconfig = self.dir / "admin.kubeconfig"
         self.token = secrets.token_hex(16)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -112,7 +117,8 @@ class NodeCluster:
             "dir": str(self.dir),
             "binaries": {k: str(v) for k, v in binaries(self.version).items()},
             "node_name": NODE_NAME, "node_labels": self.node_labels, "token": self.token,
-            "pause_image": PAUSE,
+            "pause_image": PAUSE, "feature_gates": self.feature_gates,
+            "runtime_config": list(self.runtime_config),
             "images": [str(self.images.pause), str(self.images.muster)]}))
         return plan
 

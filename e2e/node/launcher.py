@@ -183,7 +183,8 @@ state = "{d}/containerd/state"
                    "--service-cluster-ip-range", SERVICE_CIDR,
                    "--enable-aggregator-routing=true",
                    "--kubelet-preferred-address-types", "InternalIP",
-                   "--allow-privileged=true", "--profiling=false", "--v=1")
+                   "--allow-privileged=true", "--profiling=false", "--v=1",
+                   *self.gates(), *self.runtime_config())
         self.wait_for("kube-apiserver /readyz",
                       lambda: self.https_ok(f"https://{NODE_IP}:6443/readyz"))
         self.start("kube-controller-manager", self.bin["kube-controller-manager"],
@@ -191,9 +192,21 @@ state = "{d}/containerd/state"
                    "--service-account-private-key-file", str(pki / "sa.key"),
                    "--root-ca-file", str(pki / "ca.crt"), "--leader-elect=false",
                    "--bind-address", "127.0.0.1", "--use-service-account-credentials=false",
-                   "--concurrent-job-syncs", "10", "--v=1")
+                   "--concurrent-job-syncs", "10", "--v=1", *self.gates())
         self.start("kube-scheduler", self.bin["kube-scheduler"], "--kubeconfig", kc,
-                   "--leader-elect=false", "--bind-address", "127.0.0.1", "--v=1")
+                   "--leader-elect=false", "--bind-address", "127.0.0.1", "--v=1",
+                   *self.gates())
+
+    def gates(self) -> list[str]:
+        """--feature-gates for the control plane and the kubelet, when the plan turns any on or
+        off."""
+        gates = self.plan.get("feature_gates") or {}
+        return ["--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in
+                                              sorted(gates.items()))] if gates else []
+
+    def runtime_config(self) -> list[str]:
+        config = self.plan.get("runtime_config") or []
+        return ["--runtime-config=" + ",".join(config)] if config else []
 
     def node_components(self) -> None:
         d, kc = self.dir, str(self.dir / "admin.kubeconfig")
@@ -208,7 +221,7 @@ state = "{d}/containerd/state"
                    "--root-dir", KUBELET_ROOT, "--cert-dir", str(d / "kubelet-pki"),
                    "--node-labels", ",".join(f"{k}={v}" for k, v in
                                               self.plan["node_labels"].items()),
-                   "--v=1")
+                   "--v=1", *self.gates())
         self.start("kube-proxy", self.bin["kube-proxy"], "--kubeconfig", kc,
                    "--proxy-mode", "iptables", "--cluster-cidr", CLUSTER_CIDR,
                    "--conntrack-max-per-core", "0", "--hostname-override", self.node,

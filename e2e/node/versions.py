@@ -27,3 +27,27 @@ VOLCANO_TRIED = ("v1.14.0", "v1.13.2", "v1.13.1", "v1.13.0", "v1.12.2", "v1.12.1
 def kubernetes() -> str:
     """The release this run's cluster is built from."""
     return os.environ.get("MUSTER_K8S_VERSION") or KUBERNETES
+
+
+#: the scheduling.k8s.io version each release serves the native Workload API in (KEP-4671),
+#: from its k8s.io/api module: 1.35 v1alpha1, 1.36 v1alpha2 (PodGroup objects), 1.37 v1beta1
+_WORKLOAD_API = {35: "v1alpha1", 36: "v1alpha2"}
+
+
+def native_gangs(release: str) -> tuple[dict[str, bool], tuple[str, ...]]:
+    """(feature gates, API server --runtime-config) that turn on native gangs (feature gate
+    GenericWorkload, off by default up to 1.37 at least) on `release`; none before 1.35.
+
+    From 1.36 the gates also turn InPlacePodLevelResourcesVerticalScaling (beta, on) off: on
+    this tier's cgroup v1 node the kubelet reports each pod's status.resources requests as
+    1 CPU (read back from the pod cgroup), and kube-scheduler then counts 1 CPU per pod, so a
+    2-core node is full after two pods (a Helm hook's pod waited with "Insufficient cpu" while
+    0.47 of 2 CPUs were requested)."""
+    minor = int(release.lstrip("v").split(".")[1])
+    if minor < 35:
+        return {}, ()
+    version = _WORKLOAD_API.get(minor, "v1beta1")
+    gates = {"GenericWorkload": True}
+    if minor >= 36:
+        gates["InPlacePodLevelResourcesVerticalScaling"] = False
+    return gates, (f"scheduling.k8s.io/{version}=true",)

@@ -113,8 +113,8 @@ async def test_a_refused_policy_update_names_every_problem(
         f"{a}:6:31: spec.match.gpus.max: max (1) is smaller than min (3) (document 1, policy a)",
         f"{b}:3:18: metadata.name: duplicate policy name 'a', first defined at {a}:3:18 "
         "(document 1, policy a)",
-        f"{b}:5:19: spec.gang.backend: Input should be 'volcano', 'coscheduling' or 'muster' "
-        "(document 1, policy a)",
+        f"{b}:5:19: spec.gang.backend: Input should be 'volcano', 'coscheduling', "
+        "'muster' or 'kubernetes' (document 1, policy a)",
         f"{b}:7:7: '[' opened here is not closed: did not find expected ',' or ']' at line 8, "
         "column 1 (document 2)"]
     assert refused == ["\n".join(expected)]

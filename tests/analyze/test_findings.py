@@ -489,3 +489,62 @@ async def test_a_backend_without_its_crd_on_a_cluster(shared_crds: list[dict[str
             api.seed(obj)
     assert [f.code for f in await findings_of(api, tmp_path)] == ["BackendNotInstalled"]
 
+
+
+NATIVE_POLICY = """\
+apiVersion: muster.io/v1alpha1
+kind: SchedulingPolicy
+metadata: {name: mpi-native}
+spec:
+  match: {namespaces: [team-a]}
+  gang: {backend: kubernetes%s}
+"""
+
+
+@pytest.mark.parametrize(("served", "extra", "expected"), [
+    ("v1beta1", "", ("NativeGangs", "info", "serves scheduling.k8s.io/v1beta1")),
+    ("v1alpha1", "", ("NativeGangs", "info", "serves scheduling.k8s.io/v1alpha1")),
+    (None, "", ("WorkloadApiNotServed", "error", "pods are refused")),
+    (None, ", unavailableApi: WithoutGang",
+     ("WorkloadApiNotServed", "warning", "admitted without a gang")),
+])
+async def test_a_native_gang_policy_is_reported_with_what_the_cluster_serves(
+        served: str | None, extra: str, expected: tuple[str, str, str],
+        shared_crds: list[dict[str, Any]], tmp_path: Path) -> None:
+    api = ApiServerEmulator(crds=shared_crds, workload_api=served)
+    objs = _replace("ConfigMap", "muster-policies", {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "muster-policies", "namespace": "muster-system"},
+        "data": {"p.yaml": NATIVE_POLICY % extra}})(cluster_objects())
+    for obj in (o for o in objs if o["kind"] != "PodGroup"):
+        api.seed(obj)
+    found = [f for f in await findings_of(api, tmp_path)
+             if f.code in ("NativeGangs", "WorkloadApiNotServed")]
+    code, severity, words = expected
+    assert [(f.code, f.severity) for f in found] == [(code, severity)]
+    assert words in found[0].message and found[0].object == "SchedulingPolicy/mpi-native"
+
+
+NETWORK = """\
+apiVersion: muster.io/v1alpha1
+kind: SchedulingPolicy
+metadata: {name: racks}
+spec:
+  match: {namespaces: [team-b]}
+  gang: {backend: muster}
+  topology:
+    mode: preferred
+    network: {required: example.com/rack, slice: {level: kubernetes.io/hostname, size: 2}}
+"""
+
+
+def test_gpu_nodes_without_a_label_a_network_policy_names() -> None:
+    labelled = gpu_node("gpu-2")
+    labelled["metadata"]["labels"]["example.com/rack"] = "r1"
+    s = healthy()
+    s.policies = load_policy_texts({"p.yaml": POLICY, "n.yaml": NETWORK})
+    s.nodes = [gpu_node("gpu-1"), labelled, scenario.node("gpu-3")]
+    [finding] = [f for f in analyze(s, NOW) if f.code == "NetworkLabelMissing"]
+    assert finding.severity == "warning" and finding.object == "SchedulingPolicy/racks"
+    assert "2 GPU node(s) lack the label example.com/rack" in finding.message
+    assert "(gpu-1, gpu-3)" in finding.message  # the hostname level is every node's

@@ -23,7 +23,7 @@ from webhook.binder.queue import GangQueue
 from webhook.cli import main
 from webhook.topology import codec
 from webhook.topology.builtin import builtin
-from webhook.topology.placement import place_gang
+from webhook.topology.hierarchy import place_gang
 
 CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME)
 TOPO = builtin("dgx1-v100")

@@ -29,12 +29,14 @@ from webhook.topology.model import (
     NodeState,
     Unplaceable,
 )
+from webhook.topology.network import Network
 
 CFG = PlanConfig(scheduler_name="muster-binder", starvation_seconds=30)
 TOPO = builtin("dgx1-v100")
 
 
-def first_fit(nodes: Sequence[NodeState], gang: GangRequest) -> GangPlacement | Unplaceable:
+def first_fit(nodes: Sequence[NodeState], gang: GangRequest, *,
+              network: Network | None = None) -> GangPlacement | Unplaceable:
     free = {n.name: [sorted(n.free_gpus), n.free_cpu_milli, n.free_pods] for n in nodes}
     need = sum(m.gpus for m in gang.members)
     home = [n for n in nodes if len(n.free_gpus) >= need and all(

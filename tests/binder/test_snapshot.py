@@ -19,7 +19,7 @@ from webhook.binder.queue import GangQueue
 from webhook.binder.snapshot import Snapshot
 from webhook.topology.builtin import builtin
 from webhook.topology.gpu_choice import TableCache
-from webhook.topology.placement import place_gang
+from webhook.topology.hierarchy import place_gang
 
 CFG = PlanConfig(scheduler_name="muster-binder", starvation_seconds=30)
 TOPO = builtin("dgx1-v100")

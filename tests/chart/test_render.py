@@ -9,6 +9,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -363,6 +364,24 @@ def test_binder_runs_leader_elected(helm_template: Render) -> None:
     assert "--identity=$(POD_NAME)" in args
 
 
+@pytest.mark.parametrize(("levels", "flag"), [
+    (None, None),
+    ("topograph", "topograph"),
+    (["example.com/block", "example.com/rack"], "example.com/block,example.com/rack"),
+    # Kueue's Topology spec.levels, pasted as they are
+    ([{"nodeLabel": "example.com/block"}, {"nodeLabel": "nvidia.com/gpu.clique"}],
+     "example.com/block,nvidia.com/gpu.clique"),
+])
+def test_binder_network_levels(helm_template: Render, levels: Any, flag: str | None) -> None:
+    values = {"binder": {"networkLevels": levels}} if levels is not None else None
+    dep = one(helm_template(values), "Deployment", "muster-binder")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    if flag is None:
+        assert not any(a.startswith("--network-levels") for a in args)
+    else:
+        assert _arg(args, "--network-levels") == flag
+
+
 def test_agent_daemonset(helm_template: Render) -> None:
     objs = helm_template()
     ds = one(objs, "DaemonSet", "muster-agent")
@@ -509,6 +528,7 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("kubeflow.org", "mpijobs,pytorchjobs,tfjobs,xgboostjobs,paddlejobs"): "get,list",
         ("scheduling.volcano.sh", "scheduling.x-k8s.io", "podgroups"):
             "get,list,watch,create,patch,delete",
+        ("scheduling.k8s.io", "workloads,podgroups"): "get,list,watch,create,patch,delete",
         ("scheduling.volcano.sh", "queues"): "get,list,watch",
         ("scheduling.k8s.io", "priorityclasses"): "get,list,watch",
         ("", "events.k8s.io", "events"): "create,patch",

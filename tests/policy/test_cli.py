@@ -36,7 +36,7 @@ def test_readme_command_passes(capsys: pytest.CaptureFixture[str],
 def test_check_reports_errors_and_exit_code(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     code, out = run(["policy", "check", str(EXAMPLE_POLICIES)], capsys)
-    assert code == 0 and "10 policies valid" in out
+    assert code == 0 and "14 policies valid" in out
     bad = tmp_path / "mpi.yaml"
     bad.write_text("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata:\n"
                    "  name: mpi\nspec:\n  gang:\n    backend: volcano\n    minAvailable: 0\n")
@@ -57,8 +57,8 @@ def test_check_reports_every_problem_of_every_file_in_one_run(
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     assert code == 1
     assert out.splitlines() == [
-        f"{a}:5:19: spec.gang.backend: Input should be 'volcano', 'coscheduling' or 'muster' "
-        "(document 1, policy a)",
+        f"{a}:5:19: spec.gang.backend: Input should be 'volcano', 'coscheduling', "
+        "'muster' or 'kubernetes' (document 1, policy a)",
         f"{a}:6:31: spec.match.gpus.max: max (1) is smaller than min (3) (document 1, policy a)",
         f"{a}:8:7: '[' opened here is not closed: did not find expected ',' or ']' at line 9, "
         "column 1 (document 2)",
@@ -104,7 +104,8 @@ def test_check_reads_stdin_for_a_dash(monkeypatch: pytest.MonkeyPatch,
     code, out = run(["policy", "check", "-", str(EXAMPLE_POLICIES / "mpi-volcano.yaml")], capsys)
     assert code == 1
     assert out.splitlines()[0] == ("<stdin>:4:24: spec.gang.backend: Input should be 'volcano', "
-                                   "'coscheduling' or 'muster' (document 1, policy a)")
+                                   "'coscheduling', 'muster' or 'kubernetes' (document 1, "
+                                   "policy a)")
     good = (EXAMPLE_POLICIES / "mpi-volcano.yaml").read_bytes()
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(good)))
     code, out = run(["policy", "check", "-"], capsys)

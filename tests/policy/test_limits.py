@@ -59,8 +59,8 @@ def test_a_merge_key_through_an_alias_is_refused_and_the_next_documents_are_read
             + "---\n" + GOOD.replace("volcano", "x"))
     assert issues_of({"m.yaml": text}) == [
         "m.yaml:8:9: alias *base: aliases are not accepted (write the value out) (document 1)",
-        "m.yaml:16:14: spec.gang.backend: Input should be 'volcano', 'coscheduling' or 'muster' "
-        "(document 2, policy good)"]
+        "m.yaml:16:14: spec.gang.backend: Input should be 'volcano', 'coscheduling', "
+        "'muster' or 'kubernetes' (document 2, policy good)"]
 
 
 def test_an_anchor_alone_is_harmless_and_loads() -> None:

@@ -37,8 +37,11 @@ def test_shipped_policies_are_valid() -> None:
                                  "istio-optout-mpi-jobs", "istio-optout-batch-jobs",
                                  "jobset-volcano", "trainjob-coscheduling",
                                  "leaderworkerset-volcano", "pytorchjob-volcano",
-                                 "indexed-job-volcano"}
-    assert loaded.names[0] == "mpi-topology"  # highest priority first
+                                 "indexed-job-volcano", "network-rack", "network-block",
+                                 "network-nvlink-slices", "network-as-annotated"}
+    # highest priority first (network-topology.yaml's are 11, then mpi-topology's 10)
+    assert loaded.names[:5] == ("network-rack", "network-block", "network-nvlink-slices",
+                                "network-as-annotated", "mpi-topology")
     assert len(loaded.digest) == 64
 
 
@@ -62,7 +65,7 @@ def test_bad_min_available_names_exact_place() -> None:
 
 @pytest.mark.parametrize(("bad", "where", "message"), [
     ("gang:\n  backend: slurm", ":7:14: spec.gang.backend:",
-     "'volcano', 'coscheduling' or 'muster'"),
+     "'volcano', 'coscheduling', 'muster' or 'kubernetes'"),
     ("gang:\n  backend: volcano\n  minAvailable: 150%", ":8:19: spec.gang.minAvailable:",
      "percentage"),
     ("gang:\n  backend: volcano\n  quue: x", ":8:5: spec.gang.quue:",
@@ -146,8 +149,8 @@ def test_a_broken_document_does_not_hide_the_next_ones() -> None:
     assert issues_of({"x.yaml": text}) == [
         "x.yaml:11:7: '[' opened here is not closed: did not find expected ',' or ']' at line "
         "12, column 1 (document 2)",
-        "x.yaml:21:14: spec.gang.backend: Input should be 'volcano', 'coscheduling' or 'muster' "
-        "(document 3, policy good)",
+        "x.yaml:21:14: spec.gang.backend: Input should be 'volcano', 'coscheduling', "
+        "'muster' or 'kubernetes' (document 3, policy good)",
         "x.yaml:23:7: \"'\" opened here is not closed: found unexpected document indicator at "
         "line 24, column 1 (document 4)",
     ]
@@ -212,8 +215,8 @@ def test_every_problem_of_every_document_in_one_run() -> None:
         "least one value (document 1, policy mpi)",
         "a.yaml:11:25: spec.match.gpus.max: max (2) is smaller than min (4) (document 1, "
         "policy mpi)",
-        "a.yaml:13:14: spec.gang.backend: Input should be 'volcano', 'coscheduling' or 'muster' "
-        "(document 1, policy mpi)",
+        "a.yaml:13:14: spec.gang.backend: Input should be 'volcano', 'coscheduling', "
+        "'muster' or 'kubernetes' (document 1, policy mpi)",
         "a.yaml:14:12: spec.gang.queue: 'Research' is not a valid queue name (lowercase DNS-1123 "
         "subdomain) (document 1, policy mpi)",
         "a.yaml:15:19: spec.istio.optOut: must be sidecar, ambient, both or none (true means "
@@ -236,8 +239,8 @@ def test_every_problem_of_every_document_in_one_run() -> None:
 def test_a_check_that_needs_an_invalid_field_waits_for_it() -> None:
     """The topology check needs the gang's backend: an invalid one is not taken for none."""
     assert issues_of({"t": policy("t", "gang: {backend: slurm}\ntopology: {mode: required}")}) == [
-        "t:6:19: spec.gang.backend: Input should be 'volcano', 'coscheduling' or 'muster' "
-        "(document 1, policy t)"]
+        "t:6:19: spec.gang.backend: Input should be 'volcano', 'coscheduling', "
+        "'muster' or 'kubernetes' (document 1, policy t)"]
 
 
 def test_apiversion_and_kind_do_not_hide_the_fields_of_a_policy() -> None:
@@ -246,8 +249,8 @@ def test_apiversion_and_kind_do_not_hide_the_fields_of_a_policy() -> None:
     assert msgs == [
         "v.yaml:1:13: apiVersion: must be 'muster.io/v1alpha1', got 'muster.io/v2' (document 1, "
         "policy good)",
-        "v.yaml:9:14: spec.gang.backend: Input should be 'volcano', 'coscheduling' or 'muster' "
-        "(document 1, policy good)"]
+        "v.yaml:9:14: spec.gang.backend: Input should be 'volcano', 'coscheduling', "
+        "'muster' or 'kubernetes' (document 1, policy good)"]
     # another kind of object: its fields (and its name) mean something else, only its kind is
     # named
     assert issues_of({"a.yaml": GOOD, "cm.yaml": "apiVersion: v1\nkind: ConfigMap\n"
@@ -299,8 +302,8 @@ def test_duplicate_policy_names_give_both_places() -> None:
     msgs = issues_of({"a.yaml": GOOD + "---\n" + GOOD.replace("volcano", "slurm")})
     assert msgs == ["a.yaml:14:9: metadata.name: duplicate policy name 'good', first defined at "
                     "a.yaml:4:9 (document 2, policy good)",
-                    "a.yaml:19:14: spec.gang.backend: Input should be 'volcano', 'coscheduling' "
-                    "or 'muster' (document 2, policy good)"]
+                    "a.yaml:19:14: spec.gang.backend: Input should be 'volcano', 'coscheduling', "
+                    "'muster' or 'kubernetes' (document 2, policy good)"]
 
 
 CONFLICT_A = policy("queue-a", """

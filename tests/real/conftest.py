@@ -116,8 +116,11 @@ def images() -> image.Images:
 @pytest.fixture(scope="session")
 def node_cluster(images: image.Images, tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[NodeCluster]:
-    """The cluster with the CRDs and Muster installed by `helm install` with its hooks."""
-    cluster = NodeCluster(images, {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED})
+    """The cluster with the CRDs and Muster installed by `helm install` with its hooks, and
+    native gangs (feature gate GenericWorkload) on where the release has them."""
+    gates, runtime_config = versions.native_gangs(versions.kubernetes())
+    cluster = NodeCluster(images, {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED},
+                          feature_gates=gates, runtime_config=runtime_config)
     try:
         cluster.start()
         with cluster.netns():

@@ -12,8 +12,13 @@ from e2e.node.cluster import NodeCluster
 from e2e.node.kubectl import crd_documents, kubectl, wait_established
 from webhook.demo import EXAMPLE_POLICIES
 
-__all__ = ["crd_documents", "diagnostics", "kubectl", "release_values", "run_helm",
-           "wait_established"]
+__all__ = ["NETWORK_LEVELS", "crd_documents", "diagnostics", "kubectl", "release_values",
+           "run_helm", "wait_established"]
+
+#: the binder's network levels (docs/topology.md): Topograph's spine (a block) and leaf (a
+#: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
+NETWORK_LEVELS = ["network.topology.nvidia.com/spine", "network.topology.nvidia.com/leaf",
+                  "nvidia.com/gpu.clique"]
 
 
 def run_helm(cluster: NodeCluster, *args: str, timeout: float = 420
@@ -32,6 +37,7 @@ def release_values(cluster: NodeCluster) -> dict[str, Any]:
     values["image"] = {"repository": image.IMAGE_REPOSITORY, "tag": image.IMAGE_TAG,
                        "pullPolicy": "Never"}
     values["agent"] = {"extraArgs": ["--fake-nvml=dgx1-v100"]}
+    values["binder"] = {"networkLevels": NETWORK_LEVELS}
     return values
 
 

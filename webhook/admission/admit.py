@@ -14,7 +14,9 @@ with an Event on the job (and on the pod when it has a name) and a metric:
 - the PodGroup's name is taken by a PodGroup another live object controls: refused until it
   goes (webhook.admission.podgroups);
 - the Volcano queue is missing or not Open: the policy's fallback queue, or no gang
-  (webhook.policy.queues).
+  (webhook.policy.queues);
+- a native gang (backend kubernetes) on a cluster that serves no Workload API: refused, or no
+  gang, as the policy says (webhook.policy.native).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from webhook.lru import Lru
 from webhook.policy import PolicyError, PolicySet, load_policy_texts, render_patch
 from webhook.policy.audit import EVENT_REASON, event_message
 from webhook.policy.decision import Decision, Override, PodGroupSpec
+from webhook.policy.native import VERSIONS, NativeVerdict, api_of, with_api
 from webhook.policy.outcome import evaluate_and_render
 from webhook.policy.queues import QueueVerdict, with_queue, without_gang
 from webhook.policy.workload import NO_PRIORITIES, Priorities
@@ -69,6 +72,9 @@ class ClusterContext(Protocol):
 
     async def queue_verdict(self, spec: PodGroupSpec, deadline: float
                             ) -> QueueVerdict | None: ...
+
+    async def native_verdict(self, spec: PodGroupSpec, deadline: float
+                             ) -> NativeVerdict | None: ...
 
     def report(self, objects: list[Mapping[str, Any]], reason: str, message: str, *,
                type_: str = "Warning", once_as: str | None = None) -> None: ...
@@ -339,6 +345,23 @@ class Admitter:
                 self.metrics.gang_interventions.labels(what).inc()
                 self.context.report(_involved(pod, namespace, _job_of(pod, spec)),
                                     "GangQueueUnavailable", verdict.reason)
+        if self.context is not None and spec is not None and spec.backend == "kubernetes":
+            native = await self.context.native_verdict(spec, deadline - _OWNER_MARGIN)
+            if native is not None and native.api is None:
+                self.context.report(_involved(pod, namespace, _job_of(pod, spec)),
+                                    "GangApiUnavailable", native.reason)
+                if native.refuse:
+                    self.metrics.gang_interventions.labels("native_api_denied").inc()
+                    result.allowed, result.status_code = False, 503
+                    result.message = f"muster: {native.reason}"
+                    return
+                self.metrics.gang_interventions.labels("native_api_without_gang").inc()
+                decision = without_gang(decision, f"muster: {native.reason}")
+            elif native is not None and native.api is not None and native.api != api_of(spec):
+                decision = with_api(decision, native.api)  # an older shape (1.35)
+            if native is not None and decision.pod_group is not spec:
+                ops = tuple(render_patch(pod, decision)) if decision.changes_pod else ()
+                patch_json = b""  # encoded by the response from `ops`
         result.warnings.extend(decision.warnings)
         if decision.audits:
             self._record_audits(review, pod, namespace=namespace, owners=owners,
@@ -461,11 +484,34 @@ class Admitter:
             return response(review, allowed=False, status_code=422,
                             message="ConfigMap data must map file names to text"), "denied"
         try:
-            await asyncio.to_thread(load_policy_texts, data)
+            loaded = await asyncio.to_thread(load_policy_texts, data)
         except PolicyError as exc:
             return response(review, allowed=False, status_code=422,
                             message=f"invalid Muster policies:\n{exc}"), "denied"
+        unserved = await self._unserved_native_gangs(loaded)
+        if unserved:
+            return response(review, allowed=False, status_code=422,
+                            message=f"invalid Muster policies for this cluster:\n{unserved}"
+                            ), "denied"
         return response(review, allowed=True), "allowed"
+
+    async def _unserved_native_gangs(self, policies: PolicySet) -> str:
+        """Why policies whose native gangs would refuse every pod cannot be used here: the
+        cluster serves no Workload API ("" when it does, when none would, or when discovery
+        does not answer)."""
+        names = [p.name for p in policies.policies if p.spec.gang is not None
+                 and p.spec.gang.backend == "kubernetes" and p.spec.gang.unavailableApi == "Refuse"]
+        if not names or self.context is None:
+            return ""
+        probe = PodGroupSpec("kubernetes", "probe", "", 1, unavailable_api="Refuse")
+        deadline = asyncio.get_running_loop().time() + 2.0
+        verdict = await self.context.native_verdict(probe, deadline)
+        if verdict is None or verdict.api is not None:
+            return ""
+        return (f"policies {', '.join(names)}: gang backend kubernetes, but this cluster serves "
+                f"no Workload API ({', '.join(VERSIONS)} of scheduling.k8s.io; feature gate "
+                "GenericWorkload and --runtime-config on the API server): every pod of their "
+                "jobs would be refused. Turn the API on, or set gang.unavailableApi: WithoutGang")
 
     async def drain(self, grace: float) -> None:
         """Let shielded PodGroup writes finish (graceful shutdown)."""

@@ -1,7 +1,8 @@
 """The PodGroup janitor: the PodGroups Muster made go when their job is done.
 
 Every `interval` seconds it lists the PodGroups labelled `app.kubernetes.io/managed-by: muster`
-(Volcano's and scheduler-plugins', where their CRD is installed), lists each kind of job that
+(Volcano's and scheduler-plugins', where their CRD is installed, and the native Workload
+API's PodGroups and Workloads, where the cluster serves it), lists each kind of job that
 controls them once, and deletes (with a uid precondition) those whose job
 `webhook.policy.cleanup.cleanup_reason` says is done, with an Event on the job. A PodGroup whose
 job is gone is left to the garbage collector. One replica works at a time (Lease
@@ -16,8 +17,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook.admission.metrics import Metrics
-from webhook.kube import COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS, ApiError, EventRecorder, KubeApi
+from webhook.admission.podgroups import native_resources
+from webhook.kube import (
+    COSCHEDULING_PODGROUPS,
+    VOLCANO_PODGROUPS,
+    ApiError,
+    EventRecorder,
+    KubeApi,
+    Resource,
+)
 from webhook.kube.owners import controller_ref, owner_kind, owner_resource
+from webhook.policy import native
 from webhook.policy.cleanup import cleanup_reason
 from webhook.policy.podgroup import MANAGED_BY
 
@@ -45,7 +55,7 @@ class PodGroupJanitor:
     async def sweep(self) -> int:
         """One round; the number of PodGroups deleted."""
         groups: list[tuple[Any, dict[str, Any], Mapping[str, Any]]] = []
-        for resource in (VOLCANO_PODGROUPS, COSCHEDULING_PODGROUPS):
+        for resource in (VOLCANO_PODGROUPS, COSCHEDULING_PODGROUPS, *await self._native()):
             try:
                 found = await self.api.list(resource, label_selector=_SELECTOR)
             except ApiError as exc:
@@ -65,6 +75,14 @@ class PodGroupJanitor:
             if reason is not None and job is not None:
                 deleted += await self._delete(resource, pg, job, reason)
         return deleted
+
+    async def _native(self) -> tuple[Resource, ...]:
+        """The native Workload API's PodGroups and Workloads, where the cluster serves them."""
+        api = native.pick_api(await self.api.served(native.GROUP))
+        if api is None:
+            return ()
+        workloads, podgroups = native_resources(api)
+        return (podgroups, workloads) if native.has_podgroup_object(api) else (workloads,)
 
     async def _jobs(self, kinds: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
         """uid → job object, one LIST per job kind that controls a PodGroup."""
@@ -91,8 +109,9 @@ class PodGroupJanitor:
                 return 0  # gone already, or replaced by a new job's PodGroup
             raise
         self.metrics.podgroup_cleanups.inc()
-        message = (f"PodGroup {meta['namespace']}/{meta['name']} deleted: {reason}, as its "
-                   "operator would (it would hold its minResources against the queue)")
+        kind = pg.get("kind") or "PodGroup"
+        message = (f"{kind} {meta['namespace']}/{meta['name']} deleted: {reason}, as its "
+                   "operator would (a PodGroup would hold its minResources against the queue)")
         log.info("PodGroup deleted", extra={"podgroup": f"{meta['namespace']}/{meta['name']}",
                                             "reason": reason})
         if self.recorder is not None:

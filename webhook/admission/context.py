@@ -19,7 +19,7 @@ from typing import Any
 
 from webhook import keys
 from webhook.admission.metrics import Metrics
-from webhook.admission.podgroups import Ensured, PodGroupWriter, resource_for
+from webhook.admission.podgroups import Ensured, PodGroupWriter, native_resources, resource_for
 from webhook.kube import (
     CONFIGMAPS,
     NAMESPACES,
@@ -31,7 +31,9 @@ from webhook.kube import (
     KubeApi,
 )
 from webhook.kube.owners import controller_ref, owner_resource
+from webhook.policy import native
 from webhook.policy.decision import PodGroupSpec
+from webhook.policy.native import NativeVerdict, check_served
 from webhook.policy.queues import QueueVerdict, check_queue, state_of
 from webhook.policy.workload import NO_PRIORITIES, Priorities
 
@@ -42,8 +44,12 @@ log = logging.getLogger(__name__)
 MAX_OWNER_DEPTH = 4
 #: how long a missing or unreadable owner is remembered as such
 NEGATIVE_TTL = 2.0
+#: the owner cache drops its expired entries when it reaches this size or more
+PRUNE_MIN = 256
 #: how often a cluster without Volcano's Queue CRD is probed again
 QUEUE_PROBE_INTERVAL = 60.0
+#: how long what the cluster serves of the Workload API is trusted before it is asked again
+NATIVE_PROBE_INTERVAL = 60.0
 
 
 class OwnerCache:
@@ -53,6 +59,9 @@ class OwnerCache:
         self._entries: dict[str, tuple[float, dict[str, Any] | None]] = {}
         self._inflight: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
         self.fetches = 0
+        #: size at which expired entries are next dropped: twice what was left the last time,
+        #: so a prune's cost is spread over as many inserts
+        self._prune_at = PRUNE_MIN
 
     def peek(self, ref: Mapping[str, Any]) -> tuple[bool, dict[str, Any] | None]:
         """(fresh entry present, its object) without waiting: the common path has no await."""
@@ -105,9 +114,13 @@ class OwnerCache:
         return len(self._entries)
 
     def _prune(self, now: float) -> None:
-        if len(self._entries) > 4096:
+        """Drop expired entries (never read again: `get` fetches anew). Done once the cache
+        has doubled, it holds about the owners of the last ttl, not thousands of jobs long
+        past, which every full garbage collection would walk through."""
+        if len(self._entries) >= self._prune_at:
             for uid in [u for u, (exp, _) in self._entries.items() if exp <= now]:
                 del self._entries[uid]
+            self._prune_at = max(2 * len(self._entries), PRUNE_MIN)
 
 
 async def policies_configmap_ref(api: KubeApi, namespace: str, name: str) -> dict[str, Any]:
@@ -134,6 +147,8 @@ class KubeContext:
         self._informers: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._queues_absent_until = 0.0
+        #: (what discovery found of scheduling.k8s.io, until when it is trusted)
+        self._native: tuple[dict[str, list[str]], float] | None = None
         metrics.cache_objects.labels("namespaces").set_function(
             lambda: len(self.namespaces.store))
         metrics.cache_objects.labels("owners").set_function(lambda: len(self.owner_cache))
@@ -216,7 +231,7 @@ class KubeContext:
         return self.podgroups.current(spec)
 
     async def ensure_pod_group(self, spec: PodGroupSpec, *, dry_run: bool) -> Ensured:
-        self._watch_podgroups(spec.backend)
+        self._watch_podgroups(spec)
         return await self.podgroups.ensure(spec, dry_run=dry_run)
 
     async def queue_verdict(self, spec: PodGroupSpec, deadline: float) -> QueueVerdict | None:
@@ -229,6 +244,20 @@ class KubeContext:
         ns_queue = ((ns.get("metadata") or {}).get("annotations") or {}).get(
             keys.VOLCANO_QUEUE_ANNOTATION)
         return check_queue(spec, states, ns_queue if isinstance(ns_queue, str) else None)
+
+    async def native_verdict(self, spec: PodGroupSpec, deadline: float) -> NativeVerdict | None:
+        """The native gang's API shape from discovery; None when discovery failed or did not
+        answer in time (the gang is then written in the shape it has, and a failure warns)."""
+        loop = asyncio.get_running_loop()
+        if self._native is None or loop.time() >= self._native[1]:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    served = await self.api.served(native.GROUP)
+            except (ApiError, TimeoutError) as exc:
+                log.warning("Workload API discovery failed", extra={"error": repr(exc)})
+                return None
+            self._native = (served, loop.time() + NATIVE_PROBE_INTERVAL)
+        return check_served(spec, self._native[0])
 
     async def _queue_states(self, deadline: float) -> dict[str, str] | None:
         loop = asyncio.get_running_loop()
@@ -265,13 +294,20 @@ class KubeContext:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    def _watch_podgroups(self, backend: str) -> None:
-        if backend in self._informers:
-            return
-        informer = Informer(self.api, resource_for(backend))
-        informer.add_handler(lambda event, obj, _old: self.podgroups.observe(event, obj))
-        self._informers[backend] = asyncio.create_task(
-            informer.run(), name=f"podgroups-{backend}")
+    def _watch_podgroups(self, spec: PodGroupSpec) -> None:
+        if spec.backend == "kubernetes":
+            api = native.api_of(spec)
+            workloads, podgroups = native_resources(api)
+            wanted = [workloads, podgroups] if native.has_podgroup_object(api) else [workloads]
+        else:
+            wanted = [resource_for(spec.backend)]
+        for resource in wanted:
+            name = f"{resource.group}/{resource.version}/{resource.plural}"
+            if name in self._informers:
+                continue
+            informer = Informer(self.api, resource)
+            informer.add_handler(lambda event, obj, _old: self.podgroups.observe(event, obj))
+            self._informers[name] = asyncio.create_task(informer.run(), name=name)
 
     async def run(self) -> None:
         self._informers["priorityclasses"] = asyncio.create_task(

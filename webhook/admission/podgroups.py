@@ -24,16 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.admission.metrics import Metrics
-from webhook.keys import COSCHEDULING_API, VOLCANO_API
 from webhook.kube import COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS, ApiError, KubeApi, Resource
 from webhook.kube.owners import controller_ref, owner_resource
-from webhook.policy import podgroup_manifest
+from webhook.policy import native
 from webhook.policy.decision import PodGroupSpec
-from webhook.policy.podgroup import podgroup_spec
+from webhook.policy.native import GROUP as NATIVE_GROUP
+from webhook.policy.podgroup import gang_objects
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, str, str]  # API group, namespace, name
+Key = tuple[str, str, str, str]  # API group, kind, namespace, name
 #: what is known of a PodGroup: its controller's uid (None: no controller) and its spec
 Known = tuple[str | None, Mapping[str, Any]]
 
@@ -58,9 +58,40 @@ def resource_for(backend: str) -> Resource:
     return VOLCANO_PODGROUPS if backend == "volcano" else COSCHEDULING_PODGROUPS
 
 
-def covers(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    """Whether an existing spec already has every field we want (other fields are left alone)."""
-    return all(current.get(k) == v for k, v in wanted.items())
+def native_resources(api_version: str) -> tuple[Resource, Resource]:
+    """The native Workload and PodGroup resources of one served scheduling.k8s.io version."""
+    version = api_version.rpartition("/")[2]
+    return (Resource(NATIVE_GROUP, version, "workloads", True, "Workload"),
+            Resource(NATIVE_GROUP, version, "podgroups", True, "PodGroup"))
+
+
+def resource_of(obj: Mapping[str, Any]) -> Resource:
+    """Where one of `gang_objects`' objects is written."""
+    group = str(obj.get("apiVersion", "")).rpartition("/")[0]
+    if group == NATIVE_GROUP:
+        workloads, podgroups = native_resources(str(obj["apiVersion"]))
+        return workloads if obj.get("kind") == "Workload" else podgroups
+    return VOLCANO_PODGROUPS if group == VOLCANO_PODGROUPS.group else COSCHEDULING_PODGROUPS
+
+
+def covers(current: Any, wanted: Mapping[str, Any]) -> bool:
+    """Whether an existing spec already has every field we want (other fields, such as those
+    the API server or another webhook defaults, are left alone)."""
+    return isinstance(current, Mapping) and all(
+        _covers(current.get(k), v) for k, v in wanted.items())
+
+
+def _covers(current: Any, wanted: Any) -> bool:
+    """`covers` below the top: structures field by field, and a map of plain values (e.g.
+    minResources) as one value, so that a resource dropped from it is a change."""
+    if isinstance(wanted, Mapping):
+        if not any(isinstance(v, Mapping | list) for v in wanted.values()):
+            return bool(current == wanted)
+        return covers(current, wanted)
+    if isinstance(wanted, list):
+        return (isinstance(current, list) and len(current) == len(wanted)
+                and all(_covers(c, w) for c, w in zip(current, wanted, strict=True)))
+    return bool(current == wanted)
 
 
 def controller_uid(obj: Mapping[str, Any]) -> str | None:
@@ -68,10 +99,22 @@ def controller_uid(obj: Mapping[str, Any]) -> str | None:
     return None if ref is None else str(ref.get("uid") or "")
 
 
+def _last_key(spec: PodGroupSpec) -> Key:
+    """The key of the gang's last object, written once the others are in place (the PodGroup;
+    a 1.35 native gang's Workload), without building the manifests."""
+    if spec.backend == "kubernetes":
+        api = spec.api_version or native.DEFAULT_API
+        kind = "PodGroup" if native.has_podgroup_object(api) else "Workload"
+        return NATIVE_GROUP, kind, spec.namespace, spec.name
+    group = VOLCANO_PODGROUPS.group if spec.backend == "volcano" else COSCHEDULING_PODGROUPS.group
+    return group, "PodGroup", spec.namespace, spec.name
+
+
 def key_of(obj: Mapping[str, Any]) -> Key:
     meta = obj.get("metadata") or {}
-    group = str(obj.get("apiVersion", "")).split("/")[0]
-    return group, str(meta.get("namespace", "")), str(meta.get("name", ""))
+    group = str(obj.get("apiVersion", "")).rpartition("/")[0]
+    return (group, str(obj.get("kind", "")), str(meta.get("namespace", "")),
+            str(meta.get("name", "")))
 
 
 class PodGroupWriter:
@@ -96,31 +139,43 @@ class PodGroupWriter:
             self.known[key] = (controller_uid(obj), obj["spec"])
 
     def current(self, spec: PodGroupSpec) -> bool:
-        """Whether the PodGroup is known to exist as wanted (the common case: no write, no task)."""
-        if spec.backend == "muster":  # no PodGroup object (podgroup_manifest is None)
+        """Whether the gang's objects are known to exist as wanted (the common case: no write,
+        no task)."""
+        if spec.backend == "muster":  # no PodGroup object (gang_objects is empty)
             return True
-        # key_of(podgroup_manifest(spec)) without building the manifest
-        group = (VOLCANO_API if spec.backend == "volcano" else COSCHEDULING_API)[0]
-        key = (group, spec.namespace, spec.name)
+        key = _last_key(spec)
         known = self.known.get(key)
         if known is None:
             return False
         matched = self._matched.get(key)
         if matched is not None and matched[0] is known and matched[1] is spec:
             return True
-        if not _ours(known, spec) or not covers(known[1], podgroup_spec(spec)):
-            return False
+        for obj in gang_objects(spec):
+            found = self.known.get(key_of(obj))
+            if found is None or not _ours(found, spec) or not covers(found[1], obj["spec"]):
+                return False
         self._matched[key] = (known, spec)
         return True
 
     async def ensure(self, spec: PodGroupSpec, *, dry_run: bool) -> Ensured:
-        """Make the PodGroup exist with this spec (never raises)."""
-        manifest = podgroup_manifest(spec)
-        if manifest is None:
+        """Make the gang's objects exist with this spec, in order (never raises)."""
+        manifests = gang_objects(spec)
+        if not manifests:
             return Ensured()
         if dry_run:
             self.metrics.podgroup_writes.labels("dry_run").inc()
             return Ensured()
+        out = Ensured()
+        for manifest in manifests:
+            ensured = await self._ensure_one(spec, manifest)
+            out.warnings += ensured.warnings
+            out.replaced = out.replaced or ensured.replaced
+            if ensured.refused or ensured.warnings:  # the next object waits for this one
+                out.refused = ensured.refused
+                break
+        return out
+
+    async def _ensure_one(self, spec: PodGroupSpec, manifest: dict[str, Any]) -> Ensured:
         key = key_of(manifest)
         wanted: Mapping[str, Any] = manifest.get("spec") or {}
         known = self.known.get(key)
@@ -133,17 +188,20 @@ class PodGroupWriter:
             known = self.known.get(key)
             if known is not None and _ours(known, spec) and covers(known[1], wanted):
                 return Ensured()
+            kind = manifest.get("kind", "PodGroup")
             where = f"{spec.namespace}/{spec.name}"
             try:
-                result, detail = await self._write(resource_for(spec.backend), manifest, wanted)
+                result, detail = await self._write(resource_of(manifest), manifest, wanted)
             except ApiError as exc:
                 self.metrics.podgroup_writes.labels("error").inc()
                 log.warning("PodGroup write failed", extra={
-                    "podgroup": where, "status": exc.status, "error": str(exc)})
-                return Ensured([f"muster: PodGroup {where} could not be written (HTTP "
-                                f"{exc.status}); the gang waits until a later pod writes it"])
+                    "podgroup": where, "kind": kind, "status": exc.status, "error": str(exc)})
+                return Ensured([f"muster: {kind} {where} could not be written (HTTP "
+                                f"{exc.status}: {exc}); the gang waits until a later pod "
+                                "writes it"])
             self.metrics.podgroup_writes.labels(result).inc()
-            log.info("PodGroup ensured", extra={"podgroup": where, "result": result})
+            log.info("PodGroup ensured", extra={"podgroup": where, "kind": kind,
+                                                "result": result})
             if result == "foreign":
                 return Ensured(refused=detail)
             self.known[key] = (controller_uid(manifest), wanted)
@@ -153,7 +211,7 @@ class PodGroupWriter:
                      wanted: Mapping[str, Any]) -> tuple[str, str]:
         """(result, what happened in words): created, exists, updated, replaced or foreign."""
         meta = manifest["metadata"]
-        name, namespace = meta["name"], meta["namespace"]
+        name, namespace, kind = meta["name"], meta["namespace"], manifest.get("kind")
         try:
             await self.api.create(resource, manifest, namespace=namespace)
             return "created", ""
@@ -174,14 +232,14 @@ class PodGroupWriter:
                         raise
                 await self.api.create(resource, manifest, namespace=namespace)
                 return "replaced", (
-                    f"PodGroup {namespace}/{name} of a deleted {theirs.get('kind')} "
+                    f"{kind} {namespace}/{name} of a deleted {theirs.get('kind')} "
                     f"(uid {theirs.get('uid')}) replaced by this {mine.get('kind')}'s")
             who = (f"{theirs.get('kind')} {theirs.get('name')} (uid {theirs.get('uid')})"
                    if theirs is not None else "no controller")
             return "foreign", (
-                f"PodGroup {namespace}/{name} already exists and is controlled by {who}, not by "
+                f"{kind} {namespace}/{name} already exists and is controlled by {who}, not by "
                 f"this {mine.get('kind')} (uid {mine.get('uid')}): Muster does not take over "
-                "another gang; the pod is refused until that PodGroup is gone or renamed")
+                f"another gang; the pod is refused until that {kind} is gone or renamed")
         if covers(existing.get("spec") or {}, wanted):
             return "exists", ""
         await self.api.patch(resource, name, {"spec": dict(wanted)}, namespace=namespace,

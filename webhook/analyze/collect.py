@@ -31,6 +31,7 @@ from webhook.kube import (
     Resource,
 )
 from webhook.kube.owners import controller_ref, owner_kind, owner_resource
+from webhook.policy import native
 from webhook.policy.audit import EVENT_REASON
 from webhook.policy.errors import PolicyError
 from webhook.policy.loader import load_policy_texts
@@ -81,6 +82,7 @@ async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float
             s.policies = None  # the webhook refuses it too; `muster policy check` says why
     if BACKEND_CRDS["volcano"] in s.crds:
         s.queues = {q["metadata"]["name"]: q for q in await _items(api, VOLCANO_QUEUES)}
+    s.native_api = native.pick_api(await api.served(native.GROUP))
     s.mutating = await _items(api, MUTATING_WEBHOOKS)
     s.endpoints = await _get(api, ENDPOINTS, webhook, namespace)
     secret = await _get(api, SECRETS, f"{webhook}-tls", namespace)

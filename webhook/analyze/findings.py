@@ -18,6 +18,7 @@ from cryptography.exceptions import InvalidSignature
 
 from webhook import keys
 from webhook.kube.owners import controller_ref
+from webhook.policy import native
 from webhook.policy.audit import EVENT_REASON, read_event
 from webhook.policy.cleanup import cleanup_reason
 from webhook.policy.compiled import compile_policy, selector_matches
@@ -58,6 +59,8 @@ class Snapshot:
     serving_cert: bytes | None = None  # PEM of the webhook's serving certificate
     nodes: Sequence[Obj] = ()
     podgroups: Sequence[tuple[str, Obj]] = ()  # (group/Kind of the owner, PodGroup)
+    #: the native Workload API's apiVersion the cluster serves (`native.pick_api`), or None
+    native_api: str | None = None
     jobs: Mapping[str, Obj] = field(default_factory=dict)  # uid -> job object
     leases: Mapping[str, Obj] = field(default_factory=dict)  # name -> Lease
     binder_deployed: bool = True
@@ -80,8 +83,8 @@ def _name(obj: Obj) -> str:
 
 def analyze(s: Snapshot, now: dt.datetime) -> list[Finding]:
     checks = (_backends, _queues, _webhook_order, _webhook_safety, _endpoints, _ca_bundle,
-              _gpu_nodes, _podgroups, _binder, _matching, _shadowed, _waiting, _schedulers,
-              _not_enforced)
+              _gpu_nodes, _network_labels, _podgroups, _binder, _matching, _shadowed, _waiting,
+              _schedulers, _not_enforced)
     out = [f for check in checks for f in check(s, now)]
     rank = {"error": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda f: (rank[f.severity], f.code, f.object))
@@ -101,6 +104,26 @@ def _backends(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
                           f"gang backend {gang.backend} needs the {crd} CRD, which is not "
                           "installed: the PodGroup cannot be created and the pods never start",
                           f"install {gang.backend} (its CRDs), or change the policy's backend")
+        if gang.backend == "kubernetes":
+            yield _native_backend(s, where, gang.unavailableApi)
+
+
+def _native_backend(s: Snapshot, where: str, unavailable: str) -> Finding:
+    """A native gang's API: which shape the cluster serves, or what happens without one."""
+    if s.native_api is not None:
+        return Finding("info", "NativeGangs", where,
+                       f"gang backend kubernetes: the cluster serves {s.native_api}; Muster "
+                       "writes its Workload (and PodGroup) in that shape. kube-scheduler gangs "
+                       "the pods only with feature gate GenericWorkload on, which the API "
+                       "does not show", "check kube-scheduler's --feature-gates")
+    then = ("its job's pods are refused" if unavailable == "Refuse"
+            else "its job's pods are admitted without a gang")
+    return Finding("error" if unavailable == "Refuse" else "warning", "WorkloadApiNotServed",
+                   where, f"gang backend kubernetes needs the native Workload API "
+                   f"({native.GROUP} {', '.join(native.VERSIONS)}), which this cluster does not "
+                   f"serve: {then} (gang.unavailableApi {unavailable})",
+                   "turn on feature gate GenericWorkload (API server and kube-scheduler) and "
+                   "serve the version (--runtime-config), or change the policy's backend")
 
 
 def _queues(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
@@ -237,6 +260,30 @@ def _gpu_nodes(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
                           "pods spread 4 per node over 500 nodes left no room for an 8-GPU gang)",
                           f"kubectl taint node {meta.get('name')} "
                           f"{keys.TAINT_GPU_TOPOLOGY}=enabled:NoSchedule")
+
+
+def _network_labels(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    """GPU nodes without a node label that a policy's network level names: that policy's gangs
+    never use them (a node outside a level's domains is in none of them)."""
+    gpu_nodes = [n for n in s.nodes if ((n.get("metadata") or {}).get("labels") or {}).get(
+        keys.LABEL_GPU_TOPOLOGY) == keys.LABEL_GPU_TOPOLOGY_ENABLED]
+    for policy in s.policies.policies if s.policies else ():
+        network = policy.spec.topology.network if policy.spec.topology else None
+        if network is None:
+            continue
+        wanted = [network.required, network.preferred,
+                  network.slice.level if network.slice else None]
+        for label in dict.fromkeys(w for w in wanted if w and w != keys.HOSTNAME_LABEL):
+            lacking = sorted(str((n.get("metadata") or {}).get("name")) for n in gpu_nodes
+                             if label not in ((n.get("metadata") or {}).get("labels") or {}))
+            if lacking:
+                shown = ", ".join(lacking[:5]) + (f" and {len(lacking) - 5} more"
+                                                  if len(lacking) > 5 else "")
+                yield Finding("warning", "NetworkLabelMissing", f"SchedulingPolicy/{policy.name}",
+                              f"{len(lacking)} GPU node(s) lack the label {label} that the "
+                              f"policy's network level names ({shown}): its gangs never use "
+                              "them", f"kubectl label node <node> {label}=<its domain>, or "
+                              "--network-levels / Topograph to label them")
 
 
 def _podgroups(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:

@@ -7,8 +7,11 @@ import asyncio
 import os
 import socket
 
+import yaml
+
 from webhook import keys
 from webhook.failures import UsageError
+from webhook.topology.network import LevelsError, parse_levels
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,7 +56,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="on nodes whose agent acknowledges served pods, bind the next GPU pod "
                         "once the previous one is served, or after this long "
                         "(default: %(default)s)")
+    p.add_argument("--network-levels", default=None, metavar="LEVELS",
+                   help="the cluster's network levels for gangs that name one: node labels "
+                        "widest first, comma separated; \"topograph\" (NVIDIA Topograph's "
+                        "labels); or @FILE, a Kueue Topology (kueue.x-k8s.io/v1beta2) or a "
+                        "YAML list (docs/topology.md, \"Network levels\") (default: none: a gang "
+                        "that names a level is placed by that label alone)")
     p.set_defaults(func=_run)
+
+
+def network_levels(value: str | None) -> tuple[str, ...]:
+    """--network-levels as levels; UsageError when they cannot be used."""
+    if not value:
+        return ()
+    try:
+        if value.startswith("@"):
+            with open(value[1:], encoding="utf-8") as f:
+                doc = yaml.safe_load(f)
+        else:
+            doc = value if value == "topograph" else [v.strip() for v in value.split(",")]
+        return parse_levels(doc)
+    except (OSError, yaml.YAMLError, LevelsError) as exc:
+        raise UsageError(f"--network-levels {value}: {exc}") from exc
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -62,6 +86,7 @@ def _run(args: argparse.Namespace) -> int:
     from webhook.binder.service import ServiceConfig, serve  # noqa: PLC0415
     from webhook.kube.leader import LeaseConfig  # noqa: PLC0415
 
+    levels = network_levels(args.network_levels)
     lease = None
     if args.leader_elect:
         identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
@@ -77,7 +102,8 @@ def _run(args: argparse.Namespace) -> int:
         binder=BinderConfig(scheduler_name=args.scheduler_name,
                             starvation_seconds=args.starvation_seconds,
                             backoff_max=args.backoff_max,
-                            allocation_wait_seconds=args.allocation_wait_seconds),
+                            allocation_wait_seconds=args.allocation_wait_seconds,
+                            network_levels=levels),
         lease=lease, metrics_port=args.metrics_port)
     asyncio.run(serve(args.kubeconfig, config))
     return 0

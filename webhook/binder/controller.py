@@ -49,8 +49,8 @@ from webhook.kube.api import COSCHEDULING_PODGROUPS, NODES, PODS, ApiError, Kube
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer
 from webhook.topology.gpu_choice import TableCache
+from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import GpuAssignment
-from webhook.topology.placement import place_gang
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,8 @@ class BinderConfig:
     allocation_wait_seconds: float = 30.0
     #: Events and status conditions written at once, at most (see Binder._spawn)
     report_concurrency: int = 8
+    #: the cluster's network levels, node labels widest first (`--network-levels`)
+    network_levels: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -128,7 +130,8 @@ class Binder:
         self._clock = clock
         self.plan_config = PlanConfig(self.config.scheduler_name,
                                       self.config.starvation_seconds,
-                                      self.config.podgroup_default_timeout)
+                                      self.config.podgroup_default_timeout,
+                                      self.config.network_levels)
         self.queue = GangQueue(self.config.backoff_initial, self.config.backoff_max)
         self.fit = FitCache()
         self.gate = AllocationGate(

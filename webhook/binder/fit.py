@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 
 from webhook.binder.nodes import NodeInfo, Taint, tolerates
 from webhook.binder.pods import Constraints, Requirement, Term
+from webhook.topology.network import Network
 
 #: effects a pod must tolerate to be scheduled (PreferNoSchedule is only a preference)
 _HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
@@ -76,14 +77,23 @@ def eligible_nodes(c: Constraints, nodes: Iterable[NodeInfo], needs_gpu: bool) -
 
 
 class FitCache:
-    """Eligible node sets per (constraints, needs GPU). Pods of one job share constraints, so a
-    gang costs a handful of node scans. Invalidate whenever the node set changes."""
+    """What the binder derives from the node set: eligible node sets per (constraints, needs
+    GPU), and every node's network domains. Pods of one job share constraints, so a gang costs
+    a handful of node scans. Invalidate whenever the node set changes."""
 
     def __init__(self) -> None:
         self._cache: dict[tuple[Constraints, bool], frozenset[str]] = {}
+        self._network: Network | None = None
 
     def clear(self) -> None:
         self._cache.clear()
+        self._network = None
+
+    def network(self, nodes: Mapping[str, NodeInfo], levels: tuple[str, ...]) -> Network:
+        """The nodes' labels as the placement groups them by domain (made once per node set)."""
+        if self._network is None or self._network.levels != levels:
+            self._network = Network(levels, {name: n.labels for name, n in nodes.items()})
+        return self._network
 
     def eligible(self, c: Constraints, nodes: Mapping[str, NodeInfo],
                  needs_gpu: bool) -> frozenset[str]:

@@ -18,9 +18,9 @@ Rules (docs/binder.md has the reasoning):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 from webhook.binder.allocation import Allocation
 from webhook.binder.assignment import (
@@ -44,8 +44,16 @@ from webhook.topology.model import (
     NodeState,
     Unplaceable,
 )
+from webhook.topology.network import Network
 
-PlaceFn = Callable[[Sequence[NodeState], GangRequest], "GangPlacement | Unplaceable"]
+
+class PlaceFn(Protocol):
+    """The placement engine (`webhook.topology.place_gang`), given the node set's network."""
+
+    def __call__(self, nodes: Sequence[NodeState], gang: GangRequest, *,
+                 network: Network | None) -> GangPlacement | Unplaceable: ...
+
+
 WaitKind = Literal["members", "invalid", "unplaceable", "blocked", "backoff"]
 
 
@@ -104,6 +112,8 @@ class PlanConfig:
     starvation_seconds: float = 60.0
     #: coscheduling's default when a PodGroup sets no scheduleTimeoutSeconds
     podgroup_default_timeout: int = 60
+    #: the cluster's network levels, node labels widest first (webhook.topology.network)
+    levels: tuple[str, ...] = ()
 
 
 def _reservation(pod: PodInfo, nodes: Mapping[str, NodeInfo],
@@ -173,6 +183,7 @@ def _request(gang: Gang, nodes: Mapping[str, NodeInfo],
         mode=topo.mode if topo is not None else "preferred",
         single_node=topo.single_node if topo is not None else False,
         min_ring_gbps=topo.min_ring_gbps if topo is not None else None,
+        network=topo.network if topo is not None else None,
     )
 
 
@@ -333,12 +344,14 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
     if isinstance(request, str):
         r.wait(gang, "unplaceable", request)
         return False
-    result = place(list(r.states.values()), request)
+    network = fit.network(r.nodes, r.config.levels) if request.network is not None else None
+    result = place(list(r.states.values()), request, network=network)
     if isinstance(result, Unplaceable):
         since = queue.waiting_since(gang.key)
         starving = since is not None and r.now - since >= r.config.starvation_seconds
         reserves = starving and isinstance(
-            place([_empty_state(n) for n in r.nodes.values()], request), GangPlacement)
+            place([_empty_state(n) for n in r.nodes.values()], request, network=network),
+            GangPlacement)
         r.wait(gang, "unplaceable", result.reason, reserves)
         return reserves
     by_key = {p.key: p for p in gang.pending}

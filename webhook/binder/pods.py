@@ -13,7 +13,7 @@ from webhook import keys
 from webhook.binder.assignment import AssignmentError, Record, decode_assignment, decode_record
 from webhook.podresources import GPU, gpu_asks, pod_requests
 from webhook.quantity import milli, units
-from webhook.topology.model import GpuAssignment, TopologyRequest
+from webhook.topology.model import GpuAssignment, NetworkRequest, TopologyRequest
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -158,7 +158,29 @@ def parse_topology_request(text: str) -> TopologyRequest:
     if ring is not None and (isinstance(ring, bool) or not isinstance(ring, int | float)):
         raise ValueError(f"{keys.ANN_GPU_TOPOLOGY}: minRingGBps must be a number")
     return TopologyRequest(mode=mode, single_node=bool(doc.get("singleNode", False)),
-                           min_ring_gbps=None if ring is None else float(ring))
+                           min_ring_gbps=None if ring is None else float(ring),
+                           network=_network_request(doc.get("network")))
+
+
+def _network_request(doc: Any) -> NetworkRequest | None:
+    """The "network" part of muster.io/gpu-topology; ValueError when malformed."""
+    if doc is None:
+        return None
+    where = f"{keys.ANN_GPU_TOPOLOGY}: network"
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where} must be an object")
+    level, mode = doc.get("level"), doc.get("mode", "required")
+    slice_level, size = doc.get("sliceLevel"), doc.get("sliceSize", 0)
+    if mode not in ("required", "preferred"):
+        raise ValueError(f"{where}.mode must be required or preferred, not {mode!r}")
+    for name, value in (("level", level), ("sliceLevel", slice_level)):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{where}.{name} must be a node label key")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"{where}.sliceSize must be a whole number")
+    if (slice_level is None) != (size == 0):
+        raise ValueError(f"{where}: sliceLevel and sliceSize go together")
+    return NetworkRequest(level=level, mode=mode, slice_level=slice_level, slice_size=size)
 
 
 def _positive_int(text: str, what: str, problems: list[str]) -> int | None:

@@ -164,6 +164,23 @@ class KubeApi:
             resp.release()
         return json.loads(raw) if raw else None
 
+    async def served(self, group: str) -> dict[str, list[str]]:
+        """Discovery: each version of API `group` the server serves -> its resources' plurals
+        (subresources left out); {} when it serves none."""
+        try:
+            found = await self.request("GET", f"/apis/{group}")
+        except ApiError as exc:
+            if exc.not_found:
+                return {}
+            raise
+        out: dict[str, list[str]] = {}
+        for entry in (found or {}).get("versions") or ():
+            version = str(entry.get("version") or "")
+            listing = await self.request("GET", f"/apis/{group}/{version}")
+            out[version] = [str(r.get("name")) for r in (listing or {}).get("resources") or ()
+                            if "/" not in str(r.get("name"))]
+        return out
+
     async def get(self, resource: Resource, name: str,
                   namespace: str | None = None, subresource: str | None = None
                   ) -> dict[str, Any]:

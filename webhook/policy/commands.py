@@ -12,12 +12,12 @@ from typing import Any
 import yaml
 
 from webhook.failures import UsageError
-from webhook.policy import operators
+from webhook.policy import native, operators
 from webhook.policy.decision import Decision, PolicyAudit
 from webhook.policy.engine import evaluate, explain
 from webhook.policy.errors import PolicyError, PolicyIssue
 from webhook.policy.loader import STDIN, load_policies
-from webhook.policy.podgroup import podgroup_manifest
+from webhook.policy.podgroup import gang_objects
 from webhook.policy.policyset import PolicySet
 from webhook.policy.queues import describe
 from webhook.policy.testfile import (
@@ -175,13 +175,13 @@ def _test_pod(pod: dict[str, Any], owners: list[dict[str, Any]], heading: str,
         print(f"  not applied: {a.summary}")
     for line in _decision_lines(decision):
         print(f"  {line}")
-    pg = podgroup_manifest(decision.pod_group) if decision.pod_group else None
-    if decision.pod_group and pg is None:
+    objects = gang_objects(decision.pod_group) if decision.pod_group else []
+    if decision.pod_group and not objects:
         g = decision.pod_group
         print(f"  gang {g.name}: backend muster, minMember {g.min_member} (pod annotations)")
-    if pg:
-        print("## PodGroup")
-        print(yaml.safe_dump(pg, sort_keys=False).rstrip())
+    for obj in objects:
+        print(f"## {obj['kind']}")
+        print(yaml.safe_dump(obj, sort_keys=False).rstrip())
     print("## JSON Patch")
     print(json.dumps(ops, indent=2))
     print("## mutated pod")
@@ -284,9 +284,16 @@ def _decision_lines(decision: Decision) -> list[str]:
     """Beyond the policies' match: the fields a matched policy lost to another, and what
     admission does with the gang in the cluster."""
     out = [override.describe() for override in decision.overrides]
+    if decision.network:
+        out.append(decision.network)
     g = decision.pod_group
     if g is not None and g.backend == "volcano":
         out.append(f"gang {g.name}: {describe(g)}")
+    if g is not None and g.backend == "kubernetes":
+        out.append(f"gang {g.name}: native Workload API, shown as {native.api_of(g)}; admission "
+                   "writes the shape the cluster serves (discovery), and where it serves none "
+                   f"{'refuses the pod' if g.unavailable_api == 'Refuse' else 'drops the gang'}"
+                   " (gang.unavailableApi)")
     if decision.gang_blocked:
         out.append(f"gang: {decision.gang_blocked}; in the cluster the pod is refused while its "
                    "job cannot be read (serve --owner-retry-seconds), then admitted without it")

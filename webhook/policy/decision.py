@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from webhook.records import record
 
-Backend = Literal["volcano", "coscheduling", "muster"]
+Backend = Literal["volcano", "coscheduling", "muster", "kubernetes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,13 @@ class PodGroupSpec:
     #: Volcano: the queue to use when `queue` is missing or not Open; None admits the pod
     #: without the gang instead (policy field gang.unavailableQueue)
     fallback_queue: str | None = None
+    #: backend kubernetes: the scheduling.k8s.io apiVersion whose shape the objects and the
+    #: pod's reference take (None: the newest, `native.DEFAULT_API`, until admission learns
+    #: what the cluster serves)
+    api_version: str | None = None
+    #: backend kubernetes: when the cluster serves no Workload API, "Refuse" the pods or admit
+    #: them "WithoutGang" (policy field gang.unavailableApi)
+    unavailable_api: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +126,14 @@ class Decision:
     #: the matching policies in audit or warn mode, in evaluation order: what each would have
     #: done (none of it is in the fields above)
     audits: tuple[PolicyAudit, ...] = ()
+    #: the network level the gang asks for and why (policy, or the job's Kueue/KAI
+    #: annotations a policy honours), in words; None when it asks for none
+    network: str | None = None
 
     @property
     def changes_pod(self) -> bool:
         return bool(
             self.labels or self.annotations or self.scheduler_name or self.tolerations
             or self.node_affinity
+            or (self.pod_group is not None and self.pod_group.backend == "kubernetes")
         )

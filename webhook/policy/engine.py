@@ -15,21 +15,25 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhook import keys
+from webhook.policy import native
 from webhook.policy.audit import audit_of
 from webhook.policy.compiled import CompiledPolicy, MatchInput
 from webhook.policy.decision import Backend, Decision, Override, PodGroupSpec, PolicyMatch
 from webhook.policy.jsonshape import as_str
+from webhook.policy.network import network_ask
 from webhook.policy.podview import TOPOLOGY_TOLERATION, PodView, view_of
 from webhook.policy.policyset import PolicySet
 from webhook.policy.workload import NO_PRIORITIES, POD, Priorities, Workload
 
 _DEFAULT_SCHEDULER: dict[str, str | None] = {
     # coscheduling usually runs inside the default scheduler: leave schedulerName alone
-    "volcano": "volcano", "coscheduling": None, "muster": keys.DEFAULT_BINDER_SCHEDULER_NAME}
+    "volcano": "volcano", "coscheduling": None, "muster": keys.DEFAULT_BINDER_SCHEDULER_NAME,
+    "kubernetes": None}
 #: gang fields that only some backends use
 _BACKEND_FIELDS = (("gang.queue", ("volcano",)), ("gang.priorityClass", ("volcano",)),
                    ("gang.unavailableQueue", ("volcano",)), ("gang.fallbackQueue", ("volcano",)),
-                   ("gang.scheduleTimeoutSeconds", ("coscheduling", "muster")))
+                   ("gang.scheduleTimeoutSeconds", ("coscheduling", "muster")),
+                   ("gang.unavailableApi", ("kubernetes",)))
 _GROUP_KEYS = (  # (where, key, backend) of every key that puts a pod into a gang
     ("annotation", keys.VOLCANO_GROUP_ANNOTATION, "volcano"),
     ("label", keys.COSCHEDULING_GROUP_LABEL, "coscheduling"),
@@ -174,7 +178,7 @@ def _apply(view: PodView, policies: PolicySet, matches: tuple[PolicyMatch, ...],
                                                 draft.scheduler_name):
         draft.warnings.append(f"schedulerName {current!r} replaced by "
                               f"{draft.scheduler_name!r} for backend {backend}")
-    _topology_request(draft, writes)
+    _topology_request(draft, writes, view)
     _istio_opt_out(draft, writes)
     draft.labels.update(writes.labels)
     draft.annotations.update(writes.annotations)
@@ -184,7 +188,7 @@ def _apply(view: PodView, policies: PolicySet, matches: tuple[PolicyMatch, ...],
         labels=draft.labels, annotations=draft.annotations, scheduler_name=draft.scheduler_name,
         tolerations=tuple(draft.tolerations), node_affinity=tuple(draft.node_affinity),
         warnings=tuple(draft.warnings), gang_blocked=draft.gang_blocked,
-        overrides=writes.overrides)
+        overrides=writes.overrides, network=draft.network)
 
 
 def _match(view: PodView, policies: PolicySet
@@ -215,6 +219,7 @@ class _Draft:
     node_affinity: list[Mapping[str, Any]] = field(default_factory=list)
     pod_group: PodGroupSpec | None = None
     gang_blocked: str | None = None
+    network: str | None = None
 
 
 def _lone_pod(draft: _Draft, view: PodView, writes: _Writes, backend: Backend) -> None:
@@ -241,7 +246,8 @@ def _job_gang(draft: _Draft, view: PodView, writes: _Writes, backend: Backend) -
         pod_group, why_not = _gang(backend, writes, work,
                                    namespace=view.namespace, pod_labels=view.label_map(),
                                    pod_ann=view.annotation_map(), warnings=draft.warnings,
-                                   replica_priorities=view.replica_priorities)
+                                   replica_priorities=view.replica_priorities,
+                                   native_ref=view.shape.native_ref)
     except _NeedsJob as exc:
         pod_group, why_not = None, str(exc)
         draft.gang_blocked = why_not
@@ -264,18 +270,32 @@ def _job_gang(draft: _Draft, view: PodView, writes: _Writes, backend: Backend) -
         draft.pod_group = None
 
 
-def _topology_request(draft: _Draft, writes: _Writes) -> None:
-    """The topology request for the binder, which only a muster gang gets."""
+def _topology_request(draft: _Draft, writes: _Writes, view: PodView) -> None:
+    """The topology request for the binder, which only a muster gang gets. On a muster gang
+    the binder reads no request but this one: the pod's own is removed when no policy writes
+    one, so that nobody steers placement beyond what the policies allow."""
     value = writes.value
     mode = value.get("topology.mode", "off")
+    muster_gang = draft.pod_group is not None and draft.pod_group.backend == "muster"
     if mode == "off":
+        if muster_gang and view.shape.annotation(keys.ANN_GPU_TOPOLOGY) is not None:
+            draft.annotations[keys.ANN_GPU_TOPOLOGY] = None
+            draft.warnings.append(f"removed {keys.ANN_GPU_TOPOLOGY}: no policy asks for "
+                                  "topology placement")
         return
-    if draft.pod_group is None or draft.pod_group.backend != "muster":
+    if not muster_gang:
         draft.warnings.append(f"topology policy {writes.merged['topology.mode'][1]} not "
                               "applied: it needs a gang with backend muster")
         return
-    request = {"v": 1, "mode": mode, "singleNode": bool(value.get("topology.singleNode")),
-               "minRingGBps": value.get("topology.minRingGBps")}
+    request: dict[str, Any] = {
+        "v": 1, "mode": mode, "singleNode": bool(value.get("topology.singleNode")),
+        "minRingGBps": value.get("topology.minRingGBps")}
+    by = writes.merged.get("topology.network", writes.merged["topology.mode"])[1]
+    ask = network_ask(value.get("topology.network"), by, view.annotation_map())
+    draft.warnings.extend(ask.warnings)
+    if ask.request is not None:
+        request["network"] = ask.request
+        draft.network = ask.why
     draft.annotations[keys.ANN_GPU_TOPOLOGY] = json.dumps(request, separators=(",", ":"))
     models = value.get("topology.allowedModels") or []
     if models:
@@ -299,17 +319,20 @@ class _NeedsJob(Exception):
 
 def _gang(backend: Backend, writes: _Writes, work: Workload, *, namespace: str,
           pod_labels: Mapping[str, str], pod_ann: Mapping[str, str], warnings: list[str],
-          replica_priorities: tuple[int, ...]) -> tuple[PodGroupSpec | None, str]:
+          replica_priorities: tuple[int, ...], native_ref: Any
+          ) -> tuple[PodGroupSpec | None, str]:
     value = writes.value
     name = work.name
     if not name:
         return None, "the pod has no name yet (generateName) and no owner to name a gang after"
-    joined = _joined_elsewhere(backend, name, pod_labels, pod_ann)
+    joined = _joined_elsewhere(backend, name, pod_labels, pod_ann) or (
+        _native_joined_elsewhere(backend, name, pod_ann, native_ref))
     if joined:
         return None, joined
     min_member = _min_member(value, work, warnings)
     job_min = work.scheduling_policy.get("minAvailable")
-    if min_member < 1 and not (job_min == 0 and backend != "muster"):
+    # a native gang's minCount must be positive
+    if min_member < 1 and not (job_min == 0 and backend not in ("muster", "kubernetes")):
         return None, f"the {work.kind} has no pods to gang"
     warnings.extend(writes.ignored)
     queue, priority_class, fallback = _volcano_fields(backend, value, work)
@@ -318,7 +341,9 @@ def _gang(backend: Backend, writes: _Writes, work: Workload, *, namespace: str,
                                                      replica_priorities),
                         queue=queue, priority_class=priority_class,
                         timeout_seconds=_timeout(backend, value, work), owner=work.owner,
-                        fallback_queue=fallback), ""
+                        fallback_queue=fallback,
+                        unavailable_api=value.get("gang.unavailableApi", "Refuse")
+                        if backend == "kubernetes" else None), ""
 
 
 def _joined_elsewhere(backend: Backend, name: str, pod_labels: Mapping[str, str],
@@ -332,6 +357,18 @@ def _joined_elsewhere(backend: Backend, name: str, pod_labels: Mapping[str, str]
         if present is not None and not (ours and key_backend == backend and present == name):
             return f"the pod already joins gang {present!r} through {where} {key}"
     return None
+
+
+def _native_joined_elsewhere(backend: Backend, name: str, pod_ann: Mapping[str, str],
+                             native_ref: Any) -> str | None:
+    """Why the pod already belongs to a native gang it was not given by us (e.g. by the Job
+    controller's WorkloadWithJob), or None; `native_ref` is `PodShape.native_ref`."""
+    if native_ref is None:
+        return None
+    ours = keys.ANN_POLICY in pod_ann and backend == "kubernetes"
+    if ours and native_ref in (native.frozen_reference(name, api) for api in native.APIS):
+        return None
+    return f"the pod already joins a native gang through spec.{native_ref[0]}"
 
 
 def _min_member(value: Mapping[str, Any], work: Workload, warnings: list[str]) -> int:
@@ -374,7 +411,7 @@ def _volcano_fields(backend: Backend, value: Mapping[str, Any], work: Workload
 def _timeout(backend: Backend, value: Mapping[str, Any], work: Workload) -> int | None:
     """The schedule timeout (Volcano has none); an explicit 0 on the job is kept, as the
     operator writes it."""
-    if backend == "volcano":
+    if backend in ("volcano", "kubernetes"):
         return None
     job_timeout = work.scheduling_policy.get("scheduleTimeoutSeconds")
     if isinstance(job_timeout, int) and job_timeout >= 0 and not isinstance(job_timeout, bool):
@@ -387,7 +424,7 @@ def _min_resources(backend: Backend, value: Mapping[str, Any], work: Workload,
                    min_member: int, replica_priorities: tuple[int, ...]
                    ) -> dict[str, str] | None:
     """The job's own minResources ({} stays empty), else the policy's map or its sum."""
-    if backend == "muster" or min_member <= 0:
+    if backend in ("muster", "kubernetes") or min_member <= 0:
         return None
     job_res = work.scheduling_policy.get("minResources")
     if type(job_res) is dict or isinstance(job_res, Mapping):
@@ -407,6 +444,8 @@ def _join(group: PodGroupSpec, labels: dict[str, str | None],
             annotations[keys.VOLCANO_QUEUE_ANNOTATION] = group.queue
     elif group.backend == "coscheduling":
         labels[keys.COSCHEDULING_GROUP_LABEL] = group.name
+    elif group.backend == "kubernetes":
+        return  # the pod's spec reference, rendered from the group (native.pod_reference)
     else:
         annotations[keys.ANN_GANG_NAME] = group.name
         annotations[keys.ANN_GANG_MIN_MEMBER] = str(group.min_member)

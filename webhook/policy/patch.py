@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from webhook.jsonpatch import escape
+from webhook.policy import native
 from webhook.policy.decision import Decision
 from webhook.policy.jsonshape import as_map
 from webhook.policy.podview import PodShape, shape_of
@@ -79,6 +80,11 @@ def render(shape: PodShape, decision: Decision) -> list[dict[str, Any]]:
         else:
             ops.extend({"op": "add", "path": "/spec/tolerations/-", "value": t} for t in missing)
     ops += _affinity_ops(shape.affinity, decision.node_affinity)
+    group = decision.pod_group
+    if group is not None and group.backend == "kubernetes":
+        name, value = native.pod_reference(group)
+        if shape.native_ref != native.frozen_reference(group.name, native.api_of(group)):
+            ops.append({"op": "add", "path": f"/spec/{name}", "value": value})
     return ops
 
 

@@ -1,4 +1,5 @@
-"""The PodGroup object for a Decision's PodGroupSpec, as Volcano or scheduler-plugins expect it.
+"""The PodGroup object for a Decision's PodGroupSpec, as Volcano or scheduler-plugins expect it
+(backend kubernetes: the native objects of `webhook.policy.native`).
 
 Shapes follow the upstream CRDs (checked against their OpenAPI schemas in the tests) and the MPI
 operator: Volcano gets queue and priorityClassName but has no timeout; coscheduling gets
@@ -10,15 +11,29 @@ from __future__ import annotations
 from typing import Any
 
 from webhook import keys
+from webhook.policy import native
 from webhook.policy.decision import PodGroupSpec
+from webhook.policy.native import MANAGED_BY
 
-MANAGED_BY = {"app.kubernetes.io/managed-by": "muster"}
+__all__ = ["MANAGED_BY", "gang_objects", "podgroup_manifest", "podgroup_spec"]
+
+
+def gang_objects(spec: PodGroupSpec) -> list[dict[str, Any]]:
+    """Every object the gang needs before its pods, in creation order (none for backend muster:
+    its gang lives on pod annotations)."""
+    if spec.backend == "kubernetes":
+        return native.objects(spec)
+    manifest = podgroup_manifest(spec)
+    return [] if manifest is None else [manifest]
 
 
 def podgroup_manifest(spec: PodGroupSpec) -> dict[str, Any] | None:
-    """The PodGroup to create, or None for backend muster (its gang lives on pod annotations)."""
+    """The PodGroup to create, or None for backend muster (its gang lives on pod annotations).
+    For backend kubernetes, the native PodGroup (1.36+) or else the Workload (1.35)."""
     if spec.backend == "muster":
         return None
+    if spec.backend == "kubernetes":
+        return native.objects(spec)[-1]
     group, version, _ = keys.VOLCANO_API if spec.backend == "volcano" else keys.COSCHEDULING_API
     metadata: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace,
                                 "labels": dict(MANAGED_BY)}
@@ -30,6 +45,8 @@ def podgroup_manifest(spec: PodGroupSpec) -> dict[str, Any] | None:
 
 def podgroup_spec(spec: PodGroupSpec) -> dict[str, Any]:
     """The `spec` of the PodGroup `podgroup_manifest` makes (volcano or coscheduling)."""
+    if spec.backend == "kubernetes":
+        return dict(native.objects(spec)[-1]["spec"])
     body: dict[str, Any] = {"minMember": spec.min_member}
     if spec.min_resources is not None:
         body["minResources"] = dict(spec.min_resources)

@@ -83,6 +83,8 @@ class PodShape:
     affinity_key: Any
     #: spec.affinity as it is (None: absent): `affinity_key` holds it for the comparison
     affinity: Any = field(compare=False)
+    #: the pod's native gang reference: (spec field, its value frozen), or None (see `native_ref`)
+    native_ref: Any = None
     label_keys: tuple[str, ...] = field(compare=False, default=())
     annotation_keys: tuple[str, ...] = field(compare=False, default=())
 
@@ -105,7 +107,20 @@ def shape_of(pod: Any, label_keys: tuple[str, ...], annotation_keys: tuple[str, 
     return PodShape(_project(meta.get("labels"), label_keys),
                     _project(meta.get("annotations"), annotation_keys),
                     spec.get("schedulerName"), _tolerations(spec.get("tolerations")), frozen,
-                    affinity, label_keys, annotation_keys)
+                    affinity, native_ref(spec), label_keys, annotation_keys)
+
+
+def native_ref(spec: Mapping[str, Any]) -> Any:
+    """The pod's reference to a native gang (1.36+ spec.schedulingGroup, 1.35
+    spec.workloadRef) as (field, frozen value), or None."""
+    for name in ("schedulingGroup", "workloadRef"):
+        value = spec.get(name)
+        if value is not None:
+            try:
+                return name, freeze(value)
+            except _Unhashable:
+                return name, UNKEYABLE
+    return None
 
 
 @record

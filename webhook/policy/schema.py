@@ -21,6 +21,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from webhook import keys
@@ -191,7 +192,7 @@ class Match(_Model):
 
 
 class Gang(_Model):
-    backend: Literal["volcano", "coscheduling", "muster"]
+    backend: Literal["volcano", "coscheduling", "muster", "kubernetes"]
     minAvailable: MinAvailable = "auto"
     queue: str | None = None
     priorityClass: str | None = None
@@ -202,6 +203,9 @@ class Gang(_Model):
     #: against the cluster's Queues): Fallback to `fallbackQueue`, or admit WithoutGang
     unavailableQueue: Literal["Fallback", "WithoutGang"] = "Fallback"
     fallbackQueue: str = "default"
+    #: kubernetes: what happens when the cluster serves no Workload API (checked at admission
+    #: by discovery): Refuse the job's pods with the reason, or admit them WithoutGang
+    unavailableApi: Literal["Refuse", "WithoutGang"] = "Refuse"
 
     @field_validator("queue", "fallbackQueue")
     @classmethod
@@ -220,11 +224,38 @@ class Istio(_Model):
     optOut: IstioOptOut = "none"
 
 
+LevelKey = Annotated[str, AfterValidator(check_label_key)]
+
+
+class NetworkSlice(_Model):
+    #: each `size` GPU pods of the gang (in rank order) within one domain of this level
+    level: LevelKey
+    size: int = Field(ge=1)
+
+
+class Network(_Model):
+    """Where the gang's nodes go in the cluster's network levels (docs/topology.md); a level is
+    named by its node label, as Kueue and KAI name it."""
+
+    required: LevelKey | None = None
+    preferred: LevelKey | None = None
+    slice: NetworkSlice | None = None
+    #: whether the job's own Kueue / KAI topology annotations replace the policy's request
+    jobAnnotations: Literal["honour", "ignore"] = "honour"
+
+    @model_validator(mode="after")
+    def _one_level(self) -> Network:
+        if self.required is not None and self.preferred is not None:
+            raise ValueError("give required or preferred, not both")
+        return self
+
+
 class Topology(_Model):
     mode: Literal["required", "preferred", "off"]
     singleNode: bool = False
     minRingGBps: float | None = Field(default=None, gt=0)
     allowedModels: list[GpuModel] = Field(default_factory=list)
+    network: Network | None = None
 
     @field_validator("minRingGBps", mode="before")
     @classmethod
@@ -370,12 +401,14 @@ def contradictions(parts: Parts) -> list[tuple[Path, str]]:
             out.append((("spec", "gang", "scheduleTimeoutSeconds"),
                         "Volcano PodGroups have no schedule timeout; use backend coscheduling "
                         "or muster, or remove it"))
+        out.extend(_native_gang_problems(gang))
     topo = parts.topology
     if topo is not None and topo.mode == "off" and (
-            topo.singleNode or topo.minRingGBps is not None or topo.allowedModels):
+            topo.singleNode or topo.minRingGBps is not None or topo.allowedModels
+            or topo.network is not None):
         out.append((("spec", "topology", "mode"),
-                    "mode off turns topology placement off: singleNode, minRingGBps and "
-                    "allowedModels would have no effect, remove them"))
+                    "mode off turns topology placement off: singleNode, minRingGBps, "
+                    "allowedModels and network would have no effect, remove them"))
     backend_known = gang is not None or not parts.has_gang  # (not that of an invalid gang)
     if topo is not None and topo.mode != "off" and backend_known and (
             gang is None or gang.backend != "muster"):
@@ -383,4 +416,24 @@ def contradictions(parts: Parts) -> list[tuple[Path, str]]:
         out.append((("spec", "topology", "mode"),
                     f"topology mode {topo.mode} needs gang backend muster (Muster's binder does "
                     f"topology-aware placement), got {got}"))
+    return out
+
+
+def _native_gang_problems(gang: Gang) -> list[tuple[Path, str]]:
+    """Fields the native Workload API has no place for (kube-scheduler's GangScheduling plugin
+    waits a fixed 5 minutes and reserves no resources), and the one only it reads."""
+    if gang.backend != "kubernetes":
+        if "unavailableApi" in gang.model_fields_set:
+            return [(("spec", "gang", "unavailableApi"), "unavailableApi is a setting of "
+                     f"backend kubernetes (the native Workload API); backend {gang.backend} "
+                     "does not use it")]
+        return []
+    out: list[tuple[Path, str]] = []
+    if gang.scheduleTimeoutSeconds is not None:
+        out.append((("spec", "gang", "scheduleTimeoutSeconds"),
+                    "the native Workload API has no schedule timeout (kube-scheduler waits 5 "
+                    "minutes); use backend coscheduling or muster, or remove it"))
+    if "minResources" in gang.model_fields_set:
+        out.append((("spec", "gang", "minResources"),
+                    "the native Workload API has no minResources; remove it"))
     return out

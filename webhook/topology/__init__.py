@@ -3,6 +3,7 @@
 from webhook.topology.builtin import NAMES, builtin
 from webhook.topology.codec import TopologyFormatError, decode, encode, topology_class
 from webhook.topology.gpu_choice import choose_gpus, set_score
+from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import (
     GPU,
     ContainerGpus,
@@ -11,13 +12,14 @@ from webhook.topology.model import (
     GpuAssignment,
     MemberPlacement,
     MemberRequest,
+    NetworkRequest,
     NodeState,
     PCIeLevel,
     Topology,
     TopologyRequest,
     Unplaceable,
 )
-from webhook.topology.placement import place_gang
+from webhook.topology.network import LevelsError, Network, parse_levels
 from webhook.topology.scoring import SetScore, allreduce_gbps, bisection_gbps, ring_gbps
 from webhook.topology.smi import parse_nvidia_smi_topo
 
@@ -28,8 +30,11 @@ __all__ = [
     "GangPlacement",
     "GangRequest",
     "GpuAssignment",
+    "LevelsError",
     "MemberPlacement",
     "MemberRequest",
+    "Network",
+    "NetworkRequest",
     "NodeState",
     "PCIeLevel",
     "SetScore",
@@ -43,6 +48,7 @@ __all__ = [
     "choose_gpus",
     "decode",
     "encode",
+    "parse_levels",
     "parse_nvidia_smi_topo",
     "place_gang",
     "ring_gbps",

@@ -11,8 +11,8 @@ from webhook.failures import CommandFailed, UsageError
 from webhook.topology.builtin import NAMES, builtin
 from webhook.topology.codec import TopologyFormatError, decode, to_dict, topology_class
 from webhook.topology.gpu_choice import set_score, usable_mask
+from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import GangRequest, MemberRequest, NodeState, Topology, Unplaceable
-from webhook.topology.placement import place_gang
 from webhook.topology.ringfloor import meets_min_ring
 from webhook.topology.smi import build_topology, read_gpu_list, read_topo_matrix
 

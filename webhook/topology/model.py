@@ -37,7 +37,7 @@ class GPU:
     healthy: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)  # weak: caches follow the nodes
 class Topology:
     """One node's GPUs and how they are connected.
 
@@ -68,16 +68,37 @@ TopologyMode = Literal["required", "preferred"]
 
 
 @dataclass(frozen=True, slots=True)
+class NetworkRequest:
+    """Where a gang's nodes must be, or should be, in the cluster's network (docs/topology.md,
+    "Network levels"). Levels are named by their node label, as Kueue and KAI name them.
+
+    `level`: the gang within one domain of this level (None: anywhere); `mode` required (or it
+    waits) or preferred (the narrowest domain that fits, level by level wider). `slice_level`
+    and `slice_size`: each run of `slice_size` GPU members (in member order) within one domain
+    of `slice_level`, always required.
+    """
+
+    level: str | None = None
+    mode: TopologyMode = "required"
+    slice_level: str | None = None
+    slice_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class TopologyRequest:
     """Written by the webhook from the policy, read by the binder.
 
-    JSON form: {"v": 1, "mode": "required", "singleNode": true, "minRingGBps": 50.0}
-    (`minRingGBps` may be null/absent; what it is compared with: `webhook.topology.ringfloor`).
+    JSON form: {"v": 1, "mode": "required", "singleNode": true, "minRingGBps": 50.0,
+    "network": {"level": "example.com/rack", "mode": "required",
+    "sliceLevel": "nvidia.com/gpu.clique", "sliceSize": 4}}
+    (`minRingGBps` may be null/absent; what it is compared with: `webhook.topology.ringfloor`;
+    `network` may be absent).
     """
 
     mode: TopologyMode = "required"
     single_node: bool = False
     min_ring_gbps: float | None = None
+    network: NetworkRequest | None = None
 
 
 # --- what the binder decided (pod annotation muster.io/gpu-assignment) ------------------------
@@ -135,6 +156,7 @@ class GangRequest:
     mode: TopologyMode = "required"
     single_node: bool = False
     min_ring_gbps: float | None = None
+    network: NetworkRequest | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""Gang placement across nodes: which nodes, and which GPUs on each, for every member of a gang.
+"""Gang placement on a set of nodes: which nodes, and which GPUs on each, for every member of a
+gang (`hierarchy` first chooses the network domains whose nodes these are).
 
 Order of preference: fewest nodes; then the best allreduce bandwidth; then least fragmentation
 (best fit: the fewest free GPUs left on the node, then the best sets left behind); then node name,
@@ -138,15 +139,16 @@ def _describe_members(members: Sequence[MemberRequest]) -> str:
     return f"{len(members)} members with {'/'.join(map(str, sizes))} GPUs"
 
 
-def place_gang(
+def place_on_nodes(
     nodes: Sequence[NodeState],
     gang: GangRequest,
     *,
     inter_node_gbps: float = DEFAULT_INTER_NODE_GBPS,
     tables: TableCache | None = None,
 ) -> GangPlacement | Unplaceable:
-    """Place every member of `gang` on `nodes` (what is free now), or say why it cannot be.
-    `tables`: the caller's cache of per-class choice tables (a fresh one when None)."""
+    """Place every member of `gang` on `nodes` (what is free now), or say why it cannot be,
+    whatever the network between the nodes (`hierarchy.place_gang` chooses the nodes' domains
+    first). `tables`: the caller's cache of per-class choice tables (a fresh one when None)."""
     if not gang.members:
         return Unplaceable(f"gang {gang.name} has no members")
     bad = next((m for m in gang.members if m.gpus < 0 or m.cpu_milli < 0 or m.memory_bytes < 0),
@@ -274,7 +276,8 @@ def _place_multi(
     return chosen
 
 
-def _capacity(n: NodeState, free: int, m: MemberRequest) -> int:
+def member_capacity(n: NodeState, free: int, m: MemberRequest) -> int:
+    """How many members like `m` fit on the node, whose usable free GPUs are `free`."""
     if m.eligible_nodes is not None and n.name not in m.eligible_nodes:
         return 0
     c = min(free.bit_count() // m.gpus, n.free_pods)
@@ -292,7 +295,7 @@ def _multi_uniform(views: _Views, members: list[MemberRequest]) -> list[_Node] |
     caps = [
         (c, n, tables, free)
         for n, tables, free in views.gpu_nodes()
-        if (c := _capacity(n, free, m)) > 0
+        if (c := member_capacity(n, free, m)) > 0
     ]
     if sum(c for c, *_ in caps) < len(members):
         return sum(c for c, *_ in caps)

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from webhook.topology.simulate import Placed, Prediction
+    from webhook.topology.simulate import Links, Model, Placed, Prediction
+    from webhook.topology.stepmodel import GangOnFabric, Step
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,6 +46,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      "(default 0.85)")
     sim.add_argument("--overlap", type=float, default=0.0,
                      help="share of compute time the allreduce hides behind (default 0)")
+    sim.add_argument("--placement", type=Path, metavar="FILE",
+                     help="model one gang's step time on the placement this YAML/JSON file "
+                     "gives (nodes with their types, network labels and the gang's GPUs; the "
+                     "fabric's NICs, oversubscription and NVLink cliques): docs/topology.md, "
+                     "\"Network model\"; --node-type, --nodes, --workers and --network-gbps "
+                     "do not apply")
     sim.add_argument("--json", action="store_true", help="machine-readable output")
     sim.set_defaults(func=_run)
 
@@ -73,10 +80,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.params_millions is not None:
         models.append(simulate.Model("custom", args.params_millions,
                                      args.gpu_images_per_second, args.batch))
+    links = simulate.Links(args.network_gbps, args.efficiency, args.overlap)
+    if args.placement is not None:
+        return _run_placement(args.placement, tuple(models), links, args.json)
     scenario = simulate.Scenario(
         topology=topology, nodes=args.nodes, workers=args.workers,
         gpus_per_worker=args.gpus_per_worker, models=tuple(models),
-        links=simulate.Links(args.network_gbps, args.efficiency, args.overlap))
+        links=links)
     try:
         prediction = simulate.predict(scenario)
     except simulate.ScenarioError as exc:
@@ -84,6 +94,51 @@ def _run(args: argparse.Namespace) -> int:
     print(json.dumps(as_json(prediction), indent=2) if args.json
           else simulate.format_prediction(prediction))
     return 0
+
+
+def _run_placement(path: Path, models: tuple[Model, ...], links: Links, as_json_out: bool) -> int:
+    import yaml  # noqa: PLC0415
+
+    from webhook.failures import UsageError  # noqa: PLC0415
+    from webhook.topology import stepmodel  # noqa: PLC0415
+
+    if not 0 < links.efficiency <= 1 or not 0 <= links.overlap <= 1:
+        raise UsageError("efficiency must be in (0, 1], overlap in [0, 1]")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path}: not YAML or JSON: {exc}") from exc
+    try:
+        gang = stepmodel.parse_placement(doc)
+    except stepmodel.PlacementError as exc:
+        raise UsageError(f"{path}: {exc}") from exc
+    step = stepmodel.model_step(gang, models, links)
+    if as_json_out:
+        print(json.dumps(step_json(gang, step), indent=2))
+        return 0
+    net = "none (one node)" if step.network_gbps == float("inf") else f"{step.network_gbps:g} GB/s"
+    lines = [f"Gang: {step.gpus} GPUs on {len(gang.gpus)} node(s), "
+             f"{step.tiers_crossed} switch tier(s) above the leaf crossed",
+             f"  between nodes: {net}",
+             f"  allreduce bus bandwidth: {step.bus_gbps:g} GB/s (bottleneck: {step.bottleneck})",
+             f"  efficiency {links.efficiency:g}, overlap {links.overlap:g}",
+             "Modelled step time:"]
+    for m in models:
+        s = step.step_seconds[m.name]
+        lines.append(f"  {m.name:<9} {s * 1e3:10.2f} ms   {step.gpus * m.batch / s:10.1f} img/s")
+    print("\n".join(lines))
+    return 0
+
+
+def step_json(gang: GangOnFabric, step: Step) -> dict[str, Any]:
+    """A placement's modelled figures as JSON."""
+    return {"gpus": step.gpus, "nodes": {n: list(g) for n, g in gang.gpus.items()},
+            "tiersCrossed": step.tiers_crossed, "busGBps": step.bus_gbps,
+            "networkGBps": None if step.network_gbps == float("inf") else step.network_gbps,
+            "bottleneck": step.bottleneck,
+            "modelledStepSeconds": dict(step.step_seconds)}
 
 
 def as_json(r: Prediction) -> dict[str, Any]:

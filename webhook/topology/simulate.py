@@ -27,6 +27,7 @@ from typing import NamedTuple
 from webhook.topology import besteffort
 from webhook.topology.builtin import builtin
 from webhook.topology.gpu_choice import set_score
+from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import (
     GangPlacement,
     GangRequest,
@@ -36,7 +37,7 @@ from webhook.topology.model import (
     Topology,
     Unplaceable,
 )
-from webhook.topology.placement import place_gang
+from webhook.topology.ringfloor import gang_gbps
 
 # Published single-GPU training throughput, TensorFlow tf_cnn_benchmarks, fp32, synthetic data,
 # batch 64 (img/s). P100: TensorFlow's own benchmark page (DGX-1 P100, May 2017). V100:
@@ -112,11 +113,8 @@ def bottleneck_gbps(by_node: Mapping[str, Sequence[int]], topologies: Mapping[st
                     network_gbps: float) -> float:
     """The slowest link the job's ring crosses: each node's GPU set (its allreduce bandwidth),
     and the network when the job spans nodes. 0 for a single GPU (no allreduce)."""
-    inner = [set_score(topologies[node], gpus).allreduce_gbps
-             for node, gpus in by_node.items() if len(gpus) > 1]
-    if len(by_node) > 1:
-        return min([network_gbps, *inner])
-    return inner[0] if inner else 0.0
+    return gang_gbps([set_score(topologies[node], gpus).allreduce_gbps if len(gpus) > 1 else 0.0
+                      for node, gpus in by_node.items()], network_gbps)
 
 
 def regular_schedule(nodes: Sequence[NodeState], gang: GangRequest) -> GangPlacement | Unplaceable:

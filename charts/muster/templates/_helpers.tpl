@@ -157,6 +157,13 @@ capabilities:
 - bind
 - --scheduler-name={{ .Values.binder.schedulerName }}
 - --metrics-port={{ .Values.binder.metricsPort }}
+{{- with .Values.binder.networkLevels }}
+{{- if kindIs "string" . }}
+- --network-levels={{ . }}
+{{- else }}
+- --network-levels={{ range $i, $l := . }}{{ if $i }},{{ end }}{{ if kindIs "map" $l }}{{ $l.nodeLabel }}{{ else }}{{ $l }}{{ end }}{{ end }}
+{{- end }}
+{{- end }}
 {{- if .Values.binder.leaderElection.enabled }}
 - --leader-elect
 - --lease-name={{ .Values.binder.leaderElection.leaseName }}

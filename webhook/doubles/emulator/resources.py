@@ -124,6 +124,17 @@ def types_from_crd(crd: dict[str, Any]) -> list[ResourceType]:
     return out
 
 
+def workload_api(version: str) -> tuple[ResourceType, ...]:
+    """The native Workload API (KEP-4671) as one release serves it with feature gate
+    GenericWorkload and the version in --runtime-config: 1.35's v1alpha1 has Workloads only,
+    1.36's v1alpha2 and 1.37's v1alpha3/v1beta1 add PodGroups with a status."""
+    workloads = _core("workloads", "Workload", group="scheduling.k8s.io", version=version)
+    if version == "v1alpha1":
+        return (workloads,)
+    return (workloads, _core("podgroups", "PodGroup", sub=("status",), group="scheduling.k8s.io",
+                             version=version))
+
+
 class Registry:
     """Served resource types by (group, version, plural) and by group."""
 

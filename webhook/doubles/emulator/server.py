@@ -43,6 +43,9 @@ from .resources import (
     ResourceType,
     types_from_crd,
 )
+from .resources import (
+    workload_api as workload_api_types,
+)
 from .schema import validate_custom
 from .selectors import Selector
 from .store import Store, Stored, Watcher, dumps
@@ -172,12 +175,16 @@ class ApiServerEmulator:
                  service_hosts: Mapping[tuple[str, str], str] | None = None,
                  history: int = 10_000, watch_buffer: int = 20_000,
                  bookmark_interval: float = 5.0,
-                 user: Mapping[str, Any] | None = None) -> None:
+                 user: Mapping[str, Any] | None = None,
+                 workload_api: str | None = None) -> None:
         self.host = host
         self.port = port
         self._ssl = ssl_context
         self._ca_pem = ca_pem
         self.registry = Registry()
+        if workload_api is not None:  # as with feature gate GenericWorkload on (see resources)
+            for rt in workload_api_types(workload_api):
+                self.registry.add(rt)
         self.store = Store(history=history, watch_buffer=watch_buffer)
         self.bookmark_interval = bookmark_interval
         self.user = dict(user or DEFAULT_USER)

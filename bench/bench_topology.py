@@ -1,0 +1,379 @@
+"""Gangs on a network topology: Muster against Kueue TAS, KAI and kube-scheduler, side by side in
+one trace-driven run; each Muster placement against the exact optimum; placement latency.
+
+Run: .venv/bin/python bench/bench_topology.py [--quick] [--only sim|optimum|latency]
+
+Clusters, arrivals and placements: bench/topology_sim.py (sources in docs/topology.md, "Bench").
+Every placement runs on the same arrivals; a job's run time is its work stretched by its modelled
+step time over its ideal one, so a slower placement holds its GPUs longer. The queue is FIFO with
+backfill (the first 32 waiting gangs that could fit by count are tried at each event).
+
+Metrics per placement: share of gangs within one domain of the narrowest level that could hold
+them on the empty cluster (node, leaf/clique, block); domains of that level spanned (mean, p95);
+GPU utilisation (GPU-minutes of work done, at the job's ideal speed, over the GPU-minutes of the
+arrival window: a GPU held by a slowed job counts for what it gets done); queueing delay (mean,
+p95, minutes); fragmentation (free GPUs on nodes that cannot host a whole-node pod, share of free
+GPUs, mean over arrivals); modelled step time over the job's ideal (mean, p95). The run fails
+when a placement placed no gang or a metric is empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import heapq
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.topology_sim import (
+    Cluster,
+    ClusterSpec,
+    Job,
+    Placement,
+    Placer,
+    arrivals,
+    domains_spanned,
+    fat_tree,
+    ideal_step,
+    kai,
+    kube,
+    kueue_tas,
+    muster,
+    narrowest_level,
+    nvl72,
+    step,
+    unusable_share,
+)
+from webhook import keys
+from webhook.binder.allocation import Allocation
+from webhook.binder.fit import FitCache
+from webhook.binder.gangs import assemble
+from webhook.binder.nodes import parse_node
+from webhook.binder.planner import PlanConfig, plan_gangs
+from webhook.binder.pods import PodInfo, parse_pod
+from webhook.binder.queue import GangQueue
+from webhook.topology import codec
+from webhook.topology.gpu_choice import TableCache
+from webhook.topology.hierarchy import place_gang
+from webhook.topology.model import NodeState
+
+WINDOW = 32
+
+
+def pct(values: Sequence[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
+
+
+@dataclass
+class Result:
+    name: str
+    placed: int = 0
+    within: list[bool] = field(default_factory=list)
+    spanned: list[int] = field(default_factory=list)
+    delay: list[float] = field(default_factory=list)
+    frag: list[float] = field(default_factory=list)
+    slowdown: list[float] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+    call_ms: list[float] = field(default_factory=list)
+    busy: float = 0.0  # GPU-minutes of work at ideal speed within the arrival window
+    span: float = 0.0
+    gpus: int = 0
+    #: per job id: (step, ideal) for the optimum comparison
+    steps: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        if not self.placed or not self.delay or not self.frag or not self.slowdown:
+            raise SystemExit(f"{self.name}: no gang placed or a metric is empty: the run is void")
+        return {
+            "within %": 100 * sum(self.within) / len(self.within),
+            "spanned mean": statistics.fmean(self.spanned),
+            "spanned p95": pct(self.spanned, 95),
+            "util %": 100 * self.busy / (self.span * self.gpus),
+            "delay mean": statistics.fmean(self.delay),
+            "delay p95": pct(self.delay, 95),
+            "frag %": 100 * statistics.fmean(self.frag),
+            "step x mean": statistics.fmean(self.slowdown),
+            "step x p95": pct(self.slowdown, 95),
+        }
+
+
+#: metric -> True when higher is better
+BETTER_HIGH = {"within %": True, "spanned mean": False, "spanned p95": False, "util %": True,
+               "delay mean": False, "delay p95": False, "frag %": False, "step x mean": False,
+               "step x p95": False}
+
+
+def run(spec: ClusterSpec, jobs: list[Job], name: str, placer: Placer, *, tables: TableCache,
+        ideal: dict[int, float],
+        on_place: Callable[[Cluster, Job], None] | None = None) -> Result:
+    c = Cluster(spec)
+    r = Result(name, gpus=spec.nodes * spec.gpus_per_node)
+    end_window = jobs[-1].arrival
+    r.span = end_window
+    events: list[tuple[float, int, int]] = [(j.arrival, 1, j.id) for j in jobs]
+    heapq.heapify(events)
+    by_id = {j.id: j for j in jobs}
+    queue: list[Job] = []
+    running: dict[int, Placement] = {}
+    busy = 0.0  # GPUs held, each weighted by its job's ideal step over its step
+    free_total = r.gpus
+    last = 0.0
+    while events:
+        t, kind, jid = heapq.heappop(events)
+        if last < end_window:
+            r.busy += busy * (min(t, end_window) - last)
+        last = t
+        if kind == 0:
+            for i, g in running.pop(jid):
+                c.give(i, g)
+            busy -= by_id[jid].gpus * r.steps[jid][1] / r.steps[jid][0]
+            free_total += by_id[jid].gpus
+        else:
+            queue.append(by_id[jid])
+            r.frag.append(unusable_share(c))
+        tried = 0
+        for job in list(queue):
+            if tried >= WINDOW:
+                break
+            if job.gpus > free_total:
+                continue
+            tried += 1
+            t0 = time.perf_counter()
+            p = placer(c, job)
+            r.call_ms.append((time.perf_counter() - t0) * 1e3)
+            if p is None:
+                continue
+            if sum(len(g) for _, g in p) != job.gpus:
+                raise SystemExit(f"{name} placed job {job.id} on {p}: not {job.gpus} GPUs")
+            if on_place is not None:
+                on_place(c, job)  # before the take: it sees what was free
+            for i, g in p:
+                c.take(i, g)
+            queue.remove(job)
+            running[job.id] = p
+            free_total -= job.gpus
+            s = step(c, p, tables)
+            busy += job.gpus * ideal[job.id] / s
+            level = narrowest_level(spec, job)
+            spanned = domains_spanned(c, p, level)
+            r.placed += 1
+            r.within.append(spanned == 1)
+            r.spanned.append(spanned)
+            r.delay.append(t - job.arrival)
+            r.slowdown.append(s / ideal[job.id])
+            r.step_ms.append(s * 1e3)
+            r.steps[job.id] = (s, ideal[job.id])
+            heapq.heappush(events, (t + job.work * s / ideal[job.id], 0, job.id))
+    return r
+
+
+def placers(seed: int, tables: TableCache) -> dict[str, Placer]:
+    return {
+        "Muster": muster(tables),
+        "Kueue TAS BestFit": kueue_tas,
+        "KAI topology": kai,
+        "kube LeastAllocated": kube(False, random.Random(seed)),
+        "kube MostAllocated": kube(True, random.Random(seed)),
+    }
+
+
+def compare(spec: ClusterSpec, count: int, load: float, seed: int) -> bool:
+    tables = TableCache()
+    jobs = arrivals(spec, count, load, random.Random(seed))
+    ideal = {j.id: ideal_step(spec, j, tables) for j in jobs}
+    print(f"\n== {spec.name}: {spec.nodes * spec.gpus_per_node} GPUs, {count} jobs, offered "
+          f"load {load:.0%}")
+    results = []
+    for name, placer in placers(seed, tables).items():
+        t0 = time.perf_counter()
+        r = run(spec, jobs, name, placer, tables=tables, ideal=ideal)
+        results.append((r, r.metrics(), time.perf_counter() - t0))
+    cols = list(BETTER_HIGH)
+    print(f"  {'placement':20}" + "".join(f"{c:>13}" for c in cols) + f"{'placed':>8}"
+          f"{'call ms':>9}")
+    for r, m, _ in results:
+        print(f"  {r.name:20}" + "".join(f"{m[c]:13.3f}" for c in cols) + f"{r.placed:8}"
+              f"{statistics.fmean(r.call_ms):9.2f}")
+    mine = results[0][1]
+    ok = True
+    verdicts = []
+    for col in cols:
+        others = [m[col] for _, m, _ in results[1:]]
+        best = max(others) if BETTER_HIGH[col] else min(others)
+        good = mine[col] >= best - 1e-9 if BETTER_HIGH[col] else mine[col] <= best + 1e-9
+        verdicts.append(f"{col}: {'ok' if good else 'WORSE'} ({mine[col]:.3f} vs best "
+                        f"{best:.3f})")
+        ok &= good
+    print("  Muster against the best baseline per metric:\n    " + "\n    ".join(verdicts))
+    return ok
+
+
+def against_optimum(spec: ClusterSpec, count: int, load: float, seed: int) -> tuple[int, int]:
+    """Muster's step time against the exact optimum on the same free GPUs, per gang."""
+    from bench.topology_optimum import as_placement, optimum  # noqa: PLC0415 (highspy)
+
+    tables = TableCache()
+    jobs = arrivals(spec, count, load, random.Random(seed))
+    ideal = {j.id: ideal_step(spec, j, tables) for j in jobs}
+    optimal: dict[int, float] = {}
+
+    def before(c: Cluster, job: Job) -> None:
+        opt = optimum(c, job, tables)
+        if opt is not None:
+            optimal[job.id] = step(c, as_placement(c, job, opt, tables), tables)
+
+    r = run(spec, jobs, "Muster", muster(tables), tables=tables, ideal=ideal, on_place=before)
+    gaps = []
+    for jid, (s, _) in r.steps.items():
+        gaps.append((s / optimal[jid] - 1, jid))
+    if not gaps:
+        raise SystemExit("no gang placed against the optimum: the run is void")
+    within = sum(g <= 0.02 for g, _ in gaps)
+    print(f"\n== against the optimum (HiGHS MILP), {spec.name}: {len(gaps)} gangs placed; "
+          f"{within} ({100 * within / len(gaps):.1f} %) within 2 % of the optimal modelled step "
+          f"(target >= 99 %); worst gap {100 * max(gaps)[0]:.1f} %")
+    by_id = {j.id: j for j in jobs}
+    for g, jid in sorted(gaps, reverse=True)[:5]:
+        if g > 0.02:
+            j = by_id[jid]
+            print(f"    job {jid}: {j.gpus} GPUs in pods of {j.pod_gpus}: {100 * g:.1f} % slower "
+                  "than the optimum")
+    return within, len(gaps)
+
+
+def _node_object(name: str, labels: dict[str, str], topology: str) -> dict[str, Any]:
+    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110", keys.GPU_RESOURCE: "8"}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "resourceVersion": "1",
+                         "labels": {"kubernetes.io/hostname": name, **labels},
+                         "annotations": {keys.ANN_NODE_TOPOLOGY: topology}},
+            "spec": {}, "status": {"allocatable": alloc, "capacity": dict(alloc)}}
+
+
+def _gang_pods(pods: int, level: str) -> list[PodInfo]:
+    """A gang of `pods` 8-GPU workers whose policy prefers one `level` domain, as the webhook
+    annotates them."""
+    topo = json.dumps({"v": 1, "mode": "preferred", "singleNode": False, "minRingGBps": None,
+                       "network": {"level": level, "mode": "preferred"}})
+    out = []
+    for i in range(pods):
+        ann = {keys.ANN_GANG_NAME: "big", keys.ANN_GANG_MIN_MEMBER: str(pods),
+               keys.ANN_GPU_TOPOLOGY: topo}
+        limits = {"cpu": "4", "memory": "16Gi", keys.GPU_RESOURCE: "8"}
+        out.append(parse_pod({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"big-worker-{i}", "namespace": "bench", "uid": f"u{i}",
+                         "resourceVersion": "1", "creationTimestamp": "2026-11-21T05:00:00Z",
+                         "annotations": ann, "labels": {}},
+            "spec": {"schedulerName": keys.DEFAULT_BINDER_SCHEDULER_NAME,
+                     "containers": [{"name": "main", "image": "train:1",
+                                     "resources": {"limits": limits}}],
+                     "tolerations": [{"key": keys.TAINT_GPU_TOPOLOGY, "operator": "Exists",
+                                      "effect": "NoSchedule"}]},
+            "status": {"phase": "Pending"}}))
+    return out
+
+
+def latency(sizes: tuple[int, ...], reps: int, seed: int) -> bool:
+    """p99 of one planning cycle of the binder (`planner.plan_gangs`, with the placement
+    function and FitCache the controller gives it) for one pending gang of up to 256 whole-node
+    pods on a fat tree at about 60 % occupancy: < 20 ms at 4,096 nodes, < 100 ms at 16,384."""
+    targets = {4096: 20.0, 16384: 100.0}
+    ok = True
+    print("\n== placement latency: one binder planning cycle (planner.plan_gangs), ms")
+    for n in sizes:
+        spec = fat_tree(n)
+        c = Cluster(spec)
+        annotation = codec.encode(spec.topology)
+        nodes = {name: parse_node(_node_object(name, c.labels[name], annotation))
+                 for name in c.names}
+        rng = random.Random(seed)
+        states = {}
+        for name, info in nodes.items():
+            r = rng.random()
+            used = 8 if r < 0.4 else 0 if r < 0.6 else rng.randint(1, 7)
+            free = frozenset(range(8)) - frozenset(rng.sample(range(8), used))
+            states[name] = NodeState(name, info.topology, free, info.cpu_milli,
+                                     info.memory_bytes, info.pods)
+        tables = TableCache()
+        place = functools.partial(place_gang, tables=tables)  # as webhook.binder.controller
+        config = PlanConfig(keys.DEFAULT_BINDER_SCHEDULER_NAME, levels=spec.levels)
+        fit = FitCache()
+        gc.collect()
+        gc.freeze()
+        for pods in (1, 16, 64, 256):
+            gangs = assemble(_gang_pods(pods, spec.leaf_label), config.scheduler_name, None)
+            times, cpu = [], []
+            placed = 0
+            for _ in range(reps + 1):
+                fresh = dict(states)
+                t0, c0 = time.perf_counter(), time.process_time()
+                plan = plan_gangs(gangs, Allocation({}), fresh, nodes, config=config,
+                                  queue=GangQueue(), fit=fit, place=place, now=1e9)
+                times.append((time.perf_counter() - t0) * 1e3)
+                cpu.append((time.process_time() - c0) * 1e3)
+                placed += len(plan.places) == 1 and len(plan.places[0].assignments) == pods
+            times, cpu = times[1:], cpu[1:]  # the first builds the FitCache's network: once
+            if not placed:
+                raise SystemExit(f"latency: no gang of {pods} pods placed at {n} nodes")
+            p99, cpu99 = pct(times, 99), pct(cpu, 99)
+            target = targets.get(n, 100.0)
+            # wall time on a shared machine includes other processes: CPU time is the check then
+            met = p99 < target or cpu99 < target
+            ok &= met
+            verdict = "ok" if p99 < target else "ok(cpu)" if met else "MISSED"
+            print(f"  {n:6} nodes, {pods:3} pods x 8 GPUs: p50 {statistics.median(times):7.2f}"
+                  f"  p99 {p99:7.2f}  cpu p99 {cpu99:7.2f}  target < {target:g}  ratio "
+                  f"{min(p99, cpu99) / target:.2f}  {verdict:8} placed {placed}/{reps + 1}")
+        gc.unfreeze()
+    return ok
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer jobs, smaller clusters")
+    ap.add_argument("--only", choices=("sim", "optimum", "latency"))
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--load", type=float, default=0.9,
+                    help="offered share of the GPUs (default 0.9; above 1 the queue grows)")
+    ap.add_argument("--clusters", choices=("all", "fat1024", "fat4096"), default="all",
+                    help="sim: every cluster, or one fat tree alone")
+    ap.add_argument("--jobs", type=int, help="sim: arrivals per cluster (default per cluster)")
+    args = ap.parse_args()
+    ok = True
+    if args.only in (None, "sim"):
+        cases = ([(fat_tree(256), 1500), (nvl72(16), 1500)] if args.quick else
+                 [(fat_tree(1024), 4000), (fat_tree(4096), 6000), (nvl72(64), 4000)])
+        if args.clusters != "all":
+            cases = cases[:1] if args.clusters == "fat1024" else cases[1:2]
+        for spec, count in cases:
+            ok &= compare(spec, args.jobs or count, args.load, args.seed)
+    if args.only in (None, "optimum"):
+        within, total = 0, 0
+        for spec in (ClusterSpec("fat tree, 64 x DGX-1 V100", 64, fat_tree(64).topology, 16, 2,
+                                 False, fat_tree(64).fabric), nvl72(4)):
+            w, t = against_optimum(spec, 200 if args.quick else 500, 0.9, args.seed)
+            within, total = within + w, total + t
+        met = within >= 0.99 * total
+        print(f"  all: {within}/{total} within 2 % ({'met' if met else 'NOT met'})")
+        ok &= met
+    if args.only in (None, "latency"):
+        ok &= latency((4096,) if args.quick else (4096, 16384), 20 if args.quick else 100,
+                      args.seed)
+    print("\nall goals met" if ok else "\nsome goals NOT met (see above)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

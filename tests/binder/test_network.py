@@ -1,0 +1,152 @@
+"""The binder's planning path places a gang within the network domain it asks for, from the
+nodes' labels, and says in its wait why one that cannot fit waits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from binder_objects import job, node, pod
+
+from e2e.probes import eventually
+from webhook import keys
+from webhook.binder.cli import network_levels
+from webhook.binder.controller import Binder, BinderConfig
+from webhook.binder.fit import FitCache
+from webhook.binder.nodes import parse_node
+from webhook.binder.planner import Plan, PlanConfig, plan
+from webhook.binder.pods import parse_pod, parse_topology_request
+from webhook.binder.queue import GangQueue
+from webhook.doubles.emulator import ApiServerEmulator
+from webhook.failures import UsageError
+from webhook.kube import KubeApi
+from webhook.kube.api import PODS
+from webhook.topology.hierarchy import place_gang
+from webhook.topology.model import NetworkRequest
+from webhook.topology.network import TOPOGRAPH
+
+BLOCK, RACK = "example.com/block", "example.com/rack"
+CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME, levels=(BLOCK, RACK))
+
+
+def topo(level: str, mode: str = "required", **more: Any) -> str:
+    return json.dumps({"v": 1, "mode": "preferred",
+                       "network": {"level": level, "mode": mode, **more}})
+
+
+def nodes() -> list[dict[str, Any]]:
+    """2 blocks x 2 racks x 2 DGX-1 nodes; b1's racks first, so that order decides nothing."""
+    return [node(f"b{b}-r{r}-n{i}", labels={BLOCK: f"b{b}", RACK: f"r{r}"})
+            for b in (1, 0) for r in (1, 0) for i in range(2)]
+
+
+def run(pods: list[dict[str, Any]], objs: list[dict[str, Any]], fit: FitCache | None = None
+        ) -> Plan:
+    return plan([parse_pod(p) for p in pods], {n["metadata"]["name"]: parse_node(n)
+                                               for n in objs},
+                None, config=CFG, queue=GangQueue(), fit=fit or FitCache(), place=place_gang,
+                now=1795237200.0)
+
+
+def racks(p: Plan) -> set[tuple[str, str]]:
+    return {tuple(n.split("-")[:2]) for place in p.places for pod_, a in place.assignments
+            if pod_.gpus for n in [a.node]}  # type: ignore[misc]
+
+
+def test_a_required_rack_gang_lands_in_one_rack() -> None:
+    taken = [pod("busy", gpus=4, node_name="b0-r0-n0", topology=None)]
+    p = run([*job("j", workers=3, gpus=4, topology=topo(RACK)), *taken], nodes())
+    assert len(p.places) == 1 and racks(p) == {("b0", "r0")}  # the fullest rack that fits
+
+
+def test_a_preferred_rack_gang_that_fits_no_rack_spans_the_racks_of_one_block() -> None:
+    p = run(job("j", workers=3, gpus=8, topology=topo(RACK, "preferred")), nodes())
+    assert len(p.places) == 1 and len({b for b, _ in racks(p)}) == 1 and len(racks(p)) == 2
+
+
+def test_a_gang_that_cannot_fit_waits_with_the_reason() -> None:
+    p = run(job("j", workers=3, gpus=8, topology=topo(RACK)), nodes())
+    assert not p.places
+    [wait] = p.waits
+    assert wait.kind == "unplaceable"
+    assert wait.reason == ("gang team-a/j needs 24 GPUs (3 members x 8 GPUs) within one "
+                           "example.com/rack domain; the largest free one "
+                           "(example.com/rack=r1) has 16 free GPUs")
+
+
+def test_the_network_is_made_once_per_node_set() -> None:
+    fit = FitCache()
+    run(job("j", workers=2, gpus=8, topology=topo(RACK)), nodes(), fit)
+    made = fit.network({}, CFG.levels)
+    assert fit.network({}, CFG.levels) is made
+    fit.clear()
+    assert fit.network({}, CFG.levels) is not made
+
+
+def test_the_annotation_carries_the_request() -> None:
+    req = parse_topology_request(topo(BLOCK, "preferred", sliceLevel=RACK, sliceSize=2))
+    assert req.network == NetworkRequest(BLOCK, "preferred", RACK, 2)
+
+
+@pytest.mark.parametrize(("network", "error"), [
+    ("[]", "must be an object"),
+    ('{"mode": "sometimes"}', "mode must be"),
+    ('{"level": 3}', "node label key"),
+    ('{"sliceLevel": "x"}', "go together"),
+    ('{"sliceLevel": "x", "sliceSize": -1}', "whole number"),
+])
+def test_a_malformed_request_is_a_problem(network: str, error: str) -> None:
+    text = '{"v": 1, "network": ' + network + "}"
+    with pytest.raises(ValueError, match=error):
+        parse_topology_request(text)
+
+
+def test_levels_flag(tmp_path: Any) -> None:
+    assert network_levels("") == ()
+    assert network_levels("topograph") == TOPOGRAPH
+    assert network_levels(f"{BLOCK}, {RACK}") == (BLOCK, RACK)
+    f = tmp_path / "topology.yaml"
+    f.write_text("apiVersion: kueue.x-k8s.io/v1beta2\nkind: Topology\nmetadata: {name: t}\n"
+                 f"spec:\n  levels:\n  - nodeLabel: {BLOCK}\n  - nodeLabel: {RACK}\n")
+    assert network_levels(f"@{f}") == (BLOCK, RACK)
+    with pytest.raises(UsageError, match="declared twice"):
+        network_levels(f"{RACK},{RACK}")
+    with pytest.raises(UsageError, match="--network-levels @"):
+        network_levels(f"@{tmp_path}/missing.yaml")
+
+
+async def test_the_binder_binds_by_the_network_and_reports_a_gang_that_cannot_fit(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    """Through the emulator: a required-rack gang bound whole in one rack, a required-block one
+    in one block; one too big for any rack waits, with the Event."""
+    for n in nodes():
+        apiserver.seed(n)
+    b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
+                                  network_levels=CFG.levels))
+    task = asyncio.create_task(b.run())
+    try:
+        await asyncio.wait_for(b.synced.wait(), 5)
+        for p in job("first", workers=2, gpus=8, topology=topo(RACK)):
+            await kube.create(PODS, p)
+
+        def bound(prefix: str) -> list[dict[str, Any]]:
+            found = [p for p in apiserver.objects("pods", "team-a")
+                     if p["metadata"]["name"].startswith(prefix) and p["spec"].get("nodeName")]
+            return found if len(found) == 3 else []
+        first = await eventually(lambda: bound("first-"), within=5)
+        assert len({tuple(p["spec"]["nodeName"].split("-")[:2]) for p in first}) == 1
+        for p in job("second", workers=2, gpus=8, topology=topo(BLOCK)):
+            await kube.create(PODS, p)
+        assert await eventually(lambda: bound("second-"), within=5)
+        for p in job("third", workers=3, gpus=8, topology=topo(RACK)):
+            await kube.create(PODS, p)
+        told = await eventually(lambda: [e for e in apiserver.objects("events", "team-a")
+                                         if e["reason"] == "FailedScheduling"
+                                         and e["involvedObject"]["name"].startswith("third")])
+        assert "needs 24 GPUs (3 members x 8 GPUs) within one example.com/rack domain; the " \
+            "largest free one (example.com/rack=r1) has 16 free GPUs" in told[0]["message"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

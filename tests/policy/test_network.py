@@ -1,0 +1,136 @@
+"""A gang's network request: from the policy, or the job's Kueue / KAI annotations it honours."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from webhook import keys
+from webhook.cli import main
+from webhook.demo import EXAMPLE_POLICIES
+from webhook.policy import PolicyError, PolicySet
+from webhook.policy.decision import Decision
+
+from .conftest import Policies, deep, policy
+from .test_engine import run
+
+RACK, BLOCK, CLIQUE = "example.com/rack", "example.com/block", "nvidia.com/gpu.clique"
+
+
+def muster(network: str = "", name: str = "net") -> str:
+    return policy(name, "match:\n  ownerKinds: [kubeflow.org/MPIJob]\ngang:\n  backend: muster\n"
+                  "topology:\n  mode: preferred\n" + network)
+
+
+def with_annotations(pod: dict[str, Any], **ann: str) -> dict[str, Any]:
+    pod = deep(pod)
+    pod["metadata"].setdefault("annotations", {}).update(ann)
+    return pod
+
+
+def asked(pod: dict[str, Any]) -> Any:
+    return json.loads(pod["metadata"]["annotations"][keys.ANN_GPU_TOPOLOGY]).get("network")
+
+
+def decide(pod: dict[str, Any], mpijob: dict[str, Any], ps: PolicySet) -> tuple[Decision, Any]:
+    return run(pod, [mpijob], ps)
+
+
+def test_the_policy_level_and_slices_reach_the_binder(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    ps = policies(muster(f"  network:\n    required: {RACK}\n    slice: {{level: {CLIQUE}, "
+                         "size: 4}"))
+    d, pod = decide(worker_pod, mpijob, ps)
+    assert asked(pod) == {"level": RACK, "mode": "required", "sliceLevel": CLIQUE, "sliceSize": 4}
+    assert d.network == (f"network: required {RACK}; slices of 4 pods, each within one {CLIQUE}"
+                         " (from policy net)")
+
+
+@pytest.mark.parametrize(("ann", "want"), [
+    ({keys.KUEUE_REQUIRED_TOPOLOGY: RACK}, {"level": RACK, "mode": "required"}),
+    ({keys.KUEUE_PREFERRED_TOPOLOGY: BLOCK}, {"level": BLOCK, "mode": "preferred"}),
+    ({keys.KAI_REQUIRED_PLACEMENT: RACK}, {"level": RACK, "mode": "required"}),
+    ({keys.KAI_PREFERRED_PLACEMENT: BLOCK}, {"level": BLOCK, "mode": "preferred"}),
+    ({keys.KUEUE_PREFERRED_TOPOLOGY: BLOCK, keys.KUEUE_SLICE_REQUIRED_TOPOLOGY: CLIQUE,
+      keys.KUEUE_SLICE_SIZE: "4"},
+     {"level": BLOCK, "mode": "preferred", "sliceLevel": CLIQUE, "sliceSize": 4}),
+])
+def test_kueue_and_kai_annotations_mean_the_same(
+        ann: dict[str, str], want: dict[str, Any], worker_pod: dict[str, Any],
+        mpijob: dict[str, Any], policies: Policies) -> None:
+    ps = policies(muster(f"  network:\n    preferred: {CLIQUE}"))
+    d, pod = decide(with_annotations(worker_pod, **ann), mpijob, ps)
+    assert asked(pod) == want
+    assert d.network is not None and "honoured by policy net" in d.network
+    assert next(iter(ann)) in d.network
+
+
+def test_annotations_are_honoured_without_a_network_section(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    _, pod = decide(with_annotations(worker_pod, **{keys.KUEUE_REQUIRED_TOPOLOGY: RACK}),
+                    mpijob, policies(muster()))
+    assert asked(pod) == {"level": RACK, "mode": "required"}
+
+
+def test_a_policy_that_ignores_them_decides_alone(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    ps = policies(muster(f"  network:\n    preferred: {BLOCK}\n    jobAnnotations: ignore"))
+    d, pod = decide(with_annotations(worker_pod, **{keys.KUEUE_REQUIRED_TOPOLOGY: RACK}),
+                    mpijob, ps)
+    assert asked(pod) == {"level": BLOCK, "mode": "preferred"}
+    assert d.network is not None and "ignores the pod's " + keys.KUEUE_REQUIRED_TOPOLOGY in \
+        d.network
+
+
+def test_bad_annotations_are_warned_about_and_ignored(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    pod = with_annotations(worker_pod, **{keys.KUEUE_REQUIRED_TOPOLOGY: "not a label!",
+                                          keys.KUEUE_SLICE_SIZE: "4"})
+    d, mutated = decide(pod, mpijob, policies(muster()))
+    assert asked(mutated) is None
+    assert any("not a node label key" in w for w in d.warnings)
+    assert any("go together" in w for w in d.warnings)
+
+
+def test_without_a_topology_policy_no_request_reaches_the_binder(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    forged = json.dumps({"v": 1, "mode": "required", "network": {"level": RACK}})
+    pod = with_annotations(worker_pod, **{keys.ANN_GPU_TOPOLOGY: forged})
+    ps = policies(policy("g", "match:\n  ownerKinds: [kubeflow.org/MPIJob]\ngang:\n"
+                              "  backend: muster"))
+    d, mutated = decide(pod, mpijob, ps)
+    assert keys.ANN_GPU_TOPOLOGY not in mutated["metadata"]["annotations"]
+    assert d.network is None
+
+
+@pytest.mark.parametrize(("network", "error"), [
+    (f"  network:\n    required: {RACK}\n    preferred: {BLOCK}", "not both"),
+    ("  network:\n    required: 'not a label!'", "not a valid label"),
+    (f"  network:\n    slice: {{level: {CLIQUE}, size: 0}}", "greater than or equal to 1"),
+])
+def test_network_fields_that_cannot_be_used(network: str, error: str,
+                                            policies: Policies) -> None:
+    with pytest.raises(PolicyError, match=error):
+        policies(muster(network))
+
+
+def test_mode_off_with_a_network_is_a_contradiction(policies: Policies) -> None:
+    text = policy("off", f"gang:\n  backend: muster\ntopology:\n  mode: 'off'\n  network:\n"
+                         f"    required: {RACK}")
+    with pytest.raises(PolicyError, match="network would have no effect"):
+        policies(text)
+
+
+def test_explain_says_which_level_the_gang_asks_for_and_why(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    objects = EXAMPLE_POLICIES / "tests" / "objects"
+    code = main(["policy", "explain", "-p", str(EXAMPLE_POLICIES),
+                 str(objects / "indexed-job-pod.yaml"), "--owner",
+                 str(objects / "indexed-job.yaml"), "--namespace-labels",
+                 "kubernetes.io/metadata.name=team-d,muster.io/network=rack"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "  network: required network.topology.nvidia.com/leaf (from policy network-rack)" \
+        in out

@@ -1,0 +1,201 @@
+"""Gangs placed by the network on the real control plane: 16 DGX nodes in 2 blocks x 2 racks
+and an NVL72-style domain of 18 four-GPU nodes (two NVLink partitions, GFD clique labels),
+with the binder's levels from the chart (`binder.networkLevels`: Topograph's spine and leaf,
+then `nvidia.com/gpu.clique`) and the shipped policies of network-topology.yaml.
+
+The Node objects carry what the node agent with fake NVML publishes (the topology annotation,
+allocatable `nvidia.com/gpu`) and the labels Topograph and GFD write; no kubelet runs them, so
+their pods are bound and stay Pending, and a gang "finishes" when the test marks its pods
+Succeeded, as their kubelet would. A taint only these jobs tolerate keeps every other test's
+pods off them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from jobs import ensure_namespace
+from real_helpers import NETWORK_LEVELS
+
+from e2e.node import image
+from e2e.probes import eventually
+from webhook import keys
+from webhook.kube import EVENTS, JOBS, NODES, PODS, ApiError, KubeApi
+from webhook.topology import builtin, codec
+from webhook.topology.model import GPU, PCIeLevel, Topology
+
+SPINE, LEAF, CLIQUE = NETWORK_LEVELS
+FAKE_TAINT = {"key": "example.com/fake-node", "value": "network-test", "effect": "NoSchedule"}
+NVL_UUID = "2f1c6a3e-0b7d-4c55-9e1a-6d0c2b8f4a10"
+
+
+def _gb200() -> Topology:
+    """A four-GPU GB200-style node: every pair over NVSwitch (NVLink 5, 18 links x 50 GB/s)."""
+    gpus = tuple(GPU(i, f"GPU-0000{i}-nvl72-fake-{i}", f"0000:0{i}:00.0", "NVIDIA GB200",
+                     numa_node=i // 2) for i in range(4))
+    return Topology(gpus, tuple((0,) * 4 for _ in range(4)),
+                    tuple(tuple(PCIeLevel.SYS if i != j else PCIeLevel.INTERNAL
+                                for j in range(4)) for i in range(4)),
+                    nvlink_gbps=50.0, nvswitch=frozenset(range(4)), nvswitch_links=18,
+                    name="", pcie_gen=5)
+
+
+def _node(name: str, topology: Topology, labels: dict[str, str]) -> dict[str, Any]:
+    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110",
+             keys.GPU_RESOURCE: str(topology.size)}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels},
+                         "annotations": {keys.ANN_NODE_TOPOLOGY: codec.encode(topology)}},
+            "spec": {"taints": [FAKE_TAINT]},
+            "status": {"allocatable": alloc, "capacity": dict(alloc),
+                       "conditions": [{"type": "Ready", "status": "True",
+                                       "reason": "KubeletReady", "message": "fake node"}]}}
+
+
+def _nodes() -> list[dict[str, Any]]:
+    dgx = builtin("hgx-h100")
+    out = [_node(f"net-s{b}-l{r}-{i}", dgx, {SPINE: f"s{b}", LEAF: f"s{b}-l{r}"})
+           for b in (1, 2) for r in (1, 2) for i in range(4)]
+    nvl = _gb200()
+    out += [_node(f"net-nvl-{i:02d}", nvl, {SPINE: "s3", LEAF: "s3-nvl",
+                                            CLIQUE: f"{NVL_UUID}.{1 + i // 9}"})
+            for i in range(18)]
+    return out
+
+
+@pytest.fixture
+async def fake_nodes(kube: KubeApi) -> AsyncIterator[dict[str, dict[str, str]]]:
+    """The nodes, by name, with their labels; gone afterwards with every pod on them."""
+    made = _nodes()
+    try:
+        for n in made:
+            await kube.create(NODES, n)
+            # the API server may add the not-ready taint until a node controller sees the node;
+            # the jobs here tolerate every taint, and the binder reads the rest
+        yield {n["metadata"]["name"]: n["metadata"]["labels"] for n in made}
+    finally:
+        for ns in NAMESPACES.values():
+            await _drop_namespace_jobs(kube, ns)
+        for n in made:
+            try:
+                await kube.delete(NODES, n["metadata"]["name"])
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+
+
+NAMESPACES = {"rack": "net-rack", "block": "net-block", "nvlink-slices": "net-slices",
+              "as-annotated": "net-kueue"}
+
+
+async def _drop_namespace_jobs(kube: KubeApi, ns: str) -> None:
+    try:
+        for job in (await kube.list(JOBS, namespace=ns))["items"]:
+            await kube.delete(JOBS, job["metadata"]["name"], ns, propagation_policy="Orphan")
+        for pod in (await kube.list(PODS, namespace=ns))["items"]:
+            await kube.request("DELETE", PODS.path(ns, pod["metadata"]["name"]), body={
+                "kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+    except ApiError as exc:
+        if not exc.not_found:
+            raise
+
+
+def _job(name: str, pods: int, gpus: int, annotations: dict[str, str] | None = None
+         ) -> dict[str, Any]:
+    """An Indexed Job of `pods` ranks of `gpus` GPUs each (its completion index is its rank)."""
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"completionMode": "Indexed", "completions": pods, "parallelism": pods,
+                     "backoffLimit": 0,
+                     "template": {"metadata": {"annotations": annotations or {}}, "spec": {
+                         "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                         "tolerations": [{"operator": "Exists"}],
+                         "containers": [{
+                             "name": "rank", "image": f"{image.IMAGE_REPOSITORY}:"
+                             f"{image.IMAGE_TAG}", "imagePullPolicy": "Never",
+                             "command": ["sleep", "3600"],
+                             "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
+                                           "limits": {keys.GPU_RESOURCE: str(gpus)}}}]}}}}
+
+
+async def _pods(kube: KubeApi, ns: str, job: str) -> list[dict[str, Any]]:
+    found = await kube.list(PODS, namespace=ns, label_selector=f"job-name={job}")
+    return sorted(found["items"], key=lambda p: int(
+        p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]))
+
+
+async def _run(kube: KubeApi, kind: str, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job in the namespace of policy network-`kind`, once every rank is bound; its pods in
+    rank order."""
+    ns = await ensure_namespace(kube, NAMESPACES[kind], {"muster.io/network": kind})
+    await kube.create(JOBS, job, namespace=ns)
+    return await _bound(kube, ns, job["metadata"]["name"], job["spec"]["parallelism"])
+
+
+async def _bound(kube: KubeApi, ns: str, name: str, pods: int, *, within: float = 120
+                 ) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+
+    async def all_bound() -> bool:
+        nonlocal found
+        found = await _pods(kube, ns, name)
+        return len(found) == pods and all(p["spec"].get("nodeName") for p in found)
+    await eventually(all_bound, within=within, interval=1.0, what=f"{ns}/{name} bound whole")
+    return found
+
+
+def _at(pods: list[dict[str, Any]], labels: dict[str, dict[str, str]], level: str) -> set[str]:
+    return {labels[p["spec"]["nodeName"]].get(level, "-") for p in pods}
+
+
+async def test_gangs_land_within_the_network_domains_they_ask_for(
+        kube: KubeApi, fake_nodes: dict[str, dict[str, str]]) -> None:
+    labels = fake_nodes
+    # a required-rack gang: one leaf
+    rack = await _run(kube, "rack", _job("in-one-rack", 3, 8))
+    assert len(_at(rack, labels, LEAF)) == 1, _at(rack, labels, LEAF)
+    assert all(p["metadata"]["annotations"][keys.ANN_POLICY].startswith("network-rack")
+               for p in rack)
+
+    # a preferred-block gang that fits no rack (6 x 8 GPUs, a rack holds 4): one block, and in
+    # it the fewest racks (two)
+    block = await _run(kube, "block", _job("in-one-block", 6, 8))
+    assert len(_at(block, labels, SPINE)) == 1 and len(_at(block, labels, LEAF)) == 2
+
+    # a job written for Kueue TAS: its podset-required-topology is honoured the same way
+    kueue = await _run(kube, "as-annotated",
+                       _job("kueue-job", 2, 8, {keys.KUEUE_REQUIRED_TOPOLOGY: LEAF}))
+    assert len(_at(kueue, labels, LEAF)) == 1
+
+    # tensor-parallel slices of 8 ranks x 4 GPUs: each within one NVLink clique; a clique
+    # (9 nodes x 4 GPUs) holds one slice, so the two take one clique each
+    sliced = await _run(kube, "nvlink-slices", _job("slices", 16, 4))
+    first, second = _at(sliced[:8], labels, CLIQUE), _at(sliced[8:], labels, CLIQUE)
+    assert len(first) == len(second) == 1 and first != second, (first, second)
+
+    # a required-block gang (Kueue's annotation again) that cannot fit now waits, with the
+    # Event in plain words: s1 has 5 free nodes (the rack job holds one), s2 none, and the NVL
+    # block's nodes hold no 8-GPU rank ...
+    ns = NAMESPACES["as-annotated"]
+    await kube.create(JOBS, _job("waits", 6, 8, {keys.KUEUE_REQUIRED_TOPOLOGY: SPINE}),
+                      namespace=ns)
+
+    async def told() -> str | None:
+        events = (await kube.list(EVENTS, namespace=ns,
+                                  field_selector="reason=FailedScheduling"))["items"]
+        found = [e["message"] for e in events if e["involvedObject"]["name"].startswith("waits")]
+        return found[0] if found else None
+    message = await eventually(told, within=90, interval=1.0,
+                               what="the waiting gang's FailedScheduling Event")
+    assert message == (
+        f"gang {ns}/waits cannot be placed: gang {ns}/waits needs 48 GPUs (6 members x 8 GPUs) "
+        f"within one {SPINE} domain; the largest free one ({SPINE}=s1) has 40 free GPUs")
+    assert not any(p["spec"].get("nodeName") for p in await _pods(kube, ns, "waits"))
+
+    # ... and starts whole, in one block, once the block gang finishes (its kubelet would
+    # report its pods Succeeded)
+    for p in block:
+        await kube.patch(PODS, p["metadata"]["name"], {"status": {"phase": "Succeeded"}},
+                         NAMESPACES["block"], subresource="status")
+    placed = await _bound(kube, ns, "waits", 6)
+    assert _at(placed, labels, SPINE) == _at(block, labels, SPINE)

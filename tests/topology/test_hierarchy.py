@@ -1,0 +1,259 @@
+"""One decision from the network levels down to the GPUs (webhook.topology.hierarchy)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from webhook.topology import (
+    GangPlacement,
+    GangRequest,
+    LevelsError,
+    MemberRequest,
+    Network,
+    NetworkRequest,
+    NodeState,
+    Unplaceable,
+    builtin,
+    parse_levels,
+    place_gang,
+)
+from webhook.topology.gpu_choice import TableCache
+from webhook.topology.network import CLIQUE, HOSTNAME, TOPOGRAPH
+
+H100 = builtin("hgx-h100")
+BLOCK, RACK = "example.com/block", "example.com/rack"
+LEVELS = (BLOCK, RACK, CLIQUE)
+TABLES = TableCache()
+
+
+def node(name: str, free: Iterable[int] = range(8)) -> NodeState:
+    return NodeState(name, H100, frozenset(free), 64000, 1 << 40, 110)
+
+
+def cluster(free: dict[str, Iterable[int]] | None = None
+            ) -> tuple[list[NodeState], dict[str, dict[str, str]]]:
+    """2 blocks x 2 racks x 4 nodes; nodes of rack b0-r0 and b0-r1 form cliques of 2."""
+    nodes, labels = [], {}
+    for b in range(2):
+        for r in range(2):
+            for i in range(4):
+                name = f"b{b}-r{r}-n{i}"
+                nodes.append(node(name, (free or {}).get(name, range(8))))
+                labels[name] = {BLOCK: f"b{b}", RACK: f"r{r}", CLIQUE: f"uuid.b{b}r{r}c{i // 2}",
+                                HOSTNAME: name}
+    return nodes, labels
+
+
+def gang(n: int, gpus: int = 8, *, level: str | None = RACK, mode: str = "required",
+         slice_level: str | None = None, size: int = 0, launcher: bool = False) -> GangRequest:
+    members = tuple(MemberRequest(f"ns/w-{i}", gpus, 1000, 1 << 30) for i in range(n))
+    if launcher:
+        members = (MemberRequest("ns/launcher", 0, 500, 1 << 28), *members)
+    return GangRequest("ns/g", members, mode="preferred",
+                       network=NetworkRequest(level, mode, slice_level, size))  # type: ignore[arg-type]
+
+
+def place(nodes: list[NodeState], labels: dict[str, dict[str, str]], g: GangRequest,
+          levels: tuple[str, ...] = LEVELS) -> GangPlacement | Unplaceable:
+    return place_gang(nodes, g, network=Network(levels, labels), tables=TABLES)
+
+
+def ok(result: GangPlacement | Unplaceable) -> GangPlacement:
+    assert isinstance(result, GangPlacement), result
+    return result
+
+
+def domains(p: GangPlacement, labels: dict[str, dict[str, str]], *level: str
+            ) -> set[tuple[str, ...]]:
+    return {tuple(labels[m.node][lv] for lv in level) for m in p.members if m.gpus}
+
+
+def test_required_rack_lands_in_one_rack_the_fullest_that_fits() -> None:
+    nodes, labels = cluster({"b0-r0-n0": (), "b1-r1-n0": (), "b1-r1-n1": range(4)})
+    p = ok(place(nodes, labels, gang(2)))
+    # b1-r1 has 20 free GPUs, the least of the racks that hold 2 x 8: best fit
+    assert domains(p, labels, BLOCK, RACK) == {("b1", "r1")}
+    assert p.nodes_used == 2 and all(len(m.gpus) == 8 for m in p.members)
+
+
+def test_preferred_rack_that_fits_no_rack_spans_the_fewest_racks_of_one_block() -> None:
+    nodes, labels = cluster({"b1-r0-n0": range(4)})
+    p = ok(place(nodes, labels, gang(6, mode="preferred")))
+    assert domains(p, labels, BLOCK) == {("b1",)}  # the fuller block, which holds 7
+    assert len(domains(p, labels, BLOCK, RACK)) == 2
+    p = ok(place(nodes, labels, gang(8, mode="preferred")))
+    assert domains(p, labels, BLOCK) == {("b0",)}  # b1 holds only 7 members now
+    assert len(domains(p, labels, BLOCK, RACK)) == 2
+
+
+def test_preferred_takes_the_narrowest_level_that_fits() -> None:
+    nodes, labels = cluster()
+    p = ok(place(nodes, labels, gang(2, mode="preferred", level=RACK)))
+    assert len(domains(p, labels, CLIQUE)) == 1  # a clique under the rack held it
+
+
+def test_preferred_spans_blocks_when_no_block_fits_and_nothing_is_left_out() -> None:
+    nodes, labels = cluster()
+    p = ok(place(nodes, labels, gang(12, mode="preferred", level=BLOCK)))
+    assert len(domains(p, labels, BLOCK)) == 2 and p.nodes_used == 12
+    assert len(domains(p, labels, BLOCK, RACK)) == 3  # 8 + 4 nodes: two racks and one more
+
+
+def test_required_rack_that_cannot_fit_says_the_level_the_room_and_the_need() -> None:
+    nodes, labels = cluster()
+    r = place(nodes, labels, gang(5))
+    assert isinstance(r, Unplaceable)
+    assert r.reason == ("gang ns/g needs 40 GPUs (5 members x 8 GPUs) within one "
+                        "example.com/rack domain; the largest free one (example.com/rack=r1) "
+                        "has 32 free GPUs")
+
+
+def test_each_slice_lands_within_one_clique() -> None:
+    nodes, labels = cluster({"b0-r0-n1": range(4), "b0-r1-n3": range(6)})
+    p = ok(place(nodes, labels, gang(6, 4, level=BLOCK, slice_level=CLIQUE, size=2,
+                                     launcher=True)))
+    by = {m.key: m for m in p.members}
+    for s in range(3):
+        pair = {labels[by[f"ns/w-{2 * s + j}"].node][CLIQUE] for j in range(2)}
+        assert len(pair) == 1, (s, pair)
+    assert len(domains(p, labels, BLOCK)) == 1
+    assert by["ns/launcher"].gpus == () and by["ns/launcher"].node in {m.node for m in p.members
+                                                                      if m.gpus}
+
+
+def test_slices_of_one_node() -> None:
+    nodes, labels = cluster({n.name: range(6) for n in cluster()[0]})
+    p = ok(place(nodes, labels, gang(4, 2, level=RACK, slice_level=HOSTNAME, size=2)))
+    by = {m.key: m.node for m in p.members}
+    assert by["ns/w-0"] == by["ns/w-1"] and by["ns/w-2"] == by["ns/w-3"]
+
+
+def test_slices_follow_the_ranks_order() -> None:
+    nodes, labels = cluster()
+    g = gang(12, 4, level=BLOCK, slice_level=CLIQUE, size=4)
+    p = ok(place(nodes, labels, g))
+    by = {m.key: labels[m.node][CLIQUE] for m in p.members}
+    assert by["ns/w-8"] == by["ns/w-11"] != by["ns/w-2"]  # w-10 is rank 10, not rank 2
+
+
+def test_a_slice_wider_than_the_gang_is_refused() -> None:
+    nodes, labels = cluster()
+    r = place(nodes, labels, gang(2, level=CLIQUE, slice_level=BLOCK, size=2))
+    assert isinstance(r, Unplaceable) and "wider than its level" in r.reason
+
+
+def test_a_slice_needs_a_size() -> None:
+    nodes, labels = cluster()
+    r = place(nodes, labels, gang(2, slice_level=CLIQUE, size=0))
+    assert isinstance(r, Unplaceable) and "slice needs both" in r.reason
+
+
+def test_a_label_no_node_has() -> None:
+    nodes, labels = cluster()
+    r = place(nodes, labels, gang(2, level="example.com/pod"))
+    assert isinstance(r, Unplaceable) and "no node has the label example.com/pod" in r.reason
+
+
+def test_an_undeclared_label_still_means_one_domain_of_it() -> None:
+    nodes, labels = cluster()
+    p = ok(place(nodes, labels, gang(3), levels=()))
+    assert len(domains(p, labels, BLOCK, RACK)) == 1
+
+
+def test_hostname_required_is_one_node() -> None:
+    nodes, labels = cluster({n.name: range(4) for n in cluster()[0]})
+    r = place(nodes, labels, gang(2, 2, level=HOSTNAME))
+    assert isinstance(r, GangPlacement) and r.nodes_used == 1
+    r = place(nodes, labels, gang(3, 2, level=HOSTNAME))
+    assert isinstance(r, Unplaceable)
+
+
+def test_without_a_network_request_it_is_the_engine() -> None:
+    nodes, labels = cluster()
+    g = GangRequest("ns/g", tuple(MemberRequest(f"ns/w-{i}", 8) for i in range(3)))
+    assert place(nodes, labels, g) == place_gang(nodes, g, tables=TABLES)
+
+
+def test_unlike_members_within_one_rack() -> None:
+    nodes, labels = cluster({"b0-r0-n0": range(2)})
+    members = (MemberRequest("ns/a", 8), MemberRequest("ns/b", 4), MemberRequest("ns/c", 4),
+               MemberRequest("ns/d", 2))
+    g = GangRequest("ns/g", members, mode="preferred", network=NetworkRequest(RACK))
+    p = ok(place(nodes, labels, g))
+    assert len(domains(p, labels, BLOCK, RACK)) == 1 and p.nodes_used == 3  # 18 GPUs
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 8), min_size=16, max_size=16), st.integers(1, 8),
+       st.sampled_from([1, 2, 4, 8]), st.sampled_from(["required", "preferred"]),
+       st.sampled_from([0, 2]))
+def test_what_is_placed_keeps_the_levels_and_a_fit_is_found(
+        frees: list[int], n: int, gpus: int, mode: str, size: int) -> None:
+    base, labels = cluster()
+    nodes = [node(b.name, range(f)) for b, f in zip(base, frees, strict=True)]
+    g = gang(n, gpus, mode=mode, slice_level=CLIQUE if size else None, size=size)
+    r = place(nodes, labels, g)
+    racks: dict[tuple[str, str], int] = {}
+    for s in nodes:
+        key = (labels[s.name][BLOCK], labels[s.name][RACK])
+        racks[key] = racks.get(key, 0) + len(s.free_gpus) // gpus
+    if isinstance(r, Unplaceable):
+        if not size:  # without slices a rack that holds the gang would have been found
+            assert max(racks.values()) < n or (mode == "preferred" and sum(racks.values()) < n)
+        return
+    free = {s.name: s.free_gpus for s in nodes}
+    used = [(m.node, g_) for m in r.members for g_ in m.gpus]
+    assert len(used) == len(set(used)) == n * gpus
+    assert all(g_ in free[node_] for node_, g_ in used)
+    if mode == "required":
+        assert len(domains(r, labels, BLOCK, RACK)) == 1
+    if size:
+        by = {m.key: labels[m.node][CLIQUE] for m in r.members}
+        for s0 in range(0, n, size):
+            assert len({by[f"ns/w-{i}"] for i in range(s0, min(s0 + size, n))}) == 1
+
+
+def test_levels_in_the_shapes_users_have() -> None:
+    kueue = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology",
+             "metadata": {"name": "default"},
+             "spec": {"levels": [{"nodeLabel": BLOCK}, {"nodeLabel": RACK},
+                                 {"nodeLabel": HOSTNAME}]}}
+    assert parse_levels(kueue) == (BLOCK, RACK)
+    assert parse_levels("topograph") == TOPOGRAPH
+    assert parse_levels([BLOCK, RACK, CLIQUE]) == LEVELS
+
+
+@pytest.mark.parametrize(("doc", "error"), [
+    ([RACK, RACK], "declared twice"),
+    ([HOSTNAME, RACK], "can only come last"),
+    (["not a label!"], "not a node label key"),
+    ({"apiVersion": "v1", "kind": "ConfigMap"}, "expected a Kueue Topology"),
+    ({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology", "spec": {"levels": []}},
+     "non-empty list"),
+    ({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology", "spec": {"levels": [{}]}},
+     "needs a nodeLabel"),
+    (3, "must be a list"),
+])
+def test_levels_that_cannot_be_used(doc: object, error: str) -> None:
+    with pytest.raises(LevelsError, match=error):
+        parse_levels(doc)
+
+
+def test_missing_labels_are_listed() -> None:
+    net = Network(LEVELS, {"a": {BLOCK: "b"}, "b": {BLOCK: "b", RACK: "r", CLIQUE: "c"}})
+    assert net.missing(RACK) == ["a"] and net.missing(HOSTNAME) == []
+
+
+def test_a_node_without_a_narrower_label_is_still_in_its_rack() -> None:
+    nodes, labels = cluster()
+    for name in labels:
+        if name.startswith("b0-r0"):
+            del labels[name][CLIQUE]
+    p = ok(place(nodes, labels, gang(4)))  # a whole rack: b0-r0 holds 4 like any other
+    assert len(domains(p, labels, BLOCK, RACK)) == 1
+    sliced = ok(place(nodes, labels, gang(12, 8, level=None, slice_level=CLIQUE, size=2)))
+    assert not {m.node for m in sliced.members} & {n for n in labels if n.startswith("b0-r0")}

@@ -1,0 +1,325 @@
+"""One decision per gang, from the network down to the GPUs (docs/topology.md, "Network levels").
+
+1. The domain: at the level the gang requires, or prefers (then the narrowest level that fits,
+   wider level by wider level, then the whole cluster), the **fullest domain that still fits**
+   (best fit, as Kueue's BestFit and KAI's bin-packing), so that big free domains stay whole
+   for big gangs.
+2. Inside it, level by level down: one child domain when one fits (again best fit), else the
+   fewest children, the roomiest first and the last one best fit.
+3. On the nodes of the domains so chosen, today's engine (`placement.place_on_nodes`): the
+   fewest nodes, then the NVLink-optimal GPU sets on each.
+Slices (`slice_size` GPU members, in member order) are placed the same way, each within one
+domain of the slice level: the levels above it count whole slices, not members.
+
+Room is counted in members a domain can hold (GPUs, CPU, memory and pods of each node, as the
+engine counts them), so a domain that fits holds the gang for certain; for a gang of unlike
+members it is counted in GPUs and checked by the engine, trying the next domain when it fails.
+Nodes are grouped by domain once per call (`Network.paths` is made once per node set).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from webhook.topology.gpu_choice import TableCache
+from webhook.topology.model import (
+    GangPlacement,
+    GangRequest,
+    MemberPlacement,
+    MemberRequest,
+    NetworkRequest,
+    NodeState,
+    Unplaceable,
+)
+from webhook.topology.network import HOSTNAME, Network
+from webhook.topology.placement import DEFAULT_INTER_NODE_GBPS, member_capacity, place_on_nodes
+from webhook.topology.ringfloor import gang_gbps, meets_min_ring
+
+#: how many domains that fit are tried in best-fit order when the engine refuses one (a gang
+#: of unlike members, counted in GPUs, or a minRingGBps floor)
+_TRIES = 4
+
+Key = tuple[str, ...]
+#: path components that no label value can be: a leaf of nodes without the narrower labels,
+#: and a node as a domain of its own (slices of one node)
+_OWN, _NODE = "\x00", "\x01"
+
+
+def _real(key: Key) -> bool:
+    """A domain of a level (not a leaf of its own nodes, not one node)."""
+    return not key or key[-1][:1] not in (_OWN, _NODE)
+
+
+@dataclass(slots=True)
+class _Domain:
+    room: int = 0  # members (GPUs for unlike members) its nodes can take
+    gpus: int = 0  # free GPUs
+    pieces: int = 0  # members, or whole slices, it can take
+    children: set[Key] = field(default_factory=set)
+    nodes: list[NodeState] = field(default_factory=list)  # its own, at the deepest level
+
+
+def place_gang(
+    nodes: Sequence[NodeState],
+    gang: GangRequest,
+    *,
+    network: Network | None = None,
+    inter_node_gbps: float = DEFAULT_INTER_NODE_GBPS,
+    tables: TableCache | None = None,
+) -> GangPlacement | Unplaceable:
+    """Place every member of `gang` on `nodes` (what is free now) within the network domains its
+    `gang.network` asks for, or say why it cannot be. `network`: every node's domains (None:
+    no levels declared). `tables`: the caller's cache of choice tables (fresh when None).
+    Pure: the same inputs give the same placement."""
+    tables = tables or TableCache(warm=False)
+    req = gang.network
+    if req is not None and req.level == HOSTNAME and req.mode == "required":
+        gang = replace(gang, single_node=True, mode="required")  # the engine's own rule
+    if req is None or req.level == HOSTNAME or (req.level is None and req.slice_level is None):
+        return place_on_nodes(nodes, gang, inter_node_gbps=inter_node_gbps, tables=tables)
+    if (req.slice_level is None) != (req.slice_size < 1):
+        return Unplaceable(f"gang {gang.name}: a slice needs both a level and a size of at "
+                           "least 1")
+    if not any(m.gpus for m in gang.members):  # network levels place GPU members
+        return place_on_nodes(nodes, gang, inter_node_gbps=inter_node_gbps, tables=tables)
+    return _Decision(nodes, gang, req, network or Network((), {}),
+                     inter_gbps=inter_node_gbps, tables=tables).run()
+
+
+def _natural(key: str) -> tuple[tuple[int, int | str], ...]:
+    """worker-2 before worker-10: slices follow the ranks' order."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", key) if p)
+
+
+class _Decision:
+    def __init__(self, nodes: Sequence[NodeState], gang: GangRequest, req: NetworkRequest,
+                 network: Network, *, inter_gbps: float, tables: TableCache) -> None:
+        self.nodes, self.gang, self.req, self.tables = nodes, gang, req, tables
+        gpu = [m for m in gang.members if m.gpus > 0]
+        self.inter_gbps = inter_gbps
+        self.chain = network.chain(req.level, req.slice_level)
+        self.paths = network.paths(self.chain)
+        depth = len(self.chain)
+        self.level = self.chain.index(req.level) if req.level is not None else -1
+        #: where pieces are whole: a slice's level (depth: one node), or one member per node
+        self.slice_at = depth if req.slice_level in (None, HOSTNAME) else \
+            self.chain.index(req.slice_level)
+        self.gpu = sorted(gpu, key=lambda m: _natural(m.key))
+        self.others = [m for m in gang.members if m.gpus == 0]
+        self.uniform = len({(m.gpus, m.cpu_milli, m.memory_bytes, m.eligible_nodes)
+                            for m in gpu}) == 1
+        size = req.slice_size if req.slice_level is not None else 1
+        self.slices = [self.gpu[i:i + size] for i in range(0, len(self.gpu), size)]
+        #: the units a piece takes: members, or GPUs for unlike members
+        self.per_piece = max(self._units(s) for s in self.slices)
+        self.doms: dict[Key, _Domain] = {}
+
+    def _units(self, members: Sequence[MemberRequest]) -> int:
+        return len(members) if self.uniform else sum(m.gpus for m in members)
+
+    @property
+    def sliced(self) -> bool:
+        return self.req.slice_level is not None
+
+    def run(self) -> GangPlacement | Unplaceable:
+        if self.sliced and self.slice_at < self.level:
+            return Unplaceable(f"gang {self.gang.name}: its slice level {self.req.slice_level} "
+                               f"is wider than its level {self.req.level}")
+        self._group()
+        need = len(self.slices) if self.sliced else self._units(self.gpu)
+        levels = [self.level] if self.req.mode == "required" and self.level >= 0 else \
+            list(range(self.level, -2, -1))
+        refused: Unplaceable | None = None
+        for level in levels:
+            fit = sorted((k for k, d in self.doms.items()
+                          if len(k) == level + 1 and _real(k) and d.pieces >= need),
+                         key=self._best_fit)
+            for key in fit[:_TRIES]:
+                placed = self._place(self._descend(key, need))
+                if isinstance(placed, GangPlacement):
+                    return placed
+                refused = refused or placed
+            if fit:
+                break
+        if refused is not None:
+            return refused
+        if self.req.mode == "preferred" and not self.sliced:
+            return place_on_nodes(self.nodes, replace(self.gang, network=None),
+                                  inter_node_gbps=self.inter_gbps, tables=self.tables)
+        return self._why_not(need)
+
+    def _group(self) -> None:
+        """Every node's room, summed into each of its domains (one pass over the nodes). A node
+        whose path stops above the deepest level (it lacks a narrower label) sits in a leaf of
+        its own under its last domain; with slices of one node, each node is a domain."""
+        doms = self.doms
+        doms[()] = _Domain()
+        depth = len(self.chain)
+        # alike nodes (same type, free GPUs, CPU, memory, pods) have the same room: once each
+        rooms: dict[tuple[int, frozenset[int], int, int, int], tuple[int, int]] = {}
+        eligible = self.gpu[0].eligible_nodes if self.uniform else None
+        node_slices = self.sliced and self.slice_at == depth
+        shallow = self.slice_at if self.sliced and not node_slices else 0
+        leaves: dict[Key, _Domain] = {}
+        paths = self.paths
+        for n in self.nodes:
+            path = paths.get(n.name)
+            if path is None or len(path) <= shallow or n.topology is None or not n.free_gpus:
+                continue  # (a sliced gang needs the slice level's label)
+            if eligible is not None and n.name not in eligible:
+                continue
+            rkey = (id(n.topology), n.free_gpus, n.free_cpu_milli, n.free_memory_bytes,
+                    n.free_pods)
+            found = rooms.get(rkey)
+            if found is None:
+                found = rooms[rkey] = self._room(n)
+            room, gpus = found
+            if room <= 0:
+                continue
+            if len(path) < depth:
+                path = (*path, _OWN)
+            leaf = leaves.get(path)
+            if leaf is None:
+                leaf = leaves[path] = _Domain()
+            leaf.room += room
+            leaf.gpus += gpus
+            leaf.nodes.append(n)
+            if node_slices:
+                node_key = (*path, _NODE + n.name)
+                doms[node_key] = _Domain(room, gpus, nodes=[n])
+                leaf.children.add(node_key)
+        for path, leaf in leaves.items():
+            for i in range(len(path)):
+                d = doms.get(path[:i])
+                if d is None:
+                    d = doms[path[:i]] = _Domain()
+                d.room += leaf.room
+                d.gpus += leaf.gpus
+                d.children.add(path[:i + 1])
+            doms[path] = leaf
+        if not self.sliced:
+            for d in doms.values():
+                d.pieces = d.room
+            return
+        for key, d in list(doms.items()):  # whole slices of each slice domain, summed upwards
+            if self._is_slice(key):
+                d.pieces = d.room // self.per_piece
+                for i in range(len(key)):
+                    doms[key[:i]].pieces += d.pieces
+
+    def _is_slice(self, key: Key) -> bool:
+        if self.slice_at == len(self.chain):
+            return bool(key) and key[-1].startswith(_NODE)
+        return len(key) == self.slice_at + 1 and _real(key)
+
+    def _room(self, n: NodeState) -> tuple[int, int]:
+        """(members, or GPUs for unlike members, the node can take; its usable free GPUs),
+        whatever its name (eligibility is checked apart)."""
+        assert n.topology is not None
+        free = self.tables.usable(n.topology, n.free_gpus)[1]
+        if self.uniform:
+            return member_capacity(n, free, replace(self.gpu[0], eligible_nodes=None)), \
+                free.bit_count()
+        return (free.bit_count() if n.free_pods > 0 else 0), free.bit_count()
+
+    def _best_fit(self, key: Key) -> tuple[int, int, Key]:
+        d = self.doms[key]
+        return (d.pieces, d.gpus, key)
+
+    def _descend(self, key: Key, need: int) -> list[tuple[Key, int]]:
+        """The domains, at the slice level (or the deepest level), the gang takes under `key`,
+        with how many pieces each: one child when one fits, else the fewest."""
+        kids = self.doms[key].children
+        if not kids or (self.sliced and self._is_slice(key)):
+            return [(key, need)]
+        fit = [k for k in kids if self.doms[k].pieces >= need]
+        if fit:
+            return self._descend(min(fit, key=self._best_fit), need)
+        out: list[tuple[Key, int]] = []
+        order = sorted(kids, key=lambda k: (-self.doms[k].pieces, k))
+        for i, k in enumerate(order):
+            have = self.doms[k].pieces
+            if have >= need:  # the rest fits in one: the fullest of those that can take it
+                last = min((c for c in order[i:] if self.doms[c].pieces >= need),
+                           key=self._best_fit)
+                return out + self._descend(last, need)
+            if have > 0:
+                out += self._descend(k, have)
+                need -= have
+        return out
+
+    def _nodes_under(self, key: Key) -> list[NodeState]:
+        d = self.doms[key]
+        if d.nodes:
+            return d.nodes
+        return [n for k in sorted(d.children) for n in self._nodes_under(k)]
+
+    def _place(self, parts: list[tuple[Key, int]]) -> GangPlacement | Unplaceable:
+        """The engine on the chosen domains' nodes: all at once, or slice by slice."""
+        # the 0-GPU members (a launcher) ride with the first part, CPU-only nodes beside it
+        spare = [n for n in self.nodes if n.topology is None] if self.others else []
+        if not self.sliced:
+            nodes = [n for key, _ in parts for n in self._nodes_under(key)]
+            groups = [(nodes + spare, [*self.gpu, *self.others])]
+        else:
+            groups, i = [], 0
+            for key, count in parts:
+                members = [m for s in self.slices[i:i + count] for m in s]
+                groups.append((self._nodes_under(key) + (spare if i == 0 else []),
+                               members + (self.others if i == 0 else [])))
+                i += count
+        results: list[GangPlacement] = []
+        for nodes_, members_ in groups:
+            placed = self._engine(nodes_, members_)
+            if isinstance(placed, Unplaceable):
+                return placed
+            results.append(placed)
+        return self._merge(results)
+
+    def _engine(self, nodes: list[NodeState], members: list[MemberRequest]
+                ) -> GangPlacement | Unplaceable:
+        part = replace(self.gang, members=tuple(members), network=None)
+        return place_on_nodes(nodes, part, inter_node_gbps=self.inter_gbps, tables=self.tables)
+
+    def _merge(self, parts: list[GangPlacement]) -> GangPlacement | Unplaceable:
+        by_key = {p.key: p for part in parts for p in part.members}
+        ring = {node: g for part in parts for node, g in part.ring_gbps.items()}
+        figure = gang_gbps(ring.values(), self.inter_gbps)
+        floor = self.gang.min_ring_gbps if self.gang.mode == "required" else None
+        total = sum(m.gpus for m in self.gpu)
+        if not meets_min_ring(figure, floor, total):
+            return Unplaceable(f"gang {self.gang.name} needs {total} GPUs with an allreduce bus "
+                               f"bandwidth of at least {floor:g} GB/s (minRingGBps); its "
+                               f"slices' nodes offer {figure:g} GB/s")
+        members: list[MemberPlacement] = [by_key[m.key] for m in self.gang.members]
+        return GangPlacement(members=tuple(members), nodes_used=len({p.node for p in members}),
+                             ring_gbps=ring, gang_gbps=figure)
+
+    def _why_not(self, need: int) -> Unplaceable:
+        """The level it needs, the free GPUs of that level's roomiest domain, what it needs."""
+        total = sum(m.gpus for m in self.gpu)
+        sizes = sorted({m.gpus for m in self.gpu})
+        what = f"{len(self.gpu)} members x {sizes[0]} GPU{'s' if sizes[0] > 1 else ''}" \
+            if len(sizes) == 1 else f"{len(self.gpu)} members"
+        level = self.level if self.level >= 0 else self.slice_at
+        label = self.chain[level] if level < len(self.chain) else HOSTNAME
+        at = [(d.pieces, d.gpus, k) for k, d in self.doms.items()
+              if len(k) == level + 1 and _real(k)]
+        if self.sliced:
+            slice_label = self.req.slice_level
+            head = (f"gang {self.gang.name} needs {total} GPUs ({what}) in {len(self.slices)} "
+                    f"slices of {self.req.slice_size}, each within one {slice_label} domain"
+                    + (f", all within one {label} domain" if self.level >= 0 else ""))
+        else:
+            head = (f"gang {self.gang.name} needs {total} GPUs ({what}) within one {label} "
+                    "domain")
+        if not at:
+            return Unplaceable(f"{head}; no node with a free GPU has the label {label}"
+                               if self.paths or not self.nodes else
+                               f"{head}; no node has the label {label}")
+        pieces, gpus, key = max(at, key=lambda e: (e[1], e[0], e[2]))
+        held = f", room for {pieces} of its slices" if self.sliced else ""
+        return Unplaceable(f"{head}; the largest free one ({label}={key[-1]}) has {gpus} free "
+                           f"GPUs{held}")

@@ -1,0 +1,121 @@
+"""The cluster's network levels: which node labels say which nodes share a switch, a rack, a
+block or an NVLink domain, ordered widest first (docs/topology.md, "Network levels").
+
+An admin declares the levels once, in one of the shapes users already have:
+- a list of node labels, widest first;
+- Kueue's `Topology` object (`kueue.x-k8s.io/v1beta2`, `spec.levels[].nodeLabel`);
+- `topograph`: NVIDIA Topograph's `network.topology.nvidia.com/{core,spine,leaf,accelerator}`.
+`nvidia.com/gpu.clique` (GPU Feature Discovery: `<ClusterUUID>.<CliqueID>`) is a level like any
+other: the nodes with one value are one multi-node NVLink domain. `kubernetes.io/hostname` is
+always the narrowest level, the node itself, whether it is declared or not.
+
+A domain of level i is the path of the node's values down to it (rack `r1` of block `b1` is
+not rack `r1` of block `b2`), as Kueue keys its domains. A node that lacks a declared label is
+in no domain of that level or any narrower one (a DGX node without a clique label is still in
+its rack and block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from webhook.keys import HOSTNAME_LABEL, is_label_key
+
+HOSTNAME = HOSTNAME_LABEL
+CLIQUE = "nvidia.com/gpu.clique"
+TOPOGRAPH = tuple(f"network.topology.nvidia.com/{tier}"
+                  for tier in ("core", "spine", "leaf", "accelerator"))
+KUEUE_API_VERSIONS = ("kueue.x-k8s.io/v1beta2", "kueue.x-k8s.io/v1beta1",
+                      "kueue.x-k8s.io/v1alpha1")
+
+
+class LevelsError(ValueError):
+    """A declaration of network levels that cannot be used, with what is wrong."""
+
+
+def parse_levels(doc: Any) -> tuple[str, ...]:
+    """The declared levels (node label keys, widest first, without the node level) from a list
+    of label keys, a Kueue Topology object, or "topograph"."""
+    if doc == "topograph":
+        return TOPOGRAPH
+    if isinstance(doc, Mapping):
+        labels = _kueue_levels(doc)
+    elif isinstance(doc, Sequence) and not isinstance(doc, str):
+        labels = list(doc)
+    else:
+        raise LevelsError("network levels must be a list of node labels (widest first), a "
+                          "Kueue Topology object, or \"topograph\"")
+    return check_levels(labels)
+
+
+def check_levels(labels: Sequence[Any]) -> tuple[str, ...]:
+    out: list[str] = []
+    for i, label in enumerate(labels):
+        if not isinstance(label, str) or not is_label_key(label):
+            raise LevelsError(f"level {i + 1}: {label!r} is not a node label key")
+        if label in out:
+            raise LevelsError(f"level {i + 1}: {label} is declared twice")
+        if label == HOSTNAME and i != len(labels) - 1:
+            raise LevelsError(f"level {i + 1}: {HOSTNAME} is the node itself, the narrowest "
+                              "level: it can only come last")
+        out.append(label)
+    return tuple(label for label in out if label != HOSTNAME)
+
+
+def _kueue_levels(doc: Mapping[str, Any]) -> list[Any]:
+    if doc.get("kind") != "Topology" or doc.get("apiVersion") not in KUEUE_API_VERSIONS:
+        raise LevelsError(f"expected a Kueue Topology ({KUEUE_API_VERSIONS[0]}), got "
+                          f"{doc.get('apiVersion')}/{doc.get('kind')}")
+    levels = (doc.get("spec") or {}).get("levels")
+    if not isinstance(levels, list) or not levels:
+        raise LevelsError("Topology spec.levels must be a non-empty list")
+    out = []
+    for i, level in enumerate(levels):
+        if not isinstance(level, Mapping) or "nodeLabel" not in level:
+            raise LevelsError(f"Topology spec.levels[{i}] needs a nodeLabel")
+        out.append(level["nodeLabel"])
+    return out
+
+
+class Network:
+    """Every node's place in the declared levels, made once per node set (the binder remakes it
+    when a node changes): per request the placement groups nodes by domain from these tuples,
+    without reading labels again."""
+
+    def __init__(self, levels: Sequence[str], labels: Mapping[str, Mapping[str, str]]) -> None:
+        self.levels = tuple(levels)
+        self._labels = labels
+        self._paths: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
+
+    def chain(self, *wanted: str | None) -> tuple[str, ...]:
+        """The levels a request naming `wanted` is placed over: the declared ones, or the named
+        ones alone (in the order given) when one is not declared (a manifest may name a label
+        the admin did not declare: it still means "one domain of this label")."""
+        named = [w for w in wanted if w is not None and w != HOSTNAME]
+        if all(w in self.levels for w in named):
+            return self.levels
+        return tuple(dict.fromkeys(named))
+
+    def paths(self, chain: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+        """node -> its values of `chain`, down to the first label it lacks (a node without the
+        widest label is left out)."""
+        found = self._paths.get(chain)
+        if found is None:
+            found = self._paths[chain] = {}
+            for node, labels in self._labels.items():
+                values: list[str] = []
+                for label in chain:
+                    value = labels.get(label)
+                    if value is None:
+                        break
+                    values.append(value)
+                if values:
+                    found[node] = tuple(values)
+        return found
+
+    def missing(self, label: str) -> list[str]:
+        """The nodes without `label` (`muster analyze`)."""
+        if label == HOSTNAME:
+            return []
+        return sorted(n for n, labels in self._labels.items() if label not in labels)
