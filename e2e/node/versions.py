@@ -18,3 +18,9 @@ ETCD = "v3.6.16"
 def kubernetes() -> str:
     """The release this run's cluster is built from."""
     return os.environ.get("MUSTER_K8S_VERSION") or KUBERNETES
+
+#: the job operators the real tier runs (`e2e.node.operators`): current releases the Go module
+#: proxy serves, each built with its own go.mod's requirements
+MPI_OPERATOR = "v0.8.0"
+JOBSET = "v0.12.0"
+LWS = "v0.9.0"
