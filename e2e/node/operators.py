@@ -58,6 +58,14 @@ class Operator:
     webhook_patches: tuple[str, ...] = ()
     #: the apiVersion of its controller-runtime Configuration file ("" when it takes none)
     config_api: str = ""
+    #: CRD files of the module not to install (another operator owns that kind)
+    crd_skip: tuple[str, ...] = ()
+    #: flags that switch off its leader election and metrics server (those it has)
+    flags: tuple[str, ...] = ()
+    #: its Configuration's key for certificate rotation; whether it names a certificate folder
+    #: (else controller-runtime's default under $TMPDIR)
+    cert_rotation_key: str = "internalCertManagement"
+    cert_dir_in_config: bool = True
     pin: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -69,14 +77,28 @@ JOBSET = Operator(
     "config/components/crd/bases", "config/components/webhook/manifests.yaml",
     ("config/components/webhook/patches/mutating-patch.yaml",
      "config/components/webhook/patches/validating-patch.yaml"),
-    "config.jobset.x-k8s.io/v1alpha1")
+    "config.jobset.x-k8s.io/v1alpha1",
+    flags=("--leader-elect=false", "--metrics-bind-address=0"))
 LWS = Operator(
     "lws", "lws-controller", "sigs.k8s.io/lws", versions.LWS, "sigs.k8s.io/lws/cmd",
     "config/crd/bases",
     "config/webhook/manifests.yaml",
     ("config/webhook/mutating-patch.yaml", "config/webhook/validating-patch.yaml"),
-    "config.lws.x-k8s.io/v1alpha1")
-OPERATORS = {op.name: op for op in (MPI_OPERATOR, JOBSET, LWS)}
+    "config.lws.x-k8s.io/v1alpha1",
+    flags=("--leader-elect=false", "--metrics-bind-address=0"))
+#: the v1 operator (PyTorchJob...). Its MPIJob CRD is v1, the one mpi-operator v2 replaced: skipped
+TRAINING_OPERATOR = Operator(
+    "training-operator", "training-operator", "github.com/kubeflow/training-operator",
+    versions.TRAINING_OPERATOR, "github.com/kubeflow/training-operator/cmd/training-operator.v1",
+    "manifests/base/crds", "manifests/base/webhook/manifests.yaml",
+    crd_skip=("kubeflow.org_mpijobs.yaml",))
+#: Kubeflow Trainer v2 (TrainJob -> JobSet): needs JobSet's controller running too
+TRAINER = Operator(
+    "trainer", "trainer-controller-manager", "github.com/kubeflow/trainer/v2", versions.TRAINER,
+    "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager", "manifests/base/crds",
+    "manifests/base/webhook/manifests.yaml", config_api="config.trainer.kubeflow.org/v1alpha1",
+    cert_rotation_key="certManagement", cert_dir_in_config=False)
+OPERATORS = {op.name: op for op in (MPI_OPERATOR, JOBSET, LWS, TRAINING_OPERATOR, TRAINER)}
 
 
 def build(op: Operator) -> Path:
@@ -102,6 +124,7 @@ def _yaml_docs(path: Path) -> list[dict[str, Any]]:
 def crds(op: Operator) -> list[dict[str, Any]]:
     """The operator's own CRDs, at its release."""
     docs = [d for p in sorted((module_dir(op) / op.crd_dir).glob("*.yaml"))
+            if p.name not in op.crd_skip
             for d in _yaml_docs(p) if d.get("kind") == "CustomResourceDefinition"]
     if not docs:
         raise RuntimeError(f"{op.module}@{op.version} has no CRDs under {op.crd_dir}")
@@ -133,6 +156,24 @@ def webhook_configurations(op: Operator, url: str, ca_bundle: bytes, prefix: str
     return docs
 
 
+def service_webhook_configuration(op: Operator, name: str, service: tuple[str, str, int],
+                                  keep: str) -> dict[str, Any]:
+    """The operator's one webhook configuration (its file holds one) named `name`, as its
+    kustomize overlay names it, with the webhooks whose name holds `keep`, sent to the Service
+    (namespace, name, port) that its own certificate rotation signs for."""
+    (doc,) = _yaml_docs(module_dir(op) / op.webhooks)
+    doc["metadata"] = {"name": name}
+    doc["webhooks"] = [h for h in doc["webhooks"] if keep in h["name"]]
+    if not doc["webhooks"]:
+        raise RuntimeError(f"{op.module}@{op.version} {op.webhooks} has no webhook for {keep}")
+    ns, svc, port = service
+    for hook in doc["webhooks"]:
+        path = hook["clientConfig"]["service"]["path"]
+        hook["clientConfig"] = {"service": {"namespace": ns, "name": svc, "port": port,
+                                            "path": path}}
+    return doc
+
+
 @dataclass(frozen=True)
 class Serving:
     """Where a controller-runtime operator serves its webhooks: loopback in the cluster's
@@ -147,9 +188,10 @@ class Serving:
         return f"https://127.0.0.1:{self.port}"
 
 
-def serving(cert_dir: Path, port: int) -> Serving:
-    """A CA and a serving certificate for 127.0.0.1 in `cert_dir` (tls.crt, tls.key: the names
-    controller-runtime reads)."""
+def serving(tmp: Path, port: int) -> Serving:
+    """A CA and a serving certificate for 127.0.0.1 in `tmp`/k8s-webhook-server/serving-certs
+    (tls.crt, tls.key: controller-runtime's default folder and names, with $TMPDIR=`tmp`)."""
+    cert_dir = tmp / "k8s-webhook-server" / "serving-certs"
     ca = pki.generate_ca("muster-test-operator-ca", days=2)
     pair = pki.issue_serving_cert(ca, ["localhost"], ["127.0.0.1"], days=2)
     cert_dir.mkdir(parents=True, exist_ok=True)
@@ -163,11 +205,13 @@ def manager_config(op: Operator, where: Serving) -> dict[str, Any]:
     metrics server, health probes on loopback."""
     if not op.config_api:
         raise RuntimeError(f"{op.name} takes no controller-runtime Configuration")
+    webhook: dict[str, Any] = {"port": where.port, "host": "127.0.0.1"}
+    if op.cert_dir_in_config:
+        webhook["certDir"] = str(where.cert_dir)
     return {"apiVersion": op.config_api, "kind": "Configuration",
-            "internalCertManagement": {"enable": False},
+            op.cert_rotation_key: {"enable": False},
             "leaderElection": {"leaderElect": False},
-            "webhook": {"port": where.port, "host": "127.0.0.1",
-                        "certDir": str(where.cert_dir)},
+            "webhook": webhook,
             "metrics": {"bindAddress": "0"},
             "health": {"healthProbeBindAddress": f"127.0.0.1:{where.port + 1}"}}
 
@@ -179,26 +223,24 @@ def _die_with_parent() -> None:
 
 
 @contextlib.contextmanager
-def running(binary: Path, args: list[str], log: Path, *, ready: Sequence[str],
-            within: float = 60.0,
-            env: Mapping[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    """The operator running with `args`, its output in `log`, until the block ends. Call it with
-    the thread inside the cluster's network namespace: the process stays there. `ready` are
-    strings its log holds once it works (it has started its workers, serves its webhooks)."""
+def running(binary: Path, args: list[str], log: Path, *, env: Mapping[str, str] | None = None,
+            private_dir: str = "") -> Iterator[subprocess.Popen[bytes]]:
+    """The operator running with `args`, its output in `log`, until the block ends (terminated
+    by its pid). Call it with the thread inside the cluster's network namespace: the process
+    stays there. `private_dir`: a fixed host path the operator writes (a certificate folder it
+    does not let one move) becomes a tmpfs of its own mount namespace, reached from outside as
+    `/proc/<pid>/root/<path>`, so nothing of it lands on the host."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [str(binary), *args]
+    if private_dir:
+        Path(private_dir).mkdir(parents=True, exist_ok=True)  # the mount point, left empty
+        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+               f'mount -t tmpfs -o mode=0700 tmpfs {private_dir} && exec "$0" "$@"', *cmd]
     with log.open("ab") as out:
-        proc = subprocess.Popen([str(binary), *args], stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
                                 preexec_fn=_die_with_parent)  # noqa: PLW1509 - prctl only
     try:
-        deadline = time.monotonic() + within
-        while not all(r in log.read_text(errors="replace") for r in ready):
-            if proc.poll() is not None:
-                raise RuntimeError(f"{binary.name} exited ({proc.returncode}):\n{tail(log)}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{binary.name} did not log {ready} within {within:g} s:\n"
-                                   f"{tail(log)}")
-            time.sleep(0.2)
         yield proc
         if proc.poll() is not None:
             raise RuntimeError(f"{binary.name} exited during the test ({proc.returncode}):\n"
@@ -211,6 +253,20 @@ def running(binary: Path, args: list[str], log: Path, *, ready: Sequence[str],
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+
+
+def wait_ready(proc: subprocess.Popen[bytes], log: Path, ready: Sequence[str],
+               within: float = 90.0) -> None:
+    """Until the operator's log holds each of `ready` (it has started its workers, serves its
+    webhooks); an operator that exits first fails with its log."""
+    deadline = time.monotonic() + within
+    while not all(r in log.read_text(errors="replace") for r in ready):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{log.stem} exited ({proc.returncode}):\n{tail(log)}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{log.stem} did not log {list(ready)} within {within:g} s:\n"
+                               f"{tail(log)}")
+        time.sleep(0.2)
 
 
 def tail(log: Path, lines: int = 40) -> str:

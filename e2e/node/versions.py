@@ -24,3 +24,5 @@ def kubernetes() -> str:
 MPI_OPERATOR = "v0.8.0"
 JOBSET = "v0.12.0"
 LWS = "v0.9.0"
+TRAINING_OPERATOR = "v1.9.3"
+TRAINER = "v2.2.0"

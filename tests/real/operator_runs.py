@@ -33,8 +33,10 @@ def operator(cluster: NodeCluster, binary: Path, name: str, args: list[str], *,
              ready: Sequence[str]) -> Iterator[None]:
     """`binary` running with `args` against the cluster (admin kubeconfig), logged beside the
     cluster's own components (so a failing test's report carries it)."""
-    with operators.running(binary, args, cluster.dir / "logs" / f"{name}.log", ready=ready,
-                           env={"KUBECONFIG": str(cluster.kubeconfig)}):
+    log = cluster.dir / "logs" / f"{name}.log"
+    with operators.running(binary, args, log,
+                           env={"KUBECONFIG": str(cluster.kubeconfig)}) as proc:
+        operators.wait_ready(proc, log, ready)
         yield
 
 
@@ -70,20 +72,22 @@ async def condition(kube: KubeApi, resource: Resource, name: str, ns: str, kind:
 
 
 @contextmanager
-def webhook_operator(cluster: NodeCluster, op: operators.Operator, tmp: Path, port: int,
-                     *flags: str) -> Iterator[None]:
+def webhook_operator(cluster: NodeCluster, op: operators.Operator, tmp: Path, port: int
+                     ) -> Iterator[None]:
     """A controller-runtime operator with its admission webhooks served on loopback and its own
     webhook configurations pointing there; both gone after the block (a webhook whose server is
-    gone would refuse every pod it selects)."""
-    where = operators.serving(tmp / "certs", port)
+    gone would refuse every object it selects)."""
+    where = operators.serving(tmp, port)
     config = tmp / "config.yaml"
     config.write_text(yaml.safe_dump(operators.manager_config(op, where)))
     hooks = tmp / "webhooks.yaml"
     hooks.write_text(yaml.safe_dump_all(operators.webhook_configurations(
         op, where.url, where.ca_pem, prefix=f"muster-test-{op.name}-")))
-    with operator(cluster, operators.build(op), op.name,
-                  ["--config", str(config), "--leader-elect=false", "--metrics-bind-address=0",
-                   *flags], ready=("Serving webhook server", "Starting workers")):
+    log = cluster.dir / "logs" / f"{op.name}.log"
+    with operators.running(operators.build(op), ["--config", str(config), *op.flags], log,
+                           env={"KUBECONFIG": str(cluster.kubeconfig), "TMPDIR": str(tmp)}
+                           ) as proc:
+        operators.wait_ready(proc, log, ("Serving webhook server", "Starting workers"))
         kubectl(cluster, "apply", "-f", str(hooks))
         try:
             yield

@@ -13,13 +13,17 @@ mpi-operator v2 (`--namespace` scopes each run to one namespace):
 
 from __future__ import annotations
 
+import base64
 import copy
+import json
+import time
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from jobs import ensure_namespace
 from operator_runs import (
     condition,
@@ -36,6 +40,7 @@ from e2e import jobkinds
 from e2e.jobkinds import Replicated
 from e2e.node import image, operators
 from e2e.node.cluster import NODE_NAME, NodeCluster
+from e2e.node.launcher import NODE_IP
 from e2e.probes import eventually, pods_of
 from webhook import keys
 from webhook.kube import (
@@ -46,8 +51,10 @@ from webhook.kube import (
     VOLCANO_PODGROUPS,
     ApiError,
     KubeApi,
+    Resource,
 )
 from webhook.policy.operators import JOB_ROLE_LABEL, JOBSET_NAME_LABEL, LWS_NAME_LABEL
+from webhook.policy.workload import JOB_NAME_LABEL, JOBSET_REPLICATED_JOB_LABEL
 from webhook.quantity import parse_quantity
 
 IMAGE = f"{image.IMAGE_REPOSITORY}:{image.IMAGE_TAG}"
@@ -136,7 +143,10 @@ async def test_mpijob_runs_to_completion_as_one_muster_gang(
     assert hosts == [f"runs-worker-{i}.runs.{ns}" for i in range(2)]  # the operator's hostfile
     assert job["status"]["replicaStatuses"]["Launcher"]["succeeded"] == 1
     await delete_and_wait(kube, MPIJOBS, "runs", ns)
-    assert await pods_of(kube, ns, "runs") == []
+
+    async def no_pods() -> bool:  # the garbage collector takes the job's pods
+        return not await pods_of(kube, ns, "runs")
+    await eventually(no_pods, within=120, what="the MPIJob's pods deleted with it")
 
 
 def _quantities(resources: dict[str, str]) -> dict[str, tuple[int, bool]]:
@@ -278,3 +288,213 @@ async def test_lws_controller_each_group_is_one_gang_and_they_go_with_it(
             f"leaderworkerset.sigs.k8s.io/group-index={g}"))
     await delete_and_wait(kube, scenarios.LEADERWORKERSETS, "lws-real", ns,
                           (VOLCANO_PODGROUPS, "lws-real-0"), (VOLCANO_PODGROUPS, "lws-real-1"))
+
+
+# --- the training operator (v1): PyTorchJob, elastic too ---------------------------------------
+
+#: where the training operator's certificate rotation keeps its Secret, and the Service it signs
+#: for (training-operator.<ns>.svc); the operator itself runs beside the API server, so the
+#: Service's endpoint is the node's address, where it serves its webhooks
+TRAINING_NS = "training-operator-system"
+TRAINING_WEBHOOK_PORT = 9443
+TRAINING_CERTS = "/tmp/k8s-webhook-server"  # fixed in the operator (its cert-controller)
+
+
+def _training_objects(ns: str) -> list[dict[str, Any]]:
+    """What its manifests deploy beside it, less the Deployment: the (empty) Secret its
+    cert-controller fills, the Service the webhook configuration names, and that Service's
+    endpoint (the operator's process, on the node's address)."""
+    meta = {"name": "training-operator", "namespace": ns}
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+         "metadata": {"name": "training-operator-webhook-cert", "namespace": ns}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": meta,
+         "spec": {"ports": [{"name": "webhook-server", "port": 443,
+                             "targetPort": TRAINING_WEBHOOK_PORT}]}},
+        {"apiVersion": "v1", "kind": "Endpoints", "metadata": meta,
+         "subsets": [{"addresses": [{"ip": NODE_IP}],
+                      "ports": [{"name": "webhook-server", "port": TRAINING_WEBHOOK_PORT}]}]}]
+
+
+def _mount_certs(cluster: NodeCluster, pid: int, ns: str) -> None:
+    """Copy the certificate its rotation wrote into its Secret to the folder it reads, as the
+    kubelet's Secret volume would in its pod."""
+    deadline = time.monotonic() + 60
+    while True:
+        secret = json.loads(kubectl(cluster, "get", "secret", "-n", ns,
+                                    "training-operator-webhook-cert", "-o", "json").stdout)
+        data = secret.get("data") or {}
+        if "tls.crt" in data and "tls.key" in data:
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError("the training operator wrote no certificate into its Secret")
+        time.sleep(0.5)
+    certs = Path(f"/proc/{pid}/root{TRAINING_CERTS}/serving-certs")
+    certs.mkdir(parents=True, exist_ok=True)
+    for key in ("tls.crt", "tls.key"):
+        (certs / key).write_bytes(base64.b64decode(data[key]))
+
+
+@contextmanager
+def _training_operator(cluster: NodeCluster, tmp: Path, *flags: str) -> Iterator[None]:
+    op = operators.TRAINING_OPERATOR
+    objects, hooks = tmp / "objects.yaml", tmp / "webhooks.yaml"
+    objects.write_text(yaml.safe_dump_all(_training_objects(TRAINING_NS)))
+    hooks.write_text(yaml.safe_dump(operators.service_webhook_configuration(
+        op, "validator.training-operator.kubeflow.org",
+        (TRAINING_NS, "training-operator", 443), keep="pytorchjob")))
+    kubectl(cluster, "apply", "-f", str(objects))
+    kubectl(cluster, "apply", "-f", str(hooks))
+    log = cluster.dir / "logs" / "training-operator.log"
+    try:
+        with operators.running(
+                operators.build(op),
+                ["--enable-scheme=pytorchjob", f"--namespace={scenarios.VOLCANO_NS}",
+                 f"--webhook-server-port={TRAINING_WEBHOOK_PORT}", "--metrics-bind-address=0",
+                 "--health-probe-bind-address=127.0.0.1:18081", *flags],
+                log, env={"KUBECONFIG": str(cluster.kubeconfig), "MY_POD_NAMESPACE": TRAINING_NS},
+                private_dir=TRAINING_CERTS) as proc:
+            _mount_certs(cluster, proc.pid, TRAINING_NS)
+            operators.wait_ready(proc, log, ("Starting workers", "Serving webhook server"))
+            yield
+    finally:
+        kubectl(cluster, "delete", "--ignore-not-found", "-f", str(hooks))
+
+
+@pytest.fixture(scope="module")
+def training_operator(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
+                      ) -> Path:
+    """Its CRDs (PyTorchJob...; not its v1 MPIJob) and a folder for each run's files."""
+    tmp = tmp_path_factory.mktemp("training-operator")
+    operators.build(operators.TRAINING_OPERATOR)
+    with node_cluster.netns():
+        install_crds(node_cluster, operators.TRAINING_OPERATOR, tmp)
+    return tmp
+
+
+def pytorchjob(name: str, ns: str, *, master: bool, workers: int, min_replicas: int | None = None,
+               **scheduling: Any) -> dict[str, Any]:
+    if min_replicas is not None:
+        job = jobkinds.elastic_pytorchjob(name, ns, workers=workers, min_replicas=min_replicas,
+                                          container=CONTAINER)
+    else:
+        job = jobkinds.elastic_pytorchjob(name, ns, workers=workers, min_replicas=None,
+                                          container=CONTAINER)
+        del job["spec"]["elasticPolicy"]
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    if master:
+        specs["Master"] = copy.deepcopy({**specs["Worker"], "replicas": 1})
+    if scheduling:
+        job["spec"]["runPolicy"] = {"schedulingPolicy": scheduling}
+    return job
+
+
+async def test_training_operator_pytorchjobs_are_one_gang_each_and_go_with_them(
+        kube: KubeApi, node_cluster: NodeCluster, training_operator: Path) -> None:
+    ns = await ensure_namespace(kube, scenarios.VOLCANO_NS)  # policy pytorchjob-volcano
+    await delete_all(kube, scenarios.PYTORCHJOBS, ns)
+    with _training_operator(node_cluster, training_operator):
+        await kube.create(scenarios.PYTORCHJOBS, pytorchjob("pt-real", ns, master=True,
+                                                            workers=2), namespace=ns)
+        await kube.create(scenarios.PYTORCHJOBS, pytorchjob("pt-elastic", ns, master=False,
+                                                            workers=4, min_replicas=2),
+                          namespace=ns)
+        # the operator's pods: Master + 2 Workers, one gang of 3; 4 elastic Workers, a gang of 2
+        await scenarios.check(kube, ns, scenarios.Gang(
+            VOLCANO_PODGROUPS, "pt-real", 3, 3, f"{JOB_NAME_LABEL}=pt-real"))
+        await scenarios.check(kube, ns, scenarios.Gang(
+            VOLCANO_PODGROUPS, "pt-elastic", 2, 4, f"{JOB_NAME_LABEL}=pt-elastic"))
+        for name in ("pt-real", "pt-elastic"):
+            await delete_and_wait(kube, scenarios.PYTORCHJOBS, name, ns,
+                                  (VOLCANO_PODGROUPS, name))
+
+
+async def test_training_operator_own_gang_scheduling_gets_no_second_podgroup(
+        kube: KubeApi, node_cluster: NodeCluster, training_operator: Path) -> None:
+    ns = await ensure_namespace(kube, scenarios.VOLCANO_NS)
+    await delete_all(kube, scenarios.PYTORCHJOBS, ns)
+    spec = pytorchjob("pt-same", ns, master=True, workers=2, queue="training")
+    with _training_operator(node_cluster, training_operator):  # Muster's gang
+        await kube.create(scenarios.PYTORCHJOBS, copy.deepcopy(spec), namespace=ns)
+        muster = await scenarios.check(kube, ns, scenarios.Gang(
+            VOLCANO_PODGROUPS, "pt-same", 3, 3, f"{JOB_NAME_LABEL}=pt-same"))
+        assert muster["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "muster"
+        await delete_and_wait(kube, scenarios.PYTORCHJOBS, "pt-same", ns,
+                              (VOLCANO_PODGROUPS, "pt-same"))
+    with _training_operator(node_cluster, training_operator, "--gang-scheduler-name=volcano"):
+        made = await kube.create(scenarios.PYTORCHJOBS, copy.deepcopy(spec), namespace=ns)
+        own = await scenarios.check(kube, ns, scenarios.Gang(
+            VOLCANO_PODGROUPS, "pt-same", 3, 3, f"{JOB_NAME_LABEL}=pt-same"))
+        assert "app.kubernetes.io/managed-by" not in (own["metadata"].get("labels") or {})
+        assert own["metadata"]["ownerReferences"][0]["uid"] == made["metadata"]["uid"]
+        pods = (await kube.list(PODS, namespace=ns,
+                                label_selector=f"{JOB_NAME_LABEL}=pt-same"))["items"]
+        assert all(keys.ANN_POLICY in p["metadata"]["annotations"] for p in pods)
+        assert _fields(own) == _fields(muster)  # what the operator writes, Muster wrote
+        await delete_and_wait(kube, scenarios.PYTORCHJOBS, "pt-same", ns,
+                              (VOLCANO_PODGROUPS, "pt-same"))
+
+
+# --- Kubeflow Trainer v2: TrainJob -> JobSet (JobSet's controller runs too) -------------------
+
+@pytest.fixture(scope="module")
+def trainer_controller(node_cluster: NodeCluster, jobset_controller: None,
+                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Trainer's controller and webhooks, and its torch-distributed ClusterTrainingRuntime."""
+    tmp = tmp_path_factory.mktemp("trainer")
+    runtime = operators.module_dir(operators.TRAINER) / TORCH_RUNTIME
+    for step in _controller(node_cluster, operators.TRAINER, tmp, 19463):
+        with node_cluster.netns():
+            kubectl(node_cluster, "apply", "--server-side", "-f", str(runtime))
+        yield step
+
+
+TORCH_RUNTIME = "manifests/base/runtimes/torch_distributed.yaml"
+CLUSTER_RUNTIMES = Resource("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", False,
+                            "ClusterTrainingRuntime")
+
+
+async def test_trainer_trainjob_is_one_gang_and_goes_with_it(
+        kube: KubeApi, trainer_controller: None) -> None:
+    ns = await ensure_namespace(kube, scenarios.COSCHEDULING_NS)  # policy trainjob-coscheduling
+    await delete_all(kube, scenarios.TRAINJOBS, ns)
+    await delete_all(kube, scenarios.JOBSETS, ns)
+    await kube.create(scenarios.TRAINJOBS, jobkinds.trainjob("tj-real", ns, 3), namespace=ns)
+    # Trainer made the JobSet, JobSet the Job, the Job controller 3 pods: one gang of 3
+    group = await scenarios.check(kube, ns, scenarios.Gang(
+        COSCHEDULING_PODGROUPS, "tj-real", 3, 3,
+        f"{JOBSET_NAME_LABEL}=tj-real,{JOBSET_REPLICATED_JOB_LABEL}=node"))
+    assert group["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "muster"
+    await delete_and_wait(kube, scenarios.TRAINJOBS, "tj-real", ns,
+                          (COSCHEDULING_PODGROUPS, "tj-real"))
+
+
+async def test_trainer_podgrouppolicy_gets_no_second_podgroup(
+        kube: KubeApi, trainer_controller: None) -> None:
+    ns = await ensure_namespace(kube, scenarios.COSCHEDULING_NS)
+    await delete_all(kube, scenarios.TRAINJOBS, ns)
+    runtime = await kube.get(CLUSTER_RUNTIMES, "torch-distributed")
+    gang = {"apiVersion": runtime["apiVersion"], "kind": runtime["kind"],
+            "metadata": {"name": "torch-gang"},
+            "spec": {**runtime["spec"],
+                     "podGroupPolicy": {"coscheduling": {"scheduleTimeoutSeconds": 120}}}}
+    try:
+        await kube.create(CLUSTER_RUNTIMES, gang)
+    except ApiError as exc:
+        if not exc.conflict:
+            raise
+    made = await kube.create(scenarios.TRAINJOBS, jobkinds.trainjob(
+        "tj-own", ns, 3, runtime="torch-gang"), namespace=ns)
+    own = await scenarios.check(kube, ns, scenarios.Gang(
+        COSCHEDULING_PODGROUPS, "tj-own", 3, 3,
+        f"{JOBSET_NAME_LABEL}=tj-own,{JOBSET_REPLICATED_JOB_LABEL}=node"))
+    # Trainer's own PodGroup, the only one; Muster left the pods in it
+    assert "app.kubernetes.io/managed-by" not in (own["metadata"].get("labels") or {})
+    assert own["metadata"]["ownerReferences"][0]["uid"] == made["metadata"]["uid"]
+    assert own["spec"]["scheduleTimeoutSeconds"] == 120
+    with pytest.raises(ApiError) as none:
+        await kube.get(VOLCANO_PODGROUPS, "tj-own", namespace=ns)
+    assert none.value.not_found
+    await delete_and_wait(kube, scenarios.TRAINJOBS, "tj-own", ns,
+                          (COSCHEDULING_PODGROUPS, "tj-own"))
