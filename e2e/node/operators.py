@@ -121,9 +121,9 @@ def _yaml_docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
 
 
-def crds(op: Operator) -> list[dict[str, Any]]:
-    """The operator's own CRDs, at its release."""
-    docs = [d for p in sorted((module_dir(op) / op.crd_dir).glob("*.yaml"))
+def crds(op: Operator, root: Path) -> list[dict[str, Any]]:
+    """The operator's own CRDs, from its module at `root` (`module_dir`)."""
+    docs = [d for p in sorted((root / op.crd_dir).glob("*.yaml"))
             if p.name not in op.crd_skip
             for d in _yaml_docs(p) if d.get("kind") == "CustomResourceDefinition"]
     if not docs:
@@ -131,12 +131,12 @@ def crds(op: Operator) -> list[dict[str, Any]]:
     return docs
 
 
-def webhook_configurations(op: Operator, url: str, ca_bundle: bytes, prefix: str
+def webhook_configurations(op: Operator, root: Path, url: str, ca_bundle: bytes, prefix: str
                            ) -> list[dict[str, Any]]:
-    """The operator's own webhook configurations with its kustomize patches applied, each webhook
-    sent to `url` + its service path (the operator on loopback, beside the API server) instead
-    of its in-cluster Service, and named with `prefix` so that removing them takes only these."""
-    root = module_dir(op)
+    """The operator's own webhook configurations (its module at `root`) with its kustomize
+    patches applied, each webhook sent to `url` + its service path (the operator on loopback,
+    beside the API server) instead of its in-cluster Service, and named with `prefix` so that
+    removing them takes only these."""
     docs = _yaml_docs(root / op.webhooks)
     hooks = {h["name"]: (doc, i) for doc in docs for i, h in enumerate(doc.get("webhooks") or [])}
     for patch in op.webhook_patches:
@@ -156,12 +156,12 @@ def webhook_configurations(op: Operator, url: str, ca_bundle: bytes, prefix: str
     return docs
 
 
-def service_webhook_configuration(op: Operator, name: str, service: tuple[str, str, int],
-                                  keep: str) -> dict[str, Any]:
-    """The operator's one webhook configuration (its file holds one) named `name`, as its
-    kustomize overlay names it, with the webhooks whose name holds `keep`, sent to the Service
-    (namespace, name, port) that its own certificate rotation signs for."""
-    (doc,) = _yaml_docs(module_dir(op) / op.webhooks)
+def service_webhook_configuration(op: Operator, root: Path, name: str,
+                                  service: tuple[str, str, int], keep: str) -> dict[str, Any]:
+    """The operator's one webhook configuration (its module at `root`; the file holds one)
+    named `name`, as its kustomize overlay names it, with the webhooks whose name holds `keep`,
+    sent to the Service (namespace, name, port) that its own certificate rotation signs for."""
+    (doc,) = _yaml_docs(root / op.webhooks)
     doc["metadata"] = {"name": name}
     doc["webhooks"] = [h for h in doc["webhooks"] if keep in h["name"]]
     if not doc["webhooks"]:

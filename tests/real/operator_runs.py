@@ -21,9 +21,10 @@ def install_crds(cluster: NodeCluster, op: operators.Operator, tmp: Path) -> Non
     """The operator's CRDs at its release (the shared ones may be older), served before it
     starts."""
     path = tmp / f"{op.name}-crds.yaml"
-    path.write_text(yaml.safe_dump_all(operators.crds(op)))
+    docs = operators.crds(op, operators.module_dir(op))
+    path.write_text(yaml.safe_dump_all(docs))
     kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(path))
-    for crd in operators.crds(op):
+    for crd in docs:
         kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s",
                 f"crd/{crd['metadata']['name']}")
 
@@ -82,7 +83,7 @@ def webhook_operator(cluster: NodeCluster, op: operators.Operator, tmp: Path, po
     config.write_text(yaml.safe_dump(operators.manager_config(op, where)))
     hooks = tmp / "webhooks.yaml"
     hooks.write_text(yaml.safe_dump_all(operators.webhook_configurations(
-        op, where.url, where.ca_pem, prefix=f"muster-test-{op.name}-")))
+        op, operators.module_dir(op), where.url, where.ca_pem, prefix=f"muster-test-{op.name}-")))
     log = cluster.dir / "logs" / f"{op.name}.log"
     with operators.running(operators.build(op), ["--config", str(config), *op.flags], log,
                            env={"KUBECONFIG": str(cluster.kubeconfig), "TMPDIR": str(tmp)}

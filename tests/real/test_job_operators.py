@@ -342,7 +342,7 @@ def _training_operator(cluster: NodeCluster, tmp: Path, *flags: str) -> Iterator
     objects, hooks = tmp / "objects.yaml", tmp / "webhooks.yaml"
     objects.write_text(yaml.safe_dump_all(_training_objects(TRAINING_NS)))
     hooks.write_text(yaml.safe_dump(operators.service_webhook_configuration(
-        op, "validator.training-operator.kubeflow.org",
+        op, operators.module_dir(op), "validator.training-operator.kubeflow.org",
         (TRAINING_NS, "training-operator", 443), keep="pytorchjob")))
     kubectl(cluster, "apply", "-f", str(objects))
     kubectl(cluster, "apply", "-f", str(hooks))
