@@ -40,6 +40,8 @@ from e2e.node.gobuild import _go, _go_env, build_module
 from webhook.certs import pki
 
 _PR_SET_PDEATHSIG = 1
+#: the line `running` writes before each start: a log holds every run of a test session
+_STARTED = "=== muster test: started with"
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,8 @@ def running(binary: Path, args: list[str], log: Path, *, env: Mapping[str, str] 
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                f'mount -t tmpfs -o mode=0700 tmpfs {private_dir} && exec "$0" "$@"', *cmd]
     with log.open("ab") as out:
+        out.write(f"{_STARTED} {' '.join(args)}\n".encode())  # wait_ready reads from here
+        out.flush()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
                                 preexec_fn=_die_with_parent)  # noqa: PLW1509 - prctl only
@@ -257,10 +261,10 @@ def running(binary: Path, args: list[str], log: Path, *, env: Mapping[str, str] 
 
 def wait_ready(proc: subprocess.Popen[bytes], log: Path, ready: Sequence[str],
                within: float = 90.0) -> None:
-    """Until the operator's log holds each of `ready` (it has started its workers, serves its
-    webhooks); an operator that exits first fails with its log."""
+    """Until the operator's log, since its last start, holds each of `ready` (it has started its
+    workers, serves its webhooks); an operator that exits first fails with its log."""
     deadline = time.monotonic() + within
-    while not all(r in log.read_text(errors="replace") for r in ready):
+    while not all(r in log.read_text(errors="replace").rsplit(_STARTED, 1)[-1] for r in ready):
         if proc.poll() is not None:
             raise RuntimeError(f"{log.stem} exited ({proc.returncode}):\n{tail(log)}")
         if time.monotonic() > deadline:
