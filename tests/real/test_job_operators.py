@@ -422,18 +422,28 @@ async def test_training_operator_own_gang_scheduling_gets_no_second_podgroup(
         assert muster["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "muster"
         await delete_and_wait(kube, scenarios.PYTORCHJOBS, "pt-same", ns,
                               (VOLCANO_PODGROUPS, "pt-same"))
-    with _training_operator(node_cluster, training_operator, "--gang-scheduler-name=volcano"):
+    # its own coscheduling gang (with volcano it creates no pod until Volcano, which the proxy
+    # does not serve, moves the PodGroup to Inqueue)
+    with _training_operator(node_cluster, training_operator,
+                            "--gang-scheduler-name=scheduler-plugins"):
         made = await kube.create(scenarios.PYTORCHJOBS, copy.deepcopy(spec), namespace=ns)
         own = await scenarios.check(kube, ns, scenarios.Gang(
-            VOLCANO_PODGROUPS, "pt-same", 3, 3, f"{JOB_NAME_LABEL}=pt-same"))
+            COSCHEDULING_PODGROUPS, "pt-same", 3, 3, f"{JOB_NAME_LABEL}=pt-same"))
         assert "app.kubernetes.io/managed-by" not in (own["metadata"].get("labels") or {})
         assert own["metadata"]["ownerReferences"][0]["uid"] == made["metadata"]["uid"]
+        with pytest.raises(ApiError) as none:  # Muster stood aside: no Volcano one
+            await kube.get(VOLCANO_PODGROUPS, "pt-same", namespace=ns)
+        assert none.value.not_found
         pods = (await kube.list(PODS, namespace=ns,
                                 label_selector=f"{JOB_NAME_LABEL}=pt-same"))["items"]
-        assert all(keys.ANN_POLICY in p["metadata"]["annotations"] for p in pods)
-        assert _fields(own) == _fields(muster)  # what the operator writes, Muster wrote
+        assert all(keys.ANN_POLICY in p["metadata"]["annotations"]
+                   and keys.VOLCANO_GROUP_ANNOTATION not in p["metadata"]["annotations"]
+                   for p in pods)
+        # what the operator asks of its gang is what Muster asked of its own
+        fields = ("minMember", "minResources")  # coscheduling has no queue or priority
+        assert {f: _fields(own)[f] for f in fields} == {f: _fields(muster)[f] for f in fields}
         await delete_and_wait(kube, scenarios.PYTORCHJOBS, "pt-same", ns,
-                              (VOLCANO_PODGROUPS, "pt-same"))
+                              (COSCHEDULING_PODGROUPS, "pt-same"))
 
 
 # --- Kubeflow Trainer v2: TrainJob -> JobSet (JobSet's controller runs too) -------------------
