@@ -8,7 +8,11 @@ mpi-operator v2 (`--namespace` scopes each run to one namespace):
   that prints the hostfile the operator wrote);
 - gang scheduling off, in team-a (policy mpi-volcano): Muster's PodGroup, then the same job under
   the operator's own `--gang-scheduling=volcano`: the operator's PodGroup is the only one (Muster
-  stands aside: its pods carry the group key) and has the fields Muster wrote for the same job.
+  stands aside: its pods carry the group key) and has the fields Muster wrote for the same job;
+  restarted without the flag, a worker it makes again joins that PodGroup unchanged.
+JobSet, LeaderWorkerSet, the training operator (PyTorchJob, elastic too) and Trainer v2 (with
+JobSet): every pod of a job in one gang of the right size, gone with the job; the training
+operator's and Trainer's own gang options get no second PodGroup.
 """
 
 from __future__ import annotations
