@@ -259,6 +259,18 @@ def running(binary: Path, args: list[str], log: Path, *, env: Mapping[str, str] 
                 proc.wait(5)
 
 
+def private_path(proc: subprocess.Popen[bytes], binary: Path, path: str) -> Path:
+    """Where `path` inside `running(..., private_dir=...)`'s tmpfs is reached from outside, once
+    the process runs `binary` (so the tmpfs is mounted: a file written before would land on the
+    host, under it)."""
+    deadline = time.monotonic() + 30
+    while os.readlink(f"/proc/{proc.pid}/exe") != str(binary):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{binary.name} did not start (exit status {proc.poll()})")
+        time.sleep(0.05)
+    return Path(f"/proc/{proc.pid}/root{path}")
+
+
 def wait_ready(proc: subprocess.Popen[bytes], log: Path, ready: Sequence[str],
                within: float = 90.0) -> None:
     """Until the operator's log, since its last start, holds each of `ready` (it has started its

@@ -321,7 +321,7 @@ def _training_objects(ns: str) -> list[dict[str, Any]]:
                       "ports": [{"name": "webhook-server", "port": TRAINING_WEBHOOK_PORT}]}]}]
 
 
-def _mount_certs(cluster: NodeCluster, pid: int, ns: str) -> None:
+def _mount_certs(cluster: NodeCluster, certs: Path, ns: str) -> None:
     """Copy the certificate its rotation wrote into its Secret to the folder it reads, as the
     kubelet's Secret volume would in its pod."""
     deadline = time.monotonic() + 60
@@ -334,7 +334,6 @@ def _mount_certs(cluster: NodeCluster, pid: int, ns: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("the training operator wrote no certificate into its Secret")
         time.sleep(0.5)
-    certs = Path(f"/proc/{pid}/root{TRAINING_CERTS}/serving-certs")
     certs.mkdir(parents=True, exist_ok=True)
     for key in ("tls.crt", "tls.key"):
         (certs / key).write_bytes(base64.b64decode(data[key]))
@@ -351,15 +350,17 @@ def _training_operator(cluster: NodeCluster, tmp: Path, *flags: str) -> Iterator
     kubectl(cluster, "apply", "-f", str(objects))
     kubectl(cluster, "apply", "-f", str(hooks))
     log = cluster.dir / "logs" / "training-operator.log"
+    binary = operators.build(op)
     try:
         with operators.running(
-                operators.build(op),
+                binary,
                 ["--enable-scheme=pytorchjob", f"--namespace={scenarios.VOLCANO_NS}",
                  f"--webhook-server-port={TRAINING_WEBHOOK_PORT}", "--metrics-bind-address=0",
                  "--health-probe-bind-address=127.0.0.1:18081", *flags],
                 log, env={"KUBECONFIG": str(cluster.kubeconfig), "MY_POD_NAMESPACE": TRAINING_NS},
                 private_dir=TRAINING_CERTS) as proc:
-            _mount_certs(cluster, proc.pid, TRAINING_NS)
+            _mount_certs(cluster, operators.private_path(
+                proc, binary, f"{TRAINING_CERTS}/serving-certs"), TRAINING_NS)
             operators.wait_ready(proc, log, ("Starting workers", "Serving webhook server"))
             yield
     finally:
