@@ -51,3 +51,12 @@ def native_gangs(release: str) -> tuple[dict[str, bool], tuple[str, ...]]:
     if minor >= 36:
         gates["InPlacePodLevelResourcesVerticalScaling"] = False
     return gates, (f"scheduling.k8s.io/{version}=true",)
+
+
+#: the job operators the real tier runs (`e2e.node.operators`): current releases the Go module
+#: proxy serves, each built with its own go.mod's requirements
+MPI_OPERATOR = "v0.8.0"
+JOBSET = "v0.12.0"
+LWS = "v0.9.0"
+TRAINING_OPERATOR = "v1.9.3"
+TRAINER = "v2.2.0"

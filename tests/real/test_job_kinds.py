@@ -1,8 +1,9 @@
 """Every job kind on the real node, with Muster installed by Helm and the shipped policies:
 JobSet, TrainJob (TrainJob -> JobSet -> Job -> Pod), LeaderWorkerSet (a gang per group), elastic
-PyTorchJob and Indexed Job. The test creates what each operator would (no operator runs here);
-the real Job and StatefulSet controllers create the pods, and the real API server validates
-every object against its upstream CRD."""
+PyTorchJob and Indexed Job. The test creates what each operator would (no operator runs here:
+test_job_operators.py runs the released operators themselves); the real Job and StatefulSet
+controllers create the pods, and the real API server validates every object against its
+upstream CRD."""
 
 from __future__ import annotations
 

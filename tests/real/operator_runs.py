@@ -1,0 +1,104 @@
+"""The job operators run for real beside the test cluster (`e2e.node.operators`): each test starts
+the one it needs, inside the cluster's network namespace, and it stops when the test ends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+from real_helpers import kubectl
+
+from e2e.node import operators
+from e2e.node.cluster import NodeCluster
+from e2e.probes import eventually
+from webhook.kube import ApiError, KubeApi, Resource
+
+
+def install_crds(cluster: NodeCluster, op: operators.Operator, tmp: Path) -> None:
+    """The operator's CRDs at its release (the shared ones may be older), served before it
+    starts."""
+    path = tmp / f"{op.name}-crds.yaml"
+    docs = operators.crds(op, operators.module_dir(op))
+    path.write_text(yaml.safe_dump_all(docs))
+    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(path))
+    for crd in docs:
+        kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s",
+                f"crd/{crd['metadata']['name']}")
+
+
+@contextmanager
+def operator(cluster: NodeCluster, binary: Path, name: str, args: list[str], *,
+             ready: Sequence[str]) -> Iterator[None]:
+    """`binary` running with `args` against the cluster (admin kubeconfig), logged beside the
+    cluster's own components (so a failing test's report carries it)."""
+    log = cluster.dir / "logs" / f"{name}.log"
+    with operators.running(binary, args, log,
+                           env={"KUBECONFIG": str(cluster.kubeconfig)}) as proc:
+        operators.wait_ready(proc, log, ready)
+        yield
+
+
+async def delete_and_wait(kube: KubeApi, resource: Resource, name: str, ns: str,
+                          *also: tuple[Resource, str]) -> None:
+    """Delete the job as its user would (the garbage collector takes what it owns) and wait
+    until it and each of `also` are gone."""
+    await kube.delete(resource, name, ns, propagation_policy="Background")
+
+    async def gone() -> bool:
+        for res, obj in ((resource, name), *also):
+            try:
+                await kube.get(res, obj, namespace=ns)
+                return False
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+        return True
+    await eventually(gone, within=120, what=f"{resource.kind} {ns}/{name} and what it owns gone")
+
+
+async def condition(kube: KubeApi, resource: Resource, name: str, ns: str, kind: str, *,
+                    within: float = 300) -> dict[str, Any]:
+    """The job once its status has condition `kind` True."""
+    async def met() -> dict[str, Any] | None:
+        job = await kube.get(resource, name, namespace=ns)
+        conds = (job.get("status") or {}).get("conditions") or []
+        return job if any(c.get("type") == kind and c.get("status") == "True"
+                          for c in conds) else None
+    found: dict[str, Any] = await eventually(met, within=within, interval=0.5,
+                                             what=f"{resource.kind} {ns}/{name} {kind}")
+    return found
+
+
+@contextmanager
+def webhook_operator(cluster: NodeCluster, op: operators.Operator, tmp: Path, port: int
+                     ) -> Iterator[None]:
+    """A controller-runtime operator with its admission webhooks served on loopback and its own
+    webhook configurations pointing there; both gone after the block (a webhook whose server is
+    gone would refuse every object it selects)."""
+    where = operators.serving(tmp, port)
+    config = tmp / "config.yaml"
+    config.write_text(yaml.safe_dump(operators.manager_config(op, where)))
+    hooks = tmp / "webhooks.yaml"
+    hooks.write_text(yaml.safe_dump_all(operators.webhook_configurations(
+        op, operators.module_dir(op), where.url, where.ca_pem, prefix=f"muster-test-{op.name}-")))
+    log = cluster.dir / "logs" / f"{op.name}.log"
+    with operators.running(operators.build(op), ["--config", str(config), *op.flags], log,
+                           env={"KUBECONFIG": str(cluster.kubeconfig), "TMPDIR": str(tmp)}
+                           ) as proc:
+        operators.wait_ready(proc, log, ("Serving webhook server", "Starting workers"))
+        kubectl(cluster, "apply", "-f", str(hooks))
+        try:
+            yield
+        finally:
+            kubectl(cluster, "delete", "--wait", "-f", str(hooks))
+
+
+async def delete_all(kube: KubeApi, resource: Resource, ns: str) -> None:
+    """The real operator adopts every object of its kind: the ones earlier tests made, with what
+    their operator would have made made by hand (no operator ran then), go first, so that it
+    reconciles only this test's."""
+    for obj in (await kube.list(resource, namespace=ns))["items"]:
+        await delete_and_wait(kube, resource, obj["metadata"]["name"], ns)
