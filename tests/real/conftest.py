@@ -61,8 +61,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # the first test also waits for the image build and the cluster's start
         item.add_marker(pytest.mark.timeout(900))
     # the neighbours' scenarios first: they need the node's GPUs and CPU that other scenarios
-    # leave taken
-    real.sort(key=lambda i: i.get_closest_marker("neighbour") is None)
+    # leave taken; test_lifecycle last: it ends with `helm uninstall`
+    real.sort(key=lambda i: (i.get_closest_marker("neighbour") is None,
+                             Path(str(i.path)).name == "test_lifecycle.py"))
     items[:] = [i for i in items if i not in real] + real
 
 

@@ -12,13 +12,19 @@ from e2e.node.cluster import NodeCluster
 from e2e.node.kubectl import crd_documents, kubectl, wait_established
 from webhook.demo import EXAMPLE_POLICIES
 
-__all__ = ["NETWORK_LEVELS", "crd_documents", "diagnostics", "kubectl", "release_values",
-           "run_helm", "wait_established"]
+__all__ = ["NETWORK_LEVELS", "crd_documents", "diagnostics", "kubectl", "pod_ready",
+           "release_values", "run_helm", "wait_established"]
 
 #: the binder's network levels (docs/topology.md): Topograph's spine (a block) and leaf (a
 #: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
 NETWORK_LEVELS = ["network.topology.nvidia.com/spine", "network.topology.nvidia.com/leaf",
                   "nvidia.com/gpu.clique"]
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """The pod's Ready condition (a pod just created has no containerStatuses to check yet)."""
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in pod.get("status", {}).get("conditions", []))
 
 
 def run_helm(cluster: NodeCluster, *args: str, timeout: float = 420

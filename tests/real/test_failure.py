@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from jobs import delete_jobs, ensure_namespace, mpijob, submit
+from real_helpers import pod_ready
 
 from e2e.cluster import NAMESPACE
 from e2e.node.cluster import NODE_NAME
@@ -72,8 +73,8 @@ async def test_deleting_a_webhook_pod_during_200_creates_loses_no_pod(kube: Kube
     async def two_ready() -> bool:
         pods = (await kube.list(PODS, namespace=NAMESPACE,
                                 label_selector="app.kubernetes.io/component=webhook"))["items"]
-        return sum(all(c.get("ready") for c in p["status"].get("containerStatuses", []))
-                   and not p["metadata"].get("deletionTimestamp") for p in pods) == 2
+        return sum(pod_ready(p) and not p["metadata"].get("deletionTimestamp")
+                   for p in pods) == 2
     await eventually(two_ready, within=120, what="the Deployment to replace the webhook pod")
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from jobs import PRINT_GPUS, delete_jobs, ensure_namespace, mpijob, submit
-from real_helpers import kubectl
+from real_helpers import kubectl, pod_ready
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node import image
@@ -280,6 +280,5 @@ async def _webhook_replicas(kube: KubeApi, cluster: NodeCluster, replicas: int) 
         live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
         if replicas == 0:
             return not pods
-        return len(live) == replicas and all(
-            all(c.get("ready") for c in p["status"].get("containerStatuses", [])) for p in live)
+        return len(live) == replicas and all(pod_ready(p) for p in live)
     await eventually(settled, within=180, what=f"{replicas} ready webhook pods")

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import base64
-from typing import Any
 
-from real_helpers import run_helm
+from real_helpers import pod_ready, run_helm
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node.cluster import NodeCluster
@@ -24,11 +23,6 @@ from webhook.kube import (
 DAEMONSETS = Resource("apps", "v1", "daemonsets", True, "DaemonSet")
 DEPLOYMENTS_ = Resource("apps", "v1", "deployments", True, "Deployment")
 ENDPOINTS = Resource("", "v1", "endpoints", True, "Endpoints")
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True"
-               for c in pod.get("status", {}).get("conditions", []))
 
 
 async def test_certificate_hook_ran_as_a_pod_and_patched_the_ca_bundle(kube: KubeApi) -> None:
@@ -61,7 +55,7 @@ async def test_two_webhook_replicas_are_ready_behind_the_service(kube: KubeApi) 
     assert len(addresses) == 2
     pods = (await kube.list(PODS, namespace=NAMESPACE,
                             label_selector="app.kubernetes.io/component=webhook"))["items"]
-    assert sorted(p["status"]["podIP"] for p in pods if _ready(p)) == sorted(
+    assert sorted(p["status"]["podIP"] for p in pods if pod_ready(p)) == sorted(
         a["ip"] for a in addresses)
 
 
