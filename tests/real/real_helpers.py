@@ -48,8 +48,9 @@ def release_values(cluster: NodeCluster) -> dict[str, Any]:
 
 
 def diagnostics(cluster: NodeCluster) -> str:
-    """What a person debugging a red run needs first: every pod, the warnings, and the logs of
-    each container that is not ready (call it inside the cluster's network)."""
+    """What a person debugging a red run needs first: every pod, the warnings, the logs of each
+    container that is not ready, and the tokens the API server refused (call it inside the
+    cluster's network)."""
     out = [kubectl(cluster, "get", "pods", "-A", "-o", "wide", check=False).stdout,
            kubectl(cluster, "get", "events", "-A", "--field-selector", "type=Warning",
                    check=False).stdout]
@@ -64,4 +65,9 @@ def diagnostics(cluster: NodeCluster) -> str:
                            c["name"], "--tail=30", check=False)
             out.append(f"--- logs {meta['namespace']}/{meta['name']} {c['name']}\n"
                        f"{logs.stdout}{logs.stderr}")
+    log = cluster.dir / "logs" / "kube-apiserver.log"
+    refused = [line for line in (log.read_text(errors="replace") if log.exists() else ""
+                                 ).splitlines() if "Unable to authenticate" in line]
+    out.append("--- kube-apiserver: the last requests it could not authenticate\n"
+               + "\n".join(refused[-10:]))
     return "\n".join(out)
