@@ -32,7 +32,7 @@ from webhook.kube.owners import controller_ref, owner_resource
 from webhook.policy import native
 from webhook.policy.decision import PodGroupSpec
 from webhook.policy.native import GROUP as NATIVE_GROUP
-from webhook.policy.podgroup import MANAGED_BY, gang_objects
+from webhook.policy.podgroup import gang_objects, made_by_muster
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +102,6 @@ def _covers(current: Any, wanted: Any) -> bool:
         return (isinstance(current, list) and len(current) == len(wanted)
                 and all(_covers(c, w) for c, w in zip(current, wanted, strict=True)))
     return bool(current == wanted)
-
-
-def made_by_muster(obj: Mapping[str, Any]) -> bool:
-    labels = (obj.get("metadata") or {}).get("labels")
-    return isinstance(labels, Mapping) and all(labels.get(k) == v for k, v in MANAGED_BY.items())
 
 
 def controller_uid(obj: Mapping[str, Any]) -> str | None:
