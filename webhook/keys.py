@@ -29,13 +29,17 @@ ANN_GPU_ALLOCATED = "muster.io/gpu-allocated"
 ANN_GANG_NAME = "muster.io/gang-name"
 ANN_GANG_MIN_MEMBER = "muster.io/gang-min-member"
 ANN_GANG_TIMEOUT = "muster.io/gang-timeout-seconds"
+#: "<backend>/<gang name>" of the gang the webhook itself joined the pod to (every backend), so
+#: that a later pass over the same pod (reinvocation) tells the group keys Muster wrote from the
+#: same keys written by a job's own controller (see joined_gang)
+ANN_JOINED_GANG = "muster.io/joined-gang"
 #: prefix of every pod annotation Muster owns
 ANNOTATION_PREFIX = f"{DOMAIN}/"
 #: the muster.io/ pod annotations the webhook writes on CREATE: the only ones a pod may be
 #: created with (the chart's ValidatingAdmissionPolicy lists the same; a chart test holds them
 #: equal). A user may set them too, on their own pods only: see docs/operations.md
 WEBHOOK_ANNOTATIONS = (ANN_POLICY, ANN_GPU_TOPOLOGY, ANN_GANG_NAME, ANN_GANG_MIN_MEMBER,
-                       ANN_GANG_TIMEOUT)
+                       ANN_GANG_TIMEOUT, ANN_JOINED_GANG)
 #: the annotations only Muster's binder and node agent write, never a pod's creator: the
 #: webhook removes them (and any other muster.io/ key it does not write) from every pod CREATE
 PROTECTED_ANNOTATIONS = (*BINDER_ANNOTATIONS, ANN_GPU_ALLOCATED)
@@ -112,6 +116,12 @@ def gpu_model_label_value(model: str) -> str:
     """
     value = _LABEL_BAD.sub("-", model.strip())[:63]
     return value.strip("-._")
+
+
+def joined_gang(backend: str, name: str) -> str:
+    """The value of ANN_JOINED_GANG for the gang `name` of `backend` (a gang name, a DNS
+    subdomain, has no slash)."""
+    return f"{backend}/{name}"
 
 
 def user_may_create_with(key: str) -> bool:

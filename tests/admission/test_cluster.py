@@ -41,6 +41,7 @@ from webhook.keys import (
     ISTIO_INJECT,
     VOLCANO_GROUP_ANNOTATION,
 )
+from webhook.policy.podgroup import MANAGED_BY
 
 
 async def test_real_requests_against_the_cluster(
@@ -121,7 +122,8 @@ async def test_existing_podgroup_409_and_scaled_job_update(
     # a PodGroup made before this server started (another replica): 409, then read and compare
     await apiserver.create("podgroups.scheduling.volcano.sh", {
         "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
-        "metadata": {"name": JOB, "namespace": "team-a", "ownerReferences": [controller_ref(job)]},
+        "metadata": {"name": JOB, "namespace": "team-a", "ownerReferences": [controller_ref(job)],
+                     "labels": dict(MANAGED_BY)},
         "spec": {"minMember": 5}}, namespace="team-a")
     worker = owned_by(load_fixture(shared_dir, "pod-create-worker.json"), job)
     async with running(tls, [policy_dir], kubeconfig=str(kubeconfig),

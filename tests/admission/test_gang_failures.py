@@ -5,6 +5,7 @@ against the API server emulator, with faults injected over HTTP where the job is
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,13 @@ from webhook import jsonpatch
 from webhook.admission.server import WebhookServer
 from webhook.demo import scenario
 from webhook.doubles.emulator import ApiServerEmulator
-from webhook.keys import VOLCANO_GROUP_ANNOTATION, VOLCANO_QUEUE_ANNOTATION
+from webhook.keys import (
+    ANN_JOINED_GANG,
+    ANN_POLICY,
+    VOLCANO_GROUP_ANNOTATION,
+    VOLCANO_QUEUE_ANNOTATION,
+    joined_gang,
+)
 
 MPIJOB_GET = r"/mpijobs/" + JOB + "$"
 PODGROUPS = "podgroups.scheduling.volcano.sh"
@@ -203,6 +210,59 @@ async def test_a_podgroup_another_object_controls_is_never_taken_over(
         assert metric(srv, "muster_gang_interventions_total",
                       reason="podgroup_foreign_denied") == 1
         await eventually(lambda: events(apiserver, "GangPodGroupConflict"))
+
+
+@pytest.mark.parametrize("pod_says", ["nothing", "operator's key", "forged marker"])
+async def test_a_podgroup_the_job_controls_but_muster_did_not_make_is_never_written(
+        env: Env, pod_says: str) -> None:
+    """The operator's own PodGroup (Kubeflow Trainer's; mpi-operator's before a migration):
+    controlled by the job, as Muster's would be, with other fields than the policy's. Its pods
+    carry its group key, or none (a pod made again after the migration); whatever a pod says (a
+    marker that Muster joined it, forged at create, included), Muster never writes that
+    PodGroup: the pod is admitted into it as it is."""
+    apiserver = env.api
+    job = await mpijob_in(apiserver, env.shared)
+    theirs = {"minMember": 2, "queue": "default"}
+    apiserver.seed({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+                    "metadata": {"name": JOB, "namespace": "team-a",
+                                 "ownerReferences": [controller_ref(job)]},
+                    "spec": dict(theirs)})
+    worker = env.worker(job)
+    ann = worker["request"]["object"]["metadata"].setdefault("annotations", {})
+    if pod_says != "nothing":
+        ann[VOLCANO_GROUP_ANNOTATION] = JOB
+    if pod_says == "forged marker":
+        ann[ANN_JOINED_GANG] = joined_gang("volcano", JOB)
+    async with running(env.tls, [env.policy_dir], kubeconfig=str(env.kubeconfig)) as srv, \
+            client(env.tls) as s:
+        await eventually(srv.admitter.ready)
+        resp = await review(s, f"{srv.url}/mutate/pods", worker)
+        assert resp["allowed"] is True
+        assert [w for w in resp.get("warnings", []) if "already joins gang" not in w] == []
+        pod = patched(worker, resp)
+        assert pod["metadata"]["annotations"][VOLCANO_GROUP_ANNOTATION] == JOB
+        # Muster's own gang (no operator's key, or a forged marker) takes the PodGroup as it is
+        kept = metric(srv, "muster_podgroup_writes_total", result="kept")
+        assert kept == (0 if pod_says == "operator's key" else 1)
+        assert (ANN_JOINED_GANG in pod["metadata"]["annotations"]) == bool(kept)
+        # called again on the pod as patched (reinvocation): muster.io/policy, now on it, is no
+        # proof that an operator's key is Muster's
+        again = copy.deepcopy(worker)
+        again["request"]["object"] = pod
+        assert ANN_POLICY in pod["metadata"]["annotations"]
+        resp = await review(s, f"{srv.url}/mutate/pods", again)
+        assert resp["allowed"] is True and decode_patch(resp) == []
+        if kept:  # once the informer has seen the operator's PodGroup, it is not even read
+            podgroups = srv.context.podgroups  # type: ignore[union-attr]
+            await eventually(lambda: [k[2] for k in podgroups.known.values()] == [False])
+            before = metric(srv, "muster_podgroup_writes_total", result="kept")
+            resp = await review(s, f"{srv.url}/mutate/pods", worker_review(worker, 3))
+            assert resp["allowed"] is True
+            assert metric(srv, "muster_podgroup_writes_total", result="kept") == before
+        [group] = volcano_podgroups(apiserver)
+        assert group["spec"] == theirs  # untouched
+        for result in ("updated", "foreign", "replaced"):
+            assert metric(srv, "muster_podgroup_writes_total", result=result) == 0
 
 
 # --- the Volcano queue ------------------------------------------------------------------------

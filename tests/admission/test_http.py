@@ -31,6 +31,7 @@ from webhook.keys import (
     ANN_GANG_PLACEMENT,
     ANN_GPU_ALLOCATED,
     ANN_GPU_ASSIGNMENT,
+    ANN_JOINED_GANG,
     ANN_POLICY,
     ISTIO_INJECT,
     PROTECTED_ANNOTATIONS,
@@ -159,7 +160,7 @@ async def test_every_protected_key_is_stripped_or_denied(tls: Tls, policy_dir: P
               ANN_GANG_PLACEMENT: '{"v":1,"members":{}}', ANN_GPU_ALLOCATED: "n1",
               "muster.io/made-up": "x"}
     kept = {"keep": "me", "example.com/muster.io": "y", ANN_GANG_NAME: "mine",
-            ANN_GANG_MIN_MEMBER: "1"}
+            ANN_GANG_MIN_MEMBER: "1", ANN_JOINED_GANG: "muster/mine"}
     assert set(forged) >= set(PROTECTED_ANNOTATIONS)
     body["request"]["object"]["metadata"]["annotations"] = {**forged, **kept}
     async with running(tls, [policy_dir]) as srv, client(tls) as s:

@@ -12,7 +12,15 @@ import pytest
 from e2e import jobkinds
 from e2e.jobkinds import Replicated
 from webhook import keys
-from webhook.policy import Decision, PolicySet, evaluate, operators, podgroup_manifest
+from webhook.jsonpatch import apply_patch
+from webhook.policy import (
+    Decision,
+    PolicySet,
+    evaluate,
+    operators,
+    podgroup_manifest,
+    render_patch,
+)
 from webhook.policy.cleanup import cleanup_reason
 from webhook.policy.outcome import evaluate_and_render
 
@@ -137,6 +145,11 @@ def test_a_trainjob_whose_runtime_has_a_pod_group_policy_keeps_the_trainers_gang
     decision = decide(pod, [*chain, tj], ps)
     assert decision.pod_group is None
     assert any("already joins gang 'bert'" in w for w in decision.warnings)
+    # JobSet's pod webhook makes the API server call Muster again, on the pod as it patched it
+    patched = apply_patch(pod, render_patch(pod, decision))
+    assert patched["metadata"]["annotations"][keys.ANN_POLICY] == "gang"
+    again = decide(patched, [*chain, tj], ps)
+    assert again.pod_group is None and render_patch(patched, again) == []
 
 
 @pytest.mark.parametrize(("min_replicas", "max_replicas", "expected"),

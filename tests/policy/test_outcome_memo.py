@@ -97,7 +97,7 @@ LABEL_KEYS = ["role", "tier", "team", "x", keys.COSCHEDULING_GROUP_LABEL,
               "jobset.sigs.k8s.io/replicatedjob-name"]
 ANNOTATION_KEYS = [
     "example.com/note", "x", keys.ANN_GPU_ASSIGNMENT, keys.ANN_POLICY, keys.ANN_GPU_TOPOLOGY,
-    keys.ANN_GANG_NAME, keys.ANN_GANG_MIN_MEMBER, keys.ANN_GANG_TIMEOUT,
+    keys.ANN_GANG_NAME, keys.ANN_GANG_MIN_MEMBER, keys.ANN_GANG_TIMEOUT, keys.ANN_JOINED_GANG,
     keys.VOLCANO_GROUP_ANNOTATION, keys.VOLCANO_QUEUE_ANNOTATION, keys.ISTIO_INJECT]
 AFFINITIES = [
     None, {}, {"nodeAffinity": {}},

@@ -218,6 +218,7 @@ async def test_a_pod_owner_cannot_forge_their_way_to_another_pods_gpu(
                            (keys.ANN_GPU_ALLOCATED, NODE_NAME),
                            (keys.ANN_GANG_NAME, "someone-elses"),
                            (keys.ANN_GANG_MIN_MEMBER, "9"),
+                           (keys.ANN_JOINED_GANG, "volcano/someone-elses"),
                            (keys.ANN_GPU_TOPOLOGY, '{"v":1,"mode":"required"}')):
             _refused_by_the_guard(mallory.annotate("bound", key, value), f"annotate {key}")
             _refused_by_the_guard(mallory.annotate("bound", key, value, "status"),

@@ -485,12 +485,6 @@ async def test_trainer_trainjob_is_one_gang_and_goes_with_it(
                           (COSCHEDULING_PODGROUPS, "tj-real"))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Muster overwrites Trainer's scheduleTimeoutSeconds (120 -> its policy's 300): it stands "
-    "aside on the pod's first pass but writes muster.io/policy; JobSet's pod webhook then makes "
-    "the API server call it again, and that annotation makes Trainer's group label (same "
-    "backend, same name) look like Muster's own, so it merge-patches the PodGroup the TrainJob "
-    "controls (webhook/policy/engine.py _joined_elsewhere; README, Known limits)"))
 async def test_trainer_podgrouppolicy_gets_no_second_podgroup(
         kube: KubeApi, trainer_controller: None) -> None:
     ns = await ensure_namespace(kube, scenarios.COSCHEDULING_NS)
@@ -513,7 +507,16 @@ async def test_trainer_podgrouppolicy_gets_no_second_podgroup(
     # Trainer's own PodGroup, the only one; Muster left the pods in it
     assert "app.kubernetes.io/managed-by" not in (own["metadata"].get("labels") or {})
     assert own["metadata"]["ownerReferences"][0]["uid"] == made["metadata"]["uid"]
+    # the policy's 300 is not written over it: JobSet's pod webhook made the API server call
+    # Muster again on each pod, which then carried muster.io/policy beside Trainer's label
     assert own["spec"]["scheduleTimeoutSeconds"] == 120
+    pods = (await kube.list(PODS, namespace=ns,
+                            label_selector=f"{JOBSET_NAME_LABEL}=tj-own"))["items"]
+    assert pods
+    for pod in pods:
+        ann = pod["metadata"]["annotations"]
+        assert keys.ANN_POLICY in ann and keys.ANN_JOINED_GANG not in ann
+        assert pod["metadata"]["labels"][keys.COSCHEDULING_GROUP_LABEL] == "tj-own"
     with pytest.raises(ApiError) as none:
         await kube.get(VOLCANO_PODGROUPS, "tj-own", namespace=ns)
     assert none.value.not_found

@@ -113,8 +113,8 @@ class Metrics:
             "When the active policy set was loaded", registry=r)
         self.podgroup_writes = Counter(
             "muster_podgroup_writes", "PodGroup writes, by result (created, exists, updated, "
-            "replaced: a deleted job's; foreign: another controller's, left alone; dry_run, "
-            "error)", ["result"], registry=r)
+            "replaced: a deleted job's; foreign: another controller's, left alone; kept: the "
+            "job's, made by someone else, taken as it is; dry_run, error)", ["result"], registry=r)
         self.podgroup_cleanups = Counter(
             "muster_podgroup_cleanups", "PodGroups Muster made, deleted because their job "
             "finished or was suspended (as its operator would)", registry=r)

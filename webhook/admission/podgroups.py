@@ -11,7 +11,10 @@ refuses a PodGroup it does not control (pkg/controller/mpi_job_controller.go,
 getOrCreatePodGroups). One left by a deleted job of the same name (garbage collection not done
 yet) is replaced at once: its owner is gone, so the garbage collector would delete it anyway.
 One controlled by a live object, or by nothing, is never touched: the pod is refused with the
-reason until it goes, as the operator's own sync keeps failing until then.
+reason until it goes, as the operator's own sync keeps failing until then. One the job controls
+but Muster did not make (no app.kubernetes.io/managed-by: muster: the operator's own, e.g. from
+mpi-operator's --gang-scheduling before a migration, or Kubeflow Trainer's) is the job's gang as
+its maker wrote it: Muster writes only the objects it made.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ from webhook.kube.owners import controller_ref, owner_resource
 from webhook.policy import native
 from webhook.policy.decision import PodGroupSpec
 from webhook.policy.native import GROUP as NATIVE_GROUP
-from webhook.policy.podgroup import gang_objects
+from webhook.policy.podgroup import gang_objects, made_by_muster
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str, str, str]  # API group, kind, namespace, name
-#: what is known of a PodGroup: its controller's uid (None: no controller) and its spec
-Known = tuple[str | None, Mapping[str, Any]]
+#: what is known of a PodGroup: its controller's uid (None: no controller), its spec, and whether
+#: Muster made it
+Known = tuple[str | None, Mapping[str, Any], bool]
 
 
 @dataclass
@@ -52,6 +56,12 @@ class Ensured:
 
 def _ours(known: Known, spec: PodGroupSpec) -> bool:
     return known[0] == (spec.owner.uid if spec.owner is not None else None)
+
+
+def _settled(known: Known, spec: PodGroupSpec, wanted: Mapping[str, Any]) -> bool:
+    """Whether nothing is to be written: the job's object has every field we want, or the job's
+    object was made by someone else (taken as it is)."""
+    return _ours(known, spec) and (not known[2] or covers(known[1], wanted))
 
 
 def resource_for(backend: str) -> Resource:
@@ -136,7 +146,7 @@ class PodGroupWriter:
             self.known.pop(key, None)
             self._matched.pop(key, None)
         elif isinstance(obj.get("spec"), Mapping):
-            self.known[key] = (controller_uid(obj), obj["spec"])
+            self.known[key] = (controller_uid(obj), obj["spec"], made_by_muster(obj))
 
     def current(self, spec: PodGroupSpec) -> bool:
         """Whether the gang's objects are known to exist as wanted (the common case: no write,
@@ -152,7 +162,7 @@ class PodGroupWriter:
             return True
         for obj in gang_objects(spec):
             found = self.known.get(key_of(obj))
-            if found is None or not _ours(found, spec) or not covers(found[1], obj["spec"]):
+            if found is None or not _settled(found, spec, obj["spec"]):
                 return False
         self._matched[key] = (known, spec)
         return True
@@ -179,14 +189,14 @@ class PodGroupWriter:
         key = key_of(manifest)
         wanted: Mapping[str, Any] = manifest.get("spec") or {}
         known = self.known.get(key)
-        if known is not None and _ours(known, spec) and covers(known[1], wanted):
+        if known is not None and _settled(known, spec, wanted):
             return Ensured()
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
         async with lock:
             known = self.known.get(key)
-            if known is not None and _ours(known, spec) and covers(known[1], wanted):
+            if known is not None and _settled(known, spec, wanted):
                 return Ensured()
             kind = manifest.get("kind", "PodGroup")
             where = f"{spec.namespace}/{spec.name}"
@@ -204,12 +214,14 @@ class PodGroupWriter:
                                                 "result": result})
             if result == "foreign":
                 return Ensured(refused=detail)
-            self.known[key] = (controller_uid(manifest), wanted)
+            if result != "kept":  # the informer records the object someone else made
+                self.known[key] = (controller_uid(manifest), wanted, True)
             return Ensured(replaced=detail or None)
 
     async def _write(self, resource: Resource, manifest: dict[str, Any],
                      wanted: Mapping[str, Any]) -> tuple[str, str]:
-        """(result, what happened in words): created, exists, updated, replaced or foreign."""
+        """(result, what happened in words): created, exists, updated, replaced, foreign or
+        kept (the job's, made by someone else: never written)."""
         meta = manifest["metadata"]
         name, namespace, kind = meta["name"], meta["namespace"], manifest.get("kind")
         try:
@@ -240,6 +252,8 @@ class PodGroupWriter:
                 f"{kind} {namespace}/{name} already exists and is controlled by {who}, not by "
                 f"this {mine.get('kind')} (uid {mine.get('uid')}): Muster does not take over "
                 f"another gang; the pod is refused until that {kind} is gone or renamed")
+        if not made_by_muster(existing):
+            return "kept", ""
         if covers(existing.get("spec") or {}, wanted):
             return "exists", ""
         await self.api.patch(resource, name, {"spec": dict(wanted)}, namespace=namespace,

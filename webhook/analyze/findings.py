@@ -22,7 +22,7 @@ from webhook.policy import native
 from webhook.policy.audit import EVENT_REASON, read_event
 from webhook.policy.cleanup import cleanup_reason
 from webhook.policy.compiled import compile_policy, selector_matches
-from webhook.policy.podgroup import MANAGED_BY
+from webhook.policy.podgroup import made_by_muster
 from webhook.policy.policyset import PolicySet, written_fields
 from webhook.policy.queues import queue_problem, state_of
 
@@ -288,10 +288,9 @@ def _network_labels(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
 
 def _podgroups(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
     for kind, pg in s.podgroups:
-        meta = pg.get("metadata") or {}
-        if (meta.get("labels") or {}).get("app.kubernetes.io/managed-by") != \
-                MANAGED_BY["app.kubernetes.io/managed-by"]:
+        if not made_by_muster(pg):
             continue
+        meta = pg.get("metadata") or {}
         ref = controller_ref(pg)
         job = s.jobs.get(str(ref.get("uid"))) if ref is not None else None
         if job is None:

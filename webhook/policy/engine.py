@@ -349,9 +349,10 @@ def _gang(backend: Backend, writes: _Writes, work: Workload, *, namespace: str,
 def _joined_elsewhere(backend: Backend, name: str, pod_labels: Mapping[str, str],
                       pod_ann: Mapping[str, str]) -> str | None:
     """Why the pod already belongs to another gang, or None. A group key from another
-    controller (e.g. the MPI operator's --gang-scheduling) stays; our own keys, from an earlier
-    pass, are recognised by the audit annotation."""
-    ours = keys.ANN_POLICY in pod_ann
+    controller (e.g. the MPI operator's --gang-scheduling, Trainer's coscheduling plugin) stays,
+    even when it names the job as ours would; our own keys, from an earlier pass over the same
+    pod (reinvocation), are recognised by the record of the gang we joined it to."""
+    ours = _ours(backend, name, pod_ann)
     for where, key, key_backend in _GROUP_KEYS:
         present = (pod_labels if where == "label" else pod_ann).get(key)
         if present is not None and not (ours and key_backend == backend and present == name):
@@ -365,10 +366,16 @@ def _native_joined_elsewhere(backend: Backend, name: str, pod_ann: Mapping[str, 
     controller's WorkloadWithJob), or None; `native_ref` is `PodShape.native_ref`."""
     if native_ref is None:
         return None
-    ours = keys.ANN_POLICY in pod_ann and backend == "kubernetes"
+    ours = backend == "kubernetes" and _ours(backend, name, pod_ann)
     if ours and native_ref in (native.frozen_reference(name, api) for api in native.APIS):
         return None
     return f"the pod already joins a native gang through spec.{native_ref[0]}"
+
+
+def _ours(backend: Backend, name: str, pod_ann: Mapping[str, str]) -> bool:
+    """Whether an earlier pass joined the pod to this gang itself (`_join`'s record; the audit
+    annotation is no proof: it is written on pods left in another controller's gang too)."""
+    return pod_ann.get(keys.ANN_JOINED_GANG) == keys.joined_gang(backend, name)
 
 
 def _min_member(value: Mapping[str, Any], work: Workload, warnings: list[str]) -> int:
@@ -437,7 +444,9 @@ def _min_resources(backend: Backend, value: Mapping[str, Any], work: Workload,
 
 def _join(group: PodGroupSpec, labels: dict[str, str | None],
           annotations: dict[str, str | None]) -> None:
-    """The keys that make the pod a member of its gang, per backend."""
+    """The keys that make the pod a member of its gang, per backend, and the record that we
+    joined it (`_ours`)."""
+    annotations[keys.ANN_JOINED_GANG] = keys.joined_gang(group.backend, group.name)
     if group.backend == "volcano":
         annotations[keys.VOLCANO_GROUP_ANNOTATION] = group.name
         if group.queue:

@@ -8,6 +8,7 @@ scheduleTimeoutSeconds but has no queue or priority class.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from webhook import keys
@@ -15,7 +16,13 @@ from webhook.policy import native
 from webhook.policy.decision import PodGroupSpec
 from webhook.policy.native import MANAGED_BY
 
-__all__ = ["MANAGED_BY", "gang_objects", "podgroup_manifest", "podgroup_spec"]
+__all__ = ["MANAGED_BY", "gang_objects", "made_by_muster", "podgroup_manifest", "podgroup_spec"]
+
+
+def made_by_muster(obj: Mapping[str, Any]) -> bool:
+    """Whether Muster made this gang object (its label): the only ones it writes or deletes."""
+    labels = (obj.get("metadata") or {}).get("labels")
+    return isinstance(labels, Mapping) and all(labels.get(k) == v for k, v in MANAGED_BY.items())
 
 
 def gang_objects(spec: PodGroupSpec) -> list[dict[str, Any]]:

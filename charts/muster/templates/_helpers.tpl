@@ -30,7 +30,7 @@
 {{/* the muster.io/ pod annotations the webhook writes on CREATE, as a CEL list: the only ones a
 pod may be created with (webhook.keys.WEBHOOK_ANNOTATIONS; a chart test holds them equal) */}}
 {{- define "muster.webhookAnnotationKeys" -}}
-['muster.io/policy', 'muster.io/gpu-topology', 'muster.io/gang-name', 'muster.io/gang-min-member', 'muster.io/gang-timeout-seconds']
+['muster.io/policy', 'muster.io/gpu-topology', 'muster.io/gang-name', 'muster.io/gang-min-member', 'muster.io/gang-timeout-seconds', 'muster.io/joined-gang']
 {{- end }}
 
 {{/* Secret holding tls.crt/tls.key (+ca.crt) mounted by the webhook, for every cert mode */}}
