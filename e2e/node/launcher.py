@@ -31,6 +31,9 @@ NODE_IP = "10.255.0.1"
 POD_CIDR = "10.244.0.0/24"
 CLUSTER_CIDR = "10.244.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
+#: overlayfs shares an image's layers between containers; the `native` snapshotter copied the
+#: whole image into each container (gigabytes a tier, and slow container starts on 2 cores)
+SNAPSHOTTER = "overlayfs"
 #: the kubelet's root: its device-plugin socket directory is fixed at
 #: /var/lib/kubelet/device-plugins whatever --root-dir says, so the real path, private (below)
 KUBELET_ROOT = "/var/lib/kubelet"
@@ -137,7 +140,7 @@ state = "{d}/containerd/state"
   restrict_oom_score_adj = true
   disable_apparmor = true
 [{cri}.containerd]
-  snapshotter = "native"
+  snapshotter = "{SNAPSHOTTER}"
   default_runtime_name = "runc"
 [{cri}.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
@@ -215,7 +218,7 @@ state = "{d}/containerd/state"
         self.wait_for("containerd's socket", lambda: Path(sock).exists())
         for archive in self.plan["images"]:
             self.run("ctr", "--address", sock, "-n", "k8s.io", "images", "import",
-                     "--snapshotter", "native", archive)
+                     "--snapshotter", SNAPSHOTTER, archive)
         self.start("kubelet", self.bin["kubelet"], "--config", str(d / "kubelet.yaml"),
                    "--kubeconfig", kc, "--node-ip", NODE_IP, "--hostname-override", self.node,
                    "--root-dir", KUBELET_ROOT, "--cert-dir", str(d / "kubelet-pki"),

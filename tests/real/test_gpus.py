@@ -51,8 +51,7 @@ async def _running_job(kube: KubeApi, ns: str, name: str) -> list[dict[str, Any]
         nonlocal pods
         pods = await pods_of(kube, ns, name)
         return len(pods) == 5 and all(p["status"].get("phase") == "Running" for p in pods)
-    # containerd's native snapshotter copies the image for every container: on a loaded
-    # 2-core machine a container can take a minute or more to be created
+    # generous: on a loaded 2-core machine the GPU gate admits one pod at a time
     await eventually(running, within=300, what=f"{name}'s 5 pods bound and running")
     return pods
 
