@@ -121,3 +121,8 @@ def test_agent_without_api_credentials_exits_cleanly(
     bad.write_text("apiVersion: v1\nkind: Config\n")
     assert main(["agent", "--node-name", NODE, "--fake-nvml", "--kubeconfig", str(bad)]) == 2
     assert f"kubeconfig {bad} is not a kubeconfig" in capsys.readouterr().err
+
+
+def test_agent_refuses_to_serve_no_gpu_at_all(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "--node-name", NODE, "--fake-nvml", "--no-device-plugin"]) == 2
+    assert "give --dra" in capsys.readouterr().err

@@ -19,6 +19,7 @@ from dra_helpers import make_claim
 
 from e2e.probes import eventually
 from webhook import keys
+from webhook.agent.deviceplugin.plugin import PluginConfig
 from webhook.agent.dra import dra_pb2, dra_pb2_grpc, pluginregistration_pb2
 from webhook.agent.dra import pluginregistration_pb2_grpc as reg_grpc
 from webhook.agent.dra.claims import cdi_file_name
@@ -26,7 +27,9 @@ from webhook.agent.dra.driver import DraConfig, DraDriver, KubeClaims
 from webhook.agent.dra.publisher import SlicePublisher
 from webhook.agent.dra.regen import ROOT, regenerate
 from webhook.agent.dra.slices import slice_name
+from webhook.agent.runner import Agent, AgentConfig, nvml_discoverer
 from webhook.doubles.emulator import ApiServerEmulator
+from webhook.doubles.fakenvml import FakeNvml
 from webhook.kube.api import KubeApi
 from webhook.topology.model import Topology
 
@@ -266,3 +269,23 @@ async def test_the_slice_is_created_kept_updated_and_alone(
     assert live is not None
     assert live["spec"]["pool"]["generation"] == 6
     assert "gpu-2" not in [d["name"] for d in live["spec"]["devices"]]
+
+
+async def test_the_agent_with_dra_only_publishes_its_slice_and_serves_the_kubelet(
+        cluster: ApiServerEmulator, kube: KubeApi, dirs: Path) -> None:
+    cfg = AgentConfig(node=NODE, rediscover_s=0.1, device_plugin=False, dra=config(dirs),
+                      plugin=PluginConfig(node=NODE, kubelet_dir=dirs / "dp"))
+    agent = Agent(cfg, nvml_discoverer(FakeNvml.profile("hgx-a100")), kube)
+    run = asyncio.create_task(agent.run())
+    try:
+        live = await eventually(lambda: cluster.get("resourceslices", slice_name(NODE)), 5,
+                                what="the ResourceSlice")
+        assert [d["name"] for d in live["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
+        info = await eventually(Kubelet(config(dirs).registration_socket).register, 5,
+                                what="the registration")
+        assert info.name == keys.DRA_DRIVER
+        assert agent.plugin is None  # no device plugin: nothing registers nvidia.com/gpu
+        assert not (dirs / "dp").exists()
+    finally:
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
