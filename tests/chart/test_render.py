@@ -42,6 +42,7 @@ COMBOS: dict[str, Obj] = {
             {"key": "training.kubeflow.org/job-name", "operator": "Exists"}]},
         "matchConditions": [{"name": "gpu", "expression": "object.spec.containers.size() > 0"}]}},
     "webhook-only": {"binder": {"enabled": False}, "agent": {"enabled": False}},
+    "dra-and-device-plugin": {"agent": {"gpuServing": "both"}},
     "no-leader-election": {"binder": {"leaderElection": {"enabled": False, "leaseName": "x"}}},
     "monitoring": {"metrics": {"serviceMonitor": {"enabled": True},
                                "prometheusRule": {"enabled": True}}},
@@ -86,7 +87,7 @@ def test_invariants(helm_template: Render, combo: str) -> None:
     assert objs, "nothing rendered"
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
                       "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
-                      "ValidatingAdmissionPolicyBinding"}
+                      "ValidatingAdmissionPolicyBinding", "DeviceClass"}
     for o in objs:
         assert o["apiVersion"] and o["metadata"]["name"], o
         if o["kind"] in cluster_scoped:
