@@ -244,12 +244,15 @@ class Agent:
 
             watcher = loop.run_in_executor(None, XidWatcher(self.events_nvml).run, stop, emit)
         plugin_task: asyncio.Task[None] | None = None
-        dra_task = asyncio.create_task(self.dra.run()) if self.dra is not None else None
+        dra_task: asyncio.Task[None] | None = None
         try:
             while True:
                 await self.step()
                 if plugin_task is None and self.plugin is not None:
                     plugin_task = asyncio.create_task(self.serve_plugin(self.plugin))
+                # registered once it knows the GPUs, so no prepare finds none
+                if dra_task is None and self.dra is not None and self.dra.gpus:
+                    dra_task = asyncio.create_task(self.dra.run())
                 await asyncio.sleep(self.config.rediscover_s)
         finally:
             stop.set()
