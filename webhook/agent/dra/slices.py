@@ -72,10 +72,9 @@ def devices(topology: Topology, pcie_roots: Mapping[int, str]) -> list[dict[str,
     order. `pcie_roots`: GPU index → `pci<domain>:<bus>`, where the node's sysfs said it."""
     domains = nvlink_domains(topology)
     out = []
-    for gpu in topology.gpus:
+    for i, gpu in enumerate(topology.gpus):  # i: the position in the matrices
         if not gpu.healthy or gpu.uuid is None:
             continue
-        i = topology.gpus.index(gpu)  # position in the matrices
         attrs: dict[str, dict[str, Any]] = {
             "uuid": {"string": gpu.uuid},
             "index": {"int": gpu.index},
