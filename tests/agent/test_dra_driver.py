@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import shutil
+import signal
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,7 +25,7 @@ from webhook import keys
 from webhook.agent.deviceplugin.plugin import PluginConfig
 from webhook.agent.dra import dra_pb2, dra_pb2_grpc, pluginregistration_pb2
 from webhook.agent.dra import pluginregistration_pb2_grpc as reg_grpc
-from webhook.agent.dra.claims import cdi_file_name
+from webhook.agent.dra.claims import cdi_file_name, decode_checkpoint
 from webhook.agent.dra.driver import DraConfig, DraDriver, KubeClaims
 from webhook.agent.dra.publisher import SlicePublisher
 from webhook.agent.dra.regen import ROOT, regenerate
@@ -289,3 +292,36 @@ async def test_the_agent_with_dra_only_publishes_its_slice_and_serves_the_kubele
     finally:
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
+
+
+async def test_muster_agent_dra_process_prepares_a_claim(
+        cluster: ApiServerEmulator, dirs: Path, tmp_path: Path) -> None:
+    """`muster agent --dra --no-device-plugin` as a process: the slice, the registration, one
+    prepare through its socket; SIGTERM ends it cleanly and removes its sockets."""
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    cfg = config(dirs)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "webhook", "agent", "--node-name", NODE,
+        "--kubeconfig", str(kubeconfig), "--fake-nvml", "dgx1-v100", "--no-device-plugin",
+        "--dra", "--dra-registry-dir", str(cfg.registry_dir),
+        "--dra-plugin-dir", str(cfg.plugin_dir), "--cdi-dir", str(cfg.cdi_dir),
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        await eventually(lambda: cluster.get("resourceslices", slice_name(NODE)), 30,
+                         what="the ResourceSlice")
+        await eventually(cfg.registration_socket.exists, 10, what="the registration socket")
+        kubelet = Kubelet(cfg.registration_socket)
+        endpoint = (await kubelet.register()).endpoint
+        u_a = seed(cluster, "a", ["gpu-1"])
+        answer = (await kubelet.prepare(endpoint, ("ml", "a", u_a)))[u_a]
+        assert answer.error == ""
+        assert [list(d.cdi_device_ids) for d in answer.devices] == [
+            [f"muster.io/gpu={u_a}-gpu-1"]]
+        assert (cfg.cdi_dir / cdi_file_name(u_a)).exists()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, out.decode()
+    assert not cfg.registration_socket.exists() and not cfg.dra_socket.exists()
+    assert set(decode_checkpoint(cfg.checkpoint.read_bytes())) == {u_a}  # outlives the agent
