@@ -33,6 +33,7 @@ from webhook.agent.dra.slices import slice_name
 from webhook.agent.runner import Agent, AgentConfig, nvml_discoverer
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.doubles.fakenvml import FakeNvml
+from webhook.failures import CommandFailed
 from webhook.kube.api import KubeApi
 from webhook.topology.model import Topology
 
@@ -239,7 +240,7 @@ def test_an_unreadable_checkpoint_stops_the_driver(dirs: Path, kube: KubeApi) ->
     cfg = config(dirs)
     cfg.plugin_dir.mkdir(parents=True)
     cfg.checkpoint.write_text("{not json")
-    with pytest.raises(ValueError, match="which GPUs it prepared"):
+    with pytest.raises(CommandFailed, match="which GPUs it prepared"):
         DraDriver(cfg, KubeClaims(kube))
 
 

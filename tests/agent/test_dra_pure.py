@@ -128,7 +128,7 @@ def test_plan_takes_this_drivers_results_in_this_pool() -> None:
     (make_claim("c", "u1", ["gpu-0"], pool=NODE, driver="gpu.nvidia.com"), "u1",
      "no device of driver gpu.muster.io"),
     (make_claim("c", "u1", ["gpu-0"], pool="other-node"), "u1", "not this node's"),
-    (make_claim("c", "u1", ["gpu-7"], pool=NODE), "u1", "gpu-7 is not a GPU"),
+    (make_claim("c", "u1", ["gpu-7"], pool=NODE), "u1", "gpu-7 is not a healthy GPU"),
     (make_claim("c", "u1", ["gpu-1", "gpu-1"], pool=NODE), "u1", "one GPU twice"),
 ])
 def test_plan_refuses_with_the_reason(claim: dict[str, object], uid: str, said: str) -> None:

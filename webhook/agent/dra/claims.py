@@ -72,8 +72,8 @@ def plan(claim: Mapping[str, Any], namespace: str, name: str, uid: str, *, node:
             raise Refused(f"ResourceClaim {ref}: device {device} is allocated from pool "
                           f"{pool!r}, not this node's ({node!r})")
         if device not in gpus:
-            raise Refused(f"ResourceClaim {ref}: device {device} is not a GPU of node {node} "
-                          f"(it has {', '.join(sorted(gpus)) or 'none'})")
+            raise Refused(f"ResourceClaim {ref}: device {device} is not a healthy GPU of node "
+                          f"{node} (it has {', '.join(sorted(gpus)) or 'none'})")
         devices.append(PreparedDevice(result.get("request", ""), pool, device, gpus[device]))
     seen = [d.uuid for d in devices]
     if len(set(seen)) != len(seen):

@@ -39,6 +39,7 @@ from webhook.agent.dra.claims import (
     still_holds,
 )
 from webhook.agent.dra.slices import device_name
+from webhook.failures import CommandFailed
 from webhook.kube.api import RESOURCE_CLAIMS, ApiError, KubeApi
 from webhook.topology.model import Topology
 
@@ -101,17 +102,16 @@ class DraDriver:
         self.config = config
         self.claims = claims
         self.gpus: dict[str, str] = {}  # device name -> GPU UUID
-        #: claims prepared here, by UID; raises ValueError if the checkpoint is unreadable (a
+        #: claims prepared here, by UID; CommandFailed if the checkpoint is unreadable (a
         #: driver that forgot what it prepared could hand a GPU out twice)
         self.prepared: dict[str, PreparedClaim] = {}
         if config.checkpoint.exists():
             try:
                 self.prepared = decode_checkpoint(config.checkpoint.read_bytes())
             except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{config.checkpoint} is unreadable ({exc}): the driver will "
+                raise CommandFailed(f"{config.checkpoint} is unreadable ({exc}): the driver will "
                                  "not start without knowing which GPUs it prepared") from exc
-        self.registered: bool | None = None
-        self.registration_error = ""
+        self.registered: bool | None = None  # the kubelet's last NotifyRegistrationStatus
         self._lock = asyncio.Lock()
         self._servers: list[grpc.aio.Server] = []
 
@@ -255,7 +255,6 @@ class _RegistrationServicer(reg_grpc.RegistrationServicer):  # type: ignore[misc
 
     async def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
         self.driver.registered = request.plugin_registered
-        self.driver.registration_error = request.error
         if request.plugin_registered:
             log.info("DRA driver registered with the kubelet", extra={"driver": keys.DRA_DRIVER})
         else:
