@@ -128,3 +128,8 @@ def user_may_create_with(key: str) -> bool:
     """Whether a pod may be created carrying annotation `key`: any key outside muster.io/, and
     the muster.io/ keys the webhook itself writes."""
     return not key.startswith(ANNOTATION_PREFIX) or key in WEBHOOK_ANNOTATIONS
+
+# DRA (resource.k8s.io/v1): the agent's driver name, its ResourceSlices' driver and pools, the
+# DeviceClass selector; and the CDI kind (vendor/class) of the devices it prepares
+DRA_DRIVER = "gpu.muster.io"
+CDI_KIND = "muster.io/gpu"

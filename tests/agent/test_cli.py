@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from agent_helpers import NODE, ListedPods, make_pod
 
 from webhook.agent.deviceplugin.plugin import GpuDevicePlugin, PluginConfig
@@ -121,3 +122,25 @@ def test_agent_without_api_credentials_exits_cleanly(
     bad.write_text("apiVersion: v1\nkind: Config\n")
     assert main(["agent", "--node-name", NODE, "--fake-nvml", "--kubeconfig", str(bad)]) == 2
     assert f"kubeconfig {bad} is not a kubeconfig" in capsys.readouterr().err
+
+
+def test_agent_refuses_to_serve_no_gpu_at_all(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "--node-name", NODE, "--fake-nvml", "--no-device-plugin"]) == 2
+    assert "give --dra" in capsys.readouterr().err
+
+
+def test_agent_with_an_unreadable_dra_checkpoint_stops(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin" / "checkpoint.json").write_text('{"version": 9}')
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {}}]}))
+    assert main(["agent", "--node-name", NODE, "--fake-nvml", "--kubeconfig", str(kubeconfig),
+                 "--dra", "--dra-plugin-dir", str(tmp_path / "plugin"),
+                 "--dra-registry-dir", str(tmp_path / "reg")]) == 1
+    err = capsys.readouterr().err
+    assert "checkpoint.json is unreadable" in err and "which GPUs it prepared" in err

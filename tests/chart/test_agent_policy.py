@@ -329,3 +329,55 @@ def test_the_policy_names_the_release_agent(helm_template: Render) -> None:
         assert cond["expression"] == (
             "request.userInfo.username == 'system:serviceaccount:gpu-system:"
             f"{sa['metadata']['name']}'")
+
+
+# --- the DRA driver's ResourceSlices ----------------------------------------------------------
+
+def _slice(node: str, driver: str = keys.DRA_DRIVER) -> Obj:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{driver}"},
+            "spec": {"driver": driver, "nodeName": node, "devices": [],
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}}}
+
+
+@pytest.fixture(scope="module")
+def slice_policy() -> Policy:
+    proc = run_helm("template", "muster", str(CHART), "--namespace", NAMESPACE,
+                    "--set", "agent.gpuServing=dra")
+    assert proc.returncode == 0, proc.stderr
+    objs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return Policy(one(objs, "ValidatingAdmissionPolicy", "muster-agent-own-resourceslices"))
+
+
+def _slice_write(policy: Policy, op: str, new: Obj | None, old: Obj | None, **kw: Any
+                 ) -> Verdict:
+    name = (new or old or {})["metadata"]["name"]
+    request = _request(op, "resourceslices", name, **kw)
+    request["resource"]["group"] = "resource.k8s.io"
+    return policy.admit(request, new, old)
+
+
+def test_no_slice_policy_without_dra(policies: dict[str, Policy]) -> None:
+    assert "muster-agent-own-resourceslices" not in policies
+
+
+def test_the_agent_writes_its_own_nodes_slice(slice_policy: Policy) -> None:
+    mine = _slice(OWN)
+    assert _slice_write(slice_policy, "CREATE", mine, None).allowed
+    assert _slice_write(slice_policy, "UPDATE", mine, mine).allowed
+    assert _slice_write(slice_policy, "DELETE", None, mine).allowed
+
+
+def test_no_slice_of_another_node_or_driver(slice_policy: Policy) -> None:
+    for op, new, old in (("CREATE", _slice(OTHER), None),
+                         ("DELETE", None, _slice(OTHER)),
+                         ("UPDATE", _slice(OTHER), _slice(OWN)),  # moving it away
+                         ("CREATE", _slice(OWN, "gpu.nvidia.com"), None),
+                         ("DELETE", None, _slice(OWN, "gpu.nvidia.com"))):
+        verdict = _slice_write(slice_policy, op, new, old)
+        assert not verdict.allowed, (op, new, old)
+        assert "ResourceSlices of its own node" in verdict.message
+    assert not _slice_write(slice_policy, "CREATE", _slice(OWN), None, node=None).allowed
+    # nobody but the agent is matched
+    assert _slice_write(slice_policy, "CREATE", _slice(OTHER), None,
+                        user="system:serviceaccount:x:y").allowed

@@ -42,6 +42,7 @@ COMBOS: dict[str, Obj] = {
             {"key": "training.kubeflow.org/job-name", "operator": "Exists"}]},
         "matchConditions": [{"name": "gpu", "expression": "object.spec.containers.size() > 0"}]}},
     "webhook-only": {"binder": {"enabled": False}, "agent": {"enabled": False}},
+    "dra-and-device-plugin": {"agent": {"gpuServing": "both"}},
     "no-leader-election": {"binder": {"leaderElection": {"enabled": False, "leaseName": "x"}}},
     "monitoring": {"metrics": {"serviceMonitor": {"enabled": True},
                                "prometheusRule": {"enabled": True}}},
@@ -86,7 +87,7 @@ def test_invariants(helm_template: Render, combo: str) -> None:
     assert objs, "nothing rendered"
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
                       "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
-                      "ValidatingAdmissionPolicyBinding"}
+                      "ValidatingAdmissionPolicyBinding", "DeviceClass"}
     for o in objs:
         assert o["apiVersion"] and o["metadata"]["name"], o
         if o["kind"] in cluster_scoped:
@@ -380,6 +381,41 @@ def test_binder_network_levels(helm_template: Render, levels: Any, flag: str | N
         assert not any(a.startswith("--network-levels") for a in args)
     else:
         assert _arg(args, "--network-levels") == flag
+
+
+@pytest.mark.parametrize("serving", ["devicePlugin", "dra", "both"])
+def test_agent_gpu_serving_modes(helm_template: Render, serving: str) -> None:
+    objs = helm_template({"agent": {"gpuServing": serving}})
+    pod = one(objs, "DaemonSet", "muster-agent")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    hosts = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    dra, plugin = serving != "devicePlugin", serving != "dra"
+    assert ("--dra" in c["args"]) == dra
+    assert ("--no-device-plugin" in c["args"]) == (not plugin)
+    assert ("/var/lib/kubelet/device-plugins" in mounts) == plugin
+    dra_paths = {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu.muster.io",
+                 "/var/run/cdi"}
+    # the agent sees the host's paths as they are: the registration names the host's socket
+    assert (dra_paths <= mounts and dra_paths <= hosts) == dra
+    assert not (dra_paths & mounts) or dra
+    if dra:
+        assert "--dra-plugin-dir=/var/lib/kubelet/plugins/gpu.muster.io" in c["args"]
+        assert "--cdi-dir=/var/run/cdi" in c["args"]
+    grants = _grants(objs, "ClusterRole", "muster-agent")
+    assert (("resource.k8s.io", "resourceslices", "create") in grants) == dra
+    assert (("resource.k8s.io", "resourceclaims", "get") in grants) == dra
+    classes = find(objs, "DeviceClass")
+    assert len(classes) == int(dra)
+    if dra:
+        (sel,) = classes[0]["spec"]["selectors"]
+        assert sel["cel"]["expression"] == 'device.driver == "gpu.muster.io"'
+        assert classes[0]["metadata"]["name"] == "gpu.muster.io"
+        assert classes[0]["apiVersion"] == "resource.k8s.io/v1"
+
+
+def test_agent_gpu_serving_is_checked(helm_template_error: Callable[..., str]) -> None:
+    assert "gpuServing" in helm_template_error({"agent": {"gpuServing": "plugins"}})
 
 
 def test_agent_daemonset(helm_template: Render) -> None:

@@ -13,17 +13,28 @@ the test checks that exact difference, so the document cannot go stale.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from real_helpers import crd_documents
 
+from e2e.cluster import helm
 from e2e.node import versions
+from e2e.node.assets import REPO
 from e2e.node.cluster import NodeCluster
+from webhook import keys
+from webhook.agent.discovery import discover
+from webhook.agent.dra.claims import plan
+from webhook.agent.dra.publisher import SlicePublisher
+from webhook.agent.dra.slices import slice_name
 from webhook.doubles.emulator import ApiServerEmulator
+from webhook.doubles.fakenvml import FakeNvml
 from webhook.kube import (
     NAMESPACES,
     PODS,
@@ -33,6 +44,7 @@ from webhook.kube import (
     Resource,
     make_api_client,
 )
+from webhook.kube.api import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES
 
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", False, "PriorityClass")
 NS = "parity"
@@ -325,3 +337,63 @@ async def test_a_watch_list_streams_the_state_then_a_bookmark(api: tuple[str, Ku
         for name in ("wl-a", "wl-b"):
             with contextlib.suppress(ApiError):
                 await kube.delete(PODS, name, NS)
+
+
+def chart_device_class() -> str:
+    return subprocess.run(
+        [helm(), "template", "muster", str(REPO / "charts" / "muster"), "--set",
+         "agent.gpuServing=dra", "--show-only", "templates/agent-deviceclass.yaml"],
+        capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+async def test_the_dra_drivers_objects_are_accepted_as_published(api: tuple[str, KubeApi]
+                                                                   ) -> None:
+    """resource.k8s.io/v1 as the DRA driver uses it: the agent's ResourceSlice (typed attributes,
+    the standard pcieRoot, memory capacity) created, listed by spec.nodeName and spec.driver and
+    replaced; the chart's DeviceClass; and a claim allocated the way kube-scheduler writes it,
+    read back into the devices the driver would prepare."""
+    _, kube = api
+    topology = discover(FakeNvml.profile("dgx1-v100")).topology
+    assert topology is not None
+    node = "parity-dra-node"
+    (device_class,) = [d for d in yaml.safe_load_all(chart_device_class()) if d]
+    publisher = SlicePublisher(kube, node)
+    try:
+        roots = {g.index: "pci0000:00" if g.index < 4 else "pci0000:80" for g in topology.gpus}
+        assert await publisher.publish(topology, roots)
+        assert not await publisher.publish(topology, roots)  # read back exactly as written
+        gpus = list(topology.gpus)
+        gpus[1] = dataclasses.replace(gpus[1], healthy=False)
+        assert await publisher.publish(dataclasses.replace(topology, gpus=tuple(gpus)), roots)
+        listed = (await kube.list(RESOURCE_SLICES, field_selector=(
+            f"spec.nodeName={node},spec.driver={keys.DRA_DRIVER}")))["items"]
+        assert [s["metadata"]["name"] for s in listed] == [slice_name(node)]
+        assert listed[0]["spec"]["pool"] == {"name": node, "generation": 2,
+                                             "resourceSliceCount": 1}
+        assert len(listed[0]["spec"]["devices"]) == 7
+
+        await kube.create(DEVICE_CLASSES, device_class)
+        claim = await kube.create(RESOURCE_CLAIMS, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "dra-parity"},
+            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": keys.DRA_DRIVER, "count": 2}}]}}}, NS)
+        claim["status"] = {
+            "allocation": {"devices": {"results": [
+                {"request": "gpus", "driver": keys.DRA_DRIVER, "pool": node, "device": d}
+                for d in ("gpu-0", "gpu-3")]}},
+            "reservedFor": [{"resource": "pods", "name": "p",
+                             "uid": "7d1c6e2a-0000-4000-8000-000000000001"}]}
+        stored = await kube.replace(RESOURCE_CLAIMS, "dra-parity", claim, NS,
+                                    subresource="status")
+        uid = stored["metadata"]["uid"]
+        planned = plan(stored, NS, "dra-parity", uid, node=node,
+                       gpus={f"gpu-{g.index}": g.uuid or "" for g in topology.gpus})
+        assert [d.uuid for d in planned.devices] == [topology.gpus[0].uuid,
+                                                     topology.gpus[3].uuid]
+    finally:
+        for resource, name, ns in ((RESOURCE_SLICES, slice_name(node), None),
+                                   (DEVICE_CLASSES, keys.DRA_DRIVER, None),
+                                   (RESOURCE_CLAIMS, "dra-parity", NS)):
+            with contextlib.suppress(ApiError):
+                await kube.delete(resource, name, ns)

@@ -37,6 +37,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        help="extended resource the plugin registers (default nvidia.com/gpu)")
     agent.add_argument("--cdi", action="store_true",
                        help="also hand out CDI device names (nvidia.com/gpu=<uuid>)")
+    agent.add_argument("--device-plugin", action=argparse.BooleanOptionalAction, default=True,
+                       help="serve the GPUs through the kubelet device plugin (default on)")
+    agent.add_argument("--dra", action="store_true",
+                       help=f"also be the DRA driver {keys.DRA_DRIVER}: publish this node's "
+                            "ResourceSlice and prepare claims as CDI specs (Kubernetes 1.34+)")
+    agent.add_argument("--dra-registry-dir", default="/var/lib/kubelet/plugins_registry",
+                       help="the kubelet's plugin registration directory")
+    agent.add_argument("--dra-plugin-dir", default=f"/var/lib/kubelet/plugins/{keys.DRA_DRIVER}",
+                       help="where the DRA socket and the prepared-claims checkpoint live")
+    agent.add_argument("--cdi-dir", default="/var/run/cdi",
+                       help="where the DRA driver writes the CDI spec of each prepared claim")
     agent.add_argument("--rediscover-seconds", type=float, default=60.0,
                        help="re-run discovery and re-publish on change this often")
     agent.add_argument("--assignment-wait-seconds", type=float, default=10.0,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from webhook.agent import runner
 from webhook.agent.deviceplugin.plugin import PluginConfig
+from webhook.agent.dra.driver import DraConfig
 from webhook.agent.nvml import Nvml, RealNvml
 from webhook.agent.nvmlrecord import record_nvml
 from webhook.agent.publisher import identify
@@ -83,9 +84,16 @@ def run(args: argparse.Namespace) -> int:
     if not args.node_name:
         sys.stderr.write("muster agent: --node-name (or $NODE_NAME) is required\n")
         return 2
+    if not (args.device_plugin or args.dra):
+        raise UsageError("--no-device-plugin without --dra serves no GPU: give --dra")
     discoverer, events_nvml = _sources(args)
+    dra = (DraConfig(node=args.node_name, registry_dir=Path(args.dra_registry_dir),
+                     plugin_dir=Path(args.dra_plugin_dir), cdi_dir=Path(args.cdi_dir))
+           if args.dra else None)
     config = AgentConfig(
         node=args.node_name,
+        device_plugin=args.device_plugin,
+        dra=dra,
         rediscover_s=args.rediscover_seconds,
         ack_grace_s=args.ack_grace_seconds,
         plugin=PluginConfig(node=args.node_name, kubelet_dir=Path(args.kubelet_dir),

@@ -1,4 +1,5 @@
-"""`muster agent`: discovery → Node publisher, and the device plugin, on one node.
+"""`muster agent`: discovery → Node publisher, and the device plugin and/or the DRA driver
+(webhook.agent.dra: its ResourceSlice follows each discovery), on one node.
 
 Discovery runs every `rediscover_s` (NVML calls block, so in a thread); a changed result is
 published on the Node and a changed device health is streamed to the kubelet. Between
@@ -29,6 +30,8 @@ from typing import Any
 from webhook import keys
 from webhook.agent.deviceplugin.plugin import GpuDevicePlugin, PluginConfig
 from webhook.agent.discovery import Discovery, discover, keep_identity
+from webhook.agent.dra.driver import DraConfig, DraDriver, KubeClaims
+from webhook.agent.dra.publisher import SlicePublisher, pcie_roots
 from webhook.agent.health import XidEvent, XidWatcher, mark_unhealthy
 from webhook.agent.nvml import Nvml
 from webhook.agent.publisher import NodePublisher
@@ -103,6 +106,9 @@ class AgentConfig:
     ack_grace_s: float = 10.0
     #: seconds the label's removal may take when the agent stops
     shutdown_write_s: float = 5.0
+    #: serve the GPUs through the device plugin (the default), DRA (`dra` set), or both
+    device_plugin: bool = True
+    dra: DraConfig | None = None
 
 
 class Agent:
@@ -117,6 +123,9 @@ class Agent:
         self.publisher = NodePublisher(api, config.node)
         self.pods = NodePods(api, config.node)
         self.plugin: GpuDevicePlugin | None = None
+        self.dra = DraDriver(config.dra, KubeClaims(api)) if config.dra is not None else None
+        self.slices = SlicePublisher(api, config.node)
+        self.pcie_roots: dict[int, str] = {}  # from sysfs, for the ResourceSlice
         self.topology: Topology | None = None  # as discovered, identities kept
         self.found = Discovery(None)
         self.faulty: set[str] = set()  # UUIDs of GPUs with a critical XID since start
@@ -134,6 +143,8 @@ class Agent:
         if found.topology is not None:
             self.topology = keep_identity(self.topology, found.topology)
             found = Discovery(self.topology, found.degradations, found.driver_version)
+            if self.dra is not None:
+                self.pcie_roots = await asyncio.to_thread(pcie_roots, self.topology)
         self.found = found
         await self.apply()
         self.rounds += 1
@@ -152,11 +163,19 @@ class Agent:
             except ApiError as exc:
                 log.warning("publishing the node topology failed; retrying next round",
                             extra={"node": self.config.node, "error": str(exc)})
-            if found.topology is not None:
-                if self.plugin is None:
-                    self.plugin = GpuDevicePlugin(self.config.plugin, found.topology, self.pods)
-                else:
-                    await self.plugin.set_topology(found.topology)
+            if found.topology is None:
+                return
+            if self.config.device_plugin and self.plugin is None:
+                self.plugin = GpuDevicePlugin(self.config.plugin, found.topology, self.pods)
+            elif self.plugin is not None:
+                await self.plugin.set_topology(found.topology)
+            if self.dra is not None:
+                self.dra.set_topology(found.topology)
+                try:
+                    await self.slices.publish(found.topology, self.pcie_roots)
+                except ApiError as exc:
+                    log.warning("publishing the ResourceSlice failed; retrying next round",
+                                extra={"node": self.config.node, "error": str(exc)})
 
     async def set_serving(self, serving: bool) -> None:
         """The plugin's registration changed: publish the acknowledgement label (or its
@@ -225,17 +244,22 @@ class Agent:
 
             watcher = loop.run_in_executor(None, XidWatcher(self.events_nvml).run, stop, emit)
         plugin_task: asyncio.Task[None] | None = None
+        dra_task: asyncio.Task[None] | None = None
         try:
             while True:
                 await self.step()
                 if plugin_task is None and self.plugin is not None:
                     plugin_task = asyncio.create_task(self.serve_plugin(self.plugin))
+                # registered once it knows the GPUs, so no prepare finds none
+                if dra_task is None and self.dra is not None and self.dra.gpus:
+                    dra_task = asyncio.create_task(self.dra.run())
                 await asyncio.sleep(self.config.rediscover_s)
         finally:
             stop.set()
-            if plugin_task is not None:
-                plugin_task.cancel()
-                await asyncio.gather(plugin_task, return_exceptions=True)
+            for task in (plugin_task, dra_task):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
             await self._withdraw()
             if watcher is not None:
                 await asyncio.gather(watcher, return_exceptions=True)

@@ -68,6 +68,9 @@ MUTATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1",
 VALIDATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1",
                                "validatingwebhookconfigurations", False,
                                "ValidatingWebhookConfiguration")
+RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", False, "ResourceSlice")
+RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", True, "ResourceClaim")
+DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", False, "DeviceClass")
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False,
                 "CustomResourceDefinition")
 

@@ -184,12 +184,26 @@ capabilities:
 {{ include "muster.selfCertArgs" . }}
 {{- end }}
 
+{{/* "true" when the agent serves GPUs through DRA (agent.gpuServing dra or both), else "" */}}
+{{- define "muster.agent.dra" -}}
+{{- if has .Values.agent.gpuServing (list "dra" "both") }}true{{ end }}
+{{- end }}
+
 {{- define "muster.agent.args" -}}
 {{ include "muster.globalArgs" . }}
 - agent
 - --node-name=$(NODE_NAME)
 - --kubelet-dir=/var/lib/kubelet/device-plugins
 - --resource-name={{ .Values.agent.resourceName }}
+{{- if eq .Values.agent.gpuServing "dra" }}
+- --no-device-plugin
+{{- end }}
+{{- if include "muster.agent.dra" . }}
+- --dra
+- --dra-registry-dir={{ .Values.agent.dra.registryDir }}
+- --dra-plugin-dir={{ .Values.agent.dra.pluginsDir }}/gpu.muster.io
+- --cdi-dir={{ .Values.agent.dra.cdiDir }}
+{{- end }}
 - --scheduler-name={{ .Values.binder.schedulerName }}
 {{- range .Values.agent.extraArgs }}
 - {{ . | quote }}

@@ -71,6 +71,12 @@ BUILTINS: tuple[ResourceType, ...] = (
           sub=("status",), group="policy"),
     _core("priorityclasses", "PriorityClass", False, short=("pc",),
           group="scheduling.k8s.io"),
+    # DRA (resource.k8s.io/v1): stored and served, never allocated (the emulator has no
+    # scheduler); a claim's allocation is written by whoever plays the scheduler, as on a cluster
+    _core("resourceslices", "ResourceSlice", False, group="resource.k8s.io"),
+    _core("resourceclaims", "ResourceClaim", True, sub=("status",), group="resource.k8s.io"),
+    _core("resourceclaimtemplates", "ResourceClaimTemplate", True, group="resource.k8s.io"),
+    _core("deviceclasses", "DeviceClass", False, group="resource.k8s.io"),
     _core("roles", "Role", True, group="rbac.authorization.k8s.io"),
     _core("rolebindings", "RoleBinding", True, group="rbac.authorization.k8s.io"),
     _core("clusterroles", "ClusterRole", False, group="rbac.authorization.k8s.io"),

@@ -138,6 +138,8 @@ _BY_RESOURCE: dict[tuple[str, str], dict[str, FieldGetter]] = {
         "involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
         "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.resourceVersion",
         "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type")},
+    ("resource.k8s.io", "resourceslices"): {f: _path(*f.split(".")) for f in (
+        "spec.nodeName", "spec.driver")},
     ("events.k8s.io", "events"): {f: _path(*f.split(".")) for f in (
         "regarding.kind", "regarding.namespace", "regarding.name", "regarding.uid",
         "reason", "reportingController", "type")},
