@@ -1,16 +1,18 @@
 """Gang placement on a set of nodes: which nodes, and which GPUs on each, for every member of a
 gang (`hierarchy` first chooses the network domains whose nodes these are).
 
-Order of preference: fewest nodes; then the best allreduce bandwidth; then least fragmentation
-(best fit: the fewest free GPUs left on the node, then the best sets left behind); then node name,
-so the result is deterministic. GPU members of the gang on one node share one optimally chosen
-GPU set (`gpu_choice.ClassTables.choose`), split among them the same way. 0-GPU members (the MPI
-launcher) go to a node the gang already uses when it has room, else to the node with the fewest
-free GPUs that has room. `min_ring_gbps` (a policy's minRingGBps) is decided by `ringfloor`.
+Order of preference: fewest nodes; then the best allreduce bandwidth; then best fit (the fewest
+free GPUs left on the node); then the set's ring, bisection and NUMA span; then the best sets
+left behind; then node name, so the result is deterministic. GPU members of the gang on one
+node share one optimally chosen GPU set (`gpu_choice.ClassTables.choose`), split among them the
+same way. 0-GPU members (the MPI launcher) go to a node the gang already uses when it has room,
+else to the node with the fewest free GPUs that has room. `min_ring_gbps` (a policy's
+minRingGBps) is decided by `ringfloor`.
 
 Speed: nodes are looked at once per call, through per-class tables keyed by (class, free mask,
-k). The single-node search scores each group of like nodes (same topology, same free GPUs) once,
-so its per-node cost is one dictionary insert and the resource checks. See
+k). The single-node search scores each group of like nodes (same class, same usable free GPUs,
+whatever their Topology objects) once, so its per-node cost is two dictionary lookups, one
+insert and the resource checks. See
 bench/bench_placement.py.
 """
 
