@@ -213,17 +213,14 @@ def _place_single(
             fits = [(i, n) for i, n in fits if all(n.name in e for e in eligible)]
         if not fits:
             continue
-        # one per group: its nodes score alike
-        bus, ring, bisection, numa, left, future = tables.placement_key(free, total)
-        if floor is not None and not meets_min_ring(-bus, floor, total):
+        pkey = tables.placement_key(free, total)  # one per group: its nodes score alike
+        if floor is not None and not meets_min_ring(-pkey[0], floor, total):
             first = fits[0]  # ties go to the node that comes first, as in a scan
-            if best_refused is None or (-bus, -first[0]) > best_refused[:2]:
-                best_refused = (-bus, -first[0], first[1].name)
+            if best_refused is None or (-pkey[0], -first[0]) > best_refused[:2]:
+                best_refused = (-pkey[0], -first[0], first[1].name)
             continue
         chosen = min((n for _, n in fits), key=lambda n: n.name)
-        # best fit right after the bandwidth: a node's ring, bisection or NUMA span never
-        # outweighs leaving an emptier node whole (bench_topology: fewer stranded GPUs)
-        key = ((bus, left, ring, bisection, numa, future), chosen.name)
+        key = (pkey, chosen.name)
         if best_key is None or key < best_key:
             best, best_key = chosen, key
     if best is not None:
