@@ -8,6 +8,7 @@ from binder_objects import node, pod
 
 from webhook import keys
 from webhook.binder.assignment import (
+    Assigner,
     AssignmentError,
     build_assignment,
     decode_assignment,
@@ -101,6 +102,26 @@ def test_assignment_round_trip_and_container_order() -> None:
     assert not shape_matches(a, [("b", 3), ("c", 1)])
     with pytest.raises(AssignmentError):
         build_assignment("n1", topo, (0,), [("b", 2)])
+
+
+def test_one_round_builds_each_pod_as_build_assignment_would() -> None:
+    """The round's Assigner works out a shape's hand-out once: every pod still gets its own
+    GPUs, and a pod of another shape (an init container, a sidecar, another count) its own."""
+    topo = builtin("dgx1-v100")
+    round_ = Assigner()
+    cases = [
+        ((0, 1, 2, 3), [("main", 4)], 0, ()),
+        ((4, 5, 6, 7), [("main", 4)], 0, ()),
+        ((5, 6, 7), [("init", 2), ("main", 1)], 1, ()),
+        ((1, 2, 3), [("init", 2), ("main", 1)], 1, ("init",)),
+        ((2, 1), [("main", 1), ("side", 1)], 0, ()),
+        ((0, 2, 1), [("main", 1), ("side", 2)], 0, ()),
+    ]
+    for gpus, containers, init, sidecars in [*cases, *cases]:
+        assert round_.build("n1", topo, gpus, containers, init, sidecars=sidecars) == \
+            build_assignment("n1", topo, gpus, containers, init, sidecars=sidecars)
+    with pytest.raises(AssignmentError):  # a shortage is refused every time, not remembered
+        round_.build("n1", topo, (0,), [("main", 1), ("side", 1)])
 
 
 @pytest.mark.parametrize("text", ['{"v": 2, "node": "n", "containers": {}}', "[]",

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from webhook.topology import (
@@ -16,6 +17,7 @@ from webhook.topology import (
     Network,
     NetworkRequest,
     NodeState,
+    Topology,
     Unplaceable,
     builtin,
     parse_levels,
@@ -257,3 +259,38 @@ def test_a_node_without_a_narrower_label_is_still_in_its_rack() -> None:
     assert len(domains(p, labels, BLOCK, RACK)) == 1
     sliced = ok(place(nodes, labels, gang(12, 8, level=None, slice_level=CLIQUE, size=2)))
     assert not {m.node for m in sliced.members} & {n for n in labels if n.startswith("b0-r0")}
+
+
+def _own(t: Topology, name: str) -> Topology:
+    """The same node type with its own GPU UUIDs: its own Topology object, as a real node's."""
+    return replace(t, gpus=tuple(replace(g, uuid=f"GPU-{name}-{g.index}") for g in t.gpus))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0xFF, 0x0F, 0xF0, 0x3C, 0x81, 0x01]),
+                          st.sampled_from([1000, 3000, 64000]), st.sampled_from([0, 1, 8])),
+                min_size=16, max_size=16),
+       st.integers(1, 24), st.sampled_from([1, 2, 4, 8]), st.sampled_from(["required",
+                                                                           "preferred"]),
+       st.sampled_from([0, 2]))
+@example([(0xFF, 1000, 8)] + [(0xFF, 64000, 8)] * 15, 20, 1, "required", 0)  # alike but CPU
+def test_nodes_with_their_own_topology_objects_are_placed_as_alike_nodes(
+        rooms: list[tuple[int, int, int]], n: int, gpus: int, mode: str, size: int) -> None:
+    """Nodes are grouped and their room remembered by what is free on them (GPUs as their
+    class sees them, CPU, pods), not by their Topology objects: every node with its own gives
+    the same decision as all sharing one, and a rack that holds the gang is found."""
+    base, labels = cluster()
+    dgx = builtin("dgx1-v100")
+    shared = [NodeState(b.name, dgx, frozenset(i for i in range(8) if mask >> i & 1), cpu,
+                        1 << 40, pods) for b, (mask, cpu, pods) in zip(base, rooms, strict=True)]
+    own = [replace(s, topology=_own(dgx, s.name)) for s in shared]
+    g = gang(n, gpus, mode=mode, slice_level=CLIQUE if size else None, size=size)
+    r = place(own, labels, g)
+    assert r == place(shared, labels, g)
+    if isinstance(r, Unplaceable) and mode == "required" and not size:
+        racks: dict[tuple[str, str], int] = {}
+        for s in shared:  # members of 1,000m CPU each
+            rack = (labels[s.name][BLOCK], labels[s.name][RACK])
+            held = min(len(s.free_gpus) // gpus, s.free_cpu_milli // 1000, s.free_pods)
+            racks[rack] = racks.get(rack, 0) + held
+        assert max(racks.values()) < n, r

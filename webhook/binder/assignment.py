@@ -112,16 +112,42 @@ def build_assignment(node: str, topology: Topology | None, gpus: Sequence[int],
     restartPolicy Always: a container after a finished regular init container reuses its GPUs,
     never a sidecar's, which keeps them.
     """
-    asks = [GpuAsk(name, count, "app" if n >= init_containers
-                   else "sidecar" if name in sidecars else "init")
-            for n, (name, count) in enumerate(container_gpus)]
-    try:
-        chosen = allocate(asks, gpus)
-    except DeviceShortage as exc:
-        raise AssignmentError(str(exc)) from exc
-    return GpuAssignment(node=node, containers={
-        name: ContainerGpus(indices, uuids_of(topology, indices))
-        for name, indices in chosen.items()})
+    return Assigner().build(node, topology, gpus, container_gpus, init_containers,
+                            sidecars=sidecars)
+
+
+#: a pod's containers as the hand-out reads them: (name, GPUs) each, how many lead as init
+#: containers, the sidecars among those, and how many GPUs the pod got
+_Shape = tuple[tuple[tuple[str, int], ...], int, frozenset[str], int]
+
+
+class Assigner:
+    """`build_assignment` for many pods (one planning round): the pods of a job share their
+    containers' shape, so which of a pod's GPUs each container gets is worked out once per
+    shape and GPU count, not once per pod."""
+
+    def __init__(self) -> None:
+        self._positions: dict[_Shape, dict[str, tuple[int, ...]]] = {}
+
+    def build(self, node: str, topology: Topology | None, gpus: Sequence[int],
+              container_gpus: Sequence[tuple[str, int]], init_containers: int = 0, *,
+              sidecars: Collection[str] = ()) -> GpuAssignment:
+        shape = (tuple(container_gpus), init_containers, frozenset(sidecars), len(gpus))
+        positions = self._positions.get(shape)
+        if positions is None:
+            asks = [GpuAsk(name, count, "app" if n >= init_containers
+                           else "sidecar" if name in sidecars else "init")
+                    for n, (name, count) in enumerate(container_gpus)]
+            try:  # positions in the pod's GPUs: the same for every pod of this shape
+                positions = allocate(asks, range(len(gpus)))
+            except DeviceShortage as exc:
+                raise AssignmentError(str(exc)) from exc
+            self._positions[shape] = positions
+        containers = {}
+        for name, at in positions.items():
+            indices = tuple(gpus[i] for i in at)
+            containers[name] = ContainerGpus(indices, uuids_of(topology, indices))
+        return GpuAssignment(node=node, containers=containers)
 
 
 def shape_matches(a: GpuAssignment, container_gpus: Sequence[tuple[str, int]]) -> bool:

@@ -24,10 +24,10 @@ from typing import Literal, Protocol
 
 from webhook.binder.allocation import Allocation
 from webhook.binder.assignment import (
+    Assigner,
     AssignmentError,
     Record,
     assigned_indices,
-    build_assignment,
     shape_matches,
     uuids_of,
 )
@@ -252,6 +252,8 @@ class _Round:
     states: dict[str, NodeState]
     config: PlanConfig
     now: float
+    #: the round's assignments: a job's pods share their containers' shape
+    assign: Assigner = field(default_factory=Assigner)
 
     def wait(self, gang: Gang, kind: WaitKind, why: str, reserves: bool = False) -> None:
         timed_out = gang.timeout_seconds is not None and \
@@ -328,8 +330,8 @@ def _recorded_assignment(r: _Round, pod: PodInfo, node_name: str, gpus: tuple[in
             or state.free_memory_bytes < pod.memory_bytes or state.free_pods < 1):
         return None
     try:
-        assignment = build_assignment(node_name, node.topology, gpus, pod.container_gpus,
-                                      pod.init_containers, sidecars=pod.sidecars)
+        assignment = r.assign.build(node_name, node.topology, gpus, pod.container_gpus,
+                                    pod.init_containers, sidecars=pod.sidecars)
     except AssignmentError:
         return None
     r.states[node_name] = _consume(state, pod, gpus)
@@ -360,9 +362,9 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
     for mp in result.members:
         pod = by_key[mp.key]
         node = r.nodes[mp.node]
-        assignments.append((pod, build_assignment(mp.node, node.topology, mp.gpus,
-                                                  pod.container_gpus, pod.init_containers,
-                                                  sidecars=pod.sidecars)))
+        assignments.append((pod, r.assign.build(mp.node, node.topology, mp.gpus,
+                                                pod.container_gpus, pod.init_containers,
+                                                sidecars=pod.sidecars)))
         r.states[mp.node] = _consume(r.states[mp.node], members[mp.key], mp.gpus)
     r.out.places.append(Place(gang, result, tuple(assignments)))
     return False

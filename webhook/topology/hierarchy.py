@@ -34,7 +34,7 @@ from webhook.topology.model import (
     Unplaceable,
 )
 from webhook.topology.network import HOSTNAME, Network
-from webhook.topology.placement import DEFAULT_INTER_NODE_GBPS, member_capacity, place_on_nodes
+from webhook.topology.placement import DEFAULT_INTER_NODE_GBPS, capacity, place_on_nodes
 from webhook.topology.ringfloor import gang_gbps, meets_min_ring
 
 #: how many domains that fit are tried in best-fit order when the engine refuses one (a gang
@@ -115,6 +115,9 @@ class _Decision:
         #: the units a piece takes: members, or GPUs for unlike members
         self.per_piece = max(self._units(s) for s in self.slices)
         self.doms: dict[Key, _Domain] = {}
+        #: alike nodes have the same room: (usable free mask, CPU, memory, pods) -> room, what
+        #: `_room` reads (not the node's Topology object: every node has its own)
+        self._rooms: dict[tuple[int, int, int, int], int] = {}
 
     def _units(self, members: Sequence[MemberRequest]) -> int:
         return len(members) if self.uniform else sum(m.gpus for m in members)
@@ -157,27 +160,29 @@ class _Decision:
         doms = self.doms
         doms[()] = _Domain()
         depth = len(self.chain)
-        # alike nodes (same type, free GPUs, CPU, memory, pods) have the same room: once each
-        rooms: dict[tuple[int, frozenset[int], int, int, int], tuple[int, int]] = {}
         eligible = self.gpu[0].eligible_nodes if self.uniform else None
         node_slices = self.sliced and self.slice_at == depth
         shallow = self.slice_at if self.sliced and not node_slices else 0
         leaves: dict[Key, _Domain] = {}
         paths = self.paths
+        usable = self.tables.usable
+        rooms = self._rooms
         for n in self.nodes:
+            if n.topology is None or not n.free_gpus:
+                continue
             path = paths.get(n.name)
-            if path is None or len(path) <= shallow or n.topology is None or not n.free_gpus:
+            if path is None or len(path) <= shallow:
                 continue  # (a sliced gang needs the slice level's label)
             if eligible is not None and n.name not in eligible:
                 continue
-            rkey = (id(n.topology), n.free_gpus, n.free_cpu_milli, n.free_memory_bytes,
-                    n.free_pods)
-            found = rooms.get(rkey)
-            if found is None:
-                found = rooms[rkey] = self._room(n)
-            room, gpus = found
+            free = usable(n.topology, n.free_gpus)[1]
+            rkey = (free, n.free_cpu_milli, n.free_memory_bytes, n.free_pods)
+            room = rooms.get(rkey)
+            if room is None:
+                room = rooms[rkey] = self._room(*rkey)
             if room <= 0:
                 continue
+            gpus = free.bit_count()
             if len(path) < depth:
                 path = (*path, _OWN)
             leaf = leaves.get(path)
@@ -214,15 +219,12 @@ class _Decision:
             return bool(key) and key[-1].startswith(_NODE)
         return len(key) == self.slice_at + 1 and _real(key)
 
-    def _room(self, n: NodeState) -> tuple[int, int]:
-        """(members, or GPUs for unlike members, the node can take; its usable free GPUs),
-        whatever its name (eligibility is checked apart)."""
-        assert n.topology is not None
-        free = self.tables.usable(n.topology, n.free_gpus)[1]
+    def _room(self, free: int, cpu_milli: int, memory_bytes: int, pods: int) -> int:
+        """Members (GPUs for unlike members) a node with this much room can take, whatever its
+        name (eligibility is checked apart)."""
         if self.uniform:
-            return member_capacity(n, free, replace(self.gpu[0], eligible_nodes=None)), \
-                free.bit_count()
-        return (free.bit_count() if n.free_pods > 0 else 0), free.bit_count()
+            return capacity(free, cpu_milli, memory_bytes, pods, self.gpu[0])
+        return free.bit_count() if pods > 0 else 0
 
     def _best_fit(self, key: Key) -> tuple[int, int, Key]:
         d = self.doms[key]

@@ -1,16 +1,18 @@
 """Gang placement on a set of nodes: which nodes, and which GPUs on each, for every member of a
 gang (`hierarchy` first chooses the network domains whose nodes these are).
 
-Order of preference: fewest nodes; then the best allreduce bandwidth; then least fragmentation
-(best fit: the fewest free GPUs left on the node, then the best sets left behind); then node name,
-so the result is deterministic. GPU members of the gang on one node share one optimally chosen
-GPU set (`gpu_choice.ClassTables.choose`), split among them the same way. 0-GPU members (the MPI
-launcher) go to a node the gang already uses when it has room, else to the node with the fewest
-free GPUs that has room. `min_ring_gbps` (a policy's minRingGBps) is decided by `ringfloor`.
+Order of preference: fewest nodes; then the best allreduce bandwidth, then the set's ring,
+bisection and NUMA span; then best fit (the fewest free GPUs left on the node); then the best
+sets left behind; then node name, so the result is deterministic. GPU members of the gang on one
+node share one optimally chosen GPU set (`gpu_choice.ClassTables.choose`), split among them the
+same way. 0-GPU members (the MPI launcher) go to a node the gang already uses when it has room,
+else to the node with the fewest free GPUs that has room. `min_ring_gbps` (a policy's
+minRingGBps) is decided by `ringfloor`.
 
 Speed: nodes are looked at once per call, through per-class tables keyed by (class, free mask,
-k). The single-node search scores each group of like nodes (same topology, same free GPUs) once,
-so its per-node cost is one dictionary insert and the resource checks. See
+k). The single-node search scores each group of like nodes (same class, same usable free GPUs,
+whatever their Topology objects) once, so its per-node cost is two dictionary lookups, one
+insert and the resource checks. See
 bench/bench_placement.py.
 """
 
@@ -98,20 +100,18 @@ class _Views:
                     yield n, tables, free
 
     def gpu_groups(self) -> Iterator[tuple[ClassTables, int, list[tuple[int, NodeState]]]]:
-        """`gpu_nodes` grouped by (topology object, free GPUs), which fixes the tables and the
+        """`gpu_nodes` grouped by what scoring them reads, their class's tables and usable free
         mask: (tables, free mask, [(position in `nodes`, node)]), groups in order of their
         first node. Scoring a group once, not each of its nodes, is what keeps a placement
-        cheap on a large cluster of like nodes."""
-        groups: dict[tuple[int, frozenset[int]], list[tuple[int, NodeState]]] = {}
+        cheap on a large cluster of like nodes (each with its own Topology object)."""
+        groups: dict[tuple[ClassTables, int], list[tuple[int, NodeState]]] = {}
         for i, n in enumerate(self.nodes):
             if n.topology is not None and n.free_gpus:
-                groups.setdefault((id(n.topology), n.free_gpus), []).append((i, n))
-        for group in groups.values():
-            first = group[0][1]
-            assert first.topology is not None
-            tables, free = self.tables.usable(first.topology, first.free_gpus)
-            if free:
-                yield tables, free, group
+                tables, free = self.tables.usable(n.topology, n.free_gpus)
+                if free:
+                    groups.setdefault((tables, free), []).append((i, n))
+        for (tables, free), group in groups.items():
+            yield tables, free, group
 
 
 def _assign_gpus(node: _Node) -> dict[str, tuple[int, ...]]:
@@ -280,11 +280,17 @@ def member_capacity(n: NodeState, free: int, m: MemberRequest) -> int:
     """How many members like `m` fit on the node, whose usable free GPUs are `free`."""
     if m.eligible_nodes is not None and n.name not in m.eligible_nodes:
         return 0
-    c = min(free.bit_count() // m.gpus, n.free_pods)
+    return capacity(free, n.free_cpu_milli, n.free_memory_bytes, n.free_pods, m)
+
+
+def capacity(free: int, cpu_milli: int, memory_bytes: int, pods: int, m: MemberRequest) -> int:
+    """How many members like `m` fit in this much room (usable free GPUs as a bitmask), whatever
+    the node's name: all a node's capacity reads, so callers may remember it by these."""
+    c = min(free.bit_count() // m.gpus, pods)
     if m.cpu_milli:
-        c = min(c, n.free_cpu_milli // m.cpu_milli)
+        c = min(c, cpu_milli // m.cpu_milli)
     if m.memory_bytes:
-        c = min(c, n.free_memory_bytes // m.memory_bytes)
+        c = min(c, memory_bytes // m.memory_bytes)
     return c
 
 
