@@ -28,6 +28,7 @@ from e2e.cluster import helm
 from e2e.node import versions
 from e2e.node.assets import REPO
 from e2e.node.cluster import NodeCluster
+from e2e.probes import eventually
 from webhook import keys
 from webhook.agent.discovery import discover
 from webhook.agent.dra.claims import plan
@@ -165,8 +166,18 @@ async def test_priority_class_name_is_resolved_before_webhooks(api: tuple[str, K
     except ApiError as exc:
         if not exc.conflict:
             raise
-    made = await kube.create(PODS, pod("prio", priorityClassName="parity-high"), NS,
-                             dry_run=True)
+
+    async def resolved() -> dict[str, Any] | None:
+        # kube-apiserver's Priority admission reads PriorityClasses from an informer: a class
+        # just created is found once the informer has it
+        try:
+            return await kube.create(PODS, pod("prio", priorityClassName="parity-high"), NS,
+                                     dry_run=True)
+        except ApiError as exc:
+            if "no PriorityClass with name parity-high" not in exc.message:
+                raise
+            return None
+    made = await eventually(resolved, within=10, what="the new PriorityClass to be resolved")
     assert made["spec"]["priority"] == 777
 
 
