@@ -45,7 +45,11 @@ async def delete_and_wait(kube: KubeApi, resource: Resource, name: str, ns: str,
                           *also: tuple[Resource, str]) -> None:
     """Delete the job as its user would (the garbage collector takes what it owns) and wait
     until it and each of `also` are gone."""
-    await kube.delete(resource, name, ns, propagation_policy="Background")
+    try:
+        await kube.delete(resource, name, ns, propagation_policy="Background")
+    except ApiError as exc:
+        if not exc.not_found:  # already gone: e.g. its owner's garbage collection took it
+            raise
 
     async def gone() -> bool:
         for res, obj in ((resource, name), *also):
