@@ -19,6 +19,11 @@ forgets its allocations, untimed. Rounds alternate which plugin goes first; per 
 of median admission times, median over rounds. Then the kubelet restarts (`--restarts` times):
 the time until the agent has registered again and listed its 8 GPUs (the agent checks the
 kubelet's socket once a second).
+
+Every admission's answer is checked: its NVIDIA_VISIBLE_DEVICES names the device the kubelet
+recorded, and for the agent a GPU the binder assigned to one of the batch's pods, each once, so
+that a batch hands out exactly the binder's choice. The bench fails with the first answer that
+does not.
 """
 
 from __future__ import annotations
@@ -149,17 +154,30 @@ def pod(batch: int, gpu: int) -> dict[str, Any]:
 
 async def admit_batches(kubelet: FakeKubelet, kube: KubeApi | None, pods: int,
                         batch0: int) -> list[float]:
-    """Admit `pods` one-GPU pods in batches of 8; seconds per admission (both RPCs)."""
+    """Admit `pods` one-GPU pods in batches of 8; seconds per admission (both RPCs). With
+    `kube` (the agent), the pods carry the binder's assignments and every answer must name an
+    assigned GPU, each once per batch; SystemExit otherwise."""
     times: list[float] = []
     for b in range(batch0, batch0 + pods // TOPOLOGY.size):
         made = [pod(b, i) for i in range(TOPOLOGY.size)]
         if kube is not None:
             for p in made:
                 await kube.create(PODS, p, NS)
+        assigned = {g.uuid for g in TOPOLOGY.gpus}  # pod(b, i) is assigned GPU i
         for _ in made:
             t0 = time.perf_counter()
-            await kubelet.admit(keys.GPU_RESOURCE, 1)
+            got = await kubelet.admit(keys.GPU_RESOURCE, 1)
             times.append(time.perf_counter() - t0)
+            visible = got.envs.get(VISIBLE_DEVICES_ENV, "")
+            if visible.split(",") != got.devices:
+                raise SystemExit(f"check: {VISIBLE_DEVICES_ENV}={visible!r}, but the kubelet "
+                                 f"allocated {got.devices} (batch {b})")
+            if kube is not None:
+                if visible not in assigned:
+                    raise SystemExit(f"check: the agent answered {VISIBLE_DEVICES_ENV}="
+                                     f"{visible!r}, not a GPU the binder assigned and not yet "
+                                     f"handed out in batch {b}")
+                assigned.discard(visible)
         if kube is not None:
             for p in made:
                 await kube.delete(PODS, p["metadata"]["name"], NS)

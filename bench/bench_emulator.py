@@ -2,13 +2,17 @@
 measured in the same run with the same client (kubernetes-asyncio via webhook.kube.KubeApi):
 
     .venv/bin/python bench/bench_emulator.py [--nodes 5000] [--pods 2000] [--watchers 5]
+        [--rounds 5]
 
 1. create: POST of N nodes, 50 in flight, vs. an aiohttp handler that only parses the body and
    echoes it with 201 (the least any server does).
 2. list: GET of all N nodes vs. the same bytes served pre-built by a plain aiohttp handler.
 3. watch fan-out: P pod creations with W watchers open on all pods; time until every watcher
    has seen the last event, vs. the same creations with no watcher.
-Everything runs on one event loop in one process, as in tests and `muster demo`.
+Everything runs on one event loop in one process, as in tests and `muster demo`. Each round
+has a fresh emulator and measures all three, the emulator and its baseline in alternating order
+(the first round: emulator first); each ratio is the median of the per-round ratios (above 1:
+the emulator is faster). The bench fails when a list or a watch misses objects.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import asyncio
 import json
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -61,13 +66,14 @@ async def concurrently(n: int, inflight: int, fn: Callable[[int], Awaitable[Any]
     return time.perf_counter() - start
 
 
-async def baseline_server(list_body: bytes) -> tuple[web.AppRunner, str]:
+async def baseline_server(list_body: list[bytes]) -> tuple[web.AppRunner, str]:
+    """The echo (create) and static (list) baselines; `list_body[0]` is what the list serves."""
     async def echo(request: web.Request) -> web.Response:
         body = json.loads(await request.read())
         return web.json_response(body, status=201)
 
     async def listing(_: web.Request) -> web.Response:
-        return web.Response(body=list_body, content_type="application/json")
+        return web.Response(body=list_body[0], content_type="application/json")
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/api/v1/nodes", echo)
@@ -96,66 +102,101 @@ async def watch_until(kube: KubeApi, rv: str, count: int, ready: asyncio.Event) 
         if kind == "ADDED":
             seen += 1
             if seen == count:
-                break
-    return time.perf_counter()
+                return time.perf_counter()
+    raise SystemExit(f"watch: the stream ended after {seen} of {count} events")
+
+
+async def timed(first: Callable[[], Awaitable[float]], second: Callable[[], Awaitable[float]],
+                swap: bool) -> tuple[float, float]:
+    """Both measurements, `second` first when `swap`: drift on a shared machine hits both."""
+    if swap:
+        b = await second()
+        return await first(), b
+    a = await first()
+    return a, await second()
+
+
+async def one_round(args: argparse.Namespace, tmp: Path, base: KubeApi, list_body: list[bytes],
+                    swap: bool) -> dict[str, float]:
+    """The three ratios (baseline time / emulator time) of one round, on a fresh emulator."""
+    async with ApiServerEmulator(history=args.pods + 100) as api:
+        emu = await client_for(api.url, tmp, f"emu-{api.port}")
+        try:
+            t_emu, t_base = await timed(
+                lambda: concurrently(args.nodes, 50, lambda i: emu.create(NODES, node(i))),
+                lambda: concurrently(args.nodes, 50, lambda i: base.request(
+                    "POST", "/api/v1/nodes", body=node(i))), swap)
+            listed = await emu.request("GET", "/api/v1/nodes")
+            if len(listed["items"]) != args.nodes:
+                raise SystemExit(f"list: {len(listed['items'])} of {args.nodes} nodes")
+            list_body[0] = json.dumps(listed).encode()
+
+            async def lists(kube: KubeApi) -> float:
+                start = time.perf_counter()
+                for _ in range(LISTS):
+                    got = await kube.request("GET", "/api/v1/nodes")
+                    if len(got["items"]) != args.nodes:
+                        raise SystemExit(f"list: {len(got['items'])} of {args.nodes} nodes")
+                return (time.perf_counter() - start) / LISTS
+
+            t_list, t_list_base = await timed(lambda: lists(emu), lambda: lists(base), swap)
+            sel = await emu.list(NODES, label_selector="muster.io/gpu-topology=enabled,"
+                                 "muster.io/gpu-model in (Tesla-V100-SXM2-16GB)")
+            if len(sel["items"]) != args.nodes:
+                raise SystemExit(f"list by labels: {len(sel['items'])} of {args.nodes} nodes")
+
+            await emu.create(NAMESPACES, {"metadata": {"name": "bench"}})
+            half = args.pods // 2
+            t_plain = await concurrently(half, 50, lambda i: emu.create(PODS, pod(i), "bench"))
+            rv = str(api.store.rv)
+            ready = [asyncio.Event() for _ in range(args.watchers)]
+            watchers = [asyncio.create_task(watch_until(emu, rv, half, ready[w]))
+                        for w in range(args.watchers)]
+            await asyncio.gather(*(r.wait() for r in ready))
+            await asyncio.sleep(0.2)  # the watch requests are open before the writes start
+            start = time.perf_counter()
+            t_written = await concurrently(half, 50, lambda i: emu.create(
+                PODS, pod(half + i), "bench"))
+            done = await asyncio.gather(*watchers)
+        finally:
+            await emu.client.close()
+    print(f"  round (emulator {'second' if swap else 'first'}): create {args.nodes} nodes "
+          f"{args.nodes / t_emu:6.0f}/s vs echo {args.nodes / t_base:6.0f}/s; list "
+          f"{t_list * 1e3:6.1f} vs static {t_list_base * 1e3:6.1f} ms; {half} pods "
+          f"{half / t_plain:5.0f}/s, with {args.watchers} watchers {half / t_written:5.0f}/s "
+          f"(all seen {max(done) - start:.2f} s after the first write)", flush=True)
+    return {"create": t_base / t_emu, "list": t_list_base / t_list,
+            "watchers": t_plain / t_written}
+
+
+#: GETs of the whole node list per round and server
+LISTS = 5
 
 
 async def main(args: argparse.Namespace) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="muster-bench-"))
-    print(f"emulator bench: {args.nodes} nodes, {args.pods} pods, {args.watchers} watchers")
-    async with ApiServerEmulator(history=args.pods + 100) as api:
-        emu = await client_for(api.url, tmp, "emu")
-        t_emu = await concurrently(args.nodes, 50, lambda i: emu.create(NODES, node(i)))
-        listed = await emu.request("GET", "/api/v1/nodes")
-        assert len(listed["items"]) == args.nodes
-        runner, base_url = await baseline_server(json.dumps(listed).encode())
+    print(f"emulator bench: {args.nodes} nodes, {args.pods} pods, {args.watchers} watchers, "
+          f"{args.rounds} rounds")
+    list_body = [b"{}"]
+    with tempfile.TemporaryDirectory(prefix="muster-bench-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        runner, base_url = await baseline_server(list_body)
         base = await client_for(base_url, tmp, "base")
-        t_base = await concurrently(args.nodes, 50, lambda i: base.request(
-            "POST", "/api/v1/nodes", body=node(i)))
-        print(f"create {args.nodes} nodes:   emulator {args.nodes / t_emu:8.0f}/s   "
-              f"echo baseline {args.nodes / t_base:8.0f}/s   ratio {t_base / t_emu:.2f}")
-
-        rounds = 10
-        start = time.perf_counter()
-        for _ in range(rounds):
-            await emu.request("GET", "/api/v1/nodes")
-        t_list = (time.perf_counter() - start) / rounds
-        start = time.perf_counter()
-        for _ in range(rounds):
-            await base.request("GET", "/api/v1/nodes")
-        t_list_base = (time.perf_counter() - start) / rounds
-        print(f"list {args.nodes} nodes:     emulator {t_list * 1000:8.1f} ms "
-              f"static baseline {t_list_base * 1000:8.1f} ms   ratio "
-              f"{t_list_base / t_list:.2f}")
-        sel = await emu.list(NODES, label_selector="muster.io/gpu-topology=enabled,"
-                                                   "muster.io/gpu-model in (Tesla-V100-SXM2-16GB)")
-        assert len(sel["items"]) == args.nodes
-
-        await emu.create(NAMESPACES, {"metadata": {"name": "bench"}})
-        half = args.pods // 2
-        t_plain = await concurrently(half, 50, lambda i: emu.create(PODS, pod(i), "bench"))
-        rv = str(api.store.rv)
-        ready = [asyncio.Event() for _ in range(args.watchers)]
-        watchers = [asyncio.create_task(watch_until(emu, rv, half, ready[w]))
-                    for w in range(args.watchers)]
-        await asyncio.gather(*(r.wait() for r in ready))
-        await asyncio.sleep(0.2)  # the watch requests are open before the writes start
-        start = time.perf_counter()
-        t_written = await concurrently(half, 50, lambda i: emu.create(PODS, pod(half + i),
-                                                                     "bench"))
-        done = await asyncio.gather(*watchers)
-        t_all_seen = max(done) - start
-        print(f"create {half} pods:       no watcher {half / t_plain:8.0f}/s   "
-              f"{args.watchers} watchers {half / t_written:8.0f}/s   ratio "
-              f"{t_plain / t_written:.2f}")
-        print(f"watch fan-out:          all {args.watchers} watchers saw all {half} events "
-              f"{t_all_seen:.2f} s after the first write (writes took {t_written:.2f} s)")
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(f"peak RSS (client + emulator + baseline, {args.nodes} nodes, {args.pods} pods): "
-              f"{rss:.0f} MiB")
-        await emu.client.close()
-        await base.client.close()
-        await runner.cleanup()
+        try:
+            ratios = [await one_round(args, tmp, base, list_body, swap=r % 2 == 1)
+                      for r in range(args.rounds)]
+        finally:
+            await base.client.close()
+            await runner.cleanup()
+    for name, what in (("create", f"create {args.nodes} nodes vs echo"),
+                       ("list", f"list {args.nodes} nodes vs static bytes"),
+                       ("watchers", f"create {args.pods // 2} pods, {args.watchers} watchers "
+                                    "vs none")):
+        values = [r[name] for r in ratios]
+        print(f"{what:42} ratio {statistics.median(values):.2f} "
+              f"(rounds {min(values):.2f}-{max(values):.2f})")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS (client + emulator + baseline, {args.nodes} nodes, {args.pods} pods): "
+          f"{rss:.0f} MiB")
 
 
 if __name__ == "__main__":
@@ -163,4 +204,5 @@ if __name__ == "__main__":
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pods", type=int, default=2000)
     parser.add_argument("--watchers", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5)
     asyncio.run(main(parser.parse_args()))

@@ -7,6 +7,10 @@ one, with a team label); `muster serve` runs as another process against it, load
 syncs its namespace informer (10,000 objects), and then admits one worker pod of each of
 `--jobs` MPIJobs spread over as many namespaces (owner cache and PodGroup cache filled, PodGroups
 created). RSS and peak RSS (VmHWM) are read from /proc. Target (issue 3): < 150 MiB.
+
+The Volcano queues the policies and the job name are seeded Open, as in a cluster with Volcano:
+without them every admission is a warning and no PodGroup, and the RSS would be an idle
+webhook's. The bench fails when any pod is admitted without its gang or no PodGroup is cached.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench_serve import free_port, local_tls, process, wait_ready  # noqa: E402
+
+from webhook.demo.scenario import QUEUES, volcano_queue  # noqa: E402
 
 FIXTURES = REPO.parent / "shared" / "fixtures"
 POLICY = """\
@@ -61,6 +67,8 @@ def seed_file(path: Path, namespaces: int, jobs: int) -> None:
         docs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {
             "name": f"ns-{i:05d}", "labels": {"team": f"t{i % 100}", "env": "prod"},
             "annotations": {"owner": f"team-{i % 100}@example.com"}}})
+    # the queues POLICY names (q<i>) and the ones the job names (research; default), Open
+    docs.extend(volcano_queue(q) for q in (*(f"q{i}" for i in range(100)), *QUEUES))
     for j in range(jobs):
         doc = json.loads(json.dumps(job))
         doc["metadata"]["namespace"] = f"ns-{j:05d}"
@@ -76,10 +84,10 @@ def metric(text: str, name: str) -> float:
 
 async def admit_workers(url: str, cafile: Path, server: str, template: dict[str, Any],
                         jobs: int) -> int:
-    ok = 0
+    """Admits one worker of each job; how many were admitted with their gang."""
     conn = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=str(cafile)), limit=20)
     async with aiohttp.ClientSession(connector=conn) as session:
-        async def one(j: int) -> bool:
+        async def one(j: int) -> str | None:
             ns = f"ns-{j:05d}"
             path = f"{server}/apis/kubeflow.org/v2beta1/namespaces/{ns}/mpijobs/" \
                    "tensorflow-topo-4-vgg16"
@@ -93,11 +101,15 @@ async def admit_workers(url: str, cafile: Path, server: str, template: dict[str,
             pod["metadata"]["ownerReferences"][0]["uid"] = job["metadata"]["uid"]
             async with session.post(f"{url}/mutate/pods?timeout=10s", json=body) as resp:
                 answer = await resp.json()
-            return bool(answer["response"]["allowed"] and "patch" in answer["response"]
-                        and "warnings" not in answer["response"])
+            response = answer["response"]
+            if response["allowed"] and "patch" in response and "warnings" not in response:
+                return None
+            return f"{ns}: allowed {response['allowed']}, warnings {response.get('warnings')}"
         results = await asyncio.gather(*(one(j) for j in range(jobs)))
-        ok = sum(results)
-    return ok
+    missed = [r for r in results if r is not None]
+    if missed:
+        print(f"admitted without its gang: {missed[0]}")
+    return jobs - len(missed)
 
 
 def main() -> int:
@@ -147,10 +159,12 @@ def main() -> int:
                 with urllib.request.urlopen(
                         f"http://127.0.0.1:{metrics_port}/metrics") as resp:
                     text = resp.read().decode()
-        print(f"policies loaded        {metric(text, 'muster_policies_loaded'):.0f}")
+        loaded_policies = metric(text, 'muster_policies_loaded')
+        print(f"policies loaded        {loaded_policies:.0f}")
+        counts = {}
         for cache in ("namespaces", "owners", "podgroups"):
-            count = metric(text, 'muster_cache_objects{cache="' + cache + '"}')
-            print(f"{cache + ' in cache':22s} {count:.0f}")
+            counts[cache] = metric(text, 'muster_cache_objects{cache="' + cache + '"}')
+            print(f"{cache + ' in cache':22s} {counts[cache]:.0f}")
         print(f"pods admitted with gang {ok}/{args.jobs}")
         print(f"ready after            {synced:.1f} s")
         print(f"RSS after sync         {idle[0] / 1024:.1f} MiB")
@@ -158,7 +172,17 @@ def main() -> int:
               f"MiB)")
         print(f"target < 150 MiB: {'met' if loaded[1] / 1024 < 150 else 'NOT met'}")
     shutil.rmtree(work, ignore_errors=True)
-    return 0
+    failed = [why for bad, why in (
+        (loaded_policies != args.policies, f"{loaded_policies:.0f} of {args.policies} policies "
+                                           "loaded"),
+        (ok != args.jobs, f"{ok} of {args.jobs} pods admitted with their gang"),
+        (not counts["podgroups"] > 0, "no PodGroup in the webhook's cache"),
+        (not counts["namespaces"] >= args.namespaces, f"{counts['namespaces']:.0f} namespaces "
+                                                      f"cached, {args.namespaces} seeded"),
+    ) if bad]
+    for why in failed:
+        print(f"FAILED: {why}: the RSS above is not of the work this bench means to measure")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -54,7 +54,9 @@ TABLES = TableCache()
 
 KINDS = ("dgx1-v100", "dgx1-p100", "hgx-a100", "hgx-h100")
 GANGS = {"4x1": (4, 1), "8x1": (8, 1), "2x4": (2, 4), "16x8": (16, 8)}
-TARGETS_MS = {1000: 10.0, 5000: 100.0}
+#: p99 targets; 16,384 nodes (the largest cluster the bench builds) has none of its own: it shows
+#: that the cost per node stays flat past the caches' old 4,096-node bound
+TARGETS_MS: dict[int, float | None] = {1000: 10.0, 5000: 100.0, 16384: None}
 
 
 def topologies(n: int, rng: random.Random) -> list[object]:
@@ -188,9 +190,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer samples")
     args = ap.parse_args()
     rng = random.Random(42)
-    runs = {1000: 40 if args.quick else 150, 5000: 12 if args.quick else 40}
+    runs = {1000: 40 if args.quick else 150, 5000: 12 if args.quick else 40,
+            16384: 6 if args.quick else 16}
     per_node_choice(rng, 300 if args.quick else 1000, 3 if args.quick else 5)
     ok = True
+    failed: list[str] = []
     for size, reps in runs.items():
         topos = topologies(size, rng)
         snaps = [snapshot(topos, rng) for _ in range(4)]
@@ -198,9 +202,12 @@ def main() -> int:
         for nodes in snaps:
             place_gang(nodes, gang("4x1"), tables=TABLES)
         cold = (time.perf_counter() - t0) * 1e3 / len(snaps)
-        print(f"\n{size} nodes (first call per snapshot, cold caches: {cold:.1f} ms)")
+        target = TARGETS_MS[size]
+        print(f"\n{size} nodes (first call per snapshot, cold caches: {cold:.1f} ms; "
+              f"Topology objects known to the tables: {TABLES.objects()})")
         print(f"  {'gang':6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu p99':>8} "
-              f"{'us/node':>8} {'placed':>7}  p99<{TARGETS_MS[size]:g}ms  p99 gc unfrozen")
+              f"{'us/node':>8} {'placed':>7}  {f'p99<{target:g}ms' if target else 'no target'}"
+              "  p99 gc unfrozen")
         for name in GANGS:
             frozen = measure(snaps, name, reps, freeze=True)
             loose = measure(snaps, name, reps, freeze=False)
@@ -209,13 +216,18 @@ def main() -> int:
             per_node = p50 * 1e3 / size
             # wall time on a shared machine includes other processes: CPU time is the check then
             cpu99 = pct(cpu, 99)
-            met = p99 < TARGETS_MS[size] or cpu99 < TARGETS_MS[size]
+            met = target is None or p99 < target or cpu99 < target
             ok &= met
-            verdict = "ok" if p99 < TARGETS_MS[size] else "ok(cpu)" if met else "MISSED"
+            verdict = "-" if target is None else "ok" if p99 < target else \
+                "ok(cpu)" if met else "MISSED"
+            if placed != reps:  # every snapshot has room for every gang: a miss is a bug
+                failed.append(f"{size} nodes, gang {name}: placed {placed} of {reps}")
             print(f"  {name:6} {p50:8.2f} {p99:8.2f} {max(times):8.2f} {cpu99:8.2f} "
                   f"{per_node:8.2f} {placed:4}/{reps:<3} {verdict:>8}   {pct(loose[0], 99):8.2f}")
+    for line in failed:
+        print(f"FAILED: {line}")
     print("\nall p99 targets met" if ok else "\nsome p99 targets MISSED")
-    return 0 if ok else 1
+    return 0 if ok and not failed else 1
 
 
 if __name__ == "__main__":

@@ -24,6 +24,14 @@ the cheapest there is. Rounds alternate (no-op, muster, no-op, muster, ...) over
 sequence so that drift on a shared machine hits both; each muster round is compared with the no-op
 round just before it and the median of those ratios is reported.
 Targets (issue 3): throughput >= 75 % of the no-op, p99 latency <= 1.5x the no-op.
+
+Muster answers a fail-open, a denial and a missed deadline with HTTP 200 too, so after each of
+its runs the bench reads its /metrics and checks what the answers were: every request patched
+(`plain`: allowed), none failed open, and one PodGroup created per job sent (less at most the
+requests in flight when wrk stopped). It fails, with what differed, when the work did not
+happen. Each round's line shows the CPU per request of the server and of the emulator, and the
+PodGroups in the webhook's cache, so that a cost that grows with the objects in the cluster
+shows up round by round.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from pathlib import Path
 import msgspec
 import yaml
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -77,6 +86,8 @@ class Result:
     p99_ms: float
     errors: int
     requests: int = 0
+    #: jobs whose first pod was sent (mix, miss): each should get its PodGroup
+    jobs: int = 0
     #: CPU seconds the server process, and the emulator, used during the run
     server_cpu_s: float = 0.0
     emulator_cpu_s: float = 0.0
@@ -180,7 +191,7 @@ function init(args)
   for n in string.gmatch(args[5], "%d+") do sizes[#sizes + 1] = tonumber(n) end
   nthreads = tonumber(args[6])
   job = tonumber(args[4]) + (mode == "hit" and 0 or tid)
-  pos, counter, last, wrapped = 0, 0, job, 0
+  pos, counter, last, wrapped, started = 0, 0, job, 0, 0
   wrk.method = "POST"
   wrk.headers["Content-Type"] = "application/json"
 end
@@ -198,6 +209,7 @@ function request()
     pos = pos + 1
     if pos >= workers(j) then pos, job = 0, job + nthreads end
   end
+  if p == 0 and mode ~= "hit" then started = started + 1 end
   if j >= #uids then wrapped = 1 end
   if j > last then last = j end
   local name = "mix-" .. (j % #uids)
@@ -208,12 +220,13 @@ function request()
 end
 
 function done(summary, latency, requests)
-  local used, wrap = 0, 0
+  local used, wrap, jobs = 0, 0, 0
   for _, t in ipairs(threads) do
     used = math.max(used, t:get("last"))
     wrap = math.max(wrap, t:get("wrapped"))
+    jobs = jobs + t:get("started")
   end
-  io.write(string.format("JOBS_LAST %d WRAPPED %d\\n", used, wrap))
+  io.write(string.format("JOBS_LAST %d WRAPPED %d STARTED %d\\n", used, wrap, jobs))
 end
 """
 
@@ -262,10 +275,10 @@ def run_wrk(url: str, load: Load, connections: int, duration: float,
     if m := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)",
                       out):
         errors += sum(int(x) for x in m.groups())
-    jobs = re.search(r"JOBS_LAST (\d+) WRAPPED (\d)", out)
+    jobs = re.search(r"JOBS_LAST (\d+) WRAPPED (\d) STARTED (\d+)", out)
     sent = re.search(r"(\d+) requests in", out)
     assert jobs is not None and sent is not None, out
-    return Result(rps, p50, p99, errors, int(sent[1])), int(jobs[1]), jobs[2] == "1"
+    return Result(rps, p50, p99, errors, int(sent[1]), int(jobs[3])), int(jobs[1]), jobs[2] == "1"
 
 
 @contextmanager
@@ -366,6 +379,56 @@ def plain_review() -> str:
     return json.dumps(review)
 
 
+def scrape(url: str) -> dict[str, float]:
+    """Muster's counters this bench checks, from its /metrics: requests by outcome, fail-opens,
+    PodGroup writes by result, and the PodGroups it has cached."""
+    import urllib.request  # noqa: PLC0415
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    names = {"muster_admission_requests_total": "outcome",
+             "muster_admission_fail_open_total": "reason",
+             "muster_podgroup_writes_total": "result"}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                key = f"{sample.name}:{sample.labels[names[sample.name]]}"
+                out[key] = out.get(key, 0.0) + sample.value
+            elif sample.name == "muster_cache_objects" and \
+                    sample.labels.get("cache") == "podgroups":
+                out["podgroups cached"] = sample.value
+    return out
+
+
+def check_outcomes(case: str, res: Result, before: dict[str, float], after: dict[str, float],
+                   connections: int) -> list[str]:
+    """What Muster's answers during one run were not, read from its counters' deltas."""
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items() if k != "podgroups cached"}
+    expected = "allowed" if case == "plain" else "patched"
+    answered = delta.get(f"muster_admission_requests_total:{expected}", 0.0)
+    other = {k.split(":")[1]: v for k, v in delta.items() if v and k.startswith(
+        "muster_admission_requests_total:") and not k.endswith((f":{expected}", ":disconnected"))}
+    fail_open = {k.split(":")[1]: v for k, v in delta.items()
+                 if v and k.startswith("muster_admission_fail_open_total:")}
+    created = delta.get("muster_podgroup_writes_total:created", 0.0)
+    errors = delta.get("muster_podgroup_writes_total:error", 0.0)
+    problems = []
+    if answered < res.requests:
+        problems.append(f"{answered:.0f} requests {expected}, of {res.requests} wrk saw answered")
+    if other:
+        problems.append(f"other outcomes {other}")
+    if fail_open:
+        problems.append(f"failed open {fail_open}")
+    if errors:
+        problems.append(f"{errors:.0f} PodGroup writes failed")
+    # a job's first pod still in flight when wrk stopped may not have reached the server
+    low, high = (max(res.jobs - connections, 0), res.jobs) if case in ("mix", "miss") else (0, 1)
+    if not low <= created <= high:
+        problems.append(f"{created:.0f} PodGroups created for {res.jobs} jobs sent")
+    return problems
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per round")
@@ -390,6 +453,7 @@ def main() -> int:
     if shutil.which("wrk") is None:
         raise SystemExit("bench_serve needs wrk (Debian/Ubuntu: apt-get install wrk)")
     cases = args.request or ["mix", "hit", "miss"]
+    everything_failed: list[str] = []
 
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         work = Path(tmp)
@@ -402,11 +466,13 @@ def main() -> int:
         (work / "template.json").write_text(worker_template())
         (work / "plain.json").write_text(plain_review())
         emulator, kubeconfig_path = emulator_cmd(work)
-        muster_port, noop_port = free_port(), free_port()
+        muster_port, noop_port, metrics_port = free_port(), free_port(), free_port()
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         serve_cmd = [sys.executable, "-m", "webhook", "--log-level", "warning", "serve",
                      "--host", "127.0.0.1", "--port", str(muster_port),
                      "--policies", str(policies), "--tls-cert-file", str(work / "tls.crt"),
-                     "--tls-key-file", str(work / "tls.key"), "--kubeconfig", str(kubeconfig_path)]
+                     "--tls-key-file", str(work / "tls.key"), "--kubeconfig", str(kubeconfig_path),
+                     "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port)]
         noop_cmd = [sys.executable, __file__, "--noop-server", str(noop_port),
                     str(work / "tls.crt"), str(work / "tls.key"), args.noop_parser]
         with process(emulator, work / "emulator.log") as emu:
@@ -426,32 +492,46 @@ def main() -> int:
                 first = len(SIZES)  # jobs below are the hit case's
                 for case in cases:
                     results: dict[str, list[Result]] = {"no-op": [], "muster": []}
+                    failed: list[str] = []
                     wrapped = False
                     for round_no in range(args.rounds + 1):  # round 0 warms both up
                         load = Load(case, hit_job if case == "hit" else first)
                         last = first
                         for name, (url, proc, _) in targets.items():
+                            counters = scrape(metrics_url) if name == "muster" else {}
                             cpu0 = cpu_seconds(proc.pid), cpu_seconds(emu.pid)
                             res, used, wrap = run_wrk(
                                 f"{url}/mutate/pods?timeout=10s", load, args.connections,
                                 2.0 if round_no == 0 else args.duration, work)
                             res.server_cpu_s = cpu_seconds(proc.pid) - cpu0[0]
                             res.emulator_cpu_s = cpu_seconds(emu.pid) - cpu0[1]
+                            extra = ""
                             if name == "muster":  # the no-op is sent the same jobs
                                 last, wrapped = max(last, used), wrapped or wrap
+                                after = scrape(metrics_url)
+                                failed += (f"{case} round {round_no}: {why}" for why in
+                                           check_outcomes(case, res, counters, after,
+                                                          args.connections))
+                                extra = f"  PodGroups cached {after['podgroups cached']:.0f}"
                             if round_no:
                                 results[name].append(res)
                                 print(f"{case} round {round_no} {name:7s} {res.rps:8.0f} req/s  "
                                       f"p50 {res.p50_ms:7.2f} ms  p99 {res.p99_ms:7.2f} ms  "
-                                      f"errors {res.errors}", flush=True)
+                                      f"errors {res.errors}  CPU/request server "
+                                      f"{res.server_cpu_s / res.requests * 1e6:5.0f} us, "
+                                      f"emulator {res.emulator_cpu_s / res.requests * 1e6:5.0f}"
+                                      f" us{extra}", flush=True)
                         if case in ("mix", "miss"):
                             first = last + THREADS  # the next round sends jobs never seen
                     report(case, results, args, wrapped)
-    return 0
+                    for why in failed:
+                        print(f"FAILED: {why}", flush=True)
+                    everything_failed += failed
+    return 1 if everything_failed else 0
 
 
 def wait_kubeconfig(kubeconfig: Path, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a busy shared machine starts it slowly
     while not kubeconfig.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"emulator failed:\n{log.read_text()}")

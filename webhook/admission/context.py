@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 MAX_OWNER_DEPTH = 4
 #: how long a missing or unreadable owner is remembered as such
 NEGATIVE_TTL = 2.0
+#: the owner cache drops its expired entries when it reaches this size or more
+PRUNE_MIN = 256
 #: how often a cluster without Volcano's Queue CRD is probed again
 QUEUE_PROBE_INTERVAL = 60.0
 
@@ -53,6 +55,9 @@ class OwnerCache:
         self._entries: dict[str, tuple[float, dict[str, Any] | None]] = {}
         self._inflight: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
         self.fetches = 0
+        #: size at which expired entries are next dropped: twice what was left the last time,
+        #: so a prune's cost is spread over as many inserts
+        self._prune_at = PRUNE_MIN
 
     def peek(self, ref: Mapping[str, Any]) -> tuple[bool, dict[str, Any] | None]:
         """(fresh entry present, its object) without waiting: the common path has no await."""
@@ -105,9 +110,13 @@ class OwnerCache:
         return len(self._entries)
 
     def _prune(self, now: float) -> None:
-        if len(self._entries) > 4096:
+        """Drop expired entries (never read again: `get` fetches anew). Done once the cache
+        has doubled, it holds about the owners of the last ttl, not thousands of jobs long
+        past, which every full garbage collection would walk through."""
+        if len(self._entries) >= self._prune_at:
             for uid in [u for u, (exp, _) in self._entries.items() if exp <= now]:
                 del self._entries[uid]
+            self._prune_at = max(2 * len(self._entries), PRUNE_MIN)
 
 
 async def policies_configmap_ref(api: KubeApi, namespace: str, name: str) -> dict[str, Any]:

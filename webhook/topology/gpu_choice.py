@@ -10,13 +10,16 @@ whole NUMA nodes largest first, and the last one best-fit, uses the fewest NUMA 
 and keeps the other NUMA nodes whole.
 
 Caches are per topology class (`codec.topology_class`): all DGX-1 V100 nodes share one table of
-set scores and one table of choices per (free mask, k), held by a `TableCache` its user owns.
+set scores and one table of choices per (free mask, k), found through a `TableCache` its user
+owns.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
+import weakref
 from collections.abc import Iterable
 
 from webhook.lru import Lru
@@ -141,26 +144,53 @@ class ClassTables:
 
 
 class TableCache:
-    """The ClassTables of each topology class, and of each Topology object its class's tables
-    and usable free masks: bounded LRUs owned by the caller. The binder keeps one for its life
-    (its nodes keep their decoded Topology objects, so a lookup is one dictionary hit); a
-    one-off caller (the CLI, simulate) gets a fresh one per call."""
+    """The ClassTables of each topology class, found from a node's Topology object, and each
+    node's usable free GPUs: caches owned by the caller. The binder keeps one for its life (its
+    nodes keep their decoded Topology objects, so a lookup is one dictionary hit); a one-off
+    caller (the CLI, simulate) gets a fresh one per call.
 
-    def __init__(self, classes: int = 64, objects: int = 4096, *, warm: bool = True) -> None:
+    Every node has its own Topology object (its own GPU UUIDs), so what is kept per object is
+    held only while the object lives (a weak reference): the map is as large as the cluster its
+    owner holds, never smaller (a fixed bound below the node count made every placement on a
+    larger cluster recompute each node's class) nor larger (a node's old Topology takes its
+    entry with it). Everything else is keyed on what repeats across nodes and calls: the
+    topology class, and (free GPUs, healthy GPUs) for the usable mask."""
+
+    def __init__(self, classes: int = 64, masks: int = 16384, *, warm: bool = True) -> None:
         # warm: compute every table up front (88 ms for a DGX-1 V100), for a long-lived owner;
         # a one-off caller fills only the entries it asks for
         self.warm = warm
         self._by_class: Lru[str, ClassTables] = Lru(classes)
-        # keyed by identity with the object held: a hit is the same object only if it `is` the
-        # one held (an id is reused once its object is gone)
-        self._by_object: Lru[int, tuple[Topology, ClassTables]] = Lru(objects)
-        self._masks: Lru[tuple[int, frozenset[int]], tuple[Topology, int]] = Lru(objects * 4)
+        # id of a live Topology -> (weak reference to it, its class's tables, healthy mask)
+        self._by_object: dict[int, _Known] = {}
+        # (free GPU indices, healthy mask) -> usable free mask: 8-GPU nodes have at most 256
+        # free sets per health state, however many nodes share them
+        self._masks: Lru[tuple[frozenset[int], int], int] = Lru(masks)
         self._lock = threading.Lock()
 
     def tables(self, t: Topology) -> ClassTables:
-        hit = self._by_object.get(id(t))
-        if hit is not None and hit[0] is t:
-            return hit[1]
+        return self._known(t)[1]
+
+    def usable(self, t: Topology, free: frozenset[int]) -> tuple[ClassTables, int]:
+        """(class tables, usable free mask) of a node: `frozenset` caches its hash, so this is
+        two lookups per node and call once the node's Topology is known."""
+        _, tables, healthy = self._known(t)
+        key = (free, healthy)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = usable_mask(t, free)
+            self._masks.put(key, mask)
+        return tables, mask
+
+    def objects(self) -> int:
+        """Topology objects known (as many as the live nodes that were looked at)."""
+        return len(self._by_object)
+
+    def _known(self, t: Topology) -> _Known:
+        key = id(t)
+        hit = self._by_object.get(key)
+        if hit is not None and hit[0]() is t:
+            return hit
         cls = topology_class(t)
         with self._lock:
             tables = self._by_class.get(cls)
@@ -169,19 +199,22 @@ class TableCache:
                 if self.warm:
                     tables.warm()
                 self._by_class.put(cls, tables)
-            self._by_object.put(id(t), (t, tables))
-        return tables
+        entry = (weakref.ref(t, functools.partial(_forget, self._by_object, key)), tables,
+                 usable_mask(t, range(t.size)))
+        self._by_object[key] = entry
+        return entry
 
-    def usable(self, t: Topology, free: frozenset[int]) -> tuple[ClassTables, int]:
-        """(class tables, usable free mask) of a node: `frozenset` caches its hash, so this is
-        one lookup per node and call once the node's Topology is known."""
-        tables = self.tables(t)
-        key = (id(t), free)
-        hit = self._masks.get(key)
-        if hit is None or hit[0] is not t:
-            hit = (t, usable_mask(t, free))
-            self._masks.put(key, hit)
-        return tables, hit[1]
+
+#: what a TableCache keeps per live Topology object: a weak reference to it, its class's
+#: tables, and its healthy GPUs as a bitmask
+_Known = tuple["weakref.ref[Topology]", ClassTables, int]
+
+
+def _forget(known: dict[int, _Known], key: int, ref: weakref.ref[Topology]) -> None:
+    """A Topology is gone: drop its entry, unless its id already names a newer object's."""
+    entry = known.get(key)
+    if entry is not None and entry[0] is ref:
+        known.pop(key, None)
 
 
 def usable_mask(t: Topology, free: Iterable[int]) -> int:
@@ -197,10 +230,11 @@ def choose_gpus(t: Topology, free: Iterable[int], k: int, tables: TableCache | N
                 ) -> tuple[int, ...] | None:
     """The best k GPUs among `free` on a node of topology `t` (sorted indices), or None when
     fewer than k healthy GPUs are free."""
-    mask = (tables.tables(t) if tables else ClassTables(t)).choose(usable_mask(t, free), k)
+    found = tables.tables(t) if tables is not None else ClassTables(t)
+    mask = found.choose(usable_mask(t, free), k)
     return None if mask is None else tuple(scoring.members(mask))
 
 
 def set_score(t: Topology, gpus: Iterable[int], tables: TableCache | None = None) -> SetScore:
     """Scores of a given GPU set (cached per class in `tables`)."""
-    return (tables.tables(t) if tables else ClassTables(t)).score(scoring.to_mask(gpus))
+    return (tables.tables(t) if tables is not None else ClassTables(t)).score(scoring.to_mask(gpus))

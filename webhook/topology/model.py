@@ -37,7 +37,7 @@ class GPU:
     healthy: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)  # weak: caches follow the nodes
 class Topology:
     """One node's GPUs and how they are connected.
 
