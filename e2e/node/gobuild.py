@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -41,7 +40,6 @@ from e2e.node.versions import ETCD, KUBERNETES
 
 SERVER_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
                    "kube-proxy")
-_REPLACE_LINE = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/src/k8s\.io/[\w.-]+\s*$")
 
 
 def cache_root() -> Path:
@@ -70,13 +68,11 @@ def _go_env() -> dict[str, str]:
             "GOTOOLCHAIN": "local"}
 
 
-def staging_modules(version: str, env: dict[str, str], work: Path) -> list[str]:
-    """The `k8s.io/*` modules that `k8s.io/kubernetes@version` replaces with staging paths."""
-    out = _go(["mod", "download", "-json", f"k8s.io/kubernetes@{version}"], work, env)
-    gomod = Path(json.loads(out.stdout)["GoMod"]).read_text()
-    mods = [m.group(1) for line in gomod.splitlines() if (m := _REPLACE_LINE.match(line))]
+def staging_modules(replaces: list[Replace]) -> list[str]:
+    """The `k8s.io/*` modules that `k8s.io/kubernetes`'s go.mod replaces with staging paths."""
+    mods = [r.old for r in replaces if not r.new_version and r.new.startswith("./staging/")]
     if not mods:
-        raise RuntimeError(f"k8s.io/kubernetes@{version}'s go.mod names no staging replaces")
+        raise RuntimeError("k8s.io/kubernetes's go.mod names no staging replaces")
     return mods
 
 
@@ -101,12 +97,6 @@ def _version_ldflags(version: str) -> str:
     return " ".join(["-s", "-w", *flags])
 
 
-def _module_go_version(version: str, env: dict[str, str], work: Path) -> str:
-    out = _go(["mod", "download", "-json", f"k8s.io/kubernetes@{version}"], work, env)
-    m = re.search(r"^go (\S+)$", Path(json.loads(out.stdout)["GoMod"]).read_text(), re.M)
-    return m.group(1) if m else "1.26"
-
-
 def _install(built: Path, dest: Path, names: tuple[str, ...]) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for name in names:
@@ -128,8 +118,8 @@ def build_kubernetes(version: str = KUBERNETES,
     with tempfile.TemporaryDirectory(prefix="muster-k8sbuild-") as tmp:
         work = Path(tmp)
         (work / "go.mod").write_text("module muster.local/probe\n\ngo 1.26\n")
-        staging = staging_modules(version, env, work)
-        go_version = _module_go_version(version, env, work)
+        go_version, replaces = module_gomod("k8s.io/kubernetes", version, env, work)
+        staging = staging_modules(replaces)
         (work / "go.mod").write_text(kubernetes_build_module(version, staging, go_version))
         out = work / "bin"
         pkgs = [f"k8s.io/kubernetes/cmd/{n}" for n in missing]

@@ -230,11 +230,15 @@ def choose_gpus(t: Topology, free: Iterable[int], k: int, tables: TableCache | N
                 ) -> tuple[int, ...] | None:
     """The best k GPUs among `free` on a node of topology `t` (sorted indices), or None when
     fewer than k healthy GPUs are free."""
-    found = tables.tables(t) if tables is not None else ClassTables(t)
-    mask = found.choose(usable_mask(t, free), k)
+    mask = _class_tables(t, tables).choose(usable_mask(t, free), k)
     return None if mask is None else tuple(scoring.members(mask))
 
 
 def set_score(t: Topology, gpus: Iterable[int], tables: TableCache | None = None) -> SetScore:
     """Scores of a given GPU set (cached per class in `tables`)."""
-    return (tables.tables(t) if tables is not None else ClassTables(t)).score(scoring.to_mask(gpus))
+    return _class_tables(t, tables).score(scoring.to_mask(gpus))
+
+
+def _class_tables(t: Topology, tables: TableCache | None) -> ClassTables:
+    """`t`'s class tables: the caller's cached ones, else fresh ones for this call."""
+    return tables.tables(t) if tables is not None else ClassTables(t)
