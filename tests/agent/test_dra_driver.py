@@ -264,7 +264,16 @@ async def test_the_slice_is_created_kept_updated_and_alone(
     assert live["spec"]["pool"]["generation"] == 5  # past the deleted slice's pool generation
     assert len(live["spec"]["devices"]) == 8
 
+    lists = 0
+    real_list = kube.list
+
+    async def counted(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        nonlocal lists
+        lists += 1
+        return await real_list(*args, **kwargs)
+    kube.list = counted  # type: ignore[method-assign]
     assert not await publisher.publish(dgx1, {})  # nothing changed: nothing written
+    assert lists == 0  # after the first round's sweep, a round reads its own slice only
 
     gpus = list(dgx1.gpus)
     gpus[2] = dataclasses.replace(gpus[2], healthy=False)
@@ -273,6 +282,10 @@ async def test_the_slice_is_created_kept_updated_and_alone(
     assert live is not None
     assert live["spec"]["pool"]["generation"] == 6
     assert "gpu-2" not in [d["name"] for d in live["spec"]["devices"]]
+
+    await cluster.delete("resourceslices", slice_name(NODE))  # deleted by hand: made again
+    assert await publisher.publish(dgx1, {})
+    assert cluster.get("resourceslices", slice_name(NODE)) is not None
 
 
 async def test_the_agent_with_dra_only_publishes_its_slice_and_serves_the_kubelet(
@@ -326,3 +339,24 @@ async def test_muster_agent_dra_process_prepares_a_claim(
     assert proc.returncode == 0, out.decode()
     assert not cfg.registration_socket.exists() and not cfg.dra_socket.exists()
     assert set(decode_checkpoint(cfg.checkpoint.read_bytes())) == {u_a}  # outlives the agent
+
+
+async def test_sysfs_is_walked_again_only_when_the_gpus_change(
+        cluster: ApiServerEmulator, kube: KubeApi, dirs: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    walks: list[int] = []
+
+    def counted(topology: Topology) -> dict[int, str]:
+        walks.append(len(topology.gpus))
+        return {}
+    monkeypatch.setattr("webhook.agent.runner.pcie_roots", counted)
+    cfg = AgentConfig(node=NODE, device_plugin=False, dra=config(dirs),
+                      plugin=PluginConfig(node=NODE, kubelet_dir=dirs / "dp"))
+    nvml = FakeNvml.profile("hgx-a100")
+    agent = Agent(cfg, nvml_discoverer(nvml), kube)
+    await agent.step()
+    await agent.step()
+    assert walks == [8]
+    agent.discoverer = nvml_discoverer(FakeNvml.profile("dgx1-v100"))  # other GPUs, other buses
+    await agent.step()
+    assert len(walks) == 2

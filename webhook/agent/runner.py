@@ -126,6 +126,7 @@ class Agent:
         self.dra = DraDriver(config.dra, KubeClaims(api)) if config.dra is not None else None
         self.slices = SlicePublisher(api, config.node)
         self.pcie_roots: dict[int, str] = {}  # from sysfs, for the ResourceSlice
+        self._roots_of: tuple[str, ...] | None = None  # the bus IDs `pcie_roots` was read for
         self.topology: Topology | None = None  # as discovered, identities kept
         self.found = Discovery(None)
         self.faulty: set[str] = set()  # UUIDs of GPUs with a critical XID since start
@@ -143,8 +144,11 @@ class Agent:
         if found.topology is not None:
             self.topology = keep_identity(self.topology, found.topology)
             found = Discovery(self.topology, found.degradations, found.driver_version)
-            if self.dra is not None:
+            buses = tuple(g.pci_bus_id for g in self.topology.gpus)
+            if self.dra is not None and buses != self._roots_of:
+                # sysfs is walked when the GPUs' bus IDs change, not every round
                 self.pcie_roots = await asyncio.to_thread(pcie_roots, self.topology)
+                self._roots_of = buses
         self.found = found
         await self.apply()
         self.rounds += 1

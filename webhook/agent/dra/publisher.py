@@ -48,23 +48,20 @@ class SlicePublisher:
     def __init__(self, api: KubeApi, node: str) -> None:
         self.api = api
         self.node = node
+        #: other slices of this driver on this node were swept (an earlier agent's): done once,
+        #: after which each round reads its own slice by name (a GET, as the Node publisher's)
+        self._swept = False
 
     async def publish(self, topology: Topology, roots: dict[int, str]) -> bool:
         """Bring the node's slices up to date; True when something was written. ApiError
         propagates (the runner retries on its next round)."""
-        listed = await self.api.list(
-            RESOURCE_SLICES,
-            field_selector=f"spec.nodeName={self.node},spec.driver={keys.DRA_DRIVER}")
-        items: list[dict[str, Any]] = listed.get("items") or []
         name = slice_name(self.node)
-        live = next((i for i in items if i["metadata"]["name"] == name), None)
         wrote = False
-        for item in items:
-            if item is not live:
-                await self._delete(item["metadata"]["name"])
-                wrote = True
-        last = max((((i.get("spec") or {}).get("pool") or {}).get("generation", 0)
-                    for i in items), default=0)
+        if self._swept:
+            live = await self._get(name)
+            last = _generation(live) if live is not None else 0
+        else:
+            live, last, wrote = await self._sweep(name)
         wanted = resource_slice(self.node, topology, last + 1, roots)
         if live is None:
             await self.api.create(RESOURCE_SLICES, wanted)
@@ -77,6 +74,28 @@ class SlicePublisher:
         log.info("ResourceSlice updated", extra={"slice": name, "generation": last + 1})
         return True
 
+    async def _sweep(self, name: str) -> tuple[dict[str, Any] | None, int, bool]:
+        """List this node's slices of the driver, delete all but `name`: (the live one, the
+        highest pool generation seen, whether any was deleted)."""
+        listed = await self.api.list(
+            RESOURCE_SLICES,
+            field_selector=f"spec.nodeName={self.node},spec.driver={keys.DRA_DRIVER}")
+        items: list[dict[str, Any]] = listed.get("items") or []
+        live = next((i for i in items if i["metadata"]["name"] == name), None)
+        others = [i for i in items if i is not live]
+        for item in others:
+            await self._delete(item["metadata"]["name"])
+        self._swept = True
+        return live, max(map(_generation, items), default=0), bool(others)
+
+    async def _get(self, name: str) -> dict[str, Any] | None:
+        try:
+            return await self.api.get(RESOURCE_SLICES, name)
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+
     async def _delete(self, name: str) -> None:
         try:
             await self.api.delete(RESOURCE_SLICES, name)
@@ -85,3 +104,8 @@ class SlicePublisher:
                 raise
         log.info("stale ResourceSlice deleted", extra={"slice": name})
 
+
+
+def _generation(item: dict[str, Any]) -> int:
+    generation: int = ((item.get("spec") or {}).get("pool") or {}).get("generation", 0)
+    return generation
