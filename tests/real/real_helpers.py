@@ -6,14 +6,17 @@ import json
 import subprocess
 from typing import Any
 
-from e2e.cluster import chart_values, helm
+from e2e.cluster import NAMESPACE, chart_values, helm
 from e2e.node import image
 from e2e.node.cluster import NodeCluster
 from e2e.node.kubectl import crd_documents, kubectl, wait_established
+from e2e.probes import eventually
 from webhook.demo import EXAMPLE_POLICIES
+from webhook.kube import PODS, KubeApi
 
 __all__ = ["NETWORK_LEVELS", "crd_documents", "diagnostics", "kubectl", "pod_ready",
-           "release_values", "run_helm", "wait_established"]
+           "release_values", "run_helm", "wait_established", "wait_webhook_pods",
+           "webhook_pods"]
 
 #: the binder's network levels (docs/topology.md): Topograph's spine (a block) and leaf (a
 #: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
@@ -25,6 +28,25 @@ def pod_ready(pod: dict[str, Any]) -> bool:
     """The pod's Ready condition (a pod just created has no containerStatuses to check yet)."""
     return any(c["type"] == "Ready" and c["status"] == "True"
                for c in pod.get("status", {}).get("conditions", []))
+
+
+async def webhook_pods(kube: KubeApi, *, terminating: bool = False) -> list[dict[str, Any]]:
+    """The release's webhook pods; those being deleted only when `terminating`."""
+    pods: list[dict[str, Any]] = (await kube.list(
+        PODS, namespace=NAMESPACE, label_selector="app.kubernetes.io/component=webhook"))["items"]
+    return pods if terminating else [p for p in pods
+                                     if not p["metadata"].get("deletionTimestamp")]
+
+
+async def wait_webhook_pods(kube: KubeApi, replicas: int, within: float = 180) -> None:
+    """Until exactly `replicas` webhook pods are live and ready; for 0, until none is left at
+    all (a terminating pod may still answer)."""
+    async def settled() -> bool:
+        if replicas == 0:
+            return not await webhook_pods(kube, terminating=True)
+        live = await webhook_pods(kube)
+        return len(live) == replicas and all(pod_ready(p) for p in live)
+    await eventually(settled, within=within, what=f"{replicas} ready webhook pods")
 
 
 def run_helm(cluster: NodeCluster, *args: str, timeout: float = 420

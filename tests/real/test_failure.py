@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from jobs import delete_jobs, ensure_namespace, mpijob, submit
-from real_helpers import pod_ready
+from real_helpers import wait_webhook_pods, webhook_pods
 
 from e2e.cluster import NAMESPACE
 from e2e.node.cluster import NODE_NAME
@@ -20,12 +20,6 @@ from webhook.policy import operators
 JOBS_UNDER_LOAD, WORKERS = 10, 20  # 200 pods
 
 
-async def _webhook_pods(kube: KubeApi) -> list[str]:
-    pods = (await kube.list(PODS, namespace=NAMESPACE,
-                            label_selector="app.kubernetes.io/component=webhook"))["items"]
-    return [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")]
-
-
 async def test_deleting_a_webhook_pod_during_200_creates_loses_no_pod(kube: KubeApi) -> None:
     ns = await ensure_namespace(kube, "team-a")  # policy mpi-volcano: a PodGroup per job
     names = [f"load-{i}" for i in range(JOBS_UNDER_LOAD)]
@@ -33,7 +27,7 @@ async def test_deleting_a_webhook_pod_during_200_creates_loses_no_pod(kube: Kube
     for name in names:
         made = await kube.create(MPIJOBS, mpijob(name, ns, workers=WORKERS), namespace=ns)
         pods += operators.mpi_worker_pods(made)
-    victim = (await _webhook_pods(kube))[0]
+    victim = (await webhook_pods(kube))[0]["metadata"]["name"]
     gate = asyncio.Semaphore(8)  # 8 clients creating at once
     done, failures = 0, []
     underway = asyncio.Event()
@@ -66,16 +60,11 @@ async def test_deleting_a_webhook_pod_during_200_creates_loses_no_pod(kube: Kube
             groups = (await kube.list(VOLCANO_PODGROUPS, namespace=ns,
                                       field_selector=f"metadata.name={name}"))["items"]
             assert [g["spec"]["minMember"] for g in groups] == [WORKERS + 1]
-        assert victim not in await _webhook_pods(kube)
+        assert victim not in [p["metadata"]["name"] for p in await webhook_pods(kube)]
     finally:
         await delete_jobs(kube, ns, names)
 
-    async def two_ready() -> bool:
-        pods = (await kube.list(PODS, namespace=NAMESPACE,
-                                label_selector="app.kubernetes.io/component=webhook"))["items"]
-        return sum(pod_ready(p) and not p["metadata"].get("deletionTimestamp")
-                   for p in pods) == 2
-    await eventually(two_ready, within=120, what="the Deployment to replace the webhook pod")
+    await wait_webhook_pods(kube, 2, within=120)  # the Deployment replaced the deleted one
 
 
 def _assigned(pod: dict[str, Any]) -> list[int]:

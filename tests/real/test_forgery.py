@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from jobs import PRINT_GPUS, delete_jobs, ensure_namespace, mpijob, submit
-from real_helpers import kubectl, pod_ready
+from real_helpers import kubectl, wait_webhook_pods
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node import image
@@ -274,12 +274,4 @@ async def _webhook_replicas(kube: KubeApi, cluster: NodeCluster, replicas: int) 
     """Scale the webhook Deployment and wait until exactly `replicas` pods are ready."""
     kubectl(cluster, "scale", "deployment", "-n", NAMESPACE, "-l",
             "app.kubernetes.io/component=webhook", f"--replicas={replicas}")
-
-    async def settled() -> bool:
-        pods = (await kube.list(PODS, namespace=NAMESPACE,
-                                label_selector="app.kubernetes.io/component=webhook"))["items"]
-        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-        if replicas == 0:
-            return not pods
-        return len(live) == replicas and all(pod_ready(p) for p in live)
-    await eventually(settled, within=180, what=f"{replicas} ready webhook pods")
+    await wait_webhook_pods(kube, replicas)

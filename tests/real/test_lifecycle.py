@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 from jobs import ensure_namespace, mpijob, submit
-from real_helpers import kubectl, release_values, run_helm
+from real_helpers import kubectl, release_values, run_helm, webhook_pods
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node.assets import REPO
@@ -32,17 +32,15 @@ from webhook.kube import (
     EVENTS,
     MPIJOBS,
     MUTATING_WEBHOOKS,
-    PODS,
     VALIDATING_WEBHOOKS,
     KubeApi,
 )
 
 CHART = str(REPO / "charts" / "muster")
-async def _webhook_pods(kube: KubeApi) -> dict[str, int]:
-    pods = (await kube.list(PODS, namespace=NAMESPACE,
-                            label_selector="app.kubernetes.io/component=webhook"))["items"]
+async def _webhook_restarts(kube: KubeApi) -> dict[str, int]:
+    """Each webhook pod's uid → its containers' restarts."""
     return {p["metadata"]["uid"]: sum(c["restartCount"] for c in p["status"]["containerStatuses"])
-            for p in pods}
+            for p in await webhook_pods(kube, terminating=True)}
 
 
 async def _ca_bundles(kube: KubeApi) -> list[bytes]:
@@ -65,7 +63,7 @@ async def test_upgrade_applies_policies_live_and_rollback_restores_them(
         kube: KubeApi, node_cluster: NodeCluster) -> None:
     ns = await ensure_namespace(kube, "team-c")
     assert "cost-center" not in await probe_labels(kube, ns)
-    before_pods, before_ca = await _webhook_pods(kube), await _ca_bundles(kube)
+    before_pods, before_ca = await _webhook_restarts(kube), await _ca_bundles(kube)
 
     values = release_values(node_cluster)
     values["policies"]["team-c.yaml"] = EXTRA_POLICY
@@ -76,7 +74,7 @@ async def test_upgrade_applies_policies_live_and_rollback_restores_them(
     async def labelled() -> bool:
         return (await probe_labels(kube, ns)).get("cost-center") == "vision"
     await eventually(labelled, within=120, what="the upgraded policies to apply without a restart")
-    assert await _webhook_pods(kube) == before_pods  # same pods, no restart
+    assert await _webhook_restarts(kube) == before_pods  # same pods, no restart
     assert await _ca_bundles(kube) == before_ca  # the caBundle survived the upgrade
 
     await asyncio.to_thread(run_helm, node_cluster, "rollback", RELEASE, "1", "--namespace",
