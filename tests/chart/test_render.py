@@ -412,6 +412,17 @@ def test_agent_gpu_serving_modes(helm_template: Render, serving: str) -> None:
         assert sel["cel"]["expression"] == 'device.driver == "gpu.muster.io"'
         assert classes[0]["metadata"]["name"] == "gpu.muster.io"
         assert classes[0]["apiVersion"] == "resource.k8s.io/v1"
+        # plain nvidia.com/gpu requests map to the class (DRA-backed extended resources)
+        assert classes[0]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+
+
+def test_the_device_class_maps_the_agents_resource_name_or_none(helm_template: Render) -> None:
+    def device_class(dra: dict[str, Any], name: str = "nvidia.com/gpu") -> dict[str, Any]:
+        return one(helm_template({"agent": {"gpuServing": "dra", "resourceName": name,
+                                            "dra": dra}}), "DeviceClass", "gpu.muster.io")
+    assert device_class({}, "example.com/gpu")["spec"]["extendedResourceName"] == \
+        "example.com/gpu"
+    assert "extendedResourceName" not in device_class({"extendedResource": False})["spec"]
 
 
 def test_agent_gpu_serving_is_checked(helm_template_error: Callable[..., str]) -> None:
