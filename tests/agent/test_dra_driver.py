@@ -34,7 +34,7 @@ from webhook.agent.runner import Agent, AgentConfig, nvml_discoverer
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.doubles.fakenvml import FakeNvml
 from webhook.failures import CommandFailed
-from webhook.kube.api import KubeApi
+from webhook.kube.api import RESOURCE_CLAIMS, KubeApi
 from webhook.topology.model import Topology
 
 NODE = "gpu-node-1"
@@ -360,3 +360,24 @@ async def test_sysfs_is_walked_again_only_when_the_gpus_change(
     agent.discoverer = nvml_discoverer(FakeNvml.profile("dgx1-v100"))  # other GPUs, other buses
     await agent.step()
     assert len(walks) == 2
+
+
+async def test_a_claim_deallocated_while_its_pod_terminates_is_unprepared_from_the_checkpoint(
+        running: DraDriver, cluster: ApiServerEmulator, kube: KubeApi, dirs: Path) -> None:
+    """The kubelet unprepares after the pod's containers stopped; by then the claim may have
+    lost its allocation (its consumer gone, deallocated by the controller): what the driver
+    undoes is what it prepared, from its checkpoint, not what the claim says now."""
+    u_a = seed(cluster, "a", ["gpu-2"])
+    kubelet = Kubelet(running.config.registration_socket)
+    endpoint = str(running.config.dra_socket)
+    assert (await kubelet.prepare(endpoint, ("ml", "a", u_a)))[u_a].error == ""
+    claim = await kube.get(RESOURCE_CLAIMS, "a", namespace="ml")
+    claim["status"] = {}  # deallocated, no consumer
+    await kube.replace(RESOURCE_CLAIMS, "a", claim, "ml", subresource="status")
+
+    assert (await kubelet.unprepare(endpoint, ("ml", "a", u_a)))[u_a].error == ""
+    assert running.prepared == {}
+    assert not (dirs / "cdi" / cdi_file_name(u_a)).exists()
+    assert decode_checkpoint(running.config.checkpoint.read_bytes()) == {}
+    u_b = seed(cluster, "b", ["gpu-2"])  # the GPU went back
+    assert (await kubelet.prepare(endpoint, ("ml", "b", u_b)))[u_b].error == ""
