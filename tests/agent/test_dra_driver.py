@@ -381,3 +381,28 @@ async def test_a_claim_deallocated_while_its_pod_terminates_is_unprepared_from_t
     assert decode_checkpoint(running.config.checkpoint.read_bytes()) == {}
     u_b = seed(cluster, "b", ["gpu-2"])  # the GPU went back
     assert (await kubelet.prepare(endpoint, ("ml", "b", u_b)))[u_b].error == ""
+
+
+async def test_a_claim_allocated_from_a_stale_slice_is_refused_not_prepared(
+        running: DraDriver, cluster: ApiServerEmulator, kube: KubeApi, dirs: Path,
+        dgx1: Topology) -> None:
+    """A scheduler allocated gpu-4 from the slice as it was; the GPU failed since (an XID):
+    the slice drops it at the next generation, and a prepare of the old allocation is refused
+    with the reason (the kubelet retries; the pod waits) rather than handing out a bad GPU."""
+    publisher = SlicePublisher(kube, NODE)
+    await publisher.publish(dgx1, {})
+    u_a = seed(cluster, "a", ["gpu-4"])  # allocated from generation 1
+    gpus = list(dgx1.gpus)
+    gpus[4] = dataclasses.replace(gpus[4], healthy=False)
+    failed = dataclasses.replace(dgx1, gpus=tuple(gpus))
+    running.set_topology(failed)
+    assert await publisher.publish(failed, {})
+    live = cluster.get("resourceslices", slice_name(NODE))
+    assert live is not None and live["spec"]["pool"]["generation"] == 2
+    assert "gpu-4" not in [d["name"] for d in live["spec"]["devices"]]
+
+    kubelet = Kubelet(running.config.registration_socket)
+    answer = (await kubelet.prepare(str(running.config.dra_socket), ("ml", "a", u_a)))[u_a]
+    assert "device gpu-4 is not a healthy GPU of node" in answer.error
+    assert not answer.devices
+    assert not (dirs / "cdi" / cdi_file_name(u_a)).exists()
