@@ -94,10 +94,10 @@ def test_cordoned_nodes_and_gpu_pods_need_topology() -> None:
     plain = parse_node(node("plain", kind=None, gpus=8))
     nodes = {n.name: n for n in (N, cordoned, plain)}
     c = constraints()
-    assert eligible_nodes(c, nodes.values(), needs_gpu=True) == {"n1"}
-    assert eligible_nodes(c, nodes.values(), needs_gpu=False) == {"n1", "plain"}
+    assert eligible_nodes(c, nodes.values(), "devicePlugin") == {"n1"}
+    assert eligible_nodes(c, nodes.values(), "none") == {"n1", "plain"}
     cache = FitCache()
-    assert cache.eligible(c, nodes, True) == {"n1"}
-    assert cache.eligible(c, {}, True) == {"n1"}  # cached until cleared
+    assert cache.eligible(c, nodes, "devicePlugin") == {"n1"}
+    assert cache.eligible(c, {}, "devicePlugin") == {"n1"}  # cached until cleared
     cache.clear()
-    assert cache.eligible(c, {}, True) == frozenset()
+    assert cache.eligible(c, {}, "devicePlugin") == frozenset()
