@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -101,3 +102,12 @@ def test_cordoned_nodes_and_gpu_pods_need_topology() -> None:
     assert cache.eligible(c, {}, "devicePlugin") == {"n1"}  # cached until cleared
     cache.clear()
     assert cache.eligible(c, {}, "devicePlugin") == frozenset()
+
+
+def test_dra_pods_need_a_resource_slice_and_others_a_device_plugin() -> None:
+    dra_only = replace(parse_node(node("dra", gpus=0)), dra_gpus=frozenset(range(8)))
+    both = replace(parse_node(node("both")), dra_gpus=frozenset(range(8)))
+    nodes = [N, dra_only, both]
+    assert eligible_nodes(constraints(), nodes, "dra") == {"dra", "both"}
+    assert eligible_nodes(constraints(), nodes, "devicePlugin") == {"n1", "both"}
+    assert dra_only.gpu_capacity == 8 and N.gpu_capacity == 8

@@ -34,6 +34,9 @@ from webhook.agent.discovery import discover
 from webhook.agent.dra.claims import plan
 from webhook.agent.dra.publisher import SlicePublisher
 from webhook.agent.dra.slices import slice_name
+from webhook.binder.claims import allocated_status, parse_claim
+from webhook.binder.claimstate import ClaimState
+from webhook.binder.pods import parse_pod
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.doubles.fakenvml import FakeNvml
 from webhook.kube import (
@@ -408,3 +411,53 @@ async def test_the_dra_drivers_objects_are_accepted_as_published(api: tuple[str,
                                    (RESOURCE_CLAIMS, "dra-parity", NS)):
             with contextlib.suppress(ApiError):
                 await kube.delete(resource, name, ns)
+
+
+async def test_the_binders_claim_allocation_and_release_are_accepted(
+        api: tuple[str, KubeApi]) -> None:
+    """The status the binder writes for the claims of a pod it places (webhook.binder.claims,
+    through the binder's own writer): allocation results of our driver with a node selector
+    and the pod in reservedFor, stored as written; a write with a stale resourceVersion is a
+    409 that releases the claims written with it; and the release (allocation and reservedFor
+    removed together) is accepted too."""
+    _, kube = api
+    names = ("binder-a", "binder-b")
+    for name in names:
+        await kube.create(RESOURCE_CLAIMS, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": keys.DRA_DRIVER, "count": 2}}]}}}, NS)
+    state = ClaimState(kube, changed=lambda _key: None, check_fence=lambda: None)
+    for name in names:
+        state.on_event("ADDED", await kube.get(RESOURCE_CLAIMS, name, NS), None)
+    pod = parse_pod({"metadata": {"name": "w-0", "namespace": NS,
+                                  "uid": "7d1c6e2a-0000-4000-8000-000000000002"}})
+    try:
+        claim_a, claim_b = (state.get(f"{NS}/{n}") for n in names)
+        assert claim_a is not None and claim_b is not None
+        # someone else writes b after the binder read it: the binder's write of b is a 409
+        theirs = await kube.get(RESOURCE_CLAIMS, "binder-b", NS)
+        theirs["status"] = allocated_status({}, "other-node", [("gpus", 0), ("gpus", 1)],
+                                            "other", "7d1c6e2a-0000-4000-8000-000000000003")
+        await kube.replace(RESOURCE_CLAIMS, "binder-b", theirs, NS, subresource="status")
+        writes = [(pod, "parity-dra-node", claim_a, (("gpus", 4), ("gpus", 5))),
+                  (pod, "parity-dra-node", claim_b, (("gpus", 6), ("gpus", 7)))]
+        assert not await state.allocate(writes)
+        released = await kube.get(RESOURCE_CLAIMS, "binder-a", NS)
+        assert "allocation" not in released.get("status", {}), "a was not released"
+        # read again, a is allocated for the pod as written
+        state.on_event("MODIFIED", released, None)
+        claim_a = state.get(f"{NS}/binder-a")
+        assert claim_a is not None and await state.allocate(writes[:1])
+        stored = await kube.get(RESOURCE_CLAIMS, "binder-a", NS)
+        assert stored["status"] == allocated_status({}, "parity-dra-node",
+                                                    writes[0][3], pod.name, pod.uid)
+        assert parse_claim(stored).reserved_only_for(pod.uid)
+        await state.release(f"{NS}/binder-a", pod.uid)
+        assert "allocation" not in (await kube.get(RESOURCE_CLAIMS, "binder-a", NS)).get(
+            "status", {})
+    finally:
+        for name in names:
+            with contextlib.suppress(ApiError):
+                await kube.delete(RESOURCE_CLAIMS, name, NS)

@@ -282,14 +282,13 @@ class Binder:
     def _on_claim_changed(self, key: str) -> None:
         """A claim's view changed (informer or our write): what it holds, and its users."""
         info = self.claims.get(key)
-        if info is None:
-            self.snapshot.remove_claim(key)
-        else:
-            self.snapshot.put_claim(info)
-        for user in self._claim_users.get(key, ()):
+        held = self.snapshot.remove_claim(key) if info is None else self.snapshot.put_claim(info)
+        users = self._claim_users.get(key, ())
+        for user in users:
             self._refresh(user)
-        self._generation += 1  # a claim let go, or a claim its pod waited for appeared
-        self._dirty.set()
+        if held or users:  # GPUs let go, or a pod's claim appeared or changed
+            self._generation += 1
+            self._dirty.set()
 
     def _on_pod_group(self, event: str, obj: dict[str, Any],
                       _old: dict[str, Any] | None) -> None:

@@ -78,10 +78,11 @@ def gpu_serving(pod: PodInfo) -> Serving:
 
 def _serves(node: NodeInfo, serving: Serving) -> bool:
     """GPU pods need a node with published topology: the binder always hands out a concrete GPU
-    set, which an unknown node cannot honour; DRA pods a node whose driver publishes its GPUs."""
+    set, which an unknown node cannot honour; DRA pods a node whose driver publishes its GPUs,
+    others one whose device plugin advertises some (a DRA-only node's kubelet has none)."""
     if serving == "none":
         return True
-    return node.topology is not None and (serving != "dra" or bool(node.dra_gpus))
+    return node.topology is not None and bool(node.dra_gpus if serving == "dra" else node.gpus)
 
 
 def eligible_nodes(c: Constraints, nodes: Iterable[NodeInfo], serving: Serving

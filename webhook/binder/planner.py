@@ -22,6 +22,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
+from webhook import keys
 from webhook.binder.allocation import Allocation
 from webhook.binder.assignment import (
     Assigner,
@@ -199,8 +200,9 @@ def _no_node_reason(pod: PodInfo, nodes: Mapping[str, NodeInfo]) -> str:
         if r is None and pod.gpus:
             r = ("unreadable GPU topology annotation" if node.topology_error
                  else "no published GPU topology") if node.topology is None else None
-        if r is None and pod.gpus and pod.dra and not node.dra_gpus:
-            r = "no ResourceSlice of the DRA driver"
+        if r is None and pod.gpus and not (node.dra_gpus if pod.dra else node.gpus):
+            r = ("no ResourceSlice of the DRA driver" if pod.dra
+                 else f"no allocatable {keys.GPU_RESOURCE}")
         if r is not None:
             reasons[r] = reasons.get(r, 0) + 1
     detail = ", ".join(f"{n} node(s): {r}" for r, n in sorted(reasons.items(),

@@ -64,16 +64,21 @@ class Snapshot:
         if old is not None:
             self._drop(old)
 
-    def put_claim(self, claim: ClaimInfo) -> None:
-        """The claim as the planner is to see it now (added or replaced)."""
+    def put_claim(self, claim: ClaimInfo) -> bool:
+        """The claim as the planner is to see it now (added or replaced). True when the GPUs it
+        holds changed."""
+        old = self._claims.get(claim.key)
         self.remove_claim(claim.key)
         self._claims[claim.key] = claim
         self._touch(self.allocation.add_claim(claim))
+        return old is None or (old.node, old.devices) != (claim.node, claim.devices)
 
-    def remove_claim(self, key: str) -> None:
+    def remove_claim(self, key: str) -> bool:
+        """Forget the claim; True when it held GPUs."""
         old = self._claims.pop(key, None)
         if old is not None:
             self._touch(self.allocation.remove_claim(old))
+        return old is not None and old.node is not None
 
     def _drop(self, pod: PodInfo) -> None:
         self._touch(self.allocation.remove(pod))
