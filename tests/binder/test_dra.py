@@ -10,6 +10,7 @@ from binder_objects import SCHED, claim, dra_pod, node, resource_slice
 
 from webhook import keys
 from webhook.binder.allocation import Allocation
+from webhook.binder.assignment import encode_record
 from webhook.binder.claims import ClaimInfo, allocated_status, parse_claim, released_status
 from webhook.binder.dra import claim_devices, resolve
 from webhook.binder.fit import FitCache
@@ -208,3 +209,21 @@ def test_a_gang_reserved_by_its_claims_is_bound_and_a_partial_one_released() -> 
     (strip,) = result.strips
     assert isinstance(strip, Strip) and [p.name for p in strip.pods] == ["w0"]
     assert not result.places and not result.finishes
+
+
+def test_a_dra_member_a_record_names_is_placed_with_its_claims_not_bound_from_the_record(
+        ) -> None:
+    """A worker recreated under its name (as the MPI operator does) has new, unallocated
+    claims: binding it to its recorded slot would leave them unallocated."""
+    record = encode_record((("w0", "dgx-a", (0,)), ("w1", "dgx-a", (1,))))
+    ours = allocated("w0-gpu", "dgx-a", [0], pod="w0", pod_uid="uid-team-a-w0")
+    claims = lookup(ours, claim("w1-gpu"))
+    w0 = dra_pod("w0", ["w0-gpu"], gang="g", min_member=2, node_name="dgx-a")
+    w0["metadata"]["annotations"][keys.ANN_GANG_PLACEMENT] = record
+    pods = [resolve(parse_pod(w0, SCHED), claims),
+            resolve(parse_pod(dra_pod("w1", ["w1-gpu"], gang="g", min_member=2), SCHED), claims)]
+    result = planned(pods, [dra_node()], [parse_claim(ours)])
+    assert not result.finishes
+    (place,) = result.places
+    [(pod, a)] = place.assignments
+    assert pod.name == "w1" and 0 not in a.containers["main"].indices

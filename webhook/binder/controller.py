@@ -264,10 +264,10 @@ class Binder:
 
     def _index_claims(self, key: str, pod: PodInfo | None) -> None:
         """Which of our pods use which claim: a claim's change re-resolves its users."""
-        mine = pod is not None and pod.claims is not None and \
-            pod.scheduler_name == self.config.scheduler_name
-        now = frozenset(f"{pod.namespace}/{n}" for _, n in pod.claims.names if n) \
-            if mine and pod is not None and pod.claims is not None else frozenset()
+        now: frozenset[str] = frozenset()
+        if pod is not None and pod.claims is not None and \
+                pod.scheduler_name == self.config.scheduler_name:
+            now = frozenset(f"{pod.namespace}/{n}" for _, n in pod.claims.names if n)
         before = self._claims_of.pop(key, frozenset())
         for claim in before - now:
             users = self._claim_users[claim]

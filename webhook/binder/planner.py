@@ -10,7 +10,9 @@ Rules (docs/binder.md has the reasoning):
   their gang already has bound members or when the consistent reserved members reach minMember
   with the bound ones; otherwise they are stripped and the gang is placed afresh. Inconsistent
   reservations (node gone, GPUs changed or doubly assigned, pod no longer fits) are always
-  stripped.
+  stripped. Pods whose GPUs come through DRA claims (webhook.binder.dra) are reserved by their
+  claims instead of an annotation, under the same rules; the record never binds one, as its
+  claims are allocated only by a placement.
 - Queue: ready gangs go in order (priority desc, oldest first). A gang that has failed for
   longer than `starvation_seconds` and that would fit on the empty cluster reserves: no gang
   after it in the order is placed until it is.
@@ -320,6 +322,8 @@ def _finish_recorded(r: _Round, gang: Gang) -> bool:
     afresh (the gang has a bound member: it is completed, not released)."""
     finish: list[tuple[PodInfo, GpuAssignment]] = []
     for pod, node, gpus in gang.recorded:
+        if pod.dra:
+            continue  # bound only once its claims are allocated: by a placement of its own
         assignment = _recorded_assignment(r, pod, node, gpus)
         if assignment is not None:
             finish.append((pod, assignment))
