@@ -69,6 +69,9 @@ def test_the_status_names_the_devices_the_node_and_the_pod() -> None:
     assert info.node == "dgx-a" and info.devices == (("gpus", 3), ("gpus", 5))
     assert info.reserved_only_for("uid-w-0") and not info.reserved_only_for("uid-other")
     assert released_status(status) == {}
+    workload = parse_claim(claim("w", status={**status, "reservedFor": [
+        {"apiGroup": "scheduling.k8s.io", "resource": "workloads", "name": "x", "uid": "u"}]}))
+    assert workload.consumers == 1 and not workload.reserved_only_for("uid-w-0")
 
 
 def resolved(obj: dict[str, Any], *claims: dict[str, Any]) -> PodInfo:

@@ -49,7 +49,8 @@ class ClaimInfo:
 
     def reserved_only_for(self, uid: str) -> bool:
         """Allocated and reserved for exactly the pod `uid`: that pod's reservation."""
-        return self.allocated and self.consumers == 1 and self.reserved_for[0][1] == uid
+        return (self.allocated and self.consumers == len(self.reserved_for) == 1
+                and self.reserved_for[0][1] == uid)
 
 
 @dataclass(frozen=True, slots=True)
