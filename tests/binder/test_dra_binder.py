@@ -224,3 +224,21 @@ async def test_a_binder_killed_between_claims_and_bindings_leaves_no_gpu_twice(
     assert_no_gpu_twice(apiserver)
     if written == 8:  # every claim was allocated: the gang is bound where they say
         assert after == before
+
+
+async def test_a_claim_the_binder_cannot_allocate_is_an_event_and_a_condition(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    seed_dra_node(apiserver)
+    await kube.create(RESOURCE_CLAIMS, claim("nic", device_class="nic.example.com"), "team-a")
+    await kube.create(PODS, dra_pod("p", ["nic"]), "team-a")
+    task = await running(Binder(kube, CFG))
+    try:
+        event = await eventually(lambda: [e for e in apiserver.objects("events", "team-a")
+                                          if e["reason"] == "FailedScheduling"])
+        pod = await eventually(lambda: [p for p in apiserver.objects("pods", "team-a")
+                                        if p["status"].get("conditions")])
+    finally:
+        await stop(task)
+    assert "asks for device class 'nic.example.com'" in event[0]["message"]
+    (condition,) = pod[0]["status"]["conditions"]
+    assert condition["reason"] == "Unschedulable" and bound(apiserver) == {}
