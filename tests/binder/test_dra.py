@@ -33,8 +33,8 @@ def lookup(*objs: dict[str, Any]) -> Any:
     return claims.get
 
 
-def dra_node(name: str = "dgx-a") -> NodeInfo:
-    found = slice_gpus(resource_slice(name, range(8)))
+def dra_node(name: str = "dgx-a", gpus: range = range(8)) -> NodeInfo:
+    found = slice_gpus(resource_slice(name, gpus))
     assert found is not None
     return replace(parse_node(node(name, gpus=0)), dra_gpus=found[1])
 
@@ -230,3 +230,11 @@ def test_a_dra_member_a_record_names_is_placed_with_its_claims_not_bound_from_th
     (place,) = result.places
     [(pod, a)] = place.assignments
     assert pod.name == "w1" and 0 not in a.containers["main"].indices
+
+
+def test_a_dra_only_node_hands_out_only_the_gpus_its_slice_publishes() -> None:
+    (wait,) = planned(gang(8), [dra_node(gpus=range(2, 8))], []).waits
+    assert wait.kind == "unplaceable"
+    (place,) = planned(gang(6), [dra_node(gpus=range(2, 8))], []).places
+    assert sorted(i for _, a in place.assignments for i in a.containers["main"].indices) == [
+        2, 3, 4, 5, 6, 7]

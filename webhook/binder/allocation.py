@@ -139,6 +139,8 @@ class Allocation:
     def node_state(self, node: NodeInfo) -> NodeState:
         u = self.usage.get(node.name) or NodeUsage()
         free = node.healthy_gpus.difference(u.gpus)
+        if node.dra_gpus and not node.gpus:
+            free &= node.dra_gpus  # DRA alone serves it: only the devices its slice publishes
         if u.unknown_gpus:
             # Someone else's pods use GPUs here without telling us which: hold back that many,
             # from the top, rather than risk handing one out twice.
