@@ -132,4 +132,16 @@ def user_may_create_with(key: str) -> bool:
 # DRA (resource.k8s.io/v1): the agent's driver name, its ResourceSlices' driver and pools, the
 # DeviceClass selector; and the CDI kind (vendor/class) of the devices it prepares
 DRA_DRIVER = "gpu.muster.io"
+#: each GPU is the device `gpu-<index>` of its node's pool (the pool is named after the node)
+DRA_DEVICE_PREFIX = "gpu-"
+
+
+def dra_device_name(index: int) -> str:
+    return f"{DRA_DEVICE_PREFIX}{index}"
+
+
+def dra_device_index(name: str) -> int | None:
+    """The GPU index a device name of our driver names, or None when it names none."""
+    digits = name.removeprefix(DRA_DEVICE_PREFIX)
+    return int(digits) if digits != name and digits.isdigit() else None
 CDI_KIND = "muster.io/gpu"

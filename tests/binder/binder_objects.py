@@ -122,3 +122,39 @@ def gpu_claims(pods: Iterable[dict[str, Any]]) -> list[tuple[str, int, str]]:
             out.extend((doc["node"], i, p["metadata"]["name"]) for i in c["indices"])
     return out
 
+
+
+def claim(name: str, *, count: int = 1, ns: str = "team-a", device_class: str = keys.DRA_DRIVER,
+          rv: str = "1", status: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A ResourceClaim asking for `count` GPUs of the class."""
+    obj: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-claim-{name}",
+                     "resourceVersion": rv},
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+            "deviceClassName": device_class, "allocationMode": "ExactCount",
+            "count": count}}]}}}
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def dra_pod(name: str, claims: list[str], **kw: Any) -> dict[str, Any]:
+    """A pod of no nvidia.com/gpu whose one container uses the named ResourceClaims."""
+    obj = pod(name, **kw)
+    obj["spec"]["resourceClaims"] = [{"name": f"c{i}", "resourceClaimName": c}
+                                     for i, c in enumerate(claims)]
+    obj["spec"]["containers"][0]["resources"]["claims"] = [
+        {"name": f"c{i}"} for i in range(len(claims))]
+    if claims:
+        obj["metadata"]["annotations"][keys.ANN_GPU_TOPOLOGY] = TOPO_REQUIRED
+    return obj
+
+
+def resource_slice(node_name: str, gpus: Iterable[int]) -> dict[str, Any]:
+    """The ResourceSlice our DRA driver publishes for a node."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node_name}-{keys.DRA_DRIVER}"},
+            "spec": {"driver": keys.DRA_DRIVER, "nodeName": node_name,
+                     "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": keys.dra_device_name(i)} for i in gpus]}}

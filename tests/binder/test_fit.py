@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -94,10 +95,19 @@ def test_cordoned_nodes_and_gpu_pods_need_topology() -> None:
     plain = parse_node(node("plain", kind=None, gpus=8))
     nodes = {n.name: n for n in (N, cordoned, plain)}
     c = constraints()
-    assert eligible_nodes(c, nodes.values(), needs_gpu=True) == {"n1"}
-    assert eligible_nodes(c, nodes.values(), needs_gpu=False) == {"n1", "plain"}
+    assert eligible_nodes(c, nodes.values(), "devicePlugin") == {"n1"}
+    assert eligible_nodes(c, nodes.values(), "none") == {"n1", "plain"}
     cache = FitCache()
-    assert cache.eligible(c, nodes, True) == {"n1"}
-    assert cache.eligible(c, {}, True) == {"n1"}  # cached until cleared
+    assert cache.eligible(c, nodes, "devicePlugin") == {"n1"}
+    assert cache.eligible(c, {}, "devicePlugin") == {"n1"}  # cached until cleared
     cache.clear()
-    assert cache.eligible(c, {}, True) == frozenset()
+    assert cache.eligible(c, {}, "devicePlugin") == frozenset()
+
+
+def test_dra_pods_need_a_resource_slice_and_others_a_device_plugin() -> None:
+    dra_only = replace(parse_node(node("dra", gpus=0)), dra_gpus=frozenset(range(8)))
+    both = replace(parse_node(node("both")), dra_gpus=frozenset(range(8)))
+    nodes = [N, dra_only, both]
+    assert eligible_nodes(constraints(), nodes, "dra") == {"dra", "both"}
+    assert eligible_nodes(constraints(), nodes, "devicePlugin") == {"n1", "both"}
+    assert dra_only.gpu_capacity == 8 and N.gpu_capacity == 8

@@ -598,6 +598,9 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("", "nodes"): "get,list,watch",
         ("scheduling.volcano.sh", "scheduling.x-k8s.io", "podgroups"): "get,list,watch",
         ("", "events.k8s.io", "events"): "create,patch",
+        # DRA: what holds GPUs, and the claims of the pods it places (written before binding)
+        ("resource.k8s.io", "resourceslices,resourceclaims"): "get,list,watch",
+        ("resource.k8s.io", "resourceclaims/status"): "update",
     })
     assert _grants(objs, "Role", "muster-binder-leader") == _expand({
         ("coordination.k8s.io", "leases"): "create,get,update"})

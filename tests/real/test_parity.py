@@ -34,6 +34,9 @@ from webhook.agent.discovery import discover
 from webhook.agent.dra.claims import plan
 from webhook.agent.dra.publisher import SlicePublisher
 from webhook.agent.dra.slices import slice_name
+from webhook.binder.claims import ClaimInfo, allocated_status, parse_claim
+from webhook.binder.claimstate import ClaimState, ClaimWrite
+from webhook.binder.pods import parse_pod
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.doubles.fakenvml import FakeNvml
 from webhook.kube import (
@@ -414,3 +417,59 @@ async def test_the_dra_drivers_objects_are_accepted_as_published(api: tuple[str,
                                    (RESOURCE_CLAIMS, "dra-parity", NS)):
             with contextlib.suppress(ApiError):
                 await kube.delete(resource, name, ns)
+
+
+async def test_the_binders_claim_allocation_and_release_are_accepted(
+        api: tuple[str, KubeApi]) -> None:
+    """The status the binder writes for the claims of a pod it places (webhook.binder.claims,
+    through the binder's own writer): allocation results of our driver with a node selector
+    and the pod in reservedFor, stored as written; a write with a stale resourceVersion is a
+    409 that releases the claims written with it; and the release (allocation and reservedFor
+    removed together) is accepted too. The pod exists, unscheduled, as the binder's would: the
+    resourceclaim controller drops reservations for pods that do not."""
+    _, kube = api
+    names = ("binder-a", "binder-b")
+    for name in names:
+        await kube.create(RESOURCE_CLAIMS, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": keys.DRA_DRIVER, "count": 2}}]}}}, NS)
+    member = parse_pod(await kube.create(PODS, pod("w-0", container={"resources": {
+        "claims": [{"name": "a"}, {"name": "b"}]}}, resourceClaims=[
+            {"name": "a", "resourceClaimName": "binder-a"},
+            {"name": "b", "resourceClaimName": "binder-b"}]), NS))
+    state = ClaimState(kube, changed=lambda _key: None, check_fence=lambda: None)
+
+    async def read(name: str) -> ClaimInfo:
+        state.on_event("MODIFIED", await kube.get(RESOURCE_CLAIMS, name, NS), None)
+        info = state.get(f"{NS}/{name}")
+        assert info is not None
+        return info
+
+    def write(info: ClaimInfo, gpus: tuple[int, int]) -> ClaimWrite:
+        return member, "parity-dra-node", info, tuple(("gpus", i) for i in gpus)
+
+    try:
+        claim_a, claim_b = [await read(n) for n in names]
+        # someone else writes b after the binder read it: the binder's write of b is a 409
+        theirs = await kube.get(RESOURCE_CLAIMS, "binder-b", NS)
+        theirs["status"] = allocated_status({}, "other-node", [("gpus", 0), ("gpus", 1)],
+                                            "w-0", member.uid)
+        await kube.replace(RESOURCE_CLAIMS, "binder-b", theirs, NS, subresource="status")
+        assert not await state.allocate([write(claim_a, (4, 5)), write(claim_b, (6, 7))])
+        assert not (await read("binder-a")).allocated, "a was not released"
+        # read again, a is allocated for the pod as written
+        assert await state.allocate([write(await read("binder-a"), (4, 5))])
+        stored = await kube.get(RESOURCE_CLAIMS, "binder-a", NS)
+        assert stored["status"] == allocated_status({}, "parity-dra-node",
+                                                    [("gpus", 4), ("gpus", 5)], "w-0", member.uid)
+        assert parse_claim(stored).reserved_only_for(member.uid)
+        await state.release(f"{NS}/binder-a", member.uid)
+        assert not (await read("binder-a")).allocated
+    finally:
+        with contextlib.suppress(ApiError):
+            await kube.delete(PODS, "w-0", NS)
+        for name in names:
+            with contextlib.suppress(ApiError):
+                await kube.delete(RESOURCE_CLAIMS, name, NS)

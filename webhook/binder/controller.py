@@ -12,6 +12,11 @@ member's assignment and the whole gang's placement as annotations (the API serve
 Binding's annotations onto the pod in the same write). That record is the crash-safety
 argument: once any member is bound, the others are reserved by it, and the planner's recovery
 rule binds them there on a later cycle, whoever runs it.
+
+Members whose GPUs come through DRA claims (webhook.binder.dra) get no assignment annotation:
+their claims' status is the record. Every claim of the gang is allocated before any Binding (as
+KEP-4381 asks of a scheduler); if one write conflicts, those written are released and nothing
+is bound (webhook.binder.claimstate).
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from typing import Any
 
 from webhook import jsonpatch, keys
 from webhook.binder.assignment import RECORD_LIMIT, encode_assignment, encode_record
+from webhook.binder.claimstate import ClaimState, ClaimWrite
+from webhook.binder.dra import claim_devices, resolve
 from webhook.binder.fit import FitCache
 from webhook.binder.gangs import PodGroupInfo
 from webhook.binder.gate import AllocationGate
 from webhook.binder.metrics import Metrics
-from webhook.binder.nodes import NodeInfo, parse_node
+from webhook.binder.nodes import NodeInfo, parse_node, slice_gpus
 from webhook.binder.planner import (
     Finish,
     Place,
@@ -45,7 +52,16 @@ from webhook.binder.planner import (
 from webhook.binder.pods import PodInfo, parse_pod
 from webhook.binder.queue import GangQueue
 from webhook.binder.snapshot import Snapshot
-from webhook.kube.api import COSCHEDULING_PODGROUPS, NODES, PODS, ApiError, KubeApi
+from webhook.kube.api import (
+    COSCHEDULING_PODGROUPS,
+    NODES,
+    PODS,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    ApiError,
+    KubeApi,
+    Resource,
+)
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer
 from webhook.topology.gpu_choice import TableCache
@@ -156,6 +172,13 @@ class Binder:
         self._generation = 0
         self._last_cycle = 0.0
         self._dirty = asyncio.Event()
+        self.claims = ClaimState(api, changed=self._on_claim_changed,
+                                 check_fence=self._check_fence)
+        #: claim key → keys of our pods that use it, and the reverse
+        self._claim_users: dict[str, set[str]] = {}
+        self._claims_of: dict[str, frozenset[str]] = {}
+        #: ResourceSlice name → (node, GPU indices) of our driver's slices
+        self._slices: dict[str, tuple[str, frozenset[int]]] = {}
 
     # --- informer handlers ----------------------------------------------------------------
 
@@ -167,6 +190,7 @@ class Binder:
             self._pods.pop(key, None)
             self._pending.pop(key, None)
             self._assumed.pop(key, None)
+            self._index_claims(key, None)
             self.snapshot.remove(key)
             self.gate.release(key)
             self._generation += 1
@@ -174,6 +198,7 @@ class Binder:
             return
         pod = parse_pod(obj, self.config.scheduler_name)
         self._pods[key] = pod
+        self._index_claims(key, pod)
         self.gate.observe(pod)
         if pod.scheduler_name == self.config.scheduler_name and not pod.bound:
             self._pending[key] = (obj, time.perf_counter())
@@ -207,7 +232,7 @@ class Binder:
             self._nodes.pop(name, None)
             self.gate.release_node(name)
         else:
-            node = parse_node(obj)
+            node = replace(parse_node(obj), dra_gpus=self._dra_gpus(name))
             if before == node:
                 return  # heartbeat-only change: nothing the binder reads
             self._nodes[name] = node
@@ -221,6 +246,49 @@ class Binder:
         self.fit.clear()
         self._generation += 1
         self._dirty.set()
+
+    def _dra_gpus(self, node: str) -> frozenset[int]:
+        return frozenset().union(*(g for n, g in self._slices.values() if n == node))
+
+    def _on_slice(self, event: str, obj: dict[str, Any], _old: dict[str, Any] | None) -> None:
+        name = str((obj.get("metadata") or {}).get("name"))
+        published = None if event == "DELETED" else slice_gpus(obj)
+        before = self._slices.pop(name, None)
+        if published is not None:
+            self._slices[name] = published
+        for node in {p[0] for p in (before, published) if p is not None} & self._nodes.keys():
+            self._nodes[node] = replace(self._nodes[node], dra_gpus=self._dra_gpus(node))
+        self.fit.clear()
+        self._generation += 1
+        self._dirty.set()
+
+    def _index_claims(self, key: str, pod: PodInfo | None) -> None:
+        """Which of our pods use which claim: a claim's change re-resolves its users."""
+        now: frozenset[str] = frozenset()
+        if pod is not None and pod.claims is not None and \
+                pod.scheduler_name == self.config.scheduler_name:
+            now = frozenset(f"{pod.namespace}/{n}" for _, n in pod.claims.names if n)
+        before = self._claims_of.pop(key, frozenset())
+        for claim in before - now:
+            users = self._claim_users[claim]
+            users.discard(key)
+            if not users:
+                del self._claim_users[claim]
+        for claim in now - before:
+            self._claim_users.setdefault(claim, set()).add(key)
+        if now:
+            self._claims_of[key] = now
+
+    def _on_claim_changed(self, key: str) -> None:
+        """A claim's view changed (informer or our write): what it holds, and its users."""
+        info = self.claims.get(key)
+        held = self.snapshot.remove_claim(key) if info is None else self.snapshot.put_claim(info)
+        users = self._claim_users.get(key, ())
+        for user in users:
+            self._refresh(user)
+        if held or users:  # GPUs let go, or a pod's claim appeared or changed
+            self._generation += 1
+            self._dirty.set()
 
     def _on_pod_group(self, event: str, obj: dict[str, Any],
                       _old: dict[str, Any] | None) -> None:
@@ -246,6 +314,11 @@ class Binder:
         informers = [Informer(self.api, PODS), Informer(self.api, NODES)]
         informers[0].add_handler(self._on_pod)
         informers[1].add_handler(self._on_node)
+        for resource, handler in ((RESOURCE_SLICES, self._on_slice),
+                                  (RESOURCE_CLAIMS, self.claims.on_event)):
+            if await self._served(resource):
+                informers.append(Informer(self.api, resource))
+                informers[-1].add_handler(handler)
         try:
             await self.api.list(COSCHEDULING_PODGROUPS, limit=1)
         except ApiError as exc:
@@ -275,6 +348,17 @@ class Binder:
             self._inflight.clear()
             self._background.clear()
 
+    async def _served(self, resource: Resource) -> bool:
+        try:
+            await self.api.list(resource, limit=1)
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            log.info("resource not served: no DRA claims are allocated",
+                     extra={"resource": resource.plural})
+            return False
+        return True
+
     async def _loop(self) -> None:
         while True:
             deadline = self.queue.next_deadline(after=self._last_cycle)
@@ -303,7 +387,11 @@ class Binder:
             self.snapshot.remove(key)
             return True
         assumed = self._assumed.get(key)
-        return self.snapshot.put(assumed.pod if assumed is not None else pod)
+        if assumed is not None:
+            pod = assumed.pod
+        if key in self._claims_of:
+            pod = resolve(pod, self.claims.get)
+        return self.snapshot.put(pod)
 
     def cycle(self) -> Plan:
         """Plan once from the caches and start the plan's writes."""
@@ -328,14 +416,17 @@ class Binder:
                             "unbound is placed afresh", extra={"gang": place.gang.key,
                                                                "bytes": len(text)})
                 record, text = (), ""
+            writes = [(pod, a.node, claim, devices) for pod, a in place.assignments if pod.dra
+                      for claim, devices in claim_devices(pod, a, self.claims.get)]
+            self.claims.assume_allocated(writes)
             for pod, assignment in place.assignments:
                 self._assume(replace(pod, assignment=assignment,
                                      assignment_raw=encode_assignment(assignment),
                                      node_name=assignment.node, placement=record), 0, True)
             arrived = max((self._pending.get(p.key, (None, started))[1]
                            for p, _ in place.assignments), default=started)
-            self._start(place.gang.key,
-                        self._bind_gang(place, text, _Timeline(arrived, started, planned)))
+            self._start(place.gang.key, self._bind_gang(
+                place, text, writes, _Timeline(arrived, started, planned)))
         for finish in result.finishes:
             for pod, assignment in finish.assignments:
                 self._assume(replace(pod, node_name=assignment.node, assignment=assignment,
@@ -424,11 +515,23 @@ class Binder:
         self._generation += 1
         self.metrics.stripped.inc()
 
+    async def _unreserve(self, pod: PodInfo) -> None:
+        """Let go of an unbound pod's reservation: its claims' allocations, or its annotation."""
+        if not pod.dra:
+            await self._unannotate(pod)
+            return
+        results = await asyncio.gather(*(self.claims.release(k, pod.uid)
+                                         for k in pod.held_claims), return_exceptions=True)
+        self._raise_unexpected(results)
+        self._generation += 1
+        self.metrics.stripped.inc()
+
     async def _bind(self, pod: PodInfo, assignment: GpuAssignment, record: str) -> None:
         """The Binding, with the pod's assignment and its gang's record (empty: none) as
         annotations that the API server writes onto the pod with spec.nodeName."""
         self._check_fence()
-        annotations = {keys.ANN_GPU_ASSIGNMENT: encode_assignment(assignment)}
+        # a DRA pod's claims are its record: an annotation would be a second, forgeable one
+        annotations = {} if pod.dra else {keys.ANN_GPU_ASSIGNMENT: encode_assignment(assignment)}
         if record:
             annotations[keys.ANN_GANG_PLACEMENT] = record
         try:
@@ -439,8 +542,17 @@ class Binder:
                 raise
             # already bound to this node: an earlier attempt succeeded after all
 
-    async def _bind_gang(self, place: Place, record: str, timeline: _Timeline) -> None:
+    async def _bind_gang(self, place: Place, record: str, writes: list[ClaimWrite],
+                         timeline: _Timeline) -> None:
         gang, pods = place.gang, place.assignments
+        if writes and not await self.claims.allocate(writes):
+            # someone else allocated a claim first: nothing of the gang is bound, and the
+            # next cycle plans it again from what the informers show
+            for pod, _ in pods:
+                self._unassume(pod.key)
+            self.metrics.placements.labels("conflict").inc()
+            log.info("claim allocation failed: gang planned again", extra={"gang": gang.key})
+            return
         failed = await self._bind_all(gang.key, pods, "placed", record)
         timeline.bound = time.perf_counter()
         stages = timeline.stages()
@@ -470,7 +582,8 @@ class Binder:
     async def _bind_in_turn(self, pod: PodInfo, assignment: GpuAssignment, record: str) -> None:
         """GPU pods on a node whose agent acknowledges them go one at a time (binder.gate)."""
         node = assignment.node
-        if pod.gpus > 0 and self._acks_allocation(node):
+        # the kubelet names a DRA pod's claim to the driver: no need to hold the node
+        if pod.gpus > 0 and not pod.dra and self._acks_allocation(node):
             await self.gate.bind(node, pod.key, lambda: self._bind(pod, assignment, record))
         else:
             await self._bind(pod, assignment, record)
@@ -502,7 +615,7 @@ class Binder:
     async def _strip(self, strip: Strip) -> None:
         log.info("removing assignments of unbound members", extra={
             "gang": strip.gang.key, "members": len(strip.pods), "reason": strip.reason})
-        results = await asyncio.gather(*(self._unannotate(p) for p in strip.pods),
+        results = await asyncio.gather(*(self._unreserve(p) for p in strip.pods),
                                        return_exceptions=True)
         self._raise_unexpected(results)
 

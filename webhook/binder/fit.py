@@ -7,9 +7,10 @@ amounts; this module decides MemberRequest.eligible_nodes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Literal
 
 from webhook.binder.nodes import NodeInfo, Taint, tolerates
-from webhook.binder.pods import Constraints, Requirement, Term
+from webhook.binder.pods import Constraints, PodInfo, Requirement, Term
 from webhook.topology.network import Network
 
 #: effects a pod must tolerate to be scheduled (PreferNoSchedule is only a preference)
@@ -67,13 +68,27 @@ def why_not(c: Constraints, node: NodeInfo) -> str | None:
     return None
 
 
-def eligible_nodes(c: Constraints, nodes: Iterable[NodeInfo], needs_gpu: bool) -> frozenset[str]:
-    """Names of nodes the pod may use. GPU pods need a node with published topology: the binder
-    always hands out a concrete GPU set, which an unknown node cannot honour."""
-    return frozenset(
-        n.name for n in nodes
-        if (not needs_gpu or n.topology is not None) and why_not(c, n) is None
-    )
+#: how a pod gets its GPUs: none, the device plugin (nvidia.com/gpu) or DRA (ResourceClaims)
+Serving = Literal["none", "devicePlugin", "dra"]
+
+
+def gpu_serving(pod: PodInfo) -> Serving:
+    return "none" if pod.gpus <= 0 else "dra" if pod.dra else "devicePlugin"
+
+
+def _serves(node: NodeInfo, serving: Serving) -> bool:
+    """GPU pods need a node with published topology: the binder always hands out a concrete GPU
+    set, which an unknown node cannot honour; DRA pods a node whose driver publishes its GPUs,
+    others one whose device plugin advertises some (a DRA-only node's kubelet has none)."""
+    if serving == "none":
+        return True
+    return node.topology is not None and bool(node.dra_gpus if serving == "dra" else node.gpus)
+
+
+def eligible_nodes(c: Constraints, nodes: Iterable[NodeInfo], serving: Serving
+                   ) -> frozenset[str]:
+    """Names of nodes the pod may use."""
+    return frozenset(n.name for n in nodes if _serves(n, serving) and why_not(c, n) is None)
 
 
 class FitCache:
@@ -82,7 +97,7 @@ class FitCache:
     a handful of node scans. Invalidate whenever the node set changes."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[Constraints, bool], frozenset[str]] = {}
+        self._cache: dict[tuple[Constraints, Serving], frozenset[str]] = {}
         self._network: Network | None = None
 
     def clear(self) -> None:
@@ -96,9 +111,9 @@ class FitCache:
         return self._network
 
     def eligible(self, c: Constraints, nodes: Mapping[str, NodeInfo],
-                 needs_gpu: bool) -> frozenset[str]:
-        key = (c, needs_gpu)
+                 serving: Serving) -> frozenset[str]:
+        key = (c, serving)
         found = self._cache.get(key)
         if found is None:
-            found = self._cache[key] = eligible_nodes(c, nodes.values(), needs_gpu)
+            found = self._cache[key] = eligible_nodes(c, nodes.values(), serving)
         return found

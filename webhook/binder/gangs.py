@@ -115,7 +115,7 @@ def assemble(pods: Iterable[PodInfo], scheduler_name: str,
         if gang is None:
             gang = gangs[key] = Gang(key=key, namespace=pod.namespace, name=name, min_member=0)
         gang.members.append(pod)
-        for problem in pod.problems:
+        for problem in (*pod.problems, *pod.claim_problems):
             if problem not in gang.problems:
                 gang.problems.append(problem)
         if pod.gang_name:

@@ -38,6 +38,14 @@ class NodeInfo:
     topology_error: str | None = None
     #: its agent acknowledges served pods: bind its GPU pods one at a time (binder.gate)
     acks_allocation: bool = False
+    #: the GPU indices its ResourceSlice of our driver publishes (empty: it serves no DRA)
+    dra_gpus: frozenset[int] = frozenset()
+
+    @property
+    def gpu_capacity(self) -> int:
+        """The most GPUs the kubelet hands out here, through the device plugin or DRA (the
+        same GPUs when a node serves both)."""
+        return max(self.gpus, len(self.dra_gpus))
 
     @property
     def healthy_gpus(self) -> frozenset[int]:
@@ -90,6 +98,15 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
         topology_error=error,
         acks_allocation=(meta.get("labels") or {}).get(keys.LABEL_GPU_ALLOCATION_ACK) == "true",
     )
+
+
+def slice_gpus(obj: Mapping[str, Any]) -> tuple[str, frozenset[int]] | None:
+    """(node, GPU indices) a ResourceSlice of our driver publishes; None for any other slice."""
+    spec = obj.get("spec") or {}
+    if spec.get("driver") != keys.DRA_DRIVER or not spec.get("nodeName"):
+        return None
+    indices = (keys.dra_device_index(str(d.get("name", ""))) for d in spec.get("devices") or ())
+    return str(spec["nodeName"]), frozenset(i for i in indices if i is not None)
 
 
 def tolerates(tolerations: tuple[Toleration, ...], taint: Taint) -> bool:

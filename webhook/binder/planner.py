@@ -10,7 +10,9 @@ Rules (docs/binder.md has the reasoning):
   their gang already has bound members or when the consistent reserved members reach minMember
   with the bound ones; otherwise they are stripped and the gang is placed afresh. Inconsistent
   reservations (node gone, GPUs changed or doubly assigned, pod no longer fits) are always
-  stripped.
+  stripped. Pods whose GPUs come through DRA claims (webhook.binder.dra) are reserved by their
+  claims instead of an annotation, under the same rules; the record never binds one, as its
+  claims are allocated only by a placement.
 - Queue: ready gangs go in order (priority desc, oldest first). A gang that has failed for
   longer than `starvation_seconds` and that would fit on the empty cluster reserves: no gang
   after it in the order is placed until it is.
@@ -22,6 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
+from webhook import keys
 from webhook.binder.allocation import Allocation
 from webhook.binder.assignment import (
     Assigner,
@@ -31,7 +34,8 @@ from webhook.binder.assignment import (
     shape_matches,
     uuids_of,
 )
-from webhook.binder.fit import FitCache, why_not
+from webhook.binder.claims import ClaimInfo
+from webhook.binder.fit import FitCache, gpu_serving, why_not
 from webhook.binder.gangs import Gang, PodGroupInfo, assemble
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo
@@ -122,7 +126,8 @@ def _reservation(pod: PodInfo, nodes: Mapping[str, NodeInfo],
     """An annotated reservation's assignment if it still holds, else what is wrong with it."""
     a = pod.assignment
     if a is None:
-        return "assignment annotation is unreadable"
+        return ("only some of its ResourceClaims are allocated for it, or on different nodes"
+                if pod.dra else "assignment annotation is unreadable")
     node = nodes.get(a.node)
     if node is None:
         return f"node {a.node} no longer exists"
@@ -134,7 +139,8 @@ def _reservation(pod: PodInfo, nodes: Mapping[str, NodeInfo],
     indices = assigned_indices(a)
     if indices - node.healthy_gpus:
         return f"GPUs {sorted(indices - node.healthy_gpus)} are not healthy GPUs of {a.node}"
-    if any(c.uuids != uuids_of(node.topology, c.indices) for c in a.containers.values()):
+    if not pod.dra and any(c.uuids != uuids_of(node.topology, c.indices)
+                           for c in a.containers.values()):  # a claim names devices, not UUIDs
         return f"GPU UUIDs on {a.node} changed"
     doubled = sorted(i for i in indices if i in conflicts.get(a.node, {}))
     if doubled:
@@ -157,7 +163,7 @@ def _consume(state: NodeState, need: MemberRequest | PodInfo, gpus: Collection[i
 
 
 def _empty_state(node: NodeInfo) -> NodeState:
-    gpus = frozenset(sorted(node.healthy_gpus)[: node.gpus])
+    gpus = frozenset(sorted(node.healthy_gpus)[: node.gpu_capacity])
     return NodeState(node.name, node.topology, gpus, node.cpu_milli, node.memory_bytes, node.pods)
 
 
@@ -168,7 +174,7 @@ def _request(gang: Gang, nodes: Mapping[str, NodeInfo],
     home = frozenset(p.node_name for p in gang.bound if p.gpus and p.node_name)
     members = []
     for pod in gang.pending:
-        eligible = fit.eligible(pod.constraints, nodes, pod.gpus > 0)
+        eligible = fit.eligible(pod.constraints, nodes, gpu_serving(pod))
         if pod.gpus and home and topo is not None and topo.single_node:
             eligible = eligible & home
         if not eligible:
@@ -196,6 +202,9 @@ def _no_node_reason(pod: PodInfo, nodes: Mapping[str, NodeInfo]) -> str:
         if r is None and pod.gpus:
             r = ("unreadable GPU topology annotation" if node.topology_error
                  else "no published GPU topology") if node.topology is None else None
+        if r is None and pod.gpus and not (node.dra_gpus if pod.dra else node.gpus):
+            r = ("no ResourceSlice of the DRA driver" if pod.dra
+                 else f"no allocatable {keys.GPU_RESOURCE}")
         if r is not None:
             reasons[r] = reasons.get(r, 0) + 1
     detail = ", ".join(f"{n} node(s): {r}" for r, n in sorted(reasons.items(),
@@ -206,9 +215,11 @@ def _no_node_reason(pod: PodInfo, nodes: Mapping[str, NodeInfo]) -> str:
 def plan(pods: Sequence[PodInfo], nodes: Mapping[str, NodeInfo],
          pod_groups: Mapping[str, PodGroupInfo] | None, *, config: PlanConfig,
          queue: GangQueue, fit: FitCache, place: PlaceFn, now: float,
-         generation: int = 0, inflight: Collection[str] = ()) -> Plan:
-    """One cycle from every pod: gangs, allocation and node states made from scratch."""
-    allocation = Allocation.from_pods(pods)
+         generation: int = 0, inflight: Collection[str] = (),
+         claims: Sequence[ClaimInfo] = ()) -> Plan:
+    """One cycle from every pod (DRA ones resolved: webhook.binder.dra) and claim: gangs,
+    allocation and node states made from scratch."""
+    allocation = Allocation.from_pods(pods, claims)
     gangs = assemble(pods, config.scheduler_name, pod_groups, config.podgroup_default_timeout)
     return plan_gangs(gangs, allocation,
                       {name: allocation.node_state(node) for name, node in nodes.items()},
@@ -311,6 +322,8 @@ def _finish_recorded(r: _Round, gang: Gang) -> bool:
     afresh (the gang has a bound member: it is completed, not released)."""
     finish: list[tuple[PodInfo, GpuAssignment]] = []
     for pod, node, gpus in gang.recorded:
+        if pod.dra:
+            continue  # bound only once its claims are allocated: by a placement of its own
         assignment = _recorded_assignment(r, pod, node, gpus)
         if assignment is not None:
             finish.append((pod, assignment))

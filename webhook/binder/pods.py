@@ -11,6 +11,7 @@ from typing import Any
 
 from webhook import keys
 from webhook.binder.assignment import AssignmentError, Record, decode_assignment, decode_record
+from webhook.binder.claims import PodClaims, parse_pod_claims
 from webhook.podresources import GPU, gpu_asks, pod_requests
 from webhook.quantity import milli, units
 from webhook.topology.model import GpuAssignment, NetworkRequest, TopologyRequest
@@ -100,6 +101,15 @@ class PodInfo:
     pending: bool = True
     #: the node agent served every GPU container (muster.io/gpu-allocated)
     allocated: bool = False
+    #: its spec.resourceClaims (None: none)
+    claims: PodClaims | None = None
+    #: its GPUs come from its claims (webhook.binder.dra.resolve): the claims, not
+    #: `assignment`, hold them, and its assignment is read back from them
+    dra: bool = False
+    #: keys of the claims allocated and reserved for it alone while it is unbound
+    held_claims: tuple[str, ...] = ()
+    #: what keeps the binder from allocating its claims, in words for an Event
+    claim_problems: tuple[str, ...] = ()
 
     @property
     def bound(self) -> bool:
@@ -265,6 +275,9 @@ def parse_pod(obj: Mapping[str, Any],
     ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     problems: list[str] = []
     cpu, mem, gpus = _pod_requests(spec, problems)
+    claims = parse_pod_claims(spec, status)
+    if claims is not None and gpus:
+        problems.append(f"asks for {GPU} and uses ResourceClaims: one or the other")
     asks = gpu_asks(spec)
     min_member, timeout = _gang_annotations(ann, problems)
     topology = None
@@ -274,6 +287,8 @@ def parse_pod(obj: Mapping[str, Any],
         except ValueError as exc:
             problems.append(str(exc))
     assignment, raw, placement = trusted_annotations(ann, spec, scheduler_name)
+    if claims is not None:
+        assignment, raw = None, None  # its claims are the record (webhook.binder.dra)
 
     priority = spec.get("priority")
     return PodInfo(
@@ -310,4 +325,5 @@ def parse_pod(obj: Mapping[str, Any],
         problems=tuple(problems),
         pending=status.get("phase", "Pending") == "Pending",
         allocated=keys.ANN_GPU_ALLOCATED in ann,
+        claims=claims,
     )

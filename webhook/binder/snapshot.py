@@ -3,7 +3,8 @@
 Rebuilding them from every pod on every cycle (gangs, allocation, each node's free resources)
 cost about 25 ms at 1,000 pods and 500 nodes, and the controller plans after every burst of
 informer events. The snapshot owns three caches, each keyed on what its reader reads:
-- the allocation, updated by `Allocation.add` / `remove` as each pod changes;
+- the allocation, updated by `Allocation.add` / `remove` as each pod changes, and by
+  `add_claim` / `remove_claim` as each ResourceClaim does;
 - the members of every gang that still has an unbound member (the only gangs a plan can act
   on), so that assembling gangs costs only theirs;
 - each node's NodeState, recomputed when the node's usage or its NodeInfo object changes.
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from webhook.binder.allocation import Allocation
+from webhook.binder.claims import ClaimInfo
 from webhook.binder.gangs import Gang, PodGroupInfo, assemble, gang_key, is_member
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo
@@ -32,6 +34,7 @@ class Snapshot:
         self.scheduler_name = scheduler_name
         self.allocation = Allocation({})
         self._pods: dict[str, PodInfo] = {}
+        self._claims: dict[str, ClaimInfo] = {}
         self._members: dict[str, dict[str, PodInfo]] = {}  # gang key -> pod key -> pod
         self._unbound: dict[str, set[str]] = {}  # gang key -> keys of its unbound members
         self._states: dict[str, tuple[NodeInfo, NodeState]] = {}
@@ -60,6 +63,22 @@ class Snapshot:
         old = self._pods.pop(key, None)
         if old is not None:
             self._drop(old)
+
+    def put_claim(self, claim: ClaimInfo) -> bool:
+        """The claim as the planner is to see it now (added or replaced). True when the GPUs it
+        holds changed."""
+        old = self._claims.get(claim.key)
+        self.remove_claim(claim.key)
+        self._claims[claim.key] = claim
+        self._touch(self.allocation.add_claim(claim))
+        return old is None or (old.node, old.devices) != (claim.node, claim.devices)
+
+    def remove_claim(self, key: str) -> bool:
+        """Forget the claim; True when it held GPUs."""
+        old = self._claims.pop(key, None)
+        if old is not None:
+            self._touch(self.allocation.remove_claim(old))
+        return old is not None and old.node is not None
 
     def _drop(self, pod: PodInfo) -> None:
         self._touch(self.allocation.remove(pod))

@@ -26,10 +26,7 @@ from webhook.topology.model import Topology
 API_VERSION = "resource.k8s.io/v1"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 _BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
-
-
-def device_name(index: int) -> str:
-    return f"gpu-{index}"
+device_name = keys.dra_device_name  # `gpu-<index>`, the binder's reading too
 
 
 def slice_name(node: str) -> str:

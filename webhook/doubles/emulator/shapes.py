@@ -87,9 +87,14 @@ def validate_pod(pod: dict[str, Any]) -> None:
         if res is not None and not (isinstance(res, dict) and all(
                 v is None or (isinstance(v, dict) and all(isinstance(q, str | int | float)
                                                           for q in v.values()))
-                for v in res.values())):
+                for k, v in res.items() if k != "claims")):
             raise _undecodable(f"spec.containers[{i}].resources", "limits/requests of "
                                "quantities")
+        claims = (res or {}).get("claims")
+        if claims is not None and not (isinstance(claims, list) and all(
+                isinstance(r, dict) and isinstance(r.get("name"), str) for r in claims)):
+            raise _undecodable(f"spec.containers[{i}].resources.claims", "a list of named "
+                               "claim references")
     causes = [*_toleration_errors(pod), *_extended_resource_errors(pod)]
     spec = pod.get("spec") or {}
     if spec.get("nodeName") and spec.get("schedulingGates"):

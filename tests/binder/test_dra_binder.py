@@ -1,0 +1,244 @@
+"""Must show, on the emulator: the binder allocates the ResourceClaims of the DRA pods it places
+before binding them, one gang at once past the one-pod-per-node gate; a conflict on a claim
+binds nothing of the gang and releases what it allocated; a claim someone else allocated is
+neither reused nor its GPUs handed out; and a binder killed between claim writes and Bindings
+leaves no GPU assigned twice: its successor binds the gang there or releases it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from binder_objects import claim, dra_pod, node, resource_slice
+
+from e2e.probes import eventually
+from webhook import keys
+from webhook.binder.claims import allocated_status
+from webhook.binder.controller import Binder, BinderConfig
+from webhook.binder.planner import Plan
+from webhook.doubles.emulator import ApiServerEmulator
+from webhook.kube import KubeApi
+from webhook.kube.api import PODS, RESOURCE_CLAIMS
+
+CFG = BinderConfig(backoff_initial=0.05, backoff_max=0.2, event_interval=60)
+
+
+def seed_dra_node(api: ApiServerEmulator, name: str = "dgx-a") -> None:
+    """A DRA-only node (no nvidia.com/gpu) whose agent acknowledges served pods: the gate would
+    let one GPU pod at a time in if DRA pods went through it."""
+    api.seed(node(name, gpus=0, labels={keys.LABEL_GPU_ALLOCATION_ACK: "true"}))
+    api.seed(resource_slice(name, range(8)))
+
+
+async def create_gang(kube: KubeApi, count: int, gang: str = "g") -> None:
+    for i in range(count):
+        await kube.create(RESOURCE_CLAIMS, claim(f"{gang}-w{i}-gpu"), "team-a")
+    for i in range(count):
+        await kube.create(PODS, dra_pod(f"{gang}-w{i}", [f"{gang}-w{i}-gpu"], gang=gang,
+                                        min_member=count), "team-a")
+
+
+def bound(api: ApiServerEmulator) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in api.objects("pods", "team-a")
+            if p["spec"].get("nodeName")}
+
+
+def devices(api: ApiServerEmulator) -> dict[str, tuple[str, list[str], list[str]]]:
+    """claim → (pool, devices, reserved pod names) of every allocated claim."""
+    out = {}
+    for c in api.objects("resourceclaims", "team-a"):
+        status = c.get("status") or {}
+        if status.get("allocation"):
+            results = status["allocation"]["devices"]["results"]
+            out[c["metadata"]["name"]] = (results[0]["pool"], [r["device"] for r in results],
+                                          [r["name"] for r in status.get("reservedFor") or ()])
+    return out
+
+
+def assert_no_gpu_twice(api: ApiServerEmulator) -> None:
+    held = [(pool, d) for pool, names, _ in devices(api).values() for d in names]
+    assert len(held) == len(set(held)), f"a GPU is allocated twice: {sorted(held)}"
+
+
+class Recording(Binder):
+    """Keeps the plan of every cycle that placed something."""
+
+    placing: list[Plan]
+
+    def cycle(self) -> Plan:
+        result = super().cycle()
+        if result.places:
+            self.placing.append(result)
+        return result
+
+
+async def running(binder: Binder) -> asyncio.Task[None]:
+    task = asyncio.create_task(binder.run())
+    await eventually(binder.synced.is_set)
+    return task
+
+
+async def stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_gang_of_eight_dra_pods_is_placed_in_one_cycle_on_distinct_gpus(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    seed_dra_node(apiserver)
+    binder = Recording(kube, CFG)
+    binder.placing = []
+    gated: list[str] = []
+    through = binder.gate.bind
+
+    async def gate(node_name: str, key: str, bind: Callable[[], Awaitable[None]]) -> None:
+        gated.append(key)
+        await through(node_name, key, bind)
+
+    binder.gate.bind = gate  # type: ignore[method-assign]
+    task = await running(binder)
+    try:
+        await create_gang(kube, 8)
+        await eventually(lambda: len(bound(apiserver)) == 8, within=10)
+    finally:
+        await stop(task)
+    assert len(binder.placing) == 1 and len(binder.placing[0].places[0].assignments) == 8
+    assert gated == []  # the kubelet names each claim to the driver: no pod waits for another
+    allocated = devices(apiserver)
+    assert sorted(d for _, names, _ in allocated.values() for d in names) == [
+        f"gpu-{i}" for i in range(8)]
+    for i in range(8):
+        pool, _, reserved = allocated[f"g-w{i}-gpu"]
+        assert pool == "dgx-a" and reserved == [f"g-w{i}"]
+    for p in apiserver.objects("pods", "team-a"):  # the claims are the record
+        assert keys.ANN_GPU_ASSIGNMENT not in p["metadata"]["annotations"]
+        assert keys.ANN_GANG_PLACEMENT in p["metadata"]["annotations"]
+
+
+class Racing(KubeApi):
+    """Before the binder's allocation of `target` reaches the API server, someone else
+    allocates that claim (as kube-scheduler would for a pod of its own)."""
+
+    def __init__(self, base: KubeApi, target: str) -> None:
+        super().__init__(base.client)
+        self.target, self.raced = target, False
+
+    async def replace(self, resource: Any, name: str, obj: Any, namespace: str | None = None,
+                      **kw: Any) -> dict[str, Any]:
+        if resource == RESOURCE_CLAIMS and name == self.target and not self.raced:
+            self.raced = True
+            theirs = await self.get(RESOURCE_CLAIMS, name, namespace)
+            theirs["status"] = allocated_status({}, "dgx-a", [("gpus", 0)], "other", "uid-o")
+            await super().replace(resource, name, theirs, namespace, subresource="status")
+        return await super().replace(resource, name, obj, namespace, **kw)
+
+
+async def test_a_conflict_on_one_claim_binds_nothing_and_releases_the_others(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    seed_dra_node(apiserver)
+    api = Racing(kube, "g-w3-gpu")
+    task = await running(Binder(api, CFG))
+    try:
+        await create_gang(kube, 8)
+        await eventually(lambda: api.raced and list(devices(apiserver)) == ["g-w3-gpu"],
+                         what="every claim but the raced one released")
+        await asyncio.sleep(0.5)  # the claim someone else allocated is not reused
+        assert bound(apiserver) == {} and list(devices(apiserver)) == ["g-w3-gpu"]
+        reasons = [e["message"] for e in apiserver.objects("events", "team-a")
+                   if e["reason"] == "FailedScheduling"]
+        assert any("ResourceClaim g-w3-gpu is already allocated" in m for m in reasons)
+        # its owner lets go: the gang is planned again and placed whole
+        theirs = await kube.get(RESOURCE_CLAIMS, "g-w3-gpu", "team-a")
+        theirs["status"] = {}
+        await kube.replace(RESOURCE_CLAIMS, "g-w3-gpu", theirs, "team-a", subresource="status")
+        await eventually(lambda: len(bound(apiserver)) == 8, within=10)
+    finally:
+        await stop(task)
+    assert len(devices(apiserver)) == 8
+    assert_no_gpu_twice(apiserver)
+
+
+async def test_gpus_of_claims_someone_else_allocated_are_not_handed_out(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    seed_dra_node(apiserver)
+    apiserver.seed(claim("theirs", count=2, status=allocated_status(
+        {}, "dgx-a", [("gpus", 0), ("gpus", 1)], "other", "uid-o")))
+    task = await running(Binder(kube, CFG))
+    try:
+        await create_gang(kube, 7, "big")
+        await create_gang(kube, 6, "fits")
+        await eventually(lambda: len(bound(apiserver)) == 6)
+        await asyncio.sleep(0.3)
+    finally:
+        await stop(task)
+    assert sorted(bound(apiserver)) == [f"fits-w{i}" for i in range(6)]
+    assert_no_gpu_twice(apiserver)
+
+
+class Crashing(KubeApi):
+    """Kills the binder right after its n-th claim status write is answered: nothing after
+    it is sent (claim writes go one at a time)."""
+
+    def __init__(self, base: KubeApi, crash_after: int) -> None:
+        super().__init__(base.client)
+        self.crash_after, self.writes = crash_after, 0
+        self.victim: asyncio.Task[None] | None = None
+        self._wire = asyncio.Lock()
+
+    async def replace(self, resource: Any, name: str, obj: Any, namespace: str | None = None,
+                      **kw: Any) -> dict[str, Any]:
+        async with self._wire:
+            if self.writes >= self.crash_after:
+                raise asyncio.CancelledError  # dead: never sent
+            result = await super().replace(resource, name, obj, namespace, **kw)
+            self.writes += 1
+            if self.writes == self.crash_after and self.victim is not None:
+                self.victim.cancel()
+            return result
+
+    async def create_subresource(self, *args: Any, **kw: Any) -> dict[str, Any]:
+        raise asyncio.CancelledError  # no Binding is ever sent
+
+
+@pytest.mark.parametrize("written", [3, 8])
+async def test_a_binder_killed_between_claims_and_bindings_leaves_no_gpu_twice(
+        apiserver: ApiServerEmulator, kube: KubeApi, written: int) -> None:
+    seed_dra_node(apiserver)
+    await create_gang(kube, 8)
+    api = Crashing(kube, written)
+    binder = Binder(api, CFG)
+    task = asyncio.create_task(binder.run())
+    api.victim = task
+    await asyncio.gather(task, return_exceptions=True)
+    before = devices(apiserver)
+    assert len(before) == written and bound(apiserver) == {}
+    task = await running(Binder(kube, CFG))  # its successor
+    try:
+        await eventually(lambda: len(bound(apiserver)) == 8, within=10)
+    finally:
+        await stop(task)
+    after = devices(apiserver)
+    assert len(after) == 8
+    assert_no_gpu_twice(apiserver)
+    if written == 8:  # every claim was allocated: the gang is bound where they say
+        assert after == before
+
+
+async def test_a_claim_the_binder_cannot_allocate_is_an_event_and_a_condition(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    seed_dra_node(apiserver)
+    await kube.create(RESOURCE_CLAIMS, claim("nic", device_class="nic.example.com"), "team-a")
+    await kube.create(PODS, dra_pod("p", ["nic"]), "team-a")
+    task = await running(Binder(kube, CFG))
+    try:
+        event = await eventually(lambda: [e for e in apiserver.objects("events", "team-a")
+                                          if e["reason"] == "FailedScheduling"])
+        pod = await eventually(lambda: [p for p in apiserver.objects("pods", "team-a")
+                                        if p["status"].get("conditions")])
+    finally:
+        await stop(task)
+    assert "asks for device class 'nic.example.com'" in event[0]["message"]
+    (condition,) = pod[0]["status"]["conditions"]
+    assert condition["reason"] == "Unschedulable" and bound(apiserver) == {}
