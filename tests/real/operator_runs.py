@@ -3,8 +3,8 @@ the one it needs, inside the cluster's network namespace, and it stops when the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -77,14 +77,16 @@ async def condition(kube: KubeApi, resource: Resource, name: str, ns: str, kind:
 
 
 @contextmanager
-def webhook_operator(cluster: NodeCluster, op: operators.Operator, tmp: Path, port: int
-                     ) -> Iterator[None]:
+def webhook_operator(cluster: NodeCluster, op: operators.Operator, tmp: Path, port: int, *,
+                     config_extra: Mapping[str, Any] | None = None) -> Iterator[None]:
     """A controller-runtime operator with its admission webhooks served on loopback and its own
     webhook configurations pointing there; both gone after the block (a webhook whose server is
-    gone would refuse every object it selects)."""
+    gone would refuse every object it selects). `config_extra`: top-level fields added to its
+    Configuration (e.g. LWS's gangSchedulingManagement)."""
     where = operators.serving(tmp, port)
     config = tmp / "config.yaml"
-    config.write_text(yaml.safe_dump(operators.manager_config(op, where)))
+    config.write_text(yaml.safe_dump({**operators.manager_config(op, where),
+                                      **(config_extra or {})}))
     hooks = tmp / "webhooks.yaml"
     hooks.write_text(yaml.safe_dump_all(operators.webhook_configurations(
         op, operators.module_dir(op), where.url, where.ca_pem, prefix=f"muster-test-{op.name}-")))
@@ -98,6 +100,22 @@ def webhook_operator(cluster: NodeCluster, op: operators.Operator, tmp: Path, po
             yield
         finally:
             kubectl(cluster, "delete", "--wait", "-f", str(hooks))
+
+
+def module_controller(cluster: NodeCluster, op: operators.Operator, tmp: Path, port: int, *,
+                      config_extra: Mapping[str, Any] | None = None) -> Iterator[None]:
+    """The operator for a module's tests (a module fixture yields from it). Its setup and
+    teardown enter the cluster's network themselves: each test leaves it at its end."""
+    with ExitStack() as running:
+        with cluster.netns():
+            install_crds(cluster, op, tmp)
+            running.enter_context(webhook_operator(cluster, op, tmp, port,
+                                                   config_extra=config_extra))
+        try:
+            yield
+        finally:
+            with cluster.netns():
+                running.close()
 
 
 async def delete_all(kube: KubeApi, resource: Resource, ns: str) -> None:

@@ -34,8 +34,8 @@ from operator_runs import (
     delete_all,
     delete_and_wait,
     install_crds,
+    module_controller,
     operator,
-    webhook_operator,
 )
 from real_helpers import kubectl
 
@@ -238,32 +238,18 @@ def _uid(pods: list[dict[str, Any]], name: str) -> str:
 
 # --- JobSet and LeaderWorkerSet: their controllers and webhooks, cluster-wide ------------------
 
-def _controller(cluster: NodeCluster, op: operators.Operator, tmp: Path, port: int
-                ) -> Iterator[None]:
-    """The operator for a module's tests. Its setup and teardown enter the cluster's network
-    themselves: each test leaves it at its end."""
-    with ExitStack() as running:
-        with cluster.netns():
-            install_crds(cluster, op, tmp)
-            running.enter_context(webhook_operator(cluster, op, tmp, port))
-        try:
-            yield
-        finally:
-            with cluster.netns():
-                running.close()
-
-
 @pytest.fixture(scope="module")
 def jobset_controller(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
                       ) -> Iterator[None]:
-    yield from _controller(node_cluster, operators.JOBSET, tmp_path_factory.mktemp("jobset"),
-                           19443)
+    yield from module_controller(node_cluster, operators.JOBSET,
+                                 tmp_path_factory.mktemp("jobset"), 19443)
 
 
 @pytest.fixture(scope="module")
 def lws_controller(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
                    ) -> Iterator[None]:
-    yield from _controller(node_cluster, operators.LWS, tmp_path_factory.mktemp("lws"), 19453)
+    yield from module_controller(node_cluster, operators.LWS, tmp_path_factory.mktemp("lws"),
+                                 19453)
 
 
 async def test_jobset_controller_pods_join_one_gang_and_it_goes_with_the_jobset(
@@ -459,7 +445,7 @@ def trainer_controller(node_cluster: NodeCluster, jobset_controller: None,
     """Trainer's controller and webhooks, and its torch-distributed ClusterTrainingRuntime."""
     tmp = tmp_path_factory.mktemp("trainer")
     runtime = operators.module_dir(operators.TRAINER) / TORCH_RUNTIME
-    for step in _controller(node_cluster, operators.TRAINER, tmp, 19463):
+    for step in module_controller(node_cluster, operators.TRAINER, tmp, 19463):
         with node_cluster.netns():
             kubectl(node_cluster, "apply", "--server-side", "-f", str(runtime))
         yield step
