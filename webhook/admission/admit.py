@@ -17,6 +17,11 @@ with an Event on the job (and on the pod when it has a name) and a metric:
   (webhook.policy.queues);
 - a native gang (backend kubernetes) on a cluster that serves no Workload API: refused, or no
   gang, as the policy says (webhook.policy.native).
+
+One case undoes what an earlier pass did: a webhook called after Muster's (the job's own gang
+scheduling, e.g. LeaderWorkerSet's Volcano provider) replaced the group key Muster gave the pod.
+On the pass that follows (reinvocation) Muster stands aside: its record leaves the pod, and the
+PodGroup it made for that gang is deleted unless a pod still joins it (Decision.withdrawn).
 """
 
 from __future__ import annotations
@@ -35,11 +40,12 @@ from webhook.admission.podgroups import Ensured
 from webhook.admission.reload import PolicyStore
 from webhook.admission.review import AdmissionReview, response
 from webhook.keys import user_may_create_with
+from webhook.kube import ApiError
 from webhook.kube.owners import controller_ref
 from webhook.lru import Lru
 from webhook.policy import PolicyError, PolicySet, load_policy_texts, render_patch
 from webhook.policy.audit import EVENT_REASON, event_message
-from webhook.policy.decision import Decision, Override, PodGroupSpec
+from webhook.policy.decision import Decision, Override, PodGroupSpec, Withdrawal
 from webhook.policy.native import VERSIONS, NativeVerdict, api_of, with_api
 from webhook.policy.outcome import evaluate_and_render
 from webhook.policy.queues import QueueVerdict, with_queue, without_gang
@@ -69,6 +75,8 @@ class ClusterContext(Protocol):
     def priorities(self) -> Priorities: ...
 
     async def ensure_pod_group(self, spec: PodGroupSpec, *, dry_run: bool) -> Ensured: ...
+
+    async def withdraw_pod_group(self, gone: Withdrawal) -> str | None: ...
 
     async def queue_verdict(self, spec: PodGroupSpec, deadline: float
                             ) -> QueueVerdict | None: ...
@@ -215,7 +223,7 @@ class Admitter:
         self.context = context
         self.metrics = metrics
         self._excluded = SYSTEM_NAMESPACES | config.excluded_namespaces
-        self._background: set[asyncio.Task[Ensured]] = set()
+        self._background: set[asyncio.Task[Any]] = set()
         self.owner_retry = OwnerRetry(config.owner_retry_seconds)
         #: (policy set, job, policy) whose audit Event was recorded: one per job, not per pod
         self.audit_events = Once()
@@ -370,6 +378,9 @@ class Admitter:
             result.patch_json = patch_json
         result.patch.extend(ops)
         result.policies, result.overrides = decision.policies, decision.overrides
+        if decision.withdrawn is not None and self.context is not None:
+            await self._stand_aside(pod, decision.withdrawn, deadline=deadline,
+                                    dry_run=bool(review.request.dry_run), result=result)
         spec = decision.pod_group
         if spec is None:
             return
@@ -395,6 +406,38 @@ class Admitter:
             result.fail_open = "deadline"
             return
         self._report_podgroup(pod, namespace, spec, ensured, result)
+
+    async def _stand_aside(self, pod: dict[str, Any], gone: Withdrawal, *, deadline: float,
+                           dry_run: bool, result: _Result) -> None:
+        """A later webhook put the pod in another gang: count it and, except on a dry run (no
+        side effects), delete Muster's PodGroup for the gang if no pod joins it. Shielded like
+        a PodGroup write: past the deadline it still finishes, and the pod keeps its patch."""
+        self.metrics.gang_interventions.labels("stood_aside").inc()
+        if dry_run:
+            return
+        task = asyncio.ensure_future(self._withdraw(pod, gone))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await asyncio.shield(task)
+        except TimeoutError:
+            result.warnings.append(f"muster: PodGroup {gone.namespace}/{gone.name}, which no "
+                                   "longer gangs this pod, not checked before the webhook "
+                                   "deadline; still being checked")
+
+    async def _withdraw(self, pod: dict[str, Any], gone: Withdrawal) -> None:
+        assert self.context is not None
+        try:
+            deleted = await self.context.withdraw_pod_group(gone)
+        except ApiError as exc:  # it stays; the gang's next pod tries again
+            log.warning("PodGroup of a gang Muster stood aside from not deleted", extra={
+                "podgroup": f"{gone.namespace}/{gone.name}", "error": str(exc)})
+            return
+        if deleted is not None:
+            ref = gone.owner.as_owner_reference() if gone.owner else controller_ref(pod)
+            self.context.report(_involved({}, gone.namespace, ref), "GangStoodAside",
+                                f"muster: {deleted}")
 
     def _hold_for_owner(self, pod: dict[str, Any], namespace: str, decision: Decision,
                         unread: Mapping[str, Any] | None, result: _Result) -> bool:

@@ -32,7 +32,7 @@ from webhook.kube import (
 )
 from webhook.kube.owners import controller_ref, owner_resource
 from webhook.policy import native
-from webhook.policy.decision import PodGroupSpec
+from webhook.policy.decision import PodGroupSpec, Withdrawal
 from webhook.policy.native import NativeVerdict, check_served
 from webhook.policy.queues import QueueVerdict, check_queue, state_of
 from webhook.policy.workload import NO_PRIORITIES, Priorities
@@ -233,6 +233,9 @@ class KubeContext:
     async def ensure_pod_group(self, spec: PodGroupSpec, *, dry_run: bool) -> Ensured:
         self._watch_podgroups(spec)
         return await self.podgroups.ensure(spec, dry_run=dry_run)
+
+    async def withdraw_pod_group(self, gone: Withdrawal) -> str | None:
+        return await self.podgroups.withdraw(gone)
 
     async def queue_verdict(self, spec: PodGroupSpec, deadline: float) -> QueueVerdict | None:
         """The Volcano gang's queue checked against the Queues informer; None when the Queues

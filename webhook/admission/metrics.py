@@ -114,7 +114,8 @@ class Metrics:
         self.podgroup_writes = Counter(
             "muster_podgroup_writes", "PodGroup writes, by result (created, exists, updated, "
             "replaced: a deleted job's; foreign: another controller's, left alone; kept: the "
-            "job's, made by someone else, taken as it is; dry_run, error)", ["result"], registry=r)
+            "job's, made by someone else, taken as it is; withdrawn: deleted, no pod joins it "
+            "since Muster stood aside; dry_run, error)", ["result"], registry=r)
         self.podgroup_cleanups = Counter(
             "muster_podgroup_cleanups", "PodGroups Muster made, deleted because their job "
             "finished or was suspended (as its operator would)", registry=r)
@@ -122,7 +123,8 @@ class Metrics:
             "muster_gang_interventions", "Gangs Muster changed or held so that none waits "
             "forever, by reason (queue_fallback, queue_without_gang, owner_unavailable_denied, "
             "owner_unavailable_admitted, podgroup_foreign_denied, podgroup_replaced, "
-            "native_api_denied, native_api_without_gang)",
+            "native_api_denied, native_api_without_gang, stood_aside: a later webhook put the "
+            "pod in another gang)",
             ["reason"], registry=r)
         self.cert_expiry = Gauge(
             "muster_certificate_expiry_timestamp_seconds",

@@ -27,12 +27,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.admission.metrics import Metrics
-from webhook.kube import COSCHEDULING_PODGROUPS, VOLCANO_PODGROUPS, ApiError, KubeApi, Resource
+from webhook.kube import (
+    COSCHEDULING_PODGROUPS,
+    PODS,
+    VOLCANO_PODGROUPS,
+    ApiError,
+    KubeApi,
+    Resource,
+)
 from webhook.kube.owners import controller_ref, owner_resource
 from webhook.policy import native
-from webhook.policy.decision import PodGroupSpec
+from webhook.policy.decision import PodGroupSpec, Withdrawal
 from webhook.policy.native import GROUP as NATIVE_GROUP
-from webhook.policy.podgroup import gang_objects, made_by_muster
+from webhook.policy.podgroup import gang_objects, left_behind, made_by_muster
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +191,49 @@ class PodGroupWriter:
                 out.refused = ensured.refused
                 break
         return out
+
+    async def withdraw(self, gone: Withdrawal) -> str | None:
+        """Delete the PodGroup Muster made for a gang it stood aside from, unless
+        `left_behind` keeps it; what was deleted and why, in words (None: nothing). Under the
+        gang's write lock, so that a create still running for it on this replica (a deadline
+        cut its pod's first pass short) lands first. API errors propagate."""
+        if gone.backend not in ("volcano", "coscheduling"):
+            return None  # no PodGroup object of Muster's (backend muster)
+        resource = resource_for(gone.backend)
+        key: Key = (resource.group, "PodGroup", gone.namespace, gone.name)
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        async with lock:
+            for _ in range(3):  # a conflict: it changed between the read and the delete
+                try:
+                    existing = await self.api.get(resource, gone.name, namespace=gone.namespace)
+                except ApiError as exc:
+                    if exc.not_found:
+                        return None
+                    raise
+                # every pod of the namespace: Volcano's key is an annotation, not selectable
+                pods = (await self.api.list(PODS, namespace=gone.namespace)).get("items") or ()
+                why = left_behind(existing, gone, pods)
+                if why is None:
+                    return None
+                meta = existing["metadata"]
+                try:
+                    await self.api.delete(resource, gone.name, gone.namespace, preconditions={
+                        "uid": meta["uid"], "resourceVersion": meta["resourceVersion"]})
+                except ApiError as exc:
+                    if exc.not_found:
+                        return None
+                    if exc.conflict:
+                        continue
+                    raise
+                self.known.pop(key, None)
+                self._matched.pop(key, None)
+                self.metrics.podgroup_writes.labels("withdrawn").inc()
+                log.info("PodGroup deleted: Muster stood aside", extra={
+                    "podgroup": f"{gone.namespace}/{gone.name}", "by": gone.by})
+                return f"PodGroup {gone.namespace}/{gone.name} deleted: {why}"
+        return None
 
     async def _ensure_one(self, spec: PodGroupSpec, manifest: dict[str, Any]) -> Ensured:
         key = key_of(manifest)

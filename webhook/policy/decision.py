@@ -58,6 +58,22 @@ class PodGroupSpec:
     unavailable_api: str | None = None
 
 
+@record
+class Withdrawal:
+    """A gang an earlier pass of the webhook joined the pod to, whose group key another
+    controller's webhook has replaced since (e.g. LeaderWorkerSet's Volcano provider, called
+    after Muster): Muster stands aside. Its record leaves the pod, and admission deletes the
+    PodGroup it made for that gang unless a pod still joins it."""
+
+    backend: Backend
+    name: str
+    namespace: str
+    #: the job whose PodGroup it is: only a PodGroup that job controls is deleted
+    owner: OwnerRef | None
+    #: the gang the pod joins instead, in words
+    by: str
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyMatch:
     """Why one policy matched the pod or not (for `muster policy explain` and audit)."""
@@ -129,6 +145,8 @@ class Decision:
     #: the network level the gang asks for and why (policy, or the job's Kueue/KAI
     #: annotations a policy honours), in words; None when it asks for none
     network: str | None = None
+    #: the gang Muster joined the pod to on an earlier pass and now leaves (see Withdrawal)
+    withdrawn: Withdrawal | None = None
 
     @property
     def changes_pod(self) -> bool:

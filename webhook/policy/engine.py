@@ -18,7 +18,14 @@ from webhook import keys
 from webhook.policy import native
 from webhook.policy.audit import audit_of
 from webhook.policy.compiled import CompiledPolicy, MatchInput
-from webhook.policy.decision import Backend, Decision, Override, PodGroupSpec, PolicyMatch
+from webhook.policy.decision import (
+    Backend,
+    Decision,
+    Override,
+    PodGroupSpec,
+    PolicyMatch,
+    Withdrawal,
+)
 from webhook.policy.jsonshape import as_str
 from webhook.policy.network import network_ask
 from webhook.policy.podview import TOPOLOGY_TOLERATION, PodView, view_of
@@ -188,7 +195,7 @@ def _apply(view: PodView, policies: PolicySet, matches: tuple[PolicyMatch, ...],
         labels=draft.labels, annotations=draft.annotations, scheduler_name=draft.scheduler_name,
         tolerations=tuple(draft.tolerations), node_affinity=tuple(draft.node_affinity),
         warnings=tuple(draft.warnings), gang_blocked=draft.gang_blocked,
-        overrides=writes.overrides, network=draft.network)
+        overrides=writes.overrides, network=draft.network, withdrawn=draft.withdrawn)
 
 
 def _match(view: PodView, policies: PolicySet
@@ -220,6 +227,7 @@ class _Draft:
     pod_group: PodGroupSpec | None = None
     gang_blocked: str | None = None
     network: str | None = None
+    withdrawn: Withdrawal | None = None
 
 
 def _lone_pod(draft: _Draft, view: PodView, writes: _Writes, backend: Backend) -> None:
@@ -254,6 +262,7 @@ def _job_gang(draft: _Draft, view: PodView, writes: _Writes, backend: Backend) -
     if pod_group is None:
         draft.warnings.append(f"gang policy {writes.merged['gang.backend'][1]} not applied: "
                               f"{why_not}")
+        _withdraw(draft, view, backend)
         return
     draft.scheduler_name = writes.value.get("gang.schedulerName") or _DEFAULT_SCHEDULER[backend]
     _join(pod_group, draft.labels, draft.annotations)
@@ -268,6 +277,25 @@ def _job_gang(draft: _Draft, view: PodView, writes: _Writes, backend: Backend) -
                               f"{work.kind} object is not available to own it")
         draft.warnings.append(draft.gang_blocked)
         draft.pod_group = None
+
+
+def _withdraw(draft: _Draft, view: PodView, backend: Backend) -> None:
+    """Stand aside from the gang an earlier pass joined the pod to, when a later webhook (the
+    job's own controller: LeaderWorkerSet's Volcano provider) has since put the pod in another
+    gang through that backend's key. The pod is in the other gang whatever Muster does, so
+    Muster's record goes, the other key stays, and admission deletes Muster's PodGroup if no pod
+    joins it (one that no pod joins would hold its minResources against the queue)."""
+    name = view.work.name
+    ann = view.annotation_map()
+    if not name or not _ours(backend, name, ann):
+        return
+    for where, key, key_backend in _GROUP_KEYS:
+        present = (view.label_map() if where == "label" else ann).get(key)
+        if key_backend == backend and present is not None and present != name:
+            draft.annotations[keys.ANN_JOINED_GANG] = None
+            draft.withdrawn = Withdrawal(backend, name, view.namespace, view.work.owner,
+                                         f"gang {present!r} ({where} {key})")
+            return
 
 
 def _topology_request(draft: _Draft, writes: _Writes, view: PodView) -> None:

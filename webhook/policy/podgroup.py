@@ -8,21 +8,53 @@ scheduleTimeoutSeconds but has no queue or priority class.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from webhook import keys
 from webhook.policy import native
-from webhook.policy.decision import PodGroupSpec
+from webhook.policy.decision import PodGroupSpec, Withdrawal
 from webhook.policy.native import MANAGED_BY
 
-__all__ = ["MANAGED_BY", "gang_objects", "made_by_muster", "podgroup_manifest", "podgroup_spec"]
+__all__ = ["MANAGED_BY", "gang_objects", "left_behind", "made_by_muster", "member_of",
+           "podgroup_manifest", "podgroup_spec"]
 
 
 def made_by_muster(obj: Mapping[str, Any]) -> bool:
     """Whether Muster made this gang object (its label): the only ones it writes or deletes."""
     labels = (obj.get("metadata") or {}).get("labels")
     return isinstance(labels, Mapping) and all(labels.get(k) == v for k, v in MANAGED_BY.items())
+
+
+def member_of(pod: Mapping[str, Any], backend: str, name: str) -> bool:
+    """Whether a stored pod joins gang `name` of `backend` (its group key) and may still run
+    (not finished, not being deleted)."""
+    meta = pod.get("metadata") or {}
+    if meta.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in (
+            "Succeeded", "Failed"):
+        return False
+    if backend == "volcano":
+        return bool((meta.get("annotations") or {}).get(keys.VOLCANO_GROUP_ANNOTATION) == name)
+    labels = meta.get("labels") or {}
+    return name in (labels.get(keys.COSCHEDULING_GROUP_LABEL),
+                    labels.get(keys.LEGACY_COSCHEDULING_GROUP_LABEL))
+
+
+def left_behind(podgroup: Mapping[str, Any], gone: Withdrawal,
+                pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """Why the PodGroup of a gang Muster stood aside from is to be deleted, or None to keep it:
+    Muster did not make it, the job does not control it (another job's of that name), or a pod
+    still joins it (one admitted before the other controller took its pods over)."""
+    refs = (podgroup.get("metadata") or {}).get("ownerReferences") or []
+    controller = next((r for r in refs if isinstance(r, Mapping) and r.get("controller")), None)
+    owner_uid = gone.owner.uid if gone.owner is not None else None
+    if not made_by_muster(podgroup) or (controller or {}).get("uid") != owner_uid:
+        return None
+    if any(member_of(pod, gone.backend, gone.name) for pod in pods):
+        return None
+    return (f"its pods join {gone.by} instead, set by a webhook called after Muster's (the "
+            "job's own gang scheduling): Muster stands aside, and a PodGroup no pod joins "
+            "would hold its minResources against the queue")
 
 
 def gang_objects(spec: PodGroupSpec) -> list[dict[str, Any]]:
