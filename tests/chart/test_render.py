@@ -570,7 +570,7 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("jobset.x-k8s.io", "jobsets"): "get,list",
         ("trainer.kubeflow.org", "trainjobs"): "get,list",
         ("leaderworkerset.x-k8s.io", "leaderworkersets"): "get,list",
-        ("", "pods"): "get",
+        ("", "pods"): "get,list",
         ("apps", "replicasets,deployments,statefulsets,daemonsets"): "get",
         ("kubeflow.org", "mpijobs,pytorchjobs,tfjobs,xgboostjobs,paddlejobs"): "get,list",
         ("scheduling.volcano.sh", "scheduling.x-k8s.io", "podgroups"):
