@@ -25,7 +25,7 @@ from e2e.node import image, operators
 from e2e.node.cluster import NodeCluster
 from e2e.probes import eventually
 from webhook import keys
-from webhook.kube import PODS, VOLCANO_PODGROUPS, KubeApi
+from webhook.kube import EVENTS, PODS, VOLCANO_PODGROUPS, KubeApi
 from webhook.policy.operators import LWS_NAME_LABEL
 from webhook.policy.podgroup import MANAGED_BY
 
@@ -90,6 +90,16 @@ async def test_lws_own_volcano_gangs_are_the_only_ones_and_muster_stands_aside(
         (owner,) = group["metadata"]["ownerReferences"]
         assert owner["kind"] == "Pod"  # LWS's provider: owned by the group's leader
     assert set(groups) == set(theirs.values())  # still none of Muster's (`lws-own-<g>`)
+
+    async def stood_aside() -> list[dict[str, Any]] | None:  # said on the LWS, where users look
+        found = [e for e in (await kube.list(EVENTS, namespace=ns))["items"]
+                 if e.get("reason") == "GangStoodAside"
+                 and e["involvedObject"].get("kind") == "LeaderWorkerSet"
+                 and e["involvedObject"].get("name") == "lws-own"]
+        return found or None
+    said = await eventually(stood_aside, within=30, interval=0.5, what="Event GangStoodAside")
+    for g in range(2):
+        assert any(f"PodGroup {ns}/lws-own-{g} deleted" in e["message"] for e in said), said
 
     await delete_and_wait(kube, scenarios.LEADERWORKERSETS, "lws-own", ns,
                           *((VOLCANO_PODGROUPS, name) for name in theirs.values()))
