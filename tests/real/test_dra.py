@@ -18,19 +18,20 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from jobs import PRINT_GPUS, ensure_namespace
+from jobs import PRINT_GPUS, delete_jobs, ensure_namespace, mpijob, submit
 from real_helpers import kubectl, release_values, run_helm
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node import image
 from e2e.node.assets import REPO
 from e2e.node.cluster import NODE_NAME, NodeCluster
-from e2e.probes import eventually
+from e2e.probes import eventually, pods_of
 from webhook import keys
 from webhook.agent.dra.claims import cdi_file_name
 from webhook.agent.dra.slices import slice_name
 from webhook.kube import PODS, KubeApi
 from webhook.kube.api import RESOURCE_CLAIMS, RESOURCE_SLICES, ApiError, Resource
+from webhook.policy import operators
 
 CHART = REPO / "charts" / "muster"
 CLAIM_TEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates", True,
@@ -144,17 +145,18 @@ async def _claimed_uuids(kube: KubeApi, pod: dict[str, Any], uuids: dict[str, st
     return [uuids[r["device"]] for r in results]
 
 
-async def _printed(cluster: NodeCluster, name: str) -> list[str] | None:
-    out = await asyncio.to_thread(kubectl, cluster, "logs", "-n", NS, name, check=False)
+async def _printed(cluster: NodeCluster, name: str, ns: str) -> list[str] | None:
+    out = await asyncio.to_thread(kubectl, cluster, "logs", "-n", ns, name, check=False)
     for line in out.stdout.splitlines():
         if line.startswith("GPUS="):
             return [u for u in line.removeprefix("GPUS=").split(",") if u]
     return None
 
 
-async def _all_printed(cluster: NodeCluster, names: list[str]) -> dict[str, list[str]]:
+async def _all_printed(cluster: NodeCluster, names: list[str], ns: str = NS
+                       ) -> dict[str, list[str]]:
     async def printed() -> dict[str, list[str]] | None:
-        seen = {n: await _printed(cluster, n) for n in names}
+        seen = {n: await _printed(cluster, n, ns) for n in names}
         return {n: g for n, g in seen.items() if g is not None} \
             if all(g is not None for g in seen.values()) else None
     found: dict[str, list[str]] = await eventually(
@@ -241,6 +243,33 @@ async def test_eight_one_gpu_pods_run_together_each_on_its_own_claims_gpu(
         return not checkpoint["claims"] and not files
     await eventually(unprepared, within=60, interval=0.5,
                      what="NodeUnprepareResources to empty the checkpoint and remove the specs")
+
+
+async def test_the_device_plugin_path_for_comparison(
+        dra: KubeApi, node_cluster: NodeCluster) -> None:
+    """The same 8 x 1 GPU on the same node through the device plugin: a topology MPIJob of 8
+    workers, which the binder places whole and its gate lets into the kubelet one GPU pod at a
+    time. Timed as the DRA pods are, last create to every worker Running."""
+    ns = await ensure_namespace(dra, "dra-compare", {
+        keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED})
+    try:
+        await submit(dra, mpijob("eight", ns, workers=8), concurrently=True)
+        last_create = time.monotonic()
+
+        async def running() -> list[dict[str, Any]] | None:
+            workers = [p for p in await pods_of(dra, ns, "eight")
+                       if p["metadata"]["labels"][operators.JOB_ROLE_LABEL] == "worker"]
+            return workers if len(workers) == 8 and all(
+                p["status"].get("phase") == "Running" for p in workers) else None
+        workers = await eventually(running, within=300, interval=0.2,
+                                   what="the 8 workers Running")
+        took = time.monotonic() - last_create
+        print(f"8 x 1-GPU device-plugin workers: last create -> all Running in {took:.1f} s")
+        printed = await _all_printed(node_cluster, [p["metadata"]["name"] for p in workers], ns)
+        every = [u for gpus in printed.values() for u in gpus]
+        assert len(every) == len(set(every)) == 8
+    finally:
+        await delete_jobs(dra, ns, ["eight"])
 
 
 async def test_claims_prepared_across_an_agent_restart_and_no_gpu_twice(
