@@ -5,8 +5,11 @@
   (`e2e.node.versions`) into `~/.cache/muster/k8s/<version>/` by `e2e.node.gobuild`.
 - etcd: in `MUSTER_K8S_BIN` if there, else built from the proxy (`go.etcd.io/etcd/server/v3`) into
   `~/.cache/muster/etcd/<version>/`.
-- containerd, runc, CNI plugins, iptables, conntrack, buildah, mmdebstrap: Debian packages,
-  installed with apt when missing (root only).
+- containerd 2.x (the daemon, its runc shim and ctr; CDI, which the agent's DRA driver needs):
+  in `MUSTER_K8S_BIN` if there, else built from the proxy (`github.com/containerd/containerd/v2`)
+  into `~/.cache/muster/containerd/<version>/`.
+- runc, CNI plugins, iptables, conntrack, buildah, mmdebstrap: Debian packages, installed with
+  apt when missing (root only).
 
 `missing_prerequisites()` says, in words, why this machine cannot run the tier at all.
 """
@@ -20,12 +23,18 @@ import sys
 from pathlib import Path
 
 from e2e.node import versions
-from e2e.node.gobuild import SERVER_BINARIES, build_etcd, build_kubernetes
+from e2e.node.gobuild import (
+    CONTAINERD_BINARIES,
+    SERVER_BINARIES,
+    build_containerd,
+    build_etcd,
+    build_kubernetes,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache"
 #: Debian package -> a command it provides
-DEBIAN = {"containerd": "containerd", "runc": "runc", "containernetworking-plugins":
+DEBIAN = {"runc": "runc", "containernetworking-plugins":
           "/usr/lib/cni/bridge", "iptables": "iptables", "conntrack": "conntrack",
           "buildah": "buildah", "mmdebstrap": "mmdebstrap"}
 
@@ -62,13 +71,17 @@ def ensure_debian_packages() -> None:
 
 def binaries(version: str | None = None,
              names: tuple[str, ...] = SERVER_BINARIES) -> dict[str, Path]:
-    """Name -> path of each of `names` and etcd: from `MUSTER_K8S_BIN`, else built once from the
-    Go module proxy at `version` (default: this run's, `versions.kubernetes()`)."""
+    """Name -> path of each of `names`, etcd and containerd's binaries: from `MUSTER_K8S_BIN`,
+    else built once from the Go module proxy at `version` (default: this run's,
+    `versions.kubernetes()`)."""
     user = os.environ.get("MUSTER_K8S_BIN")
     where = Path(user) if user else build_kubernetes(version or versions.kubernetes(), names)
     found = {n: where / n for n in names}
     # a user's directory may hold no etcd (envtest's does): ours is built then
     found["etcd"] = where / "etcd" if (where / "etcd").exists() else build_etcd()
+    runtime = where if all((where / n).exists() for n in CONTAINERD_BINARIES) else \
+        build_containerd()
+    found |= {n: runtime / n for n in CONTAINERD_BINARIES}
     absent = [str(p) for p in found.values() if not os.access(p, os.X_OK)]
     if absent:
         raise RuntimeError(f"Kubernetes binaries missing or not executable: {', '.join(absent)}")

@@ -20,7 +20,8 @@ land in the cache.
   local path inside the upstream repository cannot be followed from the proxy: the caller pins it
   to a published version (`pin=`) or the build says which one it could not follow.
 
-Run as `python -m e2e.node.gobuild [kubernetes VERSION | etcd VERSION | all]`.
+Run as `python -m e2e.node.gobuild [kubernetes VERSION | etcd VERSION | containerd VERSION |
+all]`.
 """
 
 from __future__ import annotations
@@ -36,10 +37,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e.node.versions import ETCD, KUBERNETES
+from e2e.node.versions import CONTAINERD, ETCD, KUBERNETES
 
 SERVER_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
                    "kube-proxy")
+#: the node runtime's binaries (binary -> package of github.com/containerd/containerd/v2): the
+#: daemon, the runc shim it starts per pod, and the ctr client the launcher imports images with
+CONTAINERD_BINARIES = {name: f"github.com/containerd/containerd/v2/cmd/{name}"
+                       for name in ("containerd", "containerd-shim-runc-v2", "ctr")}
 
 
 def cache_root() -> Path:
@@ -229,10 +234,23 @@ def build_module(name: str, module: str, version: str, packages: dict[str, str],
     return dest
 
 
+def build_containerd(version: str = CONTAINERD) -> Path:
+    """The directory holding containerd, its runc shim and ctr at `version`, built once.
+
+    Without cgo the btrfs snapshotter drops out by its own build constraint (the tier uses
+    overlayfs); the version is stamped as upstream's Makefile does, so `containerd --version`
+    and the kubelet's node status name the release."""
+    return build_module("containerd", "github.com/containerd/containerd/v2", version,
+                        CONTAINERD_BINARIES,
+                        ldflags=f"-s -w -X github.com/containerd/containerd/v2/version.Version="
+                                f"{version}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.node.gobuild", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("kubernetes", "etcd", "all"), nargs="?", default="all")
+    parser.add_argument("what", choices=("kubernetes", "etcd", "containerd", "all"), nargs="?",
+                        default="all")
     parser.add_argument("version", nargs="?", help="a release tag (default: the pinned one)")
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -241,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
             print(build_kubernetes(args.version or KUBERNETES))
         if args.what in ("etcd", "all"):
             print(build_etcd(args.version if args.what == "etcd" and args.version else ETCD))
+        if args.what in ("containerd", "all"):
+            print(build_containerd(args.version if args.what == "containerd" and args.version
+                                   else CONTAINERD))
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

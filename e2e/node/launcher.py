@@ -37,10 +37,13 @@ SNAPSHOTTER = "overlayfs"
 #: the kubelet's root: its device-plugin socket directory is fixed at
 #: /var/lib/kubelet/device-plugins whatever --root-dir says, so the real path, private (below)
 KUBELET_ROOT = "/var/lib/kubelet"
+#: where containerd reads CDI specs (its only cdi_spec_dirs entry): the chart's default
+#: agent.dra.cdiDir, where the agent's DRA driver writes one spec per prepared claim
+CDI_DIR = "/var/run/cdi"
 #: host paths the kubelet, containerd and CNI write to no matter their flags: a tmpfs over each,
 #: visible in this mount namespace only, so nothing is left on the host
 PRIVATE_DIRS = ("/var/log/pods", "/var/log/containers", "/var/lib/cni", "/run/netns",
-                "/run/containerd", "/var/lib/kubelet", "/etc/cni/net.d")
+                "/run/containerd", "/var/lib/kubelet", "/etc/cni/net.d", CDI_DIR)
 
 
 class Launcher:
@@ -63,10 +66,10 @@ class Launcher:
     def run(self, *args: str) -> None:
         subprocess.run(args, check=True, capture_output=True, timeout=120)
 
-    def start(self, name: str, *args: str) -> None:
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
         log = (self.logs / f"{name}.log").open("ab")
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=self.dir)
+                                stdin=subprocess.DEVNULL, cwd=self.dir, env=env)
         self.procs[proc.pid] = name
         self.order.append(proc.pid)
         self.log(f"started {name} (pid {proc.pid})")
@@ -127,25 +130,30 @@ class Launcher:
                  "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]],
                           "routes": [{"dst": "0.0.0.0/0"}]}},
                 {"type": "loopback"}]}))
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
-        (d / "containerd.toml").write_text(f"""version = 2
+        images, runtime = "plugins.'io.containerd.cri.v1.images'", \
+            "plugins.'io.containerd.cri.v1.runtime'"
+        # version 3: the format every containerd 2.x reads (2.4 migrates it to its own 4)
+        (d / "containerd.toml").write_text(f"""version = 3
 root = "{d}/containerd/root"
 state = "{d}/containerd/state"
 [grpc]
   address = "{d}/containerd.sock"
 [ttrpc]
   address = "{d}/containerd.sock.ttrpc"
-[{cri}]
-  sandbox_image = "{self.plan['pause_image']}"
+[{images}]
+  snapshotter = "{SNAPSHOTTER}"
+[{images}.pinned_images]
+  sandbox = "{self.plan['pause_image']}"
+[{runtime}]
   restrict_oom_score_adj = true
   disable_apparmor = true
-[{cri}.containerd]
-  snapshotter = "{SNAPSHOTTER}"
+  cdi_spec_dirs = ["{CDI_DIR}"]
+[{runtime}.containerd]
   default_runtime_name = "runc"
-[{cri}.containerd.runtimes.runc]
+[{runtime}.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
-[{cri}.cni]
-  bin_dir = "/usr/lib/cni"
+[{runtime}.cni]
+  bin_dirs = ["/usr/lib/cni"]
   conf_dir = "{d}/cni"
 """)
         (d / "kubelet.yaml").write_text(json.dumps({
@@ -214,10 +222,13 @@ state = "{d}/containerd/state"
     def node_components(self) -> None:
         d, kc = self.dir, str(self.dir / "admin.kubeconfig")
         sock = str(d / "containerd.sock")
-        self.start("containerd", "containerd", "--config", str(d / "containerd.toml"))
+        # its runc shim is found on PATH first: ours, before a distribution's older one
+        path = f"{Path(self.bin['containerd']).parent}:{os.environ.get('PATH', '')}"
+        self.start("containerd", self.bin["containerd"], "--config", str(d / "containerd.toml"),
+                   env={**os.environ, "PATH": path})
         self.wait_for("containerd's socket", lambda: Path(sock).exists())
         for archive in self.plan["images"]:
-            self.run("ctr", "--address", sock, "-n", "k8s.io", "images", "import",
+            self.run(self.bin["ctr"], "--address", sock, "-n", "k8s.io", "images", "import",
                      "--snapshotter", SNAPSHOTTER, archive)
         self.start("kubelet", self.bin["kubelet"], "--config", str(d / "kubelet.yaml"),
                    "--kubeconfig", kc, "--node-ip", NODE_IP, "--hostname-override", self.node,

@@ -13,6 +13,9 @@ import os
 KUBERNETES = "v1.37.2"
 KUBERNETES_OLDEST = "v1.34.4"
 ETCD = "v3.6.16"
+#: github.com/containerd/containerd/v2, the node's runtime: the newest release the proxy serves
+#: (CDI on by default since 2.0, which the agent's DRA driver needs; Debian's 1.6 has none)
+CONTAINERD = "v2.4.2"
 
 #: sigs.k8s.io/scheduler-plugins (the coscheduling kube-scheduler): the newest release, on 1.34;
 #: its k8s.io modules are pinned to this Kubernetes release's (the proxy refuses its own v0.34.7)

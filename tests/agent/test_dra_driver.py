@@ -125,7 +125,7 @@ async def test_registration_names_the_v1_dra_service_and_its_socket(
     info = await Kubelet(running.config.registration_socket).register()
     assert (info.type, info.name) == ("DRAPlugin", "gpu.muster.io")
     assert info.endpoint == str(running.config.dra_socket)
-    assert list(info.supported_versions) == ["k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"]
+    assert list(info.supported_versions) == ["v1.DRAPlugin"]
     assert running.registered is True
 
 

@@ -46,8 +46,11 @@ from webhook.topology.model import Topology
 log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
-#: the full gRPC service name the kubelet (1.34+) looks for in `supported_versions`
-SERVICE = dra_pb2.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
+#: what the kubelet (1.34+) looks for in `supported_versions`: its own short name of the v1 API
+#: (k8s.io/kubelet's dra/v1 DRAPluginService), not the gRPC service's full name, which a real
+#: kubelet refused ("none of services supported by the plugin ... are supported by the kubelet
+#: [v1.DRAPlugin v1beta1.DRAPlugin]"); it then calls the methods by their full gRPC names
+SERVICE = "v1.DRAPlugin"
 
 
 class ClaimSource(Protocol):
