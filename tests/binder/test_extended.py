@@ -102,7 +102,9 @@ def test_a_claim_is_special_only_with_the_annotation_and_the_pod_as_controller()
 def test_the_pod_status_names_the_claim_and_maps_containers_and_reads_back() -> None:
     requests = extended_requests(two_containers())
     assert isinstance(requests, tuple)
-    status = pod_status("p-extended-resources-x1", requests)["status"]
+    patch = pod_status("uid-p", "p-extended-resources-x1", requests)
+    assert patch["metadata"] == {"uid": "uid-p"}
+    status = patch["status"]
     assert status["extendedResourceClaimStatus"] == {
         "resourceClaimName": "p-extended-resources-x1",
         "requestMappings": [
@@ -119,7 +121,8 @@ def test_the_pod_status_names_the_claim_and_maps_containers_and_reads_back() -> 
 
 def bound_pod_with_status(claim_name: str) -> dict[str, Any]:
     obj = pod("p", gpus=1, node_name="dgx-a", scheduler="default-scheduler")
-    obj["status"] = pod_status(claim_name, (("main", "container-0-request-2", 1),))["status"]
+    obj["status"] = pod_status("uid-p", claim_name,
+                               (("main", "container-0-request-2", 1),))["status"]
     return obj
 
 

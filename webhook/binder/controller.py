@@ -32,7 +32,7 @@ from typing import Any
 
 from webhook import jsonpatch, keys
 from webhook.binder.assignment import RECORD_LIMIT, encode_assignment, encode_record
-from webhook.binder.claims import ClaimInfo
+from webhook.binder.claims import DEVICE_CLASS, ClaimInfo
 from webhook.binder.claimstate import ClaimState, ClaimWrite
 from webhook.binder.dra import claim_devices, resolve
 from webhook.binder.extended import (
@@ -327,6 +327,9 @@ class Binder:
         served = gpu_class(class_resources(self._classes.values()))
         if served != self._gpu_class:
             self._gpu_class = served
+            log.info("DeviceClass serving nvidia.com/gpu through DRA changed", extra={
+                "deviceClass": served or None,
+                "ours": served == DEVICE_CLASS})
             for key in list(self._pending):
                 self._refresh(key)
             self.fit.clear()
@@ -634,9 +637,8 @@ class Binder:
                 not isinstance(pod.extended, tuple):
             return
         self._check_fence()
-        body = pod_status(pc.names[0][1], pod.extended)
-        body["metadata"] = {"uid": pod.uid}  # never another pod of the same name
-        await self.api.patch(PODS, pod.name, body, pod.namespace, subresource="status")
+        await self.api.patch(PODS, pod.name, pod_status(pod.uid, pc.names[0][1], pod.extended),
+                             pod.namespace, subresource="status")
 
     async def _claim(self, pods: Sequence[tuple[PodInfo, GpuAssignment]],
                      writes: list[ClaimWrite]) -> bool:

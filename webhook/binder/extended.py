@@ -127,9 +127,10 @@ def special_claim(namespace: str, pod: str, pod_uid: str, requests: Requests
     }
 
 
-def pod_status(claim_name: str, requests: Requests) -> dict[str, Any]:
-    """The pod status merge patch that names its special claim to the kubelet."""
-    return {"status": {"extendedResourceClaimStatus": {
+def pod_status(pod_uid: str, claim_name: str, requests: Requests) -> dict[str, Any]:
+    """The pod status merge patch that names its special claim to the kubelet (its uid: never
+    another pod of the same name)."""
+    return {"metadata": {"uid": pod_uid}, "status": {"extendedResourceClaimStatus": {
         "resourceClaimName": claim_name,
         "requestMappings": [{"containerName": c, "resourceName": keys.GPU_RESOURCE,
                              "requestName": r} for c, r, _ in requests]}}}

@@ -193,7 +193,7 @@ def _request(gang: Gang, nodes: Mapping[str, NodeInfo],
     )
 
 
-def _serving_reason(pod: PodInfo) -> str:
+def _serving_reason(pod: PodInfo, node: NodeInfo) -> str:
     """Why a node with a topology cannot serve the pod's GPUs."""
     serving = gpu_serving(pod)
     if serving == "dra":
@@ -206,6 +206,9 @@ def _serving_reason(pod: PodInfo) -> str:
     if pod.gpu_class and isinstance(pod.extended, str):
         return (f"no allocatable {keys.GPU_RESOURCE} (not served through DRA: "
                 f"{pod.extended})")
+    if node.dra_gpus and not pod.dra:
+        return (f"no allocatable {keys.GPU_RESOURCE}, and no DeviceClass serves it through DRA "
+                "(extendedResourceName, Kubernetes 1.37+)")
     return f"no allocatable {keys.GPU_RESOURCE}"
 
 
@@ -219,7 +222,7 @@ def _no_node_reason(pod: PodInfo, nodes: Mapping[str, NodeInfo]) -> str:
             r = ("unreadable GPU topology annotation" if node.topology_error
                  else "no published GPU topology") if node.topology is None else None
         if r is None and pod.gpus and not serves(node, gpu_serving(pod)):
-            r = _serving_reason(pod)
+            r = _serving_reason(pod, node)
         if r is not None:
             reasons[r] = reasons.get(r, 0) + 1
     detail = ", ".join(f"{n} node(s): {r}" for r, n in sorted(reasons.items(),
