@@ -57,13 +57,14 @@ def two_containers() -> dict[str, Any]:
                 {"name": "a", "resources": {"requests": {keys.GPU_RESOURCE: "2", "cpu": "1",
                                                          "memory": "1Gi"}}},
                 {"name": "b", "resources": {"requests": {"cpu": "1"}}},
-                {"name": "c", "resources": {"limits": {keys.GPU_RESOURCE: "1"}}}]}
+                {"name": "c", "resources": {"limits": {keys.GPU_RESOURCE: "1"},
+                                            "requests": {"memory": "1Gi"}}}]}
 
 
 def test_each_container_asking_for_gpus_gets_a_request_named_as_kube_scheduler_names_it() -> None:
     # container index among init + app containers; the resource's index among sorted names
     assert extended_requests(two_containers()) == (("a", "container-1-request-2", 2),
-                                                   ("c", "container-3-request-0", 1))
+                                                   ("c", "container-3-request-1", 1))
 
 
 def test_init_containers_asking_for_gpus_keep_a_pod_off_the_dra_path() -> None:
@@ -82,11 +83,11 @@ def test_the_special_claim_is_owned_by_the_pod_annotated_and_asks_per_container(
     assert body["spec"]["devices"]["requests"] == [
         {"name": "container-1-request-2", "exactly": {
             "deviceClassName": keys.DRA_DRIVER, "allocationMode": "ExactCount", "count": 2}},
-        {"name": "container-3-request-0", "exactly": {
+        {"name": "container-3-request-1", "exactly": {
             "deviceClassName": keys.DRA_DRIVER, "allocationMode": "ExactCount", "count": 1}}]
     created = parse_claim({**body, "metadata": {**meta, "name": "p-extended-resources-x1"}})
     assert created.extended_for == ("p", "uid-p") and created.problem == ""
-    assert created.requests == (("container-1-request-2", 2), ("container-3-request-0", 1))
+    assert created.requests == (("container-1-request-2", 2), ("container-3-request-1", 1))
 
 
 def test_a_claim_is_special_only_with_the_annotation_and_the_pod_as_controller() -> None:
@@ -111,12 +112,12 @@ def test_the_pod_status_names_the_claim_and_maps_containers_and_reads_back() -> 
             {"containerName": "a", "resourceName": keys.GPU_RESOURCE,
              "requestName": "container-1-request-2"},
             {"containerName": "c", "resourceName": keys.GPU_RESOURCE,
-             "requestName": "container-3-request-0"}]}
+             "requestName": "container-3-request-1"}]}
     read = status_claims(two_containers(), status)
     assert read == pod_claims(requests, "p-extended-resources-x1", ["a", "b", "c"])
     assert read is not None and read.extended
     assert read.containers == (("a", ((POD_CLAIM, "container-1-request-2"),)), ("b", ()),
-                               ("c", ((POD_CLAIM, "container-3-request-0"),)))
+                               ("c", ((POD_CLAIM, "container-3-request-1"),)))
 
 
 def bound_pod_with_status(claim_name: str) -> dict[str, Any]:
@@ -157,7 +158,7 @@ def test_one_special_claim_shared_by_two_containers_gives_each_its_request() -> 
     ((info, devices),) = claim_devices(attached, a, lambda key: parse_claim(claim_for(requests)))
     assert info.name == "p-er-1"
     assert devices == (("container-1-request-2", 4), ("container-1-request-2", 5),
-                       ("container-3-request-0", 7))
+                       ("container-3-request-1", 7))
     # read back once allocated for the pod: the pod is reserved there, container by container
     allocated = claim_for(requests)
     allocated["status"] = allocated_status({}, "dgx-a", devices, "p", attached.uid)

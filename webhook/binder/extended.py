@@ -56,10 +56,10 @@ def gpu_class(classes: Mapping[str, str]) -> str:
 
 
 def _requests_of(container: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The container's requests (the API server defaults an extended resource's request to
-    its limit, which a pod must then equal)."""
+    """The container's requests, as the API server defaults them: a resource with a limit and
+    no request requests its limit."""
     resources = container.get("resources") or {}
-    return resources.get("requests") or resources.get("limits") or {}
+    return {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
 
 
 def _count(value: Any) -> int:
