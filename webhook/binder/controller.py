@@ -617,8 +617,8 @@ class Binder:
         """Create the special claim of each pod whose plain requests a DRA-only node serves;
         the pods as served by them (None, and none left, when one could not be created)."""
         results = await asyncio.gather(*(self.claims.create(special_claim(
-            p.namespace, p.name, p.uid, p.extended if isinstance(p.extended, tuple) else ()))
-            for p, _ in special), return_exceptions=True)
+            p.namespace, p.name, p.uid, p.extended)) for p, _ in special
+            if isinstance(p.extended, tuple)), return_exceptions=True)  # extended_on chose them
         made = [r for r in results if isinstance(r, ClaimInfo)]
         if len(made) < len(results):
             await asyncio.gather(*(self.claims.delete(c.key) for c in made),
@@ -743,10 +743,12 @@ class Binder:
         results = await asyncio.gather(*(self._write_status(p) for p, _ in finish.assignments),
                                        return_exceptions=True)
         self._raise_unexpected(results)
-        ready = [t for t, r in zip(finish.assignments, results, strict=True) if r is None]
-        for pod, _ in finish.assignments:
-            if not any(p.key == pod.key for p, _ in ready):
-                self._unassume(pod.key)
+        ready = []
+        for (pod, assignment), r in zip(finish.assignments, results, strict=True):
+            if r is None:
+                ready.append((pod, assignment))
+            else:
+                self._unassume(pod.key)  # bound from its claim on a later cycle
         await self._bind_all(finish.gang.key, ready, "recovered")
 
     async def _strip(self, strip: Strip) -> None:
