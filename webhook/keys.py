@@ -145,3 +145,7 @@ def dra_device_index(name: str) -> int | None:
     digits = name.removeprefix(DRA_DEVICE_PREFIX)
     return int(digits) if digits != name and digits.isdigit() else None
 CDI_KIND = "muster.io/gpu"
+#: a DRA-backed extended resource (1.37, KEP-5004): the annotation on the special claim made for
+#: a pod's plain requests, and the name a DeviceClass without extendedResourceName serves
+EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+IMPLICIT_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"

@@ -598,9 +598,12 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("", "nodes"): "get,list,watch",
         ("scheduling.volcano.sh", "scheduling.x-k8s.io", "podgroups"): "get,list,watch",
         ("", "events.k8s.io", "events"): "create,patch",
-        # DRA: what holds GPUs, and the claims of the pods it places (written before binding)
-        ("resource.k8s.io", "resourceslices,resourceclaims"): "get,list,watch",
-        ("resource.k8s.io", "resourceclaims/status"): "update",
+        # DRA: what holds GPUs, and the claims of the pods it places (written before binding;
+        # resourceclaims/binding: the API server's check of allocation writes since 1.36); the
+        # DeviceClasses, and the special claims of plain GPU requests on DRA-only nodes
+        ("resource.k8s.io", "resourceslices,resourceclaims,deviceclasses"): "get,list,watch",
+        ("resource.k8s.io", "resourceclaims"): "create,delete",
+        ("resource.k8s.io", "resourceclaims/status,resourceclaims/binding"): "update",
     })
     assert _grants(objs, "Role", "muster-binder-leader") == _expand({
         ("coordination.k8s.io", "leases"): "create,get,update"})

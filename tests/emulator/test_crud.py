@@ -221,6 +221,22 @@ async def test_scheduling_gates_may_only_be_removed_and_hold_off_a_binding(
         "spec.nodeName: Forbidden: cannot be set until all schedulingGates have been cleared")
 
 
+async def test_a_write_naming_another_uid_is_refused_as_immutable(kube: KubeApi) -> None:
+    """A patch (status included) carrying the uid of an earlier pod of the same name fails, as
+    the API server's metadata validation fails it: the binder's status writes rely on it."""
+    made = await kube.create(PODS, pod("u"), "team-a")
+    for sub in (None, "status"):
+        with pytest.raises(ApiError) as err:
+            await kube.patch(PODS, "u", {"metadata": {"uid": "not-its-uid"},
+                                         "status": {"phase": "Pending"}}, "team-a",
+                             subresource=sub)
+        assert err.value.status == 422 and "metadata.uid" in err.value.message
+    same = await kube.patch(PODS, "u", {"metadata": {"uid": made["metadata"]["uid"]},
+                                        "status": {"message": "ok"}}, "team-a",
+                            subresource="status")
+    assert same["status"]["message"] == "ok"
+
+
 async def test_status_subresource_separates_spec_and_status(kube: KubeApi) -> None:
     job = await kube.create(MPIJOBS, {
         "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "j"},

@@ -36,6 +36,15 @@ from webhook.agent.dra.publisher import SlicePublisher
 from webhook.agent.dra.slices import slice_name
 from webhook.binder.claims import ClaimInfo, allocated_status, parse_claim
 from webhook.binder.claimstate import ClaimState, ClaimWrite
+from webhook.binder.dra import claim_devices, resolve
+from webhook.binder.extended import (
+    class_resources,
+    gpu_class,
+    pod_claims,
+    pod_status,
+    special_claim,
+)
+from webhook.binder.fit import gpu_serving
 from webhook.binder.pods import parse_pod
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.doubles.fakenvml import FakeNvml
@@ -49,6 +58,7 @@ from webhook.kube import (
     make_api_client,
 )
 from webhook.kube.api import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES
+from webhook.topology.model import ContainerGpus, GpuAssignment
 
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", False, "PriorityClass")
 NS = "parity"
@@ -473,3 +483,74 @@ async def test_the_binders_claim_allocation_and_release_are_accepted(
         for name in names:
             with contextlib.suppress(ApiError):
                 await kube.delete(RESOURCE_CLAIMS, name, NS)
+
+
+async def test_the_binders_special_claim_and_pod_status_are_accepted(
+        api: tuple[str, KubeApi]) -> None:
+    """A plain `nvidia.com/gpu` pod served through DRA (webhook.binder.extended), written as the
+    binder writes it: the special claim (generated name, the pod as controller, the annotation,
+    one request per container) created, allocated and reserved for the pod, and the pod status
+    `extendedResourceClaimStatus` naming it, read back as written; a status patch for another
+    pod of the same name (uid) refused; the claim deleted. Where the API server drops the
+    DeviceClass's extendedResourceName (the DRAExtendedResource gate off, as on 1.34), no class
+    serves the resource, the binder keeps such pods on the device plugin's path, and the pod
+    status field is dropped too."""
+    backend, kube = api
+    (device_class,) = [d for d in yaml.safe_load_all(chart_device_class()) if d]
+    version = await kube.request("GET", "/version")
+    mapped = backend == "emulator" or int(version["minor"].rstrip("+")) >= 37
+    state = ClaimState(kube, changed=lambda _key: None, check_fence=lambda: None)
+    made: list[str] = []
+    try:
+        stored_class = await kube.create(DEVICE_CLASSES, device_class)
+        served = gpu_class(class_resources([stored_class]))
+        plain = parse_pod(await kube.create(PODS, pod("ext-0", container={"resources": {
+            "limits": {"nvidia.com/gpu": "2"}}}), NS), "default-scheduler")
+        member = dataclasses.replace(plain, gpu_class=served)
+        assert gpu_serving(member) == ("either" if mapped else "devicePlugin")
+        requests = member.extended
+        assert requests == (("c", "container-0-request-0", 2),)
+        assert isinstance(requests, tuple)
+
+        info = await state.create(special_claim(NS, "ext-0", member.uid, requests))
+        made.append(info.name)
+        assert info.name.startswith("ext-0-extended-resources-")
+        assert info.extended_for == ("ext-0", member.uid) and not info.problem
+        created = await kube.get(RESOURCE_CLAIMS, info.name, NS)
+        assert created["metadata"]["annotations"] == {
+            keys.EXTENDED_CLAIM_ANNOTATION: "true"}
+        attached = resolve(dataclasses.replace(member, claims=pod_claims(
+            requests, info.name, ["c"])), state.get)
+        assert attached.dra and not attached.claim_problems
+        chosen = GpuAssignment("parity-dra-node", {"c": ContainerGpus((4, 5), ("", ""))})
+        writes = [(attached, "parity-dra-node", c, d)
+                  for c, d in claim_devices(attached, chosen, state.get)]
+        assert writes[0][3] == (("container-0-request-0", 4), ("container-0-request-0", 5))
+        assert await state.allocate(writes)
+        stored = await kube.get(RESOURCE_CLAIMS, info.name, NS)
+        assert stored["status"] == allocated_status(
+            {}, "parity-dra-node", writes[0][3], "ext-0", member.uid)
+
+        patch = pod_status(member.uid, info.name, requests)
+        err = await refused(kube.patch(PODS, "ext-0", {**patch, "metadata": {
+            "uid": "7d1c6e2a-0000-4000-8000-000000000009"}}, NS, subresource="status"))
+        assert err.status in (409, 422), err
+        written = await kube.patch(PODS, "ext-0", patch, NS, subresource="status")
+        if mapped:
+            assert written["status"]["extendedResourceClaimStatus"] == patch["status"][
+                "extendedResourceClaimStatus"]
+            read = parse_pod(await kube.get(PODS, "ext-0", NS), "default-scheduler")
+            assert read.dra and read.extended_status == info.name
+        else:
+            assert "extendedResourceClaimStatus" not in written["status"]
+        await state.delete(f"{NS}/{info.name}")
+        assert state.get(f"{NS}/{info.name}") is None
+        assert (await refused(kube.get(RESOURCE_CLAIMS, info.name, NS))).status == 404
+    finally:
+        with contextlib.suppress(ApiError):
+            await kube.delete(PODS, "ext-0", NS)
+        for name in made:
+            with contextlib.suppress(ApiError):
+                await kube.delete(RESOURCE_CLAIMS, name, NS)
+        with contextlib.suppress(ApiError):
+            await kube.delete(DEVICE_CLASSES, keys.DRA_DRIVER)

@@ -42,6 +42,9 @@ class ClaimInfo:
     reserved_for: tuple[tuple[str, str], ...] = ()
     #: how many consumers reservedFor names (pods or not)
     consumers: int = 0
+    #: (name, uid) of the pod whose plain requests it serves, when it is such a special claim
+    #: (the annotation, and that pod as its controller: as kube-scheduler finds it)
+    extended_for: tuple[str, str] | None = None
 
     @property
     def gpus(self) -> int:
@@ -53,16 +56,22 @@ class ClaimInfo:
                 and self.reserved_for[0][1] == uid)
 
 
+#: what a container lists: (pod claim name, request name; "" for every request of the claim)
+ClaimRef = tuple[str, str]
+
+
 @dataclass(frozen=True, slots=True)
 class PodClaims:
     """A pod's spec.resourceClaims and which of its containers use them."""
 
     #: (pod claim name, ResourceClaim name; "" while a template's claim is not made yet)
     names: tuple[tuple[str, str], ...]
-    #: (app container, the pod claim names it lists in resources.claims, in order)
-    containers: tuple[tuple[str, tuple[str, ...]], ...]
+    #: (app container, what it lists in resources.claims, in order)
+    containers: tuple[tuple[str, tuple[ClaimRef, ...]], ...]
     #: init containers that list a claim
     init_users: tuple[str, ...] = ()
+    #: its one claim is the special claim of its plain GPU requests (webhook.binder.extended)
+    extended: bool = False
 
     def claim_name(self, pod_claim: str) -> str:
         return dict(self.names).get(pod_claim, "")
@@ -108,6 +117,15 @@ def _allocated(status: Mapping[str, Any]) -> tuple[str | None, tuple[tuple[str, 
     return (pools.pop() if len(pools) == 1 and devices else None), devices
 
 
+def _extended_for(meta: Mapping[str, Any]) -> tuple[str, str] | None:
+    if (meta.get("annotations") or {}).get(keys.EXTENDED_CLAIM_ANNOTATION) != "true":
+        return None
+    owners = [(str(o.get("name", "")), str(o.get("uid", "")))
+              for o in meta.get("ownerReferences") or ()
+              if o.get("kind") == "Pod" and o.get("apiVersion") == "v1" and o.get("controller")]
+    return owners[0] if owners else None
+
+
 def parse_claim(obj: Mapping[str, Any]) -> ClaimInfo:
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
@@ -121,7 +139,7 @@ def parse_claim(obj: Mapping[str, Any]) -> ClaimInfo:
         problem=problem, node=node, devices=devices, allocated=bool(status.get("allocation")),
         reserved_for=tuple((str(c.get("name", "")), str(c.get("uid", ""))) for c in consumers
                            if c.get("resource") == "pods" and not c.get("apiGroup")),
-        consumers=len(consumers))
+        consumers=len(consumers), extended_for=_extended_for(meta))
 
 
 def parse_pod_claims(spec: Mapping[str, Any], status: Mapping[str, Any]) -> PodClaims | None:
@@ -135,9 +153,9 @@ def parse_pod_claims(spec: Mapping[str, Any], status: Mapping[str, Any]) -> PodC
     names = tuple((str(e.get("name", "")), str(e.get("resourceClaimName") or "")
                    or generated.get(str(e.get("name", "")), "")) for e in entries)
 
-    def refs(c: Mapping[str, Any]) -> tuple[str, ...]:
-        return tuple(str(r.get("name", "")) for r in (c.get("resources") or {}).get("claims")
-                     or ())
+    def refs(c: Mapping[str, Any]) -> tuple[ClaimRef, ...]:
+        return tuple((str(r.get("name", "")), str(r.get("request") or ""))
+                     for r in (c.get("resources") or {}).get("claims") or ())
 
     return PodClaims(
         names=names,

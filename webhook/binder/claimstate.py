@@ -126,6 +126,42 @@ class ClaimState:
                 raise error  # cancelled or fenced: the next leader recovers from the claims
         return False
 
+    async def create(self, body: dict[str, Any]) -> ClaimInfo:
+        """Create a claim (a pod's special claim) and show it at once."""
+        self._check_fence()
+        namespace = str(body["metadata"]["namespace"])
+        stored = await self.api.create(RESOURCE_CLAIMS, body, namespace)
+        info = parse_claim(stored)
+        self._assume(info, stored, _rv(info.resource_version))
+        return info
+
+    async def delete(self, key: str) -> None:
+        """Delete a claim the binder made (its uid as precondition): its devices are free at
+        once. Already gone is fine."""
+        info = self.get(key)
+        if info is None:
+            return
+        self._check_fence()
+        try:
+            await self.api.delete(RESOURCE_CLAIMS, info.name, info.namespace,
+                                  preconditions={"uid": info.uid})
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+        self._seen.pop(key, None)
+        self._assumed.pop(key, None)
+        self._changed(key)
+
+    async def let_go(self, key: str, pod_uid: str) -> None:
+        """Give up the claim's allocation for the unbound pod: a special claim made for the pod
+        is deleted (as kube-scheduler's Unreserve does), any other released."""
+        info = self.get(key)
+        if info is not None and info.extended_for is not None and \
+                info.extended_for[1] == pod_uid:
+            await self.delete(key)
+        else:
+            await self.release(key, pod_uid)
+
     async def release(self, key: str, pod_uid: str) -> None:
         """Remove the claim's allocation if it is still reserved for the pod alone (the caller
         knows the pod is not bound)."""

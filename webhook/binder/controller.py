@@ -26,15 +26,23 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from webhook import jsonpatch, keys
 from webhook.binder.assignment import RECORD_LIMIT, encode_assignment, encode_record
+from webhook.binder.claims import DEVICE_CLASS, ClaimInfo
 from webhook.binder.claimstate import ClaimState, ClaimWrite
 from webhook.binder.dra import claim_devices, resolve
-from webhook.binder.fit import FitCache
+from webhook.binder.extended import (
+    class_resources,
+    gpu_class,
+    pod_claims,
+    pod_status,
+    special_claim,
+)
+from webhook.binder.fit import FitCache, extended_on
 from webhook.binder.gangs import PodGroupInfo
 from webhook.binder.gate import AllocationGate
 from webhook.binder.metrics import Metrics
@@ -54,6 +62,7 @@ from webhook.binder.queue import GangQueue
 from webhook.binder.snapshot import Snapshot
 from webhook.kube.api import (
     COSCHEDULING_PODGROUPS,
+    DEVICE_CLASSES,
     NODES,
     PODS,
     RESOURCE_CLAIMS,
@@ -179,6 +188,12 @@ class Binder:
         self._claims_of: dict[str, frozenset[str]] = {}
         #: ResourceSlice name → (node, GPU indices) of our driver's slices
         self._slices: dict[str, tuple[str, frozenset[int]]] = {}
+        #: DeviceClass name → object, and the class that serves nvidia.com/gpu through DRA
+        self._classes: dict[str, dict[str, Any]] = {}
+        self._gpu_class = ""
+        #: special claim key → (pod key, pod uid) it was made for, and pod key → its claims
+        self._special: dict[str, tuple[str, str]] = {}
+        self._specials_of: dict[str, set[str]] = {}
 
     # --- informer handlers ----------------------------------------------------------------
 
@@ -283,12 +298,62 @@ class Binder:
         """A claim's view changed (informer or our write): what it holds, and its users."""
         info = self.claims.get(key)
         held = self.snapshot.remove_claim(key) if info is None else self.snapshot.put_claim(info)
-        users = self._claim_users.get(key, ())
+        users = {*self._claim_users.get(key, ()), *self._index_special(key, info)}
         for user in users:
             self._refresh(user)
         if held or users:  # GPUs let go, or a pod's claim appeared or changed
             self._generation += 1
             self._dirty.set()
+
+    def _index_special(self, key: str, info: ClaimInfo | None) -> set[str]:
+        """Which pod a special claim was made for (found by it, as kube-scheduler finds it,
+        before the pod's status names it): the pods whose view the claim changes."""
+        before = self._special.pop(key, None)
+        if before is not None:
+            self._specials_of[before[0]].discard(key)
+        if info is not None and info.extended_for is not None:
+            pod = f"{info.namespace}/{info.extended_for[0]}"
+            self._special[key] = (pod, info.extended_for[1])
+            self._specials_of.setdefault(pod, set()).add(key)
+        return {p[0] for p in (before, self._special.get(key)) if p is not None}
+
+    def _on_device_class(self, event: str, obj: dict[str, Any],
+                         _old: dict[str, Any] | None) -> None:
+        name = str((obj.get("metadata") or {}).get("name"))
+        if event == "DELETED":
+            self._classes.pop(name, None)
+        else:
+            self._classes[name] = obj
+        served = gpu_class(class_resources(self._classes.values()))
+        if served != self._gpu_class:
+            self._gpu_class = served
+            log.info("DeviceClass serving nvidia.com/gpu through DRA changed", extra={
+                "deviceClass": served or None,
+                "ours": served == DEVICE_CLASS})
+            for key in list(self._pending):
+                self._refresh(key)
+            self.fit.clear()
+            self._generation += 1
+            self._dirty.set()
+
+    def _extend(self, pod: PodInfo) -> PodInfo:
+        """A pod of ours with plain GPU requests: the class that may serve them through DRA,
+        and while it is unbound the special claim made for it, if any (the status names the
+        claim once it is written)."""
+        if pod.scheduler_name != self.config.scheduler_name or not pod.gpus or (
+                pod.claims is not None and not pod.claims.extended):
+            return pod
+        if pod.bound:
+            return replace(pod, gpu_class=self._gpu_class)  # its status names its claim
+        # unbound: the claim found by its owner, not the one its status may still name (a
+        # special claim deleted since, when its placement was given up)
+        pod = replace(pod, gpu_class=self._gpu_class, claims=None, dra=False)
+        made = sorted(k for k in self._specials_of.get(pod.key, ())
+                      if self._special[k][1] == pod.uid)
+        if not made or not isinstance(pod.extended, tuple):
+            return pod
+        apps = [name for name, _ in pod.container_gpus[pod.init_containers:]]
+        return replace(pod, claims=pod_claims(pod.extended, made[0].split("/", 1)[1], apps))
 
     def _on_pod_group(self, event: str, obj: dict[str, Any],
                       _old: dict[str, Any] | None) -> None:
@@ -315,7 +380,8 @@ class Binder:
         informers[0].add_handler(self._on_pod)
         informers[1].add_handler(self._on_node)
         for resource, handler in ((RESOURCE_SLICES, self._on_slice),
-                                  (RESOURCE_CLAIMS, self.claims.on_event)):
+                                  (RESOURCE_CLAIMS, self.claims.on_event),
+                                  (DEVICE_CLASSES, self._on_device_class)):
             if await self._served(resource):
                 informers.append(Informer(self.api, resource))
                 informers[-1].add_handler(handler)
@@ -389,7 +455,8 @@ class Binder:
         assumed = self._assumed.get(key)
         if assumed is not None:
             pod = assumed.pod
-        if key in self._claims_of:
+        pod = self._extend(pod)
+        if pod.claims is not None and (key in self._claims_of or pod.claims.extended):
             pod = resolve(pod, self.claims.get)
         return self.snapshot.put(pod)
 
@@ -419,6 +486,9 @@ class Binder:
             writes = [(pod, a.node, claim, devices) for pod, a in place.assignments if pod.dra
                       for claim, devices in claim_devices(pod, a, self.claims.get)]
             self.claims.assume_allocated(writes)
+            # plain requests a DRA-only node serves: their claims are made before the Binding
+            special = [(pod, a) for pod, a in place.assignments
+                       if extended_on(pod, self._nodes[a.node])]
             for pod, assignment in place.assignments:
                 self._assume(replace(pod, assignment=assignment,
                                      assignment_raw=encode_assignment(assignment),
@@ -426,7 +496,7 @@ class Binder:
             arrived = max((self._pending.get(p.key, (None, started))[1]
                            for p, _ in place.assignments), default=started)
             self._start(place.gang.key, self._bind_gang(
-                place, text, writes, _Timeline(arrived, started, planned)))
+                place, text, writes, special, _Timeline(arrived, started, planned)))
         for finish in result.finishes:
             for pod, assignment in finish.assignments:
                 self._assume(replace(pod, node_name=assignment.node, assignment=assignment,
@@ -520,7 +590,7 @@ class Binder:
         if not pod.dra:
             await self._unannotate(pod)
             return
-        results = await asyncio.gather(*(self.claims.release(k, pod.uid)
+        results = await asyncio.gather(*(self.claims.let_go(k, pod.uid)
                                          for k in pod.held_claims), return_exceptions=True)
         self._raise_unexpected(results)
         self._generation += 1
@@ -542,13 +612,72 @@ class Binder:
                 raise
             # already bound to this node: an earlier attempt succeeded after all
 
-    async def _bind_gang(self, place: Place, record: str, writes: list[ClaimWrite],
-                         timeline: _Timeline) -> None:
-        gang, pods = place.gang, place.assignments
+    async def _make_special(self, special: Sequence[tuple[PodInfo, GpuAssignment]]
+                            ) -> list[tuple[PodInfo, GpuAssignment]] | None:
+        """Create the special claim of each pod whose plain requests a DRA-only node serves;
+        the pods as served by them (None, and none left, when one could not be created)."""
+        results = await asyncio.gather(*(self.claims.create(special_claim(
+            p.namespace, p.name, p.uid, p.extended)) for p, _ in special
+            if isinstance(p.extended, tuple)), return_exceptions=True)  # extended_on chose them
+        made = [r for r in results if isinstance(r, ClaimInfo)]
+        if len(made) < len(results):
+            await asyncio.gather(*(self.claims.delete(c.key) for c in made),
+                                 return_exceptions=True)
+            self._raise_unexpected(results)
+            return None
+        return [(resolve(self._extend(replace(p, node_name=None, assignment=None,
+                                              assignment_raw=None)), self.claims.get), a)
+                for p, a in special]
+
+    async def _write_status(self, pod: PodInfo) -> None:
+        """Name the pod's special claim in its status for the kubelet (before its Binding, as
+        kube-scheduler does), unless the status names it already."""
+        pc = pod.claims
+        if pc is None or not pc.extended or pod.extended_status == pc.names[0][1] or \
+                not isinstance(pod.extended, tuple):
+            return
+        self._check_fence()
+        await self.api.patch(PODS, pod.name, pod_status(pod.uid, pc.names[0][1], pod.extended),
+                             pod.namespace, subresource="status")
+
+    async def _claim(self, pods: Sequence[tuple[PodInfo, GpuAssignment]],
+                     writes: list[ClaimWrite]) -> bool:
+        """Allocate the claims and write the pods' statuses; True when all were written.
+        Otherwise nothing is left: allocations are released, special claims deleted."""
         if writes and not await self.claims.allocate(writes):
-            # someone else allocated a claim first: nothing of the gang is bound, and the
-            # next cycle plans it again from what the informers show
-            for pod, _ in pods:
+            await self._let_go(w[2] for w in writes)
+            return False
+        results = await asyncio.gather(*(self._write_status(p) for p, _ in pods),
+                                       return_exceptions=True)
+        if any(isinstance(r, BaseException) for r in results):
+            log.info("pod status not written", extra={"errors": [
+                str(r) for r in results if isinstance(r, BaseException)]})
+            await self._let_go(w[2] for w in writes)
+            await asyncio.gather(*(self.claims.release(w[2].key, w[0].uid) for w in writes
+                                   if w[2].extended_for is None), return_exceptions=True)
+            self._raise_unexpected(results)
+            return False
+        return True
+
+    async def _let_go(self, claims: Iterable[ClaimInfo]) -> None:
+        """Delete the special claims among `claims` (best effort: a later cycle finds them)."""
+        await asyncio.gather(*(self.claims.delete(c.key) for c in claims
+                               if c.extended_for is not None), return_exceptions=True)
+
+    async def _bind_gang(self, place: Place, record: str, writes: list[ClaimWrite],
+                         special: Sequence[tuple[PodInfo, GpuAssignment]],
+                         timeline: _Timeline) -> None:
+        gang = place.gang
+        served = await self._make_special(special) if special else []
+        if served is not None:
+            by_key = {p.key: (p, a) for p, a in served}
+            pods = tuple(by_key.get(p.key, (p, a)) for p, a in place.assignments)
+            writes = writes + [(p, a.node, claim, devices) for p, a in served
+                               for claim, devices in claim_devices(p, a, self.claims.get)]
+        if served is None or not await self._claim(pods, writes):
+            # someone else allocated a claim first, or a write failed: nothing of the gang is
+            # bound, and the next cycle plans it again from what the informers show
+            for pod, _ in place.assignments:
                 self._unassume(pod.key)
             self.metrics.placements.labels("conflict").inc()
             log.info("claim allocation failed: gang planned again", extra={"gang": gang.key})
@@ -610,7 +739,17 @@ class Binder:
     async def _finish(self, finish: Finish) -> None:
         log.info("binding reserved members", extra={"gang": finish.gang.key,
                                                     "members": len(finish.assignments)})
-        await self._bind_all(finish.gang.key, finish.assignments, "recovered")
+        # a special claim allocated by a binder that stopped before the pod's status named it
+        results = await asyncio.gather(*(self._write_status(p) for p, _ in finish.assignments),
+                                       return_exceptions=True)
+        self._raise_unexpected(results)
+        ready = []
+        for (pod, assignment), r in zip(finish.assignments, results, strict=True):
+            if r is None:
+                ready.append((pod, assignment))
+            else:
+                self._unassume(pod.key)  # bound from its claim on a later cycle
+        await self._bind_all(finish.gang.key, ready, "recovered")
 
     async def _strip(self, strip: Strip) -> None:
         log.info("removing assignments of unbound members", extra={

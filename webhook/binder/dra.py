@@ -39,16 +39,43 @@ def _claims(pod: PodInfo, pc: PodClaims, lookup: Lookup
             problems.append(f"ResourceClaim {name} is already allocated, not by this binder "
                             "for this pod alone: claims are not shared")
         found[pod_claim] = info
-    users: dict[str, int] = {}
-    for _, refs in pc.containers:
-        for ref in refs:
-            users[ref] = users.get(ref, 0) + 1
-    problems += [f"pod claim {pod_claim!r} is used by {users.get(pod_claim, 0)} containers, "
-                 "not exactly one" for pod_claim, _ in pc.names if users.get(pod_claim) != 1]
+    problems += _use_problems(pc, found)
     if pc.init_users:
         problems.append(f"init containers {', '.join(pc.init_users)} use ResourceClaims: "
                         "not supported")
     return found, problems
+
+
+def _use_problems(pc: PodClaims, claims: dict[str, ClaimInfo]) -> list[str]:
+    """Each claim (or each of its requests, where containers name them) must be used by
+    exactly one container."""
+    users: dict[tuple[str, str], int] = {}
+    for _, refs in pc.containers:
+        for ref in refs:
+            users[ref] = users.get(ref, 0) + 1
+    problems = []
+    for pod_claim, _ in pc.names:
+        info = claims.get(pod_claim)
+        named = {r for p, r in users if p == pod_claim and r}
+        if named and info is not None:
+            uses = [users.get((pod_claim, r), 0) + users.get((pod_claim, ""), 0)
+                    for r, _ in info.requests]
+            if named - {r for r, _ in info.requests} or uses.count(1) != len(uses):
+                problems.append(f"the requests of pod claim {pod_claim!r} are not each used "
+                                "by exactly one container")
+        elif not named and users.get((pod_claim, ""), 0) != 1:
+            problems.append(f"pod claim {pod_claim!r} is used by "
+                            f"{users.get((pod_claim, ''), 0)} containers, not exactly one")
+    return problems
+
+
+def _devices(info: ClaimInfo, request: str) -> tuple[tuple[str, int], ...]:
+    """(request, GPU index) of the claim's allocation that `request` ("": all) gets."""
+    return tuple(d for d in info.devices if not request or d[0] == request)
+
+
+def _gpus(info: ClaimInfo, request: str) -> int:
+    return sum(n for r, n in info.requests if not request or r == request)
 
 
 def _assignment(pod: PodInfo, pc: PodClaims, claims: dict[str, ClaimInfo]
@@ -60,7 +87,7 @@ def _assignment(pod: PodInfo, pc: PodClaims, claims: dict[str, ClaimInfo]
         return None
     containers = {}
     for name, refs in pc.containers:
-        indices = tuple(i for ref in refs for _, i in claims[ref].devices)
+        indices = tuple(i for p, r in refs for _, i in _devices(claims[p], r))
         if indices:
             containers[name] = ContainerGpus(indices, ("",) * len(indices))
     return GpuAssignment(node=str(nodes.pop()), containers=containers)
@@ -73,7 +100,7 @@ def resolve(pod: PodInfo, lookup: Lookup) -> PodInfo:
     if pc is None:
         return pod
     claims, problems = _claims(pod, pc, lookup)
-    containers = tuple((name, sum(claims[r].gpus for r in refs if r in claims))
+    containers = tuple((name, sum(_gpus(claims[p], r) for p, r in refs if p in claims))
                        for name, refs in pc.containers)
     held = () if pod.bound else tuple(
         c.key for c in claims.values() if c.reserved_only_for(pod.uid))
@@ -89,19 +116,19 @@ def claim_devices(pod: PodInfo, assignment: GpuAssignment, lookup: Lookup
                   ) -> list[tuple[ClaimInfo, tuple[tuple[str, int], ...]]]:
     """Each of the pod's claims with the (request, GPU index) pairs the assignment gives it:
     a container's GPUs in order, to its claims in the order it lists them, and within a claim
-    to its requests in spec order."""
+    to its requests (those it names, else all) in spec order."""
     pc = pod.claims
     assert pc is not None, "a pod without claims has no claim devices"
-    out = []
+    out: dict[str, tuple[ClaimInfo, list[tuple[str, int]]]] = {}
     for name, refs in pc.containers:
         held = assignment.containers.get(name)
         left = list(held.indices) if held is not None else []
-        for ref in refs:
-            info = lookup(f"{pod.namespace}/{pc.claim_name(ref)}")
+        for pod_claim, only in refs:
+            info = lookup(f"{pod.namespace}/{pc.claim_name(pod_claim)}")
             assert info is not None, "resolve left the pod with a problem"
-            devices = []
+            devices = out.setdefault(info.key, (info, []))[1]
             for request, count in info.requests:
-                devices += [(request, i) for i in left[:count]]
-                left = left[count:]
-            out.append((info, tuple(devices)))
-    return out
+                if not only or request == only:
+                    devices += [(request, i) for i in left[:count]]
+                    left = left[count:]
+    return [(info, tuple(devices)) for info, devices in out.values()]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Literal
 
+from webhook.binder.claims import DEVICE_CLASS
 from webhook.binder.nodes import NodeInfo, Taint, tolerates
 from webhook.binder.pods import Constraints, PodInfo, Requirement, Term
 from webhook.topology.network import Network
@@ -68,27 +69,45 @@ def why_not(c: Constraints, node: NodeInfo) -> str | None:
     return None
 
 
-#: how a pod gets its GPUs: none, the device plugin (nvidia.com/gpu) or DRA (ResourceClaims)
-Serving = Literal["none", "devicePlugin", "dra"]
+#: how a pod gets its GPUs: none, the device plugin (nvidia.com/gpu), DRA (ResourceClaims), or
+#: either: plain requests that a DRA-only node serves through a special claim
+#: (webhook.binder.extended)
+Serving = Literal["none", "devicePlugin", "dra", "either"]
 
 
 def gpu_serving(pod: PodInfo) -> Serving:
-    return "none" if pod.gpus <= 0 else "dra" if pod.dra else "devicePlugin"
+    if pod.gpus <= 0:
+        return "none"
+    if pod.dra:
+        return "dra"
+    if pod.gpu_class == DEVICE_CLASS and isinstance(pod.extended, tuple):
+        return "either"
+    return "devicePlugin"
 
 
-def _serves(node: NodeInfo, serving: Serving) -> bool:
+def extended_on(pod: PodInfo, node: NodeInfo) -> bool:
+    """Whether the pod's plain GPU requests are served on the node through its special claim:
+    as kube-scheduler decides, where the node has no allocatable nvidia.com/gpu."""
+    return gpu_serving(pod) == "either" and not node.gpus and bool(node.dra_gpus)
+
+
+def serves(node: NodeInfo, serving: Serving) -> bool:
     """GPU pods need a node with published topology: the binder always hands out a concrete GPU
     set, which an unknown node cannot honour; DRA pods a node whose driver publishes its GPUs,
     others one whose device plugin advertises some (a DRA-only node's kubelet has none)."""
     if serving == "none":
         return True
-    return node.topology is not None and bool(node.dra_gpus if serving == "dra" else node.gpus)
+    if node.topology is None:
+        return False
+    if serving == "either":
+        return bool(node.gpus or node.dra_gpus)
+    return bool(node.dra_gpus if serving == "dra" else node.gpus)
 
 
 def eligible_nodes(c: Constraints, nodes: Iterable[NodeInfo], serving: Serving
                    ) -> frozenset[str]:
     """Names of nodes the pod may use."""
-    return frozenset(n.name for n in nodes if _serves(n, serving) and why_not(c, n) is None)
+    return frozenset(n.name for n in nodes if serves(n, serving) and why_not(c, n) is None)
 
 
 class FitCache:

@@ -34,8 +34,8 @@ from webhook.binder.assignment import (
     shape_matches,
     uuids_of,
 )
-from webhook.binder.claims import ClaimInfo
-from webhook.binder.fit import FitCache, gpu_serving, why_not
+from webhook.binder.claims import DEVICE_CLASS, ClaimInfo
+from webhook.binder.fit import FitCache, extended_on, gpu_serving, serves, why_not
 from webhook.binder.gangs import Gang, PodGroupInfo, assemble
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo
@@ -193,6 +193,25 @@ def _request(gang: Gang, nodes: Mapping[str, NodeInfo],
     )
 
 
+def _serving_reason(pod: PodInfo, node: NodeInfo) -> str:
+    """Why a node with a topology cannot serve the pod's GPUs."""
+    serving = gpu_serving(pod)
+    if serving == "dra":
+        return "no ResourceSlice of the DRA driver"
+    if serving == "either":
+        return f"no allocatable {keys.GPU_RESOURCE} and no ResourceSlice of the DRA driver"
+    if pod.gpu_class and pod.gpu_class != DEVICE_CLASS:
+        return (f"no allocatable {keys.GPU_RESOURCE} (DeviceClass {pod.gpu_class} serves it "
+                f"through DRA; this binder allocates only {DEVICE_CLASS})")
+    if pod.gpu_class and isinstance(pod.extended, str):
+        return (f"no allocatable {keys.GPU_RESOURCE} (not served through DRA: "
+                f"{pod.extended})")
+    if node.dra_gpus and not pod.dra:
+        return (f"no allocatable {keys.GPU_RESOURCE}, and no DeviceClass serves it through DRA "
+                "(extendedResourceName, Kubernetes 1.37+)")
+    return f"no allocatable {keys.GPU_RESOURCE}"
+
+
 def _no_node_reason(pod: PodInfo, nodes: Mapping[str, NodeInfo]) -> str:
     if not nodes:
         return "no nodes in the cluster"
@@ -202,9 +221,8 @@ def _no_node_reason(pod: PodInfo, nodes: Mapping[str, NodeInfo]) -> str:
         if r is None and pod.gpus:
             r = ("unreadable GPU topology annotation" if node.topology_error
                  else "no published GPU topology") if node.topology is None else None
-        if r is None and pod.gpus and not (node.dra_gpus if pod.dra else node.gpus):
-            r = ("no ResourceSlice of the DRA driver" if pod.dra
-                 else f"no allocatable {keys.GPU_RESOURCE}")
+        if r is None and pod.gpus and not serves(node, gpu_serving(pod)):
+            r = _serving_reason(pod, node)
         if r is not None:
             reasons[r] = reasons.get(r, 0) + 1
     detail = ", ".join(f"{n} node(s): {r}" for r, n in sorted(reasons.items(),
@@ -322,7 +340,8 @@ def _finish_recorded(r: _Round, gang: Gang) -> bool:
     afresh (the gang has a bound member: it is completed, not released)."""
     finish: list[tuple[PodInfo, GpuAssignment]] = []
     for pod, node, gpus in gang.recorded:
-        if pod.dra:
+        served = r.nodes.get(node)
+        if pod.dra or (served is not None and extended_on(pod, served)):
             continue  # bound only once its claims are allocated: by a placement of its own
         assignment = _recorded_assignment(r, pod, node, gpus)
         if assignment is not None:

@@ -12,6 +12,7 @@ from typing import Any
 from webhook import keys
 from webhook.binder.assignment import AssignmentError, Record, decode_assignment, decode_record
 from webhook.binder.claims import PodClaims, parse_pod_claims
+from webhook.binder.extended import Requests, extended_requests, status_claims
 from webhook.podresources import GPU, gpu_asks, pod_requests
 from webhook.quantity import milli, units
 from webhook.topology.model import GpuAssignment, NetworkRequest, TopologyRequest
@@ -103,9 +104,18 @@ class PodInfo:
     allocated: bool = False
     #: its spec.resourceClaims (None: none)
     claims: PodClaims | None = None
-    #: its GPUs come from its claims (webhook.binder.dra.resolve): the claims, not
-    #: `assignment`, hold them, and its assignment is read back from them
+    #: its GPUs come from its claims (webhook.binder.dra.resolve, or the special claim its
+    #: status names): the claims, not `assignment`, hold them, and its assignment is read back
+    #: from them
     dra: bool = False
+    #: the special claim's requests for its plain GPU requests (webhook.binder.extended), or
+    #: why it can have none
+    extended: Requests | str = ()
+    #: the special claim its status.extendedResourceClaimStatus names ("" when none)
+    extended_status: str = ""
+    #: the DeviceClass serving nvidia.com/gpu as an extended resource ("" when none; set by
+    #: the binder from the DeviceClasses it watches)
+    gpu_class: str = ""
     #: keys of the claims allocated and reserved for it alone while it is unbound
     held_claims: tuple[str, ...] = ()
     #: what keeps the binder from allocating its claims, in words for an Event
@@ -278,6 +288,9 @@ def parse_pod(obj: Mapping[str, Any],
     claims = parse_pod_claims(spec, status)
     if claims is not None and gpus:
         problems.append(f"asks for {GPU} and uses ResourceClaims: one or the other")
+    special = status_claims(spec, status)
+    extended_status = special.names[0][1] if special is not None else ""
+    claims = claims or special
     asks = gpu_asks(spec)
     min_member, timeout = _gang_annotations(ann, problems)
     topology = None
@@ -326,4 +339,7 @@ def parse_pod(obj: Mapping[str, Any],
         pending=status.get("phase", "Pending") == "Pending",
         allocated=keys.ANN_GPU_ALLOCATED in ann,
         claims=claims,
+        dra=special is not None,
+        extended=extended_requests(spec) if gpus else (),
+        extended_status=extended_status,
     )

@@ -833,6 +833,11 @@ class ApiServerEmulator:
             raise errors.invalid(rt.group, rt.kind, name, [(
                 "metadata.resourceVersion", "FieldValueInvalid",
                 "Invalid value: 0x0: must be specified for an update")])
+        if meta.get("uid") and meta["uid"] != cur_meta["uid"]:
+            # a write meant for an earlier object of the same name, status included
+            raise errors.invalid(rt.group, rt.kind, name, [(
+                "metadata.uid", "FieldValueInvalid",
+                f'Invalid value: "{meta["uid"]}": field is immutable')])
         new = body
         if sub == "status":
             new = copy.deepcopy(current)
