@@ -12,8 +12,10 @@ minRingGBps) is decided by `ringfloor`.
 Speed: nodes are looked at once per call, through per-class tables keyed by (class, free mask,
 k). The single-node search scores each group of like nodes (same class, same usable free GPUs,
 whatever their Topology objects) once, so its per-node cost is two dictionary lookups, one
-insert and the resource checks. See
-bench/bench_placement.py.
+insert and the resource checks. A caller that places many gangs on one node set (the binder's
+planning round) passes the nodes grouped once (`groups.NodeGroups`, kept current as placements
+consume nodes): then the single-node search and a 0-GPU member's host read the groups, not the
+nodes, and choose the same nodes. See bench/bench_placement.py and bench/bench_cycle.py.
 """
 
 from __future__ import annotations
