@@ -22,6 +22,7 @@ from webhook.binder.planner import Plan, PlanConfig, plan
 from webhook.binder.pods import parse_pod
 from webhook.binder.queue import GangQueue
 from webhook.topology.builtin import builtin
+from webhook.topology.groups import NodeGroups
 from webhook.topology.model import (
     GangPlacement,
     GangRequest,
@@ -35,8 +36,8 @@ CFG = PlanConfig(scheduler_name="muster-binder", starvation_seconds=30)
 TOPO = builtin("dgx1-v100")
 
 
-def first_fit(nodes: Sequence[NodeState], gang: GangRequest, *,
-              network: Network | None = None) -> GangPlacement | Unplaceable:
+def first_fit(nodes: Sequence[NodeState], gang: GangRequest, *, network: Network | None = None,
+              groups: NodeGroups | None = None) -> GangPlacement | Unplaceable:
     free = {n.name: [sorted(n.free_gpus), n.free_cpu_milli, n.free_pods] for n in nodes}
     need = sum(m.gpus for m in gang.members)
     home = [n for n in nodes if len(n.free_gpus) >= need and all(

@@ -40,6 +40,7 @@ from webhook.binder.gangs import Gang, PodGroupInfo, assemble
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo
 from webhook.binder.queue import GangQueue
+from webhook.topology.groups import NodeGroups
 from webhook.topology.model import (
     GangPlacement,
     GangRequest,
@@ -52,10 +53,12 @@ from webhook.topology.network import Network
 
 
 class PlaceFn(Protocol):
-    """The placement engine (`webhook.topology.place_gang`), given the node set's network."""
+    """The placement engine (`webhook.topology.place_gang`), given the node set's network and
+    the round's grouping of the nodes (the same placement, faster on a large cluster)."""
 
     def __call__(self, nodes: Sequence[NodeState], gang: GangRequest, *,
-                 network: Network | None) -> GangPlacement | Unplaceable: ...
+                 network: Network | None, groups: NodeGroups | None = None
+                 ) -> GangPlacement | Unplaceable: ...
 
 
 WaitKind = Literal["members", "invalid", "unplaceable", "blocked", "backoff"]
@@ -283,6 +286,17 @@ class _Round:
     now: float
     #: the round's assignments: a job's pods share their containers' shape
     assign: Assigner = field(default_factory=Assigner)
+    #: `states` grouped for the engine, made once and kept current by `consume`
+    groups: NodeGroups = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.groups = NodeGroups(list(self.states.values()))
+
+    def consume(self, node: str, need: MemberRequest | PodInfo, gpus: Collection[int]) -> None:
+        """Take what `need` uses on `node` (its `gpus`) from what is free there."""
+        state = _consume(self.states[node], need, gpus)
+        self.states[node] = state
+        self.groups.put(state)
 
     def wait(self, gang: Gang, kind: WaitKind, why: str, reserves: bool = False) -> None:
         timed_out = gang.timeout_seconds is not None and \
@@ -366,7 +380,7 @@ def _recorded_assignment(r: _Round, pod: PodInfo, node_name: str, gpus: tuple[in
                                     pod.init_containers, sidecars=pod.sidecars)
     except AssignmentError:
         return None
-    r.states[node_name] = _consume(state, pod, gpus)
+    r.consume(node_name, pod, gpus)
     return assignment
 
 
@@ -379,7 +393,7 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
         r.wait(gang, "unplaceable", request)
         return False
     network = fit.network(r.nodes, r.config.levels) if request.network is not None else None
-    result = place(list(r.states.values()), request, network=network)
+    result = place(list(r.states.values()), request, network=network, groups=r.groups)
     if isinstance(result, Unplaceable):
         since = queue.waiting_since(gang.key)
         starving = since is not None and r.now - since >= r.config.starvation_seconds
@@ -397,6 +411,6 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
         assignments.append((pod, r.assign.build(mp.node, node.topology, mp.gpus,
                                                 pod.container_gpus, pod.init_containers,
                                                 sidecars=pod.sidecars)))
-        r.states[mp.node] = _consume(r.states[mp.node], members[mp.key], mp.gpus)
+        r.consume(mp.node, members[mp.key], mp.gpus)
     r.out.places.append(Place(gang, result, tuple(assignments)))
     return False

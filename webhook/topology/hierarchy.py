@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from webhook.topology.gpu_choice import TableCache
+from webhook.topology.groups import NodeGroups
 from webhook.topology.model import (
     GangPlacement,
     GangRequest,
@@ -68,22 +69,26 @@ def place_gang(
     network: Network | None = None,
     inter_node_gbps: float = DEFAULT_INTER_NODE_GBPS,
     tables: TableCache | None = None,
+    groups: NodeGroups | None = None,
 ) -> GangPlacement | Unplaceable:
     """Place every member of `gang` on `nodes` (what is free now) within the network domains its
     `gang.network` asks for, or say why it cannot be. `network`: every node's domains (None:
     no levels declared). `tables`: the caller's cache of choice tables (fresh when None).
+    `groups`: `nodes` grouped, for the engine on all of them (`placement.place_on_nodes`).
     Pure: the same inputs give the same placement."""
     tables = tables or TableCache(warm=False)
     req = gang.network
     if req is not None and req.level == HOSTNAME and req.mode == "required":
         gang = replace(gang, single_node=True, mode="required")  # the engine's own rule
     if req is None or req.level == HOSTNAME or (req.level is None and req.slice_level is None):
-        return place_on_nodes(nodes, gang, inter_node_gbps=inter_node_gbps, tables=tables)
+        return place_on_nodes(nodes, gang, inter_node_gbps=inter_node_gbps, tables=tables,
+                              groups=groups)
     if (req.slice_level is None) != (req.slice_size < 1):
         return Unplaceable(f"gang {gang.name}: a slice needs both a level and a size of at "
                            "least 1")
     if not any(m.gpus for m in gang.members):  # network levels place GPU members
-        return place_on_nodes(nodes, gang, inter_node_gbps=inter_node_gbps, tables=tables)
+        return place_on_nodes(nodes, gang, inter_node_gbps=inter_node_gbps, tables=tables,
+                              groups=groups)
     return _Decision(nodes, gang, req, network or Network((), {}),
                      inter_gbps=inter_node_gbps, tables=tables).run()
 

@@ -12,8 +12,10 @@ minRingGBps) is decided by `ringfloor`.
 Speed: nodes are looked at once per call, through per-class tables keyed by (class, free mask,
 k). The single-node search scores each group of like nodes (same class, same usable free GPUs,
 whatever their Topology objects) once, so its per-node cost is two dictionary lookups, one
-insert and the resource checks. See
-bench/bench_placement.py.
+insert and the resource checks. A caller that places many gangs on one node set (the binder's
+planning round) passes the nodes grouped once (`groups.NodeGroups`, kept current as placements
+consume nodes): then the single-node search and a 0-GPU member's host read the groups, not the
+nodes, and choose the same nodes. See bench/bench_placement.py and bench/bench_cycle.py.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 from webhook.topology import scoring
 from webhook.topology.gpu_choice import ClassTables, TableCache
+from webhook.topology.groups import Members, NodeGroups, RoomKey
 from webhook.topology.model import (
     GangPlacement,
     GangRequest,
@@ -74,13 +77,50 @@ class _Node:
         return -self.tables.placement_key(self.free, k)[0]
 
 
-class _Views:
-    """Per-call node views, made only for nodes that are looked at closely."""
+@dataclass(frozen=True, slots=True)
+class _Need:
+    """What a node must have for some GPU members together: GPUs, CPU, memory, pods, and to
+    be in every eligible set."""
 
-    def __init__(self, nodes: Sequence[NodeState], tables: TableCache) -> None:
+    gpus: int
+    cpu: int
+    mem: int
+    pods: int
+    eligible: tuple[frozenset[str], ...]
+
+    def room(self, cpu: int, mem: int, pods: int) -> bool:
+        return cpu >= self.cpu and mem >= self.mem and pods >= self.pods
+
+    def allows(self, name: str) -> bool:
+        return all(name in e for e in self.eligible)
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuGroup:
+    """Nodes alike to scoring (class tables, usable free mask): the first of them in the node
+    list, and of those that fit a `_Need`, the lowest by name and the first in the list."""
+
+    tables: ClassTables
+    free: int
+    first: tuple[int, str]
+    lowest: NodeState | None
+    earliest: tuple[int, NodeState] | None
+
+
+class _Views:
+    """Per-call node views, made only for nodes that are looked at closely. With `groups` (the
+    same nodes, grouped: `groups.NodeGroups`) the single-node search and a 0-GPU member's host
+    read its groups instead of every node."""
+
+    def __init__(self, nodes: Sequence[NodeState], tables: TableCache,
+                 groups: NodeGroups | None = None) -> None:
         self.nodes = nodes
         self.tables = tables
+        self.groups = groups
         self._views: dict[int, _Node] = {}
+        if groups is not None:
+            assert len(groups) == len(nodes), "groups must hold the nodes placed on"
+            groups.bind(tables)
 
     def get(self, n: NodeState) -> _Node:
         v = self._views.get(id(n))
@@ -99,11 +139,14 @@ class _Views:
                 if free:
                     yield n, tables, free
 
-    def gpu_groups(self) -> Iterator[tuple[ClassTables, int, list[tuple[int, NodeState]]]]:
+    def gpu_groups(self, need: _Need) -> Iterator[_GpuGroup]:
         """`gpu_nodes` grouped by what scoring them reads, their class's tables and usable free
-        mask: (tables, free mask, [(position in `nodes`, node)]), groups in order of their
-        first node. Scoring a group once, not each of its nodes, is what keeps a placement
-        cheap on a large cluster of like nodes (each with its own Topology object)."""
+        mask, and where they have `need.gpus` free GPUs, their nodes that fit `need`. Scoring a
+        group once, not each of its nodes, is what keeps a placement cheap on a large cluster
+        of like nodes (each with its own Topology object)."""
+        if self.groups is not None:
+            yield from self._indexed_groups(self.groups, need)
+            return
         groups: dict[tuple[ClassTables, int], list[tuple[int, NodeState]]] = {}
         for i, n in enumerate(self.nodes):
             if n.topology is not None and n.free_gpus:
@@ -111,7 +154,73 @@ class _Views:
                 if free:
                     groups.setdefault((tables, free), []).append((i, n))
         for (tables, free), group in groups.items():
-            yield tables, free, group
+            first = (group[0][0], group[0][1].name)
+            if free.bit_count() < need.gpus:
+                yield _GpuGroup(tables, free, first, None, None)
+                continue
+            fits = [
+                (i, n) for i, n in group
+                if n.free_cpu_milli >= need.cpu and n.free_memory_bytes >= need.mem
+                and n.free_pods >= need.pods
+            ]
+            if need.eligible:
+                fits = [(i, n) for i, n in fits if need.allows(n.name)]
+            lowest = min((n for _, n in fits), key=lambda n: n.name, default=None)
+            yield _GpuGroup(tables, free, first, lowest, fits[0] if fits else None)
+
+    def _indexed_groups(self, groups: NodeGroups, need: _Need) -> Iterator[_GpuGroup]:
+        for (tables, free), rooms in groups.groups():
+            if tables is None or not free:
+                continue
+            at = min(m.positions[0] for m in rooms.values())
+            fit = _fitting(groups, rooms, need) if free.bit_count() >= need.gpus else None
+            yield _GpuGroup(tables, free, (at, groups.node(at).name), *(fit or (None, None)))
+
+    def cpu_host(self, m: MemberRequest, skip: Sequence[_Node]) -> NodeState | None:
+        """The node, not in `skip` (tried first), where the 0-GPU member `m` fits with the
+        fewest free GPUs (spare GPU nodes' CPUs for GPU pods), then the most free CPU, then the
+        lowest name."""
+        names = {v.state.name for v in skip}
+        if self.groups is None:
+            best: tuple[int, int, str, NodeState] | None = None
+            for n in self.nodes:
+                if n.name in names:
+                    continue
+                v = self.get(n)
+                if v.fits(m) and (best is None or (v.nfree, -v.cpu, n.name) < best[:3]):
+                    best = (v.nfree, -v.cpu, n.name, n)
+            return None if best is None else best[3]
+
+        def ok(name: str) -> bool:
+            return name not in names and (m.eligible_nodes is None or name in m.eligible_nodes)
+
+        found: tuple[int, int, str] | None = None
+        for (_, free), rooms in self.groups.groups():
+            for (cpu, mem, pods), members in rooms.items():
+                if cpu >= m.cpu_milli and mem >= m.memory_bytes and pods >= 1:
+                    name = members.first_name(ok)
+                    key = (free.bit_count(), -cpu, name) if name is not None else None
+                    if key is not None and (found is None or key < found):
+                        found = key
+        return None if found is None else self.groups.state(found[2])
+
+
+def _fitting(groups: NodeGroups, rooms: dict[RoomKey, Members], need: _Need
+             ) -> tuple[NodeState, tuple[int, NodeState]] | None:
+    """Of one group's nodes that fit `need`: the lowest by name, and the first in the list."""
+    lowest: str | None = None
+    earliest: int | None = None
+    for room, members in rooms.items():
+        name = members.first_name(need.allows) if need.room(*room) else None
+        if name is None:
+            continue
+        i = members.first_position(lambda p: need.allows(groups.node(p).name))
+        assert i is not None  # as a name was
+        lowest = name if lowest is None else min(lowest, name)
+        earliest = i if earliest is None else min(earliest, i)
+    if lowest is None or earliest is None:
+        return None
+    return groups.state(lowest), (earliest, groups.node(earliest))
 
 
 def _assign_gpus(node: _Node) -> dict[str, tuple[int, ...]]:
@@ -145,10 +254,13 @@ def place_on_nodes(
     *,
     inter_node_gbps: float = DEFAULT_INTER_NODE_GBPS,
     tables: TableCache | None = None,
+    groups: NodeGroups | None = None,
 ) -> GangPlacement | Unplaceable:
     """Place every member of `gang` on `nodes` (what is free now), or say why it cannot be,
     whatever the network between the nodes (`hierarchy.place_gang` chooses the nodes' domains
-    first). `tables`: the caller's cache of per-class choice tables (a fresh one when None)."""
+    first). `tables`: the caller's cache of per-class choice tables (a fresh one when None).
+    `groups`: the same nodes grouped (`groups.NodeGroups`, kept by a caller that places many
+    gangs on one node set): the same placement, at a cost of the groups, not the nodes."""
     if not gang.members:
         return Unplaceable(f"gang {gang.name} has no members")
     bad = next((m for m in gang.members if m.gpus < 0 or m.cpu_milli < 0 or m.memory_bytes < 0),
@@ -158,7 +270,7 @@ def place_on_nodes(
     if len({m.key for m in gang.members}) != len(gang.members):
         return Unplaceable(f"gang {gang.name} lists a member twice")
     gpu_members = [m for m in gang.members if m.gpus > 0]
-    views = _Views(nodes, tables or TableCache(warm=False))
+    views = _Views(nodes, tables or TableCache(warm=False), groups)
     used: list[_Node] = []
     if gpu_members:
         placed = _place_single(views, gang, gpu_members)
@@ -190,39 +302,29 @@ def _place_single(
     views: _Views, gang: GangRequest, gpu_members: list[MemberRequest]
 ) -> _Node | Unplaceable:
     total = sum(m.gpus for m in gpu_members)
-    cpu = sum(m.cpu_milli for m in gpu_members)
-    mem = sum(m.memory_bytes for m in gpu_members)
-    pods = len(gpu_members)
-    eligible = list({m.eligible_nodes for m in gpu_members if m.eligible_nodes is not None})
+    need = _Need(total, sum(m.cpu_milli for m in gpu_members),
+                 sum(m.memory_bytes for m in gpu_members), len(gpu_members),
+                 tuple({m.eligible_nodes for m in gpu_members if m.eligible_nodes is not None}))
     floor = gang.min_ring_gbps if gang.mode == "required" else None
     best: NodeState | None = None
     best_key: tuple[object, ...] | None = None
-    most_free: tuple[int, str] | None = None
+    most_free: tuple[int, int, str] | None = None  # (free GPUs, -position, name)
     best_refused: tuple[float, int, str] | None = None  # the best node below minRingGBps
-    for tables, free, group in views.gpu_groups():
-        nfree = free.bit_count()
-        if most_free is None or nfree > most_free[0]:
-            most_free = (nfree, group[0][1].name)
-        if nfree < total:
+    for g in views.gpu_groups(need):
+        nfree = g.free.bit_count()
+        if most_free is None or (nfree, -g.first[0]) > most_free[:2]:
+            most_free = (nfree, -g.first[0], g.first[1])
+        if g.lowest is None or g.earliest is None:
             continue
-        fits = [
-            (i, n) for i, n in group
-            if n.free_cpu_milli >= cpu and n.free_memory_bytes >= mem and n.free_pods >= pods
-        ]
-        if eligible:
-            fits = [(i, n) for i, n in fits if all(n.name in e for e in eligible)]
-        if not fits:
-            continue
-        pkey = tables.placement_key(free, total)  # one per group: its nodes score alike
+        pkey = g.tables.placement_key(g.free, total)  # one per group: its nodes score alike
         if floor is not None and not meets_min_ring(-pkey[0], floor, total):
-            first = fits[0]  # ties go to the node that comes first, as in a scan
-            if best_refused is None or (-pkey[0], -first[0]) > best_refused[:2]:
-                best_refused = (-pkey[0], -first[0], first[1].name)
+            # ties go to the node that comes first, as in a scan
+            if best_refused is None or (-pkey[0], -g.earliest[0]) > best_refused[:2]:
+                best_refused = (-pkey[0], -g.earliest[0], g.earliest[1].name)
             continue
-        chosen = min((n for _, n in fits), key=lambda n: n.name)
-        key = (pkey, chosen.name)
+        key = (pkey, g.lowest.name)
         if best_key is None or key < best_key:
-            best, best_key = chosen, key
+            best, best_key = g.lowest, key
     if best is not None:
         v = views.get(best)
         for m in gpu_members:
@@ -235,7 +337,7 @@ def _place_single(
             f"({best_refused[2]}) offers {best_refused[0]:g} GB/s"
         )
     where = (
-        f"the node with the most free GPUs ({most_free[1]}) has {most_free[0]}"
+        f"the node with the most free GPUs ({most_free[2]}) has {most_free[0]}"
         if most_free is not None
         else "no node with a published GPU topology has a free GPU"
     )
@@ -351,17 +453,12 @@ def _place_cpu_member(views: _Views, used: list[_Node], m: MemberRequest) -> _No
         if v.fits(m):
             v.take(m)
             return v
-    best: _Node | None = None
-    best_key: tuple[int, int, str] | None = None
-    for n in views.nodes:
-        v = views.get(n)
-        if v.fits(m):
-            key = (v.nfree, -v.cpu, n.name)  # spare GPU nodes' CPUs for GPU pods
-            if best_key is None or key < best_key:
-                best, best_key = v, key
-    if best is not None:
-        best.take(m)
-    return best
+    host = views.cpu_host(m, used)
+    if host is None:
+        return None
+    v = views.get(host)
+    v.take(m)
+    return v
 
 
 def _result(used: list[_Node], gang: GangRequest, inter_gbps: float) -> GangPlacement:

@@ -1,0 +1,123 @@
+"""A node set grouped by what the placement engine reads of a node, kept across the placements
+of one planning cycle: its class's choice tables and usable free GPUs (what scoring reads),
+then its free CPU, memory and pods (what fitting reads). On a cluster of like nodes a gang's
+placement then costs the number of distinct groups, not the number of nodes
+(`placement.place_on_nodes` with `groups`).
+
+The binder's planning round owns one (`NodeGroups(states)`), tells it each node whose state a
+placement consumed (`put`), and hands it to the engine with the same node list. The engine
+groups the nodes on first use, with its TableCache (`bind`): the owner needs no tables.
+Within a group, nodes are kept sorted by name and by position in the list, which is all the
+engine's choices among like nodes read (the lowest name that fits; the first such node in the
+list, for messages)."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from webhook.topology.gpu_choice import ClassTables, TableCache
+from webhook.topology.model import NodeState
+
+#: what scoring reads: the node's class tables (None: no published topology), usable free mask
+GpuKey = tuple[ClassTables | None, int]
+#: what fitting reads: free CPU (millicores), memory (bytes), pods
+RoomKey = tuple[int, int, int]
+
+
+@dataclass(slots=True)
+class Members:
+    """The nodes of one group, by name and by position in the node list, each sorted."""
+
+    names: list[str] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+
+    def first_name(self, ok: Callable[[str], bool]) -> str | None:
+        """The lowest name that `ok` accepts."""
+        return next((n for n in self.names if ok(n)), None)
+
+    def first_position(self, ok: Callable[[int], bool]) -> int | None:
+        """The lowest position that `ok` accepts."""
+        return next((p for p in self.positions if ok(p)), None)
+
+
+class NodeGroups:
+    """The nodes of one list grouped by (GpuKey, RoomKey); see the module's docstring."""
+
+    def __init__(self, nodes: Sequence[NodeState]) -> None:
+        self._nodes = list(nodes)
+        self._at: dict[str, int] = {}  # name -> position, made by `bind`
+        self._pending: dict[str, NodeState] = {}  # `put` before `bind`: a round that never
+        # calls the engine with its groups (a gang within network domains) never makes them
+        self._tables: TableCache | None = None  # the cache the groups were made with
+        self._keys: list[tuple[GpuKey, RoomKey]] = []  # per position
+        self._groups: dict[GpuKey, dict[RoomKey, Members]] = {}
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def bind(self, tables: TableCache) -> None:
+        """Group the nodes with `tables` (again if they were grouped with another cache: the
+        keys hold its class tables)."""
+        if self._tables is tables:
+            return
+        self._tables = tables
+        self._at = {n.name: i for i, n in enumerate(self._nodes)}
+        for name, state in self._pending.items():
+            self._nodes[self._at[name]] = state
+        self._pending = {}
+        self._groups = {}
+        self._keys = [self._key(n) for n in self._nodes]
+        for i, key in enumerate(self._keys):
+            self._rooms(key[0]).setdefault(key[1], Members()).positions.append(i)
+        for rooms in self._groups.values():
+            for members in rooms.values():
+                members.names = sorted(self._nodes[i].name for i in members.positions)
+
+    def put(self, state: NodeState) -> None:
+        """The node named `state.name` is now `state` (a placement consumed some of it)."""
+        if self._tables is None:
+            self._pending[state.name] = state
+            return
+        i = self._at[state.name]
+        self._nodes[i] = state
+        old, new = self._keys[i], self._key(state)
+        if new == old:
+            return
+        self._remove(old, i, state.name)
+        self._keys[i] = new
+        members = self._rooms(new[0]).setdefault(new[1], Members())
+        bisect.insort(members.names, state.name)
+        bisect.insort(members.positions, i)
+
+    def node(self, position: int) -> NodeState:
+        return self._nodes[position]
+
+    def state(self, name: str) -> NodeState:
+        return self._nodes[self._at[name]]
+
+    def groups(self) -> Iterator[tuple[GpuKey, dict[RoomKey, Members]]]:
+        """Every (GpuKey, its groups by RoomKey); `bind` first."""
+        return iter(self._groups.items())
+
+    def _key(self, n: NodeState) -> tuple[GpuKey, RoomKey]:
+        assert self._tables is not None
+        gpu: GpuKey = self._tables.usable(n.topology, n.free_gpus) if n.topology else (None, 0)
+        return gpu, (n.free_cpu_milli, n.free_memory_bytes, n.free_pods)
+
+    def _rooms(self, gpu: GpuKey) -> dict[RoomKey, Members]:
+        rooms = self._groups.get(gpu)
+        if rooms is None:
+            rooms = self._groups[gpu] = {}
+        return rooms
+
+    def _remove(self, key: tuple[GpuKey, RoomKey], position: int, name: str) -> None:
+        rooms = self._groups[key[0]]
+        members = rooms[key[1]]
+        del members.names[bisect.bisect_left(members.names, name)]
+        del members.positions[bisect.bisect_left(members.positions, position)]
+        if not members.names:
+            del rooms[key[1]]
+            if not rooms:
+                del self._groups[key[0]]
