@@ -427,6 +427,44 @@ def test_the_device_class_maps_the_agents_resource_name_or_none(helm_template: R
 
 def test_agent_gpu_serving_is_checked(helm_template_error: Callable[..., str]) -> None:
     assert "gpuServing" in helm_template_error({"agent": {"gpuServing": "plugins"}})
+    assert "gpuServingPools" in helm_template_error({"agent": {"gpuServingPools": ["drA"]}})
+    assert "gpuServingPools" in helm_template_error({"agent": {"gpuServingPools": ["dra", "dra"]}})
+
+
+def test_agent_node_pools_each_serve_their_labelled_mode(helm_template: Render) -> None:
+    """A DRA pool in a device-plugin cluster: the pool's nodes (muster.io/gpu-serving=dra) get an
+    agent of their own serving DRA, every other node the default agent; DRA's RBAC and
+    DeviceClass come with the pool."""
+    objs = helm_template({"agent": {"gpuServingPools": ["dra"]}})
+    default = one(objs, "DaemonSet", "muster-agent")
+    pool = one(objs, "DaemonSet", "muster-agent-dra")
+
+    def affinity(ds: dict[str, Any]) -> Any:
+        terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        return terms[0]["matchExpressions"]
+
+    assert affinity(default) == [{"key": "muster.io/gpu-serving", "operator": "NotIn",
+                                  "values": ["dra"]}]
+    assert affinity(pool) == [{"key": "muster.io/gpu-serving", "operator": "In",
+                               "values": ["dra"]}]
+    (dc,) = default["spec"]["template"]["spec"]["containers"]
+    (pc,) = pool["spec"]["template"]["spec"]["containers"]
+    assert "--dra" not in dc["args"] and "--no-device-plugin" not in dc["args"]
+    assert "--dra" in pc["args"] and "--no-device-plugin" in pc["args"]
+    # the default agent's selector is as it was (immutable); the pool's is narrower
+    assert default["spec"]["selector"] == one(helm_template(), "DaemonSet", "muster-agent")[
+        "spec"]["selector"]
+    labels = pool["spec"]["template"]["metadata"]["labels"]
+    assert pool["spec"]["selector"]["matchLabels"] == {
+        **default["spec"]["selector"]["matchLabels"], "muster.io/gpu-serving-pool": "dra"}
+    assert all(labels[k] == v for k, v in pool["spec"]["selector"]["matchLabels"].items())
+    assert find(objs, "DeviceClass")
+    grants = _grants(objs, "ClusterRole", "muster-agent")
+    assert ("resource.k8s.io", "resourceslices", "create") in grants
+    # without pools: one agent, no affinity
+    plain = one(helm_template(), "DaemonSet", "muster-agent")["spec"]["template"]["spec"]
+    assert "affinity" not in plain
 
 
 def test_agent_daemonset(helm_template: Render) -> None:

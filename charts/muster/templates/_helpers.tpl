@@ -184,28 +184,37 @@ capabilities:
 {{ include "muster.selfCertArgs" . }}
 {{- end }}
 
-{{/* "true" when the agent serves GPUs through DRA (agent.gpuServing dra or both), else "" */}}
+{{/* "true" when some agent of the release serves GPUs through DRA (agent.gpuServing or a pool's
+mode is dra or both), else "" */}}
 {{- define "muster.agent.dra" -}}
-{{- if has .Values.agent.gpuServing (list "dra" "both") }}true{{ end }}
+{{- $modes := append .Values.agent.gpuServingPools .Values.agent.gpuServing }}
+{{- if or (has "dra" $modes) (has "both" $modes) }}true{{ end }}
 {{- end }}
 
+{{/* "true" when one agent's serving mode (the context) includes DRA, else "" */}}
+{{- define "muster.agent.modeDra" -}}
+{{- if has . (list "dra" "both") }}true{{ end }}
+{{- end }}
+
+{{/* the agent's arguments for one serving mode: (dict "ctx" . "mode" devicePlugin|dra|both) */}}
 {{- define "muster.agent.args" -}}
-{{ include "muster.globalArgs" . }}
+{{- $v := .ctx.Values }}
+{{ include "muster.globalArgs" .ctx }}
 - agent
 - --node-name=$(NODE_NAME)
 - --kubelet-dir=/var/lib/kubelet/device-plugins
-- --resource-name={{ .Values.agent.resourceName }}
-{{- if eq .Values.agent.gpuServing "dra" }}
+- --resource-name={{ $v.agent.resourceName }}
+{{- if eq .mode "dra" }}
 - --no-device-plugin
 {{- end }}
-{{- if include "muster.agent.dra" . }}
+{{- if include "muster.agent.modeDra" .mode }}
 - --dra
-- --dra-registry-dir={{ .Values.agent.dra.registryDir }}
-- --dra-plugin-dir={{ .Values.agent.dra.pluginsDir }}/gpu.muster.io
-- --cdi-dir={{ .Values.agent.dra.cdiDir }}
+- --dra-registry-dir={{ $v.agent.dra.registryDir }}
+- --dra-plugin-dir={{ $v.agent.dra.pluginsDir }}/gpu.muster.io
+- --cdi-dir={{ $v.agent.dra.cdiDir }}
 {{- end }}
-- --scheduler-name={{ .Values.binder.schedulerName }}
-{{- range .Values.agent.extraArgs }}
+- --scheduler-name={{ $v.binder.schedulerName }}
+{{- range $v.agent.extraArgs }}
 - {{ . | quote }}
 {{- end }}
 {{- end }}
