@@ -273,7 +273,13 @@ async def test_the_slice_is_created_kept_updated_and_alone(
         return await real_list(*args, **kwargs)
     kube.list = counted  # type: ignore[method-assign]
     assert not await publisher.publish(dgx1, {})  # nothing changed: nothing written
-    assert lists == 0  # after the first round's sweep, a round reads its own slice only
+    assert lists == 0  # between sweeps a round reads its own slice only
+    cluster.seed(slice_of(keys.DRA_DRIVER, NODE, "overlapping"))  # another agent's, since
+    for _ in range(publisher.sweep_every - 2):
+        await publisher.publish(dgx1, {})
+    assert lists == 0 and cluster.get("resourceslices", "overlapping") is not None
+    assert await publisher.publish(dgx1, {})  # the next sweep deletes it
+    assert lists == 1 and cluster.get("resourceslices", "overlapping") is None
 
     gpus = list(dgx1.gpus)
     gpus[2] = dataclasses.replace(gpus[2], healthy=False)

@@ -290,8 +290,11 @@ async def test_claims_prepared_across_an_agent_restart_and_no_gpu_twice(
     await _prepared_exactly_the_claims(dra, node_cluster)  # the first four kept through it
 
 
-async def test_a_stale_slice_is_put_right_on_the_next_discovery(
+async def test_a_stale_slice_is_put_right_within_a_few_discoveries(
         dra: KubeApi, node_cluster: NodeCluster) -> None:
+    """A device the node no longer has is dropped from the agent's own slice on the next round
+    (each round reads it); another slice of the driver on this node goes at the next sweep
+    (every 5th round lists the node's slices: SlicePublisher.sweep_every)."""
     name = slice_name(NODE_NAME)
     live = await dra.get(RESOURCE_SLICES, name)
     wanted = live["spec"]["devices"]

@@ -45,23 +45,27 @@ def pcie_roots(topology: Topology, sysfs: Path = SYSFS_PCI) -> dict[int, str]:
 
 
 class SlicePublisher:
-    def __init__(self, api: KubeApi, node: str) -> None:
+    def __init__(self, api: KubeApi, node: str, *, sweep_every: int = 5) -> None:
         self.api = api
         self.node = node
-        #: other slices of this driver on this node were swept (an earlier agent's): done once,
-        #: after which each round reads its own slice by name (a GET, as the Node publisher's)
-        self._swept = False
+        #: every `sweep_every`-th round (the first included) lists this node's slices of the
+        #: driver and deletes all but its own (an earlier or overlapping agent's); the rounds
+        #: between read its own slice by name (a GET, as the Node publisher's)
+        self.sweep_every = sweep_every
+        self._rounds = 0
 
     async def publish(self, topology: Topology, roots: dict[int, str]) -> bool:
         """Bring the node's slices up to date; True when something was written. ApiError
         propagates (the runner retries on its next round)."""
         name = slice_name(self.node)
         wrote = False
-        if self._swept:
+        sweep = self._rounds % self.sweep_every == 0
+        self._rounds += 1
+        if sweep:
+            live, last, wrote = await self._sweep(name)
+        else:
             live = await self._get(name)
             last = _generation(live) if live is not None else 0
-        else:
-            live, last, wrote = await self._sweep(name)
         wanted = resource_slice(self.node, topology, last + 1, roots)
         if live is None:
             await self.api.create(RESOURCE_SLICES, wanted)
@@ -85,7 +89,6 @@ class SlicePublisher:
         others = [i for i in items if i is not live]
         for item in others:
             await self._delete(item["metadata"]["name"])
-        self._swept = True
         return live, max(map(_generation, items), default=0), bool(others)
 
     async def _get(self, name: str) -> dict[str, Any] | None:
