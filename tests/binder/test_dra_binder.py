@@ -242,3 +242,36 @@ async def test_a_claim_the_binder_cannot_allocate_is_an_event_and_a_condition(
     assert "asks for device class 'nic.example.com'" in event[0]["message"]
     (condition,) = pod[0]["status"]["conditions"]
     assert condition["reason"] == "Unschedulable" and bound(apiserver) == {}
+
+
+async def test_pods_whose_template_claims_are_not_made_yet_wait_then_go_whole(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    """Found on the real kubelet: pods from a ResourceClaimTemplate reach the binder before the
+    resourceclaim controller made their claims (status.resourceClaimStatuses empty). They must
+    wait, not be bound as pods without GPUs; once the claims exist and are named, the gang is
+    placed whole with them."""
+    seed_dra_node(apiserver)
+    task = await running(Binder(kube, CFG))
+    try:
+        for i in range(4):
+            obj = dra_pod(f"t-w{i}", ["unused"], gang="t", min_member=4)
+            obj["spec"]["resourceClaims"] = [{"name": "gpu",
+                                              "resourceClaimTemplateName": "one-gpu"}]
+            obj["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+            await kube.create(PODS, obj, "team-a")
+        await asyncio.sleep(1.0)  # several cycles
+        assert bound(apiserver) == {}
+        for i in range(4):  # what the resourceclaim controller does, claim then pod status
+            await kube.create(RESOURCE_CLAIMS, claim(f"t-w{i}-gpu-x1"), "team-a")
+            pod = await kube.get(PODS, f"t-w{i}", "team-a")
+            pod["status"]["resourceClaimStatuses"] = [{"name": "gpu",
+                                                       "resourceClaimName": f"t-w{i}-gpu-x1"}]
+            await kube.replace(PODS, f"t-w{i}", pod, "team-a", subresource="status")
+        await eventually(lambda: len(bound(apiserver)) == 4, within=10)
+    finally:
+        await stop(task)
+    allocated = devices(apiserver)
+    assert sorted(allocated) == [f"t-w{i}-gpu-x1" for i in range(4)]
+    assert all(reserved == [f"t-w{i}"] for i, (_, _, reserved) in
+               enumerate(allocated[k] for k in sorted(allocated)))
+    assert_no_gpu_twice(apiserver)

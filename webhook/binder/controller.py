@@ -456,7 +456,10 @@ class Binder:
         if assumed is not None:
             pod = assumed.pod
         pod = self._extend(pod)
-        if pod.claims is not None and (key in self._claims_of or pod.claims.extended):
+        # every claim-using pod of ours, its claims named yet or not: one whose template claim
+        # the resourceclaim controller has not made yet waits (a claim problem), never binds
+        if pod.claims is not None and (pod.scheduler_name == self.config.scheduler_name
+                                       or pod.claims.extended):
             pod = resolve(pod, self.claims.get)
         return self.snapshot.put(pod)
 
