@@ -5,7 +5,9 @@ The module upgrades the release to `agent.gpuServing: both` (and rediscovery eve
 for the stale-slice case), and back to the session's values after. Pods take one GPU each
 through a ResourceClaimTemplate of the shipped DeviceClass; the stock kube-scheduler allocates
 the claims, the kubelet asks the agent to prepare them, and containerd applies the agent's CDI
-spec: each container prints the NVIDIA_VISIBLE_DEVICES it was given.
+spec: each container prints the NVIDIA_VISIBLE_DEVICES it was given. The same 8 x 1 GPU then
+runs as one MPIJob gang placed by Muster's binder twice: through the device plugin, and with
+each worker's GPU through its own claim, which the binder allocates itself.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from e2e.probes import eventually, pods_of
 from webhook import keys
 from webhook.agent.dra.claims import cdi_file_name
 from webhook.agent.dra.slices import slice_name
-from webhook.kube import PODS, KubeApi
+from webhook.binder import BinderConfig
+from webhook.kube import EVENTS, PODS, KubeApi
 from webhook.kube.api import RESOURCE_CLAIMS, RESOURCE_SLICES, ApiError, Resource
 from webhook.policy import operators
 
@@ -37,6 +40,8 @@ CHART = REPO / "charts" / "muster"
 CLAIM_TEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates", True,
                            "ResourceClaimTemplate")
 NS = "dra-team"
+#: a topology namespace: the shipped policy mpi-topology gangs its MPIJobs for the binder
+GANG_NS = "dra-gang"
 TEMPLATE = "one-gpu"
 #: the agent's discovery rounds in this module: a stale slice is put right within one
 REDISCOVER_S = 3
@@ -69,19 +74,23 @@ def dra_release(node_cluster: NodeCluster) -> Iterator[None]:
 @pytest.fixture
 async def dra(dra_release: None, kube: KubeApi) -> AsyncIterator[KubeApi]:
     """The namespace with its one-GPU ResourceClaimTemplate; its pods are gone after."""
-    await ensure_namespace(kube, NS)
+    await _claim_template(kube, await ensure_namespace(kube, NS))
+    yield kube
+    await _delete_pods(kube)
+
+
+async def _claim_template(kube: KubeApi, ns: str) -> None:
+    """The namespace's one-GPU ResourceClaimTemplate, unless an earlier test made it."""
     try:
         await kube.create(CLAIM_TEMPLATES, {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": TEMPLATE, "namespace": NS},
+            "metadata": {"name": TEMPLATE, "namespace": ns},
             "spec": {"spec": {"devices": {"requests": [
                 {"name": "gpu", "exactly": {"deviceClassName": keys.DRA_DRIVER,
-                                            "count": 1}}]}}}}, namespace=NS)
+                                            "count": 1}}]}}}}, namespace=ns)
     except ApiError as exc:
         if not exc.conflict:
             raise
-    yield kube
-    await _delete_pods(kube)
 
 
 def _pod(name: str) -> dict[str, Any]:
@@ -134,11 +143,17 @@ async def _slice_uuids(kube: KubeApi) -> dict[str, str]:
     return {d["name"]: d["attributes"]["uuid"]["string"] for d in live["spec"]["devices"]}
 
 
+async def _claim_of(kube: KubeApi, pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod's one claim, made from the template by the resourceclaim controller."""
+    [status] = pod["status"]["resourceClaimStatuses"]
+    return await kube.get(RESOURCE_CLAIMS, status["resourceClaimName"],
+                          pod["metadata"]["namespace"])
+
+
 async def _claimed_uuids(kube: KubeApi, pod: dict[str, Any], uuids: dict[str, str]
                          ) -> list[str]:
     """The GPUs the pod's claim was allocated, in allocation order."""
-    [status] = pod["status"]["resourceClaimStatuses"]
-    claim = await kube.get(RESOURCE_CLAIMS, status["resourceClaimName"], NS)
+    claim = await _claim_of(kube, pod)
     results = claim["status"]["allocation"]["devices"]["results"]
     assert {r["driver"] for r in results} == {keys.DRA_DRIVER}
     assert {r["pool"] for r in results} == {NODE_NAME}
@@ -183,10 +198,11 @@ def _agent_state(cluster: NodeCluster) -> tuple[dict[str, Any], list[str]]:
     return json.loads(checkpoint), files
 
 
-async def _prepared_exactly_the_claims(kube: KubeApi, cluster: NodeCluster) -> None:
+async def _prepared_exactly_the_claims(kube: KubeApi, cluster: NodeCluster, ns: str = NS
+                                       ) -> None:
     """The driver's checkpoint and CDI specs are those of the namespace's claims, no other."""
     checkpoint, files = await asyncio.to_thread(_agent_state, cluster)
-    uids = {c["metadata"]["uid"] for c in (await kube.list(RESOURCE_CLAIMS, namespace=NS))["items"]}
+    uids = {c["metadata"]["uid"] for c in (await kube.list(RESOURCE_CLAIMS, namespace=ns))["items"]}
     assert set(checkpoint["claims"]) == uids
     assert sorted(files) == sorted(cdi_file_name(u) for u in uids)
 
@@ -195,7 +211,8 @@ async def _check_own_gpus(kube: KubeApi, cluster: NodeCluster, pods: list[dict[s
                           ) -> dict[str, list[str]]:
     """Each container saw exactly its own claim's GPUs (per pod); pod name -> those GPUs."""
     uuids = await _slice_uuids(kube)
-    printed = await _all_printed(cluster, [p["metadata"]["name"] for p in pods])
+    printed = await _all_printed(cluster, [p["metadata"]["name"] for p in pods],
+                                 pods[0]["metadata"]["namespace"])
     claimed = {p["metadata"]["name"]: await _claimed_uuids(kube, p, uuids) for p in pods}
     for name, gpus in claimed.items():
         assert printed[name] == gpus, (name, printed[name], gpus)
@@ -237,12 +254,33 @@ async def test_eight_one_gpu_pods_run_together_each_on_its_own_claims_gpu(
     await _prepared_exactly_the_claims(dra, node_cluster)
 
     await _delete_pods(dra)
+    await _all_unprepared(node_cluster)
 
+
+async def _all_unprepared(cluster: NodeCluster) -> None:
     async def unprepared() -> bool:
-        checkpoint, files = await asyncio.to_thread(_agent_state, node_cluster)
+        checkpoint, files = await asyncio.to_thread(_agent_state, cluster)
         return not checkpoint["claims"] and not files
     await eventually(unprepared, within=60, interval=0.5,
                      what="NodeUnprepareResources to empty the checkpoint and remove the specs")
+
+
+async def _run_workers(kube: KubeApi, job: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
+    """Submits the MPIJob, its workers created at once; (the workers once all Run, seconds
+    from the last create to all Running): the device-plugin and DRA gangs are timed alike."""
+    ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    count = job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
+    await submit(kube, job, concurrently=True)
+    last_create = time.monotonic()
+
+    async def running() -> list[dict[str, Any]] | None:
+        workers = [p for p in await pods_of(kube, ns, name)
+                   if p["metadata"]["labels"][operators.JOB_ROLE_LABEL] == "worker"]
+        return workers if len(workers) == count and all(
+            p["status"].get("phase") == "Running" for p in workers) else None
+    workers: list[dict[str, Any]] = await eventually(
+        running, within=300, interval=0.2, what=f"the {count} workers Running")
+    return workers, time.monotonic() - last_create
 
 
 async def test_the_device_plugin_path_for_comparison(
@@ -253,23 +291,74 @@ async def test_the_device_plugin_path_for_comparison(
     ns = await ensure_namespace(dra, "dra-compare", {
         keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED})
     try:
-        await submit(dra, mpijob("eight", ns, workers=8), concurrently=True)
-        last_create = time.monotonic()
-
-        async def running() -> list[dict[str, Any]] | None:
-            workers = [p for p in await pods_of(dra, ns, "eight")
-                       if p["metadata"]["labels"][operators.JOB_ROLE_LABEL] == "worker"]
-            return workers if len(workers) == 8 and all(
-                p["status"].get("phase") == "Running" for p in workers) else None
-        workers = await eventually(running, within=300, interval=0.2,
-                                   what="the 8 workers Running")
-        took = time.monotonic() - last_create
+        workers, took = await _run_workers(dra, mpijob("eight", ns, workers=8))
         print(f"8 x 1-GPU device-plugin workers: last create -> all Running in {took:.1f} s")
         printed = await _all_printed(node_cluster, [p["metadata"]["name"] for p in workers], ns)
         every = [u for gpus in printed.values() for u in gpus]
         assert len(every) == len(set(every)) == 8
     finally:
         await delete_jobs(dra, ns, ["eight"])
+
+
+def _claiming_workers(job: dict[str, Any]) -> dict[str, Any]:
+    """The MPIJob with each worker's GPU taken through its own claim from the template instead
+    of the device plugin's nvidia.com/gpu."""
+    spec = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}]
+    for c in spec["containers"]:
+        del c["resources"]["limits"][keys.GPU_RESOURCE]
+        c["resources"]["claims"] = [{"name": "gpu"}]
+    return job
+
+
+async def _binder_scheduled(kube: KubeApi, pod: dict[str, Any], gang: str) -> dict[str, Any]:
+    """The binder's Scheduled Event for the pod as a member of `gang` (kube-scheduler's says
+    neither its component nor a gang)."""
+    ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+
+    async def found() -> dict[str, Any] | None:
+        events = (await kube.list(EVENTS, namespace=ns, field_selector=(
+            f"reason=Scheduled,involvedObject.name={name}")))["items"]
+        return next((e for e in events
+                     if e.get("reportingComponent") == BinderConfig().component
+                     and e["message"].endswith(f" as part of gang {gang}")), None)
+    event: dict[str, Any] = await eventually(found, within=30, interval=0.5,
+                                             what=f"the binder's Scheduled Event for {name}")
+    return event
+
+
+async def test_eight_dra_workers_are_one_binder_gang_each_on_its_own_claims_gpu(
+        dra: KubeApi, node_cluster: NodeCluster) -> None:
+    """The device-plugin comparison's MPIJob with each worker's GPU through its own claim, in a
+    topology namespace: the webhook gangs the job for the binder, which allocates the claims
+    itself and binds the 8 workers without the one-pod-per-node gate."""
+    ns = await ensure_namespace(dra, GANG_NS, {
+        keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED})
+    await _claim_template(dra, ns)
+    try:
+        workers, took = await _run_workers(dra, _claiming_workers(mpijob("eight", ns, workers=8)))
+        print(f"8 x 1-GPU DRA workers, one binder gang: last create -> all Running in "
+              f"{took:.1f} s")
+        gangs = {w["metadata"]["annotations"][keys.ANN_GANG_NAME] for w in workers}
+        assert len(gangs) == 1, gangs
+        gang = f"{ns}/{gangs.pop()}"
+        for w in workers:
+            name, annotations = w["metadata"]["name"], w["metadata"]["annotations"]
+            assert w["spec"]["schedulerName"] == keys.DEFAULT_BINDER_SCHEDULER_NAME
+            assert w["spec"]["nodeName"] == NODE_NAME
+            assert keys.ANN_GANG_PLACEMENT in annotations, name
+            assert keys.ANN_GPU_ASSIGNMENT not in annotations, name  # the claim is the record
+            claim = await _claim_of(dra, w)
+            assert [(r["resource"], r["name"], r["uid"]) for r in claim["status"]["reservedFor"]
+                    ] == [("pods", name, w["metadata"]["uid"])]
+            await _binder_scheduled(dra, w, gang)
+        claimed = await _check_own_gpus(dra, node_cluster, workers)
+        every = [u for gpus in claimed.values() for u in gpus]
+        assert sorted(every) == sorted((await _slice_uuids(dra)).values())  # each GPU once
+        await _prepared_exactly_the_claims(dra, node_cluster, ns)
+    finally:
+        await delete_jobs(dra, ns, ["eight"])
+    await _all_unprepared(node_cluster)
 
 
 async def test_claims_prepared_across_an_agent_restart_and_no_gpu_twice(
