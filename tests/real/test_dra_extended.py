@@ -169,7 +169,9 @@ async def _own_claims_gpus(kube: KubeApi, cluster: NodeCluster, pods: list[dict[
         assert keys.ANN_GPU_ASSIGNMENT not in (meta.get("annotations") or {}), meta["name"]
         status = pod["status"]["extendedResourceClaimStatus"]
         [mapping] = status["requestMappings"]
-        assert (mapping["containerName"], mapping["resourceName"]) == ("main",
+        [gpu_container] = [c["name"] for c in pod["spec"]["containers"]
+                           if keys.GPU_RESOURCE in c["resources"].get("limits", {})]
+        assert (mapping["containerName"], mapping["resourceName"]) == (gpu_container,
                                                                        keys.GPU_RESOURCE)
         claim = await kube.get(RESOURCE_CLAIMS, status["resourceClaimName"], ns)
         cmeta = claim["metadata"]
