@@ -6,17 +6,19 @@ import json
 import subprocess
 from typing import Any
 
-from e2e.cluster import NAMESPACE, chart_values, helm
+from e2e.cluster import NAMESPACE, RELEASE, chart_values, helm
 from e2e.node import image
+from e2e.node.assets import REPO
 from e2e.node.cluster import NodeCluster
 from e2e.node.kubectl import crd_documents, kubectl, wait_established
 from e2e.probes import eventually
+from webhook import keys
 from webhook.demo import EXAMPLE_POLICIES
 from webhook.kube import PODS, KubeApi
 
-__all__ = ["NETWORK_LEVELS", "crd_documents", "diagnostics", "kubectl", "pod_ready",
-           "release_values", "run_helm", "wait_established", "wait_webhook_pods",
-           "webhook_pods"]
+__all__ = ["NETWORK_LEVELS", "agent_dra_state", "crd_documents", "diagnostics", "kubectl",
+           "pod_ready", "release_values", "run_helm", "upgrade_release", "wait_established",
+           "wait_webhook_pods", "webhook_pods"]
 
 #: the binder's network levels (docs/topology.md): Topograph's spine (a block) and leaf (a
 #: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
@@ -56,6 +58,37 @@ def run_helm(cluster: NodeCluster, *args: str, timeout: float = 420
     if out.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
     return out
+
+
+def upgrade_release(cluster: NodeCluster, values: dict[str, Any], file_name: str) -> None:
+    """`helm upgrade --wait` of the session's release to `values` (written to `file_name` in
+    the cluster's directory; call it inside the cluster's network)."""
+    path = cluster.dir / file_name
+    path.write_text(json.dumps(values))
+    run_helm(cluster, "upgrade", RELEASE, str(REPO / "charts" / "muster"), "--namespace",
+             NAMESPACE, "--values", str(path), "--wait", "--timeout", "3m")
+
+
+def _agent_pod(cluster: NodeCluster) -> str:
+    out = kubectl(cluster, "get", "pods", "-n", NAMESPACE, "-l",
+                  "app.kubernetes.io/component=agent", "-o", "json")
+    [pod] = [p for p in json.loads(out.stdout)["items"]
+             if not p["metadata"].get("deletionTimestamp")]
+    return str(pod["metadata"]["name"])
+
+
+def agent_dra_state(cluster: NodeCluster) -> tuple[dict[str, Any], list[str]]:
+    """(the DRA driver's checkpoint, the CDI spec files), read inside the agent's pod, where the
+    chart mounts the kubelet's plugin directory and containerd's CDI directory at the host's
+    paths (agent.dra.pluginsDir, agent.dra.cdiDir)."""
+    path = f"/var/lib/kubelet/plugins/{keys.DRA_DRIVER}/checkpoint.json"
+    script = (f"import json, os; print(json.dumps([open({path!r}).read(), "
+              f"sorted(os.listdir('/var/run/cdi'))]))")
+    out = kubectl(cluster, "exec", "-n", NAMESPACE, _agent_pod(cluster), "--", "python", "-c",
+                  script)
+    state, files = json.loads(out.stdout)
+    checkpoint: dict[str, Any] = json.loads(state)
+    return checkpoint, files
 
 
 def release_values(cluster: NodeCluster) -> dict[str, Any]:
