@@ -16,9 +16,9 @@ from webhook import keys
 from webhook.demo import EXAMPLE_POLICIES
 from webhook.kube import PODS, KubeApi
 
-__all__ = ["NETWORK_LEVELS", "agent_dra_state", "crd_documents", "diagnostics", "kubectl",
-           "pod_ready", "release_values", "run_helm", "upgrade_release", "wait_established",
-           "wait_webhook_pods", "webhook_pods"]
+__all__ = ["NETWORK_LEVELS", "agent_dra_state", "agent_pod", "crd_documents", "diagnostics",
+           "kubectl", "pod_ready", "release_values", "run_helm", "upgrade_release",
+           "wait_established", "wait_webhook_pods", "webhook_pods"]
 
 #: the binder's network levels (docs/topology.md): Topograph's spine (a block) and leaf (a
 #: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
@@ -69,7 +69,8 @@ def upgrade_release(cluster: NodeCluster, values: dict[str, Any], file_name: str
              NAMESPACE, "--values", str(path), "--wait", "--timeout", "3m")
 
 
-def _agent_pod(cluster: NodeCluster) -> str:
+def agent_pod(cluster: NodeCluster) -> str:
+    """The name of the release's live agent pod (the tier has one node)."""
     out = kubectl(cluster, "get", "pods", "-n", NAMESPACE, "-l",
                   "app.kubernetes.io/component=agent", "-o", "json")
     [pod] = [p for p in json.loads(out.stdout)["items"]
@@ -84,7 +85,7 @@ def agent_dra_state(cluster: NodeCluster) -> tuple[dict[str, Any], list[str]]:
     path = f"/var/lib/kubelet/plugins/{keys.DRA_DRIVER}/checkpoint.json"
     script = (f"import json, os; print(json.dumps([open({path!r}).read(), "
               f"sorted(os.listdir('/var/run/cdi'))]))")
-    out = kubectl(cluster, "exec", "-n", NAMESPACE, _agent_pod(cluster), "--", "python", "-c",
+    out = kubectl(cluster, "exec", "-n", NAMESPACE, agent_pod(cluster), "--", "python", "-c",
                   script)
     state, files = json.loads(out.stdout)
     checkpoint: dict[str, Any] = json.loads(state)

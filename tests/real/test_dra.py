@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from jobs import PRINT_GPUS, delete_jobs, ensure_namespace, mpijob, submit
-from real_helpers import kubectl, release_values, run_helm
+from real_helpers import agent_dra_state, agent_pod, kubectl, release_values, upgrade_release
 
-from e2e.cluster import NAMESPACE, RELEASE
+from e2e.cluster import NAMESPACE
 from e2e.node import image
 from e2e.node.assets import REPO
 from e2e.node.cluster import NODE_NAME, NodeCluster
@@ -45,16 +44,6 @@ GANG_NS = "dra-gang"
 TEMPLATE = "one-gpu"
 #: the agent's discovery rounds in this module: a stale slice is put right within one
 REDISCOVER_S = 3
-#: the agent's own paths in its pod (the chart mounts the host's at the same place)
-CHECKPOINT = f"/var/lib/kubelet/plugins/{keys.DRA_DRIVER}/checkpoint.json"
-CDI_DIR = "/var/run/cdi"
-
-
-def _upgrade(cluster: NodeCluster, values: dict[str, Any]) -> None:
-    path = cluster.dir / "values-dra.yaml"
-    path.write_text(json.dumps(values))
-    run_helm(cluster, "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
-             "--values", str(path), "--wait", "--timeout", "3m")
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +54,10 @@ def dra_release(node_cluster: NodeCluster) -> Iterator[None]:
     values["agent"] = {**values["agent"], "gpuServing": "both", "extraArgs": [
         *values["agent"]["extraArgs"], f"--rediscover-seconds={REDISCOVER_S}"]}
     with node_cluster.netns():
-        _upgrade(node_cluster, values)
+        upgrade_release(node_cluster, values, "values-dra.yaml")
     yield
     with node_cluster.netns():
-        _upgrade(node_cluster, session)
+        upgrade_release(node_cluster, session, "values-dra.yaml")
 
 
 @pytest.fixture
@@ -179,29 +168,10 @@ async def _all_printed(cluster: NodeCluster, names: list[str], ns: str = NS
     return found
 
 
-def _agent_pod(cluster: NodeCluster) -> str:
-    out = kubectl(cluster, "get", "pods", "-n", NAMESPACE, "-l",
-                  "app.kubernetes.io/component=agent", "-o", "json")
-    [pod] = [p for p in json.loads(out.stdout)["items"]
-             if not p["metadata"].get("deletionTimestamp")]
-    return str(pod["metadata"]["name"])
-
-
-def _agent_state(cluster: NodeCluster) -> tuple[dict[str, Any], list[str]]:
-    """(the driver's checkpoint, the CDI spec files), read inside the agent's pod, where the
-    chart mounts the kubelet's plugin directory and containerd's CDI directory."""
-    script = (f"import json, os; print(json.dumps([open({CHECKPOINT!r}).read(), "
-              f"sorted(os.listdir({CDI_DIR!r}))]))")
-    out = kubectl(cluster, "exec", "-n", NAMESPACE, _agent_pod(cluster), "--", "python", "-c",
-                  script)
-    checkpoint, files = json.loads(out.stdout)
-    return json.loads(checkpoint), files
-
-
 async def _prepared_exactly_the_claims(kube: KubeApi, cluster: NodeCluster, ns: str = NS
                                        ) -> None:
     """The driver's checkpoint and CDI specs are those of the namespace's claims, no other."""
-    checkpoint, files = await asyncio.to_thread(_agent_state, cluster)
+    checkpoint, files = await asyncio.to_thread(agent_dra_state, cluster)
     uids = {c["metadata"]["uid"] for c in (await kube.list(RESOURCE_CLAIMS, namespace=ns))["items"]}
     assert set(checkpoint["claims"]) == uids
     assert sorted(files) == sorted(cdi_file_name(u) for u in uids)
@@ -233,7 +203,7 @@ async def test_the_kubelet_registers_the_driver_and_the_slice_is_published(
     assert sorted(d["name"] for d in live["spec"]["devices"]) == [f"gpu-{i}" for i in range(8)]
 
     def registered() -> bool:  # the kubelet's NotifyRegistrationStatus(plugin_registered)
-        out = kubectl(node_cluster, "logs", "-n", NAMESPACE, _agent_pod(node_cluster),
+        out = kubectl(node_cluster, "logs", "-n", NAMESPACE, agent_pod(node_cluster),
                       check=False)
         return "DRA driver registered with the kubelet" in out.stdout
     await eventually(registered, within=60, interval=0.5,
@@ -259,7 +229,7 @@ async def test_eight_one_gpu_pods_run_together_each_on_its_own_claims_gpu(
 
 async def _all_unprepared(cluster: NodeCluster) -> None:
     async def unprepared() -> bool:
-        checkpoint, files = await asyncio.to_thread(_agent_state, cluster)
+        checkpoint, files = await asyncio.to_thread(agent_dra_state, cluster)
         return not checkpoint["claims"] and not files
     await eventually(unprepared, within=60, interval=0.5,
                      what="NodeUnprepareResources to empty the checkpoint and remove the specs")
@@ -368,7 +338,7 @@ async def test_claims_prepared_across_an_agent_restart_and_no_gpu_twice(
     first, then = [f"before-{i}" for i in range(4)], [f"after-{i}" for i in range(4)]
     await _create_pods(dra, first)
     await _all_running(dra, first)
-    kubectl(node_cluster, "delete", "pod", "-n", NAMESPACE, _agent_pod(node_cluster),
+    kubectl(node_cluster, "delete", "pod", "-n", NAMESPACE, agent_pod(node_cluster),
             "--grace-period=0", "--force", "--wait=false")
     await _create_pods(dra, then)
     pods = await _all_running(dra, first + then, within=300)
