@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from binder_objects import claim, dra_pod, node, resource_slice
+from binder_objects import claim, dra_pod, node, pod, resource_slice
 
 from e2e.probes import eventually
 from webhook import keys
@@ -274,4 +274,48 @@ async def test_pods_whose_template_claims_are_not_made_yet_wait_then_go_whole(
     assert sorted(allocated) == [f"t-w{i}-gpu-x1" for i in range(4)]
     assert all(reserved == [f"t-w{i}"] for i, (_, _, reserved) in
                enumerate(allocated[k] for k in sorted(allocated)))
+    assert_no_gpu_twice(apiserver)
+
+
+class CountingInvalid(Binder):
+    """Counts the cycles that found a gang invalid (a member's claim not made yet)."""
+
+    invalid = 0
+
+    def cycle(self) -> Plan:
+        result = super().cycle()
+        self.invalid += any(w.kind == "invalid" for w in result.waits)
+        return result
+
+
+async def test_a_gang_waiting_for_its_claims_is_placed_as_they_appear_not_after_a_backoff(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    """Found on the real kubelet (61.8 s from last create to Running): every cycle that found
+    the gang without its template claims counted as a failed placement, so by the time the
+    claims came its backoff had grown to the 60 s maximum. Waiting for its own objects is no
+    failed try: with the default backoff (1 s doubling to 60 s) and a dozen cycles that found
+    it invalid, it is placed within seconds of its claims."""
+    seed_dra_node(apiserver)
+    binder = CountingInvalid(kube, BinderConfig(event_interval=60))
+    task = await running(binder)
+    try:
+        for i in range(4):
+            obj = dra_pod(f"t-w{i}", ["unused"], gang="t", min_member=4)
+            obj["spec"]["resourceClaims"] = [{"name": "gpu",
+                                              "resourceClaimTemplateName": "one-gpu"}]
+            obj["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+            await kube.create(PODS, obj, "team-a")
+        for i in range(12):  # other pods arriving: each a cycle that finds the gang invalid
+            await kube.create(PODS, pod(f"other-{i}", scheduler="default-scheduler"), "team-a")
+            await eventually(lambda n=i: binder.invalid > n, within=5)
+        for i in range(4):
+            await kube.create(RESOURCE_CLAIMS, claim(f"t-w{i}-gpu-x1"), "team-a")
+            obj = await kube.get(PODS, f"t-w{i}", "team-a")
+            obj["status"]["resourceClaimStatuses"] = [{"name": "gpu",
+                                                       "resourceClaimName": f"t-w{i}-gpu-x1"}]
+            await kube.replace(PODS, f"t-w{i}", obj, "team-a", subresource="status")
+        await eventually(lambda: len([n for n in bound(apiserver) if n.startswith("t-")]) == 4,
+                         within=5)
+    finally:
+        await stop(task)
     assert_no_gpu_twice(apiserver)

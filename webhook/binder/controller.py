@@ -180,6 +180,7 @@ class Binder:
         self._last_event: dict[str, tuple[str, float]] = {}
         self._generation = 0
         self._last_cycle = 0.0
+        self._next_timeout: float | None = None  # the earliest timeout of a waiting gang
         self._dirty = asyncio.Event()
         self.claims = ClaimState(api, changed=self._on_claim_changed,
                                  check_fence=self._check_fence)
@@ -427,7 +428,8 @@ class Binder:
 
     async def _loop(self) -> None:
         while True:
-            deadline = self.queue.next_deadline(after=self._last_cycle)
+            deadline = min((d for d in (self.queue.next_deadline(after=self._last_cycle),
+                                        self._next_timeout) if d is not None), default=None)
             timeout = None if deadline is None else max(0.0, deadline - self._clock())
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancel that
             # lands as the event is set, and this loop would then never stop (gh-86296)
@@ -772,16 +774,25 @@ class Binder:
     # --- reporting --------------------------------------------------------------------------
 
     def _report_waits(self, waits: Sequence[Wait], now: float) -> None:
+        # a waiting gang's timeout is reported when it falls, not at the next event
+        self._next_timeout = min((w.gang.created + w.gang.timeout_seconds for w in waits
+                                  if w.gang.timeout_seconds is not None and not w.timed_out),
+                                 default=None)
         for w in waits:
             key = w.gang.key
             if w.kind in ("unplaceable", "blocked"):
                 self._ready_since.setdefault(key, now)
             if w.kind in ("unplaceable", "invalid", "blocked"):
-                new = False
-                if w.kind != "blocked":  # blocked gangs made no attempt: no backoff for them
-                    self.metrics.placements.labels(w.kind).inc()
-                    new = self.queue.failed(key, now, self._generation, w.reason, w.reserves)
                 last = self._last_event.get(key)
+                if w.kind != "blocked":
+                    self.metrics.placements.labels(w.kind).inc()
+                # only a tried placement backs off. An invalid gang waits for its own objects
+                # (claims the resourceclaim controller makes, its PodGroup): looked at every
+                # cycle, placed in the first that finds it whole. A blocked one tried nothing.
+                if w.kind == "unplaceable":
+                    new = self.queue.failed(key, now, self._generation, w.reason, w.reserves)
+                else:
+                    new = w.kind == "invalid" and (last is None or last[0] != w.reason)
                 if new or last is None or last[0] != w.reason or \
                         now - last[1] >= self.config.event_interval:
                     self._last_event[key] = (w.reason, now)
