@@ -63,14 +63,27 @@ def assert_no_gpu_twice(api: ApiServerEmulator) -> None:
 
 
 class Recording(Binder):
-    """Keeps the plan of every cycle that placed something."""
+    """Keeps the plan of every cycle that placed something, the pods its one-pod-per-node gate
+    held, and how many cycles found a gang invalid (a member's claim not made yet)."""
 
-    placing: list[Plan]
+    def __init__(self, api: KubeApi, config: BinderConfig) -> None:
+        super().__init__(api, config)
+        self.placing: list[Plan] = []
+        self.gated: list[str] = []
+        self.invalid = 0
+        through = self.gate.bind
+
+        async def gate(node_name: str, key: str, bind: Callable[[], Awaitable[None]]) -> None:
+            self.gated.append(key)
+            await through(node_name, key, bind)
+
+        self.gate.bind = gate  # type: ignore[method-assign]
 
     def cycle(self) -> Plan:
         result = super().cycle()
         if result.places:
             self.placing.append(result)
+        self.invalid += any(w.kind == "invalid" for w in result.waits)
         return result
 
 
@@ -89,15 +102,6 @@ async def test_a_gang_of_eight_dra_pods_is_placed_in_one_cycle_on_distinct_gpus(
         apiserver: ApiServerEmulator, kube: KubeApi) -> None:
     seed_dra_node(apiserver)
     binder = Recording(kube, CFG)
-    binder.placing = []
-    gated: list[str] = []
-    through = binder.gate.bind
-
-    async def gate(node_name: str, key: str, bind: Callable[[], Awaitable[None]]) -> None:
-        gated.append(key)
-        await through(node_name, key, bind)
-
-    binder.gate.bind = gate  # type: ignore[method-assign]
     task = await running(binder)
     try:
         await create_gang(kube, 8)
@@ -105,7 +109,7 @@ async def test_a_gang_of_eight_dra_pods_is_placed_in_one_cycle_on_distinct_gpus(
     finally:
         await stop(task)
     assert len(binder.placing) == 1 and len(binder.placing[0].places[0].assignments) == 8
-    assert gated == []  # the kubelet names each claim to the driver: no pod waits for another
+    assert binder.gated == []  # the kubelet names each claim to the driver: none waits
     allocated = devices(apiserver)
     assert sorted(d for _, names, _ in allocated.values() for d in names) == [
         f"gpu-{i}" for i in range(8)]
@@ -277,17 +281,6 @@ async def test_pods_whose_template_claims_are_not_made_yet_wait_then_go_whole(
     assert_no_gpu_twice(apiserver)
 
 
-class CountingInvalid(Binder):
-    """Counts the cycles that found a gang invalid (a member's claim not made yet)."""
-
-    invalid = 0
-
-    def cycle(self) -> Plan:
-        result = super().cycle()
-        self.invalid += any(w.kind == "invalid" for w in result.waits)
-        return result
-
-
 async def test_a_gang_waiting_for_its_claims_is_placed_as_they_appear_not_after_a_backoff(
         apiserver: ApiServerEmulator, kube: KubeApi) -> None:
     """Found on the real kubelet (61.8 s from last create to Running): every cycle that found
@@ -296,7 +289,7 @@ async def test_a_gang_waiting_for_its_claims_is_placed_as_they_appear_not_after_
     failed try: with the default backoff (1 s doubling to 60 s) and a dozen cycles that found
     it invalid, it is placed within seconds of its claims."""
     seed_dra_node(apiserver)
-    binder = CountingInvalid(kube, BinderConfig(event_interval=60))
+    binder = Recording(kube, BinderConfig(event_interval=60))
     task = await running(binder)
     try:
         for i in range(4):

@@ -80,15 +80,6 @@ async def test_eight_plain_gpu_pods_on_a_dra_only_node_get_their_own_claims_in_o
     seed(apiserver)
     apiserver.seed(gpu_class())
     binder = Recording(kube, CFG)
-    binder.placing = []
-    gated: list[str] = []
-    through = binder.gate.bind
-
-    async def gate(node_name: str, key: str, bind: Callable[[], Awaitable[None]]) -> None:
-        gated.append(key)
-        await through(node_name, key, bind)
-
-    binder.gate.bind = gate  # type: ignore[method-assign]
     task = await running(binder)
     try:
         await create_gang(kube, 8)
@@ -96,7 +87,7 @@ async def test_eight_plain_gpu_pods_on_a_dra_only_node_get_their_own_claims_in_o
     finally:
         await stop(task)
     assert len(binder.placing) == 1 and len(binder.placing[0].places[0].assignments) == 8
-    assert gated == []
+    assert binder.gated == []
     assert_served_by_own_claim(apiserver, 8)
     assert sorted(d for _, names, _ in devices(apiserver).values() for d in names) == [
         f"gpu-{i}" for i in range(8)]
