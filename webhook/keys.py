@@ -148,4 +148,7 @@ CDI_KIND = "muster.io/gpu"
 #: a DRA-backed extended resource (1.37, KEP-5004): the annotation on the special claim made for
 #: a pod's plain requests, and the name a DeviceClass without extendedResourceName serves
 EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+#: kube-scheduler's finalizer on a claim it allocates: the resourceclaim controller deallocates
+#: a claim whose last user is done (and removes it) only when the claim carries it
+CLAIM_FINALIZER = "resource.kubernetes.io/delete-protection"
 IMPLICIT_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"

@@ -116,6 +116,8 @@ async def test_a_gang_of_eight_dra_pods_is_placed_in_one_cycle_on_distinct_gpus(
     for i in range(8):
         pool, _, reserved = allocated[f"g-w{i}-gpu"]
         assert pool == "dgx-a" and reserved == [f"g-w{i}"]
+    for c in apiserver.objects("resourceclaims", "team-a"):  # as kube-scheduler's allocations
+        assert c["metadata"]["finalizers"] == [keys.CLAIM_FINALIZER]
     for p in apiserver.objects("pods", "team-a"):  # the claims are the record
         assert keys.ANN_GPU_ASSIGNMENT not in p["metadata"]["annotations"]
         assert keys.ANN_GANG_PLACEMENT in p["metadata"]["annotations"]
@@ -183,7 +185,7 @@ async def test_gpus_of_claims_someone_else_allocated_are_not_handed_out(
 
 class Crashing(KubeApi):
     """Kills the binder right after its n-th claim status write is answered: nothing after
-    it is sent (claim writes go one at a time)."""
+    it is sent (claim writes go one at a time, each claim's finalizer before its status)."""
 
     def __init__(self, base: KubeApi, crash_after: int) -> None:
         super().__init__(base.client)
@@ -197,6 +199,8 @@ class Crashing(KubeApi):
             if self.writes >= self.crash_after:
                 raise asyncio.CancelledError  # dead: never sent
             result = await super().replace(resource, name, obj, namespace, **kw)
+            if kw.get("subresource") != "status":
+                return result  # the finalizer added before the allocation
             self.writes += 1
             if self.writes == self.crash_after and self.victim is not None:
                 self.victim.cancel()

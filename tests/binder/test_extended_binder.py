@@ -153,7 +153,7 @@ class Failing(KubeApi):
 
     async def replace(self, resource: Any, name: str, obj: Any, namespace: str | None = None,
                       **kw: Any) -> dict[str, Any]:
-        if obj["status"].get("allocation"):
+        if (obj.get("status") or {}).get("allocation"):
             self._refuse("claim", name)
         return await super().replace(resource, name, obj, namespace, **kw)
 
@@ -222,7 +222,8 @@ class Stopping(KubeApi):
 
     async def replace(self, resource: Any, name: str, obj: Any, namespace: str | None = None,
                       **kw: Any) -> dict[str, Any]:
-        return await self._write("status", lambda: super(Stopping, self).replace(
+        kind = "status" if kw.get("subresource") == "status" else "finalizer"
+        return await self._write(kind, lambda: super(Stopping, self).replace(
             resource, name, obj, namespace, **kw))
 
     async def create_subresource(self, *args: Any, **kw: Any) -> dict[str, Any]:

@@ -331,6 +331,47 @@ async def test_eight_dra_workers_are_one_binder_gang_each_on_its_own_claims_gpu(
     await _all_unprepared(node_cluster)
 
 
+async def test_a_named_claim_the_binder_allocated_is_let_go_once_its_pod_is_done(
+        dra: KubeApi, node_cluster: NodeCluster) -> None:
+    """The resourceclaim controller deallocates a claim whose last user is done only if the
+    claim carries kube-scheduler's finalizer, which the binder therefore adds before it
+    allocates, as kube-scheduler does. Without it a named claim kept its GPU after its pod had
+    finished, for good."""
+    await dra.create(RESOURCE_CLAIMS, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "kept", "namespace": NS},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": keys.DRA_DRIVER, "count": 1}}]}}},
+        namespace=NS)
+    try:
+        pod = _pod("once")
+        pod["spec"].update(schedulerName=keys.DEFAULT_BINDER_SCHEDULER_NAME,
+                           restartPolicy="Never",
+                           resourceClaims=[{"name": "gpu", "resourceClaimName": "kept"}])
+        pod["spec"]["containers"][0]["command"] = ["python", "-c", "print('done')"]
+        await dra.create(PODS, pod, namespace=NS)
+
+        async def done() -> bool:
+            live = await dra.get(PODS, "once", NS)
+            return live["status"].get("phase") == "Succeeded"
+        await eventually(done, within=120, interval=0.5, what="the pod to run to completion")
+        events = (await dra.list(EVENTS, namespace=NS, field_selector=(
+            "reason=Scheduled,involvedObject.name=once")))["items"]
+        assert [e.get("reportingComponent") for e in events] == [BinderConfig().component]
+
+        async def let_go() -> dict[str, Any] | None:
+            claim = await dra.get(RESOURCE_CLAIMS, "kept", NS)
+            status = claim.get("status") or {}
+            return claim if not status.get("allocation") and not status.get("reservedFor") \
+                and keys.CLAIM_FINALIZER not in claim["metadata"].get("finalizers", ()) \
+                else None
+        await eventually(let_go, within=60, interval=0.5,
+                         what="the resourceclaim controller to deallocate the claim")
+    finally:
+        await _delete_pods(dra)
+        await dra.delete(RESOURCE_CLAIMS, "kept", NS)
+
+
 async def test_claims_prepared_across_an_agent_restart_and_no_gpu_twice(
         dra: KubeApi, node_cluster: NodeCluster) -> None:
     """Four pods run; the agent is killed (no grace) as four more are created, so their claims

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from webhook import keys
 from webhook.binder.claims import ClaimInfo, allocated_status, parse_claim, released_status
 from webhook.binder.pods import PodInfo
 from webhook.kube.api import RESOURCE_CLAIMS, ApiError, KubeApi
@@ -23,6 +24,10 @@ log = logging.getLogger(__name__)
 
 #: one claim's allocation: the pod it is for, the node, and its (request, GPU index) pairs
 ClaimWrite = tuple[PodInfo, str, ClaimInfo, tuple[tuple[str, int], ...]]
+
+
+#: a resourceVersion no informer event reaches: the assumption stays until our write's answer
+_NEVER = 2**63
 
 
 def _rv(value: str) -> int:
@@ -85,24 +90,43 @@ class ClaimState:
             return assumed[1]
         return self._seen[key][1]
 
-    async def _put_status(self, info: ClaimInfo, status: dict[str, Any]) -> None:
-        """PUT the claim's status with the resourceVersion `info` was read at."""
+    async def _put_status(self, info: ClaimInfo, status: dict[str, Any],
+                          obj: dict[str, Any] | None = None) -> None:
+        """PUT the claim's status on `obj` (as last seen or written), with the resourceVersion
+        `info` was read at unless `obj` is our own later write."""
         self._check_fence()
-        obj = self._object(info.key)
-        body = {**obj, "metadata": {**obj["metadata"],
-                                    "resourceVersion": info.resource_version},
-                "status": status}
-        stored = await self.api.replace(RESOURCE_CLAIMS, info.name, body, info.namespace,
-                                        subresource="status")
+        if obj is None:
+            obj = self._object(info.key)
+            obj = {**obj, "metadata": {**obj["metadata"],
+                                       "resourceVersion": info.resource_version}}
+        stored = await self.api.replace(RESOURCE_CLAIMS, info.name, {**obj, "status": status},
+                                        info.namespace, subresource="status")
         written = parse_claim(stored)
         self._assume(written, stored, _rv(written.resource_version))
 
+    async def _protected(self, info: ClaimInfo) -> dict[str, Any] | None:
+        """Add kube-scheduler's finalizer before allocating, as it does; the claim as written,
+        or None when it had it. Until the status is written the planned allocation stays
+        shown: the finalizer's own echo is not the allocation, nor a rival's write."""
+        obj = self._object(info.key)
+        finalizers = list(obj["metadata"].get("finalizers") or ())
+        if keys.CLAIM_FINALIZER in finalizers:
+            return None
+        held = self._assumed.get(info.key)
+        if held is not None:
+            self._assume(held[0], None, _NEVER)
+        self._check_fence()
+        body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": info.resource_version,
+                                    "finalizers": [*finalizers, keys.CLAIM_FINALIZER]}}
+        return await self.api.replace(RESOURCE_CLAIMS, info.name, body, info.namespace)
+
     async def _allocate(self, write: ClaimWrite) -> None:
         pod, node, info, devices = write
-        status = allocated_status(self._object(info.key).get("status") or {}, node, devices,
-                                  pod.name, pod.uid)
         try:
-            await self._put_status(info, status)
+            obj = await self._protected(info)
+            status = allocated_status((obj or self._object(info.key)).get("status") or {},
+                                      node, devices, pod.name, pod.uid)
+            await self._put_status(info, status, obj)
         except BaseException:
             self._unassume(info.key)
             raise
@@ -136,13 +160,19 @@ class ClaimState:
         return info
 
     async def delete(self, key: str) -> None:
-        """Delete a claim the binder made (its uid as precondition): its devices are free at
-        once. Already gone is fine."""
+        """Delete a claim the binder made (its uid as precondition), its finalizer removed
+        first as kube-scheduler does: its devices are free at once. Already gone is fine."""
         info = self.get(key)
         if info is None:
             return
         self._check_fence()
         try:
+            obj = self._object(key)
+            finalizers = list(obj["metadata"].get("finalizers") or ())
+            if keys.CLAIM_FINALIZER in finalizers:
+                finalizers.remove(keys.CLAIM_FINALIZER)
+                await self.api.replace(RESOURCE_CLAIMS, info.name, {**obj, "metadata": {
+                    **obj["metadata"], "finalizers": finalizers}}, info.namespace)
             await self.api.delete(RESOURCE_CLAIMS, info.name, info.namespace,
                                   preconditions={"uid": info.uid})
         except ApiError as exc:

@@ -119,7 +119,9 @@ def special_claim(namespace: str, pod: str, pod_uid: str, requests: Requests
             "generateName": f"{pod}-extended-resources-", "namespace": namespace,
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod,
                                  "uid": pod_uid, "controller": True}],
-            "annotations": {keys.EXTENDED_CLAIM_ANNOTATION: "true"}},
+            "annotations": {keys.EXTENDED_CLAIM_ANNOTATION: "true"},
+            # kube-scheduler adds it before allocating; made with it, one write less
+            "finalizers": [keys.CLAIM_FINALIZER]},
         "spec": {"devices": {"requests": [
             {"name": request, "exactly": {"deviceClassName": DEVICE_CLASS,
                                           "allocationMode": "ExactCount", "count": count}}
