@@ -638,9 +638,10 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("", "events.k8s.io", "events"): "create,patch",
         # DRA: what holds GPUs, and the claims of the pods it places (written before binding;
         # resourceclaims/binding: the API server's check of allocation writes since 1.36); the
-        # DeviceClasses, and the special claims of plain GPU requests on DRA-only nodes
+        # DeviceClasses, and the special claims of plain GPU requests on DRA-only nodes;
+        # update: kube-scheduler's finalizer on the claims it allocates
         ("resource.k8s.io", "resourceslices,resourceclaims,deviceclasses"): "get,list,watch",
-        ("resource.k8s.io", "resourceclaims"): "create,delete",
+        ("resource.k8s.io", "resourceclaims"): "create,delete,update",
         ("resource.k8s.io", "resourceclaims/status,resourceclaims/binding"): "update",
     })
     assert _grants(objs, "Role", "muster-binder-leader") == _expand({
