@@ -227,19 +227,7 @@ class Binder:
 
     async def run(self) -> None:
         """Watch and bind until cancelled; cancels its own writes on the way out."""
-        informers = [Informer(self.api, PODS), Informer(self.api, NODES)]
-        informers[0].add_handler(self._on_pod)
-        informers[1].add_handler(self._on_node)
-        for resource, handler in ((RESOURCE_SLICES, self._on_slice),
-                                  (RESOURCE_CLAIMS, self.claims.on_event),
-                                  (DEVICE_CLASSES, self._on_device_class)):
-            if await self._served(resource):
-                informers.append(Informer(self.api, resource))
-                informers[-1].add_handler(handler)
-        if await self._coscheduling_served():
-            self._pod_groups = {}
-            informers.append(Informer(self.api, COSCHEDULING_PODGROUPS))
-            informers[-1].add_handler(self._on_pod_group)
+        informers = await self._informers()
         tasks = [asyncio.create_task(i.run(), name=f"informer:{i.resource.plural}")
                  for i in informers]
         try:
@@ -257,6 +245,23 @@ class Binder:
             pending += self._reports.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             self._inflight.clear()
+
+    async def _informers(self) -> list[Informer]:
+        """An informer, with its handler, for each resource the binder reads and is served."""
+        informers = [Informer(self.api, PODS), Informer(self.api, NODES)]
+        informers[0].add_handler(self._on_pod)
+        informers[1].add_handler(self._on_node)
+        for resource, handler in ((RESOURCE_SLICES, self._on_slice),
+                                  (RESOURCE_CLAIMS, self.claims.on_event),
+                                  (DEVICE_CLASSES, self._on_device_class)):
+            if await self._served(resource):
+                informers.append(Informer(self.api, resource))
+                informers[-1].add_handler(handler)
+        if await self._coscheduling_served():
+            self._pod_groups = {}
+            informers.append(Informer(self.api, COSCHEDULING_PODGROUPS))
+            informers[-1].add_handler(self._on_pod_group)
+        return informers
 
     async def _served(self, resource: Resource) -> bool:
         try:
