@@ -1,11 +1,10 @@
 """The binder controller: informers in, Bindings out.
 
 Each cycle plans from the informer caches (webhook.binder.planner, pure) and starts the I/O of
-the plan as tasks, one per gang (webhook.binder.writes). The Binder is the coordinator: its
-informer handlers keep the pods' view (webhook.binder.podview, with our writes assumed over it)
-and DRA's view (webhook.binder.draview) current, and its loop runs a cycle when they changed or
-a backoff or gang timeout falls; what it tells of waiting and bound gangs is
-webhook.binder.reports'.
+the plan as tasks, one per gang (webhook.binder.writes). The Binder only coordinates: its
+informer handlers keep the pods' view (webhook.binder.podview, our writes assumed over it) and
+DRA's view (webhook.binder.draview) current, its loop runs a cycle when they changed or a
+backoff or gang timeout falls, and webhook.binder.reports tells of waiting and bound gangs.
 """
 
 from __future__ import annotations
