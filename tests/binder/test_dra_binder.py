@@ -20,7 +20,7 @@ from webhook.binder.controller import Binder, BinderConfig
 from webhook.binder.planner import Plan
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi
-from webhook.kube.api import PODS, RESOURCE_CLAIMS
+from webhook.kube.api import PODS, RESOURCE_CLAIMS, ApiError
 
 CFG = BinderConfig(backoff_initial=0.05, backoff_max=0.2, event_interval=60)
 
@@ -313,6 +313,49 @@ async def test_a_gang_waiting_for_its_claims_is_placed_as_they_appear_not_after_
             await kube.replace(PODS, f"t-w{i}", obj, "team-a", subresource="status")
         await eventually(lambda: len([n for n in bound(apiserver) if n.startswith("t-")]) == 4,
                          within=5)
+    finally:
+        await stop(task)
+    assert_no_gpu_twice(apiserver)
+
+
+class Forbidding(KubeApi):
+    """Refuses every update of a claim's metadata (the finalizer), as an API server whose
+    binder role lacks `update` on resourceclaims does, until told otherwise."""
+
+    def __init__(self, base: KubeApi) -> None:
+        super().__init__(base.client)
+        self.refusing, self.refused = True, 0
+
+    async def replace(self, resource: Any, name: str, obj: Any, namespace: str | None = None,
+                      **kw: Any) -> dict[str, Any]:
+        if self.refusing and resource == RESOURCE_CLAIMS and "subresource" not in kw:
+            self.refused += 1
+            raise ApiError(403, "Forbidden", f'resourceclaims "{name}" is forbidden')
+        return await super().replace(resource, name, obj, namespace, **kw)
+
+
+async def test_a_refused_claim_write_backs_off_says_why_and_binds_nothing(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    """Found on the real cluster, with a role missing `update` on claims: every refusal let go
+    of the gang's planned claims, which made it due again at once, so it was retried as fast
+    as the API answered, with nothing said. A refusal that is no conflict now backs off (each
+    release of its claims notwithstanding) and is a FailedScheduling Event with the error."""
+    seed_dra_node(apiserver)
+    api = Forbidding(kube)
+    task = await running(Binder(api, BinderConfig(backoff_initial=0.4, backoff_max=0.4,
+                                                  event_interval=60)))
+    try:
+        await create_gang(kube, 4)
+        await eventually(lambda: api.refused > 0)
+        await asyncio.sleep(1.0)
+        # one gang's claims per try: 4 refusals at 0 s, 0.4 s, 0.8 s (and perhaps 1.2 s)
+        assert 0 < api.refused <= 16, api.refused
+        assert bound(apiserver) == {} and devices(apiserver) == {}
+        events = [e["message"] for e in apiserver.objects("events", "team-a")
+                  if e["reason"] == "FailedScheduling"]
+        assert any("a write was refused: 403 Forbidden" in m for m in events), events
+        api.refusing = False
+        await eventually(lambda: len(bound(apiserver)) == 4, within=5)
     finally:
         await stop(task)
     assert_no_gpu_twice(apiserver)

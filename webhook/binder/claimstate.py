@@ -131,15 +131,16 @@ class ClaimState:
             self._unassume(info.key)
             raise
 
-    async def allocate(self, writes: Sequence[ClaimWrite]) -> bool:
-        """Write every allocation at once; True when all were written. Otherwise none is left:
-        those written are released, and the informer's view of the others is shown again."""
+    async def allocate(self, writes: Sequence[ClaimWrite]) -> list[ApiError]:
+        """Write every allocation at once; the API's refusals, none when all were written.
+        Otherwise none is left: those written are released, and the informer's view of the
+        others is shown again."""
         results = await asyncio.gather(*(self._allocate(w) for w in writes),
                                        return_exceptions=True)
         failed = [(w, r) for w, r in zip(writes, results, strict=True)
                   if isinstance(r, BaseException)]
         if not failed:
-            return True
+            return []
         for (_, _, info, _), error in failed:
             log.info("claim not allocated", extra={"claim": info.key, "error": str(error)})
         written = [w for w, r in zip(writes, results, strict=True) if r is None]
@@ -148,7 +149,7 @@ class ClaimState:
         for _, error in failed:
             if not isinstance(error, ApiError):
                 raise error  # cancelled or fenced: the next leader recovers from the claims
-        return False
+        return [e for _, e in failed if isinstance(e, ApiError)]
 
     async def create(self, body: dict[str, Any]) -> ClaimInfo:
         """Create a claim (a pod's special claim) and show it at once."""

@@ -15,6 +15,7 @@ class _Entry:
     next_try: float = 0.0
     generation: int = 0  # cluster generation at the last failure
     reserves: bool = False  # placeable on an empty cluster and starving: holds resources
+    hold: bool = False  # the API refused a write: only the backoff's end makes it due
     timeout_reported: bool = False
     last_reason: str = ""
 
@@ -30,7 +31,7 @@ class GangQueue:
 
     def due(self, key: str, now: float, generation: int) -> bool:
         e = self._entries.get(key)
-        return e is None or generation != e.generation or now >= e.next_try
+        return e is None or now >= e.next_try or (not e.hold and generation != e.generation)
 
     def next_deadline(self, after: float) -> float | None:
         """The earliest retry time later than `after` (the last cycle, which already retried
@@ -46,9 +47,11 @@ class GangQueue:
         e = self._entries.get(key)
         return e is not None and e.reserves
 
-    def failed(self, key: str, now: float, generation: int, reason: str,
-               reserves: bool = False) -> bool:
-        """Record a failed attempt; True when the reason is new (worth a fresh Event)."""
+    def failed(self, key: str, now: float, generation: int, reason: str, *,
+               reserves: bool = False, hold: bool = False) -> bool:
+        """Record a failed attempt; True when the reason is new (worth a fresh Event). `hold`:
+        no cluster change makes it due before its backoff ends (a write the API refused, as
+        kube-scheduler backs off a pod whose binding failed)."""
         e = self._entries.get(key)
         if e is None:
             e = self._entries[key] = _Entry(since=now)
@@ -57,6 +60,7 @@ class GangQueue:
         e.next_try = now + min(self.maximum, self.initial * 2 ** min(e.attempts - 1, 40))
         e.generation = generation
         e.reserves = reserves
+        e.hold = hold
         new = reason != e.last_reason
         e.last_reason = reason
         return new

@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.binder.gangs import Gang
 from webhook.binder.metrics import Metrics
 from webhook.binder.planner import Place, Wait
 from webhook.binder.pods import PodInfo
@@ -128,6 +129,17 @@ class Reporter:
                                f"gang {w.gang.key} was not scheduled within "
                                f"{w.gang.timeout_seconds}s: {why}", True)
 
+    def refused(self, gang: Gang, reason: str) -> None:
+        """The API refused one of the gang's writes (not a conflict): it backs off whatever
+        else changes, so that a lasting refusal (RBAC, a webhook on claims) is not retried in a
+        loop, and its members say why."""
+        now = self._clock()
+        new = self._queue.failed(gang.key, now, 0, reason, hold=True)
+        self._last_event[gang.key] = (reason, now)
+        log.warning("gang waits", extra={"gang": gang.key, "kind": "refused", "reason": reason})
+        self._announce(Wait(gang, "unplaceable", reason), "FailedScheduling",
+                       f"gang {gang.key} cannot be placed: {reason}", new)
+
     def _failed(self, w: Wait, now: float, generation: int) -> None:
         key = w.gang.key
         last = self._last_event.get(key)
@@ -137,7 +149,7 @@ class Reporter:
         # (claims the resourceclaim controller makes, its PodGroup): looked at every
         # cycle, placed in the first that finds it whole. A blocked one tried nothing.
         if w.kind == "unplaceable":
-            new = self._queue.failed(key, now, generation, w.reason, w.reserves)
+            new = self._queue.failed(key, now, generation, w.reason, reserves=w.reserves)
         else:
             new = w.kind == "invalid" and (last is None or last[0] != w.reason)
         if new or last is None or last[0] != w.reason or \

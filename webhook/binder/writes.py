@@ -87,17 +87,24 @@ class Writer:
                         special: Targets, timeline: Timeline) -> None:
         """A placed gang: its special claims, its claims' allocations and its pods' statuses,
         then every Binding; nothing is bound when a claim write fails."""
-        served = await self._make_special(special) if special else []
+        refused: list[ApiError] = []
+        served = await self._make_special(special, refused) if special else []
         if served is not None:
             by_key = {p.key: (p, a) for p, a in served}
             pods = tuple(by_key.get(p.key, (p, a)) for p, a in place.assignments)
             writes = writes + [(p, a.node, claim, devices) for p, a in served
                                for claim, devices in claim_devices(p, a, self._claims.get)]
-        if served is None or not await self._claim(pods, writes):
-            # someone else allocated a claim first, or a write failed: nothing of the gang is
-            # bound, and the next cycle plans it again from what the informers show
+        if served is None or not await self._claim(pods, writes, refused):
+            # nothing of the gang is bound
             for pod, _ in place.assignments:
                 self._pods.unassume(pod.key)
+            lasting = [e for e in refused if not (e.conflict or e.not_found)]
+            if lasting:  # forbidden, invalid, a server error: backs off, and says so
+                self._metrics.placements.labels("error").inc()
+                self._reports.refused(place.gang, f"a write was refused: {lasting[0]}")
+                return
+            # someone else allocated a claim first, or it went: the next cycle plans the
+            # gang again from what the informers show
             self._metrics.placements.labels("conflict").inc()
             log.info("claim allocation failed: gang planned again",
                      extra={"gang": place.gang.key})
@@ -153,9 +160,11 @@ class Writer:
         self._freed()
         self._metrics.stripped.inc()
 
-    async def _make_special(self, special: Targets) -> list[tuple[PodInfo, GpuAssignment]] | None:
+    async def _make_special(self, special: Targets, refused: list[ApiError]
+                            ) -> list[tuple[PodInfo, GpuAssignment]] | None:
         """Create the special claim of each pod whose plain requests a DRA-only node serves;
-        the pods as served by them (None, and none left, when one could not be created)."""
+        the pods as served by them (None, and none left, when one could not be created: the
+        API's refusals added to `refused`)."""
         results = await asyncio.gather(*(self._claims.create(special_claim(
             p.namespace, p.name, p.uid, p.extended)) for p, _ in special
             if isinstance(p.extended, tuple)), return_exceptions=True)  # extended_on chose them
@@ -164,15 +173,20 @@ class Writer:
             await asyncio.gather(*(self._claims.delete(c.key) for c in made),
                                  return_exceptions=True)
             raise_unexpected(results)
+            refused += [r for r in results if isinstance(r, ApiError)]
             return None
         return [(resolve(self._dra.extend(replace(p, node_name=None, assignment=None,
                                                   assignment_raw=None)), self._claims.get), a)
                 for p, a in special]
 
-    async def _claim(self, pods: Targets, writes: list[ClaimWrite]) -> bool:
+    async def _claim(self, pods: Targets, writes: list[ClaimWrite],
+                     refused: list[ApiError]) -> bool:
         """Allocate the claims and write the pods' statuses; True when all were written.
-        Otherwise nothing is left: allocations are released, special claims deleted."""
-        if writes and not await self._claims.allocate(writes):
+        Otherwise nothing is left (allocations are released, special claims deleted), and the
+        API's refusals are added to `refused`."""
+        failed = await self._claims.allocate(writes) if writes else []
+        if failed:
+            refused += failed
             await self._let_go(w[2] for w in writes)
             return False
         results = await asyncio.gather(*(self._write_status(p) for p, _ in pods),
@@ -184,6 +198,7 @@ class Writer:
             await asyncio.gather(*(self._claims.release(w[2].key, w[0].uid) for w in writes
                                    if w[2].extended_for is None), return_exceptions=True)
             raise_unexpected(results)
+            refused += [r for r in results if isinstance(r, ApiError)]
             return False
         return True
 
