@@ -66,6 +66,35 @@ def test_kueue_runs_outside_the_cluster_with_our_certificate() -> None:
     assert config["waitForPodsReady"]["timeout"] == "40s"
 
 
-def test_volcano_says_which_releases_the_proxy_refused() -> None:
-    why = schedulers.volcano_blocked()
-    assert all(v in why for v in versions.VOLCANO_TRIED)
+def test_volcano_keeps_the_clusters_newer_podgroup_and_queue_crds() -> None:
+    def crd(name: str) -> dict[str, object]:
+        return {"metadata": {"name": name}}
+    chart = [crd("podgroups.scheduling.volcano.sh"), crd("jobs.batch.volcano.sh")]
+    kept = schedulers.volcano_crds(chart, {"podgroups.scheduling.volcano.sh"})
+    assert kept == [crd("jobs.batch.volcano.sh")]
+
+
+def test_volcano_runs_as_its_chart_says_with_loopback_health_and_our_webhook_address() -> None:
+    commands = schedulers.volcano_commands(Path("/bin"), Path("/chart"), Path("/k"),
+                                           Path("/certs"), address="10.255.0.1", port=9743)
+    assert sorted(commands) == ["controller-manager", "scheduler", "webhook-manager"]
+    for name, argv in commands.items():
+        assert argv[0] == f"/bin/{name}"
+        assert "--kubeconfig=/k" in argv
+    scheduler = commands["scheduler"]
+    assert "--scheduler-conf=/chart/config/volcano-scheduler.conf" in scheduler
+    assert "--leader-elect=false" in scheduler
+    assert "--leader-elect=false" in commands["controller-manager"]
+    health = [a for argv in commands.values() for a in argv if a.startswith("--healthz-")]
+    assert health == ["--healthz-address=127.0.0.1:11251", "--healthz-address=127.0.0.1:11252"]
+    webhook = commands["webhook-manager"]
+    assert {"--listen-address=10.255.0.1", "--port=9743", "--ca-cert-file=/certs/ca.crt",
+            "--tls-cert-file=/certs/tls.crt", "--tls-private-key-file=/certs/tls.key",
+            "--webhook-namespace=volcano-system",
+            "--webhook-service-name=volcano-admission-service"} <= set(webhook)
+
+
+def test_the_newest_volcano_the_proxy_serves_is_older_than_every_refused_one() -> None:
+    def release(tag: str) -> tuple[int, ...]:
+        return tuple(int(n) for n in tag.removeprefix("v").split("."))
+    assert all(release(v) > release(versions.VOLCANO) for v in versions.VOLCANO_REFUSED)

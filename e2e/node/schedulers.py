@@ -7,11 +7,12 @@ releases pinned in `e2e.node.versions`, into `~/.cache/muster/<name>/<version>/`
   already builds. A 1.34 scheduler is only inside the supported version skew of a 1.34 API
   server, so its scenarios run on that cluster.
 - Kueue: no replaces; `go build` of its manager as published.
-- Volcano: every release tried (`VOLCANO_TRIED`) is refused by the module proxy ("403 not
-  available"), so it is not built; `volcano_blocked()` says so in words.
+- Volcano: its scheduler, controller-manager and webhook-manager at `VOLCANO` (v1.10.0), the
+  newest release the proxy serves (each newer one, `VOLCANO_REFUSED`, is "403 not available");
+  its go.mod's replaces are all published versions (`k8s.io/*` at v0.30.2), kept as they are.
 
-Run as `python -m e2e.node.schedulers [coscheduling | kueue | all]`; it prints each directory
-and the cold build time.
+Run as `python -m e2e.node.schedulers [coscheduling | kueue | volcano | all]`; it prints each
+directory and the cold build time.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ COSCHEDULING_REJECT_PERCENTAGE = 100
 #: pods, 5 min by default: 20 s here (the flag is deprecated but still served in 1.34)
 COSCHEDULING_FLAGS = ("--pod-max-in-unschedulable-pods-duration=20s",)
 KUEUE_BINARY = "kueue-manager"
+#: Volcano's three programs: binary -> package of volcano.sh/volcano
+VOLCANO_BINARIES = {name: f"volcano.sh/volcano/cmd/{name}"
+                    for name in ("scheduler", "controller-manager", "webhook-manager")}
 
 
 def _staging_pins(kubernetes: str) -> dict[str, str]:
@@ -74,6 +78,11 @@ def build_kueue() -> Path:
     dest = build_module("kueue", "sigs.k8s.io/kueue", versions.KUEUE,
                         {KUEUE_BINARY: "sigs.k8s.io/kueue/cmd/kueue"})
     return dest / KUEUE_BINARY
+
+
+def build_volcano() -> Path:
+    """The directory holding Volcano's scheduler, controller-manager and webhook-manager."""
+    return build_module("volcano", "volcano.sh/volcano", versions.VOLCANO, VOLCANO_BINARIES)
 
 
 def coscheduling_config(kubeconfig: Path, scheduler_name: str, *, qps: int | None = None,
@@ -184,20 +193,27 @@ def kueue_crd(crd: dict[str, Any]) -> dict[str, Any]:
         "conversionReviewVersions": ["v1"]}}}}
 
 
-def kueue_service(address: str, port: int) -> list[dict[str, Any]]:
-    """The webhook Service, without a selector, and its Endpoints at `address:port` (the manager
+def webhook_service(namespace: str, name: str, address: str, port: int
+                    ) -> list[dict[str, Any]]:
+    """A webhook's Service without a selector, and its Endpoints at `address:port` (the program
     beside the cluster; the API server's endpoint routing reads them, and the mirroring
-    controller makes the EndpointSlice); and the empty Secret Kueue's certificate manager fills
-    (config/components/internalcert: it updates the Secret, never creates it)."""
-    return [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-             "metadata": {"name": "kueue-webhook-server-cert", "namespace": KUEUE_NAMESPACE}},
-            {"apiVersion": "v1", "kind": "Service",
-             "metadata": {"name": KUEUE_SERVICE, "namespace": KUEUE_NAMESPACE},
+    controller makes the EndpointSlice)."""
+    return [{"apiVersion": "v1", "kind": "Service",
+             "metadata": {"name": name, "namespace": namespace},
              "spec": {"ports": [{"name": "https", "port": 443, "targetPort": port}]}},
             {"apiVersion": "v1", "kind": "Endpoints",
-             "metadata": {"name": KUEUE_SERVICE, "namespace": KUEUE_NAMESPACE},
+             "metadata": {"name": name, "namespace": namespace},
              "subsets": [{"addresses": [{"ip": address}],
                           "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}]}]
+
+
+def kueue_service(address: str, port: int) -> list[dict[str, Any]]:
+    """Kueue's webhook Service and Endpoints (`webhook_service`), and the empty Secret Kueue's
+    certificate manager fills (config/components/internalcert: it updates the Secret, never
+    creates it)."""
+    return [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+             "metadata": {"name": "kueue-webhook-server-cert", "namespace": KUEUE_NAMESPACE}},
+            *webhook_service(KUEUE_NAMESPACE, KUEUE_SERVICE, address, port)]
 
 
 def kueue_webhooks(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -218,20 +234,58 @@ def kueue_webhooks(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def volcano_blocked() -> str:
-    """Why Volcano is not in the real tier."""
-    return (f"volcano.sh/volcano: the Go module proxy refuses every release tried "
-            f"({', '.join(versions.VOLCANO_TRIED)}: 403 'not available'), so no Volcano "
-            f"scheduler, controller-manager or webhook can be built from it")
+VOLCANO_NAMESPACE = "volcano-system"
+#: the Helm release the chart's webhook configurations are rendered for: each calls Service
+#: `<release>-admission-service`, and is named `volcano-admission-service-<path>`, the name the
+#: webhook-manager looks for to write its CA bundle into
+VOLCANO_RELEASE = "volcano"
+VOLCANO_SERVICE = f"{VOLCANO_RELEASE}-admission-service"
+#: Volcano's Helm chart inside its module: the CRDs, webhook configurations and the scheduler's
+#: and admission's configuration files are read from there at test time
+VOLCANO_CHART = Path("installer", "helm", "chart", "volcano")
+#: where the scheduler and the controller-manager answer /healthz (both default to :11251)
+VOLCANO_HEALTH = {"scheduler": "127.0.0.1:11251", "controller-manager": "127.0.0.1:11252"}
+
+
+def volcano_crds(crds: list[dict[str, Any]], served: set[str]) -> list[dict[str, Any]]:
+    """Volcano's CRDs that the cluster does not serve yet. The tier installs a newer Volcano's
+    PodGroup and Queue (../shared/crds) whose schemas are a superset of 1.10's: they stay, so
+    the scenarios after this neighbour still have every field Muster writes."""
+    return [c for c in crds if c["metadata"]["name"] not in served]
+
+
+def volcano_commands(bin_dir: Path, chart: Path, kubeconfig: Path, certs: Path, *,
+                     address: str, port: int) -> dict[str, list[str]]:
+    """Binary -> argv of Volcano's three programs as its chart's Deployments run them, outside
+    the cluster: leader election off, health endpoints on loopback, and the webhook server on
+    `address:port` (the Endpoints of `VOLCANO_SERVICE`) with the `certs` directory's
+    ca.crt / tls.crt / tls.key. `chart` is `VOLCANO_CHART` in the module."""
+    common = [f"--kubeconfig={kubeconfig}", "--logtostderr", "-v=4"]
+    return {
+        "scheduler": [str(bin_dir / "scheduler"), *common, "--leader-elect=false",
+                      f"--scheduler-conf={chart / 'config' / 'volcano-scheduler.conf'}",
+                      "--enable-healthz=true", f"--healthz-address={VOLCANO_HEALTH['scheduler']}"],
+        "controller-manager": [str(bin_dir / "controller-manager"), *common,
+                               "--leader-elect=false", "--enable-healthz=true",
+                               f"--healthz-address={VOLCANO_HEALTH['controller-manager']}"],
+        "webhook-manager": [str(bin_dir / "webhook-manager"), *common,
+                            f"--admission-conf={chart / 'config' / 'volcano-admission.conf'}",
+                            f"--webhook-namespace={VOLCANO_NAMESPACE}",
+                            f"--webhook-service-name={VOLCANO_SERVICE}",
+                            f"--listen-address={address}", f"--port={port}",
+                            f"--ca-cert-file={certs / 'ca.crt'}",
+                            f"--tls-cert-file={certs / 'tls.crt'}",
+                            f"--tls-private-key-file={certs / 'tls.key'}"]}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.node.schedulers", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("coscheduling", "kueue", "all"), nargs="?",
+    parser.add_argument("what", choices=("coscheduling", "kueue", "volcano", "all"), nargs="?",
                         default="all")
     args = parser.parse_args(argv)
-    builds = {"coscheduling": build_coscheduling, "kueue": build_kueue}
+    builds = {"coscheduling": build_coscheduling, "kueue": build_kueue,
+              "volcano": build_volcano}
     try:
         for name, build in builds.items():
             if args.what in (name, "all"):
@@ -241,7 +295,6 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"volcano: not built: {volcano_blocked()}", file=sys.stderr)
     return 0
 
 

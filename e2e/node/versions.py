@@ -22,9 +22,11 @@ CONTAINERD = "v2.4.2"
 SCHEDULER_PLUGINS = "v0.34.7"
 SCHEDULER_PLUGINS_KUBERNETES = KUBERNETES_OLDEST
 KUEUE = "v0.17.0"
-#: volcano.sh/volcano releases the module proxy was asked for, each refused (403 not available)
-VOLCANO_TRIED = ("v1.14.0", "v1.13.2", "v1.13.1", "v1.13.0", "v1.12.2", "v1.12.1", "v1.12.0",
-                 "v1.11.2", "v1.11.0", "v1.10.2")
+#: volcano.sh/volcano: the newest release the Go module proxy serves. Every newer one asked for
+#: was refused ("403 not available"): `VOLCANO_REFUSED`
+VOLCANO = "v1.10.0"
+VOLCANO_REFUSED = ("v1.14.0", "v1.13.2", "v1.13.1", "v1.13.0", "v1.12.2", "v1.12.1", "v1.12.0",
+                   "v1.11.2", "v1.11.1", "v1.11.0", "v1.10.3", "v1.10.2", "v1.10.1")
 
 
 def kubernetes() -> str:

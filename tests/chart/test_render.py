@@ -551,9 +551,13 @@ def test_annotation_guard_names_muster_s_own_service_accounts(
 
 def test_annotation_guard_lets_a_pod_be_created_with_exactly_the_webhooks_keys(
         helm_template: Render) -> None:
-    pods = _guard(helm_template())[0]
+    pods, _, bindings, _ = _guard(helm_template())
     listed = ast.literal_eval(_variables(pods)["webhookKeys"])
     assert tuple(listed) == keys.WEBHOOK_ANNOTATIONS
+    # a Binding may carry them too: Volcano's scheduler copies the pod's annotations onto it
+    assert ast.literal_eval(_variables(bindings)["webhookKeys"]) == listed
+    (rule,) = bindings["spec"]["validations"]
+    assert "k in variables.webhookKeys" in rule["expression"]
     assert not set(listed) & set(keys.PROTECTED_ANNOTATIONS)
     text = json.dumps(pods["spec"])
     assert f"'{keys.ANN_GPU_ALLOCATED}'" in text and f"'{keys.ANNOTATION_PREFIX}'" in text

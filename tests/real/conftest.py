@@ -18,6 +18,7 @@ import base64
 import json
 import os
 import ssl
+import subprocess
 import sys
 import time
 import urllib.request
@@ -41,13 +42,14 @@ from real_helpers import (
     wait_established,
 )
 
-from e2e.cluster import NAMESPACE, RELEASE
+from e2e.cluster import NAMESPACE, RELEASE, helm
 from e2e.node import image, schedulers, versions
 from e2e.node.assets import REPO, ensure_debian_packages, missing_prerequisites
 from e2e.node.cluster import NodeCluster
 from e2e.node.launcher import NODE_IP
 from e2e.probes import open_volcano_queues
 from webhook import keys
+from webhook.certs import pki
 from webhook.kube import KubeApi, make_api_client
 
 
@@ -295,3 +297,100 @@ def kueue(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
     with node_cluster.netns():
         kubectl(node_cluster, "delete", "--ignore-not-found", "-f", str(hooks))
     neighbour.stop()
+
+
+def _volcano_certs(into: Path) -> None:
+    """The webhook-manager's serving certificate for its Service, and the CA the chart's
+    admission-init job would make (Volcano writes the CA into its webhook configurations)."""
+    ca = pki.generate_ca("volcano-admission-ca", days=1)
+    serving = pki.issue_serving_cert(
+        ca, [f"{schedulers.VOLCANO_SERVICE}.{schedulers.VOLCANO_NAMESPACE}.svc"], days=1)
+    (into / "ca.crt").write_bytes(ca.cert_pem)
+    pki.write_pair(serving, into / "tls.crt", into / "tls.key")
+
+
+def _volcano_admitting(cluster: NodeCluster, webhooks: Path, neighbour: schedulers.Neighbour,
+                       within: float = 90) -> None:
+    """The webhook-manager ready: it wrote its CA into each webhook configuration (it serves
+    only after that), and the API server reaches it (a dry-run Queue passes its webhooks)."""
+    names = [d["metadata"]["name"] for d in yaml.safe_load_all(webhooks.read_text())
+             if d and d["kind"].endswith("WebhookConfiguration")]
+    queue = webhooks.with_name("probe-queue.yaml")
+    queue.write_text(yaml.safe_dump({"apiVersion": "scheduling.volcano.sh/v1beta1",
+                                     "kind": "Queue", "metadata": {"name": "probe"},
+                                     "spec": {"weight": 1}}))
+    deadline = time.monotonic() + within
+    while True:
+        out = kubectl(cluster, "get", "mutatingwebhookconfigurations,"
+                      "validatingwebhookconfigurations", "-o", "json", check=False).stdout
+        bundles = {d["metadata"]["name"]: all(h["clientConfig"].get("caBundle")
+                                              for h in d.get("webhooks") or [])
+                   for d in json.loads(out or '{"items": []}')["items"]}
+        probe = kubectl(cluster, "create", "--dry-run=server", "-f", str(queue), check=False)
+        if all(bundles.get(n) for n in names) and probe.returncode == 0:
+            return
+        gone = neighbour.alive()
+        if gone or time.monotonic() > deadline:
+            raise RuntimeError(gone or f"Volcano's webhooks not serving within {within:.0f} s "
+                               f"({probe.stderr.strip()}):\n{neighbour.tail()}")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def volcano(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[dict[str, schedulers.Neighbour]]:
+    """Volcano's scheduler, controller-manager and webhook-manager beside the cluster, as its
+    Helm chart (read from the module cache) configures them: the chart's CRDs the cluster lacks,
+    its webhook configurations (`helm template`), calling a selector-less Service whose
+    Endpoints are the node's address, where the webhook-manager listens. Binary name ->
+    process. The webhook configurations go again after the module: they fail closed."""
+    started = time.monotonic()
+    bin_dir = schedulers.build_volcano()
+    chart = schedulers.module_dir("volcano.sh/volcano", versions.VOLCANO) / \
+        schedulers.VOLCANO_CHART
+    work = tmp_path_factory.mktemp("volcano")
+    (work / "certs").mkdir()
+    _volcano_certs(work / "certs")
+    port = 9743
+    rendered = subprocess.run(
+        [helm(), "template", schedulers.VOLCANO_RELEASE, str(chart), "--namespace",
+         schedulers.VOLCANO_NAMESPACE, "--show-only", "templates/webhooks.yaml"],
+        capture_output=True, text=True, check=True, timeout=60).stdout
+    hooks = work / "webhooks.yaml"
+    hooks.write_text(yaml.safe_dump_all(
+        schedulers.webhook_service(schedulers.VOLCANO_NAMESPACE, schedulers.VOLCANO_SERVICE,
+                                   NODE_IP, port)
+        + [d for d in yaml.safe_load_all(rendered) if d]))
+    files = sorted((chart / "crd" / "bases").glob("*.yaml")) + sorted(
+        (chart / "charts" / "jobflow" / "crd" / "bases").glob("*.yaml"))
+    commands = schedulers.volcano_commands(bin_dir, chart, node_cluster.kubeconfig,
+                                           work / "certs", address=NODE_IP, port=port)
+    neighbours: dict[str, schedulers.Neighbour] = {}
+    with node_cluster.netns():
+        served = {c["metadata"]["name"] for c in json.loads(
+            kubectl(node_cluster, "get", "crd", "-o", "json").stdout)["items"]}
+        crds = work / "crds.yaml"
+        crds.write_text(yaml.safe_dump_all(schedulers.volcano_crds(
+            [yaml.safe_load(f.read_text()) for f in files], served)))
+        kubectl(node_cluster, "apply", "--server-side", "-f", str(crds))
+        wait_established(node_cluster)
+        kubectl(node_cluster, "create", "namespace", schedulers.VOLCANO_NAMESPACE, check=False)
+        kubectl(node_cluster, "apply", "-f", str(hooks))
+        try:
+            for name, argv in commands.items():
+                neighbours[name] = schedulers.Neighbour(f"volcano {name}", argv,
+                                                        work / f"{name}.log")
+            for name, address in schedulers.VOLCANO_HEALTH.items():
+                _wait_healthy(neighbours[name], f"http://{address}/healthz")
+            _volcano_admitting(node_cluster, hooks, neighbours["webhook-manager"])
+        except BaseException:
+            kubectl(node_cluster, "delete", "--ignore-not-found", "-f", str(hooks))
+            for neighbour in neighbours.values():
+                neighbour.stop()
+            raise
+    _NEIGHBOUR_SECONDS["volcano"] += time.monotonic() - started
+    yield neighbours
+    with node_cluster.netns():
+        kubectl(node_cluster, "delete", "--ignore-not-found", "-f", str(hooks))
+    for neighbour in neighbours.values():
+        neighbour.stop()
