@@ -23,6 +23,13 @@ through the API. The pods are bench_binder's jobs: 4 workers x 1 GPU and a 0-GPU
   writes) and the pods labelled into it. It is built on 1.34: run it with
   `MUSTER_K8S_VERSION=v1.34.4` (a kube-scheduler may be one minor older than its API server, no
   more), and compare the variants of the same run.
+- `volcano`: the other gang scheduler, Volcano's scheduler (`e2e.node.schedulers`, v1.10.0, the
+  newest release the module proxy serves) as its Helm chart runs it (its scheduler
+  configuration read from the module; client QPS 2000 and a 1 s scheduling period, its
+  defaults), places the same pods as gangs of the same size: each job a
+  `scheduling.volcano.sh` PodGroup in queue `default` (minMember 5, the minResources Muster
+  writes), the pods annotated into it. Only the scheduler runs: the PodGroups and the open
+  queue are made here, as Muster's webhook and Volcano's controller would leave them.
 
 Each runs as its own process, alone, started for its run and stopped after it. Two figures per run,
 the pods deleted (grace 0) between runs, the variants in a rotated order per round:
@@ -72,6 +79,7 @@ from e2e.node.assets import binaries, missing_prerequisites  # noqa: E402
 from e2e.node.cluster import write_pki  # noqa: E402
 from e2e.node.kubectl import SHARED_CRDS  # noqa: E402
 from webhook import keys  # noqa: E402
+from webhook.demo.scenario import volcano_queue  # noqa: E402
 from webhook.kube import (  # noqa: E402
     COSCHEDULING_PODGROUPS,
     CRDS,
@@ -79,6 +87,8 @@ from webhook.kube import (  # noqa: E402
     NAMESPACES,
     NODES,
     PODS,
+    VOLCANO_PODGROUPS,
+    VOLCANO_QUEUES,
     KubeApi,
     make_api_client,
 )
@@ -89,7 +99,7 @@ from webhook.topology import builtin, encode  # noqa: E402
 INNER = "MUSTER_BENCH_SCHEDULER_INNER"
 API = "https://127.0.0.1:6443"
 VARIANTS = ("kube-scheduler", "kube-scheduler-qps1000", "muster", "coscheduling",
-            "coscheduling-qps1000")
+            "coscheduling-qps1000", "volcano")
 COSCHEDULING = ("coscheduling", "coscheduling-qps1000")
 MUSTER_ONLY = (keys.ANN_GANG_NAME, keys.ANN_GANG_MIN_MEMBER, keys.ANN_GPU_TOPOLOGY)
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", True, "ServiceAccount")
@@ -179,6 +189,13 @@ async def scheduler(variant: str, bins: dict[str, str], kubeconfig: Path,
         metrics = f"http://127.0.0.1:{port}/metrics"
         argv = [sys.executable, "-m", "webhook", "--log-level", "warning", "bind",
                 "--kubeconfig", str(kubeconfig), "--metrics-port", str(port)]
+    elif variant == "volcano":
+        chart = schedulers.module_dir("volcano.sh/volcano", versions.VOLCANO) / \
+            schedulers.VOLCANO_CHART
+        argv = [str(schedulers.build_volcano() / "scheduler"), f"--kubeconfig={kubeconfig}",
+                "--leader-elect=false", "--logtostderr", "-v=1",
+                f"--scheduler-conf={chart / 'config' / 'volcano-scheduler.conf'}",
+                "--listen-address=127.0.0.1:8080", "--healthz-address=127.0.0.1:11251"]
     elif variant in COSCHEDULING:
         config = log.with_suffix(".yaml")
         config.write_text(json.dumps(schedulers.coscheduling_config(
@@ -210,7 +227,7 @@ async def scheduler(variant: str, bins: dict[str, str], kubeconfig: Path,
 
 def job_pods(g: int, variant: str) -> list[dict[str, Any]]:
     """bench_binder's job g; for kube-scheduler, the same pods without Muster's gang (plain);
-    for coscheduling, in the job's PodGroup (`pod_group`) instead."""
+    for coscheduling and Volcano, in the job's PodGroup (`pod_group`) instead."""
     pods = gang_pods(g)
     if variant != "muster":
         for p in pods:
@@ -221,12 +238,16 @@ def job_pods(g: int, variant: str) -> list[dict[str, Any]]:
             if variant in COSCHEDULING:
                 p["metadata"]["labels"][keys.COSCHEDULING_GROUP_LABEL] = f"job-{g:04d}"
                 p["spec"]["schedulerName"] = schedulers.COSCHEDULING_NAME
+            if variant == "volcano":
+                ann[keys.VOLCANO_GROUP_ANNOTATION] = f"job-{g:04d}"
+                p["spec"]["schedulerName"] = "volcano"
     return pods
 
 
-def pod_group(g: int) -> dict[str, Any]:
-    """Job g's coscheduling PodGroup as Muster writes it (minMember: every pod; minResources:
-    the sum of their requests, a limit standing for a missing request)."""
+def pod_group(g: int, volcano: bool = False) -> dict[str, Any]:
+    """Job g's coscheduling or Volcano PodGroup as Muster writes it (minMember: every pod;
+    minResources: the sum of their requests, a limit standing for a missing request; Volcano's
+    in queue `default`)."""
     nanos: dict[str, int] = {}
     for p in gang_pods(g):
         for c in p["spec"]["containers"]:
@@ -234,13 +255,17 @@ def pod_group(g: int) -> dict[str, Any]:
             for k, v in wanted.items():
                 nanos[k] = nanos.get(k, 0) + parse_quantity(v)[0]
     total = {k: f"{milli(n)}m" if k == "cpu" else str(units(n)) for k, n in nanos.items()}
+    spec: dict[str, Any] = {"minMember": 5, "minResources": total}
+    if volcano:
+        return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+                "metadata": {"name": f"job-{g:04d}"}, "spec": {**spec, "queue": "default"}}
     return {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
-            "metadata": {"name": f"job-{g:04d}"}, "spec": {"minMember": 5, "minResources": total}}
+            "metadata": {"name": f"job-{g:04d}"}, "spec": spec}
 
 
-async def podgroup_crd(kube: KubeApi) -> None:
-    """The coscheduling PodGroup CRD (the one the real tier installs), served."""
-    crd = yaml.safe_load((SHARED_CRDS / "scheduler-plugins-podgroups.yaml").read_text())
+async def served_crd(kube: KubeApi, name: str) -> None:
+    """A CRD the real tier installs (../shared/crds/`name`.yaml), served."""
+    crd = yaml.safe_load((SHARED_CRDS / f"{name}.yaml").read_text())
     await kube.create(CRDS, crd)
     for _ in range(100):
         got = await kube.get(CRDS, crd["metadata"]["name"])
@@ -248,7 +273,7 @@ async def podgroup_crd(kube: KubeApi) -> None:
                for c in got.get("status", {}).get("conditions") or []):
             return
         await asyncio.sleep(0.1)
-    raise SystemExit("the PodGroup CRD was not established")
+    raise SystemExit(f"the CRD {name} was not established")
 
 
 def ready_node(name: str, annotation: str) -> dict[str, Any]:
@@ -370,9 +395,18 @@ async def bench(args: argparse.Namespace, env: Env) -> None:
         await asyncio.gather(*(kube.patch(NODES, n["metadata"]["name"], {
             "spec": {"taints": n["spec"]["taints"]}}) for n in nodes))
         if set(args.variants) & set(COSCHEDULING):
-            await podgroup_crd(kube)
+            await served_crd(kube, "scheduler-plugins-podgroups")
             await create_all(kube, [pod_group(g) for g in range(args.gangs)],
                              COSCHEDULING_PODGROUPS, NS)
+        if "volcano" in args.variants:
+            for crd in ("volcano-queues", "volcano-podgroups"):
+                await served_crd(kube, crd)
+            queue = volcano_queue("default")
+            await kube.create(VOLCANO_QUEUES, queue)
+            await kube.patch(VOLCANO_QUEUES, "default", {"status": queue["status"]},
+                             subresource="status")
+            await create_all(kube, [pod_group(g, volcano=True) for g in range(args.gangs)],
+                             VOLCANO_PODGROUPS, NS)
         sample = await kube.get(NODES, "dgx-00000")
         assert sample["status"]["allocatable"][keys.GPU_RESOURCE] == "8", sample["status"]
         assert sample["spec"]["taints"] == nodes[0]["spec"]["taints"], sample["spec"]
@@ -464,6 +498,8 @@ def main() -> int:
             parser.error(f"the coscheduling variants are built on Kubernetes {built_on}: run "
                          f"them with MUSTER_K8S_VERSION={built_on}")
         schedulers.build_coscheduling()
+    if "volcano" in args.variants:
+        schedulers.build_volcano()
     # a network and PID namespace of its own: every address is its 127.0.0.1, and every process
     # (etcd, kube-apiserver, the schedulers) dies with it
     return subprocess.call(

@@ -29,7 +29,14 @@ from typing import IO, Any
 
 from e2e.node import versions
 from e2e.node.cluster import die_with_parent
-from e2e.node.gobuild import _go, _go_env, build_module, cache_root, staging_modules
+from e2e.node.gobuild import (
+    _go,
+    _go_env,
+    build_module,
+    cache_root,
+    module_gomod,
+    staging_modules,
+)
 
 COSCHEDULING_BINARY = "kube-scheduler"
 #: the second scheduler's name, as scheduler-plugins' Helm chart names it (and the shipped
@@ -56,7 +63,8 @@ def _staging_pins(kubernetes: str) -> dict[str, str]:
     with tempfile.TemporaryDirectory(prefix="muster-staging-") as tmp:
         work = Path(tmp)
         (work / "go.mod").write_text("module muster.local/probe\n\ngo 1.26\n")
-        mods = staging_modules(kubernetes, _go_env(), work)
+        _, replaces = module_gomod("k8s.io/kubernetes", kubernetes, _go_env(), work)
+        mods = staging_modules(replaces)
     staging = "v0." + kubernetes.removeprefix("v1.")
     return {**dict.fromkeys(mods, staging), "k8s.io/kubernetes": kubernetes}
 
