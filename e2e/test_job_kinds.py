@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from e2e import jobkind_scenarios as scenarios
+from e2e import jobkinds
 from e2e.cluster import LocalCluster, RealCluster, namespace
 from webhook import keys
-from webhook.kube import NAMESPACES
+from webhook.kube import COSCHEDULING_PODGROUPS, NAMESPACES
 
 
 @pytest.fixture
@@ -23,11 +24,11 @@ async def test_every_job_kind_gets_one_gang_per_job(
         cluster_with_teams: LocalCluster | RealCluster) -> None:
     """All kinds in one installation (each start of the e2e cluster takes seconds)."""
     kube = cluster_with_teams.kube
-    tier = scenarios.Tier(kube, controllers=False, container=scenarios.jobkinds.DEFAULT_CONTAINER)
+    tier = scenarios.Tier(kube, controllers=False, container=jobkinds.DEFAULT_CONTAINER)
     for kind, submit in scenarios.SCENARIOS.items():
         gangs = await submit(tier, f"{kind}-1")
         for gang in gangs:
-            ns = scenarios.COSCHEDULING_NS if gang.resource is scenarios.COSCHEDULING_PODGROUPS \
+            ns = scenarios.COSCHEDULING_NS if gang.resource is COSCHEDULING_PODGROUPS \
                 else scenarios.VOLCANO_NS
             await scenarios.check(kube, ns, gang)
     (init,) = await scenarios.initializer_pods(kube, "trainjob-1")
