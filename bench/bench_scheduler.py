@@ -276,6 +276,18 @@ async def served_crd(kube: KubeApi, name: str) -> None:
     raise SystemExit(f"the CRD {name} was not established")
 
 
+def volcano_chart_crds() -> list[dict[str, Any]]:
+    """The CRDs of Volcano's chart (read from its module) other than the PodGroup and Queue
+    ones the real tier installs."""
+    chart = schedulers.module_dir("volcano.sh/volcano", versions.VOLCANO) / \
+        schedulers.VOLCANO_CHART
+    files = sorted((chart / "crd" / "bases").glob("*.yaml")) + sorted(
+        (chart / "charts" / "jobflow" / "crd" / "bases").glob("*.yaml"))
+    return schedulers.volcano_crds([yaml.safe_load(f.read_text()) for f in files],
+                                   {"podgroups.scheduling.volcano.sh",
+                                    "queues.scheduling.volcano.sh"})
+
+
 def ready_node(name: str, annotation: str) -> dict[str, Any]:
     n = node(name, annotation)
     n["status"]["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady",
@@ -401,6 +413,9 @@ async def bench(args: argparse.Namespace, env: Env) -> None:
         if "volcano" in args.variants:
             for crd in ("volcano-queues", "volcano-podgroups"):
                 await served_crd(kube, crd)
+            # the scheduler's informers wait for every CRD of its chart (numatopologies, ...)
+            for crd in volcano_chart_crds():
+                await kube.create(CRDS, crd)
             queue = volcano_queue("default")
             await kube.create(VOLCANO_QUEUES, queue)
             await kube.patch(VOLCANO_QUEUES, "default", {"status": queue["status"]},

@@ -467,11 +467,13 @@ async def test_the_binders_claim_allocation_and_release_are_accepted(
         theirs["status"] = allocated_status({}, "other-node", [("gpus", 0), ("gpus", 1)],
                                             "w-0", member.uid)
         await kube.replace(RESOURCE_CLAIMS, "binder-b", theirs, NS, subresource="status")
-        assert not await state.allocate([write(claim_a, (4, 5)), write(claim_b, (6, 7))])
+        failed = await state.allocate([write(claim_a, (4, 5)), write(claim_b, (6, 7))])
+        assert [e.status for e in failed] == [409], failed
         assert not (await read("binder-a")).allocated, "a was not released"
-        # read again, a is allocated for the pod as written
-        assert await state.allocate([write(await read("binder-a"), (4, 5))])
+        # read again, a is allocated for the pod as written, with kube-scheduler's finalizer
+        assert await state.allocate([write(await read("binder-a"), (4, 5))]) == []
         stored = await kube.get(RESOURCE_CLAIMS, "binder-a", NS)
+        assert stored["metadata"]["finalizers"] == [keys.CLAIM_FINALIZER]
         assert stored["status"] == allocated_status({}, "parity-dra-node",
                                                     [("gpus", 4), ("gpus", 5)], "w-0", member.uid)
         assert parse_claim(stored).reserved_only_for(member.uid)
@@ -481,8 +483,18 @@ async def test_the_binders_claim_allocation_and_release_are_accepted(
         with contextlib.suppress(ApiError):
             await kube.delete(PODS, "w-0", NS)
         for name in names:
-            with contextlib.suppress(ApiError):
-                await kube.delete(RESOURCE_CLAIMS, name, NS)
+            await _delete_claim(kube, name)
+
+
+async def _delete_claim(kube: KubeApi, name: str) -> None:
+    """Delete a claim the test made, its finalizer first: no resourceclaim controller runs
+    here to remove it."""
+    with contextlib.suppress(ApiError):
+        claim = await kube.get(RESOURCE_CLAIMS, name, NS)
+        if claim["metadata"].get("finalizers"):
+            claim["metadata"]["finalizers"] = []
+            await kube.replace(RESOURCE_CLAIMS, name, claim, NS)
+        await kube.delete(RESOURCE_CLAIMS, name, NS)
 
 
 async def test_the_binders_special_claim_and_pod_status_are_accepted(
@@ -519,6 +531,7 @@ async def test_the_binders_special_claim_and_pod_status_are_accepted(
         created = await kube.get(RESOURCE_CLAIMS, info.name, NS)
         assert created["metadata"]["annotations"] == {
             keys.EXTENDED_CLAIM_ANNOTATION: "true"}
+        assert created["metadata"]["finalizers"] == [keys.CLAIM_FINALIZER]
         attached = resolve(dataclasses.replace(member, claims=pod_claims(
             requests, info.name, ["c"])), state.get)
         assert attached.dra and not attached.claim_problems
@@ -526,7 +539,7 @@ async def test_the_binders_special_claim_and_pod_status_are_accepted(
         writes = [(attached, "parity-dra-node", c, d)
                   for c, d in claim_devices(attached, chosen, state.get)]
         assert writes[0][3] == (("container-0-request-0", 4), ("container-0-request-0", 5))
-        assert await state.allocate(writes)
+        assert await state.allocate(writes) == []
         stored = await kube.get(RESOURCE_CLAIMS, info.name, NS)
         assert stored["status"] == allocated_status(
             {}, "parity-dra-node", writes[0][3], "ext-0", member.uid)
@@ -550,7 +563,6 @@ async def test_the_binders_special_claim_and_pod_status_are_accepted(
         with contextlib.suppress(ApiError):
             await kube.delete(PODS, "ext-0", NS)
         for name in made:
-            with contextlib.suppress(ApiError):
-                await kube.delete(RESOURCE_CLAIMS, name, NS)
+            await _delete_claim(kube, name)
         with contextlib.suppress(ApiError):
             await kube.delete(DEVICE_CLASSES, keys.DRA_DRIVER)
