@@ -252,6 +252,27 @@ async def test_a_claim_the_binder_cannot_allocate_is_an_event_and_a_condition(
     assert condition["reason"] == "Unschedulable" and bound(apiserver) == {}
 
 
+async def create_template_gang(kube: KubeApi, count: int) -> None:
+    """Gang `t` of `count` pods whose one claim comes from a ResourceClaimTemplate: their
+    status names no claim yet."""
+    for i in range(count):
+        obj = dra_pod(f"t-w{i}", ["unused"], gang="t", min_member=count)
+        obj["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+        obj["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+        await kube.create(PODS, obj, "team-a")
+
+
+async def make_template_claims(kube: KubeApi, count: int) -> None:
+    """What the resourceclaim controller does for gang `t`: each claim, then the pod's status
+    naming it."""
+    for i in range(count):
+        await kube.create(RESOURCE_CLAIMS, claim(f"t-w{i}-gpu-x1"), "team-a")
+        obj = await kube.get(PODS, f"t-w{i}", "team-a")
+        obj["status"]["resourceClaimStatuses"] = [{"name": "gpu",
+                                                   "resourceClaimName": f"t-w{i}-gpu-x1"}]
+        await kube.replace(PODS, f"t-w{i}", obj, "team-a", subresource="status")
+
+
 async def test_pods_whose_template_claims_are_not_made_yet_wait_then_go_whole(
         apiserver: ApiServerEmulator, kube: KubeApi) -> None:
     """Found on the real kubelet: pods from a ResourceClaimTemplate reach the binder before the
@@ -261,20 +282,10 @@ async def test_pods_whose_template_claims_are_not_made_yet_wait_then_go_whole(
     seed_dra_node(apiserver)
     task = await running(Binder(kube, CFG))
     try:
-        for i in range(4):
-            obj = dra_pod(f"t-w{i}", ["unused"], gang="t", min_member=4)
-            obj["spec"]["resourceClaims"] = [{"name": "gpu",
-                                              "resourceClaimTemplateName": "one-gpu"}]
-            obj["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
-            await kube.create(PODS, obj, "team-a")
+        await create_template_gang(kube, 4)
         await asyncio.sleep(1.0)  # several cycles
         assert bound(apiserver) == {}
-        for i in range(4):  # what the resourceclaim controller does, claim then pod status
-            await kube.create(RESOURCE_CLAIMS, claim(f"t-w{i}-gpu-x1"), "team-a")
-            pod = await kube.get(PODS, f"t-w{i}", "team-a")
-            pod["status"]["resourceClaimStatuses"] = [{"name": "gpu",
-                                                       "resourceClaimName": f"t-w{i}-gpu-x1"}]
-            await kube.replace(PODS, f"t-w{i}", pod, "team-a", subresource="status")
+        await make_template_claims(kube, 4)
         await eventually(lambda: len(bound(apiserver)) == 4, within=10)
     finally:
         await stop(task)
@@ -296,21 +307,11 @@ async def test_a_gang_waiting_for_its_claims_is_placed_as_they_appear_not_after_
     binder = Recording(kube, BinderConfig(event_interval=60))
     task = await running(binder)
     try:
-        for i in range(4):
-            obj = dra_pod(f"t-w{i}", ["unused"], gang="t", min_member=4)
-            obj["spec"]["resourceClaims"] = [{"name": "gpu",
-                                              "resourceClaimTemplateName": "one-gpu"}]
-            obj["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
-            await kube.create(PODS, obj, "team-a")
+        await create_template_gang(kube, 4)
         for i in range(12):  # other pods arriving: each a cycle that finds the gang invalid
             await kube.create(PODS, pod(f"other-{i}", scheduler="default-scheduler"), "team-a")
             await eventually(lambda n=i: binder.invalid > n, within=5)
-        for i in range(4):
-            await kube.create(RESOURCE_CLAIMS, claim(f"t-w{i}-gpu-x1"), "team-a")
-            obj = await kube.get(PODS, f"t-w{i}", "team-a")
-            obj["status"]["resourceClaimStatuses"] = [{"name": "gpu",
-                                                       "resourceClaimName": f"t-w{i}-gpu-x1"}]
-            await kube.replace(PODS, f"t-w{i}", obj, "team-a", subresource="status")
+        await make_template_claims(kube, 4)
         await eventually(lambda: len([n for n in bound(apiserver) if n.startswith("t-")]) == 4,
                          within=5)
     finally:
