@@ -82,6 +82,43 @@ def test_required_rack_lands_in_one_rack_the_fullest_that_fits() -> None:
     assert p.nodes_used == 2 and all(len(m.gpus) == 8 for m in p.members)
 
 
+FULL: tuple[int, ...] = ()
+
+
+def only(free: dict[str, Iterable[int]]) -> dict[str, Iterable[int]]:
+    """Every node of `cluster` full but these."""
+    return {f"b{b}-r{r}-n{i}": free.get(f"b{b}-r{r}-n{i}", FULL)
+            for b in range(2) for r in range(2) for i in range(4)}
+
+
+def test_a_gang_on_one_node_takes_the_fullest_node_whatever_its_rack() -> None:
+    # b0-r0 has room for 5 pairs (2 + 8 free), b1-r1 for 2 (4 free): the fullest rack is
+    # b1-r1, but one node is the narrowest domain, and the fullest node is in b0-r0
+    nodes, labels = cluster(only({"b0-r0-n0": (0, 1), "b0-r0-n1": range(8),
+                                  "b1-r1-n0": range(4)}))
+    for mode in ("preferred", "required"):
+        p = ok(place(nodes, labels, gang(1, 2, mode=mode)))
+        assert [(m.node, m.gpus) for m in p.members] == [("b0-r0-n0", (0, 1))]
+
+
+def test_nodes_alike_go_by_the_fullest_rack() -> None:
+    # two nodes with 2 free GPUs: the one in the rack with the least room (b1-r0) wins, so
+    # that the roomier rack stays whole for wider gangs
+    nodes, labels = cluster(only({"b0-r0-n0": (0, 1), "b0-r0-n1": range(8),
+                                  "b1-r0-n3": (0, 1)}))
+    p = ok(place(nodes, labels, gang(1, 2, level=BLOCK, mode="preferred")))
+    assert {m.node for m in p.members} == {"b1-r0-n3"}
+
+
+def test_a_required_level_still_needs_its_label_on_the_one_node() -> None:
+    nodes, labels = cluster(only({"b0-r0-n0": (0, 1), "b1-r1-n0": range(8)}))
+    del labels["b0-r0-n0"][RACK]  # the fullest node is in no rack
+    p = ok(place(nodes, labels, gang(1, 2)))
+    assert {m.node for m in p.members} == {"b1-r1-n0"}
+    p = ok(place(nodes, labels, gang(1, 2, mode="preferred")))  # in block b0 all the same
+    assert {m.node for m in p.members} == {"b0-r0-n0"}
+
+
 def test_preferred_rack_that_fits_no_rack_spans_the_fewest_racks_of_one_block() -> None:
     nodes, labels = cluster({"b1-r0-n0": range(4)})
     p = ok(place(nodes, labels, gang(6, mode="preferred")))

@@ -72,6 +72,15 @@ def test_bandwidth_beats_fit() -> None:
     assert {m.node for m in p.members} == {"full"} and p.gang_gbps == 100.0
 
 
+def test_fit_beats_numa_and_bisection_at_the_same_bandwidth() -> None:
+    # both give a 50 GB/s pair: "numa" keeps one NUMA node ({1, 2}) but leaves GPU 7 alone;
+    # "fit" ({0, 4}, one per NUMA node) is used up, so no node is left part-free
+    gang = GangRequest(name="g", members=workers(2))
+    p = ok(place_gang([node("numa", free=(1, 2, 7)), node("fit", free=(0, 4))], gang))
+    assert {m.node for m in p.members} == {"fit"} and p.gang_gbps == 50.0
+    assert sorted(g for m in p.members for g in m.gpus) == [0, 4]
+
+
 def test_two_by_four_splits_a_node_into_its_quads() -> None:
     gang = GangRequest(name="g", members=workers(2, gpus=4))
     p = ok(place_gang([node("a")], gang))

@@ -95,16 +95,19 @@ class ClassTables:
         return result
 
     def placement_key(self, free: int, k: int) -> tuple[float, ...]:
-        """Sort key (smaller is better) for putting k GPUs on a node with `free` GPUs: the
-        best set's scores, then best fit (fewest GPUs left free), then what the rest is worth.
-        Element 0 is minus the set's allreduce bandwidth. Requires k <= free GPUs."""
+        """Sort key (smaller is better) for putting k GPUs on a node with `free` GPUs: the best
+        set's allreduce bandwidth (what the step time reads), then best fit (fewest GPUs left
+        free), then the set's other scores (ring, bisection, NUMA span), then what the rest is
+        worth. Best fit before the other scores keeps small gangs packed into part-used nodes
+        (docs/topology.md, "Bench figures"). Element 0 is minus the set's allreduce bandwidth.
+        Requires k <= free GPUs."""
         key = self._placement.get((free, k))
         if key is None:
             mask = self.choose(free, k)
             assert mask is not None, "placement_key needs k free GPUs"
             a, r, b, numa = self.score(mask).rank_key()
             left = free & ~mask
-            key = (-a, -r, -b, -numa, left.bit_count(), -self.future(left))
+            key = (-a, left.bit_count(), -r, -b, -numa, -self.future(left))
             self._placement[(free, k)] = key
         return key
 

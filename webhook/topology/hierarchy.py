@@ -120,6 +120,7 @@ class _Decision:
         #: the units a piece takes: members, or GPUs for unlike members
         self.per_piece = max(self._units(s) for s in self.slices)
         self.doms: dict[Key, _Domain] = {}
+        self.most_gpus = 0  # the most free GPUs on one node with room
         #: alike nodes have the same room: (usable free mask, CPU, memory, pods) -> room, what
         #: `_room` reads (not the node's Topology object: every node has its own)
         self._rooms: dict[tuple[int, int, int, int], int] = {}
@@ -136,6 +137,9 @@ class _Decision:
             return Unplaceable(f"gang {self.gang.name}: its slice level {self.req.slice_level} "
                                f"is wider than its level {self.req.level}")
         self._group()
+        one = self._one_node()
+        if one is not None:
+            return one
         need = len(self.slices) if self.sliced else self._units(self.gpu)
         levels = [self.level] if self.req.mode == "required" and self.level >= 0 else \
             list(range(self.level, -2, -1))
@@ -196,6 +200,7 @@ class _Decision:
             leaf.room += room
             leaf.gpus += gpus
             leaf.nodes.append(n)
+            self.most_gpus = max(self.most_gpus, gpus)
             if node_slices:
                 node_key = (*path, _NODE + n.name)
                 doms[node_key] = _Domain(room, gpus, nodes=[n])
@@ -218,6 +223,31 @@ class _Decision:
                 d.pieces = d.room // self.per_piece
                 for i in range(len(key)):
                     doms[key[:i]].pieces += d.pieces
+
+    def _one_node(self) -> GangPlacement | None:
+        """A gang whose GPU members fit on one node is within one domain of every level: the
+        narrowest domain that fits is that node, chosen over every node the levels allow as
+        the engine chooses (bandwidth, then best fit), ties to the node whose leaf is the
+        fullest (best fit, as for the domains). None: no node holds it."""
+        if sum(m.gpus for m in self.gpu) > self.most_gpus:
+            return None
+        wide = self.level if self.req.mode == "required" else -1
+        # each node's leaf (a domain with nodes of its own, not one node as a slice domain),
+        # where its labels reach the required level
+        leaf_of = {n.name: k for k, d in self.doms.items()
+                   if d.nodes and not k[-1].startswith(_NODE) and len(k) - (k[-1] == _OWN) > wide
+                   for n in d.nodes}
+        nodes = [n for n in self.nodes if n.name in leaf_of]
+        if self.others:
+            nodes += [n for n in self.nodes if n.topology is None]
+
+        def rank(n: NodeState) -> tuple[object, ...]:
+            d = self.doms[leaf_of[n.name]]
+            return (d.room, d.gpus, leaf_of[n.name], n.name)
+
+        placed = place_on_nodes(nodes, replace(self.gang, network=None), one_node=True,
+                                rank=rank, inter_node_gbps=self.inter_gbps, tables=self.tables)
+        return placed if isinstance(placed, GangPlacement) else None
 
     def _is_slice(self, key: Key) -> bool:
         if self.slice_at == len(self.chain):

@@ -1,13 +1,13 @@
 """Gang placement on a set of nodes: which nodes, and which GPUs on each, for every member of a
 gang (`hierarchy` first chooses the network domains whose nodes these are).
 
-Order of preference: fewest nodes; then the best allreduce bandwidth, then the set's ring,
-bisection and NUMA span; then best fit (the fewest free GPUs left on the node); then the best
-sets left behind; then node name, so the result is deterministic. GPU members of the gang on one
-node share one optimally chosen GPU set (`gpu_choice.ClassTables.choose`), split among them the
-same way. 0-GPU members (the MPI launcher) go to a node the gang already uses when it has room,
-else to the node with the fewest free GPUs that has room. `min_ring_gbps` (a policy's
-minRingGBps) is decided by `ringfloor`.
+Order of preference: fewest nodes; then the best allreduce bandwidth; then best fit (the fewest
+free GPUs left on the node); then the set's ring, bisection and NUMA span; then the best sets
+left behind; then the caller's rank (node name by default), so the result is deterministic.
+GPU members of the gang on one node share one optimally chosen GPU set
+(`gpu_choice.ClassTables.choose`), split among them the same way. 0-GPU members (the MPI
+launcher) go to a node the gang already uses when it has room, else to the node with the fewest
+free GPUs that has room. `min_ring_gbps` (a policy's minRingGBps) is decided by `ringfloor`.
 
 Speed: nodes are looked at once per call, through per-class tables keyed by (class, free mask,
 k). The single-node search scores each group of like nodes (same class, same usable free GPUs,
@@ -20,7 +20,7 @@ nodes, and choose the same nodes. See bench/bench_placement.py and bench/bench_c
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from webhook.topology import scoring
@@ -38,6 +38,14 @@ from webhook.topology.ringfloor import gang_gbps, meets_min_ring
 
 #: GB/s between GPUs on different nodes when nothing better is known: one 100 Gb/s NIC
 DEFAULT_INTER_NODE_GBPS = 12.5
+
+#: how nodes that score alike are ordered (smaller first): by name unless the caller says
+Rank = Callable[[NodeState], tuple[object, ...]]
+
+
+def _by_name(n: NodeState) -> tuple[object, ...]:
+    return (n.name,)
+
 
 @dataclass(slots=True)
 class _Node:
@@ -98,7 +106,8 @@ class _Need:
 @dataclass(frozen=True, slots=True)
 class _GpuGroup:
     """Nodes alike to scoring (class tables, usable free mask): the first of them in the node
-    list, and of those that fit a `_Need`, the lowest by name and the first in the list."""
+    list, and of those that fit a `_Need`, the lowest by rank (name) and the first in the
+    list."""
 
     tables: ClassTables
     free: int
@@ -113,13 +122,15 @@ class _Views:
     read its groups instead of every node."""
 
     def __init__(self, nodes: Sequence[NodeState], tables: TableCache,
-                 groups: NodeGroups | None = None) -> None:
+                 groups: NodeGroups | None = None, rank: Rank | None = None) -> None:
         self.nodes = nodes
         self.tables = tables
         self.groups = groups
+        self.rank = rank or _by_name
         self._views: dict[int, _Node] = {}
         if groups is not None:
             assert len(groups) == len(nodes), "groups must hold the nodes placed on"
+            assert rank is None, "groups order their nodes by name"
             groups.bind(tables)
 
     def get(self, n: NodeState) -> _Node:
@@ -165,7 +176,7 @@ class _Views:
             ]
             if need.eligible:
                 fits = [(i, n) for i, n in fits if need.allows(n.name)]
-            lowest = min((n for _, n in fits), key=lambda n: n.name, default=None)
+            lowest = min((n for _, n in fits), key=self.rank, default=None)
             yield _GpuGroup(tables, free, first, lowest, fits[0] if fits else None)
 
     def _indexed_groups(self, groups: NodeGroups, need: _Need) -> Iterator[_GpuGroup]:
@@ -255,12 +266,16 @@ def place_on_nodes(
     inter_node_gbps: float = DEFAULT_INTER_NODE_GBPS,
     tables: TableCache | None = None,
     groups: NodeGroups | None = None,
+    one_node: bool = False,
+    rank: Rank | None = None,
 ) -> GangPlacement | Unplaceable:
     """Place every member of `gang` on `nodes` (what is free now), or say why it cannot be,
     whatever the network between the nodes (`hierarchy.place_gang` chooses the nodes' domains
     first). `tables`: the caller's cache of per-class choice tables (a fresh one when None).
     `groups`: the same nodes grouped (`groups.NodeGroups`, kept by a caller that places many
-    gangs on one node set): the same placement, at a cost of the groups, not the nodes."""
+    gangs on one node set): the same placement, at a cost of the groups, not the nodes.
+    `one_node`: all GPU members on one node, or Unplaceable. `rank`: the order of nodes that
+    score alike (the name when None; not with `groups`)."""
     if not gang.members:
         return Unplaceable(f"gang {gang.name} has no members")
     bad = next((m for m in gang.members if m.gpus < 0 or m.cpu_milli < 0 or m.memory_bytes < 0),
@@ -270,12 +285,12 @@ def place_on_nodes(
     if len({m.key for m in gang.members}) != len(gang.members):
         return Unplaceable(f"gang {gang.name} lists a member twice")
     gpu_members = [m for m in gang.members if m.gpus > 0]
-    views = _Views(nodes, tables or TableCache(warm=False), groups)
+    views = _Views(nodes, tables or TableCache(warm=False), groups, rank)
     used: list[_Node] = []
     if gpu_members:
         placed = _place_single(views, gang, gpu_members)
         if isinstance(placed, Unplaceable):
-            if gang.single_node and gang.mode == "required":
+            if one_node or (gang.single_node and gang.mode == "required"):
                 return placed
             multi = _place_multi(views, gang, gpu_members, inter_node_gbps)
             if isinstance(multi, Unplaceable):
@@ -307,7 +322,7 @@ def _place_single(
                  tuple({m.eligible_nodes for m in gpu_members if m.eligible_nodes is not None}))
     floor = gang.min_ring_gbps if gang.mode == "required" else None
     best: NodeState | None = None
-    best_key: tuple[object, ...] | None = None
+    best_key: tuple[tuple[float, ...], tuple[object, ...]] | None = None
     most_free: tuple[int, int, str] | None = None  # (free GPUs, -position, name)
     best_refused: tuple[float, int, str] | None = None  # the best node below minRingGBps
     for g in views.gpu_groups(need):
@@ -322,7 +337,7 @@ def _place_single(
             if best_refused is None or (-pkey[0], -g.earliest[0]) > best_refused[:2]:
                 best_refused = (-pkey[0], -g.earliest[0], g.earliest[1].name)
             continue
-        key = (pkey, g.lowest.name)
+        key = (pkey, views.rank(g.lowest))
         if best_key is None or key < best_key:
             best, best_key = g.lowest, key
     if best is not None:
