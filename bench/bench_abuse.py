@@ -50,8 +50,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench_serve import free_port, local_tls, process, wait_ready  # noqa: E402
-
+from bench.bench_serve import free_port, local_tls, process, wait_ready  # noqa: E402
 from webhook.admission.server import ServeOptions  # noqa: E402
 from webhook.demo import EXAMPLE_POLICIES  # noqa: E402
 from webhook.quantity import whole  # noqa: E402

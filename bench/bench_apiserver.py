@@ -40,10 +40,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-from bench_serve import free_port, local_tls, process, wait_ready  # noqa: E402
-
+from bench.bench_serve import free_port, local_tls, process, wait_ready  # noqa: E402
 from e2e.node import image, versions  # noqa: E402
 from e2e.node.assets import ensure_debian_packages, missing_prerequisites  # noqa: E402
 from e2e.node.cluster import NodeCluster  # noqa: E402

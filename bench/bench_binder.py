@@ -46,9 +46,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_serve import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.bench_serve import free_port
 from webhook import keys
 from webhook.binder.assignment import decode_assignment, encode_record
 from webhook.doubles.emulator import ApiServerEmulator

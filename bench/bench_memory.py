@@ -34,8 +34,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench_serve import free_port, local_tls, process, wait_ready  # noqa: E402
-
+from bench.bench_serve import free_port, local_tls, process, wait_ready  # noqa: E402
 from webhook.demo.scenario import QUEUES, volcano_queue  # noqa: E402
 
 FIXTURES = REPO.parent / "shared" / "fixtures"

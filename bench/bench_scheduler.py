@@ -69,11 +69,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-from bench_binder import NS, BindWatch, gang_pods, node, pct, stage_breakdown  # noqa: E402
-from bench_serve import free_port  # noqa: E402
-
+from bench.bench_binder import NS, BindWatch, gang_pods, node, pct, stage_breakdown  # noqa: E402
+from bench.bench_serve import free_port  # noqa: E402
 from e2e.node import schedulers, versions  # noqa: E402
 from e2e.node.assets import binaries, missing_prerequisites  # noqa: E402
 from e2e.node.cluster import write_pki  # noqa: E402
