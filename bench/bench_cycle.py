@@ -31,7 +31,7 @@ from bench.bench_binder import gang_pods, node
 from webhook import keys
 from webhook.binder.fit import FitCache
 from webhook.binder.nodes import NodeInfo, parse_node
-from webhook.binder.planner import Plan, PlanConfig, plan_gangs
+from webhook.binder.planner import PlaceFn, Plan, PlanConfig, plan_gangs
 from webhook.binder.pods import parse_pod
 from webhook.binder.queue import GangQueue
 from webhook.binder.snapshot import Snapshot
@@ -89,23 +89,25 @@ def main() -> int:
     for info in nodes.values():
         if info.topology is not None:
             tables.tables(info.topology)
-    grouped = functools.partial(place_gang, tables=tables)  # as webhook.binder.controller
+    grouped: PlaceFn = functools.partial(place_gang, tables=tables)  # as webhook.binder.controller
 
-    def scanning(nodes_: Sequence[NodeState], gang: GangRequest, *, network: Network | None,
+    # PlaceFn's parameter names: a caller may pass them by keyword
+    def scanning(nodes: Sequence[NodeState], gang: GangRequest, *, network: Network | None,
                  groups: NodeGroups | None = None) -> GangPlacement | Unplaceable:
-        return place_gang(nodes_, gang, network=network, tables=tables)
+        return place_gang(nodes, gang, network=network, tables=tables)
 
     config = PlanConfig(keys.DEFAULT_BINDER_SCHEDULER_NAME)
     snap = queued(args.profile or args.gangs)
 
-    def cycle(place: object) -> tuple[Plan, float, float]:
+    def cycle(place: PlaceFn) -> tuple[Plan, float, float]:
         """The binder's first cycle, its gangs, node states and eligible sets made afresh: the
         plan, its seconds, and those of `plan_gangs` alone."""
         t0 = time.perf_counter()
-        gangs, states = snap.open_gangs({}, None), snap.node_states(nodes)
+        gangs = snap.open_gangs({}, config.podgroup_default_timeout)
+        states = snap.node_states(nodes)
         t1 = time.perf_counter()
         plan = plan_gangs(gangs, snap.allocation, states, nodes, config=config,
-                          queue=GangQueue(), fit=FitCache(), place=place,  # type: ignore[arg-type]
+                          queue=GangQueue(), fit=FitCache(), place=place,
                           now=1e9)
         t2 = time.perf_counter()
         return plan, t2 - t0, t2 - t1

@@ -59,7 +59,7 @@ GANGS = {"4x1": (4, 1), "8x1": (8, 1), "2x4": (2, 4), "16x8": (16, 8)}
 TARGETS_MS: dict[int, float | None] = {1000: 10.0, 5000: 100.0, 16384: None}
 
 
-def topologies(n: int, rng: random.Random) -> list[object]:
+def topologies(n: int, rng: random.Random) -> list[Topology]:
     out = []
     for i in range(n):
         t = builtin(rng.choice(KINDS))
@@ -68,13 +68,13 @@ def topologies(n: int, rng: random.Random) -> list[object]:
     return out
 
 
-def snapshot(topos: list[object], rng: random.Random) -> list[NodeState]:
+def snapshot(topos: list[Topology], rng: random.Random) -> list[NodeState]:
     nodes = []
     for i, t in enumerate(topos):
         r = rng.random()
         used = 8 if r < 0.4 else 0 if r < 0.6 else rng.randint(1, 7)
         free = frozenset(rng.sample(range(8), 8 - used))
-        nodes.append(NodeState(name=f"node-{i:05}", topology=t,  # type: ignore[arg-type]
+        nodes.append(NodeState(name=f"node-{i:05}", topology=t,
                                free_gpus=free, free_cpu_milli=rng.choice([16000, 64000]),
                                free_memory_bytes=256 << 30))
     return nodes
