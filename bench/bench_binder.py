@@ -342,12 +342,13 @@ def stage_breakdown(text: str) -> str:
                 cycles["count" if sample.name.endswith("count") else "sum"] = sample.value
     lines = []
     for name in ("queued", "plan", "bind"):
-        st = stages.get(name)
-        if st is None or not st.get("count"):
+        stage = stages.get(name)
+        if stage is None or not stage.get("count"):
             continue
-        lines.append(f"    {name:7} mean {st['sum'] / st['count'] * 1e3:6.1f} ms, p50 ~"
-                     f"{quantile(st['buckets'], 0.5) * 1e3:6.1f} ms, p99 ~"
-                     f"{quantile(st['buckets'], 0.99) * 1e3:6.1f} ms ({st['count']:.0f} gangs)")
+        lines.append(f"    {name:7} mean {stage['sum'] / stage['count'] * 1e3:6.1f} ms, p50 ~"
+                     f"{quantile(stage['buckets'], 0.5) * 1e3:6.1f} ms, p99 ~"
+                     f"{quantile(stage['buckets'], 0.99) * 1e3:6.1f} ms "
+                     f"({stage['count']:.0f} gangs)")
     lines.append(f"    cycles  {cycles['count']:.0f}, mean "
                  f"{cycles['sum'] / max(cycles['count'], 1) * 1e3:.2f} ms, "
                  f"total {cycles['sum']:.2f} s")

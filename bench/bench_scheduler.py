@@ -412,8 +412,8 @@ async def bench(args: argparse.Namespace, env: Env) -> None:
             for crd in ("volcano-queues", "volcano-podgroups"):
                 await served_crd(kube, crd)
             # the scheduler's informers wait for every CRD of its chart (numatopologies, ...)
-            for crd in volcano_chart_crds():
-                await kube.create(CRDS, crd)
+            for doc in volcano_chart_crds():
+                await kube.create(CRDS, doc)
             queue = volcano_queue("default")
             await kube.create(VOLCANO_QUEUES, queue)
             await kube.patch(VOLCANO_QUEUES, "default", {"status": queue["status"]},
