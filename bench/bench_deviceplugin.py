@@ -52,7 +52,7 @@ from webhook.agent.deviceplugin.plugin import (  # noqa: E402
     VISIBLE_DEVICES_ENV,
     device_list,
 )
-from webhook.binder.assignment import encode_assignment  # noqa: E402
+from webhook.binder.assignment import encode_assignment, uuids_of  # noqa: E402
 from webhook.doubles.fakekubelet import FakeKubelet  # noqa: E402
 from webhook.kube import PODS, KubeApi, make_api_client  # noqa: E402
 from webhook.topology import ContainerGpus, GpuAssignment, builtin  # noqa: E402
@@ -141,8 +141,8 @@ async def wait_file(path: Path, proc: asyncio.subprocess.Process, log: Path) -> 
 # --- the measurement -------------------------------------------------------------------------
 
 def pod(batch: int, gpu: int) -> dict[str, Any]:
-    g = TOPOLOGY.gpus[gpu]
-    assignment = GpuAssignment(NODE, {"main": ContainerGpus((gpu,), (g.uuid,))})
+    # as the binder names the GPU (the built-in topology has its UUIDs)
+    assignment = GpuAssignment(NODE, {"main": ContainerGpus((gpu,), uuids_of(TOPOLOGY, (gpu,)))})
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"w-{batch}-{gpu}", "namespace": NS,
                          "annotations": {keys.ANN_GPU_ASSIGNMENT: encode_assignment(assignment)}},
