@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import highspy
 
@@ -78,7 +79,10 @@ def _solve(c: Cluster, job: Job, nodes: list[int], ratio: float,
             net = -ratio if ratio < 0 else min(k, f.rails) * f.rail_gbps / ratio
             h.addConstr(b <= net + top * (1 - v) + top * (1 - z))
         if any(key[0] == i for key in y):
-            h.addConstr(sum(y[i, j] for j in range(1, min(cap, job.pods) + 1)) <= 1)
+            # node i has a y, so the sum is an expression, never sum()'s start 0
+            picks = cast(highspy.highs_linear_expression,
+                         sum(y[i, j] for j in range(1, min(cap, job.pods) + 1)))
+            h.addConstr(picks <= 1)
     if not y:
         return None
     h.addConstr(sum(j * v for (_, j), v in y.items()) == job.pods)
