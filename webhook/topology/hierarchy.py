@@ -237,9 +237,7 @@ class _Decision:
         leaf_of = {n.name: k for k, d in self.doms.items()
                    if d.nodes and not k[-1].startswith(_NODE) and len(k) - (k[-1] == _OWN) > wide
                    for n in d.nodes}
-        nodes = [n for n in self.nodes if n.name in leaf_of]
-        if self.others:
-            nodes += [n for n in self.nodes if n.topology is None]
+        nodes = [n for n in self.nodes if n.name in leaf_of] + self._spare()
 
         def rank(n: NodeState) -> tuple[object, ...]:
             d = self.doms[leaf_of[n.name]]
@@ -248,6 +246,11 @@ class _Decision:
         placed = place_on_nodes(nodes, replace(self.gang, network=None), one_node=True,
                                 rank=rank, inter_node_gbps=self.inter_gbps, tables=self.tables)
         return placed if isinstance(placed, GangPlacement) else None
+
+    def _spare(self) -> list[NodeState]:
+        """The CPU-only nodes, when the gang has 0-GPU members (a launcher): they ride with the
+        GPU members, and may use these."""
+        return [n for n in self.nodes if n.topology is None] if self.others else []
 
     def _is_slice(self, key: Key) -> bool:
         if self.slice_at == len(self.chain):
@@ -295,8 +298,7 @@ class _Decision:
 
     def _place(self, parts: list[tuple[Key, int]]) -> GangPlacement | Unplaceable:
         """The engine on the chosen domains' nodes: all at once, or slice by slice."""
-        # the 0-GPU members (a launcher) ride with the first part, CPU-only nodes beside it
-        spare = [n for n in self.nodes if n.topology is None] if self.others else []
+        spare = self._spare()  # with the 0-GPU members, in the first part
         if not self.sliced:
             nodes = [n for key, _ in parts for n in self._nodes_under(key)]
             groups = [(nodes + spare, [*self.gpu, *self.others])]
