@@ -81,6 +81,19 @@ def test_fit_beats_numa_and_bisection_at_the_same_bandwidth() -> None:
     assert sorted(g for m in p.members for g in m.gpus) == [0, 4]
 
 
+def test_a_one_gpu_gang_keeps_a_free_quad_whole_for_a_quad_gang() -> None:
+    # "quad" has the 100 GB/s quad free; "odd" ({0, 2, 3, 4, 5}) has no such quad. Best fit
+    # alone puts the 1-GPU gang on "quad" (3 left, not 4), so the 4-GPU gang after it breaks
+    # the empty node; least loss puts it on "odd", and the quad gang then fills "quad"
+    nodes = [node("quad", free=(0, 1, 2, 3)), node("odd", free=(0, 2, 3, 4, 5)), node("empty")]
+    one = ok(place_gang(nodes, GangRequest(name="one", members=workers(1))))
+    assert one.members[0].node == "odd"
+    odd = node("odd", free={0, 2, 3, 4, 5} - set(one.members[0].gpus))
+    left = [odd if n.name == "odd" else n for n in nodes]
+    quad = ok(place_gang(left, GangRequest(name="quad", members=workers(4))))
+    assert {m.node for m in quad.members} == {"quad"} and quad.gang_gbps == 100.0
+
+
 def test_two_by_four_splits_a_node_into_its_quads() -> None:
     gang = GangRequest(name="g", members=workers(2, gpus=4))
     p = ok(place_gang([node("a")], gang))

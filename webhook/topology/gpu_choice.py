@@ -96,18 +96,22 @@ class ClassTables:
 
     def placement_key(self, free: int, k: int) -> tuple[float, ...]:
         """Sort key (smaller is better) for putting k GPUs on a node with `free` GPUs: the best
-        set's allreduce bandwidth (what the step time reads), then best fit (fewest GPUs left
-        free), then the set's other scores (ring, bisection, NUMA span), then what the rest is
-        worth. Best fit before the other scores keeps small gangs packed into part-used nodes
-        (docs/topology.md, "Bench figures"). Element 0 is minus the set's allreduce bandwidth.
-        Requires k <= free GPUs."""
+        set's allreduce bandwidth (what the step time reads); then the least loss of what the
+        node can still offer (`future` before minus after: a node whose intact NVLink quad a
+        1-GPU gang would break loses more than one whose leftovers no 4-GPU gang could use);
+        then best fit (fewest GPUs left free); then the set's other scores (ring, bisection,
+        NUMA span) and what the rest is worth. Least loss and best fit before the other scores
+        keep small gangs in part-used nodes, and whole NVLink sets whole for the gangs that
+        need them (docs/topology.md, "Bench figures"). Element 0 is minus the set's allreduce
+        bandwidth. Requires k <= free GPUs."""
         key = self._placement.get((free, k))
         if key is None:
             mask = self.choose(free, k)
             assert mask is not None, "placement_key needs k free GPUs"
             a, r, b, numa = self.score(mask).rank_key()
             left = free & ~mask
-            key = (-a, left.bit_count(), -r, -b, -numa, -self.future(left))
+            after = self.future(left)
+            key = (-a, self.future(free) - after, left.bit_count(), -r, -b, -numa, -after)
             self._placement[(free, k)] = key
         return key
 
