@@ -227,8 +227,8 @@ class _Decision:
     def _one_node(self) -> GangPlacement | None:
         """A gang whose GPU members fit on one node is within one domain of every level: the
         narrowest domain that fits is that node, chosen over every node the levels allow as
-        the engine chooses (bandwidth, then best fit), ties to the node whose leaf is the
-        fullest (best fit, as for the domains). None: no node holds it."""
+        the engine chooses (bandwidth, then least loss and best fit), ties to the node whose
+        leaf is the fullest (best fit, as for the domains). None: no node holds it."""
         if sum(m.gpus for m in self.gpu) > self.most_gpus:
             return None
         wide = self.level if self.req.mode == "required" else -1

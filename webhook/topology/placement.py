@@ -1,9 +1,10 @@
 """Gang placement on a set of nodes: which nodes, and which GPUs on each, for every member of a
 gang (`hierarchy` first chooses the network domains whose nodes these are).
 
-Order of preference: fewest nodes; then the best allreduce bandwidth; then best fit (the fewest
-free GPUs left on the node); then the set's ring, bisection and NUMA span; then the best sets
-left behind; then the caller's rank (node name by default), so the result is deterministic.
+Order of preference: fewest nodes; then the best allreduce bandwidth; then the least loss of
+what the node can still offer later gangs (`ClassTables.placement_key`); then best fit (the
+fewest free GPUs left on the node); then the set's ring, bisection and NUMA span; then the best
+sets left behind; then the caller's rank (node name by default), so the result is deterministic.
 GPU members of the gang on one node share one optimally chosen GPU set
 (`gpu_choice.ClassTables.choose`), split among them the same way. 0-GPU members (the MPI
 launcher) go to a node the gang already uses when it has room, else to the node with the fewest
