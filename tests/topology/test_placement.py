@@ -112,9 +112,27 @@ def test_sixteen_by_eight_uses_sixteen_whole_nodes() -> None:
 def test_split_uses_fewest_nodes() -> None:
     nodes = [node("a", free=(0, 1)), node("b", free=(0, 1, 2)), node("c", free=range(6))]
     p = ok(place_gang(nodes, GangRequest(name="g", members=workers(8))))
-    # b's pair (1,2) has two NVLinks, a's pair (0,1) one: bandwidth decides before fit
-    assert p.nodes_used == 2 and Counter(m.node for m in p.members) == {"c": 6, "b": 2}
+    # two nodes at the least; c + b splits 5 + 3, more evenly than c + a's 6 + 2
+    assert p.nodes_used == 2 and Counter(m.node for m in p.members) == {"c": 5, "b": 3}
     assert p.ring_gbps["b"] == 50.0
+
+
+def test_a_split_is_as_even_as_the_fewest_nodes_allow() -> None:
+    # 7 + 1 would leave one GPU on the network through one NIC; the two 4-free nodes give
+    # 4 + 4 and leave the 7-free node whole for another gang
+    nodes = [node("seven", free=range(7)), node("four-a", free=(0, 1, 2, 3)),
+             node("four-b", free=(4, 5, 6, 7))]
+    p = ok(place_gang(nodes, GangRequest(name="g", members=workers(8))))
+    assert Counter(m.node for m in p.members) == {"four-a": 4, "four-b": 4}
+    assert p.ring_gbps == {"four-a": 100.0, "four-b": 100.0}
+
+
+def test_an_even_split_never_costs_a_node() -> None:
+    # 6 + 2 on two nodes, or 3 + 3 + 2 on three: the fewest nodes come first
+    nodes = [node("six", free=range(6)), node("three-a", free=(0, 1, 2)),
+             node("three-b", free=(4, 5, 6)), node("two", free=(6, 7))]
+    p = ok(place_gang(nodes, GangRequest(name="g", members=workers(8))))
+    assert p.nodes_used == 2 and Counter(m.node for m in p.members) == {"six": 5, "three-a": 3}
 
 
 def test_single_node_required_says_why() -> None:

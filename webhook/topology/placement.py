@@ -21,6 +21,7 @@ nodes, and choose the same nodes. See bench/bench_placement.py and bench/bench_c
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -413,8 +414,10 @@ def capacity(free: int, cpu_milli: int, memory_bytes: int, pods: int, m: MemberR
 
 
 def _multi_uniform(views: _Views, members: list[MemberRequest]) -> list[_Node] | int:
-    """Identical members: take the nodes that hold the most of them (ties: best bandwidth, best
-    fit), and finish on the best node that fits the rest. Fewest nodes is exact here."""
+    """Identical members: the nodes that hold the most of them (ties: best bandwidth, best
+    fit), the last the best node that fits the rest; fewest nodes is exact here. When that
+    leaves the last node a smaller part than an even split would (7 + 1), the split is evened
+    out (`_even_parts`): the smallest part reaches the network through the fewest NICs."""
     m = members[0]
     caps = [
         (c, n, tables, free)
@@ -424,24 +427,57 @@ def _multi_uniform(views: _Views, members: list[MemberRequest]) -> list[_Node] |
     if sum(c for c, *_ in caps) < len(members):
         return sum(c for c, *_ in caps)
     caps.sort(key=lambda e: (-e[0], e[2].placement_key(e[3], e[0] * m.gpus), e[1].name))
-    chosen: list[_Node] = []
+    parts: list[tuple[int, int]] = []  # (index into caps, members)
     need = len(members)
     i = 0
     while need:
-        c, n, *_ = caps[i]
-        take = min(c, need)
+        c = caps[i][0]
         if c >= need:  # the rest fits on one node: the best of those that can take it
-            n = min(
-                (e for e in caps[i:] if e[0] >= need),
-                key=lambda e: (e[2].placement_key(e[3], need * m.gpus), e[1].name),
-            )[1]
-        v = views.get(n)
-        for _ in range(take):
-            v.take(members[len(members) - need])
-            need -= 1
-        chosen.append(v)
+            last = min((j for j in range(i, len(caps)) if caps[j][0] >= need),
+                       key=lambda j: (caps[j][2].placement_key(caps[j][3], need * m.gpus),
+                                      caps[j][1].name))
+            parts.append((last, need))
+            break
+        parts.append((i, c))
+        need -= c
         i += 1
+    count, need = len(parts), len(members)
+    even = min(caps[count - 1][0], need // count)
+    if parts[-1][1] < even:  # those that hold `even` are a prefix of caps: same indices
+        parts = _even_parts([c for c, *_ in caps if c >= even], need, count, even)
+    chosen: list[_Node] = []
+    at = 0
+    for j, part in parts:
+        v = views.get(caps[j][1])
+        for member in members[at:at + part]:
+            v.take(member)
+        at += part
+        chosen.append(v)
     return chosen
+
+
+def _even_parts(caps: list[int], need: int, count: int, even: int) -> list[tuple[int, int]]:
+    """(index into `caps`, members) on `count` nodes for `need` members, each node at least
+    `even`: node by node, the smallest capacity that still lets the roomiest left cover the
+    rest (best fit; among equal ones the first, the better bandwidth). `caps` is sorted
+    roomiest first, and its first `count` hold `need`."""
+    taken: set[int] = set()
+    smallest_first = sorted(range(len(caps)), key=lambda j: (caps[j], j))
+    left = need
+    for k in range(count - 1, -1, -1):  # k: nodes still to pick after this one
+        top = list(itertools.islice((j for j in range(len(caps)) if j not in taken), k + 1))
+        pick = next(j for j in smallest_first if j not in taken
+                    and caps[j] + sum(caps[t] for t in [t for t in top if t != j][:k]) >= left)
+        taken.add(pick)
+        left -= caps[pick]
+    # every node gets `even`; the rest fills the nodes with the least room above it first
+    out = dict.fromkeys(taken, even)
+    extra = need - even * count
+    for j in sorted(taken, key=lambda j: (caps[j], j)):
+        more = min(caps[j] - even, extra)
+        out[j] += more
+        extra -= more
+    return sorted(out.items())
 
 
 def _multi_mixed(views: _Views, members: list[MemberRequest]) -> list[_Node] | int:
