@@ -221,7 +221,7 @@ def test_empty_gang() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10**6), count=st.integers(1, 12), size=st.sampled_from([1, 2, 4, 8]))
+@given(seed=st.integers(0, 10**6), count=st.integers(1, 24), size=st.sampled_from([1, 2, 4, 8]))
 def test_random_clusters_give_valid_minimal_placements(seed: int, count: int, size: int) -> None:
     rng = random.Random(seed)
     kinds = ["dgx1-v100", "dgx1-p100", "hgx-a100", "pcie8-nvlink-pairs"]
@@ -252,6 +252,9 @@ def test_random_clusters_give_valid_minimal_placements(seed: int, count: int, si
     gpu_nodes = {m.node for m in p.members if m.gpus}
     minimal = next(i for i in range(1, len(caps) + 1) if sum(caps[:i]) >= count)
     assert len(gpu_nodes) == minimal
+    parts = Counter(m.node for m in p.members if m.gpus)
+    if minimal > 1:  # as even as the fewest nodes allow
+        assert min(parts.values()) >= min(caps[minimal - 1], count // minimal)
     if len(gpu_nodes) == 1 and count * size >= 2:
         (name,) = gpu_nodes
         chosen = [g for m in p.members for g in m.gpus]

@@ -21,6 +21,7 @@ nodes, and choose the same nodes. See bench/bench_placement.py and bench/bench_c
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -460,15 +461,27 @@ def _even_parts(caps: list[int], need: int, count: int, even: int) -> list[tuple
     """(index into `caps`, members) on `count` nodes for `need` members, each node at least
     `even`: node by node, the smallest capacity that still lets the roomiest left cover the
     rest (best fit; among equal ones the first, the better bandwidth). `caps` is sorted
-    roomiest first, and its first `count` hold `need`."""
+    roomiest first, and its first `count` hold `need`. Each pick costs a bisection and the
+    roomiest left, not a scan of every node."""
+    smallest = sorted((c, j) for j, c in enumerate(caps))
     taken: set[int] = set()
-    smallest_first = sorted(range(len(caps)), key=lambda j: (caps[j], j))
     left = need
     for k in range(count - 1, -1, -1):  # k: nodes still to pick after this one
         top = list(itertools.islice((j for j in range(len(caps)) if j not in taken), k + 1))
-        pick = next(j for j in smallest_first if j not in taken
-                    and caps[j] + sum(caps[t] for t in [t for t in top if t != j][:k]) >= left)
+        head, covered = set(top[:k]), sum(caps[j] for j in top[:k])
+        # a node outside the k roomiest works when it holds what they leave over
+        at = bisect.bisect_left(smallest, (left - covered, -1))
+        while at < len(smallest) and smallest[at][1] in head:
+            at += 1
+        pick = smallest[at][1] if at < len(smallest) else None
+        # one of them works when they and the next roomiest hold it all; the smallest of them
+        if head and covered + caps[top[k]] >= left:
+            low = min(head, key=lambda j: (caps[j], j))
+            if pick is None or (caps[low], low) < (caps[pick], pick):
+                pick = low
+        assert pick is not None, "the roomiest left always hold the rest"
         taken.add(pick)
+        smallest.remove((caps[pick], pick))
         left -= caps[pick]
     # every node gets `even`; the rest fills the nodes with the least room above it first
     out = dict.fromkeys(taken, even)
