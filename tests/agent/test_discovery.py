@@ -94,11 +94,22 @@ def test_nvswitch_fallback_when_remote_type_not_supported() -> None:
 def test_numa_not_supported_is_a_fact_not_a_degradation() -> None:
     record = profile_record("dgx1-v100")
     for dev in record.devices:
-        dev.numa_node = Err(error=pynvml.NVML_ERROR_NOT_SUPPORTED)
+        dev.memory_affinity = Err(error=pynvml.NVML_ERROR_NOT_SUPPORTED)
     found = discover(FakeNvml(record))
     assert found.topology is not None
     assert {g.numa_node for g in found.topology.gpus} == {None}
     assert not found.degraded
+
+
+@pytest.mark.parametrize(("nodes", "want"), [([], None), ([0, 1], None), ([1], 1), ([70], 70),
+                                             ([1023], 1023)])
+def test_numa_is_the_one_node_of_the_memory_affinity(nodes: list[int], want: int | None) -> None:
+    """A GPU near no node or several equally has no one NUMA node; bits past 64 are read."""
+    record = profile_record("dgx1-v100")
+    record.devices[0].memory_affinity = nodes
+    found = discover(FakeNvml(record))
+    assert found.topology is not None and not found.degraded
+    assert found.topology.gpus[0].numa_node == want
 
 
 def test_unknown_error_on_one_pair_degrades_only_that_pair() -> None:

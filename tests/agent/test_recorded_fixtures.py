@@ -14,8 +14,10 @@ import pytest
 from webhook.agent.discovery import discover
 from webhook.agent.nvmlrecord import record_nvml
 from webhook.doubles.fakenvml import FakeNvml
-from webhook.topology import builtin, decode, encode, topology_class
+from webhook.topology import builtin, decode, encode, parse_nvidia_smi_topo, topology_class
 
+#: `nvidia-smi topo -m` on the machine h200-vm.json was recorded on, as the terminal showed it
+SMI = Path(__file__).parents[1] / "topology" / "smi" / "h200-vm-tty.txt"
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "nvml").glob("*.json"))
 EXPECTED = {
     "dgx1-v100-r418-fake.json": "dgx1-v100",
@@ -39,3 +41,23 @@ def test_recorded_fixture_replays(path: Path) -> None:
     if path.name in EXPECTED:
         assert topology_class(found.topology) == topology_class(builtin(EXPECTED[path.name]))
         assert not found.degraded
+
+
+def test_a_real_h200_recording() -> None:
+    """Recorded on a real NVIDIA H200 (one GPU passed through to a Firecracker VM, driver
+    580.159.04): every NVLink call answers NotSupported, nvmlDeviceGetNumaNodeId does too (the
+    GPU is no NUMA node of its own), and the memory affinity names node 0, as topo -m's NUMA
+    Affinity column does. None of that is a degradation."""
+    path = Path(__file__).parent / "fixtures" / "nvml" / "h200-vm.json"
+    found = discover(FakeNvml.from_file(path))
+    topo = found.topology
+    assert topo is not None and not found.degraded and found.driver_version == "580.159.04"
+    (gpu,) = topo.gpus
+    assert (gpu.model, gpu.numa_node, gpu.memory_mib) == ("NVIDIA H200", 0, 143771)
+    assert gpu.pci_bus_id == "00000000:00:06.0" and gpu.uuid and gpu.uuid.startswith("GPU-")
+    assert topo.nvlinks == ((0,),) and topo.nvswitch == frozenset() and topo.pcie_gen == 5
+    # what `nvidia-smi topo -m` printed on the same machine says the same about the node
+    smi = parse_nvidia_smi_topo(SMI.read_text(), pcie_gen=5, nvlink_gbps=None,
+                                model="NVIDIA H200")
+    assert ([g.numa_node for g in smi.gpus], smi.nvlinks, smi.pcie, smi.nvswitch) == (
+        [g.numa_node for g in topo.gpus], topo.nvlinks, topo.pcie, topo.nvswitch)

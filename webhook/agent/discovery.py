@@ -17,7 +17,7 @@ from typing import Any
 
 import pynvml
 
-from webhook.agent.nvml import Nvml
+from webhook.agent.nvml import NODE_SET_WORDS, Nvml, mask_members
 from webhook.topology.model import GPU, PCIeLevel, Topology
 
 log = logging.getLogger(__name__)
@@ -187,10 +187,13 @@ def _gpu_fields(probe: _Probe, i: int, handle: Any) -> dict[str, Any]:
     memory, _ = probe.ask(f"gpu[{i}].memory", i, nvml.nvmlDeviceGetMemoryInfo, handle)
     if memory is not None:
         out["memory_mib"] = int(memory.total) // _MIB
-    numa, _ = probe.ask(f"gpu[{i}].numaNode", i, nvml.nvmlDeviceGetNumaNodeId, handle,
-                        facts=_ABSENT)
-    if numa is not None and int(numa) >= 0:  # -1: the kernel has no NUMA affinity for it
-        out["numa_node"] = int(numa)
+    # the NUMA node the GPU hangs off, as topo -m's "NUMA Affinity" column reads it
+    # (nvmlDeviceGetNumaNodeId is the GPU memory's own node: NotSupported on x86 servers)
+    mask, _ = probe.ask(f"gpu[{i}].numaNode", i, nvml.nvmlDeviceGetMemoryAffinity, handle,
+                        NODE_SET_WORDS, pynvml.NVML_AFFINITY_SCOPE_NODE, facts=_ABSENT)
+    nodes = mask_members(mask) if mask is not None else ()
+    if len(nodes) == 1:  # none, or several equally near: no one node to name
+        out["numa_node"] = nodes[0]
     gen, _ = probe.ask(f"gpu[{i}].pcieGen", i, nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle,
                        facts=_ABSENT)
     if gen is not None and int(gen) > 0:

@@ -9,6 +9,7 @@ both fail with `pynvml.NVMLError` carrying NVML's return code.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, TypeAlias
 
 import pynvml
@@ -16,6 +17,24 @@ import pynvml
 #: opaque handles: what nvmlDeviceGetHandleByIndex and nvmlEventSetCreate return
 DeviceHandle: TypeAlias = Any
 EventSet: TypeAlias = Any
+
+#: 64-bit words of the NUMA node set asked of nvmlDeviceGetMemoryAffinity: 1,024 nodes, the
+#: kernel's largest MAX_NUMNODES on x86-64
+NODE_SET_WORDS = 16
+
+
+def mask_members(words: Sequence[int]) -> tuple[int, ...]:
+    """The bit numbers set in an NVML affinity mask (64-bit words, lowest first)."""
+    return tuple(64 * w + b for w, word in enumerate(words) for b in range(64) if word >> b & 1)
+
+
+def members_mask(members: Iterable[int], words: int) -> list[int]:
+    """`mask_members`'s inverse: the mask of `words` words with these bits set."""
+    out = [0] * words
+    for m in members:
+        if 0 <= m < 64 * words:
+            out[m // 64] |= 1 << (m % 64)
+    return out
 
 
 class Nvml(Protocol):
@@ -39,7 +58,8 @@ class Nvml(Protocol):
 
     def nvmlDeviceGetMemoryInfo(self, handle: DeviceHandle, /) -> Any: ...
 
-    def nvmlDeviceGetNumaNodeId(self, handle: DeviceHandle, /) -> int: ...
+    def nvmlDeviceGetMemoryAffinity(self, handle: DeviceHandle, node_set_size: int, scope: int,
+                                    /) -> Sequence[int]: ...
 
     def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: DeviceHandle, /) -> int: ...
 
@@ -94,8 +114,9 @@ class RealNvml:
     def nvmlDeviceGetMemoryInfo(self, handle: DeviceHandle, /) -> Any:
         return pynvml.nvmlDeviceGetMemoryInfo(handle)
 
-    def nvmlDeviceGetNumaNodeId(self, handle: DeviceHandle, /) -> int:
-        return int(pynvml.nvmlDeviceGetNumaNodeId(handle))
+    def nvmlDeviceGetMemoryAffinity(self, handle: DeviceHandle, node_set_size: int, scope: int,
+                                    /) -> Sequence[int]:
+        return [int(w) for w in pynvml.nvmlDeviceGetMemoryAffinity(handle, node_set_size, scope)]
 
     def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: DeviceHandle, /) -> int:
         return int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle))

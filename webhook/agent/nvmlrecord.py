@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 import pynvml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from webhook.agent.nvml import DeviceHandle, Nvml
+from webhook.agent.nvml import NODE_SET_WORDS, DeviceHandle, Nvml, mask_members
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,9 @@ class DeviceRecord(BaseModel):
     memory_total: int | Err = Field(
         default=Err(error=pynvml.NVML_ERROR_UNKNOWN), alias="memoryTotal"
     )
-    numa_node: int | Err = Field(
-        default=Err(error=pynvml.NVML_ERROR_NOT_SUPPORTED), alias="numaNode"
+    #: the NUMA nodes in nvmlDeviceGetMemoryAffinity's node-scope mask
+    memory_affinity: list[int] | Err = Field(
+        default=Err(error=pynvml.NVML_ERROR_NOT_SUPPORTED), alias="memoryAffinity"
     )
     max_pcie_gen: int | Err = Field(
         default=Err(error=pynvml.NVML_ERROR_NOT_SUPPORTED), alias="maxPcieLinkGeneration"
@@ -73,7 +74,8 @@ class NvmlRecord(BaseModel):
     """Everything the discovery asks NVML, for one node."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    v: Literal[1] = 1
+    #: 2: NUMA from the memory affinity (v1 asked nvmlDeviceGetNumaNodeId: re-record)
+    v: Literal[2] = 2
     source: str = ""
     init_error: int | None = Field(default=None, alias="initError")
     driver_version: str | Err = Field(
@@ -84,6 +86,20 @@ class NvmlRecord(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, exclude_defaults=False, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, name: str) -> NvmlRecord:
+        """The record in `text`; ValueError in one line naming `name` and what is wrong."""
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "document"
+            if first["loc"] == ("v",):
+                raise ValueError(f"{name}: an NVML recording of format v={first['input']}; this "
+                                 "Muster reads v=2: record it again with `muster agent discover "
+                                 "--record`") from None
+            raise ValueError(f"{name}: not an NVML recording: {where}: {first['msg']}") from None
 
 
 def _answer(fn: Callable[..., T], *args: Any) -> T | Err:
@@ -144,6 +160,8 @@ def record_nvml(nvml: Nvml, source: str = "", anonymise_salt: str | None = None)
 def _record_device(nvml: Nvml, handle: DeviceHandle) -> DeviceRecord:
     memory = _answer(nvml.nvmlDeviceGetMemoryInfo, handle)
     pci = _answer(nvml.nvmlDeviceGetPciInfo, handle)
+    affinity = _answer(nvml.nvmlDeviceGetMemoryAffinity, handle, NODE_SET_WORDS,
+                       pynvml.NVML_AFFINITY_SCOPE_NODE)
     links: list[LinkRecord] = []
     for number in range(pynvml.NVML_NVLINK_MAX_LINKS):
         state = _answer(nvml.nvmlDeviceGetNvLinkState, handle, number)
@@ -164,7 +182,7 @@ def _record_device(nvml: Nvml, handle: DeviceHandle) -> DeviceRecord:
         name=_answer(nvml.nvmlDeviceGetName, handle),
         pci_bus_id=pci if isinstance(pci, Err) else str(pci.busId),
         memory_total=memory if isinstance(memory, Err) else int(memory.total),
-        numa_node=_answer(nvml.nvmlDeviceGetNumaNodeId, handle),
+        memory_affinity=affinity if isinstance(affinity, Err) else list(mask_members(affinity)),
         max_pcie_gen=_answer(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
         nvlink_version=_answer(nvml.nvmlDeviceGetNvLinkVersion, handle, 0),
         links=links,

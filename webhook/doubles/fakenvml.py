@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from webhook.agent.nvml import members_mask
 from webhook.agent.nvmlrecord import DeviceRecord, Err, LinkRecord, NvmlRecord
 from webhook.topology.builtin import DGX1_V100_NVLINKS, synthetic_uuid
 
@@ -82,7 +83,7 @@ class FakeNvml:
 
     @classmethod
     def from_file(cls, path: str | Path) -> FakeNvml:
-        return cls(NvmlRecord.model_validate_json(Path(path).read_text()))
+        return cls(NvmlRecord.from_json(Path(path).read_text(), str(path)))
 
     @classmethod
     def profile(cls, name: str) -> FakeNvml:
@@ -168,8 +169,12 @@ class FakeNvml:
         total = _value(self._device("nvmlDeviceGetMemoryInfo", handle).memory_total)
         return pynvml.c_nvmlMemory_t(total=total, free=total, used=0)
 
-    def nvmlDeviceGetNumaNodeId(self, handle: FakeHandle) -> int:
-        return _value(self._device("nvmlDeviceGetNumaNodeId", handle).numa_node)
+    def nvmlDeviceGetMemoryAffinity(self, handle: FakeHandle, node_set_size: int,
+                                    scope: int) -> list[int]:
+        nodes = _value(self._device("nvmlDeviceGetMemoryAffinity", handle).memory_affinity)
+        if scope != pynvml.NVML_AFFINITY_SCOPE_NODE:  # only the node scope is recorded
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return members_mask(nodes, node_set_size)
 
     def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: FakeHandle) -> int:
         return _value(self._device("nvmlDeviceGetMaxPcieLinkGeneration", handle).max_pcie_gen)
@@ -268,7 +273,7 @@ def _dgx1_v100(remote_type: str) -> NvmlRecord:
             name="Tesla V100-SXM2-16GB",
             pci_bus_id=_bus(_DGX1_BUS[i]),
             memory_total=16945512448,  # 16160 MiB, what a V100-SXM2-16GB reports
-            numa_node=i // 4,
+            memory_affinity=[i // 4],
             max_pcie_gen=3,
             nvlink_version=pynvml.NVML_NVLINK_VERSION_2_0,
             links=links,
@@ -293,7 +298,7 @@ def _hgx_a100() -> NvmlRecord:
             name="NVIDIA A100-SXM4-80GB",
             pci_bus_id=_bus(_HGX_A100_BUS[i]),
             memory_total=85899345920,  # 81920 MiB
-            numa_node=i // 4,
+            memory_affinity=[i // 4],
             max_pcie_gen=4,
             nvlink_version=pynvml.NVML_NVLINK_VERSION_3_0,
             links=links,
