@@ -191,8 +191,24 @@ def placers(seed: int, tables: TableCache) -> dict[str, Placer]:
 Metrics = dict[str, dict[str, float]]  # placement -> metric -> value
 
 
-def compare(spec: ClusterSpec, count: int, load: float, seed: int) -> Metrics:
-    """Every placement on the same arrivals: the table, and Muster against the best baseline."""
+def slowed(r: Result, jobs: Sequence[Job]) -> str:
+    """Per gang shape (pods x GPUs each): jobs over their ideal step / jobs placed, and the
+    sum over them of step x - 1 (what each shape adds to the step mean times the jobs)."""
+    shapes: dict[tuple[int, int], list[float]] = {}
+    for j in jobs:
+        if j.id in r.steps:
+            s, i = r.steps[j.id]
+            shapes.setdefault((j.pods, j.pod_gpus), []).append(s / i - 1)
+    return ", ".join(f"{p}x{g} {sum(x > 1e-4 for x in xs)}/{len(xs)} +{sum(xs):.2f}"
+                     for (p, g), xs in sorted(shapes.items(), key=lambda e: (e[0][0] * e[0][1],
+                                                                            e[0][1]))
+                     if sum(xs) > 1e-4)
+
+
+def compare(spec: ClusterSpec, count: int, load: float, seed: int, *,
+            show_slowed: bool = False) -> Metrics:
+    """Every placement on the same arrivals: the table, and Muster against the best baseline;
+    with `show_slowed`, where each placement's slowed jobs are."""
     tables = TableCache()
     jobs = arrivals(spec, count, load, random.Random(seed))
     ideal = {j.id: ideal_step(spec, j, tables) for j in jobs}
@@ -208,6 +224,10 @@ def compare(spec: ClusterSpec, count: int, load: float, seed: int) -> Metrics:
     for r, m in results:
         print(f"  {r.name:20}" + "".join(f"{m[c]:13.3f}" for c in cols) + f"{r.placed:8}"
               f"{statistics.fmean(r.call_ms):9.2f}")
+    if show_slowed:
+        print("  slowed jobs by shape (pods x GPUs: slowed/placed +summed step x - 1):")
+        for r, _ in results:
+            print(f"    {r.name}: {slowed(r, jobs) or 'none'}")
     metrics = {r.name: m for r, m in results}
     print("  Muster against the best baseline per metric:\n    " + "\n    ".join(
         f"{col}: {'ok' if good else 'WORSE'} ({mine:.3f} vs best {best:.3f})"
@@ -377,6 +397,8 @@ def main() -> int:
     ap.add_argument("--clusters", choices=("all", "fat1024", "fat4096", "nvl72"),
                     default="all", help="sim: every cluster, or one alone")
     ap.add_argument("--jobs", type=int, help="sim: arrivals per cluster (default per cluster)")
+    ap.add_argument("--slowed", action="store_true",
+                    help="sim: also each placement's slowed jobs by gang shape")
     args = ap.parse_args()
     ok = True
     if args.only in (None, "sim"):
@@ -385,7 +407,7 @@ def main() -> int:
         if args.clusters != "all":
             cases = [cases[("fat1024", "fat4096", "nvl72").index(args.clusters)]]
         for spec, count in cases:
-            runs = [compare(spec, args.jobs or count, args.load, seed)
+            runs = [compare(spec, args.jobs or count, args.load, seed, show_slowed=args.slowed)
                     for seed in range(args.seed, args.seed + args.seeds)]
             if len(runs) == 1:
                 ok &= all(good for _, good, *_ in verdicts(runs[0]))

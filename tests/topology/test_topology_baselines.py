@@ -121,3 +121,13 @@ def test_the_optimum_picks_the_best_gpus_of_a_node() -> None:
     assert min(sets) < max(sets) == 50.0  # the choice matters
     opt = optimum(c, job(4, 1), tables)
     assert opt is not None and opt.bus_gbps == pytest.approx(max(sets))
+
+
+def test_slowed_jobs_are_counted_by_gang_shape() -> None:
+    from bench.bench_topology import Result, slowed  # noqa: PLC0415 (the bench's own module)
+
+    jobs = [Job(0, 4, 1, 0, 1), Job(1, 4, 1, 0, 1), Job(2, 4, 4, 0, 1), Job(3, 16, 8, 0, 1)]
+    r = Result("x", steps={0: (1.5, 1.0), 1: (1.0, 1.0), 2: (1.0, 1.0), 3: (2.2, 2.0)})
+    # jobs at their ideal step add nothing; shapes by GPUs, then GPUs per pod
+    assert slowed(r, jobs) == "4x1 1/2 +0.50, 2x8 1/1 +0.10"
+    assert slowed(Result("y", steps={2: (1.0, 1.0)}), jobs) == ""
