@@ -278,7 +278,7 @@ def test_any_mix_of_failures_degrades_but_never_raises(
         assert found.degraded
 
 
-@pytest.mark.parametrize("name", ["dgx1-v100", "dgx1-v100-r535", "hgx-a100"])
+@pytest.mark.parametrize("name", ["dgx1-v100", "dgx1-v100-r535", "hgx-a100", "hgx-h100"])
 def test_discovered_fake_machine_is_the_builtin_node_type(name: str) -> None:
     node_type = name.removesuffix("-r535")
     found = discover(FakeNvml.profile(name)).topology

@@ -15,7 +15,8 @@ def _source_args(parser: argparse.ArgumentParser, *, sub: bool = False) -> None:
     parser.add_argument("--fake-nvml", nargs="?", const="dgx1-v100", metavar="PROFILE|FILE",
                         default=default,
                         help="use the fake NVML: a built-in profile (dgx1-v100, dgx1-v100-r535, "
-                             "hgx-a100; default dgx1-v100) or a file recorded with --record")
+                             "hgx-a100, hgx-h100; default dgx1-v100) or a file recorded with "
+                             "--record")
     parser.add_argument("--topology-file", metavar="FILE", default=default,
                         help="static topology (the node annotation's JSON) instead of NVML")
     parser.add_argument("--node-type", metavar="NAME", default=default,

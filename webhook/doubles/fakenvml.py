@@ -310,12 +310,43 @@ def _hgx_a100() -> NvmlRecord:
                       devices=devices)
 
 
+_HGX_H100_BUS = ("1B", "43", "52", "61", "9D", "C3", "D1", "DF")
+#: the four third-generation NVSwitch chips of an HGX H100 board, and each GPU's links to them
+_HGX_H100_SWITCHES = (("A2", 5), ("A3", 4), ("A4", 4), ("A5", 5))
+
+
+def _hgx_h100() -> NvmlRecord:
+    """8 x H100 SXM5, 18 NVLink 4 links each into 4 NVSwitch chips (5 + 4 + 4 + 5), PCIe gen 5,
+    each GPU behind its own PCIe switch (NODE within a socket, SYS across)."""
+    devices = []
+    for i in range(8):
+        links = [LinkRecord(state=pynvml.NVML_FEATURE_ENABLED, remote_pci_bus_id=_bus(bus),
+                            remote_type=pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+                 for bus, count in _HGX_H100_SWITCHES for _ in range(count)]
+        devices.append(DeviceRecord(
+            uuid=synthetic_uuid("hgx-h100", i),
+            name="NVIDIA H100 80GB HBM3",
+            pci_bus_id=_bus(_HGX_H100_BUS[i]),
+            memory_total=85520809984,  # 81559 MiB, what an H100 80GB HBM3 reports
+            memory_affinity=[i // 4],
+            max_pcie_gen=5,
+            nvlink_version=pynvml.NVML_NVLINK_VERSION_4_0,
+            links=links,
+            common_ancestor={j: _pcie_level(
+                i, j, pynvml.NVML_TOPOLOGY_NODE, pynvml.NVML_TOPOLOGY_NODE)
+                            for j in range(8) if j != i},
+        ))
+    return NvmlRecord(source="profile hgx-h100", driver_version="550.54.15", device_count=8,
+                      devices=devices)
+
+
 PROFILES: dict[str, Callable[[], NvmlRecord]] = {
     # remote device type raises FunctionNotFound (old driver): discovery must use the fallback
     "dgx1-v100": lambda: _dgx1_v100("function-not-found"),
     # the same machine on a current driver, which answers the remote device type
     "dgx1-v100-r535": lambda: _dgx1_v100("gpu"),
     "hgx-a100": _hgx_a100,
+    "hgx-h100": _hgx_h100,
 }
 
 
