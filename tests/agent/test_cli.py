@@ -58,6 +58,22 @@ def test_discover_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "topology" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("content", "message"), [
+    (b'{"v": 1, "deviceCount": 0}', "format v=1; this Muster reads v=2: record it again"),
+    (b"\x8f\x00 not text", "not an NVML recording: document: Invalid JSON"),
+    (b'{"v": 2, "deviceCount": "eight"}', "not an NVML recording: deviceCount"),
+    (b'{"v": 2, "deviceCount": 1, "devices": [{"memoryAffinity": "0"}]}',
+     "not an NVML recording: devices.0.memoryAffinity"),
+])
+def test_a_recording_that_cannot_be_replayed_is_named_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, message: str) -> None:
+    path = tmp_path / "node.json"
+    path.write_bytes(content)
+    assert main(["agent", "discover", "--fake-nvml", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: " in err and message in err and len(err.splitlines()) == 1, err
+
+
 def test_a_static_topology_without_uuids_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # the device plugin hands GPUs out by UUID: a parsed topo -m needs `nvidia-smi -L` with it

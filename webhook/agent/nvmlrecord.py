@@ -88,7 +88,7 @@ class NvmlRecord(BaseModel):
         return self.model_dump_json(by_alias=True, exclude_defaults=False, indent=1)
 
     @classmethod
-    def from_json(cls, text: str, name: str) -> NvmlRecord:
+    def from_json(cls, text: str | bytes, name: str) -> NvmlRecord:
         """The record in `text`; ValueError in one line naming `name` and what is wrong."""
         try:
             return cls.model_validate_json(text)

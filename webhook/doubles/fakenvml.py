@@ -83,7 +83,7 @@ class FakeNvml:
 
     @classmethod
     def from_file(cls, path: str | Path) -> FakeNvml:
-        return cls(NvmlRecord.from_json(Path(path).read_text(), str(path)))
+        return cls(NvmlRecord.from_json(Path(path).read_bytes(), str(path)))
 
     @classmethod
     def profile(cls, name: str) -> FakeNvml:
