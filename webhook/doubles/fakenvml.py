@@ -237,8 +237,6 @@ class FakeNvml:
 # --- built-in profiles: real machines' answers ---------------------------------------------------
 
 _DGX1_BUS = ("06", "07", "0A", "0B", "85", "86", "89", "8A")
-_HGX_A100_BUS = ("07", "0F", "47", "4E", "87", "90", "B7", "BD")
-_HGX_A100_SWITCH_BUS = ("C4", "C5", "C6", "C7", "C8", "C9")
 
 
 def _bus(bus: str) -> str:
@@ -286,58 +284,59 @@ def _dgx1_v100(remote_type: str) -> NvmlRecord:
                       device_count=8, devices=devices)
 
 
-def _hgx_a100() -> NvmlRecord:
-    devices = []
-    for i in range(8):
-        links = [LinkRecord(state=pynvml.NVML_FEATURE_ENABLED,
-                            remote_pci_bus_id=_bus(_HGX_A100_SWITCH_BUS[n // 2]),
-                            remote_type=pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
-                 for n in range(12)]
-        devices.append(DeviceRecord(
-            uuid=synthetic_uuid("hgx-a100", i),
-            name="NVIDIA A100-SXM4-80GB",
-            pci_bus_id=_bus(_HGX_A100_BUS[i]),
-            memory_total=85899345920,  # 81920 MiB
-            memory_affinity=[i // 4],
-            max_pcie_gen=4,
-            nvlink_version=pynvml.NVML_NVLINK_VERSION_3_0,
-            links=links,
-            common_ancestor={j: _pcie_level(
-                i, j, pynvml.NVML_TOPOLOGY_MULTIPLE, pynvml.NVML_TOPOLOGY_NODE)
-                            for j in range(8) if j != i},
-        ))
-    return NvmlRecord(source="profile hgx-a100", driver_version="535.183.01", device_count=8,
-                      devices=devices)
+@dataclass(frozen=True, slots=True)
+class _Hgx:
+    """An 8-GPU HGX board: every GPU's NVLinks go into the board's NVSwitch chips."""
+
+    name: str
+    model: str
+    bus: tuple[str, ...]
+    #: each NVSwitch chip's PCI bus, and how many links every GPU has into it
+    switches: tuple[tuple[str, int], ...]
+    memory_total: int
+    pcie_gen: int
+    nvlink_version: int
+    same_pair: int  # PCIe level of GPUs 2i and 2i + 1
+    same_socket: int
+    driver: str
 
 
-_HGX_H100_BUS = ("1B", "43", "52", "61", "9D", "C3", "D1", "DF")
-#: the four third-generation NVSwitch chips of an HGX H100 board, and each GPU's links to them
-_HGX_H100_SWITCHES = (("A2", 5), ("A3", 4), ("A4", 4), ("A5", 5))
+_HGX_A100 = _Hgx(
+    "hgx-a100", "NVIDIA A100-SXM4-80GB", ("07", "0F", "47", "4E", "87", "90", "B7", "BD"),
+    tuple((bus, 2) for bus in ("C4", "C5", "C6", "C7", "C8", "C9")),  # 12 links into 6
+    85899345920,  # 81920 MiB
+    4, pynvml.NVML_NVLINK_VERSION_3_0, pynvml.NVML_TOPOLOGY_MULTIPLE, pynvml.NVML_TOPOLOGY_NODE,
+    "535.183.01")
+#: 18 NVLink 4 links into 4 third-generation NVSwitch chips (5 + 4 + 4 + 5), each GPU behind
+#: its own PCIe switch (NODE within a socket)
+_HGX_H100 = _Hgx(
+    "hgx-h100", "NVIDIA H100 80GB HBM3", ("1B", "43", "52", "61", "9D", "C3", "D1", "DF"),
+    (("A2", 5), ("A3", 4), ("A4", 4), ("A5", 5)),
+    85520809984,  # 81559 MiB, what an H100 80GB HBM3 reports
+    5, pynvml.NVML_NVLINK_VERSION_4_0, pynvml.NVML_TOPOLOGY_NODE, pynvml.NVML_TOPOLOGY_NODE,
+    "550.54.15")
 
 
-def _hgx_h100() -> NvmlRecord:
-    """8 x H100 SXM5, 18 NVLink 4 links each into 4 NVSwitch chips (5 + 4 + 4 + 5), PCIe gen 5,
-    each GPU behind its own PCIe switch (NODE within a socket, SYS across)."""
+def _hgx(board: _Hgx) -> NvmlRecord:
     devices = []
     for i in range(8):
         links = [LinkRecord(state=pynvml.NVML_FEATURE_ENABLED, remote_pci_bus_id=_bus(bus),
                             remote_type=pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
-                 for bus, count in _HGX_H100_SWITCHES for _ in range(count)]
+                 for bus, count in board.switches for _ in range(count)]
         devices.append(DeviceRecord(
-            uuid=synthetic_uuid("hgx-h100", i),
-            name="NVIDIA H100 80GB HBM3",
-            pci_bus_id=_bus(_HGX_H100_BUS[i]),
-            memory_total=85520809984,  # 81559 MiB, what an H100 80GB HBM3 reports
+            uuid=synthetic_uuid(board.name, i),
+            name=board.model,
+            pci_bus_id=_bus(board.bus[i]),
+            memory_total=board.memory_total,
             memory_affinity=[i // 4],
-            max_pcie_gen=5,
-            nvlink_version=pynvml.NVML_NVLINK_VERSION_4_0,
+            max_pcie_gen=board.pcie_gen,
+            nvlink_version=board.nvlink_version,
             links=links,
-            common_ancestor={j: _pcie_level(
-                i, j, pynvml.NVML_TOPOLOGY_NODE, pynvml.NVML_TOPOLOGY_NODE)
-                            for j in range(8) if j != i},
+            common_ancestor={j: _pcie_level(i, j, board.same_pair, board.same_socket)
+                             for j in range(8) if j != i},
         ))
-    return NvmlRecord(source="profile hgx-h100", driver_version="550.54.15", device_count=8,
-                      devices=devices)
+    return NvmlRecord(source=f"profile {board.name}", driver_version=board.driver,
+                      device_count=8, devices=devices)
 
 
 PROFILES: dict[str, Callable[[], NvmlRecord]] = {
@@ -345,8 +344,8 @@ PROFILES: dict[str, Callable[[], NvmlRecord]] = {
     "dgx1-v100": lambda: _dgx1_v100("function-not-found"),
     # the same machine on a current driver, which answers the remote device type
     "dgx1-v100-r535": lambda: _dgx1_v100("gpu"),
-    "hgx-a100": _hgx_a100,
-    "hgx-h100": _hgx_h100,
+    "hgx-a100": lambda: _hgx(_HGX_A100),
+    "hgx-h100": lambda: _hgx(_HGX_H100),
 }
 
 
