@@ -18,7 +18,8 @@ from webhook.topology import builtin, decode, encode, parse_nvidia_smi_topo, top
 
 #: `nvidia-smi topo -m` on the machine h200-vm.json was recorded on, as the terminal showed it
 SMI = Path(__file__).parents[1] / "topology" / "smi" / "h200-vm-tty.txt"
-FIXTURES = sorted((Path(__file__).parent / "fixtures" / "nvml").glob("*.json"))
+NVML = Path(__file__).parent / "fixtures" / "nvml"
+FIXTURES = sorted(NVML.glob("*.json"))
 EXPECTED = {
     "dgx1-v100-r418-fake.json": "dgx1-v100",
     "hgx-a100-fake.json": "hgx-a100",
@@ -48,8 +49,7 @@ def test_a_real_h200_recording() -> None:
     580.159.04): every NVLink call answers NotSupported, nvmlDeviceGetNumaNodeId does too (the
     GPU is no NUMA node of its own), and the memory affinity names node 0, as topo -m's NUMA
     Affinity column does. None of that is a degradation."""
-    path = Path(__file__).parent / "fixtures" / "nvml" / "h200-vm.json"
-    found = discover(FakeNvml.from_file(path))
+    found = discover(FakeNvml.from_file(NVML / "h200-vm.json"))
     topo = found.topology
     assert topo is not None and not found.degraded and found.driver_version == "580.159.04"
     (gpu,) = topo.gpus
