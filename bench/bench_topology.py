@@ -66,6 +66,7 @@ from webhook.topology import codec
 from webhook.topology.gpu_choice import TableCache
 from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import NodeState
+from webhook.topology.network import Levels
 
 WINDOW = 32
 
@@ -353,7 +354,7 @@ def latency(sizes: tuple[int, ...], reps: int, seed: int) -> bool:
                                      info.memory_bytes, info.pods)
         tables = TableCache()
         place = functools.partial(place_gang, tables=tables)  # as webhook.binder.controller
-        config = PlanConfig(keys.DEFAULT_BINDER_SCHEDULER_NAME, levels=spec.levels)
+        config = PlanConfig(keys.DEFAULT_BINDER_SCHEDULER_NAME, levels=Levels(spec.levels))
         fit = FitCache()
         gc.collect()
         gc.freeze()
@@ -402,10 +403,13 @@ def main() -> int:
     args = ap.parse_args()
     ok = True
     if args.only in (None, "sim"):
-        cases = ([(fat_tree(256), 1500), (nvl72(16), 1500)] if args.quick else
-                 [(fat_tree(1024), 4000), (fat_tree(4096), 6000), (nvl72(64), 4000)])
-        if args.clusters != "all":
-            cases = [cases[("fat1024", "fat4096", "nvl72").index(args.clusters)]]
+        # --quick: smaller stand-ins, and no 4,096-node tree
+        named = ({"fat1024": (fat_tree(256), 1500), "nvl72": (nvl72(16), 1500)} if args.quick
+                 else {"fat1024": (fat_tree(1024), 4000), "fat4096": (fat_tree(4096), 6000),
+                       "nvl72": (nvl72(64), 4000)})
+        if args.clusters not in (*named, "all"):
+            ap.error(f"--quick has no {args.clusters} cluster (it has {', '.join(named)})")
+        cases = list(named.values()) if args.clusters == "all" else [named[args.clusters]]
         for spec, count in cases:
             runs = [compare(spec, args.jobs or count, args.load, seed, show_slowed=args.slowed)
                     for seed in range(args.seed, args.seed + args.seeds)]
