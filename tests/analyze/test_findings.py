@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from webhook import keys
-from webhook.analyze.collect import collect
+from webhook.analyze.collect import binder_levels, collect
 from webhook.analyze.findings import Finding, Snapshot, analyze
 from webhook.certs import generate_ca, issue_serving_cert
 from webhook.cli import main
@@ -548,3 +548,12 @@ def test_gpu_nodes_without_a_label_a_network_policy_names() -> None:
     assert finding.severity == "warning" and finding.object == "SchedulingPolicy/racks"
     assert "2 GPU node(s) lack the label example.com/rack" in finding.message
     assert "(gpu-1, gpu-3)" in finding.message  # the hostname level is every node's
+    # a policy may name a level by the alias the binder's levels give it
+    s.policies = load_policy_texts({"p.yaml": POLICY, "n.yaml": NETWORK.replace(
+        "required: example.com/rack", "required: rack")})
+    [aliased] = [f for f in analyze(s, NOW) if f.code == "NetworkLabelMissing"]
+    assert "lack the label rack " in aliased.message  # unknown to analyze: a label
+    s.levels = binder_levels({"spec": {"template": {"spec": {"containers": [{"args": [
+        "bind", "--network-levels=block=example.com/block,rack=example.com/rack"]}]}}}})
+    [aliased] = [f for f in analyze(s, NOW) if f.code == "NetworkLabelMissing"]
+    assert aliased.message == finding.message

@@ -25,10 +25,12 @@ from webhook.kube import KubeApi
 from webhook.kube.api import PODS
 from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import NetworkRequest
-from webhook.topology.network import TOPOGRAPH
+from webhook.topology.network import TOPOGRAPH, Levels
 
 BLOCK, RACK = "example.com/block", "example.com/rack"
-CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME, levels=(BLOCK, RACK))
+#: with KAI-style aliases for both levels
+CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME,
+                 levels=Levels((BLOCK, RACK), (("block", BLOCK), ("rack", RACK))))
 
 
 def topo(level: str, mode: str = "required", **more: Any) -> str:
@@ -66,6 +68,23 @@ def test_a_preferred_rack_gang_that_fits_no_rack_spans_the_racks_of_one_block() 
     assert len(p.places) == 1 and len({b for b, _ in racks(p)}) == 1 and len(racks(p)) == 2
 
 
+def test_a_level_named_by_its_alias_is_that_level() -> None:
+    taken = [pod("busy", gpus=4, node_name="b0-r0-n0", topology=None)]
+    p = run([*job("j", workers=3, gpus=4, topology=topo("rack")), *taken], nodes())
+    assert len(p.places) == 1 and racks(p) == {("b0", "r0")}
+    p = run(job("j", workers=3, gpus=8, topology=topo("rack")), nodes())
+    assert "within one example.com/rack domain" in p.waits[0].reason
+
+
+def test_a_preferred_rack_bounded_by_a_block_waits_beyond_it() -> None:
+    p = run(job("j", workers=3, gpus=8, topology=topo("rack", "preferred", maxLevel="block")),
+            nodes())
+    assert len(p.places) == 1 and len({b for b, _ in racks(p)}) == 1
+    p = run(job("j", workers=5, gpus=8, topology=topo("rack", "preferred", maxLevel="block")),
+            nodes())
+    assert not p.places and "within one example.com/block domain" in p.waits[0].reason
+
+
 def test_a_gang_that_cannot_fit_waits_with_the_reason() -> None:
     p = run(job("j", workers=3, gpus=8, topology=topo(RACK)), nodes())
     assert not p.places
@@ -88,6 +107,9 @@ def test_the_network_is_made_once_per_node_set() -> None:
 def test_the_annotation_carries_the_request() -> None:
     req = parse_topology_request(topo(BLOCK, "preferred", sliceLevel=RACK, sliceSize=2))
     assert req.network == NetworkRequest(BLOCK, "preferred", RACK, 2)
+    req = parse_topology_request(topo(RACK, "preferred", maxLevel=BLOCK, sliceLevel=RACK,
+                                      sliceSize=2, sliceMode="preferred"))
+    assert req.network == NetworkRequest(RACK, "preferred", RACK, 2, "preferred", BLOCK)
 
 
 @pytest.mark.parametrize(("network", "error"), [
@@ -96,6 +118,9 @@ def test_the_annotation_carries_the_request() -> None:
     ('{"level": 3}', "node label key"),
     ('{"sliceLevel": "x"}', "go together"),
     ('{"sliceLevel": "x", "sliceSize": -1}', "whole number"),
+    ('{"sliceLevel": "x", "sliceSize": 2, "sliceMode": "soft"}', "sliceMode must be"),
+    ('{"level": "x", "maxLevel": "y"}', "maxLevel bounds a preferred level"),
+    ('{"level": "x", "mode": "preferred", "maxLevel": 1}', "maxLevel must be a node label"),
 ])
 def test_a_malformed_request_is_a_problem(network: str, error: str) -> None:
     text = '{"v": 1, "network": ' + network + "}"
@@ -104,13 +129,21 @@ def test_a_malformed_request_is_a_problem(network: str, error: str) -> None:
 
 
 def test_levels_flag(tmp_path: Any) -> None:
-    assert network_levels("") == ()
-    assert network_levels("topograph") == TOPOGRAPH
-    assert network_levels(f"{BLOCK}, {RACK}") == (BLOCK, RACK)
+    assert network_levels("") == Levels()
+    assert network_levels("topograph") == Levels(TOPOGRAPH)
+    assert network_levels(f"{BLOCK}, {RACK}") == Levels((BLOCK, RACK))
+    assert network_levels(f"block={BLOCK}, {RACK}") == Levels((BLOCK, RACK),
+                                                              (("block", BLOCK),))
     f = tmp_path / "topology.yaml"
     f.write_text("apiVersion: kueue.x-k8s.io/v1beta2\nkind: Topology\nmetadata: {name: t}\n"
                  f"spec:\n  levels:\n  - nodeLabel: {BLOCK}\n  - nodeLabel: {RACK}\n")
-    assert network_levels(f"@{f}") == (BLOCK, RACK)
+    assert network_levels(f"@{f}") == Levels((BLOCK, RACK))
+    f.write_text("apiVersion: kai.scheduler/v1alpha1\nkind: Topology\nmetadata: {name: t}\n"
+                 f"spec:\n  levels:\n  - nodeLabel: {BLOCK}\n  - nodeLabel: {RACK}\n"
+                 "    alias: rack\n")
+    assert network_levels(f"@{f}") == Levels((BLOCK, RACK), (("rack", RACK),))
+    with pytest.raises(UsageError, match="alias x names two levels"):
+        network_levels(f"x={BLOCK},x={RACK}")
     with pytest.raises(UsageError, match="declared twice"):
         network_levels(f"{RACK},{RACK}")
     with pytest.raises(UsageError, match="--network-levels @"):

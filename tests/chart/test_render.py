@@ -372,6 +372,9 @@ def test_binder_runs_leader_elected(helm_template: Render) -> None:
     # Kueue's Topology spec.levels, pasted as they are
     ([{"nodeLabel": "example.com/block"}, {"nodeLabel": "nvidia.com/gpu.clique"}],
      "example.com/block,nvidia.com/gpu.clique"),
+    # KAI's, with an alias
+    ([{"nodeLabel": "example.com/block", "alias": "block"}, "example.com/rack"],
+     "block=example.com/block,example.com/rack"),
 ])
 def test_binder_network_levels(helm_template: Render, levels: Any, flag: str | None) -> None:
     values = {"binder": {"networkLevels": levels}} if levels is not None else None

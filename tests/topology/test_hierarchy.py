@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from webhook.topology import (
     GangPlacement,
     GangRequest,
+    Levels,
     LevelsError,
     MemberRequest,
     Network,
@@ -51,16 +52,18 @@ def cluster(free: dict[str, Iterable[int]] | None = None
 
 
 def gang(n: int, gpus: int = 8, *, level: str | None = RACK, mode: str = "required",
-         slice_level: str | None = None, size: int = 0, launcher: bool = False) -> GangRequest:
+         slice_level: str | None = None, size: int = 0, launcher: bool = False,
+         slice_mode: str = "required", max_level: str | None = None) -> GangRequest:
     members = tuple(MemberRequest(f"ns/w-{i}", gpus, 1000, 1 << 30) for i in range(n))
     if launcher:
         members = (MemberRequest("ns/launcher", 0, 500, 1 << 28), *members)
     return GangRequest("ns/g", members, mode="preferred",
-                       network=NetworkRequest(level, mode, slice_level, size))  # type: ignore[arg-type]
+                       network=NetworkRequest(level, mode, slice_level, size,  # type: ignore[arg-type]
+                                              slice_mode, max_level))  # type: ignore[arg-type]
 
 
 def place(nodes: list[NodeState], labels: dict[str, dict[str, str]], g: GangRequest,
-          levels: tuple[str, ...] = LEVELS) -> GangPlacement | Unplaceable:
+          levels: Levels | tuple[str, ...] = LEVELS) -> GangPlacement | Unplaceable:
     return place_gang(nodes, g, network=Network(levels, labels), tables=TABLES)
 
 
@@ -140,6 +143,63 @@ def test_preferred_spans_blocks_when_no_block_fits_and_nothing_is_left_out() -> 
     p = ok(place(nodes, labels, gang(12, mode="preferred", level=BLOCK)))
     assert len(domains(p, labels, BLOCK)) == 2 and p.nodes_used == 12
     assert len(domains(p, labels, BLOCK, RACK)) == 3  # 8 + 4 nodes: two racks and one more
+
+
+def test_a_preferred_rack_within_one_block_spans_no_wider() -> None:
+    """KAI's required level beside its preferred one: the narrowest domain that fits, falling
+    back no wider than one domain of the bound; beyond it the gang waits."""
+    nodes, labels = cluster({"b1-r0-n0": range(4)})
+    p = ok(place(nodes, labels, gang(6, mode="preferred", max_level=BLOCK)))
+    assert domains(p, labels, BLOCK) == {("b1",)} and len(domains(p, labels, BLOCK, RACK)) == 2
+    p = ok(place(nodes, labels, gang(2, mode="preferred", max_level=BLOCK)))
+    assert len(domains(p, labels, BLOCK, RACK)) == 1
+    r = place(nodes, labels, gang(9, mode="preferred", max_level=BLOCK))
+    assert isinstance(r, Unplaceable)
+    assert r.reason == ("gang ns/g needs 72 GPUs (9 members x 8 GPUs) within one "
+                        "example.com/block domain; the largest free one (example.com/block=b0) "
+                        "has 64 free GPUs")
+    # unbounded, the same gang spans both blocks
+    assert ok(place(nodes, labels, gang(9, mode="preferred"))).nodes_used == 9
+
+
+def test_a_bound_at_or_below_the_preferred_level_makes_it_required() -> None:
+    nodes, labels = cluster()
+    p = ok(place(nodes, labels, gang(3, level=BLOCK, mode="preferred", max_level=RACK)))
+    assert len(domains(p, labels, BLOCK, RACK)) == 1
+    r = place(nodes, labels, gang(5, level=BLOCK, mode="preferred", max_level=RACK))
+    assert isinstance(r, Unplaceable) and "within one example.com/rack domain" in r.reason
+
+
+def test_preferred_slices_that_do_not_fit_leave_the_gang_placed_without_them() -> None:
+    # every clique (2 nodes) has 4 + 2 free GPUs: no slice of 2 x 4 GPUs fits in one
+    nodes, labels = cluster({n.name: range(4) if n.name[-1] in "02" else range(2)
+                             for n in cluster()[0]})
+    g = gang(4, 4, level=BLOCK, slice_level=CLIQUE, size=2)
+    assert isinstance(place(nodes, labels, g), Unplaceable)
+    assert g.network is not None
+    p = ok(place(nodes, labels, replace(g, network=replace(g.network, slice_mode="preferred"))))
+    assert len(domains(p, labels, BLOCK)) == 1  # the gang's own level still holds
+    # where they fit, preferred slices are the slices
+    nodes, labels = cluster()
+    g = gang(4, 4, level=BLOCK, slice_level=CLIQUE, size=2, slice_mode="preferred")
+    assert g.network is not None
+    assert ok(place(nodes, labels, g)) == ok(place(nodes, labels, replace(
+        g, network=replace(g.network, slice_mode="required"))))
+
+
+def test_an_alias_names_its_level() -> None:
+    nodes, labels = cluster({"b0-r0-n0": (), "b1-r1-n0": (), "b1-r1-n1": range(4)})
+    levels = Levels(LEVELS, (("block", BLOCK), ("rack", RACK)))
+    by_alias = place(nodes, labels, gang(2, level="rack"), levels)
+    assert by_alias == place(nodes, labels, gang(2))
+    sliced = gang(4, 4, level="block", slice_level="rack", size=2, max_level=None)
+    assert place(nodes, labels, sliced, levels) == place(
+        nodes, labels, gang(4, 4, level=BLOCK, slice_level=RACK, size=2))
+    r = place(nodes, labels, gang(5, level="rack"), levels)
+    assert isinstance(r, Unplaceable) and "within one example.com/rack domain" in r.reason
+    # without the alias declared, "rack" is a label no node has
+    r = place(nodes, labels, gang(2, level="rack"))
+    assert isinstance(r, Unplaceable) and "no node has the label rack" in r.reason
 
 
 def test_required_rack_that_cannot_fit_says_the_level_the_room_and_the_need() -> None:
@@ -227,23 +287,33 @@ def test_unlike_members_within_one_rack() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 8), min_size=16, max_size=16), st.integers(1, 8),
-       st.sampled_from([1, 2, 4, 8]), st.sampled_from(["required", "preferred"]),
-       st.sampled_from([0, 2]))
+@given(frees=st.lists(st.integers(0, 8), min_size=16, max_size=16), n=st.integers(1, 8),
+       gpus=st.sampled_from([1, 2, 4, 8]), mode=st.sampled_from(["required", "preferred"]),
+       size=st.sampled_from([0, 2]), bound=st.sampled_from([None, BLOCK]))
 def test_what_is_placed_keeps_the_levels_and_a_fit_is_found(
-        frees: list[int], n: int, gpus: int, mode: str, size: int) -> None:
+        *, frees: list[int], n: int, gpus: int, mode: str, size: int, bound: str | None
+) -> None:
     base, labels = cluster()
     nodes = [node(b.name, range(f)) for b, f in zip(base, frees, strict=True)]
-    g = gang(n, gpus, mode=mode, slice_level=CLIQUE if size else None, size=size)
+    bound = bound if mode == "preferred" else None
+    g = gang(n, gpus, mode=mode, slice_level=CLIQUE if size else None, size=size,
+             max_level=bound)
     r = place(nodes, labels, g)
     racks: dict[tuple[str, str], int] = {}
     for s in nodes:
         key = (labels[s.name][BLOCK], labels[s.name][RACK])
         racks[key] = racks.get(key, 0) + len(s.free_gpus) // gpus
+    blocks = [sum(c for (b, _), c in racks.items() if b == block) for block in ("b0", "b1")]
     if isinstance(r, Unplaceable):
-        if not size:  # without slices a rack that holds the gang would have been found
-            assert max(racks.values()) < n or (mode == "preferred" and sum(racks.values()) < n)
+        if not size:  # without slices a domain that holds the gang would have been found
+            if mode == "required":
+                most = max(racks.values())
+            else:
+                most = max(blocks) if bound is not None else sum(racks.values())
+            assert most < n
         return
+    if bound is not None:
+        assert len(domains(r, labels, BLOCK)) == 1
     free = {s.name: s.free_gpus for s in nodes}
     used = [(m.node, g_) for m in r.members for g_ in m.gpus]
     assert len(used) == len(set(used)) == n * gpus
@@ -261,16 +331,31 @@ def test_levels_in_the_shapes_users_have() -> None:
              "metadata": {"name": "default"},
              "spec": {"levels": [{"nodeLabel": BLOCK}, {"nodeLabel": RACK},
                                  {"nodeLabel": HOSTNAME}]}}
-    assert parse_levels(kueue) == (BLOCK, RACK)
-    assert parse_levels("topograph") == TOPOGRAPH
-    assert parse_levels([BLOCK, RACK, CLIQUE]) == LEVELS
+    assert parse_levels(kueue) == Levels((BLOCK, RACK))
+    assert parse_levels("topograph") == Levels(TOPOGRAPH)
+    assert parse_levels([BLOCK, RACK, CLIQUE]) == Levels(LEVELS)
+    kai = {"apiVersion": "kai.scheduler/v1alpha1", "kind": "Topology",
+           "metadata": {"name": "cluster-topology"},
+           "spec": {"levels": [{"nodeLabel": BLOCK, "alias": "block"}, {"nodeLabel": RACK},
+                               {"nodeLabel": HOSTNAME, "alias": "node"}]}}
+    levels = parse_levels(kai)
+    assert levels == Levels((BLOCK, RACK), (("block", BLOCK), ("node", HOSTNAME)))
+    assert (levels.label("block"), levels.label("node"), levels.label(RACK)) == (
+        BLOCK, HOSTNAME, RACK)
+    assert parse_levels([{"nodeLabel": BLOCK, "alias": "b"}, RACK]) == Levels(
+        (BLOCK, RACK), (("b", BLOCK),))
 
 
 @pytest.mark.parametrize(("doc", "error"), [
     ([RACK, RACK], "declared twice"),
     ([HOSTNAME, RACK], "can only come last"),
     (["not a label!"], "not a node label key"),
-    ({"apiVersion": "v1", "kind": "ConfigMap"}, "expected a Kueue Topology"),
+    ({"apiVersion": "v1", "kind": "ConfigMap"}, "expected a Kueue .* or KAI"),
+    ([{"nodeLabel": BLOCK, "alias": RACK}, RACK], "alias example.com/rack is a level's node"),
+    ([{"nodeLabel": BLOCK, "alias": "x"}, {"nodeLabel": RACK, "alias": "x"}],
+     "alias x names two levels"),
+    ([{"nodeLabel": BLOCK, "alias": "not an alias!"}], "is not a label key"),
+    ([{"alias": "x"}], "needs a nodeLabel"),
     ({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology", "spec": {"levels": []}},
      "non-empty list"),
     ({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology", "spec": {"levels": [{}]}},

@@ -35,6 +35,7 @@ from webhook.policy import native
 from webhook.policy.audit import EVENT_REASON
 from webhook.policy.errors import PolicyError
 from webhook.policy.loader import load_policy_texts
+from webhook.topology.network import Levels, LevelsError, parse_levels_flag
 
 ENDPOINTS = Resource("", "v1", "endpoints", True, "Endpoints")
 CONFIGMAPS = Resource("", "v1", "configmaps", True, "ConfigMap")
@@ -66,6 +67,20 @@ async def _pods(api: KubeApi, scheduler: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = (await api.list(PODS, field_selector=(
         f"spec.schedulerName={scheduler},spec.nodeName=")))["items"]
     return found
+
+
+def binder_levels(deployment: Mapping[str, Any]) -> Levels:
+    """The levels the binder's `--network-levels=` declares (none when it is absent, a file,
+    or cannot be read: the binder refuses to start on those)."""
+    for container in ((deployment.get("spec") or {}).get("template") or {}).get(
+            "spec", {}).get("containers") or ():
+        for arg in container.get("args") or ():
+            if isinstance(arg, str) and arg.startswith("--network-levels="):
+                try:
+                    return parse_levels_flag(arg.partition("=")[2])
+                except LevelsError:
+                    return Levels()
+    return Levels()
 
 
 async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float = 120.0
@@ -107,7 +122,9 @@ async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float
         for job in await _items(api, owner_resource(ref)):
             jobs[str(job["metadata"].get("uid"))] = job
     s.jobs = jobs
-    s.binder_deployed = await _get(api, DEPLOYMENTS, f"{release}-binder", namespace) is not None
+    binder = await _get(api, DEPLOYMENTS, f"{release}-binder", namespace)
+    s.binder_deployed = binder is not None
+    s.levels = binder_levels(binder) if binder is not None else Levels()
     s.namespaces = await _items(api, NAMESPACES)
     s.waiting_pods = await _pods(api, keys.DEFAULT_BINDER_SCHEDULER_NAME)
     for scheduler in sorted(coscheduling_schedulers(s.policies)):

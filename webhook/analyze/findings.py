@@ -25,6 +25,7 @@ from webhook.policy.compiled import compile_policy, selector_matches
 from webhook.policy.podgroup import made_by_muster
 from webhook.policy.policyset import PolicySet, written_fields
 from webhook.policy.queues import queue_problem, state_of
+from webhook.topology.network import Levels
 
 Severity = Literal["error", "warning", "info"]
 Obj = Mapping[str, Any]
@@ -64,6 +65,8 @@ class Snapshot:
     jobs: Mapping[str, Obj] = field(default_factory=dict)  # uid -> job object
     leases: Mapping[str, Obj] = field(default_factory=dict)  # name -> Lease
     binder_deployed: bool = True
+    #: the binder's network levels, whose aliases a policy may name (`--network-levels`)
+    levels: Levels = field(default_factory=Levels)
     namespaces: Sequence[Obj] | None = None  # None: not read (no finding about matching)
     #: unbound pods of the binder (schedulerName muster-binder)
     waiting_pods: Sequence[Obj] = ()
@@ -273,7 +276,9 @@ def _network_labels(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
             continue
         wanted = [network.required, network.preferred,
                   network.slice.level if network.slice else None]
-        for label in dict.fromkeys(w for w in wanted if w and w != keys.HOSTNAME_LABEL):
+        for label in dict.fromkeys(s.levels.label(w) for w in wanted if w):
+            if label == keys.HOSTNAME_LABEL:
+                continue
             lacking = sorted(str((n.get("metadata") or {}).get("name")) for n in gpu_nodes
                              if label not in ((n.get("metadata") or {}).get("labels") or {}))
             if lacking:

@@ -11,7 +11,7 @@ import yaml
 
 from webhook import keys
 from webhook.failures import UsageError
-from webhook.topology.network import LevelsError, parse_levels
+from webhook.topology.network import Levels, LevelsError, parse_levels, parse_levels_flag
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,24 +58,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "(default: %(default)s)")
     p.add_argument("--network-levels", default=None, metavar="LEVELS",
                    help="the cluster's network levels for gangs that name one: node labels "
-                        "widest first, comma separated; \"topograph\" (NVIDIA Topograph's "
-                        "labels); or @FILE, a Kueue Topology (kueue.x-k8s.io/v1beta2) or a "
-                        "YAML list (docs/topology.md, \"Network levels\") (default: none: a gang "
-                        "that names a level is placed by that label alone)")
+                        "widest first, comma separated, each LABEL or ALIAS=LABEL (a name "
+                        "manifests may use for it, as KAI's aliases); \"topograph\" (NVIDIA "
+                        "Topograph's labels); or @FILE, a Kueue or KAI Topology "
+                        "(kueue.x-k8s.io/v1beta2, kai.scheduler/v1alpha1) or a YAML list "
+                        "(docs/topology.md, \"Network levels\") (default: none: a gang that "
+                        "names a level is placed by that label alone)")
     p.set_defaults(func=_run)
 
 
-def network_levels(value: str | None) -> tuple[str, ...]:
+def network_levels(value: str | None) -> Levels:
     """--network-levels as levels; UsageError when they cannot be used."""
     if not value:
-        return ()
+        return Levels()
     try:
-        if value.startswith("@"):
-            with open(value[1:], encoding="utf-8") as f:
-                doc = yaml.safe_load(f)
-        else:
-            doc = value if value == "topograph" else [v.strip() for v in value.split(",")]
-        return parse_levels(doc)
+        if not value.startswith("@"):
+            return parse_levels_flag(value)
+        with open(value[1:], encoding="utf-8") as f:
+            return parse_levels(yaml.safe_load(f))
     except (OSError, yaml.YAMLError, LevelsError) as exc:
         raise UsageError(f"--network-levels {value}: {exc}") from exc
 

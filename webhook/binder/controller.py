@@ -15,7 +15,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhook import keys
@@ -50,6 +50,7 @@ from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer
 from webhook.topology.gpu_choice import TableCache
 from webhook.topology.hierarchy import place_gang
+from webhook.topology.network import Levels
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,9 @@ class BinderConfig:
     allocation_wait_seconds: float = 30.0
     #: Events and status conditions written at once, at most (see webhook.binder.reports)
     report_concurrency: int = 8
-    #: the cluster's network levels, node labels widest first (`--network-levels`)
-    network_levels: tuple[str, ...] = ()
+    #: the cluster's network levels, node labels widest first, and their aliases
+    #: (`--network-levels`)
+    network_levels: Levels = field(default_factory=Levels)
 
 
 class Binder:

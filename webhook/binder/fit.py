@@ -12,7 +12,7 @@ from typing import Literal
 from webhook.binder.claims import DEVICE_CLASS
 from webhook.binder.nodes import NodeInfo, Taint, tolerates
 from webhook.binder.pods import Constraints, PodInfo, Requirement, Term
-from webhook.topology.network import Network
+from webhook.topology.network import Levels, Network
 
 #: effects a pod must tolerate to be scheduled (PreferNoSchedule is only a preference)
 _HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
@@ -123,9 +123,9 @@ class FitCache:
         self._cache.clear()
         self._network = None
 
-    def network(self, nodes: Mapping[str, NodeInfo], levels: tuple[str, ...]) -> Network:
+    def network(self, nodes: Mapping[str, NodeInfo], levels: Levels) -> Network:
         """The nodes' labels as the placement groups them by domain (made once per node set)."""
-        if self._network is None or self._network.levels != levels:
+        if self._network is None or self._network.declared != levels:
             self._network = Network(levels, {name: n.labels for name, n in nodes.items()})
         return self._network
 

@@ -49,7 +49,7 @@ from webhook.topology.model import (
     NodeState,
     Unplaceable,
 )
-from webhook.topology.network import Network
+from webhook.topology.network import Levels, Network
 
 
 class PlaceFn(Protocol):
@@ -119,8 +119,9 @@ class PlanConfig:
     starvation_seconds: float = 60.0
     #: coscheduling's default when a PodGroup sets no scheduleTimeoutSeconds
     podgroup_default_timeout: int = 60
-    #: the cluster's network levels, node labels widest first (webhook.topology.network)
-    levels: tuple[str, ...] = ()
+    #: the cluster's network levels, node labels widest first, and their aliases
+    #: (webhook.topology.network)
+    levels: Levels = field(default_factory=Levels)
 
 
 def _reservation(pod: PodInfo, nodes: Mapping[str, NodeInfo],

@@ -191,16 +191,21 @@ def _network_request(doc: Any) -> NetworkRequest | None:
         raise ValueError(f"{where} must be an object")
     level, mode = doc.get("level"), doc.get("mode", "required")
     slice_level, size = doc.get("sliceLevel"), doc.get("sliceSize", 0)
-    if mode not in ("required", "preferred"):
-        raise ValueError(f"{where}.mode must be required or preferred, not {mode!r}")
-    for name, value in (("level", level), ("sliceLevel", slice_level)):
+    slice_mode, max_level = doc.get("sliceMode", "required"), doc.get("maxLevel")
+    for name, value in (("mode", mode), ("sliceMode", slice_mode)):
+        if value not in ("required", "preferred"):
+            raise ValueError(f"{where}.{name} must be required or preferred, not {value!r}")
+    for name, value in (("level", level), ("sliceLevel", slice_level), ("maxLevel", max_level)):
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{where}.{name} must be a node label key")
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise ValueError(f"{where}.sliceSize must be a whole number")
     if (slice_level is None) != (size == 0):
         raise ValueError(f"{where}: sliceLevel and sliceSize go together")
-    return NetworkRequest(level=level, mode=mode, slice_level=slice_level, slice_size=size)
+    if max_level is not None and (level is None or mode != "preferred"):
+        raise ValueError(f"{where}.maxLevel bounds a preferred level")
+    return NetworkRequest(level=level, mode=mode, slice_level=slice_level, slice_size=size,
+                          slice_mode=slice_mode, max_level=max_level)
 
 
 def _positive_int(text: str, what: str, problems: list[str]) -> int | None:

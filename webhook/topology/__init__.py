@@ -19,7 +19,7 @@ from webhook.topology.model import (
     TopologyRequest,
     Unplaceable,
 )
-from webhook.topology.network import LevelsError, Network, parse_levels
+from webhook.topology.network import Levels, LevelsError, Network, parse_levels
 from webhook.topology.scoring import SetScore, allreduce_gbps, bisection_gbps, ring_gbps
 from webhook.topology.smi import parse_nvidia_smi_topo
 
@@ -30,6 +30,7 @@ __all__ = [
     "GangPlacement",
     "GangRequest",
     "GpuAssignment",
+    "Levels",
     "LevelsError",
     "MemberPlacement",
     "MemberRequest",

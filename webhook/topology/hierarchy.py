@@ -1,7 +1,8 @@
 """One decision per gang, from the network down to the GPUs (docs/topology.md, "Network levels").
 
 1. The domain: at the level the gang requires, or prefers (then the narrowest level that fits,
-   wider level by wider level, then the whole cluster), the **fullest domain that still fits**
+   wider level by wider level, then the whole cluster; with a bound, `max_level`, no wider
+   than that level, or it waits), the **fullest domain that still fits**
    (best fit, as Kueue's BestFit and KAI's bin-packing), so that big free domains stay whole
    for big gangs.
 2. Inside it, level by level down: one child domain when one fits (again best fit), else the
@@ -9,7 +10,9 @@
 3. On the nodes of the domains so chosen, today's engine (`placement.place_on_nodes`): the
    fewest nodes, then the NVLink-optimal GPU sets on each.
 Slices (`slice_size` GPU members, in member order) are placed the same way, each within one
-domain of the slice level: the levels above it count whole slices, not members.
+domain of the slice level: the levels above it count whole slices, not members. Preferred slices
+that do not fit leave the gang placed without them. A level may be named by an alias of the
+declared levels (`Network.label`).
 
 Room is counted in members a domain can hold (GPUs, CPU, memory and pods of each node, as the
 engine counts them), so a domain that fits holds the gang for certain; for a gang of unlike
@@ -78,6 +81,17 @@ def place_gang(
     Pure: the same inputs give the same placement."""
     tables = tables or TableCache(warm=False)
     req = gang.network
+    if req is not None and network is not None:
+        req = _resolved(req, network)
+        gang = replace(gang, network=req)
+    if req is not None and req.slice_level is not None and req.slice_mode == "preferred":
+        sliced = place_gang(nodes, replace(gang, network=replace(req, slice_mode="required")),
+                            network=network, inter_node_gbps=inter_node_gbps, tables=tables,
+                            groups=groups)
+        if isinstance(sliced, GangPlacement):
+            return sliced
+        req = replace(req, slice_level=None, slice_size=0, slice_mode="required")
+        gang = replace(gang, network=req)
     if req is not None and req.level == HOSTNAME and req.mode == "required":
         gang = replace(gang, single_node=True, mode="required")  # the engine's own rule
     if req is None or req.level == HOSTNAME or (req.level is None and req.slice_level is None):
@@ -93,6 +107,14 @@ def place_gang(
                      inter_gbps=inter_node_gbps, tables=tables).run()
 
 
+def _resolved(req: NetworkRequest, network: Network) -> NetworkRequest:
+    """The request with every level an alias names replaced by its label."""
+    def label(name: str | None) -> str | None:
+        return None if name is None else network.label(name)
+    return replace(req, level=label(req.level), slice_level=label(req.slice_level),
+                   max_level=label(req.max_level))
+
+
 def _natural(key: str) -> tuple[tuple[int, int | str], ...]:
     """worker-2 before worker-10: slices follow the ranks' order."""
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", key) if p)
@@ -104,10 +126,18 @@ class _Decision:
         self.nodes, self.gang, self.req, self.tables = nodes, gang, req, tables
         gpu = [m for m in gang.members if m.gpus > 0]
         self.inter_gbps = inter_gbps
-        self.chain = network.chain(req.level, req.slice_level)
+        self.chain = network.chain(req.max_level, req.level, req.slice_level)
         self.paths = network.paths(self.chain)
         depth = len(self.chain)
         self.level = self.chain.index(req.level) if req.level is not None else -1
+        #: the widest level the gang may span, or wait (-1: the whole cluster): a required
+        #: level, or a preferred one's bound (a bound at or below the level makes it required)
+        self.bound = -1
+        if req.mode == "required":
+            self.bound = self.level
+        elif req.max_level is not None:
+            self.bound = self.chain.index(req.max_level)
+            self.level = max(self.level, self.bound)
         #: where pieces are whole: a slice's level (depth: one node), or one member per node
         self.slice_at = depth if req.slice_level in (None, HOSTNAME) else \
             self.chain.index(req.slice_level)
@@ -141,7 +171,7 @@ class _Decision:
         if one is not None:
             return one
         need = len(self.slices) if self.sliced else self._units(self.gpu)
-        levels = [self.level] if self.req.mode == "required" and self.level >= 0 else \
+        levels = list(range(self.level, self.bound - 1, -1)) if self.bound >= 0 else \
             list(range(self.level, -2, -1))
         refused: Unplaceable | None = None
         for level in levels:
@@ -157,7 +187,7 @@ class _Decision:
                 break
         if refused is not None:
             return refused
-        if self.req.mode == "preferred" and not self.sliced:
+        if self.bound < 0 and not self.sliced:
             return place_on_nodes(self.nodes, replace(self.gang, network=None),
                                   inter_node_gbps=self.inter_gbps, tables=self.tables)
         return self._why_not(need)
@@ -231,7 +261,7 @@ class _Decision:
         leaf is the fullest (best fit, as for the domains). None: no node holds it."""
         if sum(m.gpus for m in self.gpu) > self.most_gpus:
             return None
-        wide = self.level if self.req.mode == "required" else -1
+        wide = self.bound
         # each node's leaf (a domain with nodes of its own, not one node as a slice domain),
         # where its labels reach the required level
         leaf_of = {n.name: k for k, d in self.doms.items()
@@ -342,7 +372,8 @@ class _Decision:
         sizes = sorted({m.gpus for m in self.gpu})
         what = f"{len(self.gpu)} members x {sizes[0]} GPU{'s' if sizes[0] > 1 else ''}" \
             if len(sizes) == 1 else f"{len(self.gpu)} members"
-        level = self.level if self.level >= 0 else self.slice_at
+        gang_level = self.bound if self.bound >= 0 else self.level
+        level = gang_level if gang_level >= 0 else self.slice_at
         label = self.chain[level] if level < len(self.chain) else HOSTNAME
         at = [(d.pieces, d.gpus, k) for k, d in self.doms.items()
               if len(k) == level + 1 and _real(k)]
@@ -350,7 +381,7 @@ class _Decision:
             slice_label = self.req.slice_level
             head = (f"gang {self.gang.name} needs {total} GPUs ({what}) in {len(self.slices)} "
                     f"slices of {self.req.slice_size}, each within one {slice_label} domain"
-                    + (f", all within one {label} domain" if self.level >= 0 else ""))
+                    + (f", all within one {label} domain" if gang_level >= 0 else ""))
         else:
             head = (f"gang {self.gang.name} needs {total} GPUs ({what}) within one {label} "
                     "domain")

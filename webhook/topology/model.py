@@ -73,15 +73,19 @@ class NetworkRequest:
     "Network levels"). Levels are named by their node label, as Kueue and KAI name them.
 
     `level`: the gang within one domain of this level (None: anywhere); `mode` required (or it
-    waits) or preferred (the narrowest domain that fits, level by level wider). `slice_level`
-    and `slice_size`: each run of `slice_size` GPU members (in member order) within one domain
-    of `slice_level`, always required.
+    waits) or preferred (the narrowest domain that fits, level by level wider, no wider than
+    one domain of `max_level` when it is given: KAI's required level beside its preferred one).
+    `slice_level` and `slice_size`: each run of `slice_size` GPU members (in member order)
+    within one domain of `slice_level`; `slice_mode` preferred: the slices when they fit, else
+    the gang placed without them.
     """
 
     level: str | None = None
     mode: TopologyMode = "required"
     slice_level: str | None = None
     slice_size: int = 0
+    slice_mode: TopologyMode = "required"
+    max_level: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,7 @@ class TopologyRequest:
     JSON form: {"v": 1, "mode": "required", "singleNode": true, "minRingGBps": 50.0,
     "network": {"level": "example.com/rack", "mode": "required",
     "sliceLevel": "nvidia.com/gpu.clique", "sliceSize": 4}}
+    (`network` may also carry "maxLevel" and "sliceMode")
     (`minRingGBps` may be null/absent; what it is compared with: `webhook.topology.ringfloor`;
     `network` may be absent).
     """

@@ -2,12 +2,15 @@
 block or an NVLink domain, ordered widest first (docs/topology.md, "Network levels").
 
 An admin declares the levels once, in one of the shapes users already have:
-- a list of node labels, widest first;
-- Kueue's `Topology` object (`kueue.x-k8s.io/v1beta2`, `spec.levels[].nodeLabel`);
+- a list of node labels, widest first (an entry may be `{nodeLabel, alias}`, or `ALIAS=LABEL`
+  on the command line);
+- Kueue's `Topology` object (`kueue.x-k8s.io/v1beta2`, `spec.levels[].nodeLabel`), or KAI's
+  (`kai.scheduler/v1alpha1`, whose levels may have an `alias`);
 - `topograph`: NVIDIA Topograph's `network.topology.nvidia.com/{core,spine,leaf,accelerator}`.
 `nvidia.com/gpu.clique` (GPU Feature Discovery: `<ClusterUUID>.<CliqueID>`) is a level like any
 other: the nodes with one value are one multi-node NVLink domain. `kubernetes.io/hostname` is
-always the narrowest level, the node itself, whether it is declared or not.
+always the narrowest level, the node itself, whether it is declared or not. An alias names its
+level wherever a label does (a KAI manifest may name `rack` for `example.com/rack`).
 
 A domain of level i is the path of the node's values down to it (rack `r1` of block `b1` is
 not rack `r1` of block `b2`), as Kueue keys its domains. A node that lacks a declared label is
@@ -18,6 +21,7 @@ its rack and block).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from webhook.keys import HOSTNAME_LABEL, is_label_key
@@ -28,25 +32,77 @@ TOPOGRAPH = tuple(f"network.topology.nvidia.com/{tier}"
                   for tier in ("core", "spine", "leaf", "accelerator"))
 KUEUE_API_VERSIONS = ("kueue.x-k8s.io/v1beta2", "kueue.x-k8s.io/v1beta1",
                       "kueue.x-k8s.io/v1alpha1")
+KAI_API_VERSIONS = ("kai.scheduler/v1alpha1",)
 
 
 class LevelsError(ValueError):
     """A declaration of network levels that cannot be used, with what is wrong."""
 
 
-def parse_levels(doc: Any) -> tuple[str, ...]:
-    """The declared levels (node label keys, widest first, without the node level) from a list
-    of label keys, a Kueue Topology object, or "topograph"."""
+@dataclass(frozen=True, slots=True)
+class Levels:
+    """The declared levels: node labels widest first (without the node level), and the aliases
+    that name some of them, as (alias, label) pairs."""
+
+    labels: tuple[str, ...] = ()
+    aliases: tuple[tuple[str, str], ...] = ()
+
+    def label(self, name: str) -> str:
+        """The label `name` stands for: the one it is an alias of, else itself."""
+        return next((label for alias, label in self.aliases if alias == name), name)
+
+
+def parse_levels(doc: Any) -> Levels:
+    """The declared levels from a list (of label keys, or `{nodeLabel, alias}` entries), a Kueue
+    or KAI Topology object, or "topograph"."""
     if doc == "topograph":
-        return TOPOGRAPH
+        return Levels(TOPOGRAPH)
     if isinstance(doc, Mapping):
-        labels = _kueue_levels(doc)
+        entries = _topology_levels(doc)
     elif isinstance(doc, Sequence) and not isinstance(doc, str):
-        labels = list(doc)
+        entries = list(doc)
     else:
         raise LevelsError("network levels must be a list of node labels (widest first), a "
-                          "Kueue Topology object, or \"topograph\"")
-    return check_levels(labels)
+                          "Kueue or KAI Topology object, or \"topograph\"")
+    labels: list[Any] = []
+    aliases: list[tuple[int, Any, Any]] = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            labels.append(entry)
+            continue
+        if "nodeLabel" not in entry:
+            raise LevelsError(f"level {i + 1}: an entry needs a nodeLabel")
+        if entry.get("alias") is not None:
+            aliases.append((i, entry["alias"], entry["nodeLabel"]))
+        labels.append(entry["nodeLabel"])
+    checked = check_levels(labels)
+    return Levels(checked, _check_aliases(aliases, labels))
+
+
+def parse_levels_flag(text: str) -> Levels:
+    """`--network-levels` written out: "topograph", or entries LABEL or ALIAS=LABEL, comma
+    separated, widest first."""
+    if text.strip() == "topograph":
+        return Levels(TOPOGRAPH)
+
+    def entry(part: str) -> str | dict[str, str]:
+        alias, eq, label = (t.strip() for t in part.partition("="))
+        return {"nodeLabel": label, "alias": alias} if eq else alias
+    return parse_levels([entry(p) for p in text.split(",")])
+
+
+def _check_aliases(aliases: list[tuple[int, Any, Any]], labels: list[Any]
+                   ) -> tuple[tuple[str, str], ...]:
+    out: list[tuple[str, str]] = []
+    for i, alias, label in aliases:
+        if not isinstance(alias, str) or not is_label_key(alias):
+            raise LevelsError(f"level {i + 1}: alias {alias!r} is not a label key")
+        if alias in labels or alias == HOSTNAME:
+            raise LevelsError(f"level {i + 1}: alias {alias} is a level's node label")
+        if any(alias == a for a, _ in out):
+            raise LevelsError(f"level {i + 1}: alias {alias} names two levels")
+        out.append((alias, label))
+    return tuple(out)
 
 
 def check_levels(labels: Sequence[Any]) -> tuple[str, ...]:
@@ -63,19 +119,20 @@ def check_levels(labels: Sequence[Any]) -> tuple[str, ...]:
     return tuple(label for label in out if label != HOSTNAME)
 
 
-def _kueue_levels(doc: Mapping[str, Any]) -> list[Any]:
-    if doc.get("kind") != "Topology" or doc.get("apiVersion") not in KUEUE_API_VERSIONS:
-        raise LevelsError(f"expected a Kueue Topology ({KUEUE_API_VERSIONS[0]}), got "
+def _topology_levels(doc: Mapping[str, Any]) -> list[Any]:
+    """A Kueue or KAI Topology's spec.levels."""
+    if doc.get("kind") != "Topology" or doc.get("apiVersion") not in (*KUEUE_API_VERSIONS,
+                                                                      *KAI_API_VERSIONS):
+        raise LevelsError(f"expected a Kueue ({KUEUE_API_VERSIONS[0]}) or KAI "
+                          f"({KAI_API_VERSIONS[0]}) Topology, got "
                           f"{doc.get('apiVersion')}/{doc.get('kind')}")
     levels = (doc.get("spec") or {}).get("levels")
     if not isinstance(levels, list) or not levels:
         raise LevelsError("Topology spec.levels must be a non-empty list")
-    out = []
     for i, level in enumerate(levels):
         if not isinstance(level, Mapping) or "nodeLabel" not in level:
             raise LevelsError(f"Topology spec.levels[{i}] needs a nodeLabel")
-        out.append(level["nodeLabel"])
-    return out
+    return levels
 
 
 class Network:
@@ -83,10 +140,16 @@ class Network:
     when a node changes): per request the placement groups nodes by domain from these tuples,
     without reading labels again."""
 
-    def __init__(self, levels: Sequence[str], labels: Mapping[str, Mapping[str, str]]) -> None:
-        self.levels = tuple(levels)
+    def __init__(self, levels: Levels | Sequence[str],
+                 labels: Mapping[str, Mapping[str, str]]) -> None:
+        self.declared = levels if isinstance(levels, Levels) else Levels(tuple(levels))
+        self.levels = self.declared.labels
         self._labels = labels
         self._paths: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
+
+    def label(self, name: str) -> str:
+        """The label a request's level name stands for (`Levels.label`)."""
+        return self.declared.label(name)
 
     def chain(self, *wanted: str | None) -> tuple[str, ...]:
         """The levels a request naming `wanted` is placed over: the declared ones, or the named

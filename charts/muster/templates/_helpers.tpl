@@ -161,7 +161,7 @@ capabilities:
 {{- if kindIs "string" . }}
 - --network-levels={{ . }}
 {{- else }}
-- --network-levels={{ range $i, $l := . }}{{ if $i }},{{ end }}{{ if kindIs "map" $l }}{{ $l.nodeLabel }}{{ else }}{{ $l }}{{ end }}{{ end }}
+- --network-levels={{ range $i, $l := . }}{{ if $i }},{{ end }}{{ if kindIs "map" $l }}{{ with $l.alias }}{{ . }}={{ end }}{{ $l.nodeLabel }}{{ else }}{{ $l }}{{ end }}{{ end }}
 {{- end }}
 {{- end }}
 {{- if .Values.binder.leaderElection.enabled }}
