@@ -56,6 +56,18 @@ def test_the_policy_level_and_slices_reach_the_binder(
     ({keys.KUEUE_PREFERRED_TOPOLOGY: BLOCK, keys.KUEUE_SLICE_REQUIRED_TOPOLOGY: CLIQUE,
       keys.KUEUE_SLICE_SIZE: "4"},
      {"level": BLOCK, "mode": "preferred", "sliceLevel": CLIQUE, "sliceSize": 4}),
+    # KAI's two together: the preferred level, within one domain of the required one
+    ({keys.KAI_REQUIRED_PLACEMENT: BLOCK, keys.KAI_PREFERRED_PLACEMENT: RACK},
+     {"level": RACK, "mode": "preferred", "maxLevel": BLOCK}),
+    ({keys.KAI_REQUIRED_PLACEMENT: RACK, keys.KAI_PREFERRED_PLACEMENT: RACK},
+     {"level": RACK, "mode": "required"}),
+    # KAI's segments are slices; its soft ones, preferred slices
+    ({keys.KAI_REQUIRED_PLACEMENT: BLOCK, keys.KAI_SEGMENT_SIZE: "4",
+      keys.KAI_SEGMENT_REQUIRED_PLACEMENT: CLIQUE},
+     {"level": BLOCK, "mode": "required", "sliceLevel": CLIQUE, "sliceSize": 4}),
+    ({keys.KAI_SEGMENT_SIZE: "8", keys.KAI_SEGMENT_PREFERRED_PLACEMENT: RACK},
+     {"level": CLIQUE, "mode": "preferred", "sliceLevel": RACK, "sliceSize": 8,
+      "sliceMode": "preferred"}),
 ])
 def test_kueue_and_kai_annotations_mean_the_same(
         ann: dict[str, str], want: dict[str, Any], worker_pod: dict[str, Any],
@@ -65,6 +77,45 @@ def test_kueue_and_kai_annotations_mean_the_same(
     assert asked(pod) == want
     assert d.network is not None and "honoured by policy net" in d.network
     assert next(iter(ann)) in d.network
+
+
+def test_the_job_objects_annotations_count_the_pods_win(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    """KAI reads its annotations on the workload itself: on the MPIJob, they mean the same as
+    on the pod template; where both carry a key, the pod's value wins."""
+    job = deep(mpijob)
+    job["metadata"].setdefault("annotations", {}).update({
+        keys.KAI_REQUIRED_PLACEMENT: BLOCK, keys.KAI_PREFERRED_PLACEMENT: RACK,
+        keys.KAI_SEGMENT_SIZE: "2", keys.KAI_SEGMENT_REQUIRED_PLACEMENT: CLIQUE})
+    ps = policies(muster())
+    d, pod = decide(worker_pod, job, ps)
+    assert asked(pod) == {"level": RACK, "mode": "preferred", "maxLevel": BLOCK,
+                          "sliceLevel": CLIQUE, "sliceSize": 2}
+    assert d.network == (
+        f"network: preferred {RACK} within one {BLOCK}; slices of 2 pods, each within one "
+        f"{CLIQUE} (from the job's {keys.KAI_REQUIRED_PLACEMENT}, {keys.KAI_PREFERRED_PLACEMENT}"
+        f", {keys.KAI_SEGMENT_SIZE}, {keys.KAI_SEGMENT_REQUIRED_PLACEMENT}, honoured by policy "
+        "net)")
+    d, pod = decide(with_annotations(worker_pod, **{keys.KAI_SEGMENT_SIZE: "4"}), job, ps)
+    assert asked(pod)["sliceSize"] == 4
+    assert d.network is not None and f"the pod's {keys.KAI_SEGMENT_SIZE} and the job's" in \
+        d.network
+
+
+def test_the_policy_may_give_both_levels_and_preferred_slices(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    ps = policies(muster(f"  network:\n    required: {BLOCK}\n    preferred: {RACK}\n"
+                         f"    slice: {{level: {CLIQUE}, size: 4, mode: preferred}}"))
+    d, pod = decide(worker_pod, mpijob, ps)
+    assert asked(pod) == {"level": RACK, "mode": "preferred", "maxLevel": BLOCK,
+                          "sliceLevel": CLIQUE, "sliceSize": 4, "sliceMode": "preferred"}
+    assert d.network == (f"network: preferred {RACK} within one {BLOCK}; slices of 4 pods, "
+                         f"preferably within one {CLIQUE} (from policy net)")
+    # the job's level replaces the policy's whole, its bound too
+    _, pod = decide(with_annotations(worker_pod, **{keys.KUEUE_PREFERRED_TOPOLOGY: CLIQUE}),
+                    mpijob, ps)
+    assert asked(pod) == {"level": CLIQUE, "mode": "preferred", "sliceLevel": CLIQUE,
+                          "sliceSize": 4, "sliceMode": "preferred"}
 
 
 def test_annotations_are_honoured_without_a_network_section(
@@ -94,6 +145,22 @@ def test_bad_annotations_are_warned_about_and_ignored(
     assert any("go together" in w for w in d.warnings)
 
 
+@pytest.mark.parametrize(("ann", "warning"), [
+    ({keys.KAI_SEGMENT_SIZE: "1", keys.KAI_SEGMENT_REQUIRED_PLACEMENT: RACK}, "(more than 1)"),
+    ({keys.KAI_SEGMENT_SIZE: "4"}, "(more than 1)"),
+    ({keys.KUEUE_REQUIRED_TOPOLOGY: RACK, keys.KAI_PREFERRED_PLACEMENT: BLOCK},
+     f"{keys.KAI_PREFERRED_PLACEMENT} ignored: {keys.KUEUE_REQUIRED_TOPOLOGY} is read first"),
+    ({keys.KUEUE_SLICE_REQUIRED_TOPOLOGY: RACK, keys.KUEUE_SLICE_SIZE: "2",
+      keys.KAI_SEGMENT_SIZE: "4"},
+     f"{keys.KAI_SEGMENT_SIZE} ignored: {keys.KUEUE_SLICE_REQUIRED_TOPOLOGY} is read first"),
+])
+def test_kai_annotations_that_cannot_be_used_are_warned_about(
+        ann: dict[str, str], warning: str, worker_pod: dict[str, Any],
+        mpijob: dict[str, Any], policies: Policies) -> None:
+    d, _ = decide(with_annotations(worker_pod, **ann), mpijob, policies(muster()))
+    assert any(warning in w for w in d.warnings), d.warnings
+
+
 def test_without_a_topology_policy_no_request_reaches_the_binder(
         worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
     forged = json.dumps({"v": 1, "mode": "required", "network": {"level": RACK}})
@@ -106,7 +173,7 @@ def test_without_a_topology_policy_no_request_reaches_the_binder(
 
 
 @pytest.mark.parametrize(("network", "error"), [
-    (f"  network:\n    required: {RACK}\n    preferred: {BLOCK}", "not both"),
+    (f"  network:\n    slice: {{level: {CLIQUE}, size: 2, mode: soft}}", "'required' or"),
     ("  network:\n    required: 'not a label!'", "not a valid label"),
     (f"  network:\n    slice: {{level: {CLIQUE}, size: 0}}", "greater than or equal to 1"),
 ])

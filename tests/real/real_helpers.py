@@ -24,6 +24,9 @@ __all__ = ["NETWORK_LEVELS", "agent_dra_state", "agent_pod", "crd_documents", "d
 #: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
 NETWORK_LEVELS = ["network.topology.nvidia.com/spine", "network.topology.nvidia.com/leaf",
                   "nvidia.com/gpu.clique"]
+#: the aliases KAI manifests may name them by (KAI's Topology `alias`)
+NETWORK_ALIASES = {"network.topology.nvidia.com/spine": "block",
+                   "network.topology.nvidia.com/leaf": "rack"}
 
 
 def pod_ready(pod: dict[str, Any]) -> bool:
@@ -99,7 +102,10 @@ def release_values(cluster: NodeCluster) -> dict[str, Any]:
     values["image"] = {"repository": image.IMAGE_REPOSITORY, "tag": image.IMAGE_TAG,
                        "pullPolicy": "Never"}
     values["agent"] = {"extraArgs": ["--fake-nvml=dgx1-v100"]}
-    values["binder"] = {"networkLevels": NETWORK_LEVELS}
+    # as a KAI Topology's spec.levels: a label, with its alias where it has one
+    values["binder"] = {"networkLevels": [
+        {"nodeLabel": label, "alias": NETWORK_ALIASES[label]} if label in NETWORK_ALIASES
+        else label for label in NETWORK_LEVELS]}
     return values
 
 

@@ -11,6 +11,7 @@ pods off them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -101,10 +102,12 @@ async def _drop_namespace_jobs(kube: KubeApi, ns: str) -> None:
             raise
 
 
-def _job(name: str, pods: int, gpus: int, annotations: dict[str, str] | None = None
-         ) -> dict[str, Any]:
-    """An Indexed Job of `pods` ranks of `gpus` GPUs each (its completion index is its rank)."""
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+def _job(name: str, pods: int, gpus: int, annotations: dict[str, str] | None = None, *,
+         on_job: dict[str, str] | None = None) -> dict[str, Any]:
+    """An Indexed Job of `pods` ranks of `gpus` GPUs each (its completion index is its rank);
+    `annotations` on its pod template, `on_job` on the Job itself."""
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "annotations": on_job or {}},
             "spec": {"completionMode": "Indexed", "completions": pods, "parallelism": pods,
                      "backoffLimit": 0,
                      "template": {"metadata": {"annotations": annotations or {}}, "spec": {
@@ -199,3 +202,17 @@ async def test_gangs_land_within_the_network_domains_they_ask_for(
                          NAMESPACES["block"], subresource="status")
     placed = await _bound(kube, ns, "waits", 6)
     assert _at(placed, labels, SPINE) == _at(block, labels, SPINE)
+
+    # a job written for KAI: its annotations on the Job itself (where KAI's pod grouper reads
+    # them), the rack named by its alias in the binder's levels (KAI's Topology `alias`), and
+    # segments of 2 ranks each on one node
+    kai = {keys.KAI_REQUIRED_PLACEMENT: "rack", keys.KAI_SEGMENT_SIZE: "2",
+           keys.KAI_SEGMENT_REQUIRED_PLACEMENT: "kubernetes.io/hostname"}
+    await kube.create(JOBS, _job("kai-job", 4, 4, on_job=kai), namespace=ns)
+    ranks = await _bound(kube, ns, "kai-job", 4)
+    assert json.loads(ranks[0]["metadata"]["annotations"][keys.ANN_GPU_TOPOLOGY])["network"] == {
+        "level": "rack", "mode": "required", "sliceLevel": "kubernetes.io/hostname",
+        "sliceSize": 2}
+    assert len(_at(ranks, labels, LEAF)) == 1
+    by_rank = [p["spec"]["nodeName"] for p in ranks]
+    assert by_rank[0] == by_rank[1] and by_rank[2] == by_rank[3], by_rank

@@ -319,7 +319,8 @@ def _topology_request(draft: _Draft, writes: _Writes, view: PodView) -> None:
         "v": 1, "mode": mode, "singleNode": bool(value.get("topology.singleNode")),
         "minRingGBps": value.get("topology.minRingGBps")}
     by = writes.merged.get("topology.network", writes.merged["topology.mode"])[1]
-    ask = network_ask(value.get("topology.network"), by, view.annotation_map())
+    ask = network_ask(value.get("topology.network"), by, view.annotation_map(),
+                      view.work.facts.network if view.work.facts else None)
     draft.warnings.extend(ask.warnings)
     if ask.request is not None:
         request["network"] = ask.request

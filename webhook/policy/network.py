@@ -1,10 +1,12 @@
 """The network request a gang's pods carry to the binder: from the policy, or from the job's own
 Kueue / KAI topology annotations where the policy honours them (docs/policies.md, "Network").
 
-A level is a node label, as Kueue and KAI name it. The job's annotations replace the policy's
-request part by part (the gang's level, the slices) when the policy's `jobAnnotations` is
-`honour` (its default): a manifest written for Kueue or KAI then means the same to Muster. With
-`ignore` the policy alone decides, and the annotations are only explained.
+A level is a node label, as Kueue and KAI name it, or an alias the binder's levels declare (KAI's
+Topology `alias`). The job's annotations replace the policy's request part by part (the gang's
+level, the slices) when the policy's `jobAnnotations` is `honour` (its default): a manifest
+written for Kueue or KAI then means the same to Muster. They are read from the pod (its
+template) and from the job object (where KAI's pod grouper reads them), the pod's winning key by
+key. With `ignore` the policy alone decides, and the annotations are only explained.
 """
 
 from __future__ import annotations
@@ -16,9 +18,17 @@ from typing import Any
 from webhook import keys
 from webhook.policy.schema import Network, check_label_key
 
-#: (annotation, mode) in the order they are read: Kueue's, then KAI's; required first
-_LEVELS = ((keys.KUEUE_REQUIRED_TOPOLOGY, "required"), (keys.KUEUE_PREFERRED_TOPOLOGY, "preferred"),
-           (keys.KAI_REQUIRED_PLACEMENT, "required"), (keys.KAI_PREFERRED_PLACEMENT, "preferred"))
+#: Kueue's gang levels, required first: a pod set carries one of them
+_KUEUE_LEVELS = ((keys.KUEUE_REQUIRED_TOPOLOGY, "required"),
+                 (keys.KUEUE_PREFERRED_TOPOLOGY, "preferred"))
+_KAI_LEVELS = (keys.KAI_REQUIRED_PLACEMENT, keys.KAI_PREFERRED_PLACEMENT)
+_KAI_SEGMENTS = (keys.KAI_SEGMENT_SIZE, keys.KAI_SEGMENT_REQUIRED_PLACEMENT,
+                 keys.KAI_SEGMENT_PREFERRED_PLACEMENT)
+#: the request's keys of each part, which the job's annotations replace together
+_LEVEL_PART = ("level", "mode", "maxLevel")
+_SLICE_PART = ("sliceLevel", "sliceSize", "sliceMode")
+
+Ask = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,58 +51,122 @@ def _label(ann: Mapping[str, str], key: str, warnings: list[str]) -> str | None:
         return None
 
 
-def _from_annotations(ann: Mapping[str, str], warnings: list[str]
-                      ) -> tuple[dict[str, Any], list[str]]:
-    """The parts the job's annotations ask for, and the annotations that asked."""
-    out: dict[str, Any] = {}
-    used: list[str] = []
-    for key, mode in _LEVELS:
-        level = _label(ann, key, warnings)
-        if level is not None:
-            if "level" in out:
-                warnings.append(f"{key} ignored: {used[0]} is read first")
-                continue
-            out.update(level=level, mode=mode)
-            used.append(key)
-    slice_level = _label(ann, keys.KUEUE_SLICE_REQUIRED_TOPOLOGY, warnings)
+def _ignored(keys_: list[str], first: str, warnings: list[str]) -> None:
+    warnings.extend(f"{k} ignored: {first} is read first" for k in keys_)
+
+
+def levels_ask(required: str | None, preferred: str | None) -> Ask:
+    """A gang's level from a required and a preferred one (either may be None): both, the
+    preferred level within one domain of the required one (KAI's meaning)."""
+    if preferred is None or preferred == required:
+        return {"level": required, "mode": "required"} if required else {}
+    ask: Ask = {"level": preferred, "mode": "preferred"}
+    if required is not None:
+        ask["maxLevel"] = required
+    return ask
+
+
+def _gang_level(ann: Mapping[str, str], warnings: list[str]) -> tuple[Ask, list[str]]:
+    """The gang's level the annotations ask for, and the annotations that asked: Kueue's first,
+    else KAI's required and preferred, alone or together."""
+    kueue = [(k, mode, level) for k, mode in _KUEUE_LEVELS
+             if (level := _label(ann, k, warnings)) is not None]
+    kai = {k: level for k in _KAI_LEVELS if (level := _label(ann, k, warnings)) is not None}
+    if kueue:
+        key, mode, level = kueue[0]
+        _ignored([k for k, _, _ in kueue[1:]] + list(kai), key, warnings)
+        return {"level": level, "mode": mode}, [key]
+    ask = levels_ask(kai.get(keys.KAI_REQUIRED_PLACEMENT), kai.get(keys.KAI_PREFERRED_PLACEMENT))
+    return ask, list(kai) if ask else []
+
+
+def _size(text: str | None) -> int:
+    return int(text) if text is not None and text.isdigit() else 0
+
+
+def _slices(ann: Mapping[str, str], warnings: list[str]) -> tuple[Ask, list[str]]:
+    """The slices the annotations ask for: Kueue's slice, else KAI's segments."""
+    kai_present = [k for k in _KAI_SEGMENTS if k in ann]
+    level = _label(ann, keys.KUEUE_SLICE_REQUIRED_TOPOLOGY, warnings)
     size_text = ann.get(keys.KUEUE_SLICE_SIZE)
-    if slice_level is not None or size_text is not None:
-        size = int(size_text) if size_text is not None and size_text.isdigit() else 0
-        if slice_level is None or size < 1:
+    if level is not None or size_text is not None:
+        _ignored(kai_present, keys.KUEUE_SLICE_REQUIRED_TOPOLOGY, warnings)
+        if level is None or _size(size_text) < 1:
             warnings.append(f"{keys.KUEUE_SLICE_REQUIRED_TOPOLOGY} and a positive "
                             f"{keys.KUEUE_SLICE_SIZE} go together; the slice is ignored")
-        else:
-            out.update(sliceLevel=slice_level, sliceSize=size)
-            used.append(keys.KUEUE_SLICE_REQUIRED_TOPOLOGY)
-    return out, used
+            return {}, []
+        return ({"sliceLevel": level, "sliceSize": _size(size_text)},
+                [keys.KUEUE_SLICE_REQUIRED_TOPOLOGY])
+    if not kai_present:
+        return {}, []
+    required = _label(ann, keys.KAI_SEGMENT_REQUIRED_PLACEMENT, warnings)
+    preferred = _label(ann, keys.KAI_SEGMENT_PREFERRED_PLACEMENT, warnings)
+    size = _size(ann.get(keys.KAI_SEGMENT_SIZE))
+    if (required is None and preferred is None) or size < 2:
+        warnings.append(f"{keys.KAI_SEGMENT_SIZE} (more than 1) and a segment topology "
+                        "placement go together; the segments are ignored")
+        return {}, []
+    if required is not None and preferred is not None:
+        _ignored([keys.KAI_SEGMENT_PREFERRED_PLACEMENT], keys.KAI_SEGMENT_REQUIRED_PLACEMENT,
+                 warnings)
+    if required is not None:
+        return ({"sliceLevel": required, "sliceSize": size},
+                [keys.KAI_SEGMENT_SIZE, keys.KAI_SEGMENT_REQUIRED_PLACEMENT])
+    return ({"sliceLevel": preferred, "sliceSize": size, "sliceMode": "preferred"},
+            [keys.KAI_SEGMENT_SIZE, keys.KAI_SEGMENT_PREFERRED_PLACEMENT])
 
 
-def network_ask(policy: Network | None, policy_name: str, ann: Mapping[str, str]) -> NetworkAsk:
+def _whose(names: list[str], pod_ann: Mapping[str, str]) -> str:
+    """The annotations named, each as the pod's or the job's."""
+    pod = [k for k in names if k in pod_ann]
+    job = [k for k in names if k not in pod_ann]
+    return " and ".join(f"the {owner} {', '.join(found)}"
+                        for owner, found in (("pod's", pod), ("job's", job)) if found)
+
+
+def _policy_ask(policy: Network) -> Ask:
+    ask = levels_ask(policy.required, policy.preferred)
+    if policy.slice is not None:
+        ask.update(sliceLevel=policy.slice.level, sliceSize=policy.slice.size)
+        if policy.slice.mode == "preferred":
+            ask["sliceMode"] = "preferred"
+    return ask
+
+
+def _describe(ask: Ask) -> str:
+    parts = []
+    if "level" in ask:
+        within = f" within one {ask['maxLevel']}" if "maxLevel" in ask else ""
+        parts.append(f"{ask['mode']} {ask['level']}{within}")
+    if "sliceLevel" in ask:
+        how = "preferably" if ask.get("sliceMode") == "preferred" else "each"
+        parts.append(f"slices of {ask['sliceSize']} pods, {how} within one {ask['sliceLevel']}")
+    return "; ".join(parts)
+
+
+def network_ask(policy: Network | None, policy_name: str, pod_ann: Mapping[str, str],
+                job_ann: Mapping[str, str] | None = None) -> NetworkAsk:
     """What the gang asks of the network: `policy` (the merged `topology.network`, written by
     `policy_name`; None: not set, and then the topology policy `policy_name` decides whether
-    the job's annotations are honoured, which they are by default)."""
+    the job's annotations are honoured, which they are by default). `pod_ann`: the pod's
+    annotations; `job_ann`: the job object's network annotations (the pod's win)."""
     warnings: list[str] = []
-    ask: dict[str, Any] = {}
-    if policy is not None:
-        level = policy.required or policy.preferred
-        if level is not None:
-            ask.update(level=level, mode="required" if policy.required else "preferred")
-        if policy.slice is not None:
-            ask.update(sliceLevel=policy.slice.level, sliceSize=policy.slice.size)
+    ask = _policy_ask(policy) if policy is not None else {}
+    ann = {**(job_ann or {}), **pod_ann}
     source = f"policy {policy_name}"
     present = [k for k in keys.NETWORK_ANNOTATIONS if k in ann]
     if present and policy is not None and policy.jobAnnotations == "ignore":
-        source += f" (which ignores the pod's {', '.join(present)})"
+        source += f" (which ignores {_whose(present, pod_ann)})"
     elif present:
-        found, used = _from_annotations(ann, warnings)
-        if used:
-            if "sliceLevel" in found:  # the job's slices replace the policy's
-                ask.pop("sliceLevel", None)
-            ask.update(found)
-            source = f"the pod's {', '.join(used)}, honoured by policy {policy_name}"
+        level, used = _gang_level(ann, warnings)
+        slices, sliced_by = _slices(ann, warnings)
+        for part, found in ((_LEVEL_PART, level), (_SLICE_PART, slices)):
+            if found:
+                for k in part:
+                    ask.pop(k, None)
+                ask.update(found)
+        if used or sliced_by:
+            source = f"{_whose(used + sliced_by, pod_ann)}, honoured by policy {policy_name}"
     if not ask:
         return NetworkAsk(None, None, tuple(warnings))
-    parts = [f"{ask['mode']} {ask['level']}"] if "level" in ask else []
-    if "sliceLevel" in ask:
-        parts.append(f"slices of {ask['sliceSize']} pods, each within one {ask['sliceLevel']}")
-    return NetworkAsk(ask, f"network: {'; '.join(parts)} (from {source})", tuple(warnings))
+    return NetworkAsk(ask, f"network: {_describe(ask)} (from {source})", tuple(warnings))

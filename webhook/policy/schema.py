@@ -21,7 +21,6 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     field_validator,
-    model_validator,
 )
 
 from webhook import keys
@@ -231,23 +230,22 @@ class NetworkSlice(_Model):
     #: each `size` GPU pods of the gang (in rank order) within one domain of this level
     level: LevelKey
     size: int = Field(ge=1)
+    #: preferred: the slices when they fit, else the gang placed without them (KAI's soft
+    #: segment placement)
+    mode: Literal["required", "preferred"] = "required"
 
 
 class Network(_Model):
     """Where the gang's nodes go in the cluster's network levels (docs/topology.md); a level is
-    named by its node label, as Kueue and KAI name it."""
+    named by its node label, as Kueue and KAI name it, or by an alias of the binder's levels.
+    Both `required` and `preferred`: the preferred level, falling back no wider than one domain
+    of the required level (KAI's meaning of the two together)."""
 
     required: LevelKey | None = None
     preferred: LevelKey | None = None
     slice: NetworkSlice | None = None
     #: whether the job's own Kueue / KAI topology annotations replace the policy's request
     jobAnnotations: Literal["honour", "ignore"] = "honour"
-
-    @model_validator(mode="after")
-    def _one_level(self) -> Network:
-        if self.required is not None and self.preferred is not None:
-            raise ValueError("give required or preferred, not both")
-        return self
 
 
 class Topology(_Model):

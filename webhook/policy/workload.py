@@ -121,6 +121,8 @@ class JobFacts:
     #: replicas whose pods run before the gang and do not join it
     outside: frozenset[str] = frozenset()
     notes: tuple[str, ...] = ()
+    #: the job object's own network annotations (KAI reads them there: `keys.NETWORK_ANNOTATIONS`)
+    network: Mapping[str, str] = field(default_factory=dict)
     #: (min_member, replica priorities) → minResources, filled on first use
     min_resources_memo: dict[tuple[int, tuple[int, ...]], dict[str, str] | None] = field(
         default_factory=dict)
@@ -253,8 +255,8 @@ def _job_facts(kind: str, obj: Mapping[str, Any], inner: Mapping[str, Any] | Non
          if role in by_role and (pc := as_str(by_role[role].pod_spec.get("priorityClassName")))),
         None)
     spec = as_map(obj.get("spec"))
-    queue = as_str(as_map(as_map(obj.get("metadata")).get("annotations")).get(
-        keys.VOLCANO_QUEUE_ANNOTATION))
+    annotations = as_map(as_map(obj.get("metadata")).get("annotations"))
+    queue = as_str(annotations.get(keys.VOLCANO_QUEUE_ANNOTATION))
     if queue is None and inner is not None:
         queue = as_str(as_map(as_map(inner.get("metadata")).get("annotations")).get(
             keys.VOLCANO_QUEUE_ANNOTATION))
@@ -263,7 +265,9 @@ def _job_facts(kind: str, obj: Mapping[str, Any], inner: Mapping[str, Any] | Non
         gpus=sum(r.count * pod_gpus(r.pod_spec) for r in sets.replicas),
         scheduling_policy=as_map(as_map(spec.get("runPolicy")).get("schedulingPolicy")),
         queue=queue, priority_class=priority_class, reserve_members=sets.reserve_members,
-        outside=sets.outside, notes=sets.notes)
+        outside=sets.outside, notes=sets.notes,
+        network={k: v for k in keys.NETWORK_ANNOTATIONS
+                 if type(v := annotations.get(k)) is str})
 
 
 def chain_key(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
