@@ -178,11 +178,14 @@ class Reporter:
                     await work
             except Exception as exc:  # best effort: never let a report disturb binding
                 log.info("report not written", extra={"error": repr(exc)})
-            finally:
-                work.close()  # cancelled while queued: closed, not left "never awaited"
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._background.discard(task)
+            # cancelled while queued, or before it first ran: closed, not left "never awaited"
+            work.close()
         task = asyncio.create_task(run())
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(done)
 
     async def _set_unschedulable(self, pod: PodInfo, raw: dict[str, Any], message: str) -> None:
         """PodScheduled=False reason Unschedulable, as kube-scheduler reports it."""
