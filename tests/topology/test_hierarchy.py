@@ -168,6 +168,16 @@ def test_a_bound_at_or_below_the_preferred_level_makes_it_required() -> None:
     assert len(domains(p, labels, BLOCK, RACK)) == 1
     r = place(nodes, labels, gang(5, level=BLOCK, mode="preferred", max_level=RACK))
     assert isinstance(r, Unplaceable) and "within one example.com/rack domain" in r.reason
+    # the node at either end: a bound of one node is one node; one node within a rack is the
+    # rack, one node first
+    r = place(nodes, labels, gang(2, 4, level=RACK, mode="preferred", max_level=HOSTNAME))
+    assert ok(r).nodes_used == 1
+    assert isinstance(place(nodes, labels, gang(3, 4, level=RACK, mode="preferred",
+                                                max_level=HOSTNAME)), Unplaceable)
+    assert ok(place(nodes, labels, gang(2, 4, level=HOSTNAME, mode="preferred",
+                                        max_level=RACK))).nodes_used == 1
+    p = ok(place(nodes, labels, gang(3, level=HOSTNAME, mode="preferred", max_level=RACK)))
+    assert len(domains(p, labels, BLOCK, RACK)) == 1
 
 
 def test_preferred_slices_that_do_not_fit_leave_the_gang_placed_without_them() -> None:

@@ -81,8 +81,8 @@ def place_gang(
     Pure: the same inputs give the same placement."""
     tables = tables or TableCache(warm=False)
     req = gang.network
-    if req is not None and network is not None:
-        req = _resolved(req, network)
+    if req is not None:
+        req = _bounded(_resolved(req, network) if network is not None else req)
         gang = replace(gang, network=req)
     if req is not None and req.slice_level is not None and req.slice_mode == "preferred":
         sliced = place_gang(nodes, replace(gang, network=replace(req, slice_mode="required")),
@@ -113,6 +113,16 @@ def _resolved(req: NetworkRequest, network: Network) -> NetworkRequest:
         return None if name is None else network.label(name)
     return replace(req, level=label(req.level), slice_level=label(req.slice_level),
                    max_level=label(req.max_level))
+
+
+def _bounded(req: NetworkRequest) -> NetworkRequest:
+    """A bound at the node itself: a bound of one node is one node, required; one node
+    preferred within a bound is the bound required (where one node comes first anyway)."""
+    if req.max_level == HOSTNAME:
+        return replace(req, level=HOSTNAME, mode="required", max_level=None)
+    if req.max_level is not None and req.level == HOSTNAME:
+        return replace(req, level=req.max_level, mode="required", max_level=None)
+    return req
 
 
 def _natural(key: str) -> tuple[tuple[int, int | str], ...]:
@@ -171,8 +181,7 @@ class _Decision:
         if one is not None:
             return one
         need = len(self.slices) if self.sliced else self._units(self.gpu)
-        levels = list(range(self.level, self.bound - 1, -1)) if self.bound >= 0 else \
-            list(range(self.level, -2, -1))
+        levels = range(self.level, self.bound - 1, -1)  # (-1: the whole cluster)
         refused: Unplaceable | None = None
         for level in levels:
             fit = sorted((k for k, d in self.doms.items()
