@@ -72,8 +72,8 @@ async def _pods(api: KubeApi, scheduler: str) -> list[dict[str, Any]]:
 def binder_levels(deployment: Mapping[str, Any]) -> Levels:
     """The levels the binder's `--network-levels=` declares (none when it is absent, a file,
     or cannot be read: the binder refuses to start on those)."""
-    for container in ((deployment.get("spec") or {}).get("template") or {}).get(
-            "spec", {}).get("containers") or ():
+    template = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
+    for container in template.get("containers") or ():
         for arg in container.get("args") or ():
             if isinstance(arg, str) and arg.startswith("--network-levels="):
                 try:

@@ -55,7 +55,7 @@ def _ignored(keys_: list[str], first: str, warnings: list[str]) -> None:
     warnings.extend(f"{k} ignored: {first} is read first" for k in keys_)
 
 
-def levels_ask(required: str | None, preferred: str | None) -> Ask:
+def _levels_ask(required: str | None, preferred: str | None) -> Ask:
     """A gang's level from a required and a preferred one (either may be None): both, the
     preferred level within one domain of the required one (KAI's meaning)."""
     if preferred is None or preferred == required:
@@ -76,7 +76,7 @@ def _gang_level(ann: Mapping[str, str], warnings: list[str]) -> tuple[Ask, list[
         key, mode, level = kueue[0]
         _ignored([k for k, _, _ in kueue[1:]] + list(kai), key, warnings)
         return {"level": level, "mode": mode}, [key]
-    ask = levels_ask(kai.get(keys.KAI_REQUIRED_PLACEMENT), kai.get(keys.KAI_PREFERRED_PLACEMENT))
+    ask = _levels_ask(kai.get(keys.KAI_REQUIRED_PLACEMENT), kai.get(keys.KAI_PREFERRED_PLACEMENT))
     return ask, list(kai) if ask else []
 
 
@@ -125,7 +125,7 @@ def _whose(names: list[str], pod_ann: Mapping[str, str]) -> str:
 
 
 def _policy_ask(policy: Network) -> Ask:
-    ask = levels_ask(policy.required, policy.preferred)
+    ask = _levels_ask(policy.required, policy.preferred)
     if policy.slice is not None:
         ask.update(sliceLevel=policy.slice.level, sliceSize=policy.slice.size)
         if policy.slice.mode == "preferred":

@@ -22,6 +22,7 @@ Nodes are grouped by domain once per call (`Network.paths` is made once per node
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -81,20 +82,29 @@ def place_gang(
     Pure: the same inputs give the same placement."""
     tables = tables or TableCache(warm=False)
     req = gang.network
-    if req is not None:
-        req = _bounded(_resolved(req, network) if network is not None else req)
-        gang = replace(gang, network=req)
-    if req is not None and req.slice_level is not None and req.slice_mode == "preferred":
-        sliced = place_gang(nodes, replace(gang, network=replace(req, slice_mode="required")),
-                            network=network, inter_node_gbps=inter_node_gbps, tables=tables,
-                            groups=groups)
+    if req is None:
+        return place_on_nodes(nodes, gang, inter_node_gbps=inter_node_gbps, tables=tables,
+                              groups=groups)
+    req = _bounded(_resolved(req, network) if network is not None else req)
+    place = functools.partial(_place, nodes, network=network, inter_node_gbps=inter_node_gbps,
+                              tables=tables, groups=groups)
+    if req.slice_level is not None and req.slice_mode == "preferred":
+        sliced = place(replace(gang, network=replace(req, slice_mode="required")))
         if isinstance(sliced, GangPlacement):
             return sliced
         req = replace(req, slice_level=None, slice_size=0, slice_mode="required")
-        gang = replace(gang, network=req)
-    if req is not None and req.level == HOSTNAME and req.mode == "required":
+    return place(replace(gang, network=req))
+
+
+def _place(nodes: Sequence[NodeState], gang: GangRequest, *, network: Network | None,
+           inter_node_gbps: float, tables: TableCache, groups: NodeGroups | None
+           ) -> GangPlacement | Unplaceable:
+    """`place_gang` for a request whose levels are labels and whose slices are required."""
+    req = gang.network
+    assert req is not None
+    if req.level == HOSTNAME and req.mode == "required":
         gang = replace(gang, single_node=True, mode="required")  # the engine's own rule
-    if req is None or req.level == HOSTNAME or (req.level is None and req.slice_level is None):
+    if req.level == HOSTNAME or (req.level is None and req.slice_level is None):
         return place_on_nodes(nodes, gang, inter_node_gbps=inter_node_gbps, tables=tables,
                               groups=groups)
     if (req.slice_level is None) != (req.slice_size < 1):

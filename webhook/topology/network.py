@@ -130,7 +130,7 @@ def _topology_levels(doc: Mapping[str, Any]) -> list[Any]:
     if not isinstance(levels, list) or not levels:
         raise LevelsError("Topology spec.levels must be a non-empty list")
     for i, level in enumerate(levels):
-        if not isinstance(level, Mapping) or "nodeLabel" not in level:
+        if not isinstance(level, Mapping):  # (its nodeLabel is checked with a list's entries)
             raise LevelsError(f"Topology spec.levels[{i}] needs a nodeLabel")
     return levels
 
