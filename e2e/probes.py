@@ -49,13 +49,10 @@ def rollout_policies(enforcement: str, marker: str) -> dict[str, str]:
             f"spec:\n  match: {{namespaces: [{ns}]}}\n  labels: {{rollout: {marker}}}\n")}
 
 
-async def rollout_loaded(kube: KubeApi, marker: str, times: int = 1) -> bool:
-    """Whether `times` probes in a row see the policy set carrying `marker` (several: with more
-    than one webhook replica, each reloads on its own)."""
-    for _ in range(times):
-        if (await probe_labels(kube, ROLLOUT_NAMESPACE)).get("rollout") != marker:
-            return False
-    return True
+async def rollout_loaded(kube: KubeApi, marker: str) -> bool:
+    """Whether a probe sees the policy set carrying `marker` (with several webhook replicas,
+    only the one the API server reached)."""
+    return (await probe_labels(kube, ROLLOUT_NAMESPACE)).get("rollout") == marker
 
 
 async def eventually(check: Callable[[], Any], within: float = 10.0, *,

@@ -39,6 +39,12 @@ def _value(metrics: Metrics, result: str) -> float:
     return value or 0.0
 
 
+def _set_digests(metrics: Metrics) -> dict[str, float]:
+    """muster_policy_set_info's samples: digest label → value."""
+    return {s.labels["digest"]: s.value for family in metrics.registry.collect()
+            if family.name == "muster_policy_set_info" for s in family.samples}
+
+
 async def test_configmap_swap_reloads_and_broken_update_is_refused(tmp_path: Path) -> None:
     refused: list[str] = []
 
@@ -53,6 +59,8 @@ async def test_configmap_swap_reloads_and_broken_update_is_refused(tmp_path: Pat
     assert store.current == {"a.json": {"v": 1}}
     assert not await store.reload()  # nothing changed: no reload, no metric
     assert _value(metrics, "success") == 1
+    first = digest([tmp_path])
+    assert _set_digests(metrics) == {first[:16]: 1}
 
     configmap_version(tmp_path, "v2", {"a.json": '{"v": 2'})
     assert not await store.reload()
@@ -62,6 +70,7 @@ async def test_configmap_swap_reloads_and_broken_update_is_refused(tmp_path: Pat
     assert _value(metrics, "error") == 1
     assert not await store.reload()  # the same broken content is reported once
     assert len(refused) == 1
+    assert _set_digests(metrics) == {first[:16]: 1}  # still the active set's, not the refused
 
     configmap_version(tmp_path, "v3", {"a.json": '{"v": 3}'})
     assert await store.reload()
@@ -69,6 +78,8 @@ async def test_configmap_swap_reloads_and_broken_update_is_refused(tmp_path: Pat
     assert store.last_error is None
     gauge = metrics.registry.get_sample_value("muster_policies_loaded")
     assert gauge == 1
+    third = digest([tmp_path])
+    assert third != first and _set_digests(metrics) == {third[:16]: 1}  # the old one is gone
 
 
 def test_digest_ignores_hidden_entries_and_follows_symlinks(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from typing import Any
 
@@ -17,8 +18,8 @@ from webhook.demo import EXAMPLE_POLICIES
 from webhook.kube import PODS, KubeApi
 
 __all__ = ["NETWORK_LEVELS", "agent_dra_state", "agent_pod", "crd_documents", "diagnostics",
-           "kubectl", "pod_ready", "release_values", "run_helm", "upgrade_release",
-           "wait_established", "wait_webhook_pods", "webhook_pods"]
+           "kubectl", "pod_ready", "policy_digests", "release_values", "run_helm",
+           "upgrade_release", "wait_established", "wait_webhook_pods", "webhook_pods"]
 
 #: the binder's network levels (docs/topology.md): Topograph's spine (a block) and leaf (a
 #: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
@@ -70,6 +71,25 @@ def upgrade_release(cluster: NodeCluster, values: dict[str, Any], file_name: str
     path.write_text(json.dumps(values))
     run_helm(cluster, "upgrade", RELEASE, str(REPO / "charts" / "muster"), "--namespace",
              NAMESPACE, "--values", str(path), "--wait", "--timeout", "3m")
+
+
+def policy_digests(cluster: NodeCluster) -> dict[str, str | None]:
+    """Each webhook pod (terminating ones too: they may still answer) → the digest of the policy
+    set it serves, its `muster_policy_set_info` read through the API server's pod proxy, as
+    docs/policies.md ("Rolling out a policy") tells admins to; None while it has none."""
+    out = kubectl(cluster, "get", "pods", "-n", NAMESPACE, "-l",
+                  "app.kubernetes.io/component=webhook", "-o", "json")
+    digests: dict[str, str | None] = {}
+    for pod in json.loads(out.stdout)["items"]:
+        name = pod["metadata"]["name"]
+        [port] = [p["containerPort"] for c in pod["spec"]["containers"]
+                  for p in c.get("ports", []) if p.get("name") == "metrics"]
+        text = kubectl(cluster, "get", "--raw",
+                       f"/api/v1/namespaces/{NAMESPACE}/pods/{name}:{port}/proxy/metrics",
+                       check=False).stdout
+        found = re.search(r'^muster_policy_set_info\{digest="([0-9a-f]+)"\} 1\.0$', text, re.M)
+        digests[name] = found.group(1) if found else None
+    return digests
 
 
 def agent_pod(cluster: NodeCluster) -> str:

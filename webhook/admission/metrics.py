@@ -108,9 +108,13 @@ class Metrics:
             "(success, error)", ["result"], registry=r)
         self.policies_loaded = Gauge(
             "muster_policies_loaded", "Policies in the active set", registry=r)
-        self.policy_set_info = Gauge(
+        self.policy_loaded_at = Gauge(
             "muster_policy_last_reload_success_timestamp_seconds",
             "When the active policy set was loaded", registry=r)
+        self.policy_set = Gauge(
+            "muster_policy_set_info", "The active policy set, by digest (of the mounted files' "
+            "names and contents): replicas that show the same digest serve the same policies",
+            ["digest"], registry=r)
         self.podgroup_writes = Counter(
             "muster_podgroup_writes", "PodGroup writes, by result (created, exists, updated, "
             "replaced: a deleted job's; foreign: another controller's, left alone; kept: the "

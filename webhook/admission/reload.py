@@ -62,6 +62,10 @@ def _files(path: Path) -> Iterator[Path]:
             yield sub
 
 
+#: hex digits of the digest a metric shows: enough to tell policy sets apart
+DIGEST_SHOWN = 16
+
+
 def digest(paths: Sequence[Path]) -> str:
     """Digest of names and contents of every visible file under `paths` (missing → distinct)."""
     h = hashlib.sha256()
@@ -115,7 +119,9 @@ class PolicyStore(Generic[T]):
         self.last_error = None
         self._metrics.reloads.labels("success").inc()
         self._metrics.policies_loaded.set(self._count(loaded))
-        self._metrics.policy_set_info.set(time.time())
+        self._metrics.policy_loaded_at.set(time.time())
+        self._metrics.policy_set.clear()  # one sample: the active set's
+        self._metrics.policy_set.labels(new_digest[:DIGEST_SHOWN]).set(1)
         log.info("policies loaded", extra={"policies": self._count(loaded),
                                            "paths": [str(p) for p in self.paths]})
         return True
