@@ -801,7 +801,13 @@ def test_monitoring_objects_only_when_enabled(helm_template: Render) -> None:
                                                                   "muster-webhook"]
     rule = one(objs, "PrometheusRule")
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert {"MusterWebhookDown", "MusterCertificateExpiringSoon"} <= alerts
+    assert {"MusterWebhookDown", "MusterCertificateExpiringSoon", "MusterPolicySetsDiffer"
+            } <= alerts
+    [differ] = [r for g in rule["spec"]["groups"] for r in g["rules"]
+                if r["alert"] == "MusterPolicySetsDiffer"]
+    # more than one digest of the active set among the release's replicas (docs/webhook.md)
+    assert differ["expr"] == ('count(count by (digest) (muster_policy_set_info'
+                              '{namespace="muster-system"})) > 1')
 
 
 def _container_args(objs: list[Obj]) -> dict[str, list[str]]:
