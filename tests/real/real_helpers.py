@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -73,20 +74,19 @@ def upgrade_release(cluster: NodeCluster, values: dict[str, Any], file_name: str
              NAMESPACE, "--values", str(path), "--wait", "--timeout", "3m")
 
 
-def policy_digests(cluster: NodeCluster) -> dict[str, str | None]:
+async def policy_digests(kube: KubeApi, cluster: NodeCluster) -> dict[str, str | None]:
     """Each webhook pod (terminating ones too: they may still answer) → the digest of the policy
     set it serves, its `muster_policy_set_info` read through the API server's pod proxy, as
     docs/policies.md ("Rolling out a policy") tells admins to; None while it has none."""
-    out = kubectl(cluster, "get", "pods", "-n", NAMESPACE, "-l",
-                  "app.kubernetes.io/component=webhook", "-o", "json")
     digests: dict[str, str | None] = {}
-    for pod in json.loads(out.stdout)["items"]:
+    for pod in await webhook_pods(kube, terminating=True):
         name = pod["metadata"]["name"]
         [port] = [p["containerPort"] for c in pod["spec"]["containers"]
                   for p in c.get("ports", []) if p.get("name") == "metrics"]
-        text = kubectl(cluster, "get", "--raw",
-                       f"/api/v1/namespaces/{NAMESPACE}/pods/{name}:{port}/proxy/metrics",
-                       check=False).stdout
+        text = (await asyncio.to_thread(
+            kubectl, cluster, "get", "--raw",
+            f"/api/v1/namespaces/{NAMESPACE}/pods/{name}:{port}/proxy/metrics",
+            check=False)).stdout
         found = re.search(r'^muster_policy_set_info\{digest="([0-9a-f]+)"\} 1\.0$', text, re.M)
         digests[name] = found.group(1) if found else None
     return digests

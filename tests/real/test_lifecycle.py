@@ -119,7 +119,7 @@ async def _roll(kube: KubeApi, cluster: NodeCluster, enforcement: str, marker: s
     async def everywhere() -> bool:
         if not await rollout_loaded(kube, marker):
             return False
-        digests = set((await asyncio.to_thread(policy_digests, cluster)).values())
+        digests = set((await policy_digests(kube, cluster)).values())
         return len(digests) == 1 and None not in digests
     await eventually(everywhere, within=120, interval=1,
                      what=f"every replica's policies with the gang in {enforcement} mode")
