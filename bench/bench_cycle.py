@@ -108,7 +108,7 @@ def main() -> int:
         t1 = time.perf_counter()
         plan = plan_gangs(gangs, snap.allocation, states, nodes, config=config,
                           queue=GangQueue(), fit=FitCache(), place=place,
-                          now=1e9)
+                          now=1e9, neighbours=snap.neighbours(nodes))
         t2 = time.perf_counter()
         return plan, t2 - t0, t2 - t1
 

@@ -58,6 +58,7 @@ from webhook import keys
 from webhook.binder.allocation import Allocation
 from webhook.binder.fit import FitCache
 from webhook.binder.gangs import assemble
+from webhook.binder.interpod import Neighbours
 from webhook.binder.nodes import parse_node
 from webhook.binder.planner import PlanConfig, plan_gangs
 from webhook.binder.pods import PodInfo, parse_pod
@@ -298,7 +299,7 @@ def against_optimum(spec: ClusterSpec, count: int, load: float, seed: int) -> tu
     return within, len(gaps)
 
 
-def _node_object(name: str, labels: dict[str, str], topology: str) -> dict[str, Any]:
+def node_object(name: str, labels: dict[str, str], topology: str) -> dict[str, Any]:
     alloc = {"cpu": "64", "memory": "512Gi", "pods": "110", keys.GPU_RESOURCE: "8"}
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "resourceVersion": "1",
@@ -307,11 +308,14 @@ def _node_object(name: str, labels: dict[str, str], topology: str) -> dict[str, 
             "spec": {}, "status": {"allocatable": alloc, "capacity": dict(alloc)}}
 
 
-def _gang_pods(pods: int, level: str) -> list[PodInfo]:
-    """A gang of `pods` 8-GPU workers whose policy prefers one `level` domain, as the webhook
-    annotates them."""
+def gang_pods(pods: int, level: str | None, *, labels: dict[str, str] | None = None,
+              affinity: dict[str, Any] | None = None) -> list[PodInfo]:
+    """A gang of `pods` 8-GPU workers whose policy prefers one `level` domain (None: no network
+    request), as the webhook annotates them; `labels` and `affinity` on each."""
+    network = {"network": {"level": level, "mode": "preferred"}} if level else {}
     topo = json.dumps({"v": 1, "mode": "preferred", "singleNode": False, "minRingGBps": None,
-                       "network": {"level": level, "mode": "preferred"}})
+                       **network})
+    more = {"affinity": affinity} if affinity else {}
     out = []
     for i in range(pods):
         ann = {keys.ANN_GANG_NAME: "big", keys.ANN_GANG_MIN_MEMBER: str(pods),
@@ -321,8 +325,8 @@ def _gang_pods(pods: int, level: str) -> list[PodInfo]:
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"big-worker-{i}", "namespace": "bench", "uid": f"u{i}",
                          "resourceVersion": "1", "creationTimestamp": "2026-11-21T05:00:00Z",
-                         "annotations": ann, "labels": {}},
-            "spec": {"schedulerName": keys.DEFAULT_BINDER_SCHEDULER_NAME,
+                         "annotations": ann, "labels": labels or {}},
+            "spec": {**more, "schedulerName": keys.DEFAULT_BINDER_SCHEDULER_NAME,
                      "containers": [{"name": "main", "image": "train:1",
                                      "resources": {"limits": limits}}],
                      "tolerations": [{"key": keys.TAINT_GPU_TOPOLOGY, "operator": "Exists",
@@ -342,7 +346,7 @@ def latency(sizes: tuple[int, ...], reps: int, seed: int) -> bool:
         spec = fat_tree(n)
         c = Cluster(spec)
         annotation = codec.encode(spec.topology)
-        nodes = {name: parse_node(_node_object(name, c.labels[name], annotation))
+        nodes = {name: parse_node(node_object(name, c.labels[name], annotation))
                  for name in c.names}
         rng = random.Random(seed)
         states = {}
@@ -359,14 +363,15 @@ def latency(sizes: tuple[int, ...], reps: int, seed: int) -> bool:
         gc.collect()
         gc.freeze()
         for pods in (1, 16, 64, 256):
-            gangs = assemble(_gang_pods(pods, spec.leaf_label), config.scheduler_name, None)
+            gangs = assemble(gang_pods(pods, spec.leaf_label), config.scheduler_name, None)
             times, cpu = [], []
             placed = 0
             for _ in range(reps + 1):
                 fresh = dict(states)
                 t0, c0 = time.perf_counter(), time.process_time()
                 plan = plan_gangs(gangs, Allocation({}), fresh, nodes, config=config,
-                                  queue=GangQueue(), fit=fit, place=place, now=1e9)
+                                  queue=GangQueue(), fit=fit, place=place, now=1e9,
+                                  neighbours=Neighbours((), (), nodes, fit.labels(nodes)))
                 times.append((time.perf_counter() - t0) * 1e3)
                 cpu.append((time.process_time() - c0) * 1e3)
                 placed += len(plan.places) == 1 and len(plan.places[0].assignments) == pods

@@ -29,6 +29,11 @@ NODES = ("n1", "n2")
 PLACE = functools.partial(place_gang, tables=TableCache())
 
 
+#: one pod per node among those labelled app=x (the snapshot keeps such pods apart)
+KEEP_APART = {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+    {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}]}}}
+
+
 @st.composite
 def pod_versions(draw: st.DrawFn) -> PodInfo:
     """One version of one of six pods: any gang, size, binding, reservation, phase."""
@@ -47,7 +52,9 @@ def pod_versions(draw: st.DrawFn) -> PodInfo:
         assignment=assignment,
         phase=draw(st.sampled_from(("Pending", "Running", "Succeeded"))),
         scheduler=draw(st.sampled_from(("muster-binder", "default-scheduler"))),
-        rv=str(draw(st.integers(1, 9)))))
+        rv=str(draw(st.integers(1, 9))),
+        labels=draw(st.sampled_from(({}, {"app": "x"}))),
+        extra_spec=draw(st.sampled_from(({}, KEEP_APART)))))
 
 
 @st.composite
@@ -119,5 +126,6 @@ def test_incremental_snapshot_plans_as_a_plan_from_scratch(
         full = plan(list(pods.values()), nodes, None, queue=GangQueue(),
                     claims=list(claims.values()), **kw)
         fast = plan_gangs(snap.open_gangs(None, CFG.podgroup_default_timeout),
-                          snap.allocation, states, nodes, queue=GangQueue(), **kw)
+                          snap.allocation, states, nodes, queue=GangQueue(),
+                          neighbours=snap.neighbours(nodes), **kw)
         assert summary(fast) == summary(full)

@@ -12,6 +12,7 @@ pods off them."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -87,7 +88,7 @@ async def fake_nodes(kube: KubeApi) -> AsyncIterator[dict[str, dict[str, str]]]:
 
 
 NAMESPACES = {"rack": "net-rack", "block": "net-block", "nvlink-slices": "net-slices",
-              "as-annotated": "net-kueue"}
+              "as-annotated": "net-kueue", "neighbours": "net-db"}
 
 
 async def _drop_namespace_jobs(kube: KubeApi, ns: str) -> None:
@@ -103,14 +104,18 @@ async def _drop_namespace_jobs(kube: KubeApi, ns: str) -> None:
 
 
 def _job(name: str, pods: int, gpus: int, annotations: dict[str, str] | None = None, *,
-         on_job: dict[str, str] | None = None) -> dict[str, Any]:
+         on_job: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+         affinity: dict[str, Any] | None = None) -> dict[str, Any]:
     """An Indexed Job of `pods` ranks of `gpus` GPUs each (its completion index is its rank);
-    `annotations` on its pod template, `on_job` on the Job itself."""
+    `annotations`, `labels` and `affinity` on its pod template, `on_job` on the Job itself."""
+    more = {"affinity": affinity} if affinity else {}
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "annotations": on_job or {}},
             "spec": {"completionMode": "Indexed", "completions": pods, "parallelism": pods,
                      "backoffLimit": 0,
-                     "template": {"metadata": {"annotations": annotations or {}}, "spec": {
+                     "template": {"metadata": {"annotations": annotations or {},
+                                               "labels": labels or {}}, "spec": {
+                         **more,
                          "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
                          "tolerations": [{"operator": "Exists"}],
                          "containers": [{
@@ -216,3 +221,69 @@ async def test_gangs_land_within_the_network_domains_they_ask_for(
     assert len(_at(ranks, labels, LEAF)) == 1
     by_rank = [p["spec"]["nodeName"] for p in ranks]
     assert by_rank[0] == by_rank[1] and by_rank[2] == by_rank[3], by_rank
+
+
+#: training pods of every namespace stay out of the leaf of a pod that carries this (required
+#: podAntiAffinity; without a namespaceSelector it would count its own namespace's pods alone)
+NO_TRAINING_IN_MY_LEAF = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+    {"labelSelector": {"matchLabels": {"app": "train"}}, "namespaceSelector": {},
+     "topologyKey": LEAF}]}}
+
+
+async def _neighbour(kube: KubeApi, name: str, node: str) -> None:
+    """A CPU-only pod on `node`, bound by its own nodeName (no scheduler), that keeps training
+    pods out of the node's leaf."""
+    ns = await ensure_namespace(kube, NAMESPACES["neighbours"])
+    await kube.create(PODS, {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "db"}},
+        "spec": {"nodeName": node, "affinity": NO_TRAINING_IN_MY_LEAF,
+                 "terminationGracePeriodSeconds": 0, "tolerations": [{"operator": "Exists"}],
+                 "containers": [{"name": "db", "image": f"{image.IMAGE_REPOSITORY}:"
+                                 f"{image.IMAGE_TAG}", "imagePullPolicy": "Never",
+                                 "command": ["sleep", "3600"],
+                                 "resources": {"requests": {"cpu": "10m",
+                                                            "memory": "32Mi"}}}]}},
+        namespace=ns)
+
+
+async def test_the_binder_keeps_the_anti_affinity_of_pods_already_placed(
+        kube: KubeApi, fake_nodes: dict[str, dict[str, str]]) -> None:
+    labels = fake_nodes
+    ns = NAMESPACES["rack"]
+    # one rank fills a node of some leaf: that leaf is now the fullest that holds 3 more
+    filler = await _run(kube, "rack", _job("filler", 1, 8))
+    (full,) = _at(filler, labels, LEAF)
+    node_of = {leaf: sorted(n for n, lb in labels.items() if lb.get(LEAF) == leaf)
+               for leaf in {lb[LEAF] for lb in labels.values()} if not leaf.endswith("nvl")}
+    await _neighbour(kube, "db-0", node_of[full][1])
+    # a training job of 3 x 8 GPUs keeps out of the database's leaf ...
+    train = await _run(kube, "rack", _job("train", 3, 8, labels={"app": "train"}))
+    assert len(_at(train, labels, LEAF)) == 1 and _at(train, labels, LEAF) != {full}
+    # ... where best fit alone puts the same job without the label the database selects
+    control = await _run(kube, "rack", _job("control", 3, 8))
+    assert _at(control, labels, LEAF) == {full}
+
+    # with such a pod in every DGX leaf, the next training job waits and says why ...
+    others = sorted(set(node_of) - {full})
+    for i, leaf in enumerate(others, start=1):
+        await _neighbour(kube, f"db-{i}", node_of[leaf][0])
+    await kube.create(JOBS, _job("waits", 1, 8, labels={"app": "train"}), namespace=ns)
+
+    async def told() -> str | None:
+        events = (await kube.list(EVENTS, namespace=ns,
+                                  field_selector="reason=FailedScheduling"))["items"]
+        found = [e["message"] for e in events if e["involvedObject"]["name"].startswith("waits")]
+        return found[0] if found else None
+    message = await eventually(told, within=90, interval=1.0,
+                               what="the waiting gang's FailedScheduling Event")
+    # (the NVL72 trays are still allowed, but hold no 8-GPU rank)
+    assert re.search(r"inter-pod affinity rules out 16 of the \d+ nodes pod ", message), message
+    assert not any(p["spec"].get("nodeName") for p in await _pods(kube, ns, "waits"))
+    # ... and starts in the leaf whose database goes away
+    freed = others[-1]
+    await kube.request("DELETE", PODS.path(NAMESPACES["neighbours"], f"db-{len(others)}"),
+                       body={"kind": "DeleteOptions", "apiVersion": "v1",
+                             "gracePeriodSeconds": 0})
+    placed = await _bound(kube, ns, "waits", 1)
+    assert _at(placed, labels, LEAF) == {freed}

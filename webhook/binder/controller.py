@@ -317,7 +317,9 @@ class Binder:
                             self.snapshot.node_states(self._nodes), self._nodes,
                             config=self.plan_config, queue=self.queue, fit=self.fit,
                             place=self._place, now=now, generation=self._generation,
-                            inflight=self._inflight.keys())
+                            inflight=self._inflight.keys(),
+                            neighbours=self.snapshot.neighbours(
+                                self._nodes, self.fit.labels(self._nodes)))
         planned = time.perf_counter()
         self.metrics.cycle_seconds.observe(planned - started)
         self.last_plan = result

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 from webhook.binder.claims import DEVICE_CLASS
+from webhook.binder.interpod import LabelIndex
 from webhook.binder.nodes import NodeInfo, Taint, tolerates
 from webhook.binder.pods import Constraints, PodInfo, Requirement, Term
 from webhook.topology.network import Levels, Network
@@ -112,16 +113,25 @@ def eligible_nodes(c: Constraints, nodes: Iterable[NodeInfo], serving: Serving
 
 class FitCache:
     """What the binder derives from the node set: eligible node sets per (constraints, needs
-    GPU), and every node's network domains. Pods of one job share constraints, so a gang costs
-    a handful of node scans. Invalidate whenever the node set changes."""
+    GPU), every node's network domains, and the nodes by label value. Pods of one job share
+    constraints, so a gang costs a handful of node scans. Invalidate whenever the node set
+    changes."""
 
     def __init__(self) -> None:
         self._cache: dict[tuple[Constraints, Serving], frozenset[str]] = {}
         self._network: Network | None = None
+        self._labels: LabelIndex | None = None
 
     def clear(self) -> None:
         self._cache.clear()
         self._network = None
+        self._labels = None
+
+    def labels(self, nodes: Mapping[str, NodeInfo]) -> LabelIndex:
+        """The nodes by label value, for inter-pod terms (made once per node set)."""
+        if self._labels is None or self._labels.nodes is not nodes:
+            self._labels = LabelIndex(nodes)
+        return self._labels
 
     def network(self, nodes: Mapping[str, NodeInfo], levels: Levels) -> Network:
         """The nodes' labels as the placement groups them by domain (made once per node set)."""

@@ -37,6 +37,7 @@ from webhook.binder.assignment import (
 from webhook.binder.claims import DEVICE_CLASS, ClaimInfo
 from webhook.binder.fit import FitCache, extended_on, gpu_serving, serves, why_not
 from webhook.binder.gangs import Gang, PodGroupInfo, assemble
+from webhook.binder.interpod import Neighbours, rules, violation
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo
 from webhook.binder.queue import GangQueue
@@ -46,6 +47,7 @@ from webhook.topology.model import (
     GangRequest,
     GpuAssignment,
     MemberRequest,
+    NetworkRequest,
     NodeState,
     Unplaceable,
 )
@@ -171,11 +173,18 @@ def _empty_state(node: NodeInfo) -> NodeState:
     return NodeState(node.name, node.topology, gpus, node.cpu_milli, node.memory_bytes, node.pods)
 
 
-def _request(gang: Gang, nodes: Mapping[str, NodeInfo],
-             fit: FitCache) -> GangRequest | str:
+def _request(gang: Gang, nodes: Mapping[str, NodeInfo], fit: FitCache,
+             nb: Neighbours) -> tuple[GangRequest, str] | str:
+    """The gang as the engine takes it, and a note for its wait when inter-pod terms ruled
+    nodes out; or why no node is eligible for one of its members."""
     topo = gang.topology
     # a single-node gang that already runs somewhere (e.g. a restarted worker) stays there
     home = frozenset(p.node_name for p in gang.bound if p.gpus and p.node_name)
+    interpod = nb.active(gang.pending)
+    own: set[tuple[str, ...]] = set()
+    note = ""
+    # members alike share one set object: the engine compares them often
+    narrowed: dict[tuple[frozenset[str], frozenset[str]], frozenset[str]] = {}
     members = []
     for pod in gang.pending:
         eligible = fit.eligible(pod.constraints, nodes, gpu_serving(pod))
@@ -183,18 +192,39 @@ def _request(gang: Gang, nodes: Mapping[str, NodeInfo],
             eligible = eligible & home
         if not eligible:
             return _no_node_reason(pod, nodes)
+        if interpod:
+            allowed = rules(pod, nb)
+            if allowed.allowed is not None:
+                kept = narrowed.get((eligible, allowed.allowed))
+                if kept is None:
+                    kept = narrowed[eligible, allowed.allowed] = eligible & allowed.allowed
+                if not kept:
+                    return allowed.reason or (
+                        f"pod {pod.key}: its podAffinity and podAntiAffinity, and the pods "
+                        "already placed, allow none of the nodes its other constraints allow")
+                if len(kept) < len(eligible) and not note:
+                    note = (f" (inter-pod affinity rules out {len(eligible) - len(kept)} of "
+                            f"the {len(eligible)} nodes pod {pod.key} could use otherwise)")
+                eligible = kept
+            if allowed.own:
+                own.add(allowed.own)
         members.append(MemberRequest(
             key=pod.key, gpus=pod.gpus, cpu_milli=pod.cpu_milli,
             memory_bytes=pod.memory_bytes,
             eligible_nodes=None if len(eligible) == len(nodes) else eligible,
         ))
+    network = topo.network if topo is not None else None
+    if network is None and len(own) == 1:
+        # members whose affinity selects each other, and no placed pod (a launcher without the
+        # term rides along): one domain for the gang, chosen as for a required level
+        network = NetworkRequest(level=next(iter(own))[0], mode="required")
     return GangRequest(
         name=gang.key, members=tuple(members),
         mode=topo.mode if topo is not None else "preferred",
         single_node=topo.single_node if topo is not None else False,
         min_ring_gbps=topo.min_ring_gbps if topo is not None else None,
-        network=topo.network if topo is not None else None,
-    )
+        network=network,
+    ), note
 
 
 def _serving_reason(pod: PodInfo, node: NodeInfo) -> str:
@@ -243,22 +273,27 @@ def plan(pods: Sequence[PodInfo], nodes: Mapping[str, NodeInfo],
     allocation and node states made from scratch."""
     allocation = Allocation.from_pods(pods, claims)
     gangs = assemble(pods, config.scheduler_name, pod_groups, config.podgroup_default_timeout)
+    holders = [p for p in pods if p.pod_affinity is not None and p.pod_affinity.anti]
     return plan_gangs(gangs, allocation,
                       {name: allocation.node_state(node) for name, node in nodes.items()},
                       nodes, config=config, queue=queue, fit=fit, place=place, now=now,
-                      generation=generation, inflight=inflight)
+                      generation=generation, inflight=inflight,
+                      neighbours=Neighbours(pods, holders, nodes))
 
 
 def plan_gangs(gangs: Mapping[str, Gang], allocation: Allocation,
                states: dict[str, NodeState], nodes: Mapping[str, NodeInfo], *,
                config: PlanConfig, queue: GangQueue, fit: FitCache, place: PlaceFn,
-               now: float, generation: int = 0, inflight: Collection[str] = ()) -> Plan:
+               now: float, generation: int = 0, inflight: Collection[str] = (),
+               neighbours: Neighbours | None = None) -> Plan:
     """One cycle from its inputs (webhook.binder.snapshot keeps them current): `states` is
-    what is free per node under `allocation`, and is consumed by this cycle's placements.
+    what is free per node under `allocation`, and is consumed by this cycle's placements;
+    `neighbours` the pods on nodes, which inter-pod affinity terms count (none when None).
     Gangs whose members are all bound need nothing and are left out of the plan, so that a
     caller may pass only the others."""
     live = {k: g for k, g in sorted(gangs.items()) if any(not p.bound for p in g.members)}
-    r = _Round(Plan(gangs=live, allocation=allocation), nodes, states, config, now)
+    r = _Round(Plan(gangs=live, allocation=allocation), nodes, states, config, now,
+               neighbours or Neighbours((), (), nodes))
     conflicts = allocation.conflicts()
     candidates = [g for g in live.values()
                   if g.key not in inflight and _ready(r, g, conflicts)]
@@ -285,6 +320,8 @@ class _Round:
     states: dict[str, NodeState]
     config: PlanConfig
     now: float
+    #: the pods on nodes, this round's placements added, as inter-pod terms count them
+    neighbours: Neighbours
     #: the round's assignments: a job's pods share their containers' shape
     assign: Assigner = field(default_factory=Assigner)
     #: `states` grouped for the engine, made once and kept current by `consume`
@@ -382,6 +419,7 @@ def _recorded_assignment(r: _Round, pod: PodInfo, node_name: str, gpus: tuple[in
     except AssignmentError:
         return None
     r.consume(node_name, pod, gpus)
+    r.neighbours.add(pod, node_name)
     return assignment
 
 
@@ -389,10 +427,11 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
                ) -> bool:
     """Place the gang on what is free; True when it could not be and, starving, now reserves
     the cluster (the gangs behind it wait)."""
-    request = _request(gang, r.nodes, fit)
-    if isinstance(request, str):
-        r.wait(gang, "unplaceable", request)
+    asked = _request(gang, r.nodes, fit, r.neighbours)
+    if isinstance(asked, str):
+        r.wait(gang, "unplaceable", asked)
         return False
+    request, note = asked
     network = fit.network(r.nodes, r.config.levels) if request.network is not None else None
     result = place(list(r.states.values()), request, network=network, groups=r.groups)
     if isinstance(result, Unplaceable):
@@ -401,9 +440,14 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
         reserves = starving and isinstance(
             place([_empty_state(n) for n in r.nodes.values()], request, network=network),
             GangPlacement)
-        r.wait(gang, "unplaceable", result.reason, reserves)
+        r.wait(gang, "unplaceable", result.reason + note, reserves)
         return reserves
     by_key = {p.key: p for p in gang.pending}
+    if r.neighbours.active(gang.pending):
+        broken = violation([(by_key[mp.key], mp.node) for mp in result.members], r.neighbours)
+        if broken is not None:
+            r.wait(gang, "unplaceable", broken)
+            return False
     members = {m.key: m for m in request.members}
     assignments = []
     for mp in result.members:
@@ -413,5 +457,6 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
                                                 pod.container_gpus, pod.init_containers,
                                                 sidecars=pod.sidecars)))
         r.consume(mp.node, members[mp.key], mp.gpus)
+        r.neighbours.add(pod, mp.node)
     r.out.places.append(Place(gang, result, tuple(assignments)))
     return False

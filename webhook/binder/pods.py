@@ -14,6 +14,7 @@ from webhook.binder.assignment import AssignmentError, Record, decode_assignment
 from webhook.binder.claims import PodClaims, parse_pod_claims
 from webhook.binder.extended import Requests, extended_requests, status_claims
 from webhook.podresources import GPU, gpu_asks, pod_requests
+from webhook.policy.compiled import Requirement as LabelRequirement
 from webhook.quantity import milli, units
 from webhook.topology.model import GpuAssignment, NetworkRequest, TopologyRequest
 
@@ -53,6 +54,27 @@ class Constraints:
     #: required node affinity terms (ORed); None when the pod has no required node affinity
     terms: tuple[Term, ...] | None = None
     tolerations: tuple[Toleration, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodTerm:
+    """One required podAffinity / podAntiAffinity term: the pods it counts (label selector and
+    namespaces) and the node label whose value makes a domain."""
+
+    #: None: a nil labelSelector, which counts no pod
+    selector: tuple[LabelRequirement, ...] | None
+    #: None: every namespace (namespaceSelector {})
+    namespaces: frozenset[str] | None
+    topology_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodAffinity:
+    """The pod's required inter-pod terms (kube-scheduler's InterPodAffinity filter reads the
+    same; the preferred ones are scores, which the binder does not weigh)."""
+
+    affinity: tuple[PodTerm, ...] = ()
+    anti: tuple[PodTerm, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +142,10 @@ class PodInfo:
     held_claims: tuple[str, ...] = ()
     #: what keeps the binder from allocating its claims, in words for an Event
     claim_problems: tuple[str, ...] = ()
+    #: metadata.labels, sorted (what other pods' inter-pod terms select on)
+    labels: tuple[tuple[str, str], ...] = ()
+    #: its required podAffinity / podAntiAffinity (None: none)
+    pod_affinity: PodAffinity | None = None
 
     @property
     def bound(self) -> bool:
@@ -160,6 +186,50 @@ def parse_constraints(spec: Mapping[str, Any]) -> Constraints:
     )
     return Constraints(tuple(sorted((str(k), str(v)) for k, v in selector.items())), terms,
                        tolerations)
+
+
+def _label_selector(sel: Any) -> tuple[LabelRequirement, ...] | None:
+    if not isinstance(sel, Mapping):
+        return None
+    reqs: list[LabelRequirement] = [("In", str(k), frozenset((str(v),)))
+                                    for k, v in (sel.get("matchLabels") or {}).items()]
+    reqs += [(str(e.get("operator", "")), str(e.get("key", "")),
+              frozenset(str(v) for v in e.get("values") or ()))
+             for e in sel.get("matchExpressions") or ()]
+    return tuple(reqs)
+
+
+def _pod_terms(items: Any, namespace: str, anti: bool, problems: list[str]
+               ) -> tuple[PodTerm, ...]:
+    terms = []
+    for t in items or ():
+        names = frozenset(str(n) for n in t.get("namespaces") or ())
+        ns_sel = t.get("namespaceSelector")
+        if ns_sel is not None and (ns_sel.get("matchLabels") or ns_sel.get("matchExpressions")):
+            # The binder does not watch Namespaces. Counting every namespace keeps an
+            # anti-affinity term (it forbids more); an affinity term would allow too much.
+            if not anti:
+                problems.append("podAffinity: a namespaceSelector with labels is not evaluated "
+                                "by this binder; name the namespaces instead")
+                continue
+            ns_sel = {}
+        namespaces = None if ns_sel is not None else (names or frozenset((namespace,)))
+        terms.append(PodTerm(_label_selector(t.get("labelSelector")), namespaces,
+                             str(t.get("topologyKey") or "")))
+    return tuple(terms)
+
+
+def parse_pod_affinity(spec: Mapping[str, Any], namespace: str, problems: list[str]
+                       ) -> PodAffinity | None:
+    """The required podAffinity and podAntiAffinity terms of a pod spec (None: none)."""
+    affinity = spec.get("affinity") or {}
+    required = "requiredDuringSchedulingIgnoredDuringExecution"
+    found = PodAffinity(
+        _pod_terms((affinity.get("podAffinity") or {}).get(required), namespace, False,
+                   problems),
+        _pod_terms((affinity.get("podAntiAffinity") or {}).get(required), namespace, True,
+                   problems))
+    return found if found.affinity or found.anti else None
 
 
 def parse_topology_request(text: str) -> TopologyRequest:
@@ -308,6 +378,7 @@ def parse_pod(obj: Mapping[str, Any],
     if claims is not None:
         assignment, raw = None, None  # its claims are the record (webhook.binder.dra)
 
+    pod_affinity = parse_pod_affinity(spec, ns, problems)
     priority = spec.get("priority")
     return PodInfo(
         key=f"{ns}/{name}",
@@ -347,4 +418,6 @@ def parse_pod(obj: Mapping[str, Any],
         dra=special is not None,
         extended=extended_requests(spec) if gpus else (),
         extended_status=extended_status,
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        pod_affinity=pod_affinity,
     )

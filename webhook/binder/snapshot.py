@@ -7,7 +7,8 @@ informer events. The snapshot owns three caches, each keyed on what its reader r
   `add_claim` / `remove_claim` as each ResourceClaim does;
 - the members of every gang that still has an unbound member (the only gangs a plan can act
   on), so that assembling gangs costs only theirs;
-- each node's NodeState, recomputed when the node's usage or its NodeInfo object changes.
+- each node's NodeState, recomputed when the node's usage or its NodeInfo object changes;
+- the pods with podAntiAffinity terms, which every gang's placement must respect.
 `planner.plan` computes the same from scratch; tests/binder/test_snapshot.py holds them equal.
 """
 
@@ -19,6 +20,7 @@ from dataclasses import replace
 from webhook.binder.allocation import Allocation
 from webhook.binder.claims import ClaimInfo
 from webhook.binder.gangs import Gang, PodGroupInfo, assemble, gang_key, is_member
+from webhook.binder.interpod import LabelIndex, Neighbours
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo
 from webhook.topology.model import NodeState
@@ -39,6 +41,7 @@ class Snapshot:
         self._unbound: dict[str, set[str]] = {}  # gang key -> keys of its unbound members
         self._states: dict[str, tuple[NodeInfo, NodeState]] = {}
         self._stale: set[str] = set()  # nodes whose usage changed since their state was made
+        self._holders: dict[str, PodInfo] = {}  # pods with podAntiAffinity terms
 
     def put(self, pod: PodInfo) -> bool:
         """The pod as the planner is to see it now (added or replaced). False when a plan
@@ -51,6 +54,8 @@ class Snapshot:
         if old is not None:
             self._drop(old)
         self._pods[pod.key] = pod
+        if pod.pod_affinity is not None and pod.pod_affinity.anti:
+            self._holders[pod.key] = pod
         self._touch(self.allocation.add(pod))
         gang = _member_of(pod, self.scheduler_name)
         if gang is not None:
@@ -81,6 +86,7 @@ class Snapshot:
         return old is not None and old.node is not None
 
     def _drop(self, pod: PodInfo) -> None:
+        self._holders.pop(pod.key, None)
         self._touch(self.allocation.remove(pod))
         gang = _member_of(pod, self.scheduler_name)
         if gang is None:
@@ -104,6 +110,12 @@ class Snapshot:
         """The gangs with an unbound member, as `assemble` makes them from every pod."""
         return assemble((p for g in self._unbound for p in self._members[g].values()),
                         self.scheduler_name, pod_groups, podgroup_default_timeout)
+
+    def neighbours(self, nodes: Mapping[str, NodeInfo], index: LabelIndex | None = None
+                   ) -> Neighbours:
+        """The pods on nodes, as inter-pod affinity terms count them (read on first use);
+        `index`: the nodes by label value, kept by the caller's FitCache."""
+        return Neighbours(self._pods.values(), self._holders.values(), nodes, index)
 
     def node_states(self, nodes: Mapping[str, NodeInfo]) -> dict[str, NodeState]:
         """What is free on each node, in `nodes` order (a fresh dict: the planner edits it)."""

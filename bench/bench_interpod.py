@@ -1,0 +1,150 @@
+"""What required inter-pod affinity costs one binder planning cycle on a large cluster.
+
+Run: .venv/bin/python bench/bench_interpod.py [--nodes 4096] [--reps 50]
+
+A fat tree of DGX-1 V100 nodes at about 60 % occupancy, as bench/bench_topology.py's latency
+rows, every node in one zone; 4,000 pods already on nodes, 200 of them databases (`app=db`)
+whose podAntiAffinity keeps training pods (`app=train`, every namespace) off their node. One
+pending gang of 1 / 16 / 64 / 256 whole-node workers that prefers one leaf, planned two ways
+in the same run (`planner.plan_gangs`, with the placement function, FitCache and the
+snapshot's `Neighbours` the controller gives it):
+- baseline: no term anywhere (the databases carry none), so the cycle reads no other pod;
+- terms: the databases' anti-affinity, and the workers' affinity to each other by zone.
+Printed: p50 / p99 wall ms of each, their ratio, and how many workers each put on a database's
+node. The run fails when a gang is not placed whole, or when, with the terms, a worker lands on
+a database's node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.bench_topology import gang_pods, node_object, pct
+from bench.topology_sim import Cluster, fat_tree
+from webhook import keys
+from webhook.binder.allocation import Allocation
+from webhook.binder.fit import FitCache
+from webhook.binder.gangs import assemble
+from webhook.binder.interpod import Neighbours
+from webhook.binder.nodes import NodeInfo, parse_node
+from webhook.binder.planner import PlanConfig, plan_gangs
+from webhook.binder.pods import PodInfo, parse_pod
+from webhook.binder.queue import GangQueue
+from webhook.topology import codec
+from webhook.topology.gpu_choice import TableCache
+from webhook.topology.hierarchy import place_gang
+from webhook.topology.model import NodeState
+from webhook.topology.network import Levels
+
+ZONE = "topology.kubernetes.io/zone"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+#: the databases keep training pods of every namespace off their node
+KEEP_OFF = {"podAntiAffinity": {REQUIRED: [
+    {"labelSelector": {"matchLabels": {"app": "train"}}, "namespaceSelector": {},
+     "topologyKey": "kubernetes.io/hostname"}]}}
+#: the workers share a zone
+TOGETHER = {"podAffinity": {REQUIRED: [
+    {"labelSelector": {"matchLabels": {"job": "big"}}, "topologyKey": ZONE}]}}
+
+
+def placed_pods(names: list[str], count: int, dbs: int, rng: random.Random, terms: bool
+                ) -> list[PodInfo]:
+    """`count` CPU pods on random nodes; the first `dbs` are databases."""
+    out = []
+    for i in range(count):
+        db = i < dbs
+        spec: dict[str, Any] = {
+            "nodeName": rng.choice(names),
+            "containers": [{"name": "c", "image": "x:1",
+                            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}
+        if db and terms:
+            spec["affinity"] = KEEP_OFF
+        out.append(parse_pod({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{'db' if db else 'web'}-{i}", "namespace": "svc",
+                         "uid": f"s{i}", "resourceVersion": "1",
+                         "labels": {"app": "db" if db else "web"}},
+            "spec": spec, "status": {"phase": "Running"}}))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=4096)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    spec = fat_tree(args.nodes)
+    c = Cluster(spec)
+    annotation = codec.encode(spec.topology)
+    nodes: dict[str, NodeInfo] = {
+        name: parse_node(node_object(name, {**c.labels[name], ZONE: "z1"}, annotation))
+        for name in c.names}
+    rng = random.Random(args.seed)
+    states = {}
+    for name, info in nodes.items():
+        r = rng.random()
+        busy = 8 if r < 0.4 else 0 if r < 0.6 else rng.randint(1, 7)
+        free = frozenset(range(8)) - frozenset(rng.sample(range(8), busy))
+        states[name] = NodeState(name, info.topology, free, info.cpu_milli, info.memory_bytes,
+                                 info.pods)
+    config = PlanConfig(keys.DEFAULT_BINDER_SCHEDULER_NAME, levels=Levels(spec.levels))
+    place = functools.partial(place_gang, tables=TableCache())
+    fit = FitCache()
+    placed = {terms: placed_pods(list(nodes), 4000, 200, random.Random(args.seed), terms)
+              for terms in (False, True)}
+    db_nodes = {p.node_name or "" for p in placed[True][:200]}
+    print(f"== inter-pod affinity: one binder planning cycle at {args.nodes} nodes, "
+          f"4,000 pods placed (200 databases), ms")
+    for size in (1, 16, 64, 256):
+        row = {}
+        beside = {}
+        for terms in (False, True):
+            pods = gang_pods(size, spec.leaf_label, labels={"app": "train", "job": "big"},
+                             affinity=TOGETHER if terms else None)
+            gangs = assemble(pods, config.scheduler_name, None)
+            holders = [p for p in placed[terms] if p.pod_affinity is not None]
+            times = []
+            used: set[str] = set()
+            gc.collect()
+            gc.freeze()  # the cluster's objects, made once, are no garbage to scan each cycle
+            for _ in range(args.reps + 1):
+                # as the controller gives it: the FitCache's label index, the pods read anew
+                nb = Neighbours(placed[terms], holders, nodes, fit.labels(nodes))
+                t0 = time.perf_counter()
+                plan = plan_gangs(gangs, Allocation({}), dict(states), nodes,
+                                  config=config, queue=GangQueue(), fit=fit, place=place,
+                                  now=1e9, neighbours=nb)
+                times.append((time.perf_counter() - t0) * 1e3)
+                if len(plan.places) != 1 or len(plan.places[0].assignments) != size:
+                    print(f"  {size} pods, terms={terms}: not placed whole: "
+                          f"{[w.reason for w in plan.waits]}")
+                    return 1
+                used = {a.node for _, a in plan.places[0].assignments}
+            gc.unfreeze()
+            times = times[1:]  # the first builds the FitCache's network: once
+            if terms and used & db_nodes:
+                print(f"  {size} pods: a worker on a database's node: {sorted(used & db_nodes)}")
+                return 1
+            row[terms] = (statistics.median(times), pct(times, 99))
+            beside[terms] = len(used & db_nodes)
+        (b50, b99), (t50, t99) = row[False], row[True]
+        print(f"  {size:3} pods x 8 GPUs: baseline p50 {b50:6.2f} p99 {b99:6.2f}  "
+              f"terms p50 {t50:6.2f} p99 {t99:6.2f}  ratio p50 {t50 / b50:.2f} "
+              f"p99 {t99 / b99:.2f}  workers on a database's node {beside[False]} / "
+              f"{beside[True]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
