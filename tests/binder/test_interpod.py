@@ -132,12 +132,16 @@ def test_a_gang_no_node_allows_waits_and_says_why() -> None:
         p.waits[0].reason
 
 
-def test_members_kept_apart_by_their_own_anti_affinity_are_never_bound_together() -> None:
+def test_members_kept_apart_by_their_own_anti_affinity_get_a_node_each() -> None:
     # the engine packs two 1-GPU members on one node; one per node is what they ask
-    spec = affinity(anti=[term(HOST, job="j")])
-    p = run(gang("j", 2, 1, {"job": "j"}, spec))
+    control = run(gang("j", 2, 1, {"job": "j"}))
+    assert len(set(where(control).values())) == 1
+    p = run(gang("j", 2, 1, {"job": "j"}, affinity(anti=[term(HOST, job="j")])))
+    assert len(p.places) == 1 and len(set(where(p).values())) == 2, where(p)
+    # one per rack is not spread for: the packed placement breaks it, and the gang waits
+    p = run(gang("k", 2, 1, {"job": "k"}, affinity(anti=[term(RACK, job="k")])))
     assert not p.places
-    assert "podAntiAffinity (topologyKey kubernetes.io/hostname) counts another pod" in \
+    assert "podAntiAffinity (topologyKey example.com/rack) counts another pod" in \
         p.waits[0].reason
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo, PodTerm
+from webhook.keys import HOSTNAME_LABEL
 from webhook.policy.compiled import selector_matches
 
 
@@ -199,6 +200,18 @@ def rules(member: PodInfo, nb: Neighbours) -> Rules:
         f"pod {member.key}: no node is allowed by its podAffinity and podAntiAffinity and the "
         "pods already placed")
     return Rules(allowed, self_keys, reason)
+
+
+def one_per_node(gang: Sequence[PodInfo]) -> bool:
+    """Whether a member's anti-affinity by hostname counts another member: the gang's pods
+    must then each have a node of their own."""
+    for pod in gang:
+        terms = pod.pod_affinity
+        for term in terms.anti if terms is not None else ():
+            if term.topology_key == HOSTNAME_LABEL and any(
+                    other.key != pod.key and counts(term, other) for other in gang):
+                return True
+    return False
 
 
 def violation(placed: Sequence[tuple[PodInfo, str]], nb: Neighbours) -> str | None:

@@ -20,7 +20,7 @@ Rules (docs/binder.md has the reasoning):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
@@ -37,7 +37,7 @@ from webhook.binder.assignment import (
 from webhook.binder.claims import DEVICE_CLASS, ClaimInfo
 from webhook.binder.fit import FitCache, extended_on, gpu_serving, serves, why_not
 from webhook.binder.gangs import Gang, PodGroupInfo, assemble
-from webhook.binder.interpod import Neighbours, rules, violation
+from webhook.binder.interpod import Neighbours, one_per_node, rules, violation
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo
 from webhook.binder.queue import GangQueue
@@ -171,6 +171,12 @@ def _consume(state: NodeState, need: MemberRequest | PodInfo, gpus: Collection[i
 def _empty_state(node: NodeInfo) -> NodeState:
     gpus = frozenset(sorted(node.healthy_gpus)[: node.gpu_capacity])
     return NodeState(node.name, node.topology, gpus, node.cpu_milli, node.memory_bytes, node.pods)
+
+
+def _one_slot(states: Iterable[NodeState]) -> list[NodeState]:
+    """The states with at most one pod slot each: the engine, which packs members, then gives
+    each its own node (members whose anti-affinity by hostname counts each other)."""
+    return [replace(s, free_pods=min(s.free_pods, 1)) for s in states]
 
 
 def _request(gang: Gang, nodes: Mapping[str, NodeInfo], fit: FitCache,
@@ -433,12 +439,17 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
         return False
     request, note = asked
     network = fit.network(r.nodes, r.config.levels) if request.network is not None else None
-    result = place(list(r.states.values()), request, network=network, groups=r.groups)
+    apart = r.neighbours.active(gang.pending) and one_per_node(gang.pending)
+    if apart:
+        result = place(_one_slot(r.states.values()), request, network=network)
+    else:
+        result = place(list(r.states.values()), request, network=network, groups=r.groups)
     if isinstance(result, Unplaceable):
         since = queue.waiting_since(gang.key)
         starving = since is not None and r.now - since >= r.config.starvation_seconds
+        empty = [_empty_state(n) for n in r.nodes.values()]
         reserves = starving and isinstance(
-            place([_empty_state(n) for n in r.nodes.values()], request, network=network),
+            place(_one_slot(empty) if apart else empty, request, network=network),
             GangPlacement)
         r.wait(gang, "unplaceable", result.reason + note, reserves)
         return reserves
