@@ -152,6 +152,18 @@ async def _bound(kube: KubeApi, ns: str, name: str, pods: int, *, within: float 
     return found
 
 
+async def _failed_scheduling(kube: KubeApi, ns: str, job: str) -> str:
+    """The first FailedScheduling Event's message about the job's pods (waited for)."""
+    async def told() -> str | None:
+        events = (await kube.list(EVENTS, namespace=ns,
+                                  field_selector="reason=FailedScheduling"))["items"]
+        found = [e["message"] for e in events if e["involvedObject"]["name"].startswith(job)]
+        return found[0] if found else None
+    message: str = await eventually(told, within=90, interval=1.0,
+                                    what=f"{ns}/{job}'s FailedScheduling Event")
+    return message
+
+
 def _at(pods: list[dict[str, Any]], labels: dict[str, dict[str, str]], level: str) -> set[str]:
     return {labels[p["spec"]["nodeName"]].get(level, "-") for p in pods}
 
@@ -188,13 +200,7 @@ async def test_gangs_land_within_the_network_domains_they_ask_for(
     await kube.create(JOBS, _job("waits", 6, 8, {keys.KUEUE_REQUIRED_TOPOLOGY: SPINE}),
                       namespace=ns)
 
-    async def told() -> str | None:
-        events = (await kube.list(EVENTS, namespace=ns,
-                                  field_selector="reason=FailedScheduling"))["items"]
-        found = [e["message"] for e in events if e["involvedObject"]["name"].startswith("waits")]
-        return found[0] if found else None
-    message = await eventually(told, within=90, interval=1.0,
-                               what="the waiting gang's FailedScheduling Event")
+    message = await _failed_scheduling(kube, ns, "waits")
     assert message == (
         f"gang {ns}/waits cannot be placed: gang {ns}/waits needs 48 GPUs (6 members x 8 GPUs) "
         f"within one {SPINE} domain; the largest free one ({SPINE}=s1) has 40 free GPUs")
@@ -270,13 +276,7 @@ async def test_the_binder_keeps_the_anti_affinity_of_pods_already_placed(
         await _neighbour(kube, f"db-{i}", node_of[leaf][0])
     await kube.create(JOBS, _job("waits", 1, 8, labels={"app": "train"}), namespace=ns)
 
-    async def told() -> str | None:
-        events = (await kube.list(EVENTS, namespace=ns,
-                                  field_selector="reason=FailedScheduling"))["items"]
-        found = [e["message"] for e in events if e["involvedObject"]["name"].startswith("waits")]
-        return found[0] if found else None
-    message = await eventually(told, within=90, interval=1.0,
-                               what="the waiting gang's FailedScheduling Event")
+    message = await _failed_scheduling(kube, ns, "waits")
     # (the NVL72 trays are still allowed, but hold no 8-GPU rank)
     assert re.search(r"inter-pod affinity rules out 16 of the \d+ nodes pod ", message), message
     assert not any(p["spec"].get("nodeName") for p in await _pods(kube, ns, "waits"))
@@ -287,3 +287,12 @@ async def test_the_binder_keeps_the_anti_affinity_of_pods_already_placed(
                              "gracePeriodSeconds": 0})
     placed = await _bound(kube, ns, "waits", 1)
     assert _at(placed, labels, LEAF) == {freed}
+
+    # ranks that keep one per node get a node each: best fit alone packs two 4-GPU ranks on one
+    one_each = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"job": "apart"}},
+         "topologyKey": "kubernetes.io/hostname"}]}}
+    apart = await _run(kube, "rack", _job("apart", 2, 4, labels={"job": "apart"},
+                                          affinity=one_each))
+    assert len({p["spec"]["nodeName"] for p in apart}) == 2
+    assert len(_at(apart, labels, LEAF)) == 1
