@@ -77,6 +77,9 @@ def test_a_placed_pods_anti_affinity_keeps_the_gang_off_its_node() -> None:
     db = placed("db", "b0-r0-n0", 4, {"app": "db"}, affinity(anti=[term(HOST, app="train")]))
     p = run([db, *gang("j", 1, 4, {"app": "train"})])
     assert len(p.places) == 1 and where(p)["j-0"] != "b0-r0-n0"
+    # a term that selects none of the gang's pods changes nothing
+    db = placed("db", "b0-r0-n0", 4, {"app": "db"}, affinity(anti=[term(HOST, app="web")]))
+    assert where(run([db, *gang("j", 1, 4, {"app": "train"})])) == {"j-0": "b0-r0-n0"}
 
 
 def test_a_members_anti_affinity_keeps_it_out_of_every_node_of_that_domain_value() -> None:

@@ -121,8 +121,13 @@ class Neighbours:
         return found
 
     def active(self, gang: Sequence[PodInfo]) -> bool:
-        """Whether any term can concern this gang: its own, or a placed pod's anti-affinity."""
-        return bool(self._holders) or any(p.pod_affinity for p in gang)
+        """Whether any term concerns this gang: its own, or a placed pod's anti-affinity term
+        that selects one of its members (a cluster's other workloads keep their own pods apart
+        by terms that select none of a training job's)."""
+        if any(p.pod_affinity for p in gang):
+            return True
+        return bool(self._holders) and any(
+            counts(term, p) for term in self.anti_domains() for p in gang)
 
     def _placed(self, namespaces: frozenset[str] | None) -> Iterable[tuple[PodInfo, str]]:
         """The pods on nodes in `namespaces` (None: every namespace)."""

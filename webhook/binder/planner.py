@@ -180,13 +180,13 @@ def _one_slot(states: Iterable[NodeState]) -> list[NodeState]:
 
 
 def _request(gang: Gang, nodes: Mapping[str, NodeInfo], fit: FitCache,
-             nb: Neighbours) -> tuple[GangRequest, str] | str:
-    """The gang as the engine takes it, and a note for its wait when inter-pod terms ruled
-    nodes out; or why no node is eligible for one of its members."""
+             nb: Neighbours | None) -> tuple[GangRequest, str] | str:
+    """The gang as the engine takes it, and a note for its wait when inter-pod terms (`nb`:
+    the placed pods, when some term concerns the gang) ruled nodes out; or why no node is
+    eligible for one of its members."""
     topo = gang.topology
     # a single-node gang that already runs somewhere (e.g. a restarted worker) stays there
     home = frozenset(p.node_name for p in gang.bound if p.gpus and p.node_name)
-    interpod = nb.active(gang.pending)
     own: set[tuple[str, ...]] = set()
     note = ""
     # members alike share one set object: the engine compares them often
@@ -198,7 +198,7 @@ def _request(gang: Gang, nodes: Mapping[str, NodeInfo], fit: FitCache,
             eligible = eligible & home
         if not eligible:
             return _no_node_reason(pod, nodes)
-        if interpod:
+        if nb is not None:
             allowed = rules(pod, nb)
             if allowed.allowed is not None:
                 kept = narrowed.get((eligible, allowed.allowed))
@@ -433,13 +433,14 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
                ) -> bool:
     """Place the gang on what is free; True when it could not be and, starving, now reserves
     the cluster (the gangs behind it wait)."""
-    asked = _request(gang, r.nodes, fit, r.neighbours)
+    terms = r.neighbours if r.neighbours.active(gang.pending) else None
+    asked = _request(gang, r.nodes, fit, terms)
     if isinstance(asked, str):
         r.wait(gang, "unplaceable", asked)
         return False
     request, note = asked
     network = fit.network(r.nodes, r.config.levels) if request.network is not None else None
-    apart = r.neighbours.active(gang.pending) and one_per_node(gang.pending)
+    apart = terms is not None and one_per_node(gang.pending)
     if apart:
         result = place(_one_slot(r.states.values()), request, network=network)
     else:
@@ -454,7 +455,7 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
         r.wait(gang, "unplaceable", result.reason + note, reserves)
         return reserves
     by_key = {p.key: p for p in gang.pending}
-    if r.neighbours.active(gang.pending):
+    if terms is not None:
         broken = violation([(by_key[mp.key], mp.node) for mp in result.members], r.neighbours)
         if broken is not None:
             r.wait(gang, "unplaceable", broken)
