@@ -23,6 +23,10 @@ from webhook.policy import (
 )
 from webhook.policy.cleanup import cleanup_reason
 from webhook.policy.outcome import evaluate_and_render
+from webhook.policy.workload import (
+    JOBSET_EXCLUSIVE_ANNOTATION,
+    JOBSET_NODE_SELECTOR_ANNOTATION,
+)
 
 from .conftest import Policies, deep, policy
 
@@ -90,6 +94,26 @@ def test_a_jobset_started_in_stages_waits_for_its_first_stage_and_reserves_all(
     assert group.min_resources == {"cpu": "7", "memory": "7Gi"}
     assert any(order.rsplit(maxsplit=1)[-1] in w and "first 1 of 7 pods" in w
                for w in decisions[0].warnings)
+
+
+@pytest.mark.parametrize("backend", ["volcano", "muster"])
+def test_a_jobset_placed_exclusively_by_its_leaders_is_no_gang(
+        backend: str, policies: Policies) -> None:
+    # JobSet's pod webhook refuses each Job's followers until its leader is scheduled: a gang of
+    # all its pods would wait for pods that wait for it
+    js = jobkinds.jobset("excl", NS, [Replicated("workers", replicas=2, parallelism=2)])
+    js["metadata"]["annotations"] = {JOBSET_EXCLUSIVE_ANNOTATION: "example.com/rack"}
+    ps = gang(policies, backend)
+    decisions = [decide(pod, chain, ps) for pod, chain in jobset_pods(stored(js))]
+    assert len(decisions) == 4 and all(d.pod_group is None for d in decisions)
+    assert all(any("not applied: JobSet exclusive placement" in w and "example.com/rack" in w
+                   for w in d.warnings) for d in decisions)
+    assert all(d.scheduler_name in (None, "volcano") for d in decisions)
+    # with its node-selector strategy the followers wait for no leader: one gang, as always
+    js["metadata"]["annotations"][JOBSET_NODE_SELECTOR_ANNOTATION] = "true"
+    js["metadata"].pop("uid")
+    group = one_group([decide(pod, chain, ps) for pod, chain in jobset_pods(stored(js))])
+    assert group is not None and group.min_member == 4
 
 
 def test_a_jobset_initializer_that_completes_first_is_not_in_the_gang(

@@ -250,15 +250,19 @@ def _job_gang(draft: _Draft, view: PodView, writes: _Writes, backend: Backend) -
     """The job's gang: its PodGroup spec and the pod's keys to join it."""
     work = view.work
     draft.warnings.extend(work.warnings)
-    try:
-        pod_group, why_not = _gang(backend, writes, work,
-                                   namespace=view.namespace, pod_labels=view.label_map(),
-                                   pod_ann=view.annotation_map(), warnings=draft.warnings,
-                                   replica_priorities=view.replica_priorities,
-                                   native_ref=view.shape.native_ref)
-    except _NeedsJob as exc:
-        pod_group, why_not = None, str(exc)
-        draft.gang_blocked = why_not
+    pod_group: PodGroupSpec | None = None
+    if work.solo:  # a job pod that is no member of its job's gang (a muster gang of one)
+        why_not = work.solo
+    else:
+        try:
+            pod_group, why_not = _gang(backend, writes, work,
+                                       namespace=view.namespace, pod_labels=view.label_map(),
+                                       pod_ann=view.annotation_map(), warnings=draft.warnings,
+                                       replica_priorities=view.replica_priorities,
+                                       native_ref=view.shape.native_ref)
+        except _NeedsJob as exc:
+            why_not = str(exc)
+            draft.gang_blocked = why_not
     if pod_group is None:
         draft.warnings.append(f"gang policy {writes.merged['gang.backend'][1]} not applied: "
                               f"{why_not}")

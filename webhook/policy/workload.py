@@ -42,6 +42,11 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 OPERATOR_LABEL = "training.kubeflow.org/operator-name"
 #: set by the JobSet controller on its Jobs and their pods
 JOBSET_REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+#: JobSet's exclusive placement: each child Job alone in one domain of this node label. Its pod
+#: webhook gives the leader (completion index 0) the affinity terms and refuses the followers
+#: until the leader is scheduled, unless the node-selector strategy is also set
+JOBSET_EXCLUSIVE_ANNOTATION = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+JOBSET_NODE_SELECTOR_ANNOTATION = "alpha.jobset.sigs.k8s.io/node-selector"
 #: set by the LeaderWorkerSet controller (workers) and its pod webhook (leaders)
 LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 #: set by the StatefulSet controller (Kubernetes 1.28+): a leader's ordinal is its group index
@@ -412,6 +417,26 @@ def _replicated_job(pod: Mapping[str, Any], chain: list[_Link]) -> str | None:
     return None
 
 
+def _leader_first(pod: Mapping[str, Any], chain: list[_Link]) -> str | None:
+    """The node label of a JobSet's exclusive placement by leader pods, from the pod's Job,
+    else its replicatedJob's template, else the JobSet (as the JobSet controller passes them
+    down); None when it has none or uses the node-selector strategy."""
+    merged: dict[str, Any] = {}
+    jobset = next((o for k, _, o in chain if k == JOBSET and o is not None), None)
+    if jobset is not None:
+        merged.update(as_map(as_map(jobset.get("metadata")).get("annotations")))
+        name = _replicated_job(pod, chain)
+        for rj in as_list(as_map(jobset.get("spec")).get("replicatedJobs")):
+            if as_map(rj).get("name") == name:
+                template = as_map(as_map(as_map(rj).get("template")).get("metadata"))
+                merged.update(as_map(template.get("annotations")))
+    job = chain[0][2] if chain and chain[0][0] == BATCH_JOB else None
+    if job is not None:
+        merged.update(as_map(as_map(job.get("metadata")).get("annotations")))
+    key = as_str(merged.get(JOBSET_EXCLUSIVE_ANNOTATION))
+    return key if key and JOBSET_NODE_SELECTOR_ANNOTATION not in merged else None
+
+
 def _read_workload(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]],
                    memo: WorkloadMemo | None) -> Workload:
     labels = as_map(as_map(pod.get("metadata")).get("labels"))
@@ -431,6 +456,12 @@ def _read_workload(pod: Mapping[str, Any], owners: Sequence[Mapping[str, Any]],
         return _bare_pod(pod, owner_kinds, warnings)
 
     kind, ref, obj = known[-1]  # the outermost job: the MPIJob above a launcher's Job
+    exclusive = _leader_first(pod, chain) if JOBSET in owner_kinds else None
+    if exclusive:
+        return _bare_pod(pod, owner_kinds, warnings, solo=(
+            f"JobSet exclusive placement ({JOBSET_EXCLUSIVE_ANNOTATION}: {exclusive}) creates "
+            "each Job's followers only once its leader is scheduled, so a gang of its pods "
+            "would never be whole: they are scheduled one by one, as JobSet expects"))
     uid = as_str(ref.get("uid")) or (as_str(as_map(obj.get("metadata")).get("uid"))
                                      if obj else None)
     name = as_str(ref.get("name"))
