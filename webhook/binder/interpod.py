@@ -75,9 +75,8 @@ class Neighbours:
         self._round: list[tuple[PodInfo, str]] = []
         self._domains: dict[PodTerm, Counter[str]] = {}
         self._anti: dict[PodTerm, dict[str, str]] | None = None
-        self._allowed: dict[tuple[frozenset[tuple[str, str]],
-                                  tuple[tuple[str, frozenset[str] | None], ...]],
-                            frozenset[str]] = {}
+        self._allowed: dict[tuple[tuple[PodTerm, ...], tuple[PodTerm, ...],
+                                  tuple[PodTerm, ...], tuple[str, ...]], frozenset[str]] = {}
 
     def add(self, pod: PodInfo, node: str) -> None:
         """A pod placed by this round."""
@@ -102,21 +101,30 @@ class Neighbours:
                         self._anti.setdefault(term, {}).setdefault(value, holder.key)
         return self._anti
 
-    def allowed(self, forbidden: frozenset[tuple[str, str]],
-                needs: tuple[tuple[str, frozenset[str] | None], ...]) -> frozenset[str]:
-        """The nodes in none of the `forbidden` domains and, for each (key, values) of
-        `needs`, carrying the key with one of the values (any value: None). Members of a gang
-        ask alike: worked out once per round for each."""
-        key = (forbidden, needs)
+    def allowed(self, guards: tuple[PodTerm, ...], anti: tuple[PodTerm, ...],
+                affinity: tuple[PodTerm, ...], anywhere: tuple[str, ...]) -> frozenset[str]:
+        """The nodes outside the domains that the placed pods' anti-affinity `guards` and the
+        member's own `anti` terms rule out, and inside a domain holding pods each `affinity`
+        term counts, carrying each key of `anywhere` (the first of a group that selects
+        itself). Keyed on the terms: members of a gang ask alike, worked out once a round."""
+        key = (guards, anti, affinity, anywhere)
         found = self._allowed.get(key)
         if found is None:
             out = set(self.index.names)
-            for k, v in forbidden:
-                out -= self.index.values(k).get(v, frozenset())
-            for k, vals in needs:
-                by_value = self.index.values(k)
-                out &= set().union(*(by_value.get(v, ()) for v in (
-                    by_value if vals is None else vals)))
+            guarded = self.anti_domains()
+            for term in guards:
+                by_value = self.index.values(term.topology_key)
+                for v in guarded[term]:
+                    out -= by_value.get(v, frozenset())
+            for term in anti:
+                by_value = self.index.values(term.topology_key)
+                for v in self.domains(term):
+                    out -= by_value.get(v, frozenset())
+            for term in affinity:
+                by_value = self.index.values(term.topology_key)
+                out &= set().union(*(by_value.get(v, ()) for v in self.domains(term)))
+            for k in anywhere:
+                out &= set().union(*self.index.values(k).values())
             found = self._allowed[key] = frozenset(out)
         return found
 
@@ -178,33 +186,24 @@ def _term_text(kind: str, term: PodTerm) -> str:
 def rules(member: PodInfo, nb: Neighbours) -> Rules:
     """What the placed pods' terms, and its own, allow a pending member before its gang is
     placed."""
-    forbidden: set[tuple[str, str]] = set()
-    for term, guarded in nb.anti_domains().items():
-        if counts(term, member):
-            forbidden.update((term.topology_key, v) for v in guarded)
+    guards = tuple(t for t in nb.anti_domains() if counts(t, member))
     terms = member.pod_affinity
-    needs: list[tuple[str, frozenset[str] | None]] = []
-    self_keys: tuple[str, ...] = ()
-    if terms is not None:
-        for term in terms.anti:
-            forbidden.update((term.topology_key, v) for v in nb.domains(term))
-        found = [(t, nb.domains(t)) for t in terms.affinity]
-        if found and not any(c for _, c in found):
-            if not all(counts(t, member) for t, _ in found):
-                return Rules(frozenset(), reason=(
-                    f"pod {member.key}: its podAffinity selects no pod on any node, and not "
-                    "the pod itself"))
-            self_keys = tuple(dict.fromkeys(t.topology_key for t, _ in found))
-            needs = [(k, None) for k in self_keys]
-        else:
-            needs = [(t.topology_key, frozenset(c)) for t, c in found]
-    if not forbidden and not needs:
+    anti = terms.anti if terms is not None else ()
+    affinity = terms.affinity if terms is not None else ()
+    anywhere: tuple[str, ...] = ()
+    if affinity and not any(nb.domains(t) for t in affinity):
+        if not all(counts(t, member) for t in affinity):
+            return Rules(frozenset(), reason=(
+                f"pod {member.key}: its podAffinity selects no pod on any node, and not the "
+                "pod itself"))
+        anywhere, affinity = tuple(dict.fromkeys(t.topology_key for t in affinity)), ()
+    if not guards and not anti and not affinity and not anywhere:
         return Rules(None)
-    allowed = nb.allowed(frozenset(forbidden), tuple(needs))
+    allowed = nb.allowed(guards, anti, affinity, anywhere)
     reason = "" if allowed else (
         f"pod {member.key}: no node is allowed by its podAffinity and podAntiAffinity and the "
         "pods already placed")
-    return Rules(allowed, self_keys, reason)
+    return Rules(allowed, anywhere, reason)
 
 
 def one_per_node(gang: Sequence[PodInfo]) -> bool:
