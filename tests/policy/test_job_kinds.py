@@ -23,6 +23,7 @@ from webhook.policy import (
 )
 from webhook.policy.cleanup import cleanup_reason
 from webhook.policy.outcome import evaluate_and_render
+from webhook.policy.podsets import LWS_EXCLUSIVE_ANNOTATION
 from webhook.policy.workload import (
     JOBSET_EXCLUSIVE_ANNOTATION,
     JOBSET_NODE_SELECTOR_ANNOTATION,
@@ -242,6 +243,20 @@ def test_a_leader_ready_group_waits_for_its_leader_and_reserves_the_group(
     assert group is not None and group.min_member == 1
     assert group.min_resources == {"cpu": "4", "memory": "4Gi"}
     assert podgroup_manifest(group)["spec"]["minMember"] == 1  # type: ignore[index]
+
+
+def test_an_exclusive_group_waits_for_its_leader_and_reserves_the_group(
+        policies: Policies) -> None:
+    # LWS's controller creates an exclusive group's workers once its leader is scheduled
+    lws = jobkinds.leaderworkerset("vllm", NS, groups=2, size=4)
+    lws["metadata"]["annotations"] = {LWS_EXCLUSIVE_ANNOTATION: "example.com/rack"}
+    leader, chain = _lws_pods(stored(lws))[0]
+    decision = decide(leader, chain, gang(policies))
+    group = decision.pod_group
+    assert group is not None and group.min_member == 1
+    assert group.min_resources == {"cpu": "4", "memory": "4Gi"}
+    assert any("exclusive placement" in w and "example.com/rack" in w
+               for w in decision.warnings)
 
 
 def test_a_leaderworkerset_pod_without_a_group_index_gets_no_gang(policies: Policies) -> None:

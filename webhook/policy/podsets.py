@@ -19,7 +19,9 @@ gang waits for, and how many pods' resources it reserves. Sources, cited in docs
 - LeaderWorkerSet (`leaderworkerset.x-k8s.io/v1`): each group (leader + size-1 workers) is its
   own gang; with `startupPolicy: LeaderReady` the workers are created once the leader is ready,
   so the gang waits for the leader alone and reserves the group's resources (LWS's own Volcano
-  provider does exactly this).
+  provider does exactly this); so too with exclusive placement
+  (`leaderworkerset.sigs.k8s.io/exclusive-topology`), whose workers are created once the leader
+  is scheduled.
 - batch/v1 Job: min(parallelism, completions) pods run at once, Indexed or not.
 """
 
@@ -161,16 +163,27 @@ def jobset(spec: Mapping[str, Any], node_count: int | None = None) -> PodSets:
     return PodSets(replicas, auto, reserve_members=members, outside=outside, notes=tuple(notes))
 
 
-def leaderworkerset(spec: Mapping[str, Any]) -> PodSets:
-    """One group of a LeaderWorkerSet: its leader and size-1 workers."""
+#: LeaderWorkerSet's exclusive placement: each group alone in one domain of this node label;
+#: its controller creates a group's workers only once the leader is scheduled
+LWS_EXCLUSIVE_ANNOTATION = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+
+
+def leaderworkerset(spec: Mapping[str, Any], annotations: Mapping[str, Any]) -> PodSets:
+    """One group of a LeaderWorkerSet (`spec`, the object's `annotations`): its leader and
+    size-1 workers."""
     template = as_map(spec.get("leaderWorkerTemplate"))
     size = max(as_int(template.get("size"), 1) or 1, 1)
     workers = as_map(as_map(template.get("workerTemplate")).get("spec"))
     # without a leaderTemplate the leader runs the worker template
     leader = as_map(as_map(template.get("leaderTemplate")).get("spec")) or workers
     replicas = (Replica("Leader", 1, leader), Replica("Worker", size - 1, workers))
-    if spec.get("startupPolicy") == "LeaderReady" and size > 1:
+    exclusive = as_str(annotations.get(LWS_EXCLUSIVE_ANNOTATION))
+    why = ("startupPolicy LeaderReady: the workers are created once the leader is ready"
+           if spec.get("startupPolicy") == "LeaderReady" else
+           f"exclusive placement ({LWS_EXCLUSIVE_ANNOTATION}: {exclusive}): the workers are "
+           "created once the leader is scheduled" if exclusive else None)
+    if why and size > 1:
         return PodSets(replicas, 1, reserve_members=size, notes=(
-            "startupPolicy LeaderReady: the workers are created once the leader is ready, so "
-            f"the gang waits for the leader and reserves the resources of all {size} pods",))
+            f"{why}, so the gang waits for the leader and reserves the resources of all "
+            f"{size} pods",))
     return PodSets(replicas, size)

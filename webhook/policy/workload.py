@@ -248,7 +248,7 @@ def pod_sets(kind: str, obj: Mapping[str, Any], inner: Mapping[str, Any] | None 
         nodes = as_int(as_map(spec.get("trainer")).get("numNodes"))
         return podsets.jobset(as_map(as_map(inner).get("spec")), nodes)
     if kind == LEADERWORKERSET:
-        return podsets.leaderworkerset(spec)
+        return podsets.leaderworkerset(spec, as_map(as_map(obj.get("metadata")).get("annotations")))
     return PodSets((), 0)
 
 
