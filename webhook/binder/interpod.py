@@ -157,13 +157,20 @@ class Neighbours:
         """How many counted pods each domain of the term's key holds."""
         found = self._domains.get(term)
         if found is None:
-            found = self._domains[term] = Counter()
-            for pod, node in self._placed(term.namespaces):
-                if counts(term, pod):
-                    value = self.domain(node, term.topology_key)
-                    if value is not None:
-                        found[value] += 1
+            found = self._domains[term] = _tally(term, self._placed(term.namespaces), self)
         return found
+
+
+def _tally(term: PodTerm, placed: Iterable[tuple[PodInfo, str]], nb: Neighbours
+           ) -> Counter[str]:
+    """How many of the (pod, node) pairs the term counts in each domain of its key."""
+    found: Counter[str] = Counter()
+    for pod, node in placed:
+        if counts(term, pod):
+            value = nb.domain(node, term.topology_key)
+            if value is not None:
+                found[value] += 1
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,11 +262,7 @@ class _Gang:
     def domains(self, term: PodTerm) -> Counter[str]:
         found = self._domains.get(term)
         if found is None:
-            found = self._domains[term] = Counter()
-            for pod, node in self.placed:
-                value = self.nb.domain(node, term.topology_key)
-                if value is not None and counts(term, pod):
-                    found[value] += 1
+            found = self._domains[term] = _tally(term, self.placed, self.nb)
         return found
 
     def others(self, term: PodTerm, pod: PodInfo, value: str) -> int:
