@@ -29,21 +29,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_topology import gang_pods, node_object, pct
-from bench.topology_sim import Cluster, fat_tree
+from bench.bench_topology import gang_pods, occupied, pct
+from bench.topology_sim import fat_tree
 from webhook import keys
 from webhook.binder.allocation import Allocation
 from webhook.binder.fit import FitCache
 from webhook.binder.gangs import assemble
 from webhook.binder.interpod import Neighbours
-from webhook.binder.nodes import NodeInfo, parse_node
 from webhook.binder.planner import PlanConfig, plan_gangs
 from webhook.binder.pods import PodInfo, parse_pod
 from webhook.binder.queue import GangQueue
-from webhook.topology import codec
 from webhook.topology.gpu_choice import TableCache
 from webhook.topology.hierarchy import place_gang
-from webhook.topology.model import NodeState
 from webhook.topology.network import Levels
 
 ZONE = "topology.kubernetes.io/zone"
@@ -85,19 +82,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
     spec = fat_tree(args.nodes)
-    c = Cluster(spec)
-    annotation = codec.encode(spec.topology)
-    nodes: dict[str, NodeInfo] = {
-        name: parse_node(node_object(name, {**c.labels[name], ZONE: "z1"}, annotation))
-        for name in c.names}
-    rng = random.Random(args.seed)
-    states = {}
-    for name, info in nodes.items():
-        r = rng.random()
-        busy = 8 if r < 0.4 else 0 if r < 0.6 else rng.randint(1, 7)
-        free = frozenset(range(8)) - frozenset(rng.sample(range(8), busy))
-        states[name] = NodeState(name, info.topology, free, info.cpu_milli, info.memory_bytes,
-                                 info.pods)
+    nodes, states = occupied(spec, args.seed, {ZONE: "z1"})
     config = PlanConfig(keys.DEFAULT_BINDER_SCHEDULER_NAME, levels=Levels(spec.levels))
     place = functools.partial(place_gang, tables=TableCache())
     fit = FitCache()

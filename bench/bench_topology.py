@@ -59,7 +59,7 @@ from webhook.binder.allocation import Allocation
 from webhook.binder.fit import FitCache
 from webhook.binder.gangs import assemble
 from webhook.binder.interpod import Neighbours
-from webhook.binder.nodes import parse_node
+from webhook.binder.nodes import NodeInfo, parse_node
 from webhook.binder.planner import PlanConfig, plan_gangs
 from webhook.binder.pods import PodInfo, parse_pod
 from webhook.binder.queue import GangQueue
@@ -335,6 +335,27 @@ def gang_pods(pods: int, level: str | None, *, labels: dict[str, str] | None = N
     return out
 
 
+def occupied(spec: ClusterSpec, seed: int, labels: dict[str, str] | None = None
+             ) -> tuple[dict[str, NodeInfo], dict[str, NodeState]]:
+    """The cluster's nodes as the binder parses their Node objects (with `labels` added to
+    each), and what is free on them at about 60 % occupancy: 40 % full, 20 % empty, the rest
+    with 1-7 GPUs in use."""
+    c = Cluster(spec)
+    annotation = codec.encode(spec.topology)
+    nodes = {name: parse_node(node_object(name, {**c.labels[name], **(labels or {})},
+                                          annotation))
+             for name in c.names}
+    rng = random.Random(seed)
+    states = {}
+    for name, info in nodes.items():
+        r = rng.random()
+        used = 8 if r < 0.4 else 0 if r < 0.6 else rng.randint(1, 7)
+        free = frozenset(range(8)) - frozenset(rng.sample(range(8), used))
+        states[name] = NodeState(name, info.topology, free, info.cpu_milli,
+                                 info.memory_bytes, info.pods)
+    return nodes, states
+
+
 def latency(sizes: tuple[int, ...], reps: int, seed: int) -> bool:
     """p99 of one planning cycle of the binder (`planner.plan_gangs`, with the placement
     function and FitCache the controller gives it) for one pending gang of up to 256 whole-node
@@ -344,18 +365,7 @@ def latency(sizes: tuple[int, ...], reps: int, seed: int) -> bool:
     print("\n== placement latency: one binder planning cycle (planner.plan_gangs), ms")
     for n in sizes:
         spec = fat_tree(n)
-        c = Cluster(spec)
-        annotation = codec.encode(spec.topology)
-        nodes = {name: parse_node(node_object(name, c.labels[name], annotation))
-                 for name in c.names}
-        rng = random.Random(seed)
-        states = {}
-        for name, info in nodes.items():
-            r = rng.random()
-            used = 8 if r < 0.4 else 0 if r < 0.6 else rng.randint(1, 7)
-            free = frozenset(range(8)) - frozenset(rng.sample(range(8), used))
-            states[name] = NodeState(name, info.topology, free, info.cpu_milli,
-                                     info.memory_bytes, info.pods)
+        nodes, states = occupied(spec, seed)
         tables = TableCache()
         place = functools.partial(place_gang, tables=tables)  # as webhook.binder.controller
         config = PlanConfig(keys.DEFAULT_BINDER_SCHEDULER_NAME, levels=Levels(spec.levels))
