@@ -83,7 +83,7 @@ class Neighbours:
         self._round.append((pod, node))
         if self._pods is not None:
             self._pods.setdefault(pod.namespace, {})[pod.key] = (pod, node)
-        if pod.pod_affinity is not None and pod.pod_affinity.anti:
+        if pod.anti_affinity:
             self._holders[pod.key] = (pod, node)
             self._anti = None
         self._domains.clear()
@@ -94,8 +94,7 @@ class Neighbours:
         if self._anti is None:
             self._anti = {}
             for holder, node in self._holders.values():
-                assert holder.pod_affinity is not None
-                for term in holder.pod_affinity.anti:
+                for term in holder.anti_affinity:
                     value = self.domain(node, term.topology_key)
                     if value is not None:
                         self._anti.setdefault(term, {}).setdefault(value, holder.key)
@@ -217,8 +216,7 @@ def one_per_node(gang: Sequence[PodInfo]) -> bool:
     """Whether a member's anti-affinity by hostname counts another member: the gang's pods
     must then each have a node of their own."""
     for pod in gang:
-        terms = pod.pod_affinity
-        for term in terms.anti if terms is not None else ():
+        for term in pod.anti_affinity:
             if term.topology_key == HOSTNAME_LABEL and any(
                     other.key != pod.key and counts(term, other) for other in gang):
                 return True
@@ -236,10 +234,7 @@ def violation(placed: Sequence[tuple[PodInfo, str]], nb: Neighbours) -> str | No
             if value in guarded and counts(term, pod):
                 return (f"pod {pod.key} on {node}: the podAntiAffinity of pod {guarded[value]} "
                         f"(topologyKey {term.topology_key}) forbids it there")
-        terms = pod.pod_affinity
-        if terms is None:
-            continue
-        for term in terms.anti:
+        for term in pod.anti_affinity:
             value = nb.domain(node, term.topology_key)
             if value is not None and gang.others(term, pod, value) > 0:
                 return (f"pod {pod.key} on {node}: {_term_text('podAntiAffinity', term)} "
@@ -277,8 +272,7 @@ class _Gang:
 
 
 def _affinity_unmet(pod: PodInfo, node: str, gang: _Gang, nb: Neighbours) -> str | None:
-    assert pod.pod_affinity is not None
-    terms = pod.pod_affinity.affinity
+    terms = pod.pod_affinity.affinity if pod.pod_affinity is not None else ()
     for term in terms:
         if nb.domain(node, term.topology_key) is None:
             return (f"pod {pod.key} on {node}: the node has no {term.topology_key} label, "

@@ -279,7 +279,7 @@ def plan(pods: Sequence[PodInfo], nodes: Mapping[str, NodeInfo],
     allocation and node states made from scratch."""
     allocation = Allocation.from_pods(pods, claims)
     gangs = assemble(pods, config.scheduler_name, pod_groups, config.podgroup_default_timeout)
-    holders = [p for p in pods if p.pod_affinity is not None and p.pod_affinity.anti]
+    holders = [p for p in pods if p.anti_affinity]
     return plan_gangs(gangs, allocation,
                       {name: allocation.node_state(node) for name, node in nodes.items()},
                       nodes, config=config, queue=queue, fit=fit, place=place, now=now,

@@ -151,6 +151,11 @@ class PodInfo:
     def bound(self) -> bool:
         return self.node_name is not None
 
+    @property
+    def anti_affinity(self) -> tuple[PodTerm, ...]:
+        """Its required podAntiAffinity terms (empty: none)."""
+        return self.pod_affinity.anti if self.pod_affinity is not None else ()
+
 
 def parse_time(value: str | None) -> float:
     if not value:

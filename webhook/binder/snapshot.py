@@ -54,7 +54,7 @@ class Snapshot:
         if old is not None:
             self._drop(old)
         self._pods[pod.key] = pod
-        if pod.pod_affinity is not None and pod.pod_affinity.anti:
+        if pod.anti_affinity:
             self._holders[pod.key] = pod
         self._touch(self.allocation.add(pod))
         gang = _member_of(pod, self.scheduler_name)
