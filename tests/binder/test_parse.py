@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 from binder_objects import node, pod
@@ -16,6 +17,7 @@ from webhook.binder.assignment import (
     encode_assignment,
     encode_record,
     shape_matches,
+    uuids_of,
 )
 from webhook.binder.nodes import parse_node
 from webhook.binder.pods import parse_pod
@@ -122,6 +124,17 @@ def test_one_round_builds_each_pod_as_build_assignment_would() -> None:
             build_assignment("n1", topo, gpus, containers, init, sidecars=sidecars)
     with pytest.raises(AssignmentError):  # a shortage is refused every time, not remembered
         round_.build("n1", topo, (0,), [("main", 1), ("side", 1)])
+
+
+def test_uuids_are_found_by_the_gpus_index_wherever_it_is_listed() -> None:
+    """Nodes list their GPUs by index (the fast path); one listed otherwise, or an index it
+    does not list, still gets the UUID of that index, or "" (the agent resolves it)."""
+    topo = builtin("dgx1-v100")
+    assert uuids_of(topo, (3, 0)) == (topo.gpus[3].uuid, topo.gpus[0].uuid)
+    shuffled = replace(topo, gpus=tuple(reversed(topo.gpus)))
+    assert uuids_of(shuffled, (3, 0)) == (topo.gpus[3].uuid, topo.gpus[0].uuid)
+    assert uuids_of(topo, (9, 1)) == ("", topo.gpus[1].uuid)
+    assert uuids_of(None, (0, 1)) == ("", "")
 
 
 @pytest.mark.parametrize("text", ['{"v": 2, "node": "n", "containers": {}}', "[]",

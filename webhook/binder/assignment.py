@@ -97,7 +97,12 @@ def uuids_of(topology: Topology | None, indices: Sequence[int]) -> tuple[str, ..
     """The UUIDs an assignment names for these GPU indices: "" where the node's topology does
     not know one (none published, or parsed from `nvidia-smi topo -m`); the agent's device
     plugin resolves those by index from NVML."""
-    uuid = {g.index: g.uuid for g in topology.gpus} if topology is not None else {}
+    if topology is None:
+        return ("",) * len(indices)
+    gpus = topology.gpus
+    if all(i < len(gpus) and gpus[i].index == i for i in indices):  # listed by index: all do
+        return tuple(gpus[i].uuid or "" for i in indices)
+    uuid = {g.index: g.uuid for g in gpus}
     return tuple(uuid.get(i) or "" for i in indices)
 
 

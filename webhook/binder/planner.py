@@ -159,13 +159,10 @@ def _reservation(pod: PodInfo, nodes: Mapping[str, NodeInfo],
 
 def _consume(state: NodeState, need: MemberRequest | PodInfo, gpus: Collection[int]
              ) -> NodeState:
-    return replace(
-        state,
-        free_gpus=state.free_gpus - frozenset(gpus),
-        free_cpu_milli=state.free_cpu_milli - need.cpu_milli,
-        free_memory_bytes=state.free_memory_bytes - need.memory_bytes,
-        free_pods=state.free_pods - 1,
-    )
+    # every field anew, so the constructor, not `replace` (a member of a 256-pod gang each)
+    return NodeState(state.name, state.topology, state.free_gpus.difference(gpus),
+                     state.free_cpu_milli - need.cpu_milli,
+                     state.free_memory_bytes - need.memory_bytes, state.free_pods - 1)
 
 
 def _empty_state(node: NodeInfo) -> NodeState:

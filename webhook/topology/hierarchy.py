@@ -135,9 +135,12 @@ def _bounded(req: NetworkRequest) -> NetworkRequest:
     return req
 
 
+_DIGITS = re.compile(r"(\d+)")
+
+
 def _natural(key: str) -> tuple[tuple[int, int | str], ...]:
     """worker-2 before worker-10: slices follow the ranks' order."""
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", key) if p)
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in _DIGITS.split(key) if p)
 
 
 class _Decision:
@@ -225,8 +228,11 @@ class _Decision:
         paths = self.paths
         usable = self.tables.usable
         rooms = self._rooms
+        # a node with fewer free GPUs than one member takes none: skipped before its usable
+        # mask is looked up (most nodes, for gangs of whole-node members)
+        least = self.gpu[0].gpus if self.uniform else 1
         for n in self.nodes:
-            if n.topology is None or not n.free_gpus:
+            if n.topology is None or len(n.free_gpus) < least:
                 continue
             path = paths.get(n.name)
             if path is None or len(path) <= shallow:

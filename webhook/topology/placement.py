@@ -131,6 +131,7 @@ class _Views:
         self.groups = groups
         self.rank = rank or _by_name
         self._views: dict[int, _Node] = {}
+        self._gpu: list[tuple[int, NodeState, ClassTables, int]] | None = None
         if groups is not None:
             assert len(groups) == len(nodes), "groups must hold the nodes placed on"
             assert rank is None, "groups order their nodes by name"
@@ -145,13 +146,18 @@ class _Views:
                                            n.free_memory_bytes, n.free_pods)
         return v
 
-    def gpu_nodes(self) -> Iterator[tuple[NodeState, ClassTables, int]]:
-        """(node, tables, free mask) of every node with a topology and a free GPU."""
-        for n in self.nodes:
-            if n.topology is not None and n.free_gpus:
-                tables, free = self.tables.usable(n.topology, n.free_gpus)
-                if free:
-                    yield n, tables, free
+    def gpu_nodes(self) -> list[tuple[int, NodeState, ClassTables, int]]:
+        """(position, node, tables, free mask) of every node with a topology and a usable free
+        GPU, looked up once per call (the single-node and the multi-node search both read
+        them)."""
+        if self._gpu is None:
+            self._gpu = []
+            for i, n in enumerate(self.nodes):
+                if n.topology is not None and n.free_gpus:
+                    tables, free = self.tables.usable(n.topology, n.free_gpus)
+                    if free:
+                        self._gpu.append((i, n, tables, free))
+        return self._gpu
 
     def gpu_groups(self, need: _Need) -> Iterator[_GpuGroup]:
         """`gpu_nodes` grouped by what scoring them reads, their class's tables and usable free
@@ -162,11 +168,8 @@ class _Views:
             yield from self._indexed_groups(self.groups, need)
             return
         groups: dict[tuple[ClassTables, int], list[tuple[int, NodeState]]] = {}
-        for i, n in enumerate(self.nodes):
-            if n.topology is not None and n.free_gpus:
-                tables, free = self.tables.usable(n.topology, n.free_gpus)
-                if free:
-                    groups.setdefault((tables, free), []).append((i, n))
+        for i, n, tables, free in self.gpu_nodes():
+            groups.setdefault((tables, free), []).append((i, n))
         for (tables, free), group in groups.items():
             first = (group[0][0], group[0][1].name)
             if free.bit_count() < need.gpus:
@@ -246,6 +249,8 @@ def _assign_gpus(node: _Node) -> dict[str, tuple[int, ...]]:
     assert node.tables is not None
     union = node.tables.choose(node.free, sum(m.gpus for m in gpu_members))
     assert union is not None
+    if len(gpu_members) == 1:  # one GPU member: the set is all its own
+        return {gpu_members[0].key: tuple(scoring.members(union))}
     pool = union
     for m in gpu_members:
         part = node.tables.choose(pool, m.gpus)
@@ -376,7 +381,7 @@ def _place_multi(
     total = sum(m.gpus for m in gpu_members)
     if isinstance(chosen, int):
         free = hosts = 0
-        for _, _, mask in views.gpu_nodes():
+        for *_, mask in views.gpu_nodes():
             free += mask.bit_count()
             hosts += 1
         return Unplaceable(
@@ -422,7 +427,7 @@ def _multi_uniform(views: _Views, members: list[MemberRequest]) -> list[_Node] |
     m = members[0]
     caps = [
         (c, n, tables, free)
-        for n, tables, free in views.gpu_nodes()
+        for _, n, tables, free in views.gpu_nodes()
         if (c := member_capacity(n, free, m)) > 0
     ]
     if sum(c for c, *_ in caps) < len(members):
@@ -496,7 +501,7 @@ def _even_parts(caps: list[int], need: int, count: int, even: int) -> list[tuple
 def _multi_mixed(views: _Views, members: list[MemberRequest]) -> list[_Node] | int:
     """Different member sizes: first-fit decreasing over nodes ordered by free GPUs."""
     order = sorted(
-        (views.get(n) for n, _, _ in views.gpu_nodes()),
+        (views.get(n) for _, n, _, _ in views.gpu_nodes()),
         key=lambda v: (-v.nfree, v.state.name),
     )
     chosen: list[_Node] = []
