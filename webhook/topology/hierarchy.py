@@ -231,6 +231,7 @@ class _Decision:
         # a node with fewer free GPUs than one member takes none: skipped before its usable
         # mask is looked up (most nodes, for gangs of whole-node members)
         least = self.gpu[0].gpus if self.uniform else 1
+        most = 0
         for n in self.nodes:
             if n.topology is None or len(n.free_gpus) < least:
                 continue
@@ -255,11 +256,12 @@ class _Decision:
             leaf.room += room
             leaf.gpus += gpus
             leaf.nodes.append(n)
-            self.most_gpus = max(self.most_gpus, gpus)
+            most = max(most, gpus)
             if node_slices:
                 node_key = (*path, _NODE + n.name)
                 doms[node_key] = _Domain(room, gpus, nodes=[n])
                 leaf.children.add(node_key)
+        self.most_gpus = most
         for path, leaf in leaves.items():
             for i in range(len(path)):
                 d = doms.get(path[:i])
