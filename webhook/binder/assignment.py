@@ -99,11 +99,13 @@ def uuids_of(topology: Topology | None, indices: Sequence[int]) -> tuple[str, ..
     plugin resolves those by index from NVML."""
     if topology is None:
         return ("",) * len(indices)
-    gpus = topology.gpus
-    if all(i < len(gpus) and gpus[i].index == i for i in indices):  # listed by index: all do
-        return tuple(gpus[i].uuid or "" for i in indices)
-    uuid = {g.index: g.uuid for g in gpus}
-    return tuple(uuid.get(i) or "" for i in indices)
+    gpus, out = topology.gpus, []
+    for i in indices:
+        if not 0 <= i < len(gpus) or gpus[i].index != i:  # not listed by index (all nodes are)
+            uuid = {g.index: g.uuid for g in gpus}
+            return tuple(uuid.get(i) or "" for i in indices)
+        out.append(gpus[i].uuid or "")
+    return tuple(out)
 
 
 def build_assignment(node: str, topology: Topology | None, gpus: Sequence[int],

@@ -137,11 +137,12 @@ class _Views:
             assert rank is None, "groups order their nodes by name"
             groups.bind(tables)
 
-    def get(self, n: NodeState) -> _Node:
+    def get(self, n: NodeState, usable: tuple[ClassTables, int] | None = None) -> _Node:
+        """The node's view; `usable`: its (tables, usable free mask), when already looked up."""
         v = self._views.get(id(n))
         if v is None:
-            tables, free = self.tables.usable(n.topology, n.free_gpus) if n.topology \
-                else (None, 0)
+            tables, free = usable or (self.tables.usable(n.topology, n.free_gpus)
+                                      if n.topology else (None, 0))
             v = self._views[id(n)] = _Node(n, tables, free, free.bit_count(), n.free_cpu_milli,
                                            n.free_memory_bytes, n.free_pods)
         return v
@@ -454,7 +455,8 @@ def _multi_uniform(views: _Views, members: list[MemberRequest]) -> list[_Node] |
     chosen: list[_Node] = []
     at = 0
     for j, part in parts:
-        v = views.get(caps[j][1])
+        _, node, tables, free = caps[j]
+        v = views.get(node, (tables, free))
         for member in members[at:at + part]:
             v.take(member)
         at += part
@@ -501,7 +503,7 @@ def _even_parts(caps: list[int], need: int, count: int, even: int) -> list[tuple
 def _multi_mixed(views: _Views, members: list[MemberRequest]) -> list[_Node] | int:
     """Different member sizes: first-fit decreasing over nodes ordered by free GPUs."""
     order = sorted(
-        (views.get(n) for _, n, _, _ in views.gpu_nodes()),
+        (views.get(n, (tables, free)) for _, n, tables, free in views.gpu_nodes()),
         key=lambda v: (-v.nfree, v.state.name),
     )
     chosen: list[_Node] = []
