@@ -181,10 +181,7 @@ class TableCache:
     def usable(self, t: Topology, free: frozenset[int]) -> tuple[ClassTables, int]:
         """(class tables, usable free mask) of a node: `frozenset` caches its hash, so this is
         two lookups per node and call once the node's Topology is known."""
-        known = self._by_object.get(id(t))  # `_known`'s hit, inline: once per node and call
-        if known is None or known[0]() is not t:
-            known = self._known(t)
-        _, tables, healthy = known
+        _, tables, healthy = self._known(t)
         key = (free, healthy)
         mask = self._masks.get(key)
         if mask is None:

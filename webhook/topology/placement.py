@@ -250,14 +250,13 @@ def _assign_gpus(node: _Node) -> dict[str, tuple[int, ...]]:
     assert node.tables is not None
     union = node.tables.choose(node.free, sum(m.gpus for m in gpu_members))
     assert union is not None
-    if len(gpu_members) == 1:  # one GPU member: the set is all its own
-        return {gpu_members[0].key: tuple(scoring.members(union))}
     pool = union
-    for m in gpu_members:
+    for m in gpu_members[:-1]:
         part = node.tables.choose(pool, m.gpus)
         assert part is not None
         pool &= ~part
         out[m.key] = tuple(scoring.members(part))
+    out[gpu_members[-1].key] = tuple(scoring.members(pool))  # what is left is exactly its size
     return out
 
 
