@@ -341,10 +341,11 @@ def occupied(spec: ClusterSpec, seed: int, labels: dict[str, str] | None = None
     each), and what is free on them at about 60 % occupancy: 40 % full, 20 % empty, the rest
     with 1-7 GPUs in use."""
     c = Cluster(spec)
-    annotation = codec.encode(spec.topology)
+    # each node publishes its own GPU UUIDs (`spec.node_topologies`), as real ones do: the
+    # binder holds a Topology object per node, not one shared by identical annotations
     nodes = {name: parse_node(node_object(name, {**c.labels[name], **(labels or {})},
-                                          annotation))
-             for name in c.names}
+                                          codec.encode(t)))
+             for name, t in zip(c.names, spec.node_topologies, strict=True)}
     rng = random.Random(seed)
     states = {}
     for name, info in nodes.items():

@@ -20,6 +20,7 @@ does (`besteffort.allocate`), as kubelet asks it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -83,6 +84,12 @@ class ClusterSpec:
     def gpus_per_node(self) -> int:
         return self.topology.size
 
+    @functools.cached_property
+    def node_topologies(self) -> tuple[Topology, ...]:
+        """Each node's Topology (`Cluster.names` order), with GPU UUIDs of its own as real
+        nodes publish: the binder holds an object per node, not one shared by all."""
+        return tuple(own_uuids(self.topology, node_name(i)) for i in range(self.nodes))
+
     @property
     def leaf_label(self) -> str:
         return CLIQUE if self.clique else LEAF
@@ -90,6 +97,15 @@ class ClusterSpec:
     @property
     def levels(self) -> tuple[str, ...]:
         return (SPINE, self.leaf_label)
+
+
+def node_name(i: int) -> str:
+    return f"n{i:05}"
+
+
+def own_uuids(t: Topology, node: str) -> Topology:
+    return dataclasses.replace(t, gpus=tuple(dataclasses.replace(g, uuid=f"GPU-{node}-{g.index}")
+                                             for g in t.gpus))
 
 
 def fat_tree(nodes: int) -> ClusterSpec:
@@ -126,7 +142,7 @@ class Cluster:
     def __post_init__(self) -> None:
         s = self.spec
         g = s.gpus_per_node
-        self.names = [f"n{i:05}" for i in range(s.nodes)]
+        self.names = [node_name(i) for i in range(s.nodes)]
         self.leaf_of = [i // s.nodes_per_leaf for i in range(s.nodes)]
         self.block_of = [leaf // s.leaves_per_block for leaf in self.leaf_of]
         self.free = [frozenset(range(g))] * s.nodes
@@ -143,8 +159,8 @@ class Cluster:
             self.where[n] = Where((block, leaf), leaf if s.clique else None)
             self.labels[n] = {SPINE: block, s.leaf_label: leaf}
         self.network = Network(s.levels, self.labels)
-        self.states = [NodeState(n, s.topology, self.free[i], 1 << 30, 1 << 50, 1000)
-                       for i, n in enumerate(self.names)]
+        self.states = [NodeState(n, t, self.free[i], 1 << 30, 1 << 50, 1000)
+                       for i, (n, t) in enumerate(zip(self.names, s.node_topologies, strict=True))]
 
     def take(self, i: int, gpus: Sequence[int]) -> None:
         self._set(i, self.free[i] - frozenset(gpus))
