@@ -26,7 +26,7 @@ def test_every_live_node_stays_known_past_the_old_bound() -> None:
     assert len({id(x) for x in first}) == 1  # one class, one set of tables
     # a second pass finds every node without recomputing its class: the same entries
     entries = [cache._known(t) for t in nodes]
-    assert all(e[0]() is t for e, t in zip(entries, nodes, strict=True))
+    assert all(e.ref() is t for e, t in zip(entries, nodes, strict=True))
     assert cache.objects() == 5000
 
 
@@ -39,7 +39,7 @@ def test_a_node_gone_takes_its_entry_with_it() -> None:
     gc.collect()
     assert cache.objects() == 4
     for t in own_copies(3):  # new objects may reuse the old ids: each is known as itself
-        assert cache._known(t)[0]() is t
+        assert cache._known(t).ref() is t
 
 
 def test_usable_mask_counts_only_healthy_existing_gpus() -> None:
@@ -52,3 +52,12 @@ def test_usable_mask_counts_only_healthy_existing_gpus() -> None:
     # the same free set on a node with GPU 3 unhealthy is another entry, not the first's
     assert cache.usable(sick, free)[1] == usable_mask(sick, free) == 0b100010
     assert cache.usable(t, free)[1] == 0b101010
+
+
+def test_a_node_asking_with_another_free_set_gets_that_sets_mask() -> None:
+    cache = TableCache(warm=False)
+    t = builtin("dgx1-v100")
+    both, one = frozenset({0, 1}), frozenset({1})
+    # the node's last set is remembered; any other set (even an equal copy) is looked up
+    assert [cache.usable(t, f)[1] for f in (both, both, one, frozenset({0, 1}), one)] == \
+        [0b11, 0b11, 0b10, 0b11, 0b10]

@@ -152,7 +152,8 @@ class Assigner:
             self._positions[shape] = positions
         containers = {}
         for name, at in positions.items():
-            indices = tuple(gpus[i] for i in at)
+            # ascending positions: all of them are the pod's GPUs in their order
+            indices = tuple(gpus) if len(at) == len(gpus) else tuple([gpus[i] for i in at])
             containers[name] = ContainerGpus(indices, uuids_of(topology, indices))
         return GpuAssignment(node=node, containers=containers)
 

@@ -21,6 +21,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from webhook.lru import Lru
 from webhook.topology import scoring
@@ -44,6 +45,14 @@ class ClassTables:
         self._best: dict[int, tuple[float, ...]] = {}
         self._choice: dict[tuple[int, int], int | None] = {}
         self._placement: dict[tuple[int, int], tuple[float, ...]] = {}
+        self._indices: dict[int, tuple[int, ...]] = {}
+
+    def indices(self, mask: int) -> tuple[int, ...]:
+        """The GPU indices of a set, ascending (every placed member reads its set's)."""
+        out = self._indices.get(mask)
+        if out is None:
+            out = self._indices[mask] = tuple(scoring.members(mask))
+        return out
 
     def score(self, mask: int) -> SetScore:
         s = self._scores.get(mask)
@@ -176,18 +185,23 @@ class TableCache:
         self._lock = threading.Lock()
 
     def tables(self, t: Topology) -> ClassTables:
-        return self._known(t)[1]
+        return self._known(t).tables
 
     def usable(self, t: Topology, free: frozenset[int]) -> tuple[ClassTables, int]:
-        """(class tables, usable free mask) of a node: `frozenset` caches its hash, so this is
-        two lookups per node and call once the node's Topology is known."""
-        _, tables, healthy = self._known(t)
-        key = (free, healthy)
+        """(class tables, usable free mask) of a node: one lookup when the node asks with the
+        free set it last asked with (its state is kept until a placement changes it), else two
+        (`frozenset` caches its hash)."""
+        known = self._known(t)
+        last = known.last
+        if last[0] is free:
+            return known.tables, last[1]
+        key = (free, known.healthy)
         mask = self._masks.get(key)
         if mask is None:
             mask = usable_mask(t, free)
             self._masks.put(key, mask)
-        return tables, mask
+        known.last = (free, mask)  # one assignment: a thread beside reads a matching pair
+        return known.tables, mask
 
     def objects(self) -> int:
         """Topology objects known (as many as the live nodes that were looked at)."""
@@ -196,7 +210,7 @@ class TableCache:
     def _known(self, t: Topology) -> _Known:
         key = id(t)
         hit = self._by_object.get(key)
-        if hit is not None and hit[0]() is t:
+        if hit is not None and hit.ref() is t:
             return hit
         cls = topology_class(t)
         with self._lock:
@@ -206,21 +220,28 @@ class TableCache:
                 if self.warm:
                     tables.warm()
                 self._by_class.put(cls, tables)
-        entry = (weakref.ref(t, functools.partial(_forget, self._by_object, key)), tables,
-                 usable_mask(t, range(t.size)))
+        entry = _Known(weakref.ref(t, functools.partial(_forget, self._by_object, key)), tables,
+                       usable_mask(t, range(t.size)))
         self._by_object[key] = entry
         return entry
 
 
-#: what a TableCache keeps per live Topology object: a weak reference to it, its class's
-#: tables, and its healthy GPUs as a bitmask
-_Known = tuple["weakref.ref[Topology]", ClassTables, int]
+@dataclass(slots=True)
+class _Known:
+    """What a TableCache keeps per live Topology object: a weak reference to it, its class's
+    tables, its healthy GPUs as a bitmask, and the free set it was last asked about with that
+    set's usable mask."""
+
+    ref: weakref.ref[Topology]
+    tables: ClassTables
+    healthy: int
+    last: tuple[frozenset[int] | None, int] = (None, 0)
 
 
 def _forget(known: dict[int, _Known], key: int, ref: weakref.ref[Topology]) -> None:
     """A Topology is gone: drop its entry, unless its id already names a newer object's."""
     entry = known.get(key)
-    if entry is not None and entry[0] is ref:
+    if entry is not None and entry.ref is ref:
         known.pop(key, None)
 
 

@@ -138,9 +138,13 @@ def _bounded(req: NetworkRequest) -> NetworkRequest:
 _DIGITS = re.compile(r"(\d+)")
 
 
-def _natural(key: str) -> tuple[tuple[int, int | str], ...]:
-    """worker-2 before worker-10: slices follow the ranks' order."""
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in _DIGITS.split(key) if p)
+def _natural(key: str) -> list[str | int]:
+    """worker-2 before worker-10: slices follow the ranks' order. The split alternates text
+    and digits, text first (maybe ""), so keys compare text with text and number with number;
+    "" sorts first, so digits sort before text where one key has digits and the other text."""
+    parts: list[str | int] = list(_DIGITS.split(key))
+    parts[1::2] = map(int, parts[1::2])
+    return parts
 
 
 class _Decision:
@@ -168,9 +172,10 @@ class _Decision:
         self.others = [m for m in gang.members if m.gpus == 0]
         self.uniform = len({(m.gpus, m.cpu_milli, m.memory_bytes, m.eligible_nodes)
                             for m in gpu}) == 1
-        size = req.slice_size if req.slice_level is not None else 1
+        # (unsliced, the gang is one slice: its domains count members, not slices)
+        size = req.slice_size if req.slice_level is not None else len(self.gpu)
         self.slices = [self.gpu[i:i + size] for i in range(0, len(self.gpu), size)]
-        #: the units a piece takes: members, or GPUs for unlike members
+        #: the units a slice takes at most: members, or GPUs for unlike members
         self.per_piece = max(self._units(s) for s in self.slices)
         self.doms: dict[Key, _Domain] = {}
         self.most_gpus = 0  # the most free GPUs on one node with room
@@ -232,15 +237,14 @@ class _Decision:
         # mask is looked up (most nodes, for gangs of whole-node members)
         least = self.gpu[0].gpus if self.uniform else 1
         most = 0
-        for n in self.nodes:
-            if n.topology is None or len(n.free_gpus) < least:
-                continue
+        for n, topology in [(n, t) for n in self.nodes
+                            if (t := n.topology) is not None and len(n.free_gpus) >= least]:
             path = paths.get(n.name)
             if path is None or len(path) <= shallow:
                 continue  # (a sliced gang needs the slice level's label)
             if eligible is not None and n.name not in eligible:
                 continue
-            free = usable(n.topology, n.free_gpus)[1]
+            free = usable(topology, n.free_gpus)[1]
             rkey = (free, n.free_cpu_milli, n.free_memory_bytes, n.free_pods)
             room = rooms.get(rkey)
             if room is None:

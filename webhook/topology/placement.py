@@ -26,7 +26,6 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from webhook.topology import scoring
 from webhook.topology.gpu_choice import ClassTables, TableCache
 from webhook.topology.groups import Members, NodeGroups, RoomKey
 from webhook.topology.model import (
@@ -160,6 +159,13 @@ class _Views:
                         self._gpu.append((i, n, tables, free))
         return self._gpu
 
+    def most_free(self) -> int:
+        """The most usable free GPUs on one node."""
+        if self.groups is not None:
+            return max((free.bit_count() for (tables, free), _ in self.groups.groups()
+                        if tables is not None), default=0)
+        return max((free.bit_count() for *_, free in self.gpu_nodes()), default=0)
+
     def gpu_groups(self, need: _Need) -> Iterator[_GpuGroup]:
         """`gpu_nodes` grouped by what scoring them reads, their class's tables and usable free
         mask, and where they have `need.gpus` free GPUs, their nodes that fit `need`. Scoring a
@@ -255,8 +261,8 @@ def _assign_gpus(node: _Node) -> dict[str, tuple[int, ...]]:
         part = node.tables.choose(pool, m.gpus)
         assert part is not None
         pool &= ~part
-        out[m.key] = tuple(scoring.members(part))
-    out[gpu_members[-1].key] = tuple(scoring.members(pool))  # what is left is exactly its size
+        out[m.key] = node.tables.indices(part)
+    out[gpu_members[-1].key] = node.tables.indices(pool)  # what is left is exactly its size
     return out
 
 
@@ -296,18 +302,11 @@ def place_on_nodes(
     views = _Views(nodes, tables or TableCache(warm=False), groups, rank)
     used: list[_Node] = []
     if gpu_members:
-        placed = _place_single(views, gang, gpu_members)
+        alone = one_node or (gang.single_node and gang.mode == "required")
+        placed = _place_gpus(views, gang, gpu_members, alone, inter_node_gbps)
         if isinstance(placed, Unplaceable):
-            if one_node or (gang.single_node and gang.mode == "required"):
-                return placed
-            multi = _place_multi(views, gang, gpu_members, inter_node_gbps)
-            if isinstance(multi, Unplaceable):
-                return multi if len(gpu_members) > 1 else placed
-            if len(multi) == 1:  # one node after all: it failed the single-node test above
-                return placed
-            used = multi
-        else:
-            used = [placed]
+            return placed
+        used = placed
     for m in gang.members:
         if m.gpus == 0:
             host = _place_cpu_member(views, used, m)
@@ -319,6 +318,25 @@ def place_on_nodes(
             if host not in used:
                 used.append(host)
     return _result(used, gang, inter_node_gbps)
+
+
+def _place_gpus(views: _Views, gang: GangRequest, gpu_members: list[MemberRequest], alone: bool,
+                inter_gbps: float) -> list[_Node] | Unplaceable:
+    """The nodes of the GPU members: one node when one holds them all (the single-node search),
+    else the fewest (the multi-node search). `alone`: one node, or Unplaceable."""
+    if not alone and len(gpu_members) > 1 and \
+            sum(m.gpus for m in gpu_members) > views.most_free():
+        # no node has the GPUs for all of them: the single-node search could only fail
+        return _place_multi(views, gang, gpu_members, inter_gbps)
+    placed = _place_single(views, gang, gpu_members)
+    if not isinstance(placed, Unplaceable):
+        return [placed]
+    if alone:
+        return placed
+    multi = _place_multi(views, gang, gpu_members, inter_gbps)
+    if isinstance(multi, Unplaceable):
+        return multi if len(gpu_members) > 1 else placed
+    return placed if len(multi) == 1 else multi  # one node after all: it failed the search
 
 
 def _place_single(
