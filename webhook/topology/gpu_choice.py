@@ -258,8 +258,9 @@ def choose_gpus(t: Topology, free: Iterable[int], k: int, tables: TableCache | N
                 ) -> tuple[int, ...] | None:
     """The best k GPUs among `free` on a node of topology `t` (sorted indices), or None when
     fewer than k healthy GPUs are free."""
-    mask = _class_tables(t, tables).choose(usable_mask(t, free), k)
-    return None if mask is None else tuple(scoring.members(mask))
+    class_tables = _class_tables(t, tables)
+    mask = class_tables.choose(usable_mask(t, free), k)
+    return None if mask is None else class_tables.indices(mask)
 
 
 def set_score(t: Topology, gpus: Iterable[int], tables: TableCache | None = None) -> SetScore:
