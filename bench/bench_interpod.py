@@ -1,4 +1,5 @@
-"""What required inter-pod affinity costs one binder planning cycle on a large cluster.
+"""What required inter-pod affinity and topology spread cost one binder planning cycle on a
+large cluster.
 
 Run: .venv/bin/python bench/bench_interpod.py [--nodes 4096] [--reps 50]
 
@@ -13,6 +14,12 @@ snapshot's `Neighbours` the controller gives it):
 Printed: p50 / p99 wall ms of each, their ratio, and how many workers each put on a database's
 node. The run fails when a gang is not placed whole, or when, with the terms, a worker lands on
 a database's node.
+
+Then topology spread: a gang of 1 / 16 / 64 whole-node workers without a network level, planned
+without a constraint (baseline) and with a DoNotSchedule one by leaf (maxSkew 1, the job's own
+pods), which the engine's packing breaks, so that its members are placed one at a time. Printed
+likewise, with the leaves each used; the run fails when the spread gang does not use a leaf per
+worker.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +45,13 @@ from webhook.binder.allocation import Allocation
 from webhook.binder.fit import FitCache
 from webhook.binder.gangs import assemble
 from webhook.binder.interpod import Neighbours
-from webhook.binder.planner import PlanConfig, plan_gangs
-from webhook.binder.pods import PodInfo, parse_pod
+from webhook.binder.nodes import NodeInfo
+from webhook.binder.planner import PlaceFn, PlanConfig, plan_gangs
+from webhook.binder.pods import PodInfo, SpreadTerm, parse_pod
 from webhook.binder.queue import GangQueue
 from webhook.topology.gpu_choice import TableCache
 from webhook.topology.hierarchy import place_gang
+from webhook.topology.model import NodeState
 from webhook.topology.network import Levels
 
 ZONE = "topology.kubernetes.io/zone"
@@ -128,6 +139,49 @@ def main() -> int:
               f"terms p50 {t50:6.2f} p99 {t99:6.2f}  ratio p50 {t50 / b50:.2f} "
               f"p99 {t99 / b99:.2f}  workers on a database's node {beside[False]} / "
               f"{beside[True]}")
+    return spread_rows(args.reps, spec.leaf_label, nodes, states, config=config, place=place,
+                       fit=fit)
+
+
+def spread_rows(reps: int, leaf: str, nodes: Mapping[str, NodeInfo],
+                states: dict[str, NodeState], *, config: PlanConfig, place: PlaceFn,
+                fit: FitCache) -> int:
+    print(f"== topology spread (DoNotSchedule by {leaf}, maxSkew 1): one planning cycle, ms")
+    term = SpreadTerm(1, leaf, (("In", "job", frozenset({"big"})),))
+    for size in (1, 16, 64):
+        row = {}
+        leaves = {}
+        for spread in (False, True):
+            pods = gang_pods(size, None, labels={"job": "big"})
+            if spread:
+                pods = [replace(p, spread=(term,)) for p in pods]
+            gangs = assemble(pods, config.scheduler_name, None)
+            times = []
+            gc.collect()
+            gc.freeze()
+            for _ in range(reps + 1):
+                nb = Neighbours((), (), nodes, fit.labels(nodes))
+                t0 = time.perf_counter()
+                plan = plan_gangs(gangs, Allocation({}), dict(states), nodes, config=config,
+                                  queue=GangQueue(), fit=fit, place=place, now=1e9,
+                                  neighbours=nb)
+                times.append((time.perf_counter() - t0) * 1e3)
+                if len(plan.places) != 1 or len(plan.places[0].assignments) != size:
+                    print(f"  {size} pods, spread={spread}: not placed whole: "
+                          f"{[w.reason for w in plan.waits]}")
+                    return 1
+            gc.unfreeze()
+            times = times[1:]  # (the first works out the members' eligible nodes: once)
+            leaves[spread] = len({nodes[a.node].labels[leaf]
+                                  for _, a in plan.places[0].assignments})
+            row[spread] = (statistics.median(times), pct(times, 99))
+        if leaves[True] != size:
+            print(f"  {size} pods: spread over {leaves[True]} leaves, not one each")
+            return 1
+        (b50, b99), (t50, t99) = row[False], row[True]
+        print(f"  {size:3} pods x 8 GPUs: baseline p50 {b50:6.2f} p99 {b99:6.2f}  "
+              f"spread p50 {t50:6.2f} p99 {t99:6.2f}  ratio p50 {t50 / b50:.2f} "
+              f"p99 {t99 / b99:.2f}  leaves used {leaves[False]} / {leaves[True]}")
     return 0
 
 

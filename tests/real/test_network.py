@@ -105,10 +105,14 @@ async def _drop_namespace_jobs(kube: KubeApi, ns: str) -> None:
 
 def _job(name: str, pods: int, gpus: int, annotations: dict[str, str] | None = None, *,
          on_job: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-         affinity: dict[str, Any] | None = None) -> dict[str, Any]:
+         affinity: dict[str, Any] | None = None,
+         spread: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """An Indexed Job of `pods` ranks of `gpus` GPUs each (its completion index is its rank);
-    `annotations`, `labels` and `affinity` on its pod template, `on_job` on the Job itself."""
-    more = {"affinity": affinity} if affinity else {}
+    `annotations`, `labels`, `affinity` and `spread` (topologySpreadConstraints) on its pod
+    template, `on_job` on the Job itself."""
+    more: dict[str, Any] = {"affinity": affinity} if affinity else {}
+    if spread:
+        more["topologySpreadConstraints"] = spread
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "annotations": on_job or {}},
             "spec": {"completionMode": "Indexed", "completions": pods, "parallelism": pods,
@@ -296,3 +300,32 @@ async def test_the_binder_keeps_the_anti_affinity_of_pods_already_placed(
                                           affinity=one_each))
     assert len({p["spec"]["nodeName"] for p in apart}) == 2
     assert len(_at(apart, labels, LEAF)) == 1
+
+
+def _spread(key: str, job: str) -> list[dict[str, Any]]:
+    """One rank of `job` more in a domain of `key` than in the emptiest, at most."""
+    return [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
+             "labelSelector": {"matchLabels": {"job": job}}}]
+
+
+async def test_the_binder_keeps_topology_spread_constraints(
+        kube: KubeApi, fake_nodes: dict[str, dict[str, str]]) -> None:
+    labels = fake_nodes
+    # 4 ranks of 4 GPUs, one per node (the engine alone packs two on a node: the test above)
+    host = await _run(kube, "block", _job("host", 4, 4, labels={"job": "host"},
+                                          spread=_spread("kubernetes.io/hostname", "host")))
+    assert len({p["spec"]["nodeName"] for p in host}) == 4
+    # 3 ranks of 8 GPUs, one per leaf: the preferred spine's fullest leaf would take all three,
+    # so they are placed one at a time, as kube-scheduler binds them (the NVL72 leaf is a
+    # domain with no rank, so no leaf may hold two)
+    leaves = await _run(kube, "block", _job("leaves", 3, 8, labels={"job": "leaves"},
+                                            spread=_spread(LEAF, "leaves")))
+    assert len(_at(leaves, labels, LEAF)) == 3
+    # a gang required within one leaf cannot also be one rank per leaf: it waits, and says so
+    ns = await ensure_namespace(kube, NAMESPACES["rack"], {"muster.io/network": "rack"})
+    await kube.create(JOBS, _job("torn", 2, 8, labels={"job": "torn"},
+                                 spread=_spread(LEAF, "torn")), namespace=ns)
+    message = await _failed_scheduling(kube, ns, "torn")
+    assert f"its topologySpreadConstraint (topologyKey {LEAF}, maxSkew 1) would make a skew " \
+        "of 2 there" in message, message
+    assert not any(p["spec"].get("nodeName") for p in await _pods(kube, ns, "torn"))

@@ -59,15 +59,36 @@ def why_not(c: Constraints, node: NodeInfo) -> str | None:
     """None when the pod may run on the node, else a short reason."""
     if node.unschedulable and not tolerates(c.tolerations, _UNSCHEDULABLE_TAINT):
         return "node is unschedulable (cordoned)"
+    unmet = _affinity_unmet(c, node)
+    if unmet is not None:
+        return unmet
+    taint = _untolerated(c, node)
+    return None if taint is None else f"untolerated taint {taint.key}:{taint.effect}"
+
+
+def _affinity_unmet(c: Constraints, node: NodeInfo) -> str | None:
     for key, value in c.node_selector:
         if node.labels.get(key) != value:
             return f"nodeSelector {key}={value} does not match"
     if c.terms is not None and not any(_term_matches(t, node) for t in c.terms):
         return "required node affinity does not match"
-    for taint in node.taints:
-        if taint.effect in _HARD_EFFECTS and not tolerates(c.tolerations, taint):
-            return f"untolerated taint {taint.key}:{taint.effect}"
     return None
+
+
+def _untolerated(c: Constraints, node: NodeInfo) -> Taint | None:
+    return next((t for t in node.taints
+                 if t.effect in _HARD_EFFECTS and not tolerates(c.tolerations, t)), None)
+
+
+def admits(c: Constraints, node: NodeInfo) -> bool:
+    """The pod's nodeSelector and required node affinity admit the node (what a topology
+    spread constraint's nodeAffinityPolicy Honor reads)."""
+    return _affinity_unmet(c, node) is None
+
+
+def tolerated(c: Constraints, node: NodeInfo) -> bool:
+    """The pod tolerates the node's NoSchedule and NoExecute taints (nodeTaintsPolicy Honor)."""
+    return _untolerated(c, node) is None
 
 
 #: how a pod gets its GPUs: none, the device plugin (nvidia.com/gpu), DRA (ResourceClaims), or

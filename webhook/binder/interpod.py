@@ -43,6 +43,7 @@ class LabelIndex:
         self.nodes = nodes
         self.names = frozenset(nodes)
         self._by_key: dict[str, dict[str, frozenset[str]]] = {}
+        self._carrying: dict[tuple[str, ...], frozenset[str]] = {}
 
     def values(self, key: str) -> dict[str, frozenset[str]]:
         """value -> the nodes whose label `key` has it."""
@@ -54,6 +55,16 @@ class LabelIndex:
                 if value is not None:
                     groups.setdefault(value, set()).add(name)
             found = self._by_key[key] = {v: frozenset(g) for v, g in groups.items()}
+        return found
+
+    def carrying(self, keys: tuple[str, ...]) -> frozenset[str]:
+        """The nodes that carry every one of the label `keys`."""
+        found = self._carrying.get(keys)
+        if found is None:
+            found = self.names
+            for key in keys:
+                found = found & frozenset().union(*self.values(key).values())
+            self._carrying[keys] = found
         return found
 
 
@@ -147,6 +158,10 @@ class Neighbours:
                 self._pods.setdefault(p.namespace, {})[p.key] = (p, n)
         spaces = self._pods.keys() if namespaces is None else namespaces & self._pods.keys()
         return (entry for ns in spaces for entry in self._pods[ns].values())
+
+    def pods_in(self, namespace: str) -> Iterable[tuple[PodInfo, str]]:
+        """(pod, node) of the pods on nodes in one namespace."""
+        return self._placed(frozenset((namespace,)))
 
     def domain(self, node: str, key: str) -> str | None:
         info = self.nodes.get(node)

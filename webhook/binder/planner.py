@@ -41,17 +41,22 @@ from webhook.binder.interpod import Neighbours, one_per_node, rules, violation
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo
 from webhook.binder.queue import GangQueue
+from webhook.binder.spread import Spread, keys_of
+from webhook.binder.spread import violation as spread_violation
 from webhook.topology.groups import NodeGroups
 from webhook.topology.model import (
     GangPlacement,
     GangRequest,
     GpuAssignment,
+    MemberPlacement,
     MemberRequest,
     NetworkRequest,
     NodeState,
     Unplaceable,
 )
 from webhook.topology.network import Levels, Network
+from webhook.topology.placement import DEFAULT_INTER_NODE_GBPS
+from webhook.topology.ringfloor import gang_gbps, meets_min_ring
 
 
 class PlaceFn(Protocol):
@@ -176,6 +181,15 @@ def _one_slot(states: Iterable[NodeState]) -> list[NodeState]:
     return [replace(s, free_pods=min(s.free_pods, 1)) for s in states]
 
 
+def _meet(memo: dict[tuple[frozenset[str], frozenset[str]], frozenset[str]],
+          a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
+    """a & b, one set object for members alike (the engine compares them often)."""
+    kept = memo.get((a, b))
+    if kept is None:
+        kept = memo[a, b] = a & b
+    return kept
+
+
 def _request(gang: Gang, nodes: Mapping[str, NodeInfo], fit: FitCache,
              nb: Neighbours | None) -> tuple[GangRequest, str] | str:
     """The gang as the engine takes it, and a note for its wait when inter-pod terms (`nb`:
@@ -186,7 +200,6 @@ def _request(gang: Gang, nodes: Mapping[str, NodeInfo], fit: FitCache,
     home = frozenset(p.node_name for p in gang.bound if p.gpus and p.node_name)
     own: set[tuple[str, ...]] = set()
     note = ""
-    # members alike share one set object: the engine compares them often
     narrowed: dict[tuple[frozenset[str], frozenset[str]], frozenset[str]] = {}
     members = []
     for pod in gang.pending:
@@ -195,12 +208,15 @@ def _request(gang: Gang, nodes: Mapping[str, NodeInfo], fit: FitCache,
             eligible = eligible & home
         if not eligible:
             return _no_node_reason(pod, nodes)
+        if pod.spread:
+            eligible = _meet(narrowed, eligible, fit.labels(nodes).carrying(keys_of(pod)))
+            if not eligible:
+                return (f"pod {pod.key}: no node it may use has the labels its "
+                        f"topologySpreadConstraints need ({', '.join(keys_of(pod))})")
         if nb is not None:
             allowed = rules(pod, nb)
             if allowed.allowed is not None:
-                kept = narrowed.get((eligible, allowed.allowed))
-                if kept is None:
-                    kept = narrowed[eligible, allowed.allowed] = eligible & allowed.allowed
+                kept = _meet(narrowed, eligible, allowed.allowed)
                 if not kept:
                     return allowed.reason or (
                         f"pod {pod.key}: its podAffinity and podAntiAffinity, and the pods "
@@ -452,6 +468,12 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
         r.wait(gang, "unplaceable", result.reason + note, reserves)
         return reserves
     by_key = {p.key: p for p in gang.pending}
+    if any(p.spread for p in gang.pending):
+        spread = _within_spread(r, request, result, by_key, place)
+        if isinstance(spread, str):
+            r.wait(gang, "unplaceable", spread)
+            return False
+        result = spread
     if terms is not None:
         broken = violation([(by_key[mp.key], mp.node) for mp in result.members], r.neighbours)
         if broken is not None:
@@ -469,3 +491,66 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
         r.neighbours.add(pod, mp.node)
     r.out.places.append(Place(gang, result, tuple(assignments)))
     return False
+
+
+def _within_spread(r: _Round, request: GangRequest, result: GangPlacement,
+                   by_key: Mapping[str, PodInfo], place: PlaceFn) -> GangPlacement | str:
+    """The engine's placement when it keeps the members' topology spread constraints; else,
+    unless the gang must be whole within one node or domain, its members placed one at a time;
+    else why not, in words."""
+    broken = spread_violation([(by_key[mp.key], mp.node) for mp in result.members],
+                              r.neighbours)
+    if broken is None:
+        return result
+    net = request.network
+    if (request.single_node and request.mode == "required") or (net is not None and (
+            net.mode == "required" or net.slice_level is not None)):
+        return broken
+    apart = _one_at_a_time(r, request, by_key, place)
+    if isinstance(apart, Unplaceable):
+        return f"{broken}; one member at a time, {apart.reason}"
+    return apart
+
+
+def _one_at_a_time(r: _Round, request: GangRequest, by_key: Mapping[str, PodInfo],
+                   place: PlaceFn) -> GangPlacement | Unplaceable:
+    """The members placed one at a time, as kube-scheduler binds them: each on the node the
+    engine likes best of those its topology spread constraints allow, the members before it
+    counted. On a copy of the round's states, as only the caller consumes them; the round's
+    groups follow the copy meanwhile (the engine reads them, not every node), and are put
+    back after."""
+    states = dict(r.states)
+    try:
+        return _members_apart(r, request, by_key, place, states)
+    finally:
+        for node in [n for n, s in states.items() if s is not r.states[n]]:
+            r.groups.put(r.states[node])
+
+
+def _members_apart(r: _Round, request: GangRequest, by_key: Mapping[str, PodInfo],
+                   place: PlaceFn, states: dict[str, NodeState]) -> GangPlacement | Unplaceable:
+    spread = Spread(r.neighbours)
+    placed: list[MemberPlacement] = []
+    ring: dict[str, float] = {}
+    for m in request.members:
+        pod = by_key[m.key]
+        may = m.eligible_nodes if m.eligible_nodes is not None else r.nodes.keys()
+        one = replace(request, members=(replace(m, eligible_nodes=frozenset(
+            may - spread.blocked(pod))),), network=None, single_node=False, min_ring_gbps=None)
+        got = place(list(states.values()), one, network=None, groups=r.groups)
+        if isinstance(got, Unplaceable):
+            return got
+        (mp,) = got.members
+        states[mp.node] = _consume(states[mp.node], m, mp.gpus)
+        r.groups.put(states[mp.node])
+        spread.add(pod, mp.node)
+        placed.append(mp)
+        for node, gbps in got.ring_gbps.items():  # (members sharing a node: the slowest)
+            ring[node] = min(ring.get(node, gbps), gbps)
+    figure = gang_gbps(ring.values(), DEFAULT_INTER_NODE_GBPS)
+    total = sum(m.gpus for m in request.members)
+    if request.mode == "required" and not meets_min_ring(figure, request.min_ring_gbps, total):
+        return Unplaceable(f"the gang would have {figure:g} GB/s of allreduce bus bandwidth, "
+                           f"under its minRingGBps {request.min_ring_gbps:g}")
+    return GangPlacement(members=tuple(placed), nodes_used=len({p.node for p in placed}),
+                         ring_gbps=ring, gang_gbps=figure)

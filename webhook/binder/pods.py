@@ -78,6 +78,25 @@ class PodAffinity:
 
 
 @dataclass(frozen=True, slots=True)
+class SpreadTerm:
+    """One topologySpreadConstraint with whenUnsatisfiable DoNotSchedule (kube-scheduler's
+    PodTopologySpread filter reads the same; ScheduleAnyway ones are scores, not weighed)."""
+
+    max_skew: int
+    topology_key: str
+    #: labelSelector with the matchLabelKeys' values from the pod's labels (None: a nil
+    #: labelSelector, which counts no pod)
+    selector: tuple[LabelRequirement, ...] | None
+    #: fewer domains than this count as a domain with no pod (None: unset)
+    min_domains: int | None = None
+    #: nodeAffinityPolicy Honor (its default): only nodes the pod's nodeSelector and required
+    #: node affinity admit are domains
+    honour_affinity: bool = True
+    #: nodeTaintsPolicy Honor (default Ignore): only nodes whose taints the pod tolerates
+    honour_taints: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class PodInfo:
     key: str  # "namespace/name"
     namespace: str
@@ -146,6 +165,8 @@ class PodInfo:
     labels: tuple[tuple[str, str], ...] = ()
     #: its required podAffinity / podAntiAffinity (None: none)
     pod_affinity: PodAffinity | None = None
+    #: its topologySpreadConstraints with whenUnsatisfiable DoNotSchedule
+    spread: tuple[SpreadTerm, ...] = ()
 
     @property
     def bound(self) -> bool:
@@ -235,6 +256,31 @@ def parse_pod_affinity(spec: Mapping[str, Any], namespace: str, problems: list[s
         _pod_terms((affinity.get("podAntiAffinity") or {}).get(required), namespace, True,
                    problems))
     return found if found.affinity or found.anti else None
+
+
+def parse_spread(spec: Mapping[str, Any], labels: Mapping[str, str], problems: list[str]
+                 ) -> tuple[SpreadTerm, ...]:
+    """The pod's DoNotSchedule topologySpreadConstraints, each matchLabelKeys merged into its
+    selector as kube-scheduler merges them (a key the pod lacks is left out)."""
+    out = []
+    for c in spec.get("topologySpreadConstraints") or ():
+        if not isinstance(c, Mapping) or c.get("whenUnsatisfiable") != "DoNotSchedule":
+            continue
+        skew, key, floor = c.get("maxSkew"), c.get("topologyKey"), c.get("minDomains")
+        if not isinstance(skew, int) or skew < 1 or not isinstance(key, str) or not key or (
+                floor is not None and (not isinstance(floor, int) or floor < 1)):
+            problems.append("topologySpreadConstraints: each needs a topologyKey, a maxSkew "
+                            "of at least 1 and a minDomains of at least 1 when set")
+            continue
+        selector = _label_selector(c.get("labelSelector"))
+        merged = [("In", str(k), frozenset((str(labels[k]),)))
+                  for k in c.get("matchLabelKeys") or () if k in labels]
+        if selector is not None:
+            selector = (*selector, *merged)
+        out.append(SpreadTerm(skew, key, selector, floor,
+                              c.get("nodeAffinityPolicy", "Honor") != "Ignore",
+                              c.get("nodeTaintsPolicy", "Ignore") == "Honor"))
+    return tuple(out)
 
 
 def parse_topology_request(text: str) -> TopologyRequest:
@@ -384,6 +430,7 @@ def parse_pod(obj: Mapping[str, Any],
         assignment, raw = None, None  # its claims are the record (webhook.binder.dra)
 
     pod_affinity = parse_pod_affinity(spec, ns, problems)
+    spread = parse_spread(spec, labels, problems)
     priority = spec.get("priority")
     return PodInfo(
         key=f"{ns}/{name}",
@@ -425,4 +472,5 @@ def parse_pod(obj: Mapping[str, Any],
         extended_status=extended_status,
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         pod_affinity=pod_affinity,
+        spread=spread,
     )
