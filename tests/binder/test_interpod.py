@@ -141,11 +141,19 @@ def test_members_kept_apart_by_their_own_anti_affinity_get_a_node_each() -> None
     assert len(set(where(control).values())) == 1
     p = run(gang("j", 2, 1, {"job": "j"}, affinity(anti=[term(HOST, job="j")])))
     assert len(p.places) == 1 and len(set(where(p).values())) == 2, where(p)
-    # one per rack is not spread for: the packed placement breaks it, and the gang waits
+    # one per rack: the packed placement breaks it, so the members are placed one at a time
     p = run(gang("k", 2, 1, {"job": "k"}, affinity(anti=[term(RACK, job="k")])))
+    assert len(p.places) == 1 and len({n.split("-")[1] for n in where(p).values()}) == 2
+    # three cannot be: rack values r0 and r1 repeat across blocks, so there are two racks
+    p = run(gang("k", 3, 1, {"job": "k"}, affinity(anti=[term(RACK, job="k")])))
     assert not p.places
     assert "podAntiAffinity (topologyKey example.com/rack) counts another pod" in \
-        p.waits[0].reason
+        p.waits[0].reason and "one member at a time" in p.waits[0].reason
+    # what that trial placed is forgotten: a job kept off k's nodes still takes the first one
+    off_k = affinity(anti=[term(HOST, job="k")])
+    p = run([*gang("k", 3, 1, {"job": "k"}, affinity(anti=[term(RACK, job="k")])),
+             *gang("m", 1, 1, {"job": "m"}, off_k)])
+    assert [w.gang.name for w in p.waits] == ["k"] and where(p) == {"m-0": "b0-r0-n0"}
 
 
 def test_a_gang_placed_earlier_in_the_round_counts_for_the_next() -> None:
@@ -189,3 +197,32 @@ def test_violation_reads_the_gang_and_the_placed_pods() -> None:
     assert violation(alone, Neighbours([elsewhere], (), objs)) is None
     why = violation(alone, Neighbours([parse_pod(x)], (), objs))
     assert why is not None and "counts no other pod in example.com/rack=r1" in why
+
+
+def test_three_jobs_that_keep_off_each_others_nodes_get_three_nodes_in_one_round() -> None:
+    # one training job per node: each pod's anti-affinity by hostname selects every job's pods
+    one_job_a_node = affinity(anti=[term(HOST, app="train")])
+    jobs = [pod(f"{name}-0", gang=name, min_member=1, gpus=4, labels={"app": "train"},
+                extra_spec=one_job_a_node, topology=SPANS, created=f"2026-11-21T05:00:0{i}Z")
+            for i, name in enumerate("abc")]
+    p = run(jobs)
+    assert len(p.places) == 3, [w.reason for w in p.waits]
+    assert len(set(where(p).values())) == 3
+
+
+def test_subgroups_that_keep_together_and_apart_by_rack_are_placed_one_at_a_time() -> None:
+    # a LeaderWorkerSet group in two subgroups with subgroup-exclusive-topology by rack: each
+    # member's affinity selects its own subgroup, its anti-affinity the other's
+    def member(i: int, group: str) -> dict[str, Any]:
+        own = {"labelSelector": {"matchExpressions": [
+            {"key": "sg", "operator": "In", "values": [group]}]}, "topologyKey": RACK}
+        others = {"labelSelector": {"matchExpressions": [
+            {"key": "sg", "operator": "Exists"},
+            {"key": "sg", "operator": "NotIn", "values": [group]}]}, "topologyKey": RACK}
+        return pod(f"j-{i}", gang="j", min_member=4, gpus=8, labels={"sg": group},
+                   extra_spec=affinity(pod_affinity=[own], anti=[others]), topology=SPANS)
+
+    p = run([member(0, "a"), member(1, "a"), member(2, "b"), member(3, "b")])
+    assert len(p.places) == 1, [w.reason for w in p.waits]
+    rack = {name: at.split("-")[1] for name, at in where(p).items()}
+    assert rack["j-0"] == rack["j-1"] != rack["j-2"] == rack["j-3"]

@@ -308,7 +308,7 @@ def _spread(key: str, job: str) -> list[dict[str, Any]]:
              "labelSelector": {"matchLabels": {"job": job}}}]
 
 
-async def test_the_binder_keeps_topology_spread_constraints(
+async def test_ranks_kept_apart_by_spread_or_anti_affinity_are_placed_one_at_a_time(
         kube: KubeApi, fake_nodes: dict[str, dict[str, str]]) -> None:
     labels = fake_nodes
     # 4 ranks of 4 GPUs, one per node (the engine alone packs two on a node: the test above)
@@ -321,6 +321,12 @@ async def test_the_binder_keeps_topology_spread_constraints(
     leaves = await _run(kube, "block", _job("leaves", 3, 8, labels={"job": "leaves"},
                                             spread=_spread(LEAF, "leaves")))
     assert len(_at(leaves, labels, LEAF)) == 3
+    # the same by podAntiAffinity: 2 ranks kept out of each other's leaf
+    one_a_leaf = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"job": "apart"}}, "topologyKey": LEAF}]}}
+    apart = await _run(kube, "block", _job("apart", 2, 8, labels={"job": "apart"},
+                                           affinity=one_a_leaf))
+    assert len(_at(apart, labels, LEAF)) == 2
     # a gang required within one leaf cannot also be one rank per leaf: it waits, and says so
     ns = await ensure_namespace(kube, NAMESPACES["rack"], {"muster.io/network": "rack"})
     await kube.create(JOBS, _job("torn", 2, 8, labels={"job": "torn"},

@@ -98,6 +98,22 @@ class Neighbours:
             self._holders[pod.key] = (pod, node)
             self._anti = None
         self._domains.clear()
+        self._allowed.clear()  # (what the placed pods allow has changed)
+
+    def mark(self) -> int:
+        """Where `rollback` returns to: the pods added so far."""
+        return len(self._round)
+
+    def rollback(self, mark: int) -> None:
+        """Forget the pods added since `mark` (a trial placement that is not kept)."""
+        for pod, _ in self._round[mark:]:
+            if self._pods is not None:
+                self._pods.get(pod.namespace, {}).pop(pod.key, None)
+            if self._holders.pop(pod.key, None) is not None:
+                self._anti = None
+        del self._round[mark:]
+        self._domains.clear()
+        self._allowed.clear()
 
     def anti_domains(self) -> dict[PodTerm, dict[str, str]]:
         """Each distinct anti-affinity term of the placed pods: the domains it guards, each

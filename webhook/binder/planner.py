@@ -467,18 +467,17 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
             GangPlacement)
         r.wait(gang, "unplaceable", result.reason + note, reserves)
         return reserves
+    kept = _kept(r, gang, request, result, place=place, terms=terms)
+    if isinstance(kept, str):
+        r.wait(gang, "unplaceable", kept)
+        return False
+    _commit(r, gang, request, kept)
+    return False
+
+
+def _commit(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement) -> None:
+    """The placement is the plan's: its assignments made, what it uses taken from the round."""
     by_key = {p.key: p for p in gang.pending}
-    if any(p.spread for p in gang.pending):
-        spread = _within_spread(r, request, result, by_key, place)
-        if isinstance(spread, str):
-            r.wait(gang, "unplaceable", spread)
-            return False
-        result = spread
-    if terms is not None:
-        broken = violation([(by_key[mp.key], mp.node) for mp in result.members], r.neighbours)
-        if broken is not None:
-            r.wait(gang, "unplaceable", broken)
-            return False
     members = {m.key: m for m in request.members}
     assignments = []
     for mp in result.members:
@@ -490,53 +489,71 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
         r.consume(mp.node, members[mp.key], mp.gpus)
         r.neighbours.add(pod, mp.node)
     r.out.places.append(Place(gang, result, tuple(assignments)))
-    return False
 
 
-def _within_spread(r: _Round, request: GangRequest, result: GangPlacement,
-                   by_key: Mapping[str, PodInfo], place: PlaceFn) -> GangPlacement | str:
-    """The engine's placement when it keeps the members' topology spread constraints; else,
-    unless the gang must be whole within one node or domain, its members placed one at a time;
-    else why not, in words."""
-    broken = spread_violation([(by_key[mp.key], mp.node) for mp in result.members],
-                              r.neighbours)
+def _kept(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement, *,
+          place: PlaceFn, terms: Neighbours | None) -> GangPlacement | str:
+    """The engine's placement when it keeps the members' inter-pod terms (`terms`: when some
+    concern the gang) and topology spread constraints. Else, unless the gang must be whole
+    within one node or one domain its topology asks for, its members placed one at a time, as
+    kube-scheduler binds them, when that keeps them (the engine packs members: one per node,
+    one rack each, or subgroups apart by rack are not its choice). Else why not, in words."""
+    by_key = {p.key: p for p in gang.pending}
+    spread = any(p.spread for p in gang.pending)
+    broken = _broken(result, by_key, r.neighbours, terms, spread)
     if broken is None:
         return result
-    net = request.network
+    topo = gang.topology
+    net = topo.network if topo is not None else None
     if (request.single_node and request.mode == "required") or (net is not None and (
             net.mode == "required" or net.slice_level is not None)):
         return broken
-    apart = _one_at_a_time(r, request, by_key, place)
+    apart = _one_at_a_time(r, request, by_key, place, terms)
     if isinstance(apart, Unplaceable):
         return f"{broken}; one member at a time, {apart.reason}"
-    return apart
+    again = _broken(apart, by_key, r.neighbours, terms, spread)  # (by construction, none)
+    return apart if again is None else f"{broken}; one member at a time, {again}"
+
+
+def _broken(result: GangPlacement, by_key: Mapping[str, PodInfo], nb: Neighbours,
+            terms: Neighbours | None, spread: bool) -> str | None:
+    """The first inter-pod term or topology spread constraint the placement breaks, counting
+    the pods on nodes and the gang's own members, in words; None when it keeps them all."""
+    placed = [(by_key[mp.key], mp.node) for mp in result.members]
+    why = spread_violation(placed, nb) if spread else None
+    if why is None and terms is not None:
+        why = violation(placed, terms)
+    return why
 
 
 def _one_at_a_time(r: _Round, request: GangRequest, by_key: Mapping[str, PodInfo],
-                   place: PlaceFn) -> GangPlacement | Unplaceable:
+                   place: PlaceFn, terms: Neighbours | None) -> GangPlacement | Unplaceable:
     """The members placed one at a time, as kube-scheduler binds them: each on the node the
-    engine likes best of those its topology spread constraints allow, the members before it
-    counted. On a copy of the round's states, as only the caller consumes them; the round's
-    groups follow the copy meanwhile (the engine reads them, not every node), and are put
-    back after."""
+    engine likes best of those its inter-pod terms and topology spread constraints allow, the
+    members before it counted. On a copy of the round's states, as only `_commit` consumes
+    them; the round's node groups (the engine reads them, not every node) and the placed pods
+    follow the members meanwhile, and are put back after."""
     states = dict(r.states)
+    mark = r.neighbours.mark()
     try:
-        return _members_apart(r, request, by_key, place, states)
+        return _members_apart(r, request, by_key, place=place, states=states, terms=terms)
     finally:
+        r.neighbours.rollback(mark)
         for node in [n for n, s in states.items() if s is not r.states[n]]:
             r.groups.put(r.states[node])
 
 
-def _members_apart(r: _Round, request: GangRequest, by_key: Mapping[str, PodInfo],
-                   place: PlaceFn, states: dict[str, NodeState]) -> GangPlacement | Unplaceable:
+def _members_apart(r: _Round, request: GangRequest, by_key: Mapping[str, PodInfo], *,
+                   place: PlaceFn, states: dict[str, NodeState], terms: Neighbours | None
+                   ) -> GangPlacement | Unplaceable:
     spread = Spread(r.neighbours)
     placed: list[MemberPlacement] = []
     ring: dict[str, float] = {}
     for m in request.members:
         pod = by_key[m.key]
-        may = m.eligible_nodes if m.eligible_nodes is not None else r.nodes.keys()
-        one = replace(request, members=(replace(m, eligible_nodes=frozenset(
-            may - spread.blocked(pod))),), network=None, single_node=False, min_ring_gbps=None)
+        may = _may_go(r, m, pod, spread, terms)
+        one = replace(request, members=(replace(m, eligible_nodes=may),), network=None,
+                      single_node=False, min_ring_gbps=None)
         got = place(list(states.values()), one, network=None, groups=r.groups)
         if isinstance(got, Unplaceable):
             return got
@@ -544,6 +561,8 @@ def _members_apart(r: _Round, request: GangRequest, by_key: Mapping[str, PodInfo
         states[mp.node] = _consume(states[mp.node], m, mp.gpus)
         r.groups.put(states[mp.node])
         spread.add(pod, mp.node)
+        if terms is not None:
+            terms.add(pod, mp.node)
         placed.append(mp)
         for node, gbps in got.ring_gbps.items():  # (members sharing a node: the slowest)
             ring[node] = min(ring.get(node, gbps), gbps)
@@ -554,3 +573,14 @@ def _members_apart(r: _Round, request: GangRequest, by_key: Mapping[str, PodInfo
                            f"under its minRingGBps {request.min_ring_gbps:g}")
     return GangPlacement(members=tuple(placed), nodes_used=len({p.node for p in placed}),
                          ring_gbps=ring, gang_gbps=figure)
+
+
+def _may_go(r: _Round, m: MemberRequest, pod: PodInfo, spread: Spread,
+            terms: Neighbours | None) -> frozenset[str]:
+    """The nodes a member may go to now: its eligible ones, less those its topology spread
+    constraints block, within those its inter-pod terms allow, the members placed counted."""
+    may = m.eligible_nodes if m.eligible_nodes is not None else frozenset(r.nodes)
+    if pod.spread:
+        may = may - spread.blocked(pod)
+    allowed = rules(pod, terms).allowed if terms is not None else None
+    return may if allowed is None else may & allowed
