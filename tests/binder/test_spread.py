@@ -18,6 +18,7 @@ from webhook.binder.pods import SpreadTerm, parse_pod
 from webhook.binder.queue import GangQueue
 from webhook.binder.spread import violation
 from webhook.topology.hierarchy import place_gang
+from webhook.topology.network import Levels
 
 BLOCK, RACK, HOST = "example.com/block", "example.com/rack", "kubernetes.io/hostname"
 CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME)
@@ -186,3 +187,26 @@ def test_the_gangs_after_one_placed_member_by_member_see_what_it_took_and_no_mor
     assert [w.gang.name for w in p.waits] == ["a"]
     assert "one member at a time" in p.waits[0].reason
     assert where(p) == {"b-0": "b0-r0-n0"}
+
+
+def test_members_placed_one_at_a_time_stay_close_when_the_gang_asks_for_a_network_level() -> None:
+    # a node of block b1 with one GPU free draws the first member (best fit); the others follow
+    # it into its rack while the rack allows, then into its block
+    busy = pod("busy", gpus=7, node_name="b1-r1-n1", topology=None, labels={"app": "x"},
+               scheduler="default-scheduler")
+    objs = {n["metadata"]["name"]: parse_node(n) for n in nodes()}
+    block = json.dumps({"v": 1, "mode": "preferred",
+                        "network": {"level": BLOCK, "mode": "preferred"}})
+    levels = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME,
+                        levels=Levels((BLOCK, RACK)))
+
+    def placed_in(topology: str) -> list[str]:
+        p = plan([parse_pod(x) for x in (busy, *gang(4, 1, [spread(HOST)], topology=topology))],
+                 objs, None, config=levels, queue=GangQueue(), fit=FitCache(),
+                 place=place_gang, now=1795237200.0)
+        return sorted(where(p).values())
+
+    assert placed_in(block) == ["b1-r0-n0", "b1-r0-n1", "b1-r1-n0", "b1-r1-n1"]
+    # without a network level the members go where each is best alone: by name, once b1-r1-n1
+    # is full
+    assert placed_in(SPANS) == ["b0-r0-n0", "b0-r0-n1", "b0-r1-n0", "b1-r1-n1"]

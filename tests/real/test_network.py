@@ -315,6 +315,7 @@ async def test_ranks_kept_apart_by_spread_or_anti_affinity_are_placed_one_at_a_t
     host = await _run(kube, "block", _job("host", 4, 4, labels={"job": "host"},
                                           spread=_spread("kubernetes.io/hostname", "host")))
     assert len({p["spec"]["nodeName"] for p in host}) == 4
+    assert len(_at(host, labels, LEAF)) == 1  # (placed one at a time, close to the first)
     # 3 ranks of 8 GPUs, one per leaf: the preferred spine's fullest leaf would take all three,
     # so they are placed one at a time, as kube-scheduler binds them (the NVL72 leaf is a
     # domain with no rank, so no leaf may hold two)

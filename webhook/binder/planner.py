@@ -467,7 +467,7 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
             GangPlacement)
         r.wait(gang, "unplaceable", result.reason + note, reserves)
         return reserves
-    kept = _kept(r, gang, request, result, place=place, terms=terms)
+    kept = _kept(r, gang, request, result, place=place, terms=terms, network=network)
     if isinstance(kept, str):
         r.wait(gang, "unplaceable", kept)
         return False
@@ -492,7 +492,8 @@ def _commit(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement) 
 
 
 def _kept(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement, *,
-          place: PlaceFn, terms: Neighbours | None) -> GangPlacement | str:
+          place: PlaceFn, terms: Neighbours | None, network: Network | None
+          ) -> GangPlacement | str:
     """The engine's placement when it keeps the members' inter-pod terms (`terms`: when some
     concern the gang) and topology spread constraints. Else, unless the gang must be whole
     within one node or one domain its topology asks for, its members placed one at a time, as
@@ -508,7 +509,9 @@ def _kept(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement, *,
     if (request.single_node and request.mode == "required") or (net is not None and (
             net.mode == "required" or net.slice_level is not None)):
         return broken
-    apart = _one_at_a_time(r, request, by_key, place, terms)
+    near = None if net is None or network is None else \
+        network.paths(network.chain(net.max_level, net.level))
+    apart = _Apart(r, request, by_key, place, terms, near, dict(r.states)).run()
     if isinstance(apart, Unplaceable):
         return f"{broken}; one member at a time, {apart.reason}"
     again = _broken(apart, by_key, r.neighbours, terms, spread)  # (by construction, none)
@@ -526,61 +529,88 @@ def _broken(result: GangPlacement, by_key: Mapping[str, PodInfo], nb: Neighbours
     return why
 
 
-def _one_at_a_time(r: _Round, request: GangRequest, by_key: Mapping[str, PodInfo],
-                   place: PlaceFn, terms: Neighbours | None) -> GangPlacement | Unplaceable:
-    """The members placed one at a time, as kube-scheduler binds them: each on the node the
+@dataclass(slots=True)
+class _Apart:
+    """A gang placed one member at a time, as kube-scheduler binds them: each on the node the
     engine likes best of those its inter-pod terms and topology spread constraints allow, the
-    members before it counted. On a copy of the round's states, as only `_commit` consumes
-    them; the round's node groups (the engine reads them, not every node) and the placed pods
-    follow the members meanwhile, and are put back after."""
-    states = dict(r.states)
-    mark = r.neighbours.mark()
-    try:
-        return _members_apart(r, request, by_key, place=place, states=states, terms=terms)
-    finally:
-        r.neighbours.rollback(mark)
-        for node in [n for n, s in states.items() if s is not r.states[n]]:
-            r.groups.put(r.states[node])
+    members before it counted; with `near` (each node's domains, widest first: the gang asks
+    for a network level), as close to the first member as it can be (its narrowest domain,
+    else each wider one, else anywhere). On a copy of the round's states (`states`), as only
+    `_commit` consumes them; the round's node groups (the engine reads them, not every node)
+    and the placed pods follow the members meanwhile, and are put back after."""
 
+    r: _Round
+    request: GangRequest
+    by_key: Mapping[str, PodInfo]
+    place: PlaceFn
+    terms: Neighbours | None
+    near: Mapping[str, tuple[str, ...]] | None
+    states: dict[str, NodeState]
+    spread: Spread = field(init=False)
 
-def _members_apart(r: _Round, request: GangRequest, by_key: Mapping[str, PodInfo], *,
-                   place: PlaceFn, states: dict[str, NodeState], terms: Neighbours | None
-                   ) -> GangPlacement | Unplaceable:
-    spread = Spread(r.neighbours)
-    placed: list[MemberPlacement] = []
-    ring: dict[str, float] = {}
-    for m in request.members:
-        pod = by_key[m.key]
-        may = _may_go(r, m, pod, spread, terms)
-        one = replace(request, members=(replace(m, eligible_nodes=may),), network=None,
-                      single_node=False, min_ring_gbps=None)
-        got = place(list(states.values()), one, network=None, groups=r.groups)
-        if isinstance(got, Unplaceable):
-            return got
-        (mp,) = got.members
-        states[mp.node] = _consume(states[mp.node], m, mp.gpus)
-        r.groups.put(states[mp.node])
-        spread.add(pod, mp.node)
-        if terms is not None:
-            terms.add(pod, mp.node)
-        placed.append(mp)
-        for node, gbps in got.ring_gbps.items():  # (members sharing a node: the slowest)
-            ring[node] = min(ring.get(node, gbps), gbps)
-    figure = gang_gbps(ring.values(), DEFAULT_INTER_NODE_GBPS)
-    total = sum(m.gpus for m in request.members)
-    if request.mode == "required" and not meets_min_ring(figure, request.min_ring_gbps, total):
-        return Unplaceable(f"the gang would have {figure:g} GB/s of allreduce bus bandwidth, "
-                           f"under its minRingGBps {request.min_ring_gbps:g}")
-    return GangPlacement(members=tuple(placed), nodes_used=len({p.node for p in placed}),
-                         ring_gbps=ring, gang_gbps=figure)
+    def __post_init__(self) -> None:
+        self.spread = Spread(self.r.neighbours)
 
+    def run(self) -> GangPlacement | Unplaceable:
+        mark = self.r.neighbours.mark()
+        try:
+            return self._place_all()
+        finally:
+            self.r.neighbours.rollback(mark)
+            for node in [n for n, s in self.states.items() if s is not self.r.states[n]]:
+                self.r.groups.put(self.r.states[node])
 
-def _may_go(r: _Round, m: MemberRequest, pod: PodInfo, spread: Spread,
-            terms: Neighbours | None) -> frozenset[str]:
-    """The nodes a member may go to now: its eligible ones, less those its topology spread
-    constraints block, within those its inter-pod terms allow, the members placed counted."""
-    may = m.eligible_nodes if m.eligible_nodes is not None else frozenset(r.nodes)
-    if pod.spread:
-        may = may - spread.blocked(pod)
-    allowed = rules(pod, terms).allowed if terms is not None else None
-    return may if allowed is None else may & allowed
+    def _place_all(self) -> GangPlacement | Unplaceable:
+        placed: list[MemberPlacement] = []
+        ring: dict[str, float] = {}
+        anchor: tuple[str, ...] = ()
+        for m in self.request.members:
+            pod = self.by_key[m.key]
+            got = self._closest(m, self._may_go(m, pod), anchor)
+            if isinstance(got, Unplaceable):
+                return got
+            (mp,) = got.members
+            self.states[mp.node] = _consume(self.states[mp.node], m, mp.gpus)
+            self.r.groups.put(self.states[mp.node])
+            self.spread.add(pod, mp.node)
+            if self.terms is not None:
+                self.terms.add(pod, mp.node)
+            placed.append(mp)
+            if not anchor and self.near is not None:
+                anchor = self.near.get(mp.node, ())
+            for node, gbps in got.ring_gbps.items():  # (members sharing a node: the slowest)
+                ring[node] = min(ring.get(node, gbps), gbps)
+        figure = gang_gbps(ring.values(), DEFAULT_INTER_NODE_GBPS)
+        total = sum(m.gpus for m in self.request.members)
+        floor = self.request.min_ring_gbps
+        if self.request.mode == "required" and not meets_min_ring(figure, floor, total):
+            return Unplaceable(f"the gang would have {figure:g} GB/s of allreduce bus "
+                               f"bandwidth, under its minRingGBps {floor:g}")
+        return GangPlacement(members=tuple(placed), nodes_used=len({p.node for p in placed}),
+                             ring_gbps=ring, gang_gbps=figure)
+
+    def _may_go(self, m: MemberRequest, pod: PodInfo) -> frozenset[str]:
+        """The nodes a member may go to now: its eligible ones, less those its topology spread
+        constraints block, within those its inter-pod terms allow, the members placed counted."""
+        may = m.eligible_nodes if m.eligible_nodes is not None else frozenset(self.r.nodes)
+        if pod.spread:
+            may = may - self.spread.blocked(pod)
+        allowed = rules(pod, self.terms).allowed if self.terms is not None else None
+        return may if allowed is None else may & allowed
+
+    def _closest(self, m: MemberRequest, may: frozenset[str], anchor: tuple[str, ...]
+                 ) -> GangPlacement | Unplaceable:
+        """The engine's choice for the member among `may`: within the anchor's narrowest
+        domain when it can, else each wider one, else anywhere."""
+        near = self.near or {}
+        tries = [frozenset(n for n in may if near.get(n, ())[:depth] == anchor[:depth])
+                 for depth in range(len(anchor), 0, -1)]
+        got: GangPlacement | Unplaceable = Unplaceable("no node")
+        for nodes in [*(t for t in tries if t and len(t) < len(may)), may]:
+            one = replace(self.request, members=(replace(m, eligible_nodes=nodes),),
+                          network=None, single_node=False, min_ring_gbps=None)
+            got = self.place(list(self.states.values()), one, network=None,
+                             groups=self.r.groups)
+            if isinstance(got, GangPlacement):
+                break
+        return got
