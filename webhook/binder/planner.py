@@ -20,6 +20,7 @@ Rules (docs/binder.md has the reasoning):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
@@ -467,17 +468,22 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
             GangPlacement)
         r.wait(gang, "unplaceable", result.reason + note, reserves)
         return reserves
-    kept = _kept(r, gang, request, result, place=place, terms=terms, network=network)
-    if isinstance(kept, str):
-        r.wait(gang, "unplaceable", kept)
-        return False
-    _commit(r, gang, request, kept)
+    by_key = {p.key: p for p in gang.pending}
+    spread = any(p.spread for p in gang.pending)
+    if terms is not None or spread:
+        kept = _kept(r, gang, request, result, by_key, place=place, terms=terms,
+                     spread=spread, network=network)
+        if isinstance(kept, str):
+            r.wait(gang, "unplaceable", kept)
+            return False
+        result = kept
+    _commit(r, gang, request, result, by_key)
     return False
 
 
-def _commit(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement) -> None:
+def _commit(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement,
+            by_key: Mapping[str, PodInfo]) -> None:
     """The placement is the plan's: its assignments made, what it uses taken from the round."""
-    by_key = {p.key: p for p in gang.pending}
     members = {m.key: m for m in request.members}
     assignments = []
     for mp in result.members:
@@ -491,16 +497,15 @@ def _commit(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement) 
     r.out.places.append(Place(gang, result, tuple(assignments)))
 
 
-def _kept(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement, *,
-          place: PlaceFn, terms: Neighbours | None, network: Network | None
-          ) -> GangPlacement | str:
+def _kept(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement,
+          by_key: Mapping[str, PodInfo], *, place: PlaceFn, terms: Neighbours | None,
+          spread: bool, network: Network | None) -> GangPlacement | str:
     """The engine's placement when it keeps the members' inter-pod terms (`terms`: when some
     concern the gang) and topology spread constraints. Else, unless the gang must be whole
     within one node or one domain its topology asks for, its members placed one at a time, as
     kube-scheduler binds them, when that keeps them (the engine packs members: one per node,
-    one rack each, or subgroups apart by rack are not its choice). Else why not, in words."""
-    by_key = {p.key: p for p in gang.pending}
-    spread = any(p.spread for p in gang.pending)
+    one rack each, or subgroups apart by rack are not its choice). Else why not, in words.
+    `spread`: some member has a topology spread constraint."""
     broken = _broken(result, by_key, r.neighbours, terms, spread)
     if broken is None:
         return result
@@ -603,10 +608,10 @@ class _Apart:
         """The engine's choice for the member among `may`: within the anchor's narrowest
         domain when it can, else each wider one, else anywhere."""
         near = self.near or {}
-        tries = [frozenset(n for n in may if near.get(n, ())[:depth] == anchor[:depth])
-                 for depth in range(len(anchor), 0, -1)]
+        tries = (frozenset(n for n in may if near.get(n, ())[:depth] == anchor[:depth])
+                 for depth in range(len(anchor), 0, -1))  # (made only while needed)
         got: GangPlacement | Unplaceable = Unplaceable("no node")
-        for nodes in [*(t for t in tries if t and len(t) < len(may)), may]:
+        for nodes in itertools.chain((t for t in tries if t and len(t) < len(may)), (may,)):
             one = replace(self.request, members=(replace(m, eligible_nodes=nodes),),
                           network=None, single_node=False, min_ring_gbps=None)
             got = self.place(list(self.states.values()), one, network=None,
