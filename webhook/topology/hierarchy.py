@@ -237,8 +237,10 @@ class _Decision:
         # mask is looked up (most nodes, for gangs of whole-node members)
         least = self.gpu[0].gpus if self.uniform else 1
         most = 0
-        for n, topology in [(n, t) for n in self.nodes
-                            if (t := n.topology) is not None and len(n.free_gpus) >= least]:
+        for n in self.nodes:
+            topology = n.topology
+            if topology is None or len(n.free_gpus) < least:
+                continue
             path = paths.get(n.name)
             if path is None or len(path) <= shallow:
                 continue  # (a sliced gang needs the slice level's label)
