@@ -85,6 +85,8 @@ KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
 KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
 KUEUE_SLICE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-slice-required-topology"
 KUEUE_SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
+#: "true": the pod set has no compactness constraint (Kueue fills the gaps, LeastFreeCapacity)
+KUEUE_UNCONSTRAINED_TOPOLOGY = "kueue.x-k8s.io/podset-unconstrained-topology"
 #: KAI Scheduler's topology annotations, on the workload or its pod template (a node label, or
 #: an alias of the binder's levels, names the level); both together: the preferred level within
 #: one domain of the required one
@@ -96,8 +98,9 @@ KAI_SEGMENT_REQUIRED_PLACEMENT = "kai.scheduler/segment-topology-required-placem
 KAI_SEGMENT_PREFERRED_PLACEMENT = "kai.scheduler/segment-topology-preferred-placement"
 #: the job annotations a policy may honour as a network request (webhook.policy.network)
 NETWORK_ANNOTATIONS = (KUEUE_REQUIRED_TOPOLOGY, KUEUE_PREFERRED_TOPOLOGY,
-                       KUEUE_SLICE_REQUIRED_TOPOLOGY, KUEUE_SLICE_SIZE, KAI_REQUIRED_PLACEMENT,
-                       KAI_PREFERRED_PLACEMENT, KAI_SEGMENT_SIZE, KAI_SEGMENT_REQUIRED_PLACEMENT,
+                       KUEUE_UNCONSTRAINED_TOPOLOGY, KUEUE_SLICE_REQUIRED_TOPOLOGY,
+                       KUEUE_SLICE_SIZE, KAI_REQUIRED_PLACEMENT, KAI_PREFERRED_PLACEMENT,
+                       KAI_SEGMENT_SIZE, KAI_SEGMENT_REQUIRED_PLACEMENT,
                        KAI_SEGMENT_PREFERRED_PLACEMENT)
 
 VOLCANO_API = ("scheduling.volcano.sh", "v1beta1", "podgroups")

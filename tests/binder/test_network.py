@@ -110,6 +110,8 @@ def test_the_annotation_carries_the_request() -> None:
     req = parse_topology_request(topo(RACK, "preferred", maxLevel=BLOCK, sliceLevel=RACK,
                                       sliceSize=2, sliceMode="preferred"))
     assert req.network == NetworkRequest(RACK, "preferred", RACK, 2, "preferred", BLOCK)
+    req = parse_topology_request('{"v": 1, "network": {"unconstrained": true}}')
+    assert req.network == NetworkRequest(unconstrained=True)
 
 
 @pytest.mark.parametrize(("network", "error"), [
@@ -121,6 +123,9 @@ def test_the_annotation_carries_the_request() -> None:
     ('{"sliceLevel": "x", "sliceSize": 2, "sliceMode": "soft"}', "sliceMode must be"),
     ('{"level": "x", "maxLevel": "y"}', "maxLevel bounds a preferred level"),
     ('{"level": "x", "mode": "preferred", "maxLevel": 1}', "maxLevel must be a node label"),
+    ('{"unconstrained": "yes"}', "unconstrained must be true or false"),
+    ('{"unconstrained": true, "level": "x"}', "no level and no slices"),
+    ('{"unconstrained": true, "sliceLevel": "x", "sliceSize": 2}', "no level and no slices"),
 ])
 def test_a_malformed_request_is_a_problem(network: str, error: str) -> None:
     text = '{"v": 1, "network": ' + network + "}"

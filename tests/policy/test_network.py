@@ -118,6 +118,43 @@ def test_the_policy_may_give_both_levels_and_preferred_slices(
                           "sliceSize": 4, "sliceMode": "preferred"}
 
 
+def test_kueues_unconstrained_pod_set_replaces_the_policys_level(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    """kueue.x-k8s.io/podset-unconstrained-topology: "true": no level, each member where it
+    fits best (Kueue's LeastFreeCapacity); "false" is as if it were not there."""
+    ps = policies(muster(f"  network:\n    required: {BLOCK}\n    preferred: {RACK}"))
+    d, pod = decide(with_annotations(worker_pod, **{keys.KUEUE_UNCONSTRAINED_TOPOLOGY: "true"}),
+                    mpijob, ps)
+    assert asked(pod) == {"unconstrained": True}
+    assert d.network == (
+        "network: unconstrained (no level: each member where it fits best, filling gaps) "
+        f"(from the pod's {keys.KUEUE_UNCONSTRAINED_TOPOLOGY}, honoured by policy net)")
+    _, pod = decide(with_annotations(worker_pod, **{keys.KUEUE_UNCONSTRAINED_TOPOLOGY: "False"}),
+                    mpijob, ps)
+    assert asked(pod) == {"level": RACK, "mode": "preferred", "maxLevel": BLOCK}
+
+
+@pytest.mark.parametrize(("network", "ann", "want", "warning"), [
+    # Kueue's levels are read first (Kueue refuses both together)
+    ("", {keys.KUEUE_UNCONSTRAINED_TOPOLOGY: "true", keys.KUEUE_REQUIRED_TOPOLOGY: RACK},
+     {"level": RACK, "mode": "required"},
+     f"{keys.KUEUE_UNCONSTRAINED_TOPOLOGY} ignored: {keys.KUEUE_REQUIRED_TOPOLOGY} is read "
+     "first"),
+    # a slice keeps its members together: the policy's level stays
+    (f"  network:\n    preferred: {BLOCK}\n    slice: {{level: {CLIQUE}, size: 4}}",
+     {keys.KUEUE_UNCONSTRAINED_TOPOLOGY: "true"},
+     {"level": BLOCK, "mode": "preferred", "sliceLevel": CLIQUE, "sliceSize": 4},
+     f"{keys.KUEUE_UNCONSTRAINED_TOPOLOGY} ignored: the gang has slices"),
+    ("", {keys.KUEUE_UNCONSTRAINED_TOPOLOGY: "yes"}, None, "is not \"true\" or \"false\""),
+])
+def test_an_unconstrained_pod_set_that_cannot_be_is_warned_about(
+        network: str, ann: dict[str, str], want: dict[str, Any] | None, warning: str, *,
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    d, pod = decide(with_annotations(worker_pod, **ann), mpijob, policies(muster(network)))
+    assert asked(pod) == want
+    assert any(warning in w for w in d.warnings), d.warnings
+
+
 def test_annotations_are_honoured_without_a_network_section(
         worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
     _, pod = decide(with_annotations(worker_pod, **{keys.KUEUE_REQUIRED_TOPOLOGY: RACK}),

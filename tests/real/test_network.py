@@ -232,6 +232,22 @@ async def test_gangs_land_within_the_network_domains_they_ask_for(
     by_rank = [p["spec"]["nodeName"] for p in ranks]
     assert by_rank[0] == by_rank[1] and by_rank[2] == by_rank[3], by_rank
 
+    # a job written for Kueue's unconstrained pod set: its ranks fill the gaps, each where it
+    # fits best alone. A 5-GPU rank leaves the only partly used node here (a DGX) 3 free GPUs;
+    # the three 1-GPU ranks take exactly those, where the gang on its fewest nodes would take
+    # the fastest 3-GPU set, on a free NVL72 node. (Both kept to these nodes: the cluster's
+    # real node has gaps of its own.)
+    here = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": SPINE, "operator": "Exists"}]}]}}}
+    await kube.create(JOBS, _job("gap", 1, 5, affinity=here), namespace=ns)
+    gap = (await _bound(kube, ns, "gap", 1))[0]["spec"]["nodeName"]
+    await kube.create(JOBS, _job("fills-gaps", 3, 1, {keys.KUEUE_UNCONSTRAINED_TOPOLOGY: "true"},
+                                 affinity=here), namespace=ns)
+    ranks = await _bound(kube, ns, "fills-gaps", 3)
+    assert json.loads(ranks[0]["metadata"]["annotations"][keys.ANN_GPU_TOPOLOGY])["network"] \
+        == {"unconstrained": True}
+    assert {p["spec"]["nodeName"] for p in ranks} == {gap}
+
 
 #: training pods of every namespace stay out of the leaf of a pod that carries this (required
 #: podAntiAffinity; without a namespaceSelector it would count its own namespace's pods alone)

@@ -426,3 +426,41 @@ def test_nodes_with_their_own_topology_objects_are_placed_as_alike_nodes(
             held = min(len(s.free_gpus) // gpus, s.free_cpu_milli // 1000, s.free_pods)
             racks[rack] = racks.get(rack, 0) + held
         assert max(racks.values()) < n, r
+
+
+def unconstrained(members: tuple[MemberRequest, ...], **more: object) -> GangRequest:
+    return GangRequest("ns/g", members, network=NetworkRequest(unconstrained=True),
+                       **more)  # type: ignore[arg-type]
+
+
+def test_an_unconstrained_gang_fills_the_gaps_each_member_where_it_fits_best() -> None:
+    """Kueue's unconstrained pod set: each member on the node that fits it best alone (the
+    node it costs the least), largest first, not the fewest nodes; whole nodes stay whole."""
+    nodes = [node("a"), node("b", [3]), node("c", [5, 6]), node("d", range(4, 8)), node("e")]
+    ones = tuple(MemberRequest(f"ns/w-{i}", 1, 1000, 1 << 30) for i in range(3))
+    packed = ok(place_gang(nodes, GangRequest("ns/g", ones), tables=TABLES))
+    assert {m.node for m in packed.members} == {"d"}  # the gang on its fewest nodes: one
+    gaps = ok(place_gang(nodes, unconstrained(ones), tables=TABLES))
+    assert sorted((m.node, m.gpus) for m in gaps.members) == [("b", (3,)), ("c", (5,)),
+                                                              ("c", (6,))]
+    # a 4-GPU member first: the half-free node, then the 1-GPU ones in what is left
+    mixed = (MemberRequest("ns/w-0", 1, 1000, 1 << 30), MemberRequest("ns/w-4", 4, 1000, 1))
+    got = ok(place_gang(nodes, unconstrained(mixed), tables=TABLES))
+    assert [(m.key, m.node) for m in got.members] == [("ns/w-0", "b"), ("ns/w-4", "d")]
+    assert got.ring_gbps["d"] == ok(place_gang([node("d", range(4, 8))], GangRequest(
+        "ns/h", (mixed[1],)), tables=TABLES)).gang_gbps
+
+
+def test_an_unconstrained_gang_keeps_a_required_single_node_and_its_floor() -> None:
+    nodes = [node("b", [3]), node("c", [5, 6]), node("e")]
+    ones = tuple(MemberRequest(f"ns/w-{i}", 1, 1000, 1 << 30) for i in range(3))
+    alone = ok(place_gang(nodes, unconstrained(ones, mode="required", single_node=True),
+                          tables=TABLES))
+    assert alone.nodes_used == 1
+    refused = place_gang(nodes, unconstrained(ones, mode="required", min_ring_gbps=100.0),
+                         tables=TABLES)
+    assert isinstance(refused, Unplaceable) and "unconstrained" in refused.reason
+    full = place_gang([node("b", [3])], unconstrained(ones), tables=TABLES)
+    assert isinstance(full, Unplaceable)
+    assert full.reason.startswith("gang ns/g (unconstrained: each member where it fits best) "
+                                  "has no room for ns/w-1: ")

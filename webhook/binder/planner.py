@@ -163,14 +163,6 @@ def _reservation(pod: PodInfo, nodes: Mapping[str, NodeInfo],
     return a
 
 
-def _consume(state: NodeState, need: MemberRequest | PodInfo, gpus: Collection[int]
-             ) -> NodeState:
-    # every field anew, so the constructor, not `replace` (a member of a 256-pod gang each)
-    return NodeState(state.name, state.topology, state.free_gpus.difference(gpus),
-                     state.free_cpu_milli - need.cpu_milli,
-                     state.free_memory_bytes - need.memory_bytes, state.free_pods - 1)
-
-
 def _empty_state(node: NodeInfo) -> NodeState:
     gpus = frozenset(sorted(node.healthy_gpus)[: node.gpu_capacity])
     return NodeState(node.name, node.topology, gpus, node.cpu_milli, node.memory_bytes, node.pods)
@@ -352,7 +344,7 @@ class _Round:
 
     def consume(self, node: str, need: MemberRequest | PodInfo, gpus: Collection[int]) -> None:
         """Take what `need` uses on `node` (its `gpus`) from what is free there."""
-        state = _consume(self.states[node], need, gpus)
+        state = self.states[node].less(gpus, need.cpu_milli, need.memory_bytes)
         self.states[node] = state
         self.groups.put(state)
 
@@ -512,9 +504,10 @@ def _kept(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement,
     topo = gang.topology
     net = topo.network if topo is not None else None
     if (request.single_node and request.mode == "required") or (net is not None and (
-            net.mode == "required" or net.slice_level is not None)):
+            (net.level is not None and net.mode == "required") or net.slice_level is not None)):
         return broken
-    near = None if net is None or network is None else \
+    # (an unconstrained gang's members go where each fits best, not near each other)
+    near = None if net is None or network is None or net.unconstrained else \
         network.paths(network.chain(net.max_level, net.level))
     apart = _Apart(r, request, by_key, place, terms, near, dict(r.states)).run()
     if isinstance(apart, Unplaceable):
@@ -575,7 +568,8 @@ class _Apart:
             if isinstance(got, Unplaceable):
                 return got
             (mp,) = got.members
-            self.states[mp.node] = _consume(self.states[mp.node], m, mp.gpus)
+            self.states[mp.node] = self.states[mp.node].less(mp.gpus, m.cpu_milli,
+                                                             m.memory_bytes)
             self.r.groups.put(self.states[mp.node])
             self.spread.add(pod, mp.node)
             if self.terms is not None:

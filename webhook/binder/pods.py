@@ -325,8 +325,13 @@ def _network_request(doc: Any) -> NetworkRequest | None:
         raise ValueError(f"{where}: sliceLevel and sliceSize go together")
     if max_level is not None and (level is None or mode != "preferred"):
         raise ValueError(f"{where}.maxLevel bounds a preferred level")
+    unconstrained = doc.get("unconstrained", False)
+    if not isinstance(unconstrained, bool):
+        raise ValueError(f"{where}.unconstrained must be true or false")
+    if unconstrained and (level is not None or slice_level is not None):
+        raise ValueError(f"{where}: an unconstrained gang has no level and no slices")
     return NetworkRequest(level=level, mode=mode, slice_level=slice_level, slice_size=size,
-                          slice_mode=slice_mode, max_level=max_level)
+                          slice_mode=slice_mode, max_level=max_level, unconstrained=unconstrained)
 
 
 def _positive_int(text: str, what: str, problems: list[str]) -> int | None:

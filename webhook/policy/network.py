@@ -25,7 +25,7 @@ _KAI_LEVELS = (keys.KAI_REQUIRED_PLACEMENT, keys.KAI_PREFERRED_PLACEMENT)
 _KAI_SEGMENTS = (keys.KAI_SEGMENT_SIZE, keys.KAI_SEGMENT_REQUIRED_PLACEMENT,
                  keys.KAI_SEGMENT_PREFERRED_PLACEMENT)
 #: the request's keys of each part, which the job's annotations replace together
-_LEVEL_PART = ("level", "mode", "maxLevel")
+_LEVEL_PART = ("level", "mode", "maxLevel", "unconstrained")
 _SLICE_PART = ("sliceLevel", "sliceSize", "sliceMode")
 
 Ask = dict[str, Any]
@@ -66,16 +66,31 @@ def _levels_ask(required: str | None, preferred: str | None) -> Ask:
     return ask
 
 
+def _unconstrained(ann: Mapping[str, str], warnings: list[str]) -> bool:
+    """Kueue's unconstrained pod set: "true" (any other value is false, as Kueue reads it)."""
+    value = ann.get(keys.KUEUE_UNCONSTRAINED_TOPOLOGY)
+    if value is not None and value.lower() not in ("true", "false"):
+        warnings.append(f"{keys.KUEUE_UNCONSTRAINED_TOPOLOGY}: {value!r} is not \"true\" or "
+                        "\"false\"; read as false")
+    return value is not None and value.lower() == "true"
+
+
 def _gang_level(ann: Mapping[str, str], warnings: list[str]) -> tuple[Ask, list[str]]:
-    """The gang's level the annotations ask for, and the annotations that asked: Kueue's first,
+    """The gang's level the annotations ask for, and the annotations that asked: Kueue's first
+    (required, preferred, then unconstrained: no level, each member where it fits best),
     else KAI's required and preferred, alone or together."""
     kueue = [(k, mode, level) for k, mode in _KUEUE_LEVELS
              if (level := _label(ann, k, warnings)) is not None]
     kai = {k: level for k in _KAI_LEVELS if (level := _label(ann, k, warnings)) is not None}
+    unconstrained = _unconstrained(ann, warnings)
     if kueue:
         key, mode, level = kueue[0]
-        _ignored([k for k, _, _ in kueue[1:]] + list(kai), key, warnings)
+        _ignored([k for k, _, _ in kueue[1:]] + list(kai)
+                 + [keys.KUEUE_UNCONSTRAINED_TOPOLOGY] * unconstrained, key, warnings)
         return {"level": level, "mode": mode}, [key]
+    if unconstrained:
+        _ignored(list(kai), keys.KUEUE_UNCONSTRAINED_TOPOLOGY, warnings)
+        return {"unconstrained": True}, [keys.KUEUE_UNCONSTRAINED_TOPOLOGY]
     ask = _levels_ask(kai.get(keys.KAI_REQUIRED_PLACEMENT), kai.get(keys.KAI_PREFERRED_PLACEMENT))
     return ask, list(kai) if ask else []
 
@@ -135,6 +150,8 @@ def _policy_ask(policy: Network) -> Ask:
 
 def _describe(ask: Ask) -> str:
     parts = []
+    if ask.get("unconstrained"):
+        parts.append("unconstrained (no level: each member where it fits best, filling gaps)")
     if "level" in ask:
         within = f" within one {ask['maxLevel']}" if "maxLevel" in ask else ""
         parts.append(f"{ask['mode']} {ask['level']}{within}")
@@ -160,6 +177,10 @@ def network_ask(policy: Network | None, policy_name: str, pod_ann: Mapping[str, 
     elif present:
         level, used = _gang_level(ann, warnings)
         slices, sliced_by = _slices(ann, warnings)
+        if level.get("unconstrained") and (slices or "sliceLevel" in ask):
+            # a slice keeps its members together, not each member where it fits alone
+            warnings.append(f"{keys.KUEUE_UNCONSTRAINED_TOPOLOGY} ignored: the gang has slices")
+            level, used = {}, []
         for part, found in ((_LEVEL_PART, level), (_SLICE_PART, slices)):
             if found:
                 for k in part:

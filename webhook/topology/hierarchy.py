@@ -104,6 +104,8 @@ def _place(nodes: Sequence[NodeState], gang: GangRequest, *, network: Network | 
     assert req is not None
     if req.level == HOSTNAME and req.mode == "required":
         gang = replace(gang, single_node=True, mode="required")  # the engine's own rule
+    if req.unconstrained and not (gang.single_node and gang.mode == "required"):
+        return _fill_gaps(nodes, gang, inter_node_gbps=inter_node_gbps, tables=tables)
     if req.level == HOSTNAME or (req.level is None and req.slice_level is None):
         return place_on_nodes(nodes, gang, inter_node_gbps=inter_node_gbps, tables=tables,
                               groups=groups)
@@ -115,6 +117,44 @@ def _place(nodes: Sequence[NodeState], gang: GangRequest, *, network: Network | 
                               groups=groups)
     return _Decision(nodes, gang, req, network or Network((), {}),
                      inter_gbps=inter_node_gbps, tables=tables).run()
+
+
+def _fill_gaps(nodes: Sequence[NodeState], gang: GangRequest, *, inter_node_gbps: float,
+               tables: TableCache) -> GangPlacement | Unplaceable:
+    """Kueue's unconstrained pod set: its members one at a time, largest first, each on the
+    node the engine chooses for it alone (its best GPU set, then the least loss of what the
+    node can still offer and the best fit, so a one-GPU member takes a gap before it breaks a
+    free NVLink group), not on the fewest nodes: what is left stays whole for gangs that
+    need it (Kueue's LeastFreeCapacity)."""
+    states = list(nodes)
+    at = {n.name: i for i, n in enumerate(states)}
+    groups = NodeGroups(states)  # each member's search costs the groups, not the nodes
+    placed: dict[str, MemberPlacement] = {}
+    ring: dict[str, float] = {}
+    for m in sorted(gang.members, key=lambda m: -m.gpus):
+        one = replace(gang, members=(m,), network=None, single_node=False, min_ring_gbps=None)
+        got = place_on_nodes(states, one, inter_node_gbps=inter_node_gbps, tables=tables,
+                             groups=groups)
+        if isinstance(got, Unplaceable):
+            return Unplaceable(f"gang {gang.name} (unconstrained: each member where it fits "
+                               f"best) has no room for {m.key}: {got.reason}")
+        (mp,) = got.members
+        i = at[mp.node]
+        states[i] = states[i].less(mp.gpus, m.cpu_milli, m.memory_bytes)
+        groups.put(states[i])
+        placed[m.key] = mp
+        for node, gbps in got.ring_gbps.items():  # (members sharing a node: the slowest)
+            ring[node] = min(ring.get(node, gbps), gbps)
+    figure = gang_gbps(ring.values(), inter_node_gbps)
+    floor = gang.min_ring_gbps if gang.mode == "required" else None
+    total = sum(m.gpus for m in gang.members)
+    if not meets_min_ring(figure, floor, total):
+        return Unplaceable(f"gang {gang.name} needs {total} GPUs with an allreduce bus bandwidth "
+                           f"of at least {floor:g} GB/s (minRingGBps); unconstrained, its "
+                           f"members' nodes offer {figure:g} GB/s")
+    members = tuple(placed[m.key] for m in gang.members)
+    return GangPlacement(members=members, nodes_used=len({p.node for p in members}),
+                         ring_gbps=ring, gang_gbps=figure)
 
 
 def _resolved(req: NetworkRequest, network: Network) -> NetworkRequest:

@@ -7,7 +7,7 @@ node agent (webhook.agent). Fields are part of the contract: extend, do not rena
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -77,7 +77,9 @@ class NetworkRequest:
     one domain of `max_level` when it is given: KAI's required level beside its preferred one).
     `slice_level` and `slice_size`: each run of `slice_size` GPU members (in member order)
     within one domain of `slice_level`; `slice_mode` preferred: the slices when they fit, else
-    the gang placed without them.
+    the gang placed without them. `unconstrained` (Kueue's unconstrained pod set; no level, no
+    slices): each member on the node that fits it best alone, filling the gaps, not on the
+    fewest nodes.
     """
 
     level: str | None = None
@@ -86,6 +88,7 @@ class NetworkRequest:
     slice_size: int = 0
     slice_mode: TopologyMode = "required"
     max_level: str | None = None
+    unconstrained: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +98,7 @@ class TopologyRequest:
     JSON form: {"v": 1, "mode": "required", "singleNode": true, "minRingGBps": 50.0,
     "network": {"level": "example.com/rack", "mode": "required",
     "sliceLevel": "nvidia.com/gpu.clique", "sliceSize": 4}}
-    (`network` may also carry "maxLevel" and "sliceMode")
+    (`network` may also carry "maxLevel" and "sliceMode", or be {"unconstrained": true})
     (`minRingGBps` may be null/absent; what it is compared with: `webhook.topology.ringfloor`;
     `network` may be absent).
     """
@@ -140,6 +143,13 @@ class NodeState:
     free_cpu_milli: int
     free_memory_bytes: int
     free_pods: int = 110
+
+    def less(self, gpus: Collection[int], cpu_milli: int, memory_bytes: int) -> NodeState:
+        """The node once one more pod takes these GPUs, CPU and memory."""
+        # every field anew, so the constructor, not `replace` (a member of a 256-pod gang each)
+        return NodeState(self.name, self.topology, self.free_gpus.difference(gpus),
+                         self.free_cpu_milli - cpu_milli, self.free_memory_bytes - memory_bytes,
+                         self.free_pods - 1)
 
 
 @dataclass(frozen=True, slots=True)
