@@ -464,3 +464,43 @@ def test_an_unconstrained_gang_keeps_a_required_single_node_and_its_floor() -> N
     assert isinstance(full, Unplaceable)
     assert full.reason.startswith("gang ns/g (unconstrained: each member where it fits best) "
                                   "has no room for ns/w-1: ")
+
+
+def one_by_one(nodes: list[NodeState], gang: GangRequest) -> list[tuple[str, str, tuple[int, ...]]]:
+    """What an unconstrained gang means, the slow way: each member, largest first, given to the
+    engine alone on every node, what it took taken away before the next."""
+    states, out = list(nodes), []
+    for m in sorted(gang.members, key=lambda m: -m.gpus):
+        got = place_gang(states, GangRequest("ns/one", (m,)), tables=TABLES)
+        if isinstance(got, Unplaceable):
+            return []
+        (mp,) = got.members
+        states = [s.less(mp.gpus, m.cpu_milli, m.memory_bytes) if s.name == mp.node else s
+                  for s in states]
+        out.append((m.key, mp.node, mp.gpus))
+    return sorted(out)
+
+
+V100 = builtin("dgx1-v100")  # an NVLink hybrid cube mesh: which GPUs are left free matters
+
+
+@settings(max_examples=80, deadline=None)
+@given(frees=st.lists(st.tuples(st.sets(st.integers(0, 7)), st.booleans(), st.integers(1, 4)),
+                      min_size=1, max_size=12),
+       sizes=st.lists(st.sampled_from([0, 1, 1, 2, 4, 8]), min_size=1, max_size=10),
+       only=st.booleans())
+def test_an_unconstrained_gang_is_what_its_members_given_one_at_a_time_would_get(
+        *, frees: list[tuple[set[int], bool, int]], sizes: list[int], only: bool) -> None:
+    """The ranked nodes kept between members (`_Best`) choose what the engine, asked for each
+    member alone on every node, would: the same node and GPUs for every member."""
+    nodes = [NodeState(f"n{i}", V100 if v100 else H100, frozenset(free), 1000 * cpus, 1 << 40,
+                       110) for i, (free, v100, cpus) in enumerate(frees)]
+    eligible = frozenset(n.name for n in nodes[::2]) if only else None
+    members = tuple(MemberRequest(f"ns/w-{i}", g, 1000, 1 << 20, eligible if g == 1 else None)
+                    for i, g in enumerate(sizes))
+    got = place_gang(nodes, unconstrained(members), tables=TABLES)
+    want = one_by_one(nodes, GangRequest("ns/g", members))
+    if not want:
+        assert isinstance(got, Unplaceable)
+        return
+    assert sorted((m.key, m.node, m.gpus) for m in ok(got).members) == want

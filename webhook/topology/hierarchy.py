@@ -23,6 +23,8 @@ Nodes are grouped by domain once per call (`Network.paths` is made once per node
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -127,24 +129,30 @@ def _fill_gaps(nodes: Sequence[NodeState], gang: GangRequest, *, inter_node_gbps
     free NVLink group), not on the fewest nodes: what is left stays whole for gangs that
     need it (Kueue's LeastFreeCapacity)."""
     states = list(nodes)
-    at = {n.name: i for i, n in enumerate(states)}
-    groups = NodeGroups(states)  # each member's search costs the groups, not the nodes
     placed: dict[str, MemberPlacement] = {}
     ring: dict[str, float] = {}
-    for m in sorted(gang.members, key=lambda m: -m.gpus):
-        one = replace(gang, members=(m,), network=None, single_node=False, min_ring_gbps=None)
-        got = place_on_nodes(states, one, inter_node_gbps=inter_node_gbps, tables=tables,
-                             groups=groups)
-        if isinstance(got, Unplaceable):
-            return Unplaceable(f"gang {gang.name} (unconstrained: each member where it fits "
-                               f"best) has no room for {m.key}: {got.reason}")
-        (mp,) = got.members
-        i = at[mp.node]
-        states[i] = states[i].less(mp.gpus, m.cpu_milli, m.memory_bytes)
-        groups.put(states[i])
-        placed[m.key] = mp
-        for node, gbps in got.ring_gbps.items():  # (members sharing a node: the slowest)
-            ring[node] = min(ring.get(node, gbps), gbps)
+    ordered = sorted(gang.members, key=lambda m: -m.gpus)
+    for _, alike in itertools.groupby(ordered, key=_shape):
+        run = list(alike)
+        best = _Best(states, run[0], tables) if run[0].gpus else None
+        for m in run:
+            i = best.pop() if best is not None else None
+            one = replace(gang, members=(m,), network=None, single_node=False, min_ring_gbps=None)
+            # on the node chosen (the engine gives it the member's set), else every node: a
+            # 0-GPU member's host, or the engine's reason why none has room
+            got = place_on_nodes(states if i is None else [states[i]], one,
+                                 inter_node_gbps=inter_node_gbps, tables=tables)
+            if isinstance(got, Unplaceable):
+                return Unplaceable(f"gang {gang.name} (unconstrained: each member where it "
+                                   f"fits best) has no room for {m.key}: {got.reason}")
+            (mp,) = got.members
+            at = i if i is not None else next(j for j, n in enumerate(states) if n.name == mp.node)
+            states[at] = states[at].less(mp.gpus, m.cpu_milli, m.memory_bytes)
+            if best is not None:
+                best.scored_again(at)
+            placed[m.key] = mp
+            for node, gbps in got.ring_gbps.items():  # (members sharing a node: the slowest)
+                ring[node] = min(ring.get(node, gbps), gbps)
     figure = gang_gbps(ring.values(), inter_node_gbps)
     floor = gang.min_ring_gbps if gang.mode == "required" else None
     total = sum(m.gpus for m in gang.members)
@@ -155,6 +163,42 @@ def _fill_gaps(nodes: Sequence[NodeState], gang: GangRequest, *, inter_node_gbps
     members = tuple(placed[m.key] for m in gang.members)
     return GangPlacement(members=members, nodes_used=len({p.node for p in members}),
                          ring_gbps=ring, gang_gbps=figure)
+
+
+def _shape(m: MemberRequest) -> tuple[int, int, int, frozenset[str] | None]:
+    return (m.gpus, m.cpu_milli, m.memory_bytes, m.eligible_nodes)
+
+
+class _Best:
+    """The nodes in the order the engine's single-node search ranks them for one member of a
+    shape alone (its best set's `placement_key`, then the name), kept while members take them:
+    only the node a member took is scored again, so a gang of n members costs one pass over
+    the nodes and n heap steps, not n passes."""
+
+    def __init__(self, states: list[NodeState], m: MemberRequest, tables: TableCache) -> None:
+        self.states, self.m, self.tables = states, m, tables
+        self.heap = [e for i in range(len(states)) if (e := self._entry(i)) is not None]
+        heapq.heapify(self.heap)
+
+    def _entry(self, i: int) -> tuple[tuple[float, ...], str, int] | None:
+        """The node's rank for the member, where it fits one (None where not)."""
+        s, m = self.states[i], self.m
+        if s.topology is None or (m.eligible_nodes is not None and s.name not in m.eligible_nodes):
+            return None
+        class_tables, free = self.tables.usable(s.topology, s.free_gpus)
+        if capacity(free, s.free_cpu_milli, s.free_memory_bytes, s.free_pods, m) < 1:
+            return None
+        return (class_tables.placement_key(free, m.gpus), s.name, i)
+
+    def pop(self) -> int | None:
+        """The best node's position (None: no node fits one)."""
+        return heapq.heappop(self.heap)[2] if self.heap else None
+
+    def scored_again(self, i: int) -> None:
+        """The node at `i` (taken by `pop`) changed: back in, where it still fits one."""
+        entry = self._entry(i)
+        if entry is not None:
+            heapq.heappush(self.heap, entry)
 
 
 def _resolved(req: NetworkRequest, network: Network) -> NetworkRequest:
