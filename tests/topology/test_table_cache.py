@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 
+from bench.topology_sim import own_uuids
 from webhook.topology import builtin
 from webhook.topology.gpu_choice import TableCache, usable_mask
 from webhook.topology.model import Topology
@@ -13,9 +14,7 @@ from webhook.topology.model import Topology
 
 def own_copies(n: int, kind: str = "dgx1-v100") -> list[Topology]:
     """n nodes of one kind, each its own Topology object with its own UUIDs (as decoded)."""
-    t = builtin(kind)
-    return [dataclasses.replace(t, gpus=tuple(dataclasses.replace(g, uuid=f"GPU-{i}-{g.index}")
-                                              for g in t.gpus)) for i in range(n)]
+    return [own_uuids(builtin(kind), str(i)) for i in range(n)]
 
 
 def test_every_live_node_stays_known_past_the_old_bound() -> None:
