@@ -45,11 +45,11 @@ from webhook.binder.queue import GangQueue
 from webhook.binder.spread import Spread, keys_of
 from webhook.binder.spread import violation as spread_violation
 from webhook.topology.groups import NodeGroups
+from webhook.topology.hierarchy import joined
 from webhook.topology.model import (
     GangPlacement,
     GangRequest,
     GpuAssignment,
-    MemberPlacement,
     MemberRequest,
     NetworkRequest,
     NodeState,
@@ -57,7 +57,7 @@ from webhook.topology.model import (
 )
 from webhook.topology.network import Levels, Network
 from webhook.topology.placement import DEFAULT_INTER_NODE_GBPS
-from webhook.topology.ringfloor import gang_gbps, meets_min_ring
+from webhook.topology.ringfloor import meets_min_ring
 
 
 class PlaceFn(Protocol):
@@ -559,8 +559,7 @@ class _Apart:
                 self.r.groups.put(self.r.states[node])
 
     def _place_all(self) -> GangPlacement | Unplaceable:
-        placed: list[MemberPlacement] = []
-        ring: dict[str, float] = {}
+        placed: list[GangPlacement] = []  # each member's, alone
         anchor: tuple[str, ...] = ()
         for m in self.request.members:
             pod = self.by_key[m.key]
@@ -574,19 +573,17 @@ class _Apart:
             self.spread.add(pod, mp.node)
             if self.terms is not None:
                 self.terms.add(pod, mp.node)
-            placed.append(mp)
+            placed.append(got)
             if not anchor and self.near is not None:
                 anchor = self.near.get(mp.node, ())
-            for node, gbps in got.ring_gbps.items():  # (members sharing a node: the slowest)
-                ring[node] = min(ring.get(node, gbps), gbps)
-        figure = gang_gbps(ring.values(), DEFAULT_INTER_NODE_GBPS)
+        result = joined(placed, DEFAULT_INTER_NODE_GBPS)
         total = sum(m.gpus for m in self.request.members)
         floor = self.request.min_ring_gbps
-        if self.request.mode == "required" and not meets_min_ring(figure, floor, total):
-            return Unplaceable(f"the gang would have {figure:g} GB/s of allreduce bus "
-                               f"bandwidth, under its minRingGBps {floor:g}")
-        return GangPlacement(members=tuple(placed), nodes_used=len({p.node for p in placed}),
-                             ring_gbps=ring, gang_gbps=figure)
+        if self.request.mode == "required" and not meets_min_ring(result.gang_gbps, floor,
+                                                                  total):
+            return Unplaceable(f"the gang would have {result.gang_gbps:g} GB/s of allreduce "
+                               f"bus bandwidth, under its minRingGBps {floor:g}")
+        return result
 
     def _may_go(self, m: MemberRequest, pod: PodInfo) -> frozenset[str]:
         """The nodes a member may go to now: its eligible ones, less those its topology spread

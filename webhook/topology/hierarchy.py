@@ -129,8 +129,7 @@ def _fill_gaps(nodes: Sequence[NodeState], gang: GangRequest, *, inter_node_gbps
     free NVLink group), not on the fewest nodes: what is left stays whole for gangs that
     need it (Kueue's LeastFreeCapacity)."""
     states = list(nodes)
-    placed: dict[str, MemberPlacement] = {}
-    ring: dict[str, float] = {}
+    placed: dict[str, GangPlacement] = {}  # per member key: its placement alone
     ordered = sorted(gang.members, key=lambda m: -m.gpus)
     for _, alike in itertools.groupby(ordered, key=_shape):
         run = list(alike)
@@ -150,19 +149,27 @@ def _fill_gaps(nodes: Sequence[NodeState], gang: GangRequest, *, inter_node_gbps
             states[at] = states[at].less(mp.gpus, m.cpu_milli, m.memory_bytes)
             if best is not None:
                 best.scored_again(at)
-            placed[m.key] = mp
-            for node, gbps in got.ring_gbps.items():  # (members sharing a node: the slowest)
-                ring[node] = min(ring.get(node, gbps), gbps)
-    figure = gang_gbps(ring.values(), inter_node_gbps)
+            placed[m.key] = got
+    result = joined([placed[m.key] for m in gang.members], inter_node_gbps)
     floor = gang.min_ring_gbps if gang.mode == "required" else None
     total = sum(m.gpus for m in gang.members)
-    if not meets_min_ring(figure, floor, total):
+    if not meets_min_ring(result.gang_gbps, floor, total):
         return Unplaceable(f"gang {gang.name} needs {total} GPUs with an allreduce bus bandwidth "
                            f"of at least {floor:g} GB/s (minRingGBps); unconstrained, its "
-                           f"members' nodes offer {figure:g} GB/s")
-    members = tuple(placed[m.key] for m in gang.members)
+                           f"members' nodes offer {result.gang_gbps:g} GB/s")
+    return result
+
+
+def joined(parts: Sequence[GangPlacement], inter_node_gbps: float) -> GangPlacement:
+    """One gang's placement from its members placed one at a time (`parts`, in member order):
+    a node's ring is the slowest its members got there (members sharing a node)."""
+    ring: dict[str, float] = {}
+    for part in parts:
+        for node, gbps in part.ring_gbps.items():
+            ring[node] = min(ring.get(node, gbps), gbps)
+    members = tuple(mp for part in parts for mp in part.members)
     return GangPlacement(members=members, nodes_used=len({p.node for p in members}),
-                         ring_gbps=ring, gang_gbps=figure)
+                         ring_gbps=ring, gang_gbps=gang_gbps(ring.values(), inter_node_gbps))
 
 
 def _shape(m: MemberRequest) -> tuple[int, int, int, frozenset[str] | None]:
