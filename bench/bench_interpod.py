@@ -50,6 +50,7 @@ from webhook.binder.planner import PlaceFn, PlanConfig, plan_gangs
 from webhook.binder.pods import PodInfo, SpreadTerm, parse_pod
 from webhook.binder.queue import GangQueue
 from webhook.topology.gpu_choice import TableCache
+from webhook.topology.groups import NodeGroups
 from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import NodeState
 from webhook.topology.network import Levels
@@ -110,6 +111,7 @@ def main() -> int:
                              affinity=TOGETHER if terms else None)
             gangs = assemble(pods, config.scheduler_name, None)
             holders = [p for p in placed[terms] if p.pod_affinity is not None]
+            groups = NodeGroups()  # kept across cycles, as the controller keeps them
             times = []
             used: set[str] = set()
             gc.collect()
@@ -120,7 +122,7 @@ def main() -> int:
                 t0 = time.perf_counter()
                 plan = plan_gangs(gangs, Allocation({}), dict(states), nodes,
                                   config=config, queue=GangQueue(), fit=fit, place=place,
-                                  now=1e9, neighbours=nb)
+                                  now=1e9, neighbours=nb, groups=groups)
                 times.append((time.perf_counter() - t0) * 1e3)
                 if len(plan.places) != 1 or len(plan.places[0].assignments) != size:
                     print(f"  {size} pods, terms={terms}: not placed whole: "
@@ -156,6 +158,7 @@ def spread_rows(reps: int, leaf: str, nodes: Mapping[str, NodeInfo],
             if spread:
                 pods = [replace(p, spread=(term,)) for p in pods]
             gangs = assemble(pods, config.scheduler_name, None)
+            groups = NodeGroups()  # kept across cycles, as the controller keeps them
             times = []
             gc.collect()
             gc.freeze()
@@ -164,14 +167,15 @@ def spread_rows(reps: int, leaf: str, nodes: Mapping[str, NodeInfo],
                 t0 = time.perf_counter()
                 plan = plan_gangs(gangs, Allocation({}), dict(states), nodes, config=config,
                                   queue=GangQueue(), fit=fit, place=place, now=1e9,
-                                  neighbours=nb)
+                                  neighbours=nb, groups=groups)
                 times.append((time.perf_counter() - t0) * 1e3)
                 if len(plan.places) != 1 or len(plan.places[0].assignments) != size:
                     print(f"  {size} pods, spread={spread}: not placed whole: "
                           f"{[w.reason for w in plan.waits]}")
                     return 1
             gc.unfreeze()
-            times = times[1:]  # (the first works out the members' eligible nodes: once)
+            times = times[1:]  # (the first works out the members' eligible nodes and groups
+            # the nodes: once)
             leaves[spread] = len({nodes[a.node].labels[leaf]
                                   for _, a in plan.places[0].assignments})
             row[spread] = (statistics.median(times), pct(times, 99))

@@ -1,5 +1,6 @@
 """A planning round hands the engine its node groups (webhook.topology.groups), one object kept
-current across the round's placements, and plans exactly what it plans without them."""
+current across the round's placements, and plans exactly what it plans without them; the
+controller keeps that object across cycles, and plans what groups made each cycle plan."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from typing import Any
 from binder_objects import job, node, pod
 
 from webhook import keys
+from webhook.binder.allocation import Allocation
 from webhook.binder.assignment import build_assignment, encode_assignment
 from webhook.binder.fit import FitCache
+from webhook.binder.gangs import assemble
 from webhook.binder.nodes import parse_node
-from webhook.binder.planner import Plan, PlanConfig, plan
+from webhook.binder.planner import Plan, PlanConfig, plan, plan_gangs
 from webhook.binder.pods import parse_pod
 from webhook.binder.queue import GangQueue
 from webhook.topology.builtin import builtin
@@ -71,3 +74,38 @@ def test_a_round_places_with_its_groups_as_without_them() -> None:
         assert handed and handed[0] is not None and all(g is handed[0] for g in handed)
         placed += len(with_groups.places)
     assert placed >= 100  # most rounds place many gangs, one after another
+
+
+def test_groups_kept_across_cycles_plan_as_groups_made_each_cycle() -> None:
+    """Cycle after cycle on the states the cycles before consumed (unchanged nodes keep their
+    objects, as the snapshot's do; some nodes freed meanwhile), one NodeGroups kept throughout
+    (as the controller keeps it) plans what a fresh one each cycle plans."""
+    tables = TableCache()
+    place = functools.partial(place_gang, tables=tables)
+    placed = 0
+    for seed in range(10):
+        rng = random.Random(seed)
+        nodes, busy = _objects(rng)
+        infos = {n["metadata"]["name"]: parse_node(n) for n in nodes}
+        allocation = Allocation.from_pods([parse_pod(p) for p in busy if p["spec"].get(
+            "nodeName")])
+        kept_states = {name: allocation.node_state(n) for name, n in infos.items()}
+        fresh_states = dict(kept_states)
+        kept, fit = NodeGroups(), FitCache()
+        for cycle in range(8):
+            pods = [p for j in range(rng.randint(1, 4)) for p in job(
+                f"c{cycle}j{j}", workers=rng.choice([1, 2, 4]), gpus=rng.choice([1, 2, 8]),
+                cpu=rng.choice(["1", "30"]))]
+            gangs = assemble([parse_pod(p) for p in pods], CFG.scheduler_name, None)
+            plans = [plan_gangs(gangs, allocation, states, infos, config=CFG, queue=GangQueue(),
+                                fit=fit, place=place, now=1795237200.0, groups=groups)
+                     for states, groups in ((kept_states, kept), (fresh_states, None))]
+            assert [(p.gang.key, p.placement) for p in plans[0].places] == \
+                [(p.gang.key, p.placement) for p in plans[1].places], (seed, cycle)
+            assert [(w.gang.key, w.reason) for w in plans[0].waits] == \
+                [(w.gang.key, w.reason) for w in plans[1].waits], (seed, cycle)
+            assert kept_states == fresh_states
+            placed += len(plans[0].places)
+            for name in rng.sample(sorted(infos), 3):  # pods there finished: freed anew
+                kept_states[name] = fresh_states[name] = allocation.node_state(infos[name])
+    assert placed >= 100

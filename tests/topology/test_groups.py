@@ -117,3 +117,54 @@ def test_groups_made_with_another_table_cache_are_made_again() -> None:
     placed = place_gang(nodes, gang, tables=other, groups=groups)
     assert placed == place_gang(nodes, gang, tables=other)
     assert isinstance(placed, GangPlacement) and placed.members[0].node == "n0"  # best fit
+
+
+def _grouping(groups: NodeGroups) -> dict[object, object]:
+    return {gpu: dict(rooms) for gpu, rooms in groups.groups()}
+
+
+def test_groups_kept_across_cycles_are_those_made_afresh() -> None:
+    """The binder keeps one NodeGroups for its life and `sync`s it with each cycle's states:
+    it then groups, and places, as groups made afresh from those states do, whether a node's
+    state changed, stayed the same object, or the node list itself changed."""
+    tables = TableCache()
+    seen: Counter[str] = Counter()
+    for seed in range(200):
+        rng = random.Random(seed)
+        nodes = _cluster(rng)
+        kept = NodeGroups()
+        for cycle in range(6):
+            kept.sync(nodes)
+            gang = _gang(cycle, nodes, rng)
+            placed = place_gang(nodes, gang, tables=tables, groups=kept)
+            fresh = NodeGroups(nodes)
+            assert placed == place_gang(nodes, gang, tables=tables, groups=fresh), (seed, cycle)
+            assert _grouping(kept) == _grouping(fresh), (seed, cycle)
+            if isinstance(placed, GangPlacement):  # the round consumes it, and tells the groups
+                at = {n.name: k for k, n in enumerate(nodes)}
+                by_key = {m.key: m for m in gang.members}
+                for p in placed.members:
+                    nodes[at[p.node]] = _consume(nodes[at[p.node]], by_key[p.key], p.gpus)
+                    kept.put(nodes[at[p.node]])
+            nodes = list(nodes)  # the next cycle's states: some anew, most the same objects
+            roll = rng.random()
+            if roll < 0.15:
+                seen["nodes reordered"] += 1
+                rng.shuffle(nodes)
+            elif roll < 0.3 and len(nodes) > 1:
+                seen["a node gone"] += 1
+                nodes.pop(rng.randrange(len(nodes)))
+            elif roll < 0.4:
+                seen["a node renamed"] += 1
+                i = rng.randrange(len(nodes))
+                nodes[i] = dataclasses.replace(nodes[i], name=nodes[i].name + "x")
+            for i in rng.sample(range(len(nodes)), rng.randint(0, len(nodes))):
+                n = nodes[i]
+                roll = rng.random()
+                if roll < 0.3:  # freed, as when a pod finished
+                    seen["freed"] += 1
+                    nodes[i] = dataclasses.replace(n, free_gpus=frozenset(range(8)))
+                elif roll < 0.5:  # the same state in a new object
+                    seen["same state, new object"] += 1
+                    nodes[i] = dataclasses.replace(n)
+    assert min(seen.values()) >= 50 and len(seen) == 5, seen

@@ -49,6 +49,7 @@ from webhook.kube.api import (
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer
 from webhook.topology.gpu_choice import TableCache
+from webhook.topology.groups import NodeGroups
 from webhook.topology.hierarchy import place_gang
 from webhook.topology.network import Levels
 
@@ -96,6 +97,9 @@ class Binder:
                                       self.config.network_levels)
         self.queue = GangQueue(self.config.backoff_initial, self.config.backoff_max)
         self.fit = FitCache()
+        #: the nodes grouped for the engine, kept across cycles (each cycle regroups only the
+        #: nodes whose state changed)
+        self.groups = NodeGroups()
         self.gate = AllocationGate(
             self.config.allocation_wait_seconds,
             on_timeout=lambda _node, _pod: self.metrics.allocation_timeouts.inc(),
@@ -302,6 +306,7 @@ class Binder:
             except Exception:
                 # a bug in planning must not stop binding for good: log, pause, retry
                 log.exception("scheduling cycle failed")
+                self.groups = NodeGroups()  # (a cycle cut short may have left them half-kept)
                 self.metrics.placements.labels("error").inc()
                 await asyncio.sleep(1.0)
                 self._dirty.set()
@@ -319,7 +324,8 @@ class Binder:
                             place=self._place, now=now, generation=self._generation,
                             inflight=self._inflight.keys(),
                             neighbours=self.snapshot.neighbours(
-                                self._nodes, self.fit.labels(self._nodes)))
+                                self._nodes, self.fit.labels(self._nodes)),
+                            groups=self.groups)
         planned = time.perf_counter()
         self.metrics.cycle_seconds.observe(planned - started)
         self.last_plan = result

@@ -297,15 +297,19 @@ def plan_gangs(gangs: Mapping[str, Gang], allocation: Allocation,
                states: dict[str, NodeState], nodes: Mapping[str, NodeInfo], *,
                config: PlanConfig, queue: GangQueue, fit: FitCache, place: PlaceFn,
                now: float, generation: int = 0, inflight: Collection[str] = (),
-               neighbours: Neighbours | None = None) -> Plan:
+               neighbours: Neighbours | None = None, groups: NodeGroups | None = None) -> Plan:
     """One cycle from its inputs (webhook.binder.snapshot keeps them current): `states` is
     what is free per node under `allocation`, and is consumed by this cycle's placements;
-    `neighbours` the pods on nodes, which inter-pod affinity terms count (none when None).
+    `neighbours` the pods on nodes, which inter-pod affinity terms count (none when None);
+    `groups` the nodes grouped for the engine, kept by the caller across cycles (`sync`ed
+    here: a fresh grouping when None).
     Gangs whose members are all bound need nothing and are left out of the plan, so that a
     caller may pass only the others."""
     live = {k: g for k, g in sorted(gangs.items()) if any(not p.bound for p in g.members)}
+    groups = groups if groups is not None else NodeGroups()
+    groups.sync(list(states.values()))
     r = _Round(Plan(gangs=live, allocation=allocation), nodes, states, config, now,
-               neighbours or Neighbours((), (), nodes))
+               neighbours or Neighbours((), (), nodes), groups)
     conflicts = allocation.conflicts()
     candidates = [g for g in live.values()
                   if g.key not in inflight and _ready(r, g, conflicts)]
@@ -334,13 +338,10 @@ class _Round:
     now: float
     #: the pods on nodes, this round's placements added, as inter-pod terms count them
     neighbours: Neighbours
+    #: `states` grouped for the engine, kept current by `consume`
+    groups: NodeGroups
     #: the round's assignments: a job's pods share their containers' shape
     assign: Assigner = field(default_factory=Assigner)
-    #: `states` grouped for the engine, made once and kept current by `consume`
-    groups: NodeGroups = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.groups = NodeGroups(list(self.states.values()))
 
     def consume(self, node: str, need: MemberRequest | PodInfo, gpus: Collection[int]) -> None:
         """Take what `need` uses on `node` (its `gpus`) from what is free there."""

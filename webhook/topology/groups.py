@@ -1,12 +1,14 @@
 """A node set grouped by what the placement engine reads of a node, kept across the placements
-of one planning cycle: its class's choice tables and usable free GPUs (what scoring reads),
-then its free CPU, memory and pods (what fitting reads). On a cluster of like nodes a gang's
-placement then costs the number of distinct groups, not the number of nodes
+of a planning cycle and across cycles: its class's choice tables and usable free GPUs (what
+scoring reads), then its free CPU, memory and pods (what fitting reads). On a cluster of like
+nodes a gang's placement then costs the number of distinct groups, not the number of nodes
 (`placement.place_on_nodes` with `groups`).
 
-The binder's planning round owns one (`NodeGroups(states)`), tells it each node whose state a
-placement consumed (`put`), and hands it to the engine with the same node list. The engine
-groups the nodes on first use, with its TableCache (`bind`): the owner needs no tables.
+The binder keeps one for its life. Each planning round hands it the cycle's node states
+(`sync`: only the nodes whose state changed since are grouped again, so a cycle that places one
+gang costs the nodes that changed, not the cluster), tells it each node whose state a placement
+consumed (`put`), and hands it to the engine with the same node list. The engine groups the
+nodes on first use, with its TableCache (`bind`): the owner needs no tables.
 Within a group, nodes are kept sorted by name and by position in the list, which is all the
 engine's choices among like nodes read (the lowest name that fits; the first such node in the
 list, for messages)."""
@@ -45,7 +47,7 @@ class Members:
 class NodeGroups:
     """The nodes of one list grouped by (GpuKey, RoomKey); see the module's docstring."""
 
-    def __init__(self, nodes: Sequence[NodeState]) -> None:
+    def __init__(self, nodes: Sequence[NodeState] = ()) -> None:
         self._nodes = list(nodes)
         self._at: dict[str, int] = {}  # name -> position, made by `bind`
         self._pending: dict[str, NodeState] = {}  # `put` before `bind`: a round that never
@@ -56,6 +58,23 @@ class NodeGroups:
 
     def __len__(self) -> int:
         return len(self._nodes)
+
+    def sync(self, nodes: Sequence[NodeState]) -> None:
+        """Hold `nodes`, a cycle's states of the nodes held, in the same order: a node whose
+        state object is not the one held is put again (the caller keeps a node's object while
+        it does not change, as the binder's snapshot does). Other nodes, or the same in
+        another order, are held anew and grouped on first use."""
+        held = self._nodes
+        if self._tables is not None and len(nodes) == len(held):
+            changed = [i for i, (new, old) in enumerate(zip(nodes, held, strict=True))
+                       if new is not old]
+            if all(nodes[i].name == held[i].name for i in changed):
+                for i in changed:
+                    self.put(nodes[i])
+                return
+        self._nodes = list(nodes)
+        self._pending = {}
+        self._tables = None  # (grouped again by the next `bind`)
 
     def bind(self, tables: TableCache) -> None:
         """Group the nodes with `tables` (again if they were grouped with another cache: the
