@@ -13,15 +13,17 @@ free GPUs that has room. `min_ring_gbps` (a policy's minRingGBps) is decided by 
 Speed: nodes are looked at once per call, through per-class tables keyed by (class, free mask,
 k). The single-node search scores each group of like nodes (same class, same usable free GPUs,
 whatever their Topology objects) once, so its per-node cost is two dictionary lookups, one
-insert and the resource checks. A caller that places many gangs on one node set (the binder's
-planning round) passes the nodes grouped once (`groups.NodeGroups`, kept current as placements
-consume nodes): then the single-node search and a 0-GPU member's host read the groups, not the
-nodes, and choose the same nodes. See bench/bench_placement.py and bench/bench_cycle.py.
+insert and the resource checks. A caller that places many gangs on one node set (the binder,
+cycle after cycle) passes the nodes grouped (`groups.NodeGroups`, kept current as placements
+consume nodes): then the single-node search, the multi-node search for identical members and a
+0-GPU member's host read the groups, not the nodes, and choose the same nodes. See
+bench/bench_placement.py, bench/bench_cycle.py and bench/bench_topology.py's latency rows.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -107,13 +109,11 @@ class _Need:
 
 @dataclass(frozen=True, slots=True)
 class _GpuGroup:
-    """Nodes alike to scoring (class tables, usable free mask): the first of them in the node
-    list, and of those that fit a `_Need`, the lowest by rank (name) and the first in the
-    list."""
+    """Nodes alike to scoring (class tables, usable free mask) with the GPUs for a `_Need`: of
+    those that fit it, the lowest by rank (name) and the first in the list."""
 
     tables: ClassTables
     free: int
-    first: tuple[int, str]
     lowest: NodeState | None
     earliest: tuple[int, NodeState] | None
 
@@ -166,22 +166,35 @@ class _Views:
                         if tables is not None), default=0)
         return max((free.bit_count() for *_, free in self.gpu_nodes()), default=0)
 
+    def most_free_node(self) -> tuple[int, str] | None:
+        """(usable free GPUs, name) of the node with the most, the first in the list of those
+        (for messages)."""
+        best: tuple[int, int, str] | None = None  # (free GPUs, -position, name)
+        if self.groups is not None:
+            for (tables, free), rooms in self.groups.groups():
+                if tables is not None and free:
+                    at = min(m.positions[0] for m in rooms.values())
+                    if best is None or (free.bit_count(), -at) > best[:2]:
+                        best = (free.bit_count(), -at, self.groups.node(at).name)
+        else:
+            for i, n, _, free in self.gpu_nodes():
+                if best is None or (free.bit_count(), -i) > best[:2]:
+                    best = (free.bit_count(), -i, n.name)
+        return None if best is None else (best[0], best[2])
+
     def gpu_groups(self, need: _Need) -> Iterator[_GpuGroup]:
-        """`gpu_nodes` grouped by what scoring them reads, their class's tables and usable free
-        mask, and where they have `need.gpus` free GPUs, their nodes that fit `need`. Scoring a
-        group once, not each of its nodes, is what keeps a placement cheap on a large cluster
-        of like nodes (each with its own Topology object)."""
+        """`gpu_nodes` with `need.gpus` free GPUs, grouped by what scoring them reads, their
+        class's tables and usable free mask, with their nodes that fit `need`. Scoring a group
+        once, not each of its nodes, is what keeps a placement cheap on a large cluster of like
+        nodes (each with its own Topology object)."""
         if self.groups is not None:
             yield from self._indexed_groups(self.groups, need)
             return
         groups: dict[tuple[ClassTables, int], list[tuple[int, NodeState]]] = {}
         for i, n, tables, free in self.gpu_nodes():
-            groups.setdefault((tables, free), []).append((i, n))
+            if free.bit_count() >= need.gpus:
+                groups.setdefault((tables, free), []).append((i, n))
         for (tables, free), group in groups.items():
-            first = (group[0][0], group[0][1].name)
-            if free.bit_count() < need.gpus:
-                yield _GpuGroup(tables, free, first, None, None)
-                continue
             fits = [
                 (i, n) for i, n in group
                 if n.free_cpu_milli >= need.cpu and n.free_memory_bytes >= need.mem
@@ -190,15 +203,13 @@ class _Views:
             if need.eligible:
                 fits = [(i, n) for i, n in fits if need.allows(n.name)]
             lowest = min((n for _, n in fits), key=self.rank, default=None)
-            yield _GpuGroup(tables, free, first, lowest, fits[0] if fits else None)
+            yield _GpuGroup(tables, free, lowest, fits[0] if fits else None)
 
     def _indexed_groups(self, groups: NodeGroups, need: _Need) -> Iterator[_GpuGroup]:
         for (tables, free), rooms in groups.groups():
-            if tables is None or not free:
+            if tables is None or free.bit_count() < need.gpus:
                 continue
-            at = min(m.positions[0] for m in rooms.values())
-            fit = _fitting(groups, rooms, need) if free.bit_count() >= need.gpus else None
-            yield _GpuGroup(tables, free, (at, groups.node(at).name), *(fit or (None, None)))
+            yield _GpuGroup(tables, free, *(_fitting(groups, rooms, need) or (None, None)))
 
     def cpu_host(self, m: MemberRequest, skip: Sequence[_Node]) -> NodeState | None:
         """The node, not in `skip` (tried first), where the 0-GPU member `m` fits with the
@@ -349,12 +360,8 @@ def _place_single(
     floor = gang.min_ring_gbps if gang.mode == "required" else None
     best: NodeState | None = None
     best_key: tuple[tuple[float, ...], tuple[object, ...]] | None = None
-    most_free: tuple[int, int, str] | None = None  # (free GPUs, -position, name)
     best_refused: tuple[float, int, str] | None = None  # the best node below minRingGBps
     for g in views.gpu_groups(need):
-        nfree = g.free.bit_count()
-        if most_free is None or (nfree, -g.first[0]) > most_free[:2]:
-            most_free = (nfree, -g.first[0], g.first[1])
         if g.lowest is None or g.earliest is None:
             continue
         pkey = g.tables.placement_key(g.free, total)  # one per group: its nodes score alike
@@ -377,8 +384,9 @@ def _place_single(
             f"of at least {floor:g} GB/s (minRingGBps); the best eligible node "
             f"({best_refused[2]}) offers {best_refused[0]:g} GB/s"
         )
+    most_free = views.most_free_node()
     where = (
-        f"the node with the most free GPUs ({most_free[2]}) has {most_free[0]}"
+        f"the node with the most free GPUs ({most_free[1]}) has {most_free[0]}"
         if most_free is not None
         else "no node with a published GPU topology has a free GPU"
     )
@@ -437,43 +445,134 @@ def capacity(free: int, cpu_milli: int, memory_bytes: int, pods: int, m: MemberR
     return c
 
 
+@dataclass(slots=True)
+class _Bucket:
+    """Nodes alike for one member shape: the same class tables and usable free GPUs, so the
+    same GPU sets; the same room, so `cap` members each; `names` the eligible ones, sorted."""
+
+    cap: int
+    tables: ClassTables
+    free: int
+    names: list[str]
+
+    def first(self, skip: set[str]) -> str | None:
+        return next((n for n in self.names if n not in skip), None)
+
+
+class _Ranked:
+    """The nodes that hold a member like `m`, in the multi-node search's order: the most
+    members first, then the best set for them (`placement_key`), then the name. Read from
+    buckets of like nodes (one per group with `NodeGroups`: a gang's search then costs the
+    groups and the nodes it takes, not the cluster), and merged by name only as far as read."""
+
+    def __init__(self, views: _Views, m: MemberRequest) -> None:
+        self.gpus = m.gpus
+        buckets = _buckets(views, m)
+        self.state = views.groups.state if views.groups is not None else \
+            {n.name: n for n in views.nodes}.__getitem__
+        self.buckets = buckets
+        self.total = sum(b.cap * len(b.names) for b in buckets)
+        buckets.sort(key=self._order)
+        self._stream = self._merged()
+        #: the nodes read so far, in order: (members it holds, name, its bucket)
+        self.head: list[tuple[int, str, _Bucket]] = []
+
+    def _order(self, b: _Bucket) -> tuple[int, tuple[float, ...]]:
+        return -b.cap, b.tables.placement_key(b.free, b.cap * self.gpus)
+
+    def _merged(self) -> Iterator[tuple[int, str, _Bucket]]:
+        for _, alike in itertools.groupby(self.buckets, key=self._order):
+            run = list(alike)
+            names = heapq.merge(*(zip(b.names, itertools.repeat(b)) for b in run)) \
+                if len(run) > 1 else zip(run[0].names, itertools.repeat(run[0]))
+            for name, b in names:
+                yield b.cap, name, b
+
+    def at(self, i: int) -> tuple[int, str, _Bucket]:
+        while len(self.head) <= i:
+            self.head.append(next(self._stream))
+        return self.head[i]
+
+    def all(self) -> list[tuple[int, str, _Bucket]]:
+        self.head.extend(self._stream)
+        return self.head
+
+    def best_for(self, need: int, start: int) -> tuple[int, str, _Bucket]:
+        """Of the nodes after the first `start`, one that holds `need` members with the best
+        set for them, then the lowest name."""
+        taken = {name for _, name, _ in self.head[:start]}
+        best: tuple[tuple[float, ...], str, _Bucket] | None = None
+        for b in self.buckets:
+            if b.cap < need:
+                continue
+            name = b.first(taken)
+            if name is None:
+                continue
+            key = b.tables.placement_key(b.free, need * self.gpus)
+            if best is None or (key, name) < best[:2]:
+                best = (key, name, b)
+        assert best is not None, "a node after the first `start` holds `need`"
+        return best[2].cap, best[1], best[2]
+
+
+def _buckets(views: _Views, m: MemberRequest) -> list[_Bucket]:
+    """The nodes that hold a member like `m`, in buckets of like nodes."""
+    eligible = m.eligible_nodes
+    out: list[_Bucket] = []
+    if views.groups is not None:
+        for (tables, free), rooms in views.groups.groups():
+            if tables is None or not free:
+                continue
+            for (cpu, mem, pods), members in rooms.items():
+                c = capacity(free, cpu, mem, pods, m)
+                if c > 0:
+                    names = members.names if eligible is None else \
+                        [n for n in members.names if n in eligible]
+                    if names:
+                        out.append(_Bucket(c, tables, free, names))
+        return out
+    alike: dict[tuple[ClassTables, int, int], _Bucket] = {}
+    for _, n, tables, free in views.gpu_nodes():
+        c = member_capacity(n, free, m)
+        if c > 0:
+            b = alike.get((tables, free, c))
+            if b is None:
+                b = alike[(tables, free, c)] = _Bucket(c, tables, free, [])
+            b.names.append(n.name)
+    for b in alike.values():
+        b.names.sort()
+    return list(alike.values())
+
+
 def _multi_uniform(views: _Views, members: list[MemberRequest]) -> list[_Node] | int:
     """Identical members: the nodes that hold the most of them (ties: best bandwidth, best
     fit), the last the best node that fits the rest; fewest nodes is exact here. When that
     leaves the last node a smaller part than an even split would (7 + 1), the split is evened
     out (`_even_parts`): the smallest part reaches the network through the fewest NICs."""
-    m = members[0]
-    caps = [
-        (c, n, tables, free)
-        for _, n, tables, free in views.gpu_nodes()
-        if (c := member_capacity(n, free, m)) > 0
-    ]
-    if sum(c for c, *_ in caps) < len(members):
-        return sum(c for c, *_ in caps)
-    caps.sort(key=lambda e: (-e[0], e[2].placement_key(e[3], e[0] * m.gpus), e[1].name))
-    parts: list[tuple[int, int]] = []  # (index into caps, members)
+    ranked = _Ranked(views, members[0])
+    if ranked.total < len(members):
+        return ranked.total
+    parts: list[tuple[tuple[int, str, _Bucket], int]] = []  # (node, members)
     need = len(members)
     i = 0
-    while need:
-        c = caps[i][0]
+    while True:
+        c = ranked.at(i)[0]
         if c >= need:  # the rest fits on one node: the best of those that can take it
-            last = min((j for j in range(i, len(caps)) if caps[j][0] >= need),
-                       key=lambda j: (caps[j][2].placement_key(caps[j][3], need * m.gpus),
-                                      caps[j][1].name))
-            parts.append((last, need))
+            parts.append((ranked.best_for(need, i), need))
             break
-        parts.append((i, c))
+        parts.append((ranked.at(i), c))
         need -= c
         i += 1
     count, need = len(parts), len(members)
-    even = min(caps[count - 1][0], need // count)
-    if parts[-1][1] < even:  # those that hold `even` are a prefix of caps: same indices
-        parts = _even_parts([c for c, *_ in caps if c >= even], need, count, even)
+    even = min(c, need // count)  # (c: what the count-th node in order holds)
+    if parts[-1][1] < even:  # those that hold `even` are a prefix of the order: same indices
+        caps = ranked.all()
+        parts = [(caps[j], part) for j, part in
+                 _even_parts([e[0] for e in caps if e[0] >= even], need, count, even)]
     chosen: list[_Node] = []
     at = 0
-    for j, part in parts:
-        _, node, tables, free = caps[j]
-        v = views.get(node, (tables, free))
+    for (_, name, b), part in parts:
+        v = views.get(ranked.state(name), (b.tables, b.free))
         for member in members[at:at + part]:
             v.take(member)
         at += part
