@@ -546,9 +546,14 @@ class _Apart:
     near: Mapping[str, tuple[str, ...]] | None
     states: dict[str, NodeState]
     spread: Spread = field(init=False)
+    #: every node's name, for members eligible everywhere
+    everywhere: frozenset[str] = field(init=False)
+    #: the nodes within a domain (its path, widest first), made on first use
+    within: dict[tuple[str, ...], frozenset[str]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.spread = Spread(self.r.neighbours)
+        self.everywhere = frozenset(self.r.nodes)
 
     def run(self) -> GangPlacement | Unplaceable:
         mark = self.r.neighbours.mark()
@@ -589,7 +594,7 @@ class _Apart:
     def _may_go(self, m: MemberRequest, pod: PodInfo) -> frozenset[str]:
         """The nodes a member may go to now: its eligible ones, less those its topology spread
         constraints block, within those its inter-pod terms allow, the members placed counted."""
-        may = m.eligible_nodes if m.eligible_nodes is not None else frozenset(self.r.nodes)
+        may = m.eligible_nodes if m.eligible_nodes is not None else self.everywhere
         if pod.spread:
             may = may - self.spread.blocked(pod)
         allowed = rules(pod, self.terms).allowed if self.terms is not None else None
@@ -599,8 +604,7 @@ class _Apart:
                  ) -> GangPlacement | Unplaceable:
         """The engine's choice for the member among `may`: within the anchor's narrowest
         domain when it can, else each wider one, else anywhere."""
-        near = self.near or {}
-        tries = (frozenset(n for n in may if near.get(n, ())[:depth] == anchor[:depth])
+        tries = (may & self._within(anchor[:depth])
                  for depth in range(len(anchor), 0, -1))  # (made only while needed)
         got: GangPlacement | Unplaceable = Unplaceable("no node")
         for nodes in itertools.chain((t for t in tries if t and len(t) < len(may)), (may,)):
@@ -611,3 +615,11 @@ class _Apart:
             if isinstance(got, GangPlacement):
                 break
         return got
+
+    def _within(self, domain: tuple[str, ...]) -> frozenset[str]:
+        """The nodes within a domain, named by its path (widest first)."""
+        found = self.within.get(domain)
+        if found is None:
+            found = self.within[domain] = frozenset(
+                n for n, path in (self.near or {}).items() if path[:len(domain)] == domain)
+        return found
