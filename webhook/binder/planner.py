@@ -168,6 +168,14 @@ def _empty_state(node: NodeInfo) -> NodeState:
     return NodeState(node.name, node.topology, gpus, node.cpu_milli, node.memory_bytes, node.pods)
 
 
+def _on_empty(r: _Round, request: GangRequest, network: Network | None, *, apart: bool,
+              place: PlaceFn) -> GangPlacement | Unplaceable:
+    """The gang placed on the empty cluster: could it ever run here (a starving gang reserves
+    the cluster only then)?"""
+    empty = [_empty_state(n) for n in r.nodes.values()]
+    return place(_one_slot(empty) if apart else empty, request, network=network)
+
+
 def _one_slot(states: Iterable[NodeState]) -> list[NodeState]:
     """The states with at most one pod slot each: the engine, which packs members, then gives
     each its own node (members whose anti-affinity by hostname counts each other)."""
@@ -455,10 +463,8 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
     if isinstance(result, Unplaceable):
         since = queue.waiting_since(gang.key)
         starving = since is not None and r.now - since >= r.config.starvation_seconds
-        empty = [_empty_state(n) for n in r.nodes.values()]
-        reserves = starving and isinstance(
-            place(_one_slot(empty) if apart else empty, request, network=network),
-            GangPlacement)
+        reserves = starving and isinstance(_on_empty(r, request, network, apart=apart, place=place),
+                                           GangPlacement)
         r.wait(gang, "unplaceable", result.reason + note, reserves)
         return reserves
     by_key = {p.key: p for p in gang.pending}

@@ -166,6 +166,21 @@ class _Views:
                         if tables is not None), default=0)
         return max((free.bit_count() for *_, free in self.gpu_nodes()), default=0)
 
+    def free_gpus(self) -> tuple[int, int]:
+        """(usable free GPUs, nodes with some) over every node."""
+        free = hosts = 0
+        if self.groups is not None:
+            for (tables, mask), rooms in self.groups.groups():
+                if tables is not None and mask:
+                    count = sum(len(m.names) for m in rooms.values())
+                    free += mask.bit_count() * count
+                    hosts += count
+            return free, hosts
+        for *_, mask in self.gpu_nodes():
+            free += mask.bit_count()
+            hosts += 1
+        return free, hosts
+
     def most_free_node(self) -> tuple[int, str] | None:
         """(usable free GPUs, name) of the node with the most, the first in the list of those
         (for messages)."""
@@ -406,10 +421,7 @@ def _place_multi(
         chosen = _multi_mixed(views, gpu_members)
     total = sum(m.gpus for m in gpu_members)
     if isinstance(chosen, int):
-        free = hosts = 0
-        for *_, mask in views.gpu_nodes():
-            free += mask.bit_count()
-            hosts += 1
+        free, hosts = views.free_gpus()
         return Unplaceable(
             f"gang {gang.name} needs {total} GPUs ({_describe_members(gpu_members)}); the "
             f"eligible nodes can host {chosen} of its {len(gpu_members)} GPU members now "
