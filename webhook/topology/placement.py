@@ -159,43 +159,32 @@ class _Views:
                         self._gpu.append((i, n, tables, free))
         return self._gpu
 
+    def _hosts(self) -> Iterator[tuple[int, int, int]]:
+        """(usable free GPUs, position of the first, how many) for the nodes with some, alike in
+        that count: a group's nodes with `groups`, else each node."""
+        if self.groups is None:
+            for i, *_, free in self.gpu_nodes():
+                yield free.bit_count(), i, 1
+            return
+        for (tables, free), rooms in self.groups.groups():
+            if tables is not None and free:
+                yield (free.bit_count(), min(m.positions[0] for m in rooms.values()),
+                       sum(len(m.names) for m in rooms.values()))
+
     def most_free(self) -> int:
         """The most usable free GPUs on one node."""
-        if self.groups is not None:
-            return max((free.bit_count() for (tables, free), _ in self.groups.groups()
-                        if tables is not None), default=0)
-        return max((free.bit_count() for *_, free in self.gpu_nodes()), default=0)
+        return max((free for free, *_ in self._hosts()), default=0)
 
     def free_gpus(self) -> tuple[int, int]:
         """(usable free GPUs, nodes with some) over every node."""
-        free = hosts = 0
-        if self.groups is not None:
-            for (tables, mask), rooms in self.groups.groups():
-                if tables is not None and mask:
-                    count = sum(len(m.names) for m in rooms.values())
-                    free += mask.bit_count() * count
-                    hosts += count
-            return free, hosts
-        for *_, mask in self.gpu_nodes():
-            free += mask.bit_count()
-            hosts += 1
-        return free, hosts
+        runs = list(self._hosts())
+        return sum(free * count for free, _, count in runs), sum(count for *_, count in runs)
 
     def most_free_node(self) -> tuple[int, str] | None:
         """(usable free GPUs, name) of the node with the most, the first in the list of those
         (for messages)."""
-        best: tuple[int, int, str] | None = None  # (free GPUs, -position, name)
-        if self.groups is not None:
-            for (tables, free), rooms in self.groups.groups():
-                if tables is not None and free:
-                    at = min(m.positions[0] for m in rooms.values())
-                    if best is None or (free.bit_count(), -at) > best[:2]:
-                        best = (free.bit_count(), -at, self.groups.node(at).name)
-        else:
-            for i, n, _, free in self.gpu_nodes():
-                if best is None or (free.bit_count(), -i) > best[:2]:
-                    best = (free.bit_count(), -i, n.name)
-        return None if best is None else (best[0], best[2])
+        best = max(((free, -at) for free, at, _ in self._hosts()), default=None)
+        return None if best is None else (best[0], self.nodes[-best[1]].name)
 
     def gpu_groups(self, need: _Need) -> Iterator[_GpuGroup]:
         """`gpu_nodes` with `need.gpus` free GPUs, grouped by what scoring them reads, their
@@ -494,10 +483,7 @@ class _Ranked:
 
     def _merged(self) -> Iterator[tuple[int, str, _Bucket]]:
         for _, alike in itertools.groupby(self.buckets, key=self._order):
-            run = list(alike)
-            names = heapq.merge(*(zip(b.names, itertools.repeat(b)) for b in run)) \
-                if len(run) > 1 else zip(run[0].names, itertools.repeat(run[0]))
-            for name, b in names:
+            for name, b in heapq.merge(*(zip(b.names, itertools.repeat(b)) for b in alike)):
                 yield b.cap, name, b
 
     def at(self, i: int) -> tuple[int, str, _Bucket]:
