@@ -192,6 +192,8 @@ class TableCache:
         free set it last asked with (its state is kept until a placement changes it), else two
         (`frozenset` caches its hash)."""
         known = self._known(t)
+        if not free:  # a node whose GPUs are all taken; `last` is kept for its free set
+            return known.tables, 0
         last = known.last
         if last[0] is free:
             return known.tables, last[1]

@@ -106,7 +106,10 @@ class NodeGroups:
             return
         self._remove(old, i, state.name)
         self._keys[i] = new
-        members = self._rooms(new[0]).setdefault(new[1], Members())
+        rooms = self._rooms(new[0])
+        members = rooms.get(new[1])
+        if members is None:
+            members = rooms[new[1]] = Members()
         bisect.insort(members.names, state.name)
         bisect.insort(members.positions, i)
 
