@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -380,8 +380,8 @@ def latency(sizes: tuple[int, ...], reps: int, seed: int) -> bool:
                 gangs = assemble(gang_pods(pods, level), config.scheduler_name, None)
                 times, cpu = [], []
                 placed = 0
+                fresh = dict(states)
                 for _ in range(reps + 1):
-                    fresh = dict(states)
                     t0, c0 = time.perf_counter(), time.process_time()
                     plan = plan_gangs(gangs, Allocation({}), fresh, nodes, config=config,
                                       queue=GangQueue(), fit=fit, place=place, now=1e9,
@@ -391,6 +391,13 @@ def latency(sizes: tuple[int, ...], reps: int, seed: int) -> bool:
                     cpu.append((time.process_time() - c0) * 1e3)
                     placed += len(plan.places) == 1 and \
                         len(plan.places[0].assignments) == pods
+                    # the next cycle's states: the nodes this gang took are as before it again
+                    # (its pods finished), in new objects, and the kept groups first take in
+                    # what it placed (as after a bind): the next cycle regroups each such node
+                    # once, as the binder's cycle after a bind does
+                    groups.bind(tables)
+                    fresh = {name: s if fresh[name] is s else replace(s)
+                             for name, s in states.items()}
                 # the first builds the FitCache's network and groups the nodes: once
                 times, cpu = times[1:], cpu[1:]
                 if not placed:

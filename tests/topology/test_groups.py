@@ -135,6 +135,7 @@ def test_groups_kept_across_cycles_are_those_made_afresh() -> None:
         kept = NodeGroups()
         for cycle in range(6):
             kept.sync(nodes)
+            before = {n.name: n for n in nodes}
             gang = _gang(cycle, nodes, rng)
             placed = place_gang(nodes, gang, tables=tables, groups=kept)
             fresh = NodeGroups(nodes)
@@ -167,4 +168,9 @@ def test_groups_kept_across_cycles_are_those_made_afresh() -> None:
                 elif roll < 0.5:  # the same state in a new object
                     seen["same state, new object"] += 1
                     nodes[i] = dataclasses.replace(n)
-    assert min(seen.values()) >= 50 and len(seen) == 5, seen
+                elif roll < 0.7 and n is not before.get(n.name, n):
+                    # the state object it had before this cycle's placement, as when the pods
+                    # placed there were deleted before they were bound
+                    seen["back to the object before"] += 1
+                    nodes[i] = before[n.name]
+    assert min(seen.values()) >= 50 and len(seen) == 6, seen

@@ -8,7 +8,9 @@ The binder keeps one for its life. Each planning round hands it the cycle's node
 (`sync`: only the nodes whose state changed since are grouped again, so a cycle that places one
 gang costs the nodes that changed, not the cluster), tells it each node whose state a placement
 consumed (`put`), and hands it to the engine with the same node list. The engine groups the
-nodes on first use, with its TableCache (`bind`): the owner needs no tables.
+nodes on first use, with its TableCache (`bind`): the owner needs no tables. A put is applied
+when the engine next binds, so a node put twice between two placements (consumed by one, then
+its next cycle's state synced) is grouped again once.
 Within a group, nodes are kept sorted by name and by position in the list, which is all the
 engine's choices among like nodes read (the lowest name that fits; the first such node in the
 list, for messages)."""
@@ -50,8 +52,9 @@ class NodeGroups:
     def __init__(self, nodes: Sequence[NodeState] = ()) -> None:
         self._nodes = list(nodes)
         self._at: dict[str, int] = {}  # name -> position, made by `bind`
-        self._pending: dict[str, NodeState] = {}  # `put` before `bind`: a round that never
-        # calls the engine with its groups (a gang within network domains) never makes them
+        # states put since the last `bind`: a round that never calls the engine with its groups
+        # (a gang within network domains) never applies them
+        self._pending: dict[str, NodeState] = {}
         self._tables: TableCache | None = None  # the cache the groups were made with
         self._keys: list[tuple[GpuKey, RoomKey]] = []  # per position
         self._groups: dict[GpuKey, dict[RoomKey, Members]] = {}
@@ -61,25 +64,28 @@ class NodeGroups:
 
     def sync(self, nodes: Sequence[NodeState]) -> None:
         """Hold `nodes`, a cycle's states of the nodes held, in the same order: a node whose
-        state object is not the one held is put again (the caller keeps a node's object while
-        it does not change, as the binder's snapshot does). Other nodes, or the same in
-        another order, are held anew and grouped on first use."""
+        state object is not the one grouped is put again (the caller keeps a node's object
+        while it does not change, as the binder's snapshot does), and what was put since is
+        superseded. Other nodes, or the same in another order, are held anew and grouped on
+        first use."""
         held = self._nodes
         if self._tables is not None and len(nodes) == len(held):
             changed = [i for i, (new, old) in enumerate(zip(nodes, held, strict=True))
                        if new is not old]
             if all(nodes[i].name == held[i].name for i in changed):
-                for i in changed:
-                    self.put(nodes[i])
+                self._pending = {nodes[i].name: nodes[i] for i in changed}
                 return
         self._nodes = list(nodes)
         self._pending = {}
         self._tables = None  # (grouped again by the next `bind`)
 
     def bind(self, tables: TableCache) -> None:
-        """Group the nodes with `tables` (again if they were grouped with another cache: the
-        keys hold its class tables)."""
+        """Ready the groups for reading: group the nodes with `tables` (again if they were
+        grouped with another cache: the keys hold its class tables), or apply what was put."""
         if self._tables is tables:
+            pending, self._pending = self._pending, {}
+            for state in pending.values():
+                self._regroup(state)
             return
         self._tables = tables
         self._at = {n.name: i for i, n in enumerate(self._nodes)}
@@ -95,10 +101,11 @@ class NodeGroups:
                 members.names = sorted(self._nodes[i].name for i in members.positions)
 
     def put(self, state: NodeState) -> None:
-        """The node named `state.name` is now `state` (a placement consumed some of it)."""
-        if self._tables is None:
-            self._pending[state.name] = state
-            return
+        """The node named `state.name` is now `state` (a placement consumed some of it), from
+        the next `bind` on."""
+        self._pending[state.name] = state
+
+    def _regroup(self, state: NodeState) -> None:
         i = self._at[state.name]
         self._nodes[i] = state
         old, new = self._keys[i], self._key(state)
@@ -114,6 +121,7 @@ class NodeGroups:
         bisect.insort(members.positions, i)
 
     def node(self, position: int) -> NodeState:
+        """The node at `position` (as of the last `bind`, like every read below)."""
         return self._nodes[position]
 
     def state(self, name: str) -> NodeState:
