@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_topology import gang_pods, occupied, pct
+from bench.bench_topology import gang_pods, next_cycle, occupied, pct
 from bench.topology_sim import fat_tree
 from webhook import keys
 from webhook.binder.allocation import Allocation
@@ -96,7 +96,8 @@ def main() -> int:
     spec = fat_tree(args.nodes)
     nodes, states = occupied(spec, args.seed, {ZONE: "z1"})
     config = PlanConfig(keys.DEFAULT_BINDER_SCHEDULER_NAME, levels=Levels(spec.levels))
-    place = functools.partial(place_gang, tables=TableCache())
+    tables = TableCache()
+    place = functools.partial(place_gang, tables=tables)
     fit = FitCache()
     placed = {terms: placed_pods(list(nodes), 4000, 200, random.Random(args.seed), terms)
               for terms in (False, True)}
@@ -116,14 +117,16 @@ def main() -> int:
             used: set[str] = set()
             gc.collect()
             gc.freeze()  # the cluster's objects, made once, are no garbage to scan each cycle
+            fresh = dict(states)
             for _ in range(args.reps + 1):
                 # as the controller gives it: the FitCache's label index, the pods read anew
                 nb = Neighbours(placed[terms], holders, nodes, fit.labels(nodes))
                 t0 = time.perf_counter()
-                plan = plan_gangs(gangs, Allocation({}), dict(states), nodes,
+                plan = plan_gangs(gangs, Allocation({}), fresh, nodes,
                                   config=config, queue=GangQueue(), fit=fit, place=place,
                                   now=1e9, neighbours=nb, groups=groups)
                 times.append((time.perf_counter() - t0) * 1e3)
+                fresh = next_cycle(states, fresh, groups, tables)
                 if len(plan.places) != 1 or len(plan.places[0].assignments) != size:
                     print(f"  {size} pods, terms={terms}: not placed whole: "
                           f"{[w.reason for w in plan.waits]}")
@@ -142,12 +145,12 @@ def main() -> int:
               f"p99 {t99 / b99:.2f}  workers on a database's node {beside[False]} / "
               f"{beside[True]}")
     return spread_rows(args.reps, spec.leaf_label, nodes, states, config=config, place=place,
-                       fit=fit)
+                       fit=fit, tables=tables)
 
 
 def spread_rows(reps: int, leaf: str, nodes: Mapping[str, NodeInfo],
                 states: dict[str, NodeState], *, config: PlanConfig, place: PlaceFn,
-                fit: FitCache) -> int:
+                fit: FitCache, tables: TableCache) -> int:
     print(f"== topology spread (DoNotSchedule by {leaf}, maxSkew 1): one planning cycle, ms")
     term = SpreadTerm(1, leaf, (("In", "job", frozenset({"big"})),))
     for size in (1, 16, 64):
@@ -162,13 +165,15 @@ def spread_rows(reps: int, leaf: str, nodes: Mapping[str, NodeInfo],
             times = []
             gc.collect()
             gc.freeze()
+            fresh = dict(states)
             for _ in range(reps + 1):
                 nb = Neighbours((), (), nodes, fit.labels(nodes))
                 t0 = time.perf_counter()
-                plan = plan_gangs(gangs, Allocation({}), dict(states), nodes, config=config,
+                plan = plan_gangs(gangs, Allocation({}), fresh, nodes, config=config,
                                   queue=GangQueue(), fit=fit, place=place, now=1e9,
                                   neighbours=nb, groups=groups)
                 times.append((time.perf_counter() - t0) * 1e3)
+                fresh = next_cycle(states, fresh, groups, tables)
                 if len(plan.places) != 1 or len(plan.places[0].assignments) != size:
                     print(f"  {size} pods, spread={spread}: not placed whole: "
                           f"{[w.reason for w in plan.waits]}")

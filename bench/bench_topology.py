@@ -358,6 +358,16 @@ def occupied(spec: ClusterSpec, seed: int, labels: dict[str, str] | None = None
     return nodes, states
 
 
+def next_cycle(states: dict[str, NodeState], used: dict[str, NodeState], groups: NodeGroups,
+               tables: TableCache) -> dict[str, NodeState]:
+    """The states of the cycle after one that consumed `used` (its copy of `states`): the
+    nodes it took are as before again (its pods finished), in new objects, and the groups kept
+    across cycles first take in what it placed (as the engine's next read would): the next
+    cycle then regroups each such node once, as the binder's cycle after a bind does."""
+    groups.bind(tables)
+    return {name: s if used[name] is s else replace(s) for name, s in states.items()}
+
+
 def latency(sizes: tuple[int, ...], reps: int, seed: int) -> bool:
     """p99 of one planning cycle of the binder (`planner.plan_gangs`, with the placement
     function, FitCache and node groups the controller keeps) for one pending gang of up to 256
@@ -391,13 +401,7 @@ def latency(sizes: tuple[int, ...], reps: int, seed: int) -> bool:
                     cpu.append((time.process_time() - c0) * 1e3)
                     placed += len(plan.places) == 1 and \
                         len(plan.places[0].assignments) == pods
-                    # the next cycle's states: the nodes this gang took are as before it again
-                    # (its pods finished), in new objects, and the kept groups first take in
-                    # what it placed (as after a bind): the next cycle regroups each such node
-                    # once, as the binder's cycle after a bind does
-                    groups.bind(tables)
-                    fresh = {name: s if fresh[name] is s else replace(s)
-                             for name, s in states.items()}
+                    fresh = next_cycle(states, fresh, groups, tables)
                 # the first builds the FitCache's network and groups the nodes: once
                 times, cpu = times[1:], cpu[1:]
                 if not placed:
