@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from webhook.binder.controller import Binder, BinderConfig
+from webhook.binder.heap import HeapFreezer
 from webhook.binder.metrics import CONTENT_TYPE_LATEST, Metrics
 from webhook.kube.api import KubeApi
 from webhook.kube.client import make_api_client
@@ -96,11 +97,19 @@ async def _freeze_when_synced(binder: Binder) -> None:
     """Once the informers have synced, move the caches (nodes, pods, choice tables) out of the
     cyclic GC's way: a full collection then scans only what the cycles allocate, not the whole
     heap (it paused the binder for up to 75 ms with 500 nodes, the slowest gangs of an arrival
-    run). Objects are still freed by reference counting."""
+    run). Objects are still freed by reference counting. Then, what the planning cycles build
+    over the node set is frozen too, once a full collection finds it slow (`heap`); this task
+    runs only between cycles (a cycle does not await)."""
     await binder.synced.wait()
     gc.freeze()
     log.debug("synced heap frozen for the garbage collector",
               extra={"objects": gc.get_freeze_count()})
+    with HeapFreezer() as freezer:
+        while True:
+            await asyncio.sleep(1.0)
+            if freezer.settle():
+                log.debug("heap frozen after a slow full collection",
+                          extra={"objects": gc.get_freeze_count()})
 
 
 async def serve(kubeconfig: str | None, config: ServiceConfig) -> None:
