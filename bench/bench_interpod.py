@@ -44,6 +44,7 @@ from webhook import keys
 from webhook.binder.allocation import Allocation
 from webhook.binder.fit import FitCache
 from webhook.binder.gangs import assemble
+from webhook.binder.heap import HeapFreezer
 from webhook.binder.interpod import Neighbours
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.planner import PlaceFn, PlanConfig, plan_gangs
@@ -88,6 +89,11 @@ def placed_pods(names: list[str], count: int, dbs: int, rng: random.Random, term
 
 
 def main() -> int:
+    with HeapFreezer() as freezer:  # as the binder's service, between cycles (next_cycle)
+        return measure(freezer)
+
+
+def measure(freezer: HeapFreezer) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=50)
@@ -126,7 +132,7 @@ def main() -> int:
                                   config=config, queue=GangQueue(), fit=fit, place=place,
                                   now=1e9, neighbours=nb, groups=groups)
                 times.append((time.perf_counter() - t0) * 1e3)
-                fresh = next_cycle(states, fresh, groups, tables)
+                fresh = next_cycle(states, fresh, groups, tables, freezer)
                 if len(plan.places) != 1 or len(plan.places[0].assignments) != size:
                     print(f"  {size} pods, terms={terms}: not placed whole: "
                           f"{[w.reason for w in plan.waits]}")
@@ -145,12 +151,12 @@ def main() -> int:
               f"p99 {t99 / b99:.2f}  workers on a database's node {beside[False]} / "
               f"{beside[True]}")
     return spread_rows(args.reps, spec.leaf_label, nodes, states, config=config, place=place,
-                       fit=fit, tables=tables)
+                       fit=fit, tables=tables, freezer=freezer)
 
 
 def spread_rows(reps: int, leaf: str, nodes: Mapping[str, NodeInfo],
                 states: dict[str, NodeState], *, config: PlanConfig, place: PlaceFn,
-                fit: FitCache, tables: TableCache) -> int:
+                fit: FitCache, tables: TableCache, freezer: HeapFreezer) -> int:
     print(f"== topology spread (DoNotSchedule by {leaf}, maxSkew 1): one planning cycle, ms")
     term = SpreadTerm(1, leaf, (("In", "job", frozenset({"big"})),))
     for size in (1, 16, 64):
@@ -173,7 +179,7 @@ def spread_rows(reps: int, leaf: str, nodes: Mapping[str, NodeInfo],
                                   queue=GangQueue(), fit=fit, place=place, now=1e9,
                                   neighbours=nb, groups=groups)
                 times.append((time.perf_counter() - t0) * 1e3)
-                fresh = next_cycle(states, fresh, groups, tables)
+                fresh = next_cycle(states, fresh, groups, tables, freezer)
                 if len(plan.places) != 1 or len(plan.places[0].assignments) != size:
                     print(f"  {size} pods, spread={spread}: not placed whole: "
                           f"{[w.reason for w in plan.waits]}")
