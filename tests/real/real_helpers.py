@@ -131,17 +131,19 @@ def release_values(cluster: NodeCluster) -> dict[str, Any]:
 
 def diagnostics(cluster: NodeCluster) -> str:
     """What a person debugging a red run needs first: every pod, the warnings, the logs of each
-    container that is not ready, and the tokens the API server refused (call it inside the
-    cluster's network)."""
+    container that is not ready and of Muster's own (a ready agent that publishes nothing says
+    why only there), and the tokens the API server refused (call it inside the cluster's
+    network)."""
     out = [kubectl(cluster, "get", "pods", "-A", "-o", "wide", check=False).stdout,
            kubectl(cluster, "get", "events", "-A", "--field-selector", "type=Warning",
                    check=False).stdout]
     pods = kubectl(cluster, "get", "pods", "-A", "-o", "json", check=False).stdout
     for pod in json.loads(pods or '{"items": []}')["items"]:
         statuses = pod.get("status", {}).get("containerStatuses", [])
-        if all(s.get("ready") for s in statuses) and statuses:
-            continue
         meta = pod["metadata"]
+        if all(s.get("ready") for s in statuses) and statuses and \
+                meta["namespace"] != NAMESPACE:
+            continue
         for c in statuses:
             logs = kubectl(cluster, "logs", "-n", meta["namespace"], meta["name"], "-c",
                            c["name"], "--tail=30", check=False)
