@@ -12,6 +12,8 @@ from webhook.topology import (
     GangPlacement,
     GangRequest,
     MemberRequest,
+    Network,
+    NetworkRequest,
     NodeState,
     Topology,
     Unplaceable,
@@ -20,6 +22,7 @@ from webhook.topology import (
 )
 from webhook.topology.gpu_choice import TableCache
 from webhook.topology.groups import NodeGroups
+from webhook.topology.network import HOSTNAME
 
 GIB = 1 << 30
 
@@ -174,3 +177,66 @@ def test_groups_kept_across_cycles_are_those_made_afresh() -> None:
                     seen["back to the object before"] += 1
                     nodes[i] = before[n.name]
     assert min(seen.values()) >= 50 and len(seen) == 6, seen
+
+
+BLOCK, RACK, CLIQUE = "example.com/block", "example.com/rack", "nvidia.com/gpu.clique"
+
+
+def _labels(nodes: list[NodeState], rng: random.Random) -> dict[str, dict[str, str]]:
+    """Blocks, racks and cliques, some nodes without the narrower labels or any, and a label
+    no level declares."""
+    out: dict[str, dict[str, str]] = {}
+    for n in nodes:
+        b, r = rng.randrange(2), rng.randrange(3)
+        full = {BLOCK: f"b{b}", RACK: f"r{r}", CLIQUE: f"u.b{b}r{r}c{rng.randrange(2)}",
+                "example.com/row": f"w{rng.randrange(2)}"}
+        keep = rng.choice([4, 4, 4, 3, 2, 1, 0])
+        out[n.name] = dict(list(full.items())[:keep]) if keep < 4 else full
+    return out
+
+
+def _network_gang(i: int, nodes: list[NodeState], rng: random.Random) -> GangRequest:
+    gang = _gang(i, nodes, rng)
+    if rng.random() < 0.2:
+        return gang  # the plain engine binds the same groups between network gangs
+    level = rng.choice([BLOCK, RACK, CLIQUE, None, "example.com/row"])
+    sliced = rng.random() < 0.3
+    return dataclasses.replace(gang, single_node=rng.random() < 0.2, network=NetworkRequest(
+        level, rng.choice(["required", "preferred"]),
+        rng.choice([RACK, CLIQUE, HOSTNAME]) if sliced else None,
+        rng.choice([1, 2]) if sliced else 0, rng.choice(["required", "preferred"]),
+        rng.choice([None, None, BLOCK])))
+
+
+def test_grouped_network_placements_are_those_of_the_scan() -> None:
+    """A gang within network domains sums each domain's room from the groups kept by path: it
+    is placed as from every node, in a round where placements consume nodes, across cycles
+    whose states change, and between plain gangs and requests over other levels (which bind
+    the same groups with other paths, or none)."""
+    tables = TableCache()
+    seen: Counter[str] = Counter()
+    for seed in range(300):
+        rng = random.Random(seed)
+        nodes = _cluster(rng)
+        network = Network((BLOCK, RACK, CLIQUE), _labels(nodes, rng))
+        kept = NodeGroups()
+        for cycle in range(4):
+            kept.sync(nodes)
+            for i in range(4):
+                gang = _network_gang(cycle * 4 + i, nodes, rng)
+                grouped = place_gang(nodes, gang, network=network, tables=tables, groups=kept)
+                scanned = place_gang(nodes, gang, network=network, tables=tables)
+                assert grouped == scanned, (seed, cycle, gang)
+                if isinstance(scanned, Unplaceable):
+                    seen["unplaceable"] += 1
+                    continue
+                seen["placed" if gang.network else "placed, no level"] += 1
+                at = {n.name: k for k, n in enumerate(nodes)}
+                by_key = {m.key: m for m in gang.members}
+                for p in scanned.members:
+                    nodes[at[p.node]] = _consume(nodes[at[p.node]], by_key[p.key], p.gpus)
+                    kept.put(nodes[at[p.node]])
+            nodes = list(nodes)
+            for k in rng.sample(range(len(nodes)), rng.randint(0, len(nodes))):
+                nodes[k] = dataclasses.replace(nodes[k], free_gpus=frozenset(range(8)))
+    assert min(seen.values()) >= 100 and len(seen) == 3, seen

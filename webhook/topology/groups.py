@@ -13,12 +13,14 @@ when the engine next binds, so a node put twice between two placements (consumed
 its next cycle's state synced) is grouped again once.
 Within a group, nodes are kept sorted by name and by position in the list, which is all the
 engine's choices among like nodes read (the lowest name that fits; the first such node in the
-list, for messages)."""
+list, for messages). Bound with the network's paths of the nodes (`hierarchy`'s domains), a
+group also keeps its nodes' positions by path, so that a gang within network domains sums each
+domain's room from the groups with room for it, not from every node."""
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from webhook.topology.gpu_choice import ClassTables, TableCache
@@ -28,6 +30,8 @@ from webhook.topology.model import NodeState
 GpuKey = tuple[ClassTables | None, int]
 #: what fitting reads: free CPU (millicores), memory (bytes), pods
 RoomKey = tuple[int, int, int]
+#: a node's network path (`network.Network.paths`; () for a node outside every domain)
+Path = tuple[str, ...]
 
 
 @dataclass(slots=True)
@@ -36,6 +40,8 @@ class Members:
 
     names: list[str] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
+    #: the positions by network path, each sorted (kept while the groups are bound with paths)
+    by_path: dict[Path, list[int]] = field(default_factory=dict)
 
     def first_name(self, ok: Callable[[str], bool]) -> str | None:
         """The lowest name that `ok` accepts."""
@@ -58,6 +64,7 @@ class NodeGroups:
         self._tables: TableCache | None = None  # the cache the groups were made with
         self._keys: list[tuple[GpuKey, RoomKey]] = []  # per position
         self._groups: dict[GpuKey, dict[RoomKey, Members]] = {}
+        self._paths: Mapping[str, Path] | None = None  # what `by_path` is keyed on
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -79,20 +86,41 @@ class NodeGroups:
         self._pending = {}
         self._tables = None  # (grouped again by the next `bind`)
 
-    def bind(self, tables: TableCache) -> None:
+    def bind(self, tables: TableCache, paths: Mapping[str, Path] | None = None) -> None:
         """Ready the groups for reading: group the nodes with `tables` (again if they were
-        grouped with another cache: the keys hold its class tables), or apply what was put."""
-        if self._tables is tables:
+        grouped with another cache: the keys hold its class tables), or apply what was put.
+        `paths`: the nodes' network paths, to keep each group's nodes by path from now on (by
+        another mapping than before: again; None: as before)."""
+        if self._tables is not tables:
+            self._group(tables)
+        else:
             pending, self._pending = self._pending, {}
             for state in pending.values():
                 self._regroup(state)
-            return
+        if paths is not None and paths is not self._paths:
+            self._paths = paths
+            for rooms in self._groups.values():
+                for members in rooms.values():
+                    members.by_path = {}
+                    for i in members.positions:
+                        members.by_path.setdefault(self._path(i), []).append(i)
+
+    def keeps(self, paths: Mapping[str, Path]) -> bool:
+        """Whether the groups keep their nodes by these paths (`bind` with them)."""
+        return self._paths is paths
+
+    def _path(self, position: int) -> Path:
+        assert self._paths is not None
+        return self._paths.get(self._nodes[position].name, ())
+
+    def _group(self, tables: TableCache) -> None:
         self._tables = tables
         self._at = {n.name: i for i, n in enumerate(self._nodes)}
         for name, state in self._pending.items():
             self._nodes[self._at[name]] = state
         self._pending = {}
         self._groups = {}
+        self._paths = None  # (indexed again by the `bind` that asks)
         self._keys = [self._key(n) for n in self._nodes]
         for i, key in enumerate(self._keys):
             self._rooms(key[0]).setdefault(key[1], Members()).positions.append(i)
@@ -119,6 +147,8 @@ class NodeGroups:
             members = rooms[new[1]] = Members()
         bisect.insort(members.names, state.name)
         bisect.insort(members.positions, i)
+        if self._paths is not None:
+            bisect.insort(members.by_path.setdefault(self._path(i), []), i)
 
     def node(self, position: int) -> NodeState:
         """The node at `position` (as of the last `bind`, like every read below)."""
@@ -147,6 +177,12 @@ class NodeGroups:
         members = rooms[key[1]]
         del members.names[bisect.bisect_left(members.names, name)]
         del members.positions[bisect.bisect_left(members.positions, position)]
+        if self._paths is not None:
+            path = self._path(position)
+            at = members.by_path[path]
+            del at[bisect.bisect_left(at, position)]
+            if not at:
+                del members.by_path[path]
         if not members.names:
             del rooms[key[1]]
             if not rooms:

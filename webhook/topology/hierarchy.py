@@ -17,7 +17,9 @@ declared levels (`Network.label`).
 Room is counted in members a domain can hold (GPUs, CPU, memory and pods of each node, as the
 engine counts them), so a domain that fits holds the gang for certain; for a gang of unlike
 members it is counted in GPUs and checked by the engine, trying the next domain when it fails.
-Nodes are grouped by domain once per call (`Network.paths` is made once per node set).
+Nodes are grouped by domain once per call (`Network.paths` is made once per node set), from
+the binder's node groups when it gives them (`groups.NodeGroups`, kept by path: the groups with
+room for a member, not every node), else from every node.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import functools
 import heapq
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from webhook.topology.gpu_choice import TableCache
@@ -65,7 +67,7 @@ class _Domain:
     gpus: int = 0  # free GPUs
     pieces: int = 0  # members, or whole slices, it can take
     children: set[Key] = field(default_factory=set)
-    nodes: list[NodeState] = field(default_factory=list)  # its own, at the deepest level
+    own: list[int] = field(default_factory=list)  # its nodes' positions, at the deepest level
 
 
 def place_gang(
@@ -118,7 +120,7 @@ def _place(nodes: Sequence[NodeState], gang: GangRequest, *, network: Network | 
         return place_on_nodes(nodes, gang, inter_node_gbps=inter_node_gbps, tables=tables,
                               groups=groups)
     return _Decision(nodes, gang, req, network or Network((), {}),
-                     inter_gbps=inter_node_gbps, tables=tables).run()
+                     inter_gbps=inter_node_gbps, tables=tables, groups=groups).run()
 
 
 def _fill_gaps(nodes: Sequence[NodeState], gang: GangRequest, *, inter_node_gbps: float,
@@ -240,8 +242,10 @@ def _natural(key: str) -> list[str | int]:
 
 class _Decision:
     def __init__(self, nodes: Sequence[NodeState], gang: GangRequest, req: NetworkRequest,
-                 network: Network, *, inter_gbps: float, tables: TableCache) -> None:
+                 network: Network, *, inter_gbps: float, tables: TableCache,
+                 groups: NodeGroups | None) -> None:
         self.nodes, self.gang, self.req, self.tables = nodes, gang, req, tables
+        self.groups = groups
         gpu = [m for m in gang.members if m.gpus > 0]
         self.inter_gbps = inter_gbps
         self.chain = network.chain(req.max_level, req.level, req.slice_level)
@@ -311,53 +315,30 @@ class _Decision:
         return self._why_not(need)
 
     def _group(self) -> None:
-        """Every node's room, summed into each of its domains (one pass over the nodes). A node
-        whose path stops above the deepest level (it lacks a narrower label) sits in a leaf of
-        its own under its last domain; with slices of one node, each node is a domain."""
+        """Every node's room, summed into each of its domains (one pass over the nodes with
+        room, `_hosts`). A node whose path stops above the deepest level (it lacks a narrower
+        label) sits in a leaf of its own under its last domain; with slices of one node, each
+        node is a domain."""
         doms = self.doms
         doms[()] = _Domain()
         depth = len(self.chain)
-        eligible = self.gpu[0].eligible_nodes if self.uniform else None
         node_slices = self.sliced and self.slice_at == depth
-        shallow = self.slice_at if self.sliced and not node_slices else 0
         leaves: dict[Key, _Domain] = {}
-        paths = self.paths
-        usable = self.tables.usable
-        rooms = self._rooms
-        # a node with fewer free GPUs than one member takes none: skipped before its usable
-        # mask is looked up (most nodes, for gangs of whole-node members)
-        least = self.gpu[0].gpus if self.uniform else 1
         most = 0
-        for n in self.nodes:
-            topology = n.topology
-            if topology is None or len(n.free_gpus) < least:
-                continue
-            path = paths.get(n.name)
-            if path is None or len(path) <= shallow:
-                continue  # (a sliced gang needs the slice level's label)
-            if eligible is not None and n.name not in eligible:
-                continue
-            free = usable(topology, n.free_gpus)[1]
-            rkey = (free, n.free_cpu_milli, n.free_memory_bytes, n.free_pods)
-            room = rooms.get(rkey)
-            if room is None:
-                room = rooms[rkey] = self._room(*rkey)
-            if room <= 0:
-                continue
-            gpus = free.bit_count()
-            if len(path) < depth:
-                path = (*path, _OWN)
+        for found, room, gpus, at in self._hosts():
+            path = found if len(found) == depth else (*found, _OWN)
             leaf = leaves.get(path)
             if leaf is None:
                 leaf = leaves[path] = _Domain()
-            leaf.room += room
-            leaf.gpus += gpus
-            leaf.nodes.append(n)
+            leaf.room += room * len(at)
+            leaf.gpus += gpus * len(at)
+            leaf.own += at
             most = max(most, gpus)
             if node_slices:
-                node_key = (*path, _NODE + n.name)
-                doms[node_key] = _Domain(room, gpus, nodes=[n])
-                leaf.children.add(node_key)
+                for i in at:
+                    node_key = (*path, _NODE + self.nodes[i].name)
+                    doms[node_key] = _Domain(room, gpus, own=[i])
+                    leaf.children.add(node_key)
         self.most_gpus = most
         for path, leaf in leaves.items():
             for i in range(len(path)):
@@ -378,28 +359,93 @@ class _Decision:
                 for i in range(len(key)):
                     doms[key[:i]].pieces += d.pieces
 
+    def _hosts(self) -> Iterator[tuple[Key, int, int, list[int]]]:
+        """(path, room, free GPUs, positions) of the nodes with room for a member in a domain
+        of the levels, alike in path, room and free GPUs: with the node groups, a group's
+        nodes of one path (their sums cost the groups with room, not the nodes); else each
+        node. A node with fewer free GPUs than one member has no room, and is skipped before
+        its usable mask is looked up (most nodes, for gangs of whole-node members)."""
+        eligible = self.gpu[0].eligible_nodes if self.uniform else None
+        node_slices = self.sliced and self.slice_at == len(self.chain)
+        # (a sliced gang needs the slice level's label)
+        shallow = self.slice_at if self.sliced and not node_slices else 0
+        least = self.gpu[0].gpus if self.uniform else 1
+        nodes = self.nodes
+        if self.groups is not None:
+            assert len(self.groups) == len(nodes), "groups must hold the nodes placed on"
+            self.groups.bind(self.tables, self.paths)
+            for (tables, free), rooms in self.groups.groups():
+                gpus = free.bit_count()
+                if tables is None or gpus < least:
+                    continue
+                for rkey, members in rooms.items():
+                    room = self._room(free, *rkey)
+                    if room <= 0:
+                        continue
+                    for path, at in members.by_path.items():
+                        mine = at if eligible is None else \
+                            [i for i in at if nodes[i].name in eligible]
+                        if len(path) > shallow and mine:
+                            yield path, room, gpus, mine
+            return
+        paths, usable = self.paths, self.tables.usable
+        for i, n in enumerate(nodes):
+            topology = n.topology
+            if topology is None or len(n.free_gpus) < least:
+                continue
+            path = paths.get(n.name, ())
+            if len(path) <= shallow or (eligible is not None and n.name not in eligible):
+                continue
+            free = usable(topology, n.free_gpus)[1]
+            room = self._room(free, n.free_cpu_milli, n.free_memory_bytes, n.free_pods)
+            if room > 0:
+                yield path, room, free.bit_count(), [i]
+
     def _one_node(self) -> GangPlacement | None:
         """A gang whose GPU members fit on one node is within one domain of every level: the
         narrowest domain that fits is that node, chosen over every node the levels allow as
         the engine chooses (bandwidth, then least loss and best fit), ties to the node whose
-        leaf is the fullest (best fit, as for the domains). None: no node holds it."""
+        leaf is the fullest (best fit, as for the domains). None: no node holds it. With the
+        node groups the engine reads them, the nodes allowed as its members' eligible ones."""
         if sum(m.gpus for m in self.gpu) > self.most_gpus:
             return None
         wide = self.bound
-        # each node's leaf (a domain with nodes of its own, not one node as a slice domain),
-        # where its labels reach the required level
-        leaf_of = {n.name: k for k, d in self.doms.items()
-                   if d.nodes and not k[-1].startswith(_NODE) and len(k) - (k[-1] == _OWN) > wide
-                   for n in d.nodes}
-        nodes = [n for n in self.nodes if n.name in leaf_of] + self._spare()
+        # the nodes in a leaf (a domain with nodes of its own, not one node as a slice domain)
+        # where their labels reach the required level
+        allowed = sorted(i for k, d in self.doms.items()
+                         if d.own and not k[-1].startswith(_NODE)
+                         and len(k) - (k[-1] == _OWN) > wide for i in d.own)
+        depth = len(self.chain)
 
         def rank(n: NodeState) -> tuple[object, ...]:
-            d = self.doms[leaf_of[n.name]]
-            return (d.room, d.gpus, leaf_of[n.name], n.name)
+            path = self.paths[n.name]
+            leaf = path if len(path) == depth else (*path, _OWN)
+            d = self.doms[leaf]
+            return (d.room, d.gpus, leaf, n.name)
 
-        placed = place_on_nodes(nodes, replace(self.gang, network=None), one_node=True,
-                                rank=rank, inter_node_gbps=self.inter_gbps, tables=self.tables)
+        gang = replace(self.gang, network=None)
+        nodes: Sequence[NodeState]
+        if self.groups is None:
+            nodes = [self.nodes[i] for i in allowed] + self._spare()
+        else:
+            nodes = self.nodes
+            gang = replace(gang, members=self._within(gang.members, allowed))
+        placed = place_on_nodes(nodes, gang, one_node=True, rank=rank, groups=self.groups,
+                                inter_node_gbps=self.inter_gbps, tables=self.tables)
         return placed if isinstance(placed, GangPlacement) else None
+
+    def _within(self, members: Sequence[MemberRequest], allowed: list[int]
+                ) -> tuple[MemberRequest, ...]:
+        """The members, each eligible only where the gang may go: its GPU members on the nodes
+        at `allowed`, its 0-GPU members there or on the CPU-only nodes."""
+        gpu = frozenset(self.nodes[i].name for i in allowed)
+        cpu = gpu | {n.name for n in self._spare()}
+        out = []
+        for m in members:
+            where = gpu if m.gpus else cpu
+            out.append(replace(m, eligible_nodes=where if m.eligible_nodes is None
+                               else m.eligible_nodes & where))
+        return tuple(out)
 
     def _spare(self) -> list[NodeState]:
         """The CPU-only nodes, when the gang has 0-GPU members (a launcher): they ride with the
@@ -413,10 +459,14 @@ class _Decision:
 
     def _room(self, free: int, cpu_milli: int, memory_bytes: int, pods: int) -> int:
         """Members (GPUs for unlike members) a node with this much room can take, whatever its
-        name (eligibility is checked apart)."""
-        if self.uniform:
-            return capacity(free, cpu_milli, memory_bytes, pods, self.gpu[0])
-        return free.bit_count() if pods > 0 else 0
+        name (eligibility is checked apart); alike nodes are counted once."""
+        rkey = (free, cpu_milli, memory_bytes, pods)
+        room = self._rooms.get(rkey)
+        if room is None:
+            room = self._rooms[rkey] = capacity(free, cpu_milli, memory_bytes, pods,
+                                                self.gpu[0]) if self.uniform else \
+                free.bit_count() if pods > 0 else 0
+        return room
 
     def _best_fit(self, key: Key) -> tuple[int, int, Key]:
         d = self.doms[key]
@@ -446,8 +496,8 @@ class _Decision:
 
     def _nodes_under(self, key: Key) -> list[NodeState]:
         d = self.doms[key]
-        if d.nodes:
-            return d.nodes
+        if d.own:
+            return [self.nodes[i] for i in sorted(d.own)]  # (in the list's order)
         return [n for k in sorted(d.children) for n in self._nodes_under(k)]
 
     def _place(self, parts: list[tuple[Key, int]]) -> GangPlacement | Unplaceable:

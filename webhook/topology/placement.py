@@ -109,13 +109,15 @@ class _Need:
 
 @dataclass(frozen=True, slots=True)
 class _GpuGroup:
-    """Nodes alike to scoring (class tables, usable free mask) with the GPUs for a `_Need`: of
-    those that fit it, the lowest by rank (name) and the first in the list."""
+    """Nodes alike to scoring (class tables, usable free mask) with the GPUs for a `_Need`:
+    the first in the list of those that fit it, and the nodes to find the lowest by rank
+    among (`_Views.lowest`): those that fit, or the group's rooms (`NodeGroups`)."""
 
     tables: ClassTables
     free: int
-    lowest: NodeState | None
-    earliest: tuple[int, NodeState] | None
+    earliest: tuple[int, NodeState]
+    fits: list[tuple[int, NodeState]] | None = None
+    rooms: dict[RoomKey, Members] | None = None
 
 
 class _Views:
@@ -133,7 +135,6 @@ class _Views:
         self._gpu: list[tuple[int, NodeState, ClassTables, int]] | None = None
         if groups is not None:
             assert len(groups) == len(nodes), "groups must hold the nodes placed on"
-            assert rank is None, "groups order their nodes by name"
             groups.bind(tables)
 
     def get(self, n: NodeState, usable: tuple[ClassTables, int] | None = None) -> _Node:
@@ -209,14 +210,27 @@ class _Views:
             ]
             if need.eligible:
                 fits = [(i, n) for i, n in fits if need.allows(n.name)]
-            lowest = min((n for _, n in fits), key=self.rank, default=None)
-            yield _GpuGroup(tables, free, lowest, fits[0] if fits else None)
+            if fits:
+                yield _GpuGroup(tables, free, fits[0], fits=fits)
 
     def _indexed_groups(self, groups: NodeGroups, need: _Need) -> Iterator[_GpuGroup]:
         for (tables, free), rooms in groups.groups():
             if tables is None or free.bit_count() < need.gpus:
                 continue
-            yield _GpuGroup(tables, free, *(_fitting(groups, rooms, need) or (None, None)))
+            earliest = _earliest(groups, rooms, need)
+            if earliest is not None:
+                yield _GpuGroup(tables, free, earliest, rooms=rooms)
+
+    def lowest(self, g: _GpuGroup, need: _Need) -> NodeState:
+        """The group's node that fits `need` and comes first by rank: the first fitting name of
+        each room with `NodeGroups` ranked by name; else every fitting node ranked."""
+        if g.fits is not None:
+            return min((n for _, n in g.fits), key=self.rank)
+        assert self.groups is not None and g.rooms is not None
+        names = (name for room, members in g.rooms.items() if need.room(*room)
+                 for name in ((members.first_name(need.allows),) if self.rank is _by_name
+                              else (n for n in members.names if need.allows(n))))
+        return min((self.groups.state(n) for n in names if n is not None), key=self.rank)
 
     def cpu_host(self, m: MemberRequest, skip: Sequence[_Node]) -> NodeState | None:
         """The node, not in `skip` (tried first), where the 0-GPU member `m` fits with the
@@ -247,22 +261,13 @@ class _Views:
         return None if found is None else self.groups.state(found[2])
 
 
-def _fitting(groups: NodeGroups, rooms: dict[RoomKey, Members], need: _Need
-             ) -> tuple[NodeState, tuple[int, NodeState]] | None:
-    """Of one group's nodes that fit `need`: the lowest by name, and the first in the list."""
-    lowest: str | None = None
-    earliest: int | None = None
-    for room, members in rooms.items():
-        name = members.first_name(need.allows) if need.room(*room) else None
-        if name is None:
-            continue
-        i = members.first_position(lambda p: need.allows(groups.node(p).name))
-        assert i is not None  # as a name was
-        lowest = name if lowest is None else min(lowest, name)
-        earliest = i if earliest is None else min(earliest, i)
-    if lowest is None or earliest is None:
-        return None
-    return groups.state(lowest), (earliest, groups.node(earliest))
+def _earliest(groups: NodeGroups, rooms: dict[RoomKey, Members], need: _Need
+              ) -> tuple[int, NodeState] | None:
+    """Of one group's nodes that fit `need`, the first in the list (None: none fits)."""
+    found = [i for room, members in rooms.items() if need.room(*room)
+             and (i := members.first_position(lambda p: need.allows(groups.node(p).name)))
+             is not None]
+    return None if not found else (min(found), groups.node(min(found)))
 
 
 def _assign_gpus(node: _Node) -> dict[str, tuple[int, ...]]:
@@ -307,7 +312,7 @@ def place_on_nodes(
     `groups`: the same nodes grouped (`groups.NodeGroups`, kept by a caller that places many
     gangs on one node set): the same placement, at a cost of the groups, not the nodes.
     `one_node`: all GPU members on one node, or Unplaceable. `rank`: the order of nodes that
-    score alike (the name when None; not with `groups`)."""
+    score alike (the name when None); ranked only among the groups with the best score."""
     if not gang.members:
         return Unplaceable(f"gang {gang.name} has no members")
     bad = next((m for m in gang.members if m.gpus < 0 or m.cpu_milli < 0 or m.memory_bytes < 0),
@@ -365,22 +370,21 @@ def _place_single(
                  sum(m.memory_bytes for m in gpu_members), len(gpu_members),
                  tuple({m.eligible_nodes for m in gpu_members if m.eligible_nodes is not None}))
     floor = gang.min_ring_gbps if gang.mode == "required" else None
-    best: NodeState | None = None
-    best_key: tuple[tuple[float, ...], tuple[object, ...]] | None = None
+    scored: list[tuple[tuple[float, ...], _GpuGroup]] = []
     best_refused: tuple[float, int, str] | None = None  # the best node below minRingGBps
     for g in views.gpu_groups(need):
-        if g.lowest is None or g.earliest is None:
-            continue
         pkey = g.tables.placement_key(g.free, total)  # one per group: its nodes score alike
         if floor is not None and not meets_min_ring(-pkey[0], floor, total):
             # ties go to the node that comes first, as in a scan
             if best_refused is None or (-pkey[0], -g.earliest[0]) > best_refused[:2]:
                 best_refused = (-pkey[0], -g.earliest[0], g.earliest[1].name)
             continue
-        key = (pkey, views.rank(g.lowest))
-        if best_key is None or key < best_key:
-            best, best_key = g.lowest, key
-    if best is not None:
+        scored.append((pkey, g))
+    if scored:
+        # the best key, then the rank among the groups that share it (ranked only there)
+        top = min(pkey for pkey, _ in scored)
+        best = min((views.lowest(g, need) for pkey, g in scored if pkey == top),
+                   key=views.rank)
         v = views.get(best)
         for m in gpu_members:
             v.take(m)
