@@ -70,6 +70,27 @@ def _wait_node_gpus(cluster: NodeCluster, done: Callable[[NodeGpus], bool], what
     return took
 
 
+def _slice_devices(cluster: NodeCluster) -> int | None:
+    """The devices of the agent's ResourceSlice (None: there is none)."""
+    out = kubectl(cluster, "get", "resourceslice", slice_name(NODE_NAME), "-o", "json",
+                  check=False)
+    if out.returncode != 0:
+        return None
+    return len(json.loads(out.stdout)["spec"]["devices"])
+
+
+def _wait_slice(cluster: NodeCluster, within: float = 180) -> None:
+    """Until the agent publishes its slice of 8 GPUs (each discovery round checks it, so a
+    slice that is gone comes back within a round, 60 s by default)."""
+    started = time.monotonic()
+    while (devices := _slice_devices(cluster)) != 8:
+        if time.monotonic() - started > within:
+            raise AssertionError(f"the agent's ResourceSlice {slice_name(NODE_NAME)} has "
+                                 f"{devices} devices after {within:.0f} s, not 8")
+        time.sleep(0.5)
+    print(f"the agent's ResourceSlice of 8 GPUs in {time.monotonic() - started:.1f} s")
+
+
 @pytest.fixture(scope="module")
 def dra_only_release(node_cluster: NodeCluster) -> Iterator[None]:
     """The release serving GPUs through DRA only, until the module ends; then the device plugin
@@ -83,6 +104,10 @@ def dra_only_release(node_cluster: NodeCluster) -> Iterator[None]:
     values["agent"] = {**values["agent"], "gpuServing": "dra"}
     try:
         with node_cluster.netns():
+            # the node as the session leaves it (an earlier module's release flips end there):
+            # else "0 after the upgrade" below would hold before the upgrade did anything
+            _wait_node_gpus(node_cluster, lambda s: s[0] == "8",
+                            "the device plugin's 8 GPUs allocatable before the upgrade")
             started = time.monotonic()
             upgrade_release(node_cluster, values, "values-dra-only.yaml")
             print(f"helm upgrade to gpuServing=dra: {time.monotonic() - started:.1f} s")
@@ -90,6 +115,7 @@ def dra_only_release(node_cluster: NodeCluster) -> Iterator[None]:
             # a grace period; kube-scheduler and the binder serve through DRA where it is 0
             _wait_node_gpus(node_cluster, lambda s: s[0] in (None, "0"),
                             "allocatable nvidia.com/gpu 0 or gone after the upgrade")
+            _wait_slice(node_cluster)
         yield
     finally:
         with node_cluster.netns():
