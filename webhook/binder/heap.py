@@ -27,7 +27,6 @@ class HeapFreezer:
 
     def __init__(self, budget: float = 0.005) -> None:
         self.budget = budget
-        self.freezes = 0
         self._started = 0.0
         self._due = False
 
@@ -53,5 +52,4 @@ class HeapFreezer:
             return False
         self._due = False
         gc.freeze()
-        self.freezes += 1
         return True
