@@ -105,10 +105,6 @@ class NodeGroups:
                     for i in members.positions:
                         members.by_path.setdefault(self._path(i), []).append(i)
 
-    def keeps(self, paths: Mapping[str, Path]) -> bool:
-        """Whether the groups keep their nodes by these paths (`bind` with them)."""
-        return self._paths is paths
-
     def _path(self, position: int) -> Path:
         assert self._paths is not None
         return self._paths.get(self._nodes[position].name, ())

@@ -285,6 +285,11 @@ class _Decision:
     def sliced(self) -> bool:
         return self.req.slice_level is not None
 
+    @property
+    def node_slices(self) -> bool:
+        """Slices of one node each: every node is a slice domain."""
+        return self.sliced and self.slice_at == len(self.chain)
+
     def run(self) -> GangPlacement | Unplaceable:
         if self.sliced and self.slice_at < self.level:
             return Unplaceable(f"gang {self.gang.name}: its slice level {self.req.slice_level} "
@@ -321,12 +326,11 @@ class _Decision:
         node is a domain."""
         doms = self.doms
         doms[()] = _Domain()
-        depth = len(self.chain)
-        node_slices = self.sliced and self.slice_at == depth
+        node_slices = self.node_slices
         leaves: dict[Key, _Domain] = {}
         most = 0
         for found, room, gpus, at in self._hosts():
-            path = found if len(found) == depth else (*found, _OWN)
+            path = self._leaf(found)
             leaf = leaves.get(path)
             if leaf is None:
                 leaf = leaves[path] = _Domain()
@@ -366,9 +370,8 @@ class _Decision:
         node. A node with fewer free GPUs than one member has no room, and is skipped before
         its usable mask is looked up (most nodes, for gangs of whole-node members)."""
         eligible = self.gpu[0].eligible_nodes if self.uniform else None
-        node_slices = self.sliced and self.slice_at == len(self.chain)
         # (a sliced gang needs the slice level's label)
-        shallow = self.slice_at if self.sliced and not node_slices else 0
+        shallow = self.slice_at if self.sliced and not self.node_slices else 0
         least = self.gpu[0].gpus if self.uniform else 1
         nodes = self.nodes
         if self.groups is not None:
@@ -415,11 +418,9 @@ class _Decision:
         allowed = sorted(i for k, d in self.doms.items()
                          if d.own and not k[-1].startswith(_NODE)
                          and len(k) - (k[-1] == _OWN) > wide for i in d.own)
-        depth = len(self.chain)
 
         def rank(n: NodeState) -> tuple[object, ...]:
-            path = self.paths[n.name]
-            leaf = path if len(path) == depth else (*path, _OWN)
+            leaf = self._leaf(self.paths[n.name])
             d = self.doms[leaf]
             return (d.room, d.gpus, leaf, n.name)
 
@@ -446,6 +447,11 @@ class _Decision:
             out.append(replace(m, eligible_nodes=where if m.eligible_nodes is None
                                else m.eligible_nodes & where))
         return tuple(out)
+
+    def _leaf(self, path: Key) -> Key:
+        """The leaf a node of this path sits in: its deepest domain, or one of its own under
+        its last domain when it lacks a narrower label."""
+        return path if len(path) == len(self.chain) else (*path, _OWN)
 
     def _spare(self) -> list[NodeState]:
         """The CPU-only nodes, when the gang has 0-GPU members (a launcher): they ride with the

@@ -267,7 +267,10 @@ def _earliest(groups: NodeGroups, rooms: dict[RoomKey, Members], need: _Need
     found = [i for room, members in rooms.items() if need.room(*room)
              and (i := members.first_position(lambda p: need.allows(groups.node(p).name)))
              is not None]
-    return None if not found else (min(found), groups.node(min(found)))
+    if not found:
+        return None
+    first = min(found)
+    return first, groups.node(first)
 
 
 def _assign_gpus(node: _Node) -> dict[str, tuple[int, ...]]:
