@@ -273,6 +273,11 @@ def test_malformed_gangs_are_refused_not_crashed() -> None:
     assert isinstance(r, Unplaceable) and "needs 9 GPUs" in r.reason
 
 
+#: one cache for every example: a class's tables are the same in each, and computing them
+#: anew for each example was nearly all of this test's time
+_TABLES = TableCache()
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([frozenset(range(8)), frozenset({0, 1, 2, 3}),
                                            frozenset({4, 5, 6, 7}), frozenset({1, 2, 5, 6}),
@@ -288,7 +293,7 @@ def test_single_node_choice_is_the_best_key_over_every_node(
              for i, (free, topo, cpu) in enumerate(shapes)]
     rnd.shuffle(nodes)
     gang = GangRequest("g", workers(k, cpu_milli=4000), single_node=True)
-    tables = TableCache()
+    tables = _TABLES
 
     def key(n: NodeState) -> tuple[object, str]:
         assert n.topology is not None
