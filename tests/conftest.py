@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from e2e.node.yamldocs import documents
 from webhook.demo import scenario
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.doubles.webhooks import TlsCerts, WebhookServers, make_certs
@@ -36,11 +36,8 @@ def shared_dir() -> Path:
 @pytest.fixture(scope="session")
 def shared_crds(shared_dir: Path) -> list[dict[str, Any]]:
     """The upstream CRDs in ../shared/crds, parsed once per session."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    docs: list[dict[str, Any]] = []
-    for path in sorted((shared_dir / "crds").glob("*.yaml")):
-        docs.extend(d for d in yaml.load_all(path.read_text(), Loader=loader) if d)
-    return docs
+    return [d for path in sorted((shared_dir / "crds").glob("*.yaml"))
+            for d in documents(path.read_text())]
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ import yaml
 
 from e2e.node import versions
 from e2e.node.gobuild import _go, _go_env, build_module
+from e2e.node.yamldocs import documents
 from webhook.certs import pki
 
 _PR_SET_PDEATHSIG = 1
@@ -119,15 +120,11 @@ def module_dir(op: Operator) -> Path:
     return Path(json.loads(out.stdout)["Dir"])
 
 
-def _yaml_docs(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
-
-
 def crds(op: Operator, root: Path) -> list[dict[str, Any]]:
     """The operator's own CRDs, from its module at `root` (`module_dir`)."""
     docs = [d for p in sorted((root / op.crd_dir).glob("*.yaml"))
             if p.name not in op.crd_skip
-            for d in _yaml_docs(p) if d.get("kind") == "CustomResourceDefinition"]
+            for d in documents(p.read_text()) if d.get("kind") == "CustomResourceDefinition"]
     if not docs:
         raise RuntimeError(f"{op.module}@{op.version} has no CRDs under {op.crd_dir}")
     return docs
@@ -139,7 +136,7 @@ def webhook_configurations(op: Operator, root: Path, url: str, ca_bundle: bytes,
     patches applied, each webhook sent to `url` + its service path (the operator on loopback,
     beside the API server) instead of its in-cluster Service, and named with `prefix` so that
     removing them takes only these."""
-    docs = _yaml_docs(root / op.webhooks)
+    docs = documents((root / op.webhooks).read_text())
     hooks = {h["name"]: (doc, i) for doc in docs for i, h in enumerate(doc.get("webhooks") or [])}
     for patch in op.webhook_patches:
         for step in yaml.safe_load((root / patch).read_text()):
@@ -163,7 +160,7 @@ def service_webhook_configuration(op: Operator, root: Path, name: str,
     """The operator's one webhook configuration (its module at `root`; the file holds one)
     named `name`, as its kustomize overlay names it, with the webhooks whose name holds `keep`,
     sent to the Service (namespace, name, port) that its own certificate rotation signs for."""
-    (doc,) = _yaml_docs(root / op.webhooks)
+    (doc,) = documents((root / op.webhooks).read_text())
     doc["metadata"] = {"name": name}
     doc["webhooks"] = [h for h in doc["webhooks"] if keep in h["name"]]
     if not doc["webhooks"]:

@@ -46,7 +46,9 @@ from e2e.cluster import NAMESPACE, RELEASE, helm
 from e2e.node import image, schedulers, versions
 from e2e.node.assets import REPO, ensure_debian_packages, missing_prerequisites
 from e2e.node.cluster import NodeCluster
+from e2e.node.kubectl import write_list
 from e2e.node.launcher import NODE_IP
+from e2e.node.yamldocs import documents
 from e2e.probes import open_volcano_queues
 from webhook import keys
 from webhook.certs import pki
@@ -127,8 +129,7 @@ def node_cluster(images: image.Images, tmp_path_factory: pytest.TempPathFactory
     try:
         cluster.start()
         with cluster.netns():
-            crds = tmp_path_factory.mktemp("crds") / "crds.yaml"
-            crds.write_text(yaml.safe_dump_all(crd_documents()))
+            crds = write_list(tmp_path_factory.mktemp("crds") / "crds.json", crd_documents())
             kubectl(cluster, "apply", "--server-side", "-f", str(crds))
             wait_established(cluster)
             asyncio.run(_open_queues(cluster))
@@ -271,10 +272,11 @@ def kueue(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
     manifests = source / "config" / "components" / "webhook" / "manifests.yaml"
     hooks.write_text(yaml.safe_dump_all(
         schedulers.kueue_service(NODE_IP, port) + schedulers.kueue_webhooks(
-            [d for d in yaml.safe_load_all(manifests.read_text()) if d])))
-    crds = work / "crds.yaml"
-    crds.write_text(yaml.safe_dump_all([schedulers.kueue_crd(yaml.safe_load(f.read_text()))
-        for f in sorted((source / "config" / "components" / "crd" / "bases").glob("*.yaml"))]))
+            documents(manifests.read_text()))))
+    crds = write_list(work / "crds.json", [
+        schedulers.kueue_crd(crd)
+        for f in sorted((source / "config" / "components" / "crd" / "bases").glob("*.yaml"))
+        for crd in documents(f.read_text())])
     with node_cluster.netns():
         kubectl(node_cluster, "apply", "--server-side", "--force-conflicts", "-f", str(crds))
         wait_established(node_cluster)
@@ -369,9 +371,8 @@ def volcano(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
     with node_cluster.netns():
         served = {c["metadata"]["name"] for c in json.loads(
             kubectl(node_cluster, "get", "crd", "-o", "json").stdout)["items"]}
-        crds = work / "crds.yaml"
-        crds.write_text(yaml.safe_dump_all(schedulers.volcano_crds(
-            [yaml.safe_load(f.read_text()) for f in files], served)))
+        crds = write_list(work / "crds.json", schedulers.volcano_crds(
+            [crd for f in files for crd in documents(f.read_text())], served))
         kubectl(node_cluster, "apply", "--server-side", "-f", str(crds))
         wait_established(node_cluster)
         kubectl(node_cluster, "create", "namespace", schedulers.VOLCANO_NAMESPACE, check=False)

@@ -13,6 +13,7 @@ from real_helpers import kubectl
 
 from e2e.node import operators
 from e2e.node.cluster import NodeCluster
+from e2e.node.kubectl import write_list
 from e2e.probes import eventually
 from webhook.kube import ApiError, KubeApi, Resource
 
@@ -20,9 +21,8 @@ from webhook.kube import ApiError, KubeApi, Resource
 def install_crds(cluster: NodeCluster, op: operators.Operator, tmp: Path) -> None:
     """The operator's CRDs at its release (the shared ones may be older), served before it
     starts."""
-    path = tmp / f"{op.name}-crds.yaml"
     docs = operators.crds(op, operators.module_dir(op))
-    path.write_text(yaml.safe_dump_all(docs))
+    path = write_list(tmp / f"{op.name}-crds.json", docs)
     kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(path))
     for crd in docs:
         kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s",

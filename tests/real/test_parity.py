@@ -64,13 +64,18 @@ PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", False,
 NS = "parity"
 
 
+@pytest.fixture(scope="module")
+def crds() -> list[dict[str, Any]]:
+    return crd_documents()
+
+
 @pytest.fixture(params=["emulator", "real"])
-async def api(request: pytest.FixtureRequest, node_cluster: NodeCluster
-              ) -> AsyncIterator[tuple[str, KubeApi]]:
+async def api(request: pytest.FixtureRequest, node_cluster: NodeCluster,
+              crds: list[dict[str, Any]]) -> AsyncIterator[tuple[str, KubeApi]]:
     """(backend, client) with an empty namespace `parity` (created once per backend)."""
     with tempfile.TemporaryDirectory(prefix="muster-parity-") as tmp:
         if request.param == "emulator":
-            emulator = ApiServerEmulator(crds=crd_documents())
+            emulator = ApiServerEmulator(crds=crds)
             await emulator.start()
             kubeconfig = str(emulator.write_kubeconfig(Path(tmp) / "kubeconfig"))
         else:
