@@ -8,9 +8,9 @@ from typing import Any
 
 import yaml
 
-LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+from webhook.yamlpos import SafeLoader
 
 
 def documents(text: str) -> list[dict[str, Any]]:
     """Every mapping document of `text` (empty documents and others skipped)."""
-    return [d for d in yaml.load_all(text, Loader=LOADER) if isinstance(d, dict)]
+    return [d for d in yaml.load_all(text, Loader=SafeLoader) if isinstance(d, dict)]

@@ -20,6 +20,8 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from webhook.yamlpos import SafeLoader
+
 from . import defaults, errors, shapes
 from .admission import (
     DEFAULT_USER,
@@ -49,9 +51,6 @@ from .resources import (
 from .schema import validate_custom
 from .selectors import Selector
 from .store import Store, Stored, Watcher, dumps
-
-#: libyaml's parser where PyYAML has it: the upstream CRDs (5 MB) seed in 1 s, not 9
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +328,7 @@ class ApiServerEmulator:
 
     def load_yaml(self, path: str | Path) -> list[dict[str, Any]]:
         """Seed every document of a YAML file (CRDs, nodes, namespaces...)."""
-        docs = [d for d in yaml.load_all(Path(path).read_text(), Loader=_LOADER) if d]
+        docs = [d for d in yaml.load_all(Path(path).read_text(), Loader=SafeLoader) if d]
         return [copy.deepcopy(self._seed(d)) for d in docs]
 
     # --- store access used by admission ---------------------------------------------------------
