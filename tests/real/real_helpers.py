@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import subprocess
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from e2e.cluster import NAMESPACE, RELEASE, chart_values, helm
@@ -19,8 +20,8 @@ from webhook.demo import EXAMPLE_POLICIES
 from webhook.kube import PODS, KubeApi
 
 __all__ = ["NETWORK_LEVELS", "agent_dra_state", "agent_pod", "crd_documents", "diagnostics",
-           "kubectl", "pod_ready", "policy_digests", "release_values", "run_helm",
-           "upgrade_release", "wait_established", "wait_webhook_pods", "webhook_pods"]
+           "kubectl", "pod_ready", "policies_everywhere", "policy_digests", "release_values",
+           "run_helm", "upgrade_release", "wait_established", "wait_webhook_pods", "webhook_pods"]
 
 #: the binder's network levels (docs/topology.md): Topograph's spine (a block) and leaf (a
 #: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
@@ -90,6 +91,18 @@ async def policy_digests(kube: KubeApi, cluster: NodeCluster) -> dict[str, str |
         found = re.search(r'^muster_policy_set_info\{digest="([0-9a-f]+)"\} 1\.0$', text, re.M)
         digests[name] = found.group(1) if found else None
     return digests
+
+
+async def policies_everywhere(kube: KubeApi, cluster: NodeCluster,
+                              probe: Callable[[], Awaitable[bool]]) -> bool:
+    """Whether every webhook replica serves the policy set `probe` (a dry run through the API
+    server) looks for: each replica reloads on its own, once the kubelet has updated its volume,
+    and the API server keeps its connection to one replica, so probes alone may never reach the
+    other. True when a probe sees the set and every replica shows the same digest."""
+    if not await probe():
+        return False
+    digests = set((await policy_digests(kube, cluster)).values())
+    return len(digests) == 1 and None not in digests
 
 
 def agent_pod(cluster: NodeCluster) -> str:

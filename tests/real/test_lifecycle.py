@@ -12,7 +12,13 @@ from typing import Any
 
 import yaml
 from jobs import ensure_namespace, mpijob, submit
-from real_helpers import kubectl, policy_digests, release_values, run_helm, webhook_pods
+from real_helpers import (
+    kubectl,
+    policies_everywhere,
+    release_values,
+    run_helm,
+    webhook_pods,
+)
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node.assets import REPO
@@ -107,21 +113,16 @@ def _without_gpus(job: dict[str, Any]) -> dict[str, Any]:
 
 async def _roll(kube: KubeApi, cluster: NodeCluster, enforcement: str, marker: str) -> None:
     """`helm upgrade` with the rollout policies in `enforcement` mode, until every webhook
-    replica has them: each reloads on its own, once the kubelet has updated its volume, and the
-    API server keeps its connection to one replica, so probes alone may never reach the other.
-    One probe sees the marker and every replica shows the same policy set digest."""
+    replica has them."""
     values = release_values(cluster)
     values["policies"].update(rollout_policies(enforcement, marker))
     await asyncio.to_thread(run_helm, cluster, "upgrade", RELEASE, CHART, "--namespace",
                             NAMESPACE, "--values", str(_values_file(cluster, values)), "--wait",
                             "--timeout", "3m")
 
-    async def everywhere() -> bool:
-        if not await rollout_loaded(kube, marker):
-            return False
-        digests = set((await policy_digests(kube, cluster)).values())
-        return len(digests) == 1 and None not in digests
-    await eventually(everywhere, within=120, interval=1,
+    await eventually(lambda: policies_everywhere(kube, cluster,
+                                                 lambda: rollout_loaded(kube, marker)),
+                     within=120, interval=1,
                      what=f"every replica's policies with the gang in {enforcement} mode")
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from jobs import delete_jobs, ensure_namespace, mpijob, submit
+from real_helpers import policies_everywhere
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node.cluster import NODE_NAME, NodeCluster
@@ -48,16 +49,12 @@ async def _slots(kube: KubeApi, count: int | None) -> None:
         SLOT: None if count is None else str(count)}}}, subresource="status")
 
 
-async def _policy_loaded(kube: KubeApi, times: int = 12) -> bool:
-    """`times` server-side dry-run pods in a row carry the policy's audit annotation (each
-    webhook replica reloads on its own, when the kubelet updates its ConfigMap volume)."""
+async def _policy_seen(kube: KubeApi) -> bool:
+    """A server-side dry-run pod carries the policy's audit annotation."""
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "probe-"},
            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
-    for _ in range(times):
-        made = await kube.create(PODS, pod, namespace=NS, dry_run=True)
-        if (made["metadata"].get("annotations") or {}).get(keys.ANN_POLICY) != "mpi-native":
-            return False
-    return True
+    made = await kube.create(PODS, pod, namespace=NS, dry_run=True)
+    return (made["metadata"].get("annotations") or {}).get(keys.ANN_POLICY) == "mpi-native"
 
 
 def _job(name: str) -> dict[str, Any]:
@@ -82,8 +79,9 @@ async def test_kube_scheduler_binds_none_of_a_gang_that_does_not_fit_then_all_of
     await _slots(kube, 4)
     name = "native-gang"
     try:
-        await eventually(lambda: _policy_loaded(kube), within=120,
-                         what="the webhook to load the native-gang policy")
+        await eventually(
+            lambda: policies_everywhere(kube, node_cluster, lambda: _policy_seen(kube)),
+            within=120, interval=1, what="every webhook replica to load the native-gang policy")
         job = await submit(kube, _job(name))
 
         async def five() -> list[dict[str, Any]] | None:
