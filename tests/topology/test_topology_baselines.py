@@ -131,3 +131,12 @@ def test_slowed_jobs_are_counted_by_gang_shape() -> None:
     # jobs at their ideal step add nothing; shapes by GPUs, then GPUs per pod
     assert slowed(r, jobs) == "4x1 1/2 +0.50, 2x8 1/1 +0.10"
     assert slowed(Result("y", steps={2: (1.0, 1.0)}), jobs) == ""
+
+
+def test_latency_rows_count_each_cycle_in_the_references_beside_it() -> None:
+    from bench.bench_topology import in_references, reference  # noqa: PLC0415
+
+    # a cycle counts in the mean of the references before and after it: 20 ms while they took
+    # 2 and 6 ms (the machine slowed down) is 5 references, as 10 ms between two of 2 ms
+    assert in_references([10.0, 20.0, 30.0], [2.0, 2.0, 6.0, 2.0]) == [5.0, 5.0, 7.5]
+    assert reference() > 0
