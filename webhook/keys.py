@@ -96,12 +96,21 @@ KAI_PREFERRED_PLACEMENT = "kai.scheduler/topology-preferred-placement"
 KAI_SEGMENT_SIZE = "kai.scheduler/segment-size"
 KAI_SEGMENT_REQUIRED_PLACEMENT = "kai.scheduler/segment-topology-required-placement"
 KAI_SEGMENT_PREFERRED_PLACEMENT = "kai.scheduler/segment-topology-preferred-placement"
+#: Volcano's network topology on a pod (template), as its PodGroup's spec.networkTopology: mode
+#: hard (within one HyperNode of at most the highest tier) or soft (best effort)
+VOLCANO_NETWORK_TOPOLOGY_MODE = "volcano.sh/network-topology-mode"
+VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER = "volcano.sh/network-topology-highest-tier"
 #: the job annotations a policy may honour as a network request (webhook.policy.network)
 NETWORK_ANNOTATIONS = (KUEUE_REQUIRED_TOPOLOGY, KUEUE_PREFERRED_TOPOLOGY,
                        KUEUE_UNCONSTRAINED_TOPOLOGY, KUEUE_SLICE_REQUIRED_TOPOLOGY,
                        KUEUE_SLICE_SIZE, KAI_REQUIRED_PLACEMENT, KAI_PREFERRED_PLACEMENT,
                        KAI_SEGMENT_SIZE, KAI_SEGMENT_REQUIRED_PLACEMENT,
-                       KAI_SEGMENT_PREFERRED_PLACEMENT)
+                       KAI_SEGMENT_PREFERRED_PLACEMENT, VOLCANO_NETWORK_TOPOLOGY_MODE,
+                       VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER)
+#: a network level named by its tier, as Volcano counts HyperNode tiers: "tier:1" is the
+#: narrowest declared level (its domains hold nodes), "tier:2" the one above it; the binder
+#: resolves it against its levels (a ":" is in no label key, so no label is mistaken for one)
+NETWORK_TIER_PREFIX = "tier:"
 
 VOLCANO_API = ("scheduling.volcano.sh", "v1beta1", "podgroups")
 COSCHEDULING_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
@@ -150,10 +159,16 @@ def dra_device_name(index: int) -> str:
     return f"{DRA_DEVICE_PREFIX}{index}"
 
 
+def decimal(text: str) -> int | None:
+    """The whole number `text` writes in ASCII digits alone, else None (str.isdigit also takes
+    digits such as "²", which int() refuses)."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def dra_device_index(name: str) -> int | None:
     """The GPU index a device name of our driver names, or None when it names none."""
     digits = name.removeprefix(DRA_DEVICE_PREFIX)
-    return int(digits) if digits != name and digits.isdigit() else None
+    return decimal(digits) if digits != name else None
 CDI_KIND = "muster.io/gpu"
 #: a DRA-backed extended resource (1.37, KEP-5004): the annotation on the special claim made for
 #: a pod's plain requests, and the name a DeviceClass without extendedResourceName serves

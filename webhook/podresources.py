@@ -88,8 +88,8 @@ def _gpus(res: Mapping[str, Any], name: Any, problems: list[str] | None) -> int:
         return 0
     if type(raw) is int and raw >= 0:  # the common cases first: no quantity parsing
         return raw
-    if type(raw) is str and raw.isascii() and raw.isdigit():
-        return int(raw)
+    if type(raw) is str and (count := keys.decimal(raw)) is not None:
+        return count
     parsed = _quantity(raw, problems, "container", name, GPU)
     if parsed is None:
         return 0

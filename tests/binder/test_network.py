@@ -76,6 +76,22 @@ def test_a_level_named_by_its_alias_is_that_level() -> None:
     assert "within one example.com/rack domain" in p.waits[0].reason
 
 
+def test_a_level_named_by_its_tier_counts_from_the_narrowest() -> None:
+    """Volcano's tiers (`volcano.sh/network-topology-*`, as the webhook writes them): tier 1 is
+    the rack here, tier 2 the block, and a tier above the widest level is the whole cluster."""
+    taken = [pod("busy", gpus=4, node_name="b0-r0-n0", topology=None)]
+    p = run([*job("j", workers=3, gpus=4, topology=topo("tier:1")), *taken], nodes())
+    assert len(p.places) == 1 and racks(p) == {("b0", "r0")}
+    hard2 = topo("tier:1", "preferred", maxLevel="tier:2")
+    p = run(job("j", workers=3, gpus=8, topology=hard2), nodes())
+    assert len(p.places) == 1 and len({b for b, _ in racks(p)}) == 1 and len(racks(p)) == 2
+    p = run(job("j", workers=5, gpus=8, topology=hard2), nodes())
+    assert not p.places and "within one example.com/block domain" in p.waits[0].reason
+    hard3 = topo("tier:1", "preferred", maxLevel="tier:3")  # above the block: no bound
+    p = run(job("j", workers=5, gpus=8, topology=hard3), nodes())
+    assert len(p.places) == 1 and len({b for b, _ in racks(p)}) == 2
+
+
 def test_a_preferred_rack_bounded_by_a_block_waits_beyond_it() -> None:
     p = run(job("j", workers=3, gpus=8, topology=topo("rack", "preferred", maxLevel="block")),
             nodes())
@@ -126,6 +142,9 @@ def test_the_annotation_carries_the_request() -> None:
     ('{"unconstrained": "yes"}', "unconstrained must be true or false"),
     ('{"unconstrained": true, "level": "x"}', "no level and no slices"),
     ('{"unconstrained": true, "sliceLevel": "x", "sliceSize": 2}', "no level and no slices"),
+    ('{"level": "tier:0"}', "a tier is tier:N, N >= 1"),
+    ('{"level": "tier:one"}', "a tier is tier:N"),
+    ('{"level": "tier:1", "mode": "preferred", "maxLevel": "tier:\u00b2"}', "a tier is tier:N"),
 ])
 def test_a_malformed_request_is_a_problem(network: str, error: str) -> None:
     text = '{"v": 1, "network": ' + network + "}"

@@ -1,4 +1,5 @@
-"""A gang's network request: from the policy, or the job's Kueue / KAI annotations it honours."""
+"""A gang's network request: from the policy, or the job's Kueue / KAI / Volcano annotations it
+honours."""
 
 from __future__ import annotations
 
@@ -77,6 +78,62 @@ def test_kueue_and_kai_annotations_mean_the_same(
     assert asked(pod) == want
     assert d.network is not None and "honoured by policy net" in d.network
     assert next(iter(ann)) in d.network
+
+
+VOLCANO_MODE, VOLCANO_TIER = (keys.VOLCANO_NETWORK_TOPOLOGY_MODE,
+                              keys.VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER)
+
+
+@pytest.mark.parametrize(("ann", "want"), [
+    # hard: one domain of at most the highest tier, the narrowest first (tier 1 alone: required)
+    ({VOLCANO_MODE: "hard", VOLCANO_TIER: "2"},
+     {"level": "tier:1", "mode": "preferred", "maxLevel": "tier:2"}),
+    ({VOLCANO_MODE: "hard", VOLCANO_TIER: "1"}, {"level": "tier:1", "mode": "required"}),
+    ({VOLCANO_TIER: "3"}, {"level": "tier:1", "mode": "preferred", "maxLevel": "tier:3"}),
+    # soft: the narrowest that fits, then wider; Volcano reads no highest tier there
+    ({VOLCANO_MODE: "soft", VOLCANO_TIER: "1"}, {"level": "tier:1", "mode": "preferred"}),
+])
+def test_volcanos_network_topology_means_the_same(
+        ann: dict[str, str], want: dict[str, Any], worker_pod: dict[str, Any],
+        mpijob: dict[str, Any], policies: Policies) -> None:
+    ps = policies(muster(f"  network:\n    required: {RACK}"))
+    d, pod = decide(with_annotations(worker_pod, **ann), mpijob, ps)
+    assert asked(pod) == want
+    assert d.network is not None and "honoured by policy net" in d.network
+    assert "tier 1" in d.network and "up from the narrowest" in d.network
+
+
+@pytest.mark.parametrize(("ann", "warning"), [
+    ({VOLCANO_MODE: "hard"}, f"hard needs a {VOLCANO_TIER} of at least 1"),
+    ({VOLCANO_MODE: "hard", VOLCANO_TIER: "0"}, f"hard needs a {VOLCANO_TIER} of at least 1"),
+    ({VOLCANO_MODE: "hard", VOLCANO_TIER: "\u00b2"}, f"hard needs a {VOLCANO_TIER}"),
+    ({VOLCANO_MODE: "strict", VOLCANO_TIER: "2"}, "'strict' is not hard or soft"),
+])
+def test_volcano_annotations_that_cannot_be_used_are_warned_about(
+        ann: dict[str, str], warning: str, worker_pod: dict[str, Any],
+        mpijob: dict[str, Any], policies: Policies) -> None:
+    d, pod = decide(with_annotations(worker_pod, **ann), mpijob, policies(muster()))
+    assert asked(pod) is None
+    assert any(warning in w for w in d.warnings), d.warnings
+
+
+def test_kueue_and_kai_levels_are_read_before_volcanos(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    for first in (keys.KUEUE_REQUIRED_TOPOLOGY, keys.KAI_REQUIRED_PLACEMENT):
+        pod = with_annotations(worker_pod, **{first: RACK, VOLCANO_MODE: "soft"})
+        d, mutated = decide(pod, mpijob, policies(muster()))
+        assert asked(mutated) == {"level": RACK, "mode": "required"}
+        assert f"{VOLCANO_MODE} ignored: {first} is read first" in d.warnings
+
+
+def test_a_segment_size_in_other_digits_is_warned_about_not_a_crash(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    # "²" is a digit to str.isdigit, and int() refuses it
+    pod = with_annotations(worker_pod, **{keys.KAI_SEGMENT_SIZE: "\u00b2",
+                                          keys.KAI_SEGMENT_REQUIRED_PLACEMENT: RACK})
+    d, mutated = decide(pod, mpijob, policies(muster()))
+    assert asked(mutated) is None
+    assert any("(more than 1)" in w for w in d.warnings)
 
 
 def test_the_job_objects_annotations_count_the_pods_win(

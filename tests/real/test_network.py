@@ -168,6 +168,19 @@ async def _failed_scheduling(kube: KubeApi, ns: str, job: str) -> str:
     return message
 
 
+#: Volcano's network topology on a pod template: one domain of at most tier 2
+VOLCANO_HARD_2 = {keys.VOLCANO_NETWORK_TOPOLOGY_MODE: "hard",
+                  keys.VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER: "2"}
+
+
+async def _delete_job(kube: KubeApi, ns: str, name: str) -> None:
+    """The job and its pods gone at once (no kubelet runs these nodes' pods)."""
+    await kube.delete(JOBS, name, ns, propagation_policy="Orphan")
+    for pod in await _pods(kube, ns, name):
+        await kube.request("DELETE", PODS.path(ns, pod["metadata"]["name"]), body={
+            "kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+
+
 def _at(pods: list[dict[str, Any]], labels: dict[str, dict[str, str]], level: str) -> set[str]:
     return {labels[p["spec"]["nodeName"]].get(level, "-") for p in pods}
 
@@ -190,6 +203,14 @@ async def test_gangs_land_within_the_network_domains_they_ask_for(
     kueue = await _run(kube, "as-annotated",
                        _job("kueue-job", 2, 8, {keys.KUEUE_REQUIRED_TOPOLOGY: LEAF}))
     assert len(_at(kueue, labels, LEAF)) == 1
+
+    # a job written for Volcano: hard, within one domain of at most tier 2 (the binder's levels
+    # counted up from the narrowest: tier 1 the clique, which no DGX node has, tier 2 the leaf)
+    volcano = await _run(kube, "as-annotated", _job("volcano-job", 2, 8, VOLCANO_HARD_2))
+    assert json.loads(volcano[0]["metadata"]["annotations"][keys.ANN_GPU_TOPOLOGY])[
+        "network"] == {"level": "tier:1", "mode": "preferred", "maxLevel": "tier:2"}
+    assert len(_at(volcano, labels, LEAF)) == 1
+    await _delete_job(kube, NAMESPACES["as-annotated"], "volcano-job")
 
     # tensor-parallel slices of 8 ranks x 4 GPUs: each within one NVLink clique; a clique
     # (9 nodes x 4 GPUs) holds one slice, so the two take one clique each
@@ -247,6 +268,12 @@ async def test_gangs_land_within_the_network_domains_they_ask_for(
     assert json.loads(ranks[0]["metadata"]["annotations"][keys.ANN_GPU_TOPOLOGY])["network"] \
         == {"unconstrained": True}
     assert {p["spec"]["nodeName"] for p in ranks} == {gap}
+
+    # Volcano's hard tier 2 is the leaf: five 8-GPU ranks fit no leaf (4 nodes), so they wait
+    await kube.create(JOBS, _job("volcano-wide", 5, 8, VOLCANO_HARD_2), namespace=ns)
+    message = await _failed_scheduling(kube, ns, "volcano-wide")
+    assert f"within one {LEAF} domain" in message, message
+    assert not any(p["spec"].get("nodeName") for p in await _pods(kube, ns, "volcano-wide"))
 
 
 #: training pods of every namespace stay out of the leaf of a pod that carries this (required

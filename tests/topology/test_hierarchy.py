@@ -25,7 +25,7 @@ from webhook.topology import (
     place_gang,
 )
 from webhook.topology.gpu_choice import TableCache
-from webhook.topology.network import CLIQUE, HOSTNAME, TOPOGRAPH
+from webhook.topology.network import CLIQUE, HOSTNAME, TOPOGRAPH, resolve_request
 
 H100 = builtin("hgx-h100")
 BLOCK, RACK = "example.com/block", "example.com/rack"
@@ -210,6 +210,28 @@ def test_an_alias_names_its_level() -> None:
     # without the alias declared, "rack" is a label no node has
     r = place(nodes, labels, gang(2, level="rack"))
     assert isinstance(r, Unplaceable) and "no node has the label rack" in r.reason
+
+
+def test_tiers_resolve_from_the_narrowest_level_up() -> None:
+    levels = Levels(LEVELS, (("rack", RACK),))
+    assert [levels.resolve(f"tier:{n}") for n in (1, 2, 3, 4)] == [CLIQUE, RACK, BLOCK, None]
+    assert levels.resolve("rack") == RACK and levels.resolve(BLOCK) == BLOCK
+    assert levels.resolve("tier:0") == "tier:0" and levels.resolve("tier:x") == "tier:x"
+    bounded = NetworkRequest("tier:1", "preferred", max_level="tier:9")
+    assert resolve_request(bounded, levels) == NetworkRequest(CLIQUE, "preferred")
+    sliced = NetworkRequest("tier:5", "required", "tier:2", 4)  # no level, its slices kept
+    assert resolve_request(sliced, levels) == NetworkRequest(None, "required", RACK, 4)
+    assert resolve_request(NetworkRequest("tier:1"), Levels()) == NetworkRequest(None)
+
+
+def test_a_gang_named_by_tiers_lands_as_one_named_by_labels() -> None:
+    nodes, labels = cluster({"b0-r0-n0": (), "b1-r1-n0": (), "b1-r1-n1": range(4)})
+    two_racks = gang(6, level="tier:2", mode="preferred", max_level="tier:3")
+    assert place(nodes, labels, two_racks) == place(
+        nodes, labels, gang(6, level=RACK, mode="preferred", max_level=BLOCK))
+    # no levels declared: a tier names nothing, and the gang is placed as one without a level
+    assert place(nodes, labels, gang(2, level="tier:1"), ()) == place(
+        nodes, labels, gang(2, level=None), ())
 
 
 def test_required_rack_that_cannot_fit_says_the_level_the_room_and_the_need() -> None:

@@ -73,6 +73,11 @@ def test_h100_paste_with_bare_numa_header() -> None:
     t = parse("\n".join(rows), pcie_gen=5, nvlink_gbps=25)
     assert t.nvswitch == frozenset(range(4)) and t.nvswitch_links == 18
     assert [g.numa_node for g in t.gpus] == [0, 0, 1, 1]
+    # a NUMA cell that is no ASCII number ("²" is a digit to str.isdigit) is unknown, and the
+    # pair whose one NUMA node is unknown is compared by CPU affinity both ways (it was SYS one
+    # way and NODE the other, refused as asymmetric)
+    t = parse("\n".join(rows).replace("  1\n", "  \u00b2\n", 1), pcie_gen=5, nvlink_gbps=25)
+    assert [g.numa_node for g in t.gpus] == [0, 0, None, 1]
 
 
 def test_nvlink_bridged_pairs_stay_direct_links() -> None:

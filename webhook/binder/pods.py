@@ -319,6 +319,10 @@ def _network_request(doc: Any) -> NetworkRequest | None:
     for name, value in (("level", level), ("sliceLevel", slice_level), ("maxLevel", max_level)):
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{where}.{name} must be a node label key")
+        if isinstance(value, str) and value.startswith(keys.NETWORK_TIER_PREFIX) and not (
+                (keys.decimal(value[len(keys.NETWORK_TIER_PREFIX):]) or 0) >= 1):
+            raise ValueError(f"{where}.{name}: a tier is {keys.NETWORK_TIER_PREFIX}N, N >= 1, "
+                             f"not {value!r}")
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise ValueError(f"{where}.sliceSize must be a whole number")
     if (slice_level is None) != (size == 0):

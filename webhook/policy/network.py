@@ -1,12 +1,15 @@
 """The network request a gang's pods carry to the binder: from the policy, or from the job's own
-Kueue / KAI topology annotations where the policy honours them (docs/policies.md, "Network").
+Kueue / KAI / Volcano topology annotations where the policy honours them (docs/policies.md,
+"Network").
 
 A level is a node label, as Kueue and KAI name it, or an alias the binder's levels declare (KAI's
-Topology `alias`). The job's annotations replace the policy's request part by part (the gang's
-level, the slices) when the policy's `jobAnnotations` is `honour` (its default): a manifest
-written for Kueue or KAI then means the same to Muster. They are read from the pod (its
-template) and from the job object (where KAI's pod grouper reads them), the pod's winning key by
-key. With `ignore` the policy alone decides, and the annotations are only explained.
+Topology `alias`), or a tier (`tier:N`, Volcano's HyperNode tier: 1 the narrowest level), which
+the binder resolves against its levels. The job's annotations replace the policy's request part
+by part (the gang's level, the slices) when the policy's `jobAnnotations` is `honour` (its
+default): a manifest written for Kueue, KAI or Volcano then means the same to Muster. They are
+read from the pod (its template) and from the job object (where KAI's pod grouper reads them),
+the pod's winning key by key. With `ignore` the policy alone decides, and the annotations are
+only explained.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from webhook.policy.schema import Network, check_label_key
 _KUEUE_LEVELS = ((keys.KUEUE_REQUIRED_TOPOLOGY, "required"),
                  (keys.KUEUE_PREFERRED_TOPOLOGY, "preferred"))
 _KAI_LEVELS = (keys.KAI_REQUIRED_PLACEMENT, keys.KAI_PREFERRED_PLACEMENT)
+_VOLCANO = (keys.VOLCANO_NETWORK_TOPOLOGY_MODE, keys.VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER)
 _KAI_SEGMENTS = (keys.KAI_SEGMENT_SIZE, keys.KAI_SEGMENT_REQUIRED_PLACEMENT,
                  keys.KAI_SEGMENT_PREFERRED_PLACEMENT)
 #: the request's keys of each part, which the job's annotations replace together
@@ -75,28 +79,59 @@ def _unconstrained(ann: Mapping[str, str], warnings: list[str]) -> bool:
     return value is not None and value.lower() == "true"
 
 
+def _tier(n: int) -> str:
+    return f"{keys.NETWORK_TIER_PREFIX}{n}"
+
+
+def _volcano_level(ann: Mapping[str, str], warnings: list[str]) -> Ask:
+    """Volcano's network topology (its PodGroup's spec.networkTopology as pod annotations):
+    hard, within one domain of at most the highest tier, the narrowest that fits first (tier 1:
+    the narrowest level; Volcano's default mode); soft, the narrowest domain that fits, then
+    wider, the whole cluster last (the highest tier is not read, as Volcano does not)."""
+    mode = ann.get(keys.VOLCANO_NETWORK_TOPOLOGY_MODE, "hard")
+    if mode not in ("hard", "soft"):
+        warnings.append(f"{keys.VOLCANO_NETWORK_TOPOLOGY_MODE}: {mode!r} is not hard or soft; "
+                        "the network topology is ignored")
+        return {}
+    if mode == "soft":
+        return {"level": _tier(1), "mode": "preferred"}
+    tier = _size(ann.get(keys.VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER))
+    if tier < 1:
+        warnings.append(f"{keys.VOLCANO_NETWORK_TOPOLOGY_MODE} hard needs a "
+                        f"{keys.VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER} of at least 1; the "
+                        "network topology is ignored")
+        return {}
+    return _levels_ask(_tier(tier), _tier(1))
+
+
 def _gang_level(ann: Mapping[str, str], warnings: list[str]) -> tuple[Ask, list[str]]:
     """The gang's level the annotations ask for, and the annotations that asked: Kueue's first
     (required, preferred, then unconstrained: no level, each member where it fits best),
-    else KAI's required and preferred, alone or together."""
+    else KAI's required and preferred, alone or together, else Volcano's."""
     kueue = [(k, mode, level) for k, mode in _KUEUE_LEVELS
              if (level := _label(ann, k, warnings)) is not None]
     kai = {k: level for k in _KAI_LEVELS if (level := _label(ann, k, warnings)) is not None}
+    volcano = [k for k in _VOLCANO if k in ann]
     unconstrained = _unconstrained(ann, warnings)
     if kueue:
         key, mode, level = kueue[0]
         _ignored([k for k, _, _ in kueue[1:]] + list(kai)
-                 + [keys.KUEUE_UNCONSTRAINED_TOPOLOGY] * unconstrained, key, warnings)
+                 + [keys.KUEUE_UNCONSTRAINED_TOPOLOGY] * unconstrained + volcano, key, warnings)
         return {"level": level, "mode": mode}, [key]
     if unconstrained:
-        _ignored(list(kai), keys.KUEUE_UNCONSTRAINED_TOPOLOGY, warnings)
+        _ignored(list(kai) + volcano, keys.KUEUE_UNCONSTRAINED_TOPOLOGY, warnings)
         return {"unconstrained": True}, [keys.KUEUE_UNCONSTRAINED_TOPOLOGY]
     ask = _levels_ask(kai.get(keys.KAI_REQUIRED_PLACEMENT), kai.get(keys.KAI_PREFERRED_PLACEMENT))
-    return ask, list(kai) if ask else []
+    if ask:
+        _ignored(volcano, next(iter(kai)), warnings)
+        return ask, list(kai)
+    if volcano:
+        ask = _volcano_level(ann, warnings)
+    return ask, volcano if ask else []
 
 
 def _size(text: str | None) -> int:
-    return int(text) if text is not None and text.isdigit() else 0
+    return (keys.decimal(text) if text is not None else None) or 0
 
 
 def _slices(ann: Mapping[str, str], warnings: list[str]) -> tuple[Ask, list[str]]:
@@ -148,16 +183,24 @@ def _policy_ask(policy: Network) -> Ask:
     return ask
 
 
+def _level_name(level: str) -> str:
+    """A level as explain prints it (a tier: "tier N")."""
+    tier = level.removeprefix(keys.NETWORK_TIER_PREFIX)
+    return level if tier == level else f"tier {tier}"
+
+
 def _describe(ask: Ask) -> str:
     parts = []
     if ask.get("unconstrained"):
         parts.append("unconstrained (no level: each member where it fits best, filling gaps)")
     if "level" in ask:
-        within = f" within one {ask['maxLevel']}" if "maxLevel" in ask else ""
-        parts.append(f"{ask['mode']} {ask['level']}{within}")
+        within = f" within one {_level_name(ask['maxLevel'])}" if "maxLevel" in ask else ""
+        parts.append(f"{ask['mode']} {_level_name(ask['level'])}{within}")
     if "sliceLevel" in ask:
         how = "preferably" if ask.get("sliceMode") == "preferred" else "each"
         parts.append(f"slices of {ask['sliceSize']} pods, {how} within one {ask['sliceLevel']}")
+    if any(str(ask.get(k, "")).startswith(keys.NETWORK_TIER_PREFIX) for k in ("level", "maxLevel")):
+        parts[-1] += " (tiers count the binder's levels up from the narrowest, tier 1)"
     return "; ".join(parts)
 
 

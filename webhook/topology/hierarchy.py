@@ -42,7 +42,7 @@ from webhook.topology.model import (
     NodeState,
     Unplaceable,
 )
-from webhook.topology.network import HOSTNAME, Network
+from webhook.topology.network import HOSTNAME, Levels, Network, resolve_request
 from webhook.topology.placement import DEFAULT_INTER_NODE_GBPS, capacity, place_on_nodes
 from webhook.topology.ringfloor import gang_gbps, meets_min_ring
 
@@ -89,7 +89,7 @@ def place_gang(
     if req is None:
         return place_on_nodes(nodes, gang, inter_node_gbps=inter_node_gbps, tables=tables,
                               groups=groups)
-    req = _bounded(_resolved(req, network) if network is not None else req)
+    req = _bounded(resolve_request(req, network.declared if network is not None else Levels()))
     place = functools.partial(_place, nodes, network=network, inter_node_gbps=inter_node_gbps,
                               tables=tables, groups=groups)
     if req.slice_level is not None and req.slice_mode == "preferred":
@@ -208,14 +208,6 @@ class _Best:
         entry = self._entry(i)
         if entry is not None:
             heapq.heappush(self.heap, entry)
-
-
-def _resolved(req: NetworkRequest, network: Network) -> NetworkRequest:
-    """The request with every level an alias names replaced by its label."""
-    def label(name: str | None) -> str | None:
-        return None if name is None else network.label(name)
-    return replace(req, level=label(req.level), slice_level=label(req.slice_level),
-                   max_level=label(req.max_level))
 
 
 def _bounded(req: NetworkRequest) -> NetworkRequest:

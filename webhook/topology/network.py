@@ -21,10 +21,11 @@ its rack and block).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from webhook.keys import HOSTNAME_LABEL, is_label_key
+from webhook.keys import HOSTNAME_LABEL, NETWORK_TIER_PREFIX, decimal, is_label_key
+from webhook.topology.model import NetworkRequest
 
 HOSTNAME = HOSTNAME_LABEL
 CLIQUE = "nvidia.com/gpu.clique"
@@ -50,6 +51,29 @@ class Levels:
     def label(self, name: str) -> str:
         """The label `name` stands for: the one it is an alias of, else itself."""
         return next((label for alias, label in self.aliases if alias == name), name)
+
+    def resolve(self, name: str) -> str | None:
+        """The label a request's level `name` stands for: an alias's label; tier N's (N >= 1,
+        counted from the narrowest level up, as Volcano counts HyperNode tiers), None for a
+        tier above the widest level (the whole cluster); else the name itself."""
+        tier = decimal(name.removeprefix(NETWORK_TIER_PREFIX)) \
+            if name.startswith(NETWORK_TIER_PREFIX) else None
+        if tier is None or tier < 1:  # (not a tier: a label no node may have)
+            return self.label(name)
+        return self.labels[-tier] if tier <= len(self.labels) else None
+
+
+def resolve_request(req: NetworkRequest, levels: Levels) -> NetworkRequest:
+    """`req` with its level names as labels (`Levels.resolve`). A tier above the widest level
+    is the whole cluster: as the gang's level, no level (nor bound); as its bound, no bound; as
+    its slices' level, no slices."""
+    level = None if req.level is None else levels.resolve(req.level)
+    bound = None if req.max_level is None else levels.resolve(req.max_level)
+    sliced = None if req.slice_level is None else levels.resolve(req.slice_level)
+    if level is None:
+        bound = None
+    return replace(req, level=level, max_level=bound, slice_level=sliced,
+                   slice_size=req.slice_size if sliced is not None else 0)
 
 
 def parse_levels(doc: Any) -> Levels:

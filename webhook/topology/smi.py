@@ -23,6 +23,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from webhook.keys import decimal
 from webhook.topology.codec import TopologyFormatError, validate
 from webhook.topology.model import GPU, PCIeLevel, Topology
 
@@ -154,8 +155,7 @@ def _gpu_rows(lines: list[str], cols: list[str], gpu_cols: list[str], has_numa: 
         rows.cells[i] = [row[cols.index(c)] for c in gpu_cols]
         rest = words[1 + len(cols) :]
         rows.affinity[i] = rest[0] if rest else ""
-        rows.numa[i] = int(rest[1]) if has_numa and len(rest) > 1 and rest[1].isdigit() \
-            else None
+        rows.numa[i] = decimal(rest[1]) if has_numa and len(rest) > 1 else None
     return rows
 
 
@@ -174,8 +174,9 @@ def _links(rows: _Rows, numa: dict[int, int | None], n: int
             nv = _NV.match(cell)
             if nv:
                 links[i][j] = int(nv.group(1))
-                same = numa[i] == numa[j] if numa[i] is not None else \
-                    rows.affinity[i] == rows.affinity[j]
+                # (by CPU affinity where either NUMA node is unknown: the same answer both ways)
+                same = numa[i] == numa[j] if numa[i] is not None and numa[j] is not None \
+                    else rows.affinity[i] == rows.affinity[j]
                 pcie[i][j] = PCIeLevel.NODE if same else PCIeLevel.SYS
             elif cell in _LEVELS:
                 pcie[i][j] = _LEVELS[cell]
