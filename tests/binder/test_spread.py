@@ -198,7 +198,7 @@ def test_members_placed_one_at_a_time_stay_close_when_the_gang_asks_for_a_networ
     block = json.dumps({"v": 1, "mode": "preferred",
                         "network": {"level": BLOCK, "mode": "preferred"}})
     levels = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME,
-                        levels=Levels((BLOCK, RACK)))
+                        levels=Levels((BLOCK, RACK), (("block", BLOCK),)))
 
     def placed_in(topology: str) -> list[str]:
         p = plan([parse_pod(x) for x in (busy, *gang(4, 1, [spread(HOST)], topology=topology))],
@@ -207,6 +207,10 @@ def test_members_placed_one_at_a_time_stay_close_when_the_gang_asks_for_a_networ
         return sorted(where(p).values())
 
     assert placed_in(block) == ["b1-r0-n0", "b1-r0-n1", "b1-r1-n0", "b1-r1-n1"]
+    # the level named by its alias, or by its tier (Volcano's: tier 2 of block > rack), is the
+    # same level here too
+    for name in ("block", "tier:2"):
+        assert placed_in(block.replace(BLOCK, name)) == placed_in(block), name
     # without a network level the members go where each is best alone: by name, once b1-r1-n1
     # is full
     assert placed_in(SPANS) == ["b0-r0-n0", "b0-r0-n1", "b0-r1-n0", "b1-r1-n1"]
