@@ -18,6 +18,8 @@ from .conftest import Policies, deep, policy
 from .test_engine import run
 
 RACK, BLOCK, CLIQUE = "example.com/rack", "example.com/block", "nvidia.com/gpu.clique"
+VOLCANO_MODE, VOLCANO_TIER = (keys.VOLCANO_NETWORK_TOPOLOGY_MODE,
+                              keys.VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER)
 
 
 def muster(network: str = "", name: str = "net") -> str:
@@ -69,8 +71,16 @@ def test_the_policy_level_and_slices_reach_the_binder(
     ({keys.KAI_SEGMENT_SIZE: "8", keys.KAI_SEGMENT_PREFERRED_PLACEMENT: RACK},
      {"level": CLIQUE, "mode": "preferred", "sliceLevel": RACK, "sliceSize": 8,
       "sliceMode": "preferred"}),
+    # Volcano's hard: one domain of at most the highest tier, the narrowest first (tier 1
+    # alone: required; hard is its default mode); soft: the narrowest that fits, then wider,
+    # the highest tier unread (as Volcano reads none there)
+    ({VOLCANO_MODE: "hard", VOLCANO_TIER: "2"},
+     {"level": "tier:1", "mode": "preferred", "maxLevel": "tier:2"}),
+    ({VOLCANO_MODE: "hard", VOLCANO_TIER: "1"}, {"level": "tier:1", "mode": "required"}),
+    ({VOLCANO_TIER: "3"}, {"level": "tier:1", "mode": "preferred", "maxLevel": "tier:3"}),
+    ({VOLCANO_MODE: "soft", VOLCANO_TIER: "1"}, {"level": "tier:1", "mode": "preferred"}),
 ])
-def test_kueue_and_kai_annotations_mean_the_same(
+def test_kueue_kai_and_volcano_annotations_mean_the_same(
         ann: dict[str, str], want: dict[str, Any], worker_pod: dict[str, Any],
         mpijob: dict[str, Any], policies: Policies) -> None:
     ps = policies(muster(f"  network:\n    preferred: {CLIQUE}"))
@@ -78,29 +88,6 @@ def test_kueue_and_kai_annotations_mean_the_same(
     assert asked(pod) == want
     assert d.network is not None and "honoured by policy net" in d.network
     assert next(iter(ann)) in d.network
-
-
-VOLCANO_MODE, VOLCANO_TIER = (keys.VOLCANO_NETWORK_TOPOLOGY_MODE,
-                              keys.VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER)
-
-
-@pytest.mark.parametrize(("ann", "want"), [
-    # hard: one domain of at most the highest tier, the narrowest first (tier 1 alone: required)
-    ({VOLCANO_MODE: "hard", VOLCANO_TIER: "2"},
-     {"level": "tier:1", "mode": "preferred", "maxLevel": "tier:2"}),
-    ({VOLCANO_MODE: "hard", VOLCANO_TIER: "1"}, {"level": "tier:1", "mode": "required"}),
-    ({VOLCANO_TIER: "3"}, {"level": "tier:1", "mode": "preferred", "maxLevel": "tier:3"}),
-    # soft: the narrowest that fits, then wider; Volcano reads no highest tier there
-    ({VOLCANO_MODE: "soft", VOLCANO_TIER: "1"}, {"level": "tier:1", "mode": "preferred"}),
-])
-def test_volcanos_network_topology_means_the_same(
-        ann: dict[str, str], want: dict[str, Any], worker_pod: dict[str, Any],
-        mpijob: dict[str, Any], policies: Policies) -> None:
-    ps = policies(muster(f"  network:\n    required: {RACK}"))
-    d, pod = decide(with_annotations(worker_pod, **ann), mpijob, ps)
-    assert asked(pod) == want
-    assert d.network is not None and "honoured by policy net" in d.network
-    assert "tier 1" in d.network and "up from the narrowest" in d.network
 
 
 @pytest.mark.parametrize(("ann", "warning"), [
@@ -115,6 +102,15 @@ def test_volcano_annotations_that_cannot_be_used_are_warned_about(
     d, pod = decide(with_annotations(worker_pod, **ann), mpijob, policies(muster()))
     assert asked(pod) is None
     assert any(warning in w for w in d.warnings), d.warnings
+
+
+def test_explain_counts_volcanos_tiers_up_from_the_narrowest_level(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    pod = with_annotations(worker_pod, **{VOLCANO_TIER: "2"})
+    d, _ = decide(pod, mpijob, policies(muster()))
+    assert d.network == (
+        "network: preferred tier 1 within one tier 2 (tiers count the binder's levels up from "
+        f"the narrowest, tier 1) (from the pod's {VOLCANO_TIER}, honoured by policy net)")
 
 
 def test_kueue_and_kai_levels_are_read_before_volcanos(
