@@ -78,6 +78,7 @@ def test_the_policy_level_and_slices_reach_the_binder(
      {"level": "tier:1", "mode": "preferred", "maxLevel": "tier:2"}),
     ({VOLCANO_MODE: "hard", VOLCANO_TIER: "1"}, {"level": "tier:1", "mode": "required"}),
     ({VOLCANO_TIER: "3"}, {"level": "tier:1", "mode": "preferred", "maxLevel": "tier:3"}),
+    ({VOLCANO_TIER: "0"}, {"level": keys.HOSTNAME_LABEL, "mode": "required"}),  # one node
     ({VOLCANO_MODE: "soft", VOLCANO_TIER: "1"}, {"level": "tier:1", "mode": "preferred"}),
 ])
 def test_kueue_kai_and_volcano_annotations_mean_the_same(
@@ -91,9 +92,9 @@ def test_kueue_kai_and_volcano_annotations_mean_the_same(
 
 
 @pytest.mark.parametrize(("ann", "warning"), [
-    ({VOLCANO_MODE: "hard"}, f"hard needs a {VOLCANO_TIER} of at least 1"),
-    ({VOLCANO_MODE: "hard", VOLCANO_TIER: "0"}, f"hard needs a {VOLCANO_TIER} of at least 1"),
-    ({VOLCANO_MODE: "hard", VOLCANO_TIER: "\u00b2"}, f"hard needs a {VOLCANO_TIER}"),
+    ({VOLCANO_MODE: "hard"}, f"hard needs a {VOLCANO_TIER} (a whole number)"),
+    ({VOLCANO_MODE: "hard", VOLCANO_TIER: "-1"}, f"hard needs a {VOLCANO_TIER} (a whole"),
+    ({VOLCANO_MODE: "hard", VOLCANO_TIER: "\u00b2"}, f"hard needs a {VOLCANO_TIER} (a whole"),
     ({VOLCANO_MODE: "strict", VOLCANO_TIER: "2"}, "'strict' is not hard or soft"),
 ])
 def test_volcano_annotations_that_cannot_be_used_are_warned_about(

@@ -86,8 +86,9 @@ def _tier(n: int) -> str:
 def _volcano_level(ann: Mapping[str, str], warnings: list[str]) -> Ask:
     """Volcano's network topology (its PodGroup's spec.networkTopology as pod annotations):
     hard, within one domain of at most the highest tier, the narrowest that fits first (tier 1:
-    the narrowest level; Volcano's default mode); soft, the narrowest domain that fits, then
-    wider, the whole cluster last (the highest tier is not read, as Volcano does not)."""
+    the narrowest level; tier 0: one node; Volcano's default mode); soft, the narrowest domain
+    that fits, then wider, the whole cluster last (the highest tier is not read, as Volcano
+    does not)."""
     mode = ann.get(keys.VOLCANO_NETWORK_TOPOLOGY_MODE, "hard")
     if mode not in ("hard", "soft"):
         warnings.append(f"{keys.VOLCANO_NETWORK_TOPOLOGY_MODE}: {mode!r} is not hard or soft; "
@@ -95,12 +96,15 @@ def _volcano_level(ann: Mapping[str, str], warnings: list[str]) -> Ask:
         return {}
     if mode == "soft":
         return {"level": _tier(1), "mode": "preferred"}
-    tier = _size(ann.get(keys.VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER))
-    if tier < 1:
+    text = ann.get(keys.VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER)
+    tier = keys.decimal(text) if text is not None else None
+    if tier is None:
         warnings.append(f"{keys.VOLCANO_NETWORK_TOPOLOGY_MODE} hard needs a "
-                        f"{keys.VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER} of at least 1; the "
+                        f"{keys.VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER} (a whole number); the "
                         "network topology is ignored")
         return {}
+    if tier == 0:  # (tier 0: the node itself, as Volcano's label discovery counts it)
+        return {"level": keys.HOSTNAME_LABEL, "mode": "required"}
     return _levels_ask(_tier(tier), _tier(1))
 
 
