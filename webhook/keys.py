@@ -165,6 +165,18 @@ def decimal(text: str) -> int | None:
     return int(text) if text.isascii() and text.isdigit() else None
 
 
+def network_tier_level(tier: int) -> str:
+    """The level name of a tier (NETWORK_TIER_PREFIX)."""
+    return f"{NETWORK_TIER_PREFIX}{tier}"
+
+
+def network_tier(level: str) -> int | None:
+    """The tier (N >= 1) a level name names, or None when it names none."""
+    digits = level.removeprefix(NETWORK_TIER_PREFIX)
+    tier = decimal(digits) if digits != level else None
+    return tier if tier is not None and tier >= 1 else None
+
+
 def dra_device_index(name: str) -> int | None:
     """The GPU index a device name of our driver names, or None when it names none."""
     digits = name.removeprefix(DRA_DEVICE_PREFIX)

@@ -91,13 +91,18 @@ NAMESPACES = {"rack": "net-rack", "block": "net-block", "nvlink-slices": "net-sl
               "as-annotated": "net-kueue", "neighbours": "net-db"}
 
 
+async def _delete_now(kube: KubeApi, ns: str, pod: dict[str, Any]) -> None:
+    """The pod gone at once (no kubelet runs these nodes' pods to finish it)."""
+    await kube.request("DELETE", PODS.path(ns, pod["metadata"]["name"]), body={
+        "kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+
+
 async def _drop_namespace_jobs(kube: KubeApi, ns: str) -> None:
     try:
         for job in (await kube.list(JOBS, namespace=ns))["items"]:
             await kube.delete(JOBS, job["metadata"]["name"], ns, propagation_policy="Orphan")
         for pod in (await kube.list(PODS, namespace=ns))["items"]:
-            await kube.request("DELETE", PODS.path(ns, pod["metadata"]["name"]), body={
-                "kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+            await _delete_now(kube, ns, pod)
     except ApiError as exc:
         if not exc.not_found:
             raise
@@ -174,11 +179,10 @@ VOLCANO_HARD_2 = {keys.VOLCANO_NETWORK_TOPOLOGY_MODE: "hard",
 
 
 async def _delete_job(kube: KubeApi, ns: str, name: str) -> None:
-    """The job and its pods gone at once (no kubelet runs these nodes' pods)."""
+    """The job and its pods gone at once."""
     await kube.delete(JOBS, name, ns, propagation_policy="Orphan")
     for pod in await _pods(kube, ns, name):
-        await kube.request("DELETE", PODS.path(ns, pod["metadata"]["name"]), body={
-            "kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+        await _delete_now(kube, ns, pod)
 
 
 def _at(pods: list[dict[str, Any]], labels: dict[str, dict[str, str]], level: str) -> set[str]:

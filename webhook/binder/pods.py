@@ -319,8 +319,8 @@ def _network_request(doc: Any) -> NetworkRequest | None:
     for name, value in (("level", level), ("sliceLevel", slice_level), ("maxLevel", max_level)):
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{where}.{name} must be a node label key")
-        if isinstance(value, str) and value.startswith(keys.NETWORK_TIER_PREFIX) and not (
-                (keys.decimal(value[len(keys.NETWORK_TIER_PREFIX):]) or 0) >= 1):
+        if isinstance(value, str) and value.startswith(keys.NETWORK_TIER_PREFIX) and \
+                keys.network_tier(value) is None:
             raise ValueError(f"{where}.{name}: a tier is {keys.NETWORK_TIER_PREFIX}N, N >= 1, "
                              f"not {value!r}")
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:

@@ -79,10 +79,6 @@ def _unconstrained(ann: Mapping[str, str], warnings: list[str]) -> bool:
     return value is not None and value.lower() == "true"
 
 
-def _tier(n: int) -> str:
-    return f"{keys.NETWORK_TIER_PREFIX}{n}"
-
-
 def _volcano_level(ann: Mapping[str, str], warnings: list[str]) -> Ask:
     """Volcano's network topology (its PodGroup's spec.networkTopology as pod annotations):
     hard, within one domain of at most the highest tier, the narrowest that fits first (tier 1:
@@ -95,7 +91,7 @@ def _volcano_level(ann: Mapping[str, str], warnings: list[str]) -> Ask:
                         "the network topology is ignored")
         return {}
     if mode == "soft":
-        return {"level": _tier(1), "mode": "preferred"}
+        return {"level": keys.network_tier_level(1), "mode": "preferred"}
     text = ann.get(keys.VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER)
     tier = keys.decimal(text) if text is not None else None
     if tier is None:
@@ -105,7 +101,7 @@ def _volcano_level(ann: Mapping[str, str], warnings: list[str]) -> Ask:
         return {}
     if tier == 0:  # (tier 0: the node itself, as Volcano's label discovery counts it)
         return {"level": keys.HOSTNAME_LABEL, "mode": "required"}
-    return _levels_ask(_tier(tier), _tier(1))
+    return _levels_ask(keys.network_tier_level(tier), keys.network_tier_level(1))
 
 
 def _gang_level(ann: Mapping[str, str], warnings: list[str]) -> tuple[Ask, list[str]]:
@@ -189,8 +185,8 @@ def _policy_ask(policy: Network) -> Ask:
 
 def _level_name(level: str) -> str:
     """A level as explain prints it (a tier: "tier N")."""
-    tier = level.removeprefix(keys.NETWORK_TIER_PREFIX)
-    return level if tier == level else f"tier {tier}"
+    tier = keys.network_tier(level)
+    return level if tier is None else f"tier {tier}"
 
 
 def _describe(ask: Ask) -> str:
@@ -203,7 +199,7 @@ def _describe(ask: Ask) -> str:
     if "sliceLevel" in ask:
         how = "preferably" if ask.get("sliceMode") == "preferred" else "each"
         parts.append(f"slices of {ask['sliceSize']} pods, {how} within one {ask['sliceLevel']}")
-    if any(str(ask.get(k, "")).startswith(keys.NETWORK_TIER_PREFIX) for k in ("level", "maxLevel")):
+    if any(keys.network_tier(ask.get(k) or "") for k in ("level", "maxLevel")):
         parts[-1] += " (tiers count the binder's levels up from the narrowest, tier 1)"
     return "; ".join(parts)
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from webhook.keys import HOSTNAME_LABEL, NETWORK_TIER_PREFIX, decimal, is_label_key
+from webhook.keys import HOSTNAME_LABEL, is_label_key, network_tier
 from webhook.topology.model import NetworkRequest
 
 HOSTNAME = HOSTNAME_LABEL
@@ -56,9 +56,8 @@ class Levels:
         """The label a request's level `name` stands for: an alias's label; tier N's (N >= 1,
         counted from the narrowest level up, as Volcano counts HyperNode tiers), None for a
         tier above the widest level (the whole cluster); else the name itself."""
-        tier = decimal(name.removeprefix(NETWORK_TIER_PREFIX)) \
-            if name.startswith(NETWORK_TIER_PREFIX) else None
-        if tier is None or tier < 1:  # (not a tier: a label no node may have)
+        tier = network_tier(name)
+        if tier is None:  # (not a tier: a label, or "tier:0", which no node may have)
             return self.label(name)
         return self.labels[-tier] if tier <= len(self.labels) else None
 
