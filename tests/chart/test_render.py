@@ -368,6 +368,7 @@ def test_binder_runs_leader_elected(helm_template: Render) -> None:
 @pytest.mark.parametrize(("levels", "flag"), [
     (None, None),
     ("topograph", "topograph"),
+    ("volcano", "volcano"),
     (["example.com/block", "example.com/rack"], "example.com/block,example.com/rack"),
     # Kueue's Topology spec.levels, pasted as they are
     ([{"nodeLabel": "example.com/block"}, {"nodeLabel": "nvidia.com/gpu.clique"}],
@@ -384,6 +385,10 @@ def test_binder_network_levels(helm_template: Render, levels: Any, flag: str | N
         assert not any(a.startswith("--network-levels") for a in args)
     else:
         assert _arg(args, "--network-levels") == flag
+    # only HyperNode tiers need the binder to read HyperNodes
+    grants = _grants(helm_template(values), "ClusterRole", "muster-binder")
+    assert {v for g, r, v in grants if (g, r) == ("topology.volcano.sh", "hypernodes")} == (
+        {"get", "list", "watch"} if flag == "volcano" else set())
 
 
 @pytest.mark.parametrize("serving", ["devicePlugin", "dra", "both"])

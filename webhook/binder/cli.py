@@ -60,7 +60,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="the cluster's network levels for gangs that name one: node labels "
                         "widest first, comma separated, each LABEL or ALIAS=LABEL (a name "
                         "manifests may use for it, as KAI's aliases); \"topograph\" (NVIDIA "
-                        "Topograph's labels); or @FILE, a Kueue or KAI Topology "
+                        "Topograph's labels); \"volcano\" (Volcano's HyperNodes, each tier a "
+                        "level, read as they change); or @FILE, a Kueue or KAI Topology "
                         "(kueue.x-k8s.io/v1beta2, kai.scheduler/v1alpha1) or a YAML list "
                         "(docs/topology.md, \"Network levels\") (default: none: a gang that "
                         "names a level is placed by that label alone)")
@@ -86,7 +87,8 @@ def _run(args: argparse.Namespace) -> int:
     from webhook.binder.service import ServiceConfig, serve  # noqa: PLC0415
     from webhook.kube.leader import LeaseConfig  # noqa: PLC0415
 
-    levels = network_levels(args.network_levels)
+    hypernodes = (args.network_levels or "").strip() == "volcano"
+    levels = Levels() if hypernodes else network_levels(args.network_levels)
     lease = None
     if args.leader_elect:
         identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
@@ -103,7 +105,7 @@ def _run(args: argparse.Namespace) -> int:
                             starvation_seconds=args.starvation_seconds,
                             backoff_max=args.backoff_max,
                             allocation_wait_seconds=args.allocation_wait_seconds,
-                            network_levels=levels),
+                            network_levels=levels, hypernodes=hypernodes),
         lease=lease, metrics_port=args.metrics_port)
     asyncio.run(serve(args.kubeconfig, config))
     return 0

@@ -26,6 +26,7 @@ from webhook.binder.draview import DraView
 from webhook.binder.fit import FitCache, extended_on
 from webhook.binder.gangs import PodGroupInfo
 from webhook.binder.gate import AllocationGate
+from webhook.binder.hypernodes import HyperNodeView
 from webhook.binder.metrics import Metrics
 from webhook.binder.nodes import NodeInfo, parse_node
 from webhook.binder.planner import Place, PlaceFn, Plan, PlanConfig, plan_gangs
@@ -42,6 +43,7 @@ from webhook.kube.api import (
     PODS,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
+    VOLCANO_HYPERNODES,
     ApiError,
     KubeApi,
     Resource,
@@ -75,6 +77,8 @@ class BinderConfig:
     #: the cluster's network levels, node labels widest first, and their aliases
     #: (`--network-levels`)
     network_levels: Levels = field(default_factory=Levels)
+    #: the levels are Volcano's HyperNode tiers instead (`--network-levels volcano`)
+    hypernodes: bool = False
 
 
 class Binder:
@@ -97,6 +101,10 @@ class Binder:
                                       self.config.network_levels)
         self.queue = GangQueue(self.config.backoff_initial, self.config.backoff_max)
         self.fit = FitCache()
+        self._hypernodes = None
+        if self.config.hypernodes:  # (no HyperNode read yet: no tiers)
+            self._hypernodes = HyperNodeView()
+            self.plan_config = replace(self.plan_config, levels=Levels(hypernodes=True))
         #: the nodes grouped for the engine, kept across cycles (each cycle regroups only the
         #: nodes whose state changed)
         self.groups = NodeGroups()
@@ -161,6 +169,7 @@ class Binder:
         if event == "DELETED":
             self._nodes.pop(name, None)
             self.gate.release_node(name)
+            node = None
         else:
             node = replace(parse_node(obj), dra_gpus=self._dra.gpus_on(name))
             if before == node:
@@ -173,6 +182,9 @@ class Binder:
                 # a new node type's tables (88 ms for a DGX-1) are made as it is seen, not
                 # during the first placement on it, which would wait that long
                 self._tables.tables(node.topology)
+        if self._hypernodes is not None and (before is None or node is None
+                                             or before.labels != node.labels):
+            self._hypernodes.nodes_changed(name)
         self._nodes_changed()
 
     def _on_slice(self, event: str, obj: dict[str, Any], _old: dict[str, Any] | None) -> None:
@@ -213,6 +225,27 @@ class Binder:
                 groups.pop(key, None)
         self._pod_groups = groups
         self._dirty.set()
+
+    def _on_hypernode(self, event: str, obj: dict[str, Any],
+                      _old: dict[str, Any] | None) -> None:
+        assert self._hypernodes is not None
+        self._hypernodes.on_event(event, obj)
+        self._changed()
+
+    def _levels(self) -> PlanConfig:
+        """The plan's config with the HyperNodes' tiers as its levels, where they are read;
+        what they left out is logged once per change."""
+        if self._hypernodes is None:
+            return self.plan_config
+        tiers, remade = self._hypernodes.tiers(self._nodes)
+        if remade:
+            self.plan_config = replace(self.plan_config, levels=tiers.levels,
+                                       domains=tiers.domains)
+            log.info("network levels from HyperNodes", extra={
+                "tiers": list(tiers.levels.tiers), "nodes": len(tiers.domains)})
+            for problem in tiers.problems:
+                log.warning("HyperNode left out: %s", problem)
+        return self.plan_config
 
     def _freed(self) -> None:
         """Resources were let go: a gang that backs off may fit now."""
@@ -256,36 +289,33 @@ class Binder:
         informers = [Informer(self.api, PODS), Informer(self.api, NODES)]
         informers[0].add_handler(self._on_pod)
         informers[1].add_handler(self._on_node)
-        for resource, handler in ((RESOURCE_SLICES, self._on_slice),
-                                  (RESOURCE_CLAIMS, self.claims.on_event),
-                                  (DEVICE_CLASSES, self._on_device_class)):
-            if await self._served(resource):
+        dra = "resource not served: no DRA claims are allocated"
+        optional: list[tuple[Resource, Callable[..., None], str, int]] = [
+            (RESOURCE_SLICES, self._on_slice, dra, logging.INFO),
+            (RESOURCE_CLAIMS, self.claims.on_event, dra, logging.INFO),
+            (DEVICE_CLASSES, self._on_device_class, dra, logging.INFO),
+            (COSCHEDULING_PODGROUPS, self._on_pod_group,
+             "coscheduling PodGroup CRD not installed: only muster.io gang annotations",
+             logging.INFO)]
+        if self._hypernodes is not None:  # (asked for: its absence is worth a warning)
+            optional.append((VOLCANO_HYPERNODES, self._on_hypernode,
+                             "Volcano's HyperNode CRD not installed: no network levels",
+                             logging.WARNING))
+        for resource, handler, missing, level in optional:
+            if await self._served(resource, missing, level):
+                if resource is COSCHEDULING_PODGROUPS:
+                    self._pod_groups = {}
                 informers.append(Informer(self.api, resource))
                 informers[-1].add_handler(handler)
-        if await self._coscheduling_served():
-            self._pod_groups = {}
-            informers.append(Informer(self.api, COSCHEDULING_PODGROUPS))
-            informers[-1].add_handler(self._on_pod_group)
         return informers
 
-    async def _served(self, resource: Resource) -> bool:
+    async def _served(self, resource: Resource, missing: str, level: int) -> bool:
         try:
             await self.api.list(resource, limit=1)
         except ApiError as exc:
             if not exc.not_found:
                 raise
-            log.info("resource not served: no DRA claims are allocated",
-                     extra={"resource": resource.plural})
-            return False
-        return True
-
-    async def _coscheduling_served(self) -> bool:
-        try:
-            await self.api.list(COSCHEDULING_PODGROUPS, limit=1)
-        except ApiError as exc:
-            if not exc.not_found:
-                raise
-            log.info("coscheduling PodGroup CRD not installed: only muster.io gang annotations")
+            log.log(level, missing, extra={"resource": resource.plural})
             return False
         return True
 
@@ -320,7 +350,7 @@ class Binder:
                                          self.plan_config.podgroup_default_timeout)
         result = plan_gangs(gangs, self.snapshot.allocation,
                             self.snapshot.node_states(self._nodes), self._nodes,
-                            config=self.plan_config, queue=self.queue, fit=self.fit,
+                            config=self._levels(), queue=self.queue, fit=self.fit,
                             place=self._place, now=now, generation=self._generation,
                             inflight=self._inflight.keys(),
                             neighbours=self.snapshot.neighbours(

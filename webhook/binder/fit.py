@@ -141,6 +141,7 @@ class FitCache:
     def __init__(self) -> None:
         self._cache: dict[tuple[Constraints, Serving], frozenset[str]] = {}
         self._network: Network | None = None
+        self._domains: Mapping[str, Mapping[str, str]] | None = None
         self._labels: LabelIndex | None = None
 
     def clear(self) -> None:
@@ -154,10 +155,17 @@ class FitCache:
             self._labels = LabelIndex(nodes)
         return self._labels
 
-    def network(self, nodes: Mapping[str, NodeInfo], levels: Levels) -> Network:
-        """The nodes' labels as the placement groups them by domain (made once per node set)."""
-        if self._network is None or self._network.declared != levels:
-            self._network = Network(levels, {name: n.labels for name, n in nodes.items()})
+    def network(self, nodes: Mapping[str, NodeInfo], levels: Levels,
+                domains: Mapping[str, Mapping[str, str]] | None = None) -> Network:
+        """The nodes' labels as the placement groups them by domain, with `domains` (per node,
+        its domains of levels no label carries) over them (made once per node set)."""
+        if self._network is None or self._network.declared != levels or \
+                self._domains is not domains:
+            more = domains or {}
+            self._network = Network(levels, {
+                name: {**n.labels, **more[name]} if name in more else n.labels
+                for name, n in nodes.items()})
+            self._domains = domains
         return self._network
 
     def eligible(self, c: Constraints, nodes: Mapping[str, NodeInfo],

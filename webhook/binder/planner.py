@@ -130,6 +130,9 @@ class PlanConfig:
     #: the cluster's network levels, node labels widest first, and their aliases
     #: (webhook.topology.network)
     levels: Levels = field(default_factory=Levels)
+    #: per node, its domains of levels no node label carries: {level: domain}
+    #: (`webhook.binder.hypernodes`)
+    domains: Mapping[str, Mapping[str, str]] = field(default_factory=dict, compare=False)
 
 
 def _reservation(pod: PodInfo, nodes: Mapping[str, NodeInfo],
@@ -454,7 +457,8 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
         r.wait(gang, "unplaceable", asked)
         return False
     request, note = asked
-    network = fit.network(r.nodes, r.config.levels) if request.network is not None else None
+    network = None if request.network is None else \
+        fit.network(r.nodes, r.config.levels, r.config.domains)
     apart = terms is not None and one_per_node(gang.pending)
     if apart:
         result = place(_one_slot(r.states.values()), request, network=network)

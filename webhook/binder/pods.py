@@ -214,7 +214,7 @@ def parse_constraints(spec: Mapping[str, Any]) -> Constraints:
                        tolerations)
 
 
-def _label_selector(sel: Any) -> tuple[LabelRequirement, ...] | None:
+def label_selector(sel: Any) -> tuple[LabelRequirement, ...] | None:
     if not isinstance(sel, Mapping):
         return None
     reqs: list[LabelRequirement] = [("In", str(k), frozenset((str(v),)))
@@ -240,7 +240,7 @@ def _pod_terms(items: Any, namespace: str, anti: bool, problems: list[str]
                 continue
             ns_sel = {}
         namespaces = None if ns_sel is not None else (names or frozenset((namespace,)))
-        terms.append(PodTerm(_label_selector(t.get("labelSelector")), namespaces,
+        terms.append(PodTerm(label_selector(t.get("labelSelector")), namespaces,
                              str(t.get("topologyKey") or "")))
     return tuple(terms)
 
@@ -272,7 +272,7 @@ def parse_spread(spec: Mapping[str, Any], labels: Mapping[str, str], problems: l
             problems.append("topologySpreadConstraints: each needs a topologyKey, a maxSkew "
                             "of at least 1 and a minDomains of at least 1 when set")
             continue
-        selector = _label_selector(c.get("labelSelector"))
+        selector = label_selector(c.get("labelSelector"))
         merged = [("In", str(k), frozenset((str(labels[k]),)))
                   for k in c.get("matchLabelKeys") or () if k in labels]
         if selector is not None:

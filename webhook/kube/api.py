@@ -61,6 +61,7 @@ VOLCANO_PODGROUPS = Resource(*keys.VOLCANO_API, namespaced=True, kind="PodGroup"
 COSCHEDULING_PODGROUPS = Resource(*keys.COSCHEDULING_API, namespaced=True, kind="PodGroup")
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", False, "PriorityClass")
 VOLCANO_QUEUES = Resource("scheduling.volcano.sh", "v1beta1", "queues", False, "Queue")
+VOLCANO_HYPERNODES = Resource("topology.volcano.sh", "v1alpha1", "hypernodes", False, "HyperNode")
 MPIJOBS = Resource("kubeflow.org", "v2beta1", "mpijobs", True, "MPIJob")
 MUTATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1",
                              "mutatingwebhookconfigurations", False,

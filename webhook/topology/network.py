@@ -43,22 +43,32 @@ class LevelsError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Levels:
     """The declared levels: node labels widest first (without the node level), and the aliases
-    that name some of them, as (alias, label) pairs."""
+    that name some of them, as (alias, label) pairs. `hypernodes`: the levels are Volcano's
+    HyperNode tiers (`webhook.binder.hypernodes`), `tiers` each label's tier."""
 
     labels: tuple[str, ...] = ()
     aliases: tuple[tuple[str, str], ...] = ()
+    hypernodes: bool = False
+    tiers: tuple[int, ...] = ()
 
     def label(self, name: str) -> str:
         """The label `name` stands for: the one it is an alias of, else itself."""
         return next((label for alias, label in self.aliases if alias == name), name)
 
     def resolve(self, name: str) -> str | None:
-        """The label a request's level `name` stands for: an alias's label; tier N's (N >= 1,
-        counted from the narrowest level up, as Volcano counts HyperNode tiers), None for a
-        tier above the widest level (the whole cluster); else the name itself."""
+        """The label a request's level `name` stands for: an alias's label; tier N's, None for a
+        tier above the widest level (the whole cluster); else the name itself. Tier N (N >= 1)
+        is HyperNode tier N where the levels are HyperNode tiers (the widest at most N; one
+        node below the narrowest, or while there is no HyperNode), else the N-th level counted
+        from the narrowest up, as Volcano's label-based HyperNode discovery counts them."""
         tier = network_tier(name)
         if tier is None:  # (not a tier: a label, or "tier:0", which no node may have)
             return self.label(name)
+        if self.hypernodes:
+            if self.tiers and tier > self.tiers[0]:
+                return None
+            return next((label for label, t in zip(self.labels, self.tiers, strict=True)
+                         if t <= tier), HOSTNAME)
         return self.labels[-tier] if tier <= len(self.labels) else None
 
 
