@@ -110,8 +110,9 @@ def test_explain_counts_volcanos_tiers_up_from_the_narrowest_level(
     pod = with_annotations(worker_pod, **{VOLCANO_TIER: "2"})
     d, _ = decide(pod, mpijob, policies(muster()))
     assert d.network == (
-        "network: preferred tier 1 within one tier 2 (tiers count the binder's levels up from "
-        f"the narrowest, tier 1) (from the pod's {VOLCANO_TIER}, honoured by policy net)")
+        "network: preferred tier 1 within one tier 2 (the binder's HyperNode tiers, or its "
+        "levels counted up from the narrowest, tier 1) (from the pod's "
+        f"{VOLCANO_TIER}, honoured by policy net)")
 
 
 def test_kueue_and_kai_levels_are_read_before_volcanos(

@@ -200,7 +200,8 @@ def _describe(ask: Ask) -> str:
         how = "preferably" if ask.get("sliceMode") == "preferred" else "each"
         parts.append(f"slices of {ask['sliceSize']} pods, {how} within one {ask['sliceLevel']}")
     if any(keys.network_tier(ask.get(k) or "") for k in ("level", "maxLevel")):
-        parts[-1] += " (tiers count the binder's levels up from the narrowest, tier 1)"
+        parts[-1] += (" (the binder's HyperNode tiers, or its levels counted up from the "
+                      "narrowest, tier 1)")
     return "; ".join(parts)
 
 
