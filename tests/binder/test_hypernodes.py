@@ -14,6 +14,7 @@ from binder_objects import job, node, pod
 
 from e2e.probes import eventually
 from webhook import keys
+from webhook.binder.cli import network_levels
 from webhook.binder.controller import Binder, BinderConfig
 from webhook.binder.fit import FitCache
 from webhook.binder.hypernodes import (
@@ -229,7 +230,8 @@ async def test_the_binder_reads_hypernodes_as_they_change(
     # half of a-0 taken: leaf a has 12 free GPUs, b 16; the fewest nodes by name would be a-1
     # and b-0, across the leaves
     apiserver.seed(pod("busy", gpus=4, node_name="a-0", topology=None))
-    b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2, hypernodes=True))
+    b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
+                                  network_levels=network_levels("volcano")))
     task = asyncio.create_task(b.run())
     try:
         await asyncio.wait_for(b.synced.wait(), 5)

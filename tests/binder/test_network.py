@@ -155,6 +155,7 @@ def test_a_malformed_request_is_a_problem(network: str, error: str) -> None:
 def test_levels_flag(tmp_path: Any) -> None:
     assert network_levels("") == Levels()
     assert network_levels("topograph") == Levels(TOPOGRAPH)
+    assert network_levels("volcano") == Levels(hypernodes=True)
     assert network_levels(f"{BLOCK}, {RACK}") == Levels((BLOCK, RACK))
     assert network_levels(f"block={BLOCK}, {RACK}") == Levels((BLOCK, RACK),
                                                               (("block", BLOCK),))

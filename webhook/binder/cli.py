@@ -87,8 +87,7 @@ def _run(args: argparse.Namespace) -> int:
     from webhook.binder.service import ServiceConfig, serve  # noqa: PLC0415
     from webhook.kube.leader import LeaseConfig  # noqa: PLC0415
 
-    hypernodes = (args.network_levels or "").strip() == "volcano"
-    levels = Levels() if hypernodes else network_levels(args.network_levels)
+    levels = network_levels(args.network_levels)
     lease = None
     if args.leader_elect:
         identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
@@ -105,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
                             starvation_seconds=args.starvation_seconds,
                             backoff_max=args.backoff_max,
                             allocation_wait_seconds=args.allocation_wait_seconds,
-                            network_levels=levels, hypernodes=hypernodes),
+                            network_levels=levels),
         lease=lease, metrics_port=args.metrics_port)
     asyncio.run(serve(args.kubeconfig, config))
     return 0

@@ -74,11 +74,9 @@ class BinderConfig:
     allocation_wait_seconds: float = 30.0
     #: Events and status conditions written at once, at most (see webhook.binder.reports)
     report_concurrency: int = 8
-    #: the cluster's network levels, node labels widest first, and their aliases
-    #: (`--network-levels`)
+    #: the cluster's network levels, node labels widest first, and their aliases, or Volcano's
+    #: HyperNode tiers (`--network-levels`)
     network_levels: Levels = field(default_factory=Levels)
-    #: the levels are Volcano's HyperNode tiers instead (`--network-levels volcano`)
-    hypernodes: bool = False
 
 
 class Binder:
@@ -101,10 +99,7 @@ class Binder:
                                       self.config.network_levels)
         self.queue = GangQueue(self.config.backoff_initial, self.config.backoff_max)
         self.fit = FitCache()
-        self._hypernodes = None
-        if self.config.hypernodes:  # (no HyperNode read yet: no tiers)
-            self._hypernodes = HyperNodeView()
-            self.plan_config = replace(self.plan_config, levels=Levels(hypernodes=True))
+        self._hypernodes = HyperNodeView() if self.config.network_levels.hypernodes else None
         #: the nodes grouped for the engine, kept across cycles (each cycle regroups only the
         #: nodes whose state changed)
         self.groups = NodeGroups()

@@ -113,10 +113,13 @@ def parse_levels(doc: Any) -> Levels:
 
 
 def parse_levels_flag(text: str) -> Levels:
-    """`--network-levels` written out: "topograph", or entries LABEL or ALIAS=LABEL, comma
-    separated, widest first."""
+    """`--network-levels` written out: "topograph", "volcano" (Volcano's HyperNode tiers, read
+    by the binder as they change), or entries LABEL or ALIAS=LABEL, comma separated, widest
+    first."""
     if text.strip() == "topograph":
         return Levels(TOPOGRAPH)
+    if text.strip() == "volcano":
+        return Levels(hypernodes=True)
 
     def entry(part: str) -> str | dict[str, str]:
         alias, eq, label = (t.strip() for t in part.partition("="))
