@@ -396,6 +396,25 @@ def _stuck_pod(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [*objs, pod]
 
 
+def _hypernode(name: str, *members: dict[str, Any], tier: int = 1) -> dict[str, Any]:
+    return {"apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode",
+            "metadata": {"name": name}, "spec": {"tier": tier, "members": list(members)}}
+
+
+def _hypernode_binder(hypernodes: list[dict[str, Any]]
+                      ) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """A binder whose levels are Volcano's HyperNodes (the chart's networkLevels: volcano),
+    and these HyperNodes."""
+    def change(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = copy.deepcopy(objs)
+        for o in out:
+            if o["kind"] == "Deployment" and o["metadata"]["name"] == "muster-binder":
+                o["spec"]["template"]["spec"]["containers"][0]["args"] = [
+                    "bind", "--network-levels=volcano"]
+        return [*out, *hypernodes]
+    return change
+
+
 async def findings_of(api: ApiServerEmulator, tmp_path: Path) -> list[Finding]:
     """Start the seeded emulator, read it as `muster analyze` does, and workload_of."""
     async with api:
@@ -437,6 +456,11 @@ LIVE: list[tuple[str, Callable[[list[dict[str, Any]]], list[dict[str, Any]]], st
         "metadata": {"name": "muster-policies", "namespace": "muster-system"},
         "data": {"p.yaml": POLICY, "q.yaml": SHADOW}}), "PolicyShadowed"),
     ("gang waiting", _stuck_pod, "GangWaiting"),
+    ("no HyperNode holds a GPU node", _hypernode_binder([_hypernode(
+        "leaf", {"type": "Node", "selector": {"exactMatch": {"name": "gpu-9"}}})]),
+     "HyperNodeMissing"),
+    ("the HyperNodes hold every GPU node", _hypernode_binder([_hypernode(
+        "leaf", {"type": "Node", "selector": {"regexMatch": {"pattern": "^gpu-"}}})]), ""),
     ("not enforced", _replace("ConfigMap", "muster-policies", {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "muster-policies", "namespace": "muster-system"},
@@ -557,3 +581,30 @@ def test_gpu_nodes_without_a_label_a_network_policy_names() -> None:
         "bind", "--network-levels=block=example.com/block,rack=example.com/rack"]}]}}}})
     [aliased] = [f for f in analyze(s, NOW) if f.code == "NetworkLabelMissing"]
     assert aliased.message == finding.message
+
+
+def test_hypernode_levels_checked_as_the_binder_reads_them() -> None:
+    s = healthy()
+    s.levels = binder_levels({"spec": {"template": {"spec": {"containers": [{"args": [
+        "bind", "--network-levels=volcano"]}]}}}})
+    assert s.levels.hypernodes
+    # the CRD missing: a gang that names a tier gets one node
+    [missing] = [f for f in analyze(s, NOW) if f.code.startswith("HyperNode")]
+    assert (missing.severity, missing.code) == ("error", "HyperNodeCRDMissing")
+    # a leaf by tierName, a GPU node outside it, a member that is no pattern
+    s.hypernodes = [
+        _hypernode("leaf-1", {"type": "Node", "selector": {"exactMatch": {"name": "gpu-1"}}},
+                   {"type": "Node", "selector": {"regexMatch": {"pattern": "("}}})
+        | {"spec": {"tier": 1, "tierName": "rack", "members": [
+            {"type": "Node", "selector": {"exactMatch": {"name": "gpu-1"}}},
+            {"type": "Node", "selector": {"regexMatch": {"pattern": "("}}}]}}]
+    unlabelled = scenario.node("cpu-1")
+    del unlabelled["metadata"]["labels"][keys.LABEL_GPU_TOPOLOGY]
+    s.nodes = [gpu_node("gpu-1"), gpu_node("gpu-2"), unlabelled]
+    # a policy naming the tier's name: a HyperNode tier, no node label to lack
+    s.policies = load_policy_texts({"p.yaml": POLICY, "n.yaml": NETWORK.replace(
+        "required: example.com/rack", "required: rack")})
+    found = {f.code: f for f in analyze(s, NOW) if f.code.startswith(("HyperNode", "Network"))}
+    assert set(found) == {"HyperNodeMissing", "HyperNodeUnread"}
+    assert "1 GPU node(s) are in no HyperNode (gpu-2)" in found["HyperNodeMissing"].message
+    assert "regexMatch '(' is not a regular expression" in found["HyperNodeUnread"].message

@@ -9,6 +9,7 @@ from typing import Any
 from webhook import keys
 from webhook.analyze.findings import (
     BACKEND_CRDS,
+    HYPERNODE_CRD,
     Snapshot,
     coscheduling_schedulers,
     not_enforced,
@@ -30,6 +31,7 @@ from webhook.kube import (
     KubeApi,
     Resource,
 )
+from webhook.kube.api import VOLCANO_HYPERNODES
 from webhook.kube.owners import controller_ref, owner_kind, owner_resource
 from webhook.policy import native
 from webhook.policy.audit import EVENT_REASON
@@ -125,6 +127,8 @@ async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float
     binder = await _get(api, DEPLOYMENTS, f"{release}-binder", namespace)
     s.binder_deployed = binder is not None
     s.levels = binder_levels(binder) if binder is not None else Levels()
+    if s.levels.hypernodes and HYPERNODE_CRD in s.crds:
+        s.hypernodes = await _items(api, VOLCANO_HYPERNODES)
     s.namespaces = await _items(api, NAMESPACES)
     s.waiting_pods = await _pods(api, keys.DEFAULT_BINDER_SCHEDULER_NAME)
     for scheduler in sorted(coscheduling_schedulers(s.policies)):

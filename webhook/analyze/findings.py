@@ -17,6 +17,8 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from webhook import keys
+from webhook.binder.hypernodes import TIER_LABEL_PREFIX, HyperNodeView, Tiers
+from webhook.binder.nodes import parse_node
 from webhook.kube.owners import controller_ref
 from webhook.policy import native
 from webhook.policy.audit import EVENT_REASON, read_event
@@ -32,6 +34,7 @@ Obj = Mapping[str, Any]
 BACKEND_CRDS = {"volcano": "podgroups.scheduling.volcano.sh",
                 "coscheduling": "podgroups.scheduling.x-k8s.io"}
 ISTIO_INJECTOR = "istio-sidecar-injector"
+HYPERNODE_CRD = "hypernodes.topology.volcano.sh"
 SAFE_EXCLUDED = ("kube-system",)
 
 
@@ -67,6 +70,8 @@ class Snapshot:
     binder_deployed: bool = True
     #: the binder's network levels, whose aliases a policy may name (`--network-levels`)
     levels: Levels = field(default_factory=Levels)
+    #: Volcano's HyperNodes, where they are the levels (None: not read, or their CRD missing)
+    hypernodes: Sequence[Obj] | None = None
     namespaces: Sequence[Obj] | None = None  # None: not read (no finding about matching)
     #: unbound pods of the binder (schedulerName muster-binder)
     waiting_pods: Sequence[Obj] = ()
@@ -86,8 +91,8 @@ def _name(obj: Obj) -> str:
 
 def analyze(s: Snapshot, now: dt.datetime) -> list[Finding]:
     checks = (_backends, _queues, _webhook_order, _webhook_safety, _endpoints, _ca_bundle,
-              _gpu_nodes, _network_labels, _podgroups, _binder, _matching, _shadowed, _waiting,
-              _schedulers, _not_enforced)
+              _gpu_nodes, _network_labels, _hypernodes, _podgroups, _binder, _matching,
+              _shadowed, _waiting, _schedulers, _not_enforced)
     out = [f for check in checks for f in check(s, now)]
     rank = {"error": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda f: (rank[f.severity], f.code, f.object))
@@ -265,19 +270,68 @@ def _gpu_nodes(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
                           f"{keys.TAINT_GPU_TOPOLOGY}=enabled:NoSchedule")
 
 
+def _gpu_node_objects(s: Snapshot) -> list[Obj]:
+    return [n for n in s.nodes if ((n.get("metadata") or {}).get("labels") or {}).get(
+        keys.LABEL_GPU_TOPOLOGY) == keys.LABEL_GPU_TOPOLOGY_ENABLED]
+
+
+def _tiers(s: Snapshot) -> Tiers | None:
+    """The levels Volcano's HyperNodes make of the nodes, as the binder reads them (None where
+    the binder's levels are labels, or the HyperNodes could not be read)."""
+    if not s.levels.hypernodes or s.hypernodes is None:
+        return None
+    view = HyperNodeView()
+    for obj in s.hypernodes:
+        view.on_event("ADDED", obj)
+    nodes = {str((n.get("metadata") or {}).get("name")): parse_node(n) for n in s.nodes}
+    return view.tiers(nodes)[0]
+
+
+def _hypernodes(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    """Where the binder's levels are Volcano's HyperNodes: their CRD, the GPU nodes no
+    HyperNode holds (in no domain: a gang that names a tier never uses them), and what of the
+    HyperNodes the binder leaves out."""
+    if not s.levels.hypernodes:
+        return
+    if s.hypernodes is None:
+        yield Finding("error", "HyperNodeCRDMissing", f"CustomResourceDefinition/{HYPERNODE_CRD}",
+                      "the binder's network levels are Volcano's HyperNodes (--network-levels "
+                      "volcano) but their CRD is not installed: a gang that names a tier is "
+                      "placed on one node or waits", "install Volcano's HyperNode CRD "
+                      "(topology.volcano.sh/v1alpha1) and its HyperNodes, or set the chart's "
+                      "binder.networkLevels to node labels")
+        return
+    tiers = _tiers(s)
+    assert tiers is not None
+    outside = sorted(str((n.get("metadata") or {}).get("name")) for n in _gpu_node_objects(s)
+                     if (n.get("metadata") or {}).get("name") not in tiers.domains)
+    if outside:
+        shown = ", ".join(outside[:5]) + (f" and {len(outside) - 5} more"
+                                          if len(outside) > 5 else "")
+        yield Finding("warning", "HyperNodeMissing", "HyperNodes",
+                      f"{len(outside)} GPU node(s) are in no HyperNode ({shown}): gangs that "
+                      "name a network tier never use them", "add them to a leaf HyperNode's "
+                      "members (exactMatch, regexMatch or labelMatch)")
+    for problem in tiers.problems:
+        yield Finding("warning", "HyperNodeUnread", "HyperNodes", f"the binder leaves out: "
+                      f"{problem}", "fix the HyperNode (kubectl get hypernodes -o yaml)")
+
+
 def _network_labels(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
     """GPU nodes without a node label that a policy's network level names: that policy's gangs
-    never use them (a node outside a level's domains is in none of them)."""
-    gpu_nodes = [n for n in s.nodes if ((n.get("metadata") or {}).get("labels") or {}).get(
-        keys.LABEL_GPU_TOPOLOGY) == keys.LABEL_GPU_TOPOLOGY_ENABLED]
+    never use them (a node outside a level's domains is in none of them). A HyperNode tier's
+    level is no label (`_hypernodes` checks those)."""
+    gpu_nodes = _gpu_node_objects(s)
+    tiers = _tiers(s)
+    levels = tiers.levels if tiers is not None else s.levels
     for policy in s.policies.policies if s.policies else ():
         network = policy.spec.topology.network if policy.spec.topology else None
         if network is None:
             continue
         wanted = [network.required, network.preferred,
                   network.slice.level if network.slice else None]
-        for label in dict.fromkeys(s.levels.label(w) for w in wanted if w):
-            if label == keys.HOSTNAME_LABEL:
+        for label in dict.fromkeys(levels.label(w) for w in wanted if w):
+            if label == keys.HOSTNAME_LABEL or label.startswith(TIER_LABEL_PREFIX):
                 continue
             lacking = sorted(str((n.get("metadata") or {}).get("name")) for n in gpu_nodes
                              if label not in ((n.get("metadata") or {}).get("labels") or {}))
