@@ -1,0 +1,203 @@
+"""The binder with Volcano's HyperNodes as its network levels (`--network-levels volcano`), on
+the real control plane: the HyperNode CRD of ../shared/crds (installed with the cluster, its
+CEL rules run by the API server), HyperNodes that select nodes by pattern and by label, and a
+binder of its own scheduler name run in the test against the API server, so that the chart's
+binder (label levels) and this one never share a pod. It acts as the chart's binder service
+account (impersonated), whose Bindings alone the chart's annotation guard lets carry a GPU
+assignment, with the HyperNode grant the chart adds for `binder.networkLevels: volcano`.
+
+The nodes carry no topology label at all: only the HyperNodes say which share a leaf. No kubelet
+runs them (their pods are bound and stay Pending); a taint only these pods tolerate keeps every
+other test's pods off them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from jobs import ensure_namespace
+
+from e2e.cluster import NAMESPACE, RELEASE
+from e2e.node.cluster import NodeCluster
+from e2e.probes import eventually
+from webhook import keys
+from webhook.binder.controller import Binder, BinderConfig
+from webhook.binder.hypernodes import tier_label
+from webhook.kube import EVENTS, NODES, PODS, ApiError, KubeApi, make_api_client
+from webhook.kube.api import VOLCANO_HYPERNODES, Resource
+from webhook.topology import builtin, codec
+from webhook.topology.network import Levels
+
+SCHEDULER = "muster-hypernodes"
+NS = "net-hypernodes"
+TAINT = {"key": "example.com/fake-node", "value": "hypernode-test", "effect": "NoSchedule"}
+POOL = "example.com/pool"
+BINDER_SA = f"{RELEASE}-binder"
+CLUSTER_ROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", False, "ClusterRole")
+CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings",
+                                 False, "ClusterRoleBinding")
+#: the rule the chart adds to the binder's ClusterRole for `binder.networkLevels: volcano`
+GRANT = [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+          "metadata": {"name": "muster-test-hypernodes"},
+          "rules": [{"apiGroups": ["topology.volcano.sh"], "resources": ["hypernodes"],
+                     "verbs": ["get", "list", "watch"]}]},
+         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+          "metadata": {"name": "muster-test-hypernodes"},
+          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                      "name": "muster-test-hypernodes"},
+          "subjects": [{"kind": "ServiceAccount", "name": BINDER_SA, "namespace": NAMESPACE}]}]
+
+
+def _node(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    topology = builtin("hgx-h100")
+    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110", keys.GPU_RESOURCE: "8"}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels},
+                         "annotations": {keys.ANN_NODE_TOPOLOGY: codec.encode(topology)}},
+            "spec": {"taints": [TAINT]},
+            "status": {"allocatable": alloc, "capacity": dict(alloc),
+                       "conditions": [{"type": "Ready", "status": "True",
+                                       "reason": "KubeletReady", "message": "fake node"}]}}
+
+
+def _hypernode(name: str, tier: int, members: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode",
+            "metadata": {"name": name}, "spec": {"tier": tier, "members": members}}
+
+
+#: leaf a by a pattern on the names, leaf b by a label, a spine over both
+HYPERNODES = [
+    _hypernode("hn-leaf-a", 1, [{"type": "Node",
+                                 "selector": {"regexMatch": {"pattern": "^hn-a-"}}}]),
+    _hypernode("hn-leaf-b", 1, [{"type": "Node",
+                                 "selector": {"labelMatch": {"matchLabels": {POOL: "hn-b"}}}}]),
+    _hypernode("hn-spine", 2, [{"type": "HyperNode", "selector": {"exactMatch": {"name": n}}}
+                               for n in ("hn-leaf-a", "hn-leaf-b")]),
+]
+
+
+def _pod(name: str, gpus: int, *, gang: str | None = None, members: int = 0,
+         network: dict[str, Any] | None = None, node: str | None = None) -> dict[str, Any]:
+    ann: dict[str, str] = {}
+    if gang:
+        ann |= {keys.ANN_GANG_NAME: gang, keys.ANN_GANG_MIN_MEMBER: str(members)}
+    if network:
+        ann[keys.ANN_GPU_TOPOLOGY] = json.dumps({"v": 1, "mode": "preferred",
+                                                 "network": network})
+    spec: dict[str, Any] = {
+        "schedulerName": SCHEDULER, "terminationGracePeriodSeconds": 0,
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [{"name": "main", "image": "train:1",
+                        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
+                                      "limits": {keys.GPU_RESOURCE: str(gpus)}}}]}
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "annotations": ann}, "spec": spec}
+
+
+async def _delete(kube: KubeApi, path: str) -> None:
+    try:
+        await kube.request("DELETE", path, body={"kind": "DeleteOptions", "apiVersion": "v1",
+                                                 "gracePeriodSeconds": 0})
+    except ApiError as exc:
+        if not exc.not_found:
+            raise
+
+
+@pytest.fixture
+async def fabric(kube: KubeApi, node_cluster: NodeCluster) -> AsyncIterator[Binder]:
+    """The nodes (two per leaf), the HyperNodes, and a binder reading them as the chart's
+    binder service account; all gone after."""
+    nodes = [_node(f"hn-a-{i}", {}) for i in range(2)] + \
+        [_node(f"hn-b-{i}", {POOL: "hn-b"}) for i in range(2)]
+    await ensure_namespace(kube, NS)
+    client = await make_api_client(str(node_cluster.kubeconfig))
+    client.set_default_header("Impersonate-User",
+                              f"system:serviceaccount:{NAMESPACE}:{BINDER_SA}")
+    binder = Binder(KubeApi(client), BinderConfig(scheduler_name=SCHEDULER, backoff_initial=0.2,
+                                       backoff_max=2.0, event_interval=5,
+                                       network_levels=Levels(hypernodes=True),
+                                       starvation_seconds=3600))
+    task: asyncio.Task[None] | None = None
+    try:
+        await kube.create(CLUSTER_ROLES, GRANT[0])
+        await kube.create(CLUSTER_ROLE_BINDINGS, GRANT[1])
+        for n in nodes:
+            await kube.create(NODES, n)
+        for h in HYPERNODES:
+            await kube.create(VOLCANO_HYPERNODES, h)
+        task = asyncio.create_task(binder.run())
+        await asyncio.wait_for(binder.synced.wait(), 60)
+        yield binder
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await client.close()
+        await _delete(kube, CLUSTER_ROLE_BINDINGS.path(None, "muster-test-hypernodes"))
+        await _delete(kube, CLUSTER_ROLES.path(None, "muster-test-hypernodes"))
+        for pod in (await kube.list(PODS, namespace=NS))["items"]:
+            await _delete(kube, PODS.path(NS, pod["metadata"]["name"]))
+        for h in HYPERNODES:
+            await _delete(kube, VOLCANO_HYPERNODES.path(None, h["metadata"]["name"]))
+        for n in nodes:
+            await _delete(kube, NODES.path(None, n["metadata"]["name"]))
+
+
+async def _nodes_of(kube: KubeApi, prefix: str, count: int) -> set[str]:
+    async def bound() -> set[str] | None:
+        pods = [p for p in (await kube.list(PODS, namespace=NS))["items"]
+                if p["metadata"]["name"].startswith(prefix)]
+        where = {p["spec"].get("nodeName") for p in pods}
+        return where if len(pods) == count and None not in where else None
+    found: set[str] = await eventually(bound, within=60, interval=0.5,
+                                      what=f"{prefix}* bound whole")
+    return found
+
+
+async def test_a_gang_lands_within_the_hypernode_with_room_and_waits_beyond_it(
+        kube: KubeApi, fabric: Binder) -> None:
+    # half of hn-a-0 taken: leaf a has 12 free GPUs, leaf b 16; by name alone the fewest nodes
+    # would be hn-a-1 and hn-b-0, across the leaves
+    await kube.create(PODS, _pod("busy", 4, node="hn-a-0"), namespace=NS)
+    # Volcano's hard mode with highest tier 1, as the webhook writes it: one tier-1 HyperNode
+    leaf = {"level": keys.network_tier_level(1), "mode": "required"}
+    for i in range(2):
+        await kube.create(PODS, _pod(f"in-leaf-{i}", 8, gang="in-leaf", members=2,
+                                     network=leaf), namespace=NS)
+    assert await _nodes_of(kube, "in-leaf-", 2) == {"hn-b-0", "hn-b-1"}
+
+    # three whole nodes fit no leaf: the gang waits, and its Event names the HyperNode tier and
+    # the roomiest leaf's free GPUs on nodes with room for a member (hn-a-0's 4 are not)
+    for i in range(3):
+        await kube.create(PODS, _pod(f"wide-{i}", 8, gang="wide", members=3, network=leaf),
+                          namespace=NS)
+
+    async def told() -> str | None:
+        events = (await kube.list(EVENTS, namespace=NS,
+                                  field_selector="reason=FailedScheduling"))["items"]
+        found = [e["message"] for e in events
+                 if e["involvedObject"]["name"].startswith("wide-")]
+        return found[0] if found else None
+    message = await eventually(told, within=60, interval=0.5, what="wide's Event")
+    assert (f"needs 24 GPUs (3 members x 8 GPUs) within one {tier_label(1)} domain; the largest "
+            f"free one ({tier_label(1)}=hn-leaf-a) has 8 free GPUs") in message, message
+    assert not any(p["spec"].get("nodeName") for p in
+                   (await kube.list(PODS, namespace=NS))["items"]
+                   if p["metadata"]["name"].startswith("wide-"))
+
+    # within the spine (hard, highest tier 2) the same gang would span both leaves: let the
+    # leaf gang finish, then ask for the spine
+    for i in range(2):
+        await _delete(kube, PODS.path(NS, f"in-leaf-{i}"))
+    spine = {"level": keys.network_tier_level(1), "mode": "preferred",
+             "maxLevel": keys.network_tier_level(2)}
+    for i in range(3):
+        await kube.create(PODS, _pod(f"spine-{i}", 8, gang="spine", members=3, network=spine),
+                          namespace=NS)
+    where = await _nodes_of(kube, "spine-", 3)
+    assert len(where) == 3 and {n[:4] for n in where} == {"hn-a", "hn-b"}, where
