@@ -223,13 +223,15 @@ def _bounded(req: NetworkRequest) -> NetworkRequest:
 _DIGITS = re.compile(r"(\d+)")
 
 
-def _natural(key: str) -> list[str | int]:
+@functools.lru_cache(maxsize=1 << 16)
+def _natural(key: str) -> tuple[str | int, ...]:
     """worker-2 before worker-10: slices follow the ranks' order. The split alternates text
     and digits, text first (maybe ""), so keys compare text with text and number with number;
-    "" sorts first, so digits sort before text where one key has digits and the other text."""
+    "" sorts first, so digits sort before text where one key has digits and the other text.
+    Remembered: a pending gang's members are sorted again in every planning cycle."""
     parts: list[str | int] = list(_DIGITS.split(key))
     parts[1::2] = map(int, parts[1::2])
-    return parts
+    return tuple(parts)
 
 
 class _Decision:

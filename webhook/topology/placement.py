@@ -275,6 +275,14 @@ def _earliest(groups: NodeGroups, rooms: dict[RoomKey, Members], need: _Need
 
 def _assign_gpus(node: _Node) -> dict[str, tuple[int, ...]]:
     """One optimal set for all GPU members on the node, split among them largest first."""
+    if len(node.members) == 1:  # (most nodes of a multi-node gang: one worker each)
+        m = node.members[0]
+        if not m.gpus:
+            return {}
+        assert node.tables is not None
+        best = node.tables.choose(node.free, m.gpus)
+        assert best is not None
+        return {m.key: node.tables.indices(best)}
     gpu_members = sorted((m for m in node.members if m.gpus), key=lambda m: -m.gpus)
     out: dict[str, tuple[int, ...]] = {}
     if not gpu_members:
@@ -427,8 +435,10 @@ def _place_multi(
             f"({free} GPUs free on {hosts} nodes)"
         )
     floor = gang.min_ring_gbps if gang.mode == "required" else None
+    if floor is None or len(chosen) < 2:  # (the figure is worked out once, in `_result`)
+        return chosen
     figure = gang_gbps([v.gbps() for v in chosen], inter_gbps)
-    if len(chosen) > 1 and not meets_min_ring(figure, floor, total):
+    if not meets_min_ring(figure, floor, total):
         where = "between nodes" if figure == inter_gbps else "on the nodes it would use"
         return Unplaceable(
             f"gang {gang.name} needs {total} GPUs with an allreduce bus bandwidth of at least "
