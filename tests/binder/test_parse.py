@@ -134,7 +134,12 @@ def test_uuids_are_found_by_the_gpus_index_wherever_it_is_listed() -> None:
     shuffled = replace(topo, gpus=tuple(reversed(topo.gpus)))
     assert uuids_of(shuffled, (3, 0)) == (topo.gpus[3].uuid, topo.gpus[0].uuid)
     assert uuids_of(topo, (9, 1)) == ("", topo.gpus[1].uuid)
+    assert uuids_of(topo, (-1, 1)) == ("", topo.gpus[1].uuid)  # (not the last by position)
     assert uuids_of(None, (0, 1)) == ("", "")
+    assert uuids_of(topo, ()) == ()
+    # a GPU whose UUID its source did not give (a pasted nvidia-smi matrix): ""
+    unnamed = replace(topo, gpus=(replace(topo.gpus[0], uuid=None), *topo.gpus[1:]))
+    assert uuids_of(unnamed, (0, 1)) == ("", topo.gpus[1].uuid)
 
 
 @pytest.mark.parametrize("text", ['{"v": 2, "node": "n", "containers": {}}', "[]",

@@ -5,6 +5,7 @@ construction from a placement."""
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -93,19 +94,24 @@ def assigned_indices(a: GpuAssignment) -> frozenset[int]:
     return frozenset(i for c in a.containers.values() for i in c.indices)
 
 
+_INDEX, _UUID = operator.attrgetter("index"), operator.attrgetter("uuid")
+
+
 def uuids_of(topology: Topology | None, indices: Sequence[int]) -> tuple[str, ...]:
     """The UUIDs an assignment names for these GPU indices: "" where the node's topology does
     not know one (none published, or parsed from `nvidia-smi topo -m`); the agent's device
     plugin resolves those by index from NVML."""
     if topology is None:
         return ("",) * len(indices)
-    gpus, out = topology.gpus, []
-    for i in indices:
-        if not 0 <= i < len(gpus) or gpus[i].index != i:  # not listed by index (all nodes are)
-            uuid = {g.index: g.uuid for g in gpus}
-            return tuple(uuid.get(i) or "" for i in indices)
-        out.append(gpus[i].uuid or "")
-    return tuple(out)
+    gpus = topology.gpus
+    # (map and attrgetter: a pod's GPUs are read for every pod placed, without a Python loop)
+    if indices and min(indices) >= 0 and max(indices) < len(gpus):
+        picked = list(map(gpus.__getitem__, indices))
+        if list(map(_INDEX, picked)) == list(indices):  # listed by index, as all nodes are
+            uuids = tuple(map(_UUID, picked))
+            return uuids if None not in uuids else tuple(u or "" for u in uuids)
+    uuid = {g.index: g.uuid for g in gpus}
+    return tuple(uuid.get(i) or "" for i in indices)
 
 
 def build_assignment(node: str, topology: Topology | None, gpus: Sequence[int],

@@ -27,19 +27,21 @@ class Gang:
     members: list[PodInfo] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
+    # (these read node_name, not PodInfo.bound: a cycle reads them several times per gang)
     @property
     def bound(self) -> list[PodInfo]:
-        return [p for p in self.members if p.bound]
+        return [p for p in self.members if p.node_name is not None]
 
     @property
     def reserved(self) -> list[PodInfo]:
         """Unbound members that carry an assignment annotation (written by a binder)."""
-        return [p for p in self.members if not p.bound and p.assignment_raw is not None]
+        return [p for p in self.members
+                if p.node_name is None and p.assignment_raw is not None]
 
     @property
     def pending(self) -> list[PodInfo]:
         """Unbound members without an assignment: what the next placement must place."""
-        return [p for p in self.members if not p.bound and p.assignment_raw is None]
+        return [p for p in self.members if p.node_name is None and p.assignment_raw is None]
 
     @property
     def recorded(self) -> list[tuple[PodInfo, str, tuple[int, ...]]]:

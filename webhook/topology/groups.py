@@ -20,6 +20,8 @@ domain's room from the groups with room for it, not from every node."""
 from __future__ import annotations
 
 import bisect
+import itertools
+import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -77,8 +79,9 @@ class NodeGroups:
         first use."""
         held = self._nodes
         if self._tables is not None and len(nodes) == len(held):
-            changed = [i for i, (new, old) in enumerate(zip(nodes, held, strict=True))
-                       if new is not old]
+            # (compress and is_not: a cycle compares every node held, without a Python loop)
+            changed = list(itertools.compress(range(len(nodes)),
+                                              map(operator.is_not, nodes, held)))
             if all(nodes[i].name == held[i].name for i in changed):
                 self._pending = {nodes[i].name: nodes[i] for i in changed}
                 return
