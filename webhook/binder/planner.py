@@ -194,11 +194,11 @@ def _meet(memo: dict[tuple[frozenset[str], frozenset[str]], frozenset[str]],
     return kept
 
 
-def _request(gang: Gang, nodes: Mapping[str, NodeInfo], fit: FitCache,
+def _request(gang: Gang, pending: list[PodInfo], nodes: Mapping[str, NodeInfo], fit: FitCache,
              nb: Neighbours | None) -> tuple[GangRequest, str] | str:
-    """The gang as the engine takes it, and a note for its wait when inter-pod terms (`nb`:
-    the placed pods, when some term concerns the gang) ruled nodes out; or why no node is
-    eligible for one of its members."""
+    """The gang (its `pending` members) as the engine takes it, and a note for its wait when
+    inter-pod terms (`nb`: the placed pods, when some term concerns the gang) ruled nodes out;
+    or why no node is eligible for one of its members."""
     topo = gang.topology
     # a single-node gang that already runs somewhere (e.g. a restarted worker) stays there
     home = frozenset(p.node_name for p in gang.bound if p.gpus and p.node_name)
@@ -206,7 +206,7 @@ def _request(gang: Gang, nodes: Mapping[str, NodeInfo], fit: FitCache,
     note = ""
     narrowed: dict[tuple[frozenset[str], frozenset[str]], frozenset[str]] = {}
     members = []
-    for pod in gang.pending:
+    for pod in pending:
         eligible = fit.eligible(pod.constraints, nodes, gpu_serving(pod))
         if pod.gpus and home and topo is not None and topo.single_node:
             eligible = eligible & home
@@ -378,9 +378,10 @@ def _ready(r: _Round, gang: Gang, conflicts: _Conflicts) -> bool:
     if gang.reserved:
         _settle_reservations(r, gang, conflicts)
         return False
-    if not gang.pending or _finish_recorded(r, gang):
+    pending = gang.pending
+    if not pending or _finish_recorded(r, gang):
         return False
-    have = len(gang.bound) + len(gang.pending)
+    have = len(gang.bound) + len(pending)
     if have < gang.min_member:
         r.wait(gang, "members", f"waiting for members: {have} of minMember {gang.min_member} "
                "exist")
@@ -451,15 +452,16 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
                ) -> bool:
     """Place the gang on what is free; True when it could not be and, starving, now reserves
     the cluster (the gangs behind it wait)."""
-    terms = r.neighbours if r.neighbours.active(gang.pending) else None
-    asked = _request(gang, r.nodes, fit, terms)
+    pending = gang.pending  # (read once: a list made from the members)
+    terms = r.neighbours if r.neighbours.active(pending) else None
+    asked = _request(gang, pending, r.nodes, fit, terms)
     if isinstance(asked, str):
         r.wait(gang, "unplaceable", asked)
         return False
     request, note = asked
     network = None if request.network is None else \
         fit.network(r.nodes, r.config.levels, r.config.domains)
-    apart = terms is not None and one_per_node(gang.pending)
+    apart = terms is not None and one_per_node(pending)
     if apart:
         result = place(_one_slot(r.states.values()), request, network=network)
     else:
@@ -471,8 +473,8 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
                                            GangPlacement)
         r.wait(gang, "unplaceable", result.reason + note, reserves)
         return reserves
-    by_key = {p.key: p for p in gang.pending}
-    spread = any(p.spread for p in gang.pending)
+    by_key = {p.key: p for p in pending}
+    spread = any(p.spread for p in pending)
     if terms is not None or spread:
         kept = _kept(r, gang, request, result, by_key, place=place, terms=terms,
                      spread=spread, network=network)
