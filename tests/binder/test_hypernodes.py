@@ -289,3 +289,22 @@ def test_a_label_member_selects_what_its_selector_matches(match: dict[str, Any])
     naive = {n for n, i in nodes.items() if h.nodes[0].matches(n, i.labels)}
     assert selected(h, Candidates(nodes)) == naive
     assert naive  # (each selector here selects something)
+
+
+@pytest.mark.parametrize("changed", [3, 40])
+def test_a_few_or_many_changed_nodes_give_the_tiers_of_a_fresh_read(changed: int) -> None:
+    """A few changed nodes are matched against every HyperNode, many by matching every
+    HyperNode again: either way the tiers of reading everything anew."""
+    labels = {f"n-{i}": {"pool": "b" if i % 2 else "c"} for i in range(60)}
+    objs = [hypernode("by-name", 1, regex("^n-1")), hypernode("by-label", 1, labelled(pool="b")),
+            hypernode("top", 2, exact("by-name", "HyperNode"), exact("by-label", "HyperNode"))]
+    view = HyperNodeView()
+    for obj in objs:
+        view.on_event("ADDED", obj)
+    view.tiers(infos(labels))
+    for i in range(changed):
+        labels[f"n-{i}"] = {"pool": "c" if i % 2 else "b"}
+        view.nodes_changed(f"n-{i}")
+    labels["n-100"] = {"pool": "b"}
+    view.nodes_changed("n-100")
+    assert view.tiers(infos(labels))[0] == read(objs, labels)

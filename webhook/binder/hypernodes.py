@@ -35,6 +35,9 @@ from webhook.topology.network import Levels
 TIER_LABEL_PREFIX = f"{keys.DOMAIN}/hypernode-tier-"
 #: at most this many problems are listed, then how many more there were
 _MOST_PROBLEMS = 20
+#: more changed nodes than this are read by matching every HyperNode again (`Candidates`: a
+#: pattern's or a label's nodes found at once), not each node against every HyperNode
+_FEW_NODES = 32
 
 
 def tier_label(tier: int) -> str:
@@ -333,14 +336,16 @@ class HyperNodeView:
         """The tiers, and whether they were remade now (their problems are new then)."""
         if self._tiers is not None:
             return self._tiers, False
+        if len(self._new_nodes) > _FEW_NODES:  # (a sync, a mass relabel): every HyperNode
+            self._new_hypernodes = set(self._objects)
         candidates = Candidates(nodes)
         for name in self._new_hypernodes:
             self._members[name] = selected(self._objects[name][0], candidates)
-        for node in self._new_nodes:
+        kept = [(name, h) for name, (h, _) in self._objects.items()
+                if name not in self._new_hypernodes]
+        for node in self._new_nodes if kept else ():
             info = nodes.get(node)
-            for name, (h, _) in self._objects.items():
-                if name in self._new_hypernodes:
-                    continue
+            for name, h in kept:
                 if info is not None and selects(h, node, info.labels):
                     self._members[name].add(node)
                 else:
