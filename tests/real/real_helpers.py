@@ -18,6 +18,8 @@ from e2e.probes import eventually
 from webhook import keys
 from webhook.demo import EXAMPLE_POLICIES
 from webhook.kube import PODS, KubeApi
+from webhook.topology import codec
+from webhook.topology.model import Topology
 
 __all__ = ["NETWORK_LEVELS", "agent_dra_state", "agent_pod", "crd_documents", "diagnostics",
            "kubectl", "pod_ready", "policies_everywhere", "policy_digests", "release_values",
@@ -168,3 +170,19 @@ def diagnostics(cluster: NodeCluster) -> str:
     out.append("--- kube-apiserver: the last requests it could not authenticate\n"
                + "\n".join(refused[-10:]))
     return "\n".join(out)
+
+
+def fake_node(name: str, topology: Topology, labels: dict[str, str],
+              taint: dict[str, str]) -> dict[str, Any]:
+    """A Node object as the node agent with fake NVML publishes it (its topology annotation,
+    allocatable GPUs), Ready, with `labels` and `taint`: no kubelet runs it, so the pods bound to
+    it stay Pending."""
+    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110",
+             keys.GPU_RESOURCE: str(topology.size)}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels},
+                         "annotations": {keys.ANN_NODE_TOPOLOGY: codec.encode(topology)}},
+            "spec": {"taints": [taint]},
+            "status": {"allocatable": alloc, "capacity": dict(alloc),
+                       "conditions": [{"type": "Ready", "status": "True",
+                                       "reason": "KubeletReady", "message": "fake node"}]}}

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from jobs import ensure_namespace
+from real_helpers import fake_node
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node.cluster import NodeCluster
@@ -28,7 +29,7 @@ from webhook.binder.controller import Binder, BinderConfig
 from webhook.binder.hypernodes import tier_label
 from webhook.kube import EVENTS, NODES, PODS, ApiError, KubeApi, make_api_client
 from webhook.kube.api import VOLCANO_HYPERNODES, Resource
-from webhook.topology import builtin, codec
+from webhook.topology import builtin
 from webhook.topology.network import Levels
 
 SCHEDULER = "muster-hypernodes"
@@ -52,15 +53,7 @@ GRANT = [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
 
 
 def _node(name: str, labels: dict[str, str]) -> dict[str, Any]:
-    topology = builtin("hgx-h100")
-    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110", keys.GPU_RESOURCE: "8"}
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels},
-                         "annotations": {keys.ANN_NODE_TOPOLOGY: codec.encode(topology)}},
-            "spec": {"taints": [TAINT]},
-            "status": {"allocatable": alloc, "capacity": dict(alloc),
-                       "conditions": [{"type": "Ready", "status": "True",
-                                       "reason": "KubeletReady", "message": "fake node"}]}}
+    return fake_node(name, builtin("hgx-h100"), labels, TAINT)
 
 
 def _hypernode(name: str, tier: int, members: list[dict[str, Any]]) -> dict[str, Any]:

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 from jobs import ensure_namespace
-from real_helpers import NETWORK_LEVELS
+from real_helpers import NETWORK_LEVELS, fake_node
 
 from e2e.node import image
 from e2e.probes import eventually
 from webhook import keys
 from webhook.kube import EVENTS, JOBS, NODES, PODS, ApiError, KubeApi
-from webhook.topology import builtin, codec
+from webhook.topology import builtin
 from webhook.topology.model import GPU, PCIeLevel, Topology
 
 SPINE, LEAF, CLIQUE = NETWORK_LEVELS
@@ -44,15 +44,7 @@ def _gb200() -> Topology:
 
 
 def _node(name: str, topology: Topology, labels: dict[str, str]) -> dict[str, Any]:
-    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110",
-             keys.GPU_RESOURCE: str(topology.size)}
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels},
-                         "annotations": {keys.ANN_NODE_TOPOLOGY: codec.encode(topology)}},
-            "spec": {"taints": [FAKE_TAINT]},
-            "status": {"allocatable": alloc, "capacity": dict(alloc),
-                       "conditions": [{"type": "Ready", "status": "True",
-                                       "reason": "KubeletReady", "message": "fake node"}]}}
+    return fake_node(name, topology, labels, FAKE_TAINT)
 
 
 def _nodes() -> list[dict[str, Any]]:
