@@ -592,12 +592,10 @@ def test_hypernode_levels_checked_as_the_binder_reads_them() -> None:
     [missing] = [f for f in analyze(s, NOW) if f.code.startswith("HyperNode")]
     assert (missing.severity, missing.code) == ("error", "HyperNodeCRDMissing")
     # a leaf by tierName, a GPU node outside it, a member that is no pattern
-    s.hypernodes = [
-        _hypernode("leaf-1", {"type": "Node", "selector": {"exactMatch": {"name": "gpu-1"}}},
-                   {"type": "Node", "selector": {"regexMatch": {"pattern": "("}}})
-        | {"spec": {"tier": 1, "tierName": "rack", "members": [
-            {"type": "Node", "selector": {"exactMatch": {"name": "gpu-1"}}},
-            {"type": "Node", "selector": {"regexMatch": {"pattern": "("}}}]}}]
+    leaf = _hypernode("leaf-1", {"type": "Node", "selector": {"exactMatch": {"name": "gpu-1"}}},
+                      {"type": "Node", "selector": {"regexMatch": {"pattern": "("}}})
+    leaf["spec"]["tierName"] = "rack"
+    s.hypernodes = [leaf]
     unlabelled = scenario.node("cpu-1")
     del unlabelled["metadata"]["labels"][keys.LABEL_GPU_TOPOLOGY]
     s.nodes = [gpu_node("gpu-1"), gpu_node("gpu-2"), unlabelled]

@@ -91,7 +91,7 @@ def _name(obj: Obj) -> str:
 
 def analyze(s: Snapshot, now: dt.datetime) -> list[Finding]:
     checks = (_backends, _queues, _webhook_order, _webhook_safety, _endpoints, _ca_bundle,
-              _gpu_nodes, _network_labels, _hypernodes, _podgroups, _binder, _matching,
+              _gpu_nodes, _network, _podgroups, _binder, _matching,
               _shadowed, _waiting, _schedulers, _not_enforced)
     out = [f for check in checks for f in check(s, now)]
     rank = {"error": 0, "warning": 1, "info": 2}
@@ -275,25 +275,32 @@ def _gpu_node_objects(s: Snapshot) -> list[Obj]:
         keys.LABEL_GPU_TOPOLOGY) == keys.LABEL_GPU_TOPOLOGY_ENABLED]
 
 
-def _tiers(s: Snapshot) -> Tiers | None:
-    """The levels Volcano's HyperNodes make of the nodes, as the binder reads them (None where
-    the binder's levels are labels, or the HyperNodes could not be read)."""
-    if not s.levels.hypernodes or s.hypernodes is None:
-        return None
-    view = HyperNodeView()
-    for obj in s.hypernodes:
-        view.on_event("ADDED", obj)
-    nodes = {str((n.get("metadata") or {}).get("name")): parse_node(n) for n in s.nodes}
-    return view.tiers(nodes)[0]
+def _shown(names: Sequence[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def _hypernodes(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+def _network(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    """The network levels' findings: the node labels policies name (a tierName names a
+    HyperNode tier, no label), and the HyperNodes', where they are the binder's levels; the
+    HyperNodes are read once, as the binder reads them."""
+    tiers = None
+    if s.levels.hypernodes and s.hypernodes is not None:
+        view = HyperNodeView()
+        for obj in s.hypernodes:
+            view.on_event("ADDED", obj)
+        tiers = view.tiers({str((n.get("metadata") or {}).get("name")): parse_node(n)
+                            for n in s.nodes})[0]
+    yield from _network_labels(s, tiers.levels if tiers is not None else s.levels)
+    yield from _hypernodes(s, tiers)
+
+
+def _hypernodes(s: Snapshot, tiers: Tiers | None) -> Iterator[Finding]:
     """Where the binder's levels are Volcano's HyperNodes: their CRD, the GPU nodes no
     HyperNode holds (in no domain: a gang that names a tier never uses them), and what of the
-    HyperNodes the binder leaves out."""
+    HyperNodes the binder leaves out (`tiers`: what they make of the nodes)."""
     if not s.levels.hypernodes:
         return
-    if s.hypernodes is None:
+    if tiers is None:
         yield Finding("error", "HyperNodeCRDMissing", f"CustomResourceDefinition/{HYPERNODE_CRD}",
                       "the binder's network levels are Volcano's HyperNodes (--network-levels "
                       "volcano) but their CRD is not installed: a gang that names a tier is "
@@ -301,29 +308,23 @@ def _hypernodes(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
                       "(topology.volcano.sh/v1alpha1) and its HyperNodes, or set the chart's "
                       "binder.networkLevels to node labels")
         return
-    tiers = _tiers(s)
-    assert tiers is not None
     outside = sorted(str((n.get("metadata") or {}).get("name")) for n in _gpu_node_objects(s)
                      if (n.get("metadata") or {}).get("name") not in tiers.domains)
     if outside:
-        shown = ", ".join(outside[:5]) + (f" and {len(outside) - 5} more"
-                                          if len(outside) > 5 else "")
         yield Finding("warning", "HyperNodeMissing", "HyperNodes",
-                      f"{len(outside)} GPU node(s) are in no HyperNode ({shown}): gangs that "
-                      "name a network tier never use them", "add them to a leaf HyperNode's "
-                      "members (exactMatch, regexMatch or labelMatch)")
+                      f"{len(outside)} GPU node(s) are in no HyperNode ({_shown(outside)}): "
+                      "gangs that name a network tier never use them", "add them to a leaf "
+                      "HyperNode's members (exactMatch, regexMatch or labelMatch)")
     for problem in tiers.problems:
         yield Finding("warning", "HyperNodeUnread", "HyperNodes", f"the binder leaves out: "
                       f"{problem}", "fix the HyperNode (kubectl get hypernodes -o yaml)")
 
 
-def _network_labels(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
-    """GPU nodes without a node label that a policy's network level names: that policy's gangs
-    never use them (a node outside a level's domains is in none of them). A HyperNode tier's
-    level is no label (`_hypernodes` checks those)."""
+def _network_labels(s: Snapshot, levels: Levels) -> Iterator[Finding]:
+    """GPU nodes without a node label that a policy's network level names (an alias read as
+    `levels` give it): that policy's gangs never use them (a node outside a level's domains is
+    in none of them). A HyperNode tier's level is no label (`_hypernodes` checks those)."""
     gpu_nodes = _gpu_node_objects(s)
-    tiers = _tiers(s)
-    levels = tiers.levels if tiers is not None else s.levels
     for policy in s.policies.policies if s.policies else ():
         network = policy.spec.topology.network if policy.spec.topology else None
         if network is None:
@@ -336,13 +337,11 @@ def _network_labels(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
             lacking = sorted(str((n.get("metadata") or {}).get("name")) for n in gpu_nodes
                              if label not in ((n.get("metadata") or {}).get("labels") or {}))
             if lacking:
-                shown = ", ".join(lacking[:5]) + (f" and {len(lacking) - 5} more"
-                                                  if len(lacking) > 5 else "")
                 yield Finding("warning", "NetworkLabelMissing", f"SchedulingPolicy/{policy.name}",
                               f"{len(lacking)} GPU node(s) lack the label {label} that the "
-                              f"policy's network level names ({shown}): its gangs never use "
-                              "them", f"kubectl label node <node> {label}=<its domain>, or "
-                              "--network-levels / Topograph to label them")
+                              f"policy's network level names ({_shown(lacking)}): its gangs "
+                              "never use them", f"kubectl label node <node> {label}=<its "
+                              "domain>, or --network-levels / Topograph to label them")
 
 
 def _podgroups(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
