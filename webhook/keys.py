@@ -107,9 +107,10 @@ NETWORK_ANNOTATIONS = (KUEUE_REQUIRED_TOPOLOGY, KUEUE_PREFERRED_TOPOLOGY,
                        KAI_SEGMENT_SIZE, KAI_SEGMENT_REQUIRED_PLACEMENT,
                        KAI_SEGMENT_PREFERRED_PLACEMENT, VOLCANO_NETWORK_TOPOLOGY_MODE,
                        VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER)
-#: a network level named by its tier, as Volcano counts HyperNode tiers: "tier:1" is the
-#: narrowest declared level (its domains hold nodes), "tier:2" the one above it; the binder
-#: resolves it against its levels (a ":" is in no label key, so no label is mistaken for one)
+#: a network level named by its tier, as Volcano counts HyperNode tiers: the binder resolves it
+#: against its levels (HyperNode tier N where they are HyperNodes; else "tier:1" the narrowest
+#: declared level, "tier:2" the one above it); a ":" is in no label key, so no label is
+#: mistaken for one
 NETWORK_TIER_PREFIX = "tier:"
 
 VOLCANO_API = ("scheduling.volcano.sh", "v1beta1", "podgroups")
@@ -159,6 +160,22 @@ def dra_device_name(index: int) -> str:
     return f"{DRA_DEVICE_PREFIX}{index}"
 
 
+def dra_device_index(name: str) -> int | None:
+    """The GPU index a device name of our driver names, or None when it names none."""
+    digits = name.removeprefix(DRA_DEVICE_PREFIX)
+    return decimal(digits) if digits != name else None
+
+
+CDI_KIND = "muster.io/gpu"
+#: a DRA-backed extended resource (1.37, KEP-5004): the annotation on the special claim made for
+#: a pod's plain requests, and the name a DeviceClass without extendedResourceName serves
+EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+#: kube-scheduler's finalizer on a claim it allocates: the resourceclaim controller deallocates
+#: a claim whose last user is done (and removes it) only when the claim carries it
+CLAIM_FINALIZER = "resource.kubernetes.io/delete-protection"
+IMPLICIT_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
+
+
 def decimal(text: str) -> int | None:
     """The whole number `text` writes in ASCII digits alone, else None (str.isdigit also takes
     digits such as "²", which int() refuses)."""
@@ -175,17 +192,3 @@ def network_tier(level: str) -> int | None:
     digits = level.removeprefix(NETWORK_TIER_PREFIX)
     tier = decimal(digits) if digits != level else None
     return tier if tier is not None and tier >= 1 else None
-
-
-def dra_device_index(name: str) -> int | None:
-    """The GPU index a device name of our driver names, or None when it names none."""
-    digits = name.removeprefix(DRA_DEVICE_PREFIX)
-    return decimal(digits) if digits != name else None
-CDI_KIND = "muster.io/gpu"
-#: a DRA-backed extended resource (1.37, KEP-5004): the annotation on the special claim made for
-#: a pod's plain requests, and the name a DeviceClass without extendedResourceName serves
-EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
-#: kube-scheduler's finalizer on a claim it allocates: the resourceclaim controller deallocates
-#: a claim whose last user is done (and removes it) only when the claim carries it
-CLAIM_FINALIZER = "resource.kubernetes.io/delete-protection"
-IMPLICIT_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
