@@ -3,8 +3,9 @@
 
 Read as Volcano's scheduler reads them:
 - a member of type Node is selected by `exactMatch.name`, `regexMatch.pattern` (a search in the
-  node's name, as Go's `MatchString`) or `labelMatch` (a label selector; an empty one selects
-  nothing); a member of type HyperNode by `exactMatch.name` only;
+  node's name, as Go's `MatchString`, in Go's syntax, RE2's: a pattern Go refuses selects
+  nothing, and `[[:digit:]]` or `\\z` mean what they mean to Go) or `labelMatch` (a label
+  selector; an empty one selects nothing); a member of type HyperNode by `exactMatch.name` only;
 - a HyperNode has one parent, of a higher tier.
 
 A node's domains are its HyperNode and that one's ancestors. Tiers a chain skips are filled from
@@ -22,6 +23,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import re2  # type: ignore[import-untyped]
 
 from webhook import keys
 from webhook.binder.interpod import LabelIndex
@@ -48,19 +51,58 @@ class HyperNodeError(ValueError):
     """A HyperNode object that cannot be read at all (no name, no whole-number tier)."""
 
 
+_RE2 = re2.Options()
+_RE2.log_errors = False  # (a bad pattern is a problem the caller reports, not a C++ log line)
+
+
+class Pattern:
+    """A `regexMatch` pattern as Go's regexp reads it (RE2), for a search in node names."""
+
+    __slots__ = ("_set", "pattern")
+
+    def __init__(self, pattern: str) -> None:
+        """ValueError says why RE2 (so Go) refuses `pattern`."""
+        self.pattern = pattern
+        # a one-pattern Set: 4x the cost of Python's re per name, where re2's search is 20x
+        self._set = re2.Set.SearchSet(_RE2)
+        try:
+            self._set.Add(pattern)
+        except re2.error:  # (a Set says only that it failed; compiling says why)
+            raise ValueError(_refusal(pattern)) from None
+        self._set.Compile()
+
+    def search(self, name: str) -> bool:
+        return self._set.Match(name) is not None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Pattern) and other.pattern == self.pattern
+
+    def __hash__(self) -> int:
+        return hash(self.pattern)
+
+
+def _refusal(pattern: str) -> str:
+    try:
+        re2.compile(pattern, _RE2)
+    except re2.error as exc:
+        why = exc.args[0] if exc.args else exc
+        return why.decode(errors="replace") if isinstance(why, bytes) else str(why)
+    return "RE2 refuses it"
+
+
 @dataclass(frozen=True, slots=True)
 class Member:
     """A member of type Node: one of an exact name, a pattern, a label selector."""
 
     exact: str | None = None
-    pattern: re.Pattern[str] | None = None
+    pattern: Pattern | None = None
     labels: tuple[LabelRequirement, ...] | None = None
 
     def matches(self, name: str, labels: Mapping[str, str]) -> bool:
         if self.exact is not None:
             return name == self.exact
         if self.pattern is not None:
-            return self.pattern.search(name) is not None
+            return self.pattern.search(name)
         return bool(self.labels) and selector_matches(self.labels or (), labels)
 
 
@@ -113,8 +155,8 @@ def _node_member(sel: Mapping[str, Any], exact: Any) -> Member | str:
     pattern = (sel.get("regexMatch") or {}).get("pattern")
     if isinstance(pattern, str) and pattern:
         try:
-            return Member(pattern=re.compile(pattern))
-        except re.error as exc:
+            return Member(pattern=Pattern(pattern))
+        except ValueError as exc:
             return f"regexMatch {pattern!r} is not a regular expression ({exc})"
     labels = label_selector(sel.get("labelMatch"))
     if labels:
