@@ -212,8 +212,10 @@ def test_a_volcano_gang_is_placed_within_the_hypernodes() -> None:
     # by tierName, as a KAI alias: two leaves' worth waits within one leaf, with the reason
     p = run(job("j", workers=3, gpus=8, topology=topo(level="leaf")), spread_nodes())
     assert not p.places
-    assert p.waits[0].reason.startswith(f"gang team-a/j needs 24 GPUs (3 members x 8 GPUs) "
-                                        f"within one {T1} domain; the largest free one ({T1}=")
+    # (named as HyperNodes: by tier and tierName, and the leaf by its name)
+    assert p.waits[0].reason == ("gang team-a/j needs 24 GPUs (3 members x 8 GPUs) within one "
+                                 "tier-1 HyperNode (leaf); the largest free one (HyperNode leaf-b) "
+                                 "has 16 free GPUs")
     # within the spine it spans both leaves
     p = run(job("j", workers=3, gpus=8, topology=topo(level="tier:1", mode="preferred",
                                                       maxLevel="tier:2")), spread_nodes())

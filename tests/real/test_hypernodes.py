@@ -26,7 +26,6 @@ from e2e.node.cluster import NodeCluster
 from e2e.probes import eventually
 from webhook import keys
 from webhook.binder.controller import Binder, BinderConfig
-from webhook.binder.hypernodes import tier_label
 from webhook.kube import EVENTS, NODES, PODS, ApiError, KubeApi, make_api_client
 from webhook.kube.api import VOLCANO_HYPERNODES, Resource
 from webhook.topology import builtin
@@ -58,7 +57,8 @@ def _node(name: str, labels: dict[str, str]) -> dict[str, Any]:
 
 def _hypernode(name: str, tier: int, members: list[dict[str, Any]]) -> dict[str, Any]:
     return {"apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode",
-            "metadata": {"name": name}, "spec": {"tier": tier, "members": members}}
+            "metadata": {"name": name},
+            "spec": {"tier": tier, "tierName": ("leaf", "spine")[tier - 1], "members": members}}
 
 
 #: leaf a by a pattern on the names, leaf b by a label, a spine over both
@@ -165,9 +165,11 @@ async def test_a_gang_lands_within_the_hypernode_with_room_and_waits_beyond_it(
     assert await _nodes_of(kube, "in-leaf-", 2) == {"hn-b-0", "hn-b-1"}
 
     # three whole nodes fit no leaf: the gang waits, and its Event names the HyperNode tier and
-    # the roomiest leaf's free GPUs on nodes with room for a member (hn-a-0's 4 are not)
+    # the roomiest leaf's free GPUs on nodes with room for a member (hn-a-0's 4 are not); this
+    # gang names the tier by its tierName, as a KAI alias
+    by_name = {"level": "leaf", "mode": "required"}
     for i in range(3):
-        await kube.create(PODS, _pod(f"wide-{i}", 8, gang="wide", members=3, network=leaf),
+        await kube.create(PODS, _pod(f"wide-{i}", 8, gang="wide", members=3, network=by_name),
                           namespace=NS)
 
     async def told() -> str | None:
@@ -177,8 +179,8 @@ async def test_a_gang_lands_within_the_hypernode_with_room_and_waits_beyond_it(
                  if e["involvedObject"]["name"].startswith("wide-")]
         return found[0] if found else None
     message = await eventually(told, within=60, interval=0.5, what="wide's Event")
-    assert (f"needs 24 GPUs (3 members x 8 GPUs) within one {tier_label(1)} domain; the largest "
-            f"free one ({tier_label(1)}=hn-leaf-a) has 8 free GPUs") in message, message
+    assert ("needs 24 GPUs (3 members x 8 GPUs) within one tier-1 HyperNode (leaf); the largest "
+            "free one (HyperNode hn-leaf-a) has 8 free GPUs") in message, message
     assert not any(p["spec"].get("nodeName") for p in
                    (await kube.list(PODS, namespace=NS))["items"]
                    if p["metadata"]["name"].startswith("wide-"))

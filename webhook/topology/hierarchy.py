@@ -242,6 +242,7 @@ class _Decision:
         self.groups = groups
         gpu = [m for m in gang.members if m.gpus > 0]
         self.inter_gbps = inter_gbps
+        self.declared = network.declared
         self.chain = network.chain(req.max_level, req.level, req.slice_level)
         self.paths = network.paths(self.chain)
         depth = len(self.chain)
@@ -551,19 +552,20 @@ class _Decision:
         label = self.chain[level] if level < len(self.chain) else HOSTNAME
         at = [(d.pieces, d.gpus, k) for k, d in self.doms.items()
               if len(k) == level + 1 and _real(k)]
+        kind = self.declared.kind(label)
         if self.sliced:
-            slice_label = self.req.slice_level
             head = (f"gang {self.gang.name} needs {total} GPUs ({what}) in {len(self.slices)} "
-                    f"slices of {self.req.slice_size}, each within one {slice_label} domain"
-                    + (f", all within one {label} domain" if gang_level >= 0 else ""))
+                    f"slices of {self.req.slice_size}, each within one "
+                    f"{self.declared.kind(self.req.slice_level or HOSTNAME)}"
+                    + (f", all within one {kind}" if gang_level >= 0 else ""))
         else:
-            head = (f"gang {self.gang.name} needs {total} GPUs ({what}) within one {label} "
-                    "domain")
+            head = f"gang {self.gang.name} needs {total} GPUs ({what}) within one {kind}"
         if not at:
-            return Unplaceable(f"{head}; no node with a free GPU has the label {label}"
-                               if self.paths or not self.nodes else
-                               f"{head}; no node has the label {label}")
+            within = (f"is in a {kind}" if self.declared.is_tier(label)
+                      else f"has the label {label}")
+            return Unplaceable(f"{head}; no node with a free GPU {within}"
+                               if self.paths or not self.nodes else f"{head}; no node {within}")
         pieces, gpus, key = max(at, key=lambda e: (e[1], e[0], e[2]))
         held = f", room for {pieces} of its slices" if self.sliced else ""
-        return Unplaceable(f"{head}; the largest free one ({label}={key[-1]}) has {gpus} free "
-                           f"GPUs{held}")
+        which = self.declared.which(label, key[-1])
+        return Unplaceable(f"{head}; the largest free one ({which}) has {gpus} free GPUs{held}")

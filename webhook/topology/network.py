@@ -55,6 +55,25 @@ class Levels:
         """The label `name` stands for: the one it is an alias of, else itself."""
         return next((label for alias, label in self.aliases if alias == name), name)
 
+    def is_tier(self, label: str) -> bool:
+        """Whether level `label` is a HyperNode tier (a `tier_label`), which no node carries."""
+        return self.hypernodes and label in self.labels
+
+    def kind(self, label: str) -> str:
+        """How a message names a domain of level `label`: "tier-1 HyperNode (leaf)" where the
+        levels are HyperNode tiers (with the tier's tierName), else "<label> domain"."""
+        if not self.is_tier(label):
+            return f"{label} domain"
+        tier = self.tiers[self.labels.index(label)]
+        names = [alias for alias, of in self.aliases if of == label]
+        return f"tier-{tier} HyperNode" + (f" ({names[0]})" if names else "")
+
+    def which(self, label: str, value: str) -> str:
+        """How a message names one domain: "HyperNode <name>", else "<label>=<value>"."""
+        if self.is_tier(label):
+            return f"HyperNode {value}"
+        return f"{label}={value}"
+
     def resolve(self, name: str) -> str | None:
         """The label a request's level `name` stands for: an alias's label; tier N's, None for a
         tier above the widest level (the whole cluster); else the name itself. Tier N (N >= 1)
