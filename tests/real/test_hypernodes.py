@@ -4,7 +4,8 @@ CEL rules run by the API server), HyperNodes that select nodes by pattern and by
 binder of its own scheduler name run in the test against the API server, so that the chart's
 binder (label levels) and this one never share a pod. It acts as the chart's binder service
 account (impersonated), whose Bindings alone the chart's annotation guard lets carry a GPU
-assignment, with the HyperNode grant the chart adds for `binder.networkLevels: volcano`.
+assignment, with the HyperNode rule of the chart's binder ClusterRole rendered for
+`binder.networkLevels: volcano` (so a chart that grants too little fails here).
 
 The nodes carry no topology label at all: only the HyperNodes say which share a leaf. No kubelet
 runs them (their pods are bound and stay Pending); a taint only these pods tolerate keeps every
@@ -15,13 +16,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from jobs import ensure_namespace
 from real_helpers import fake_node
 
-from e2e.cluster import NAMESPACE, RELEASE
+from e2e.cluster import NAMESPACE, RELEASE, render_chart
 from e2e.node.cluster import NodeCluster
 from e2e.probes import eventually
 from webhook import keys
@@ -40,15 +43,23 @@ CLUSTER_ROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", Fals
 CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings",
                                  False, "ClusterRoleBinding")
 #: the rule the chart adds to the binder's ClusterRole for `binder.networkLevels: volcano`
-GRANT = [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-          "metadata": {"name": "muster-test-hypernodes"},
-          "rules": [{"apiGroups": ["topology.volcano.sh"], "resources": ["hypernodes"],
-                     "verbs": ["get", "list", "watch"]}]},
-         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-          "metadata": {"name": "muster-test-hypernodes"},
-          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                      "name": "muster-test-hypernodes"},
-          "subjects": [{"kind": "ServiceAccount", "name": BINDER_SA, "namespace": NAMESPACE}]}]
+def _grant(tmp_path: Path) -> list[dict[str, Any]]:
+    """The HyperNode rule of the binder's ClusterRole in the chart rendered with
+    `binder.networkLevels: volcano`, bound to the binder's service account."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"binder": {"networkLevels": "volcano"}}))
+    [role] = [d for d in render_chart(values)
+              if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-binder")]
+    rules = [r for r in role["rules"] if "topology.volcano.sh" in r["apiGroups"]]
+    assert len(rules) == 1, role["rules"]
+    name = {"name": "muster-test-hypernodes"}
+    return [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": name, "rules": rules},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": name, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                           "kind": "ClusterRole", **name},
+             "subjects": [{"kind": "ServiceAccount", "name": BINDER_SA,
+                           "namespace": NAMESPACE}]}]
 
 
 def _node(name: str, labels: dict[str, str]) -> dict[str, Any]:
@@ -102,7 +113,8 @@ async def _delete(kube: KubeApi, path: str) -> None:
 
 
 @pytest.fixture
-async def fabric(kube: KubeApi, node_cluster: NodeCluster) -> AsyncIterator[Binder]:
+async def fabric(kube: KubeApi, node_cluster: NodeCluster, tmp_path: Path
+                 ) -> AsyncIterator[Binder]:
     """The nodes (two per leaf), the HyperNodes, and a binder reading them as the chart's
     binder service account; all gone after."""
     nodes = [_node(f"hn-a-{i}", {}) for i in range(2)] + \
@@ -117,8 +129,9 @@ async def fabric(kube: KubeApi, node_cluster: NodeCluster) -> AsyncIterator[Bind
                                        starvation_seconds=3600))
     task: asyncio.Task[None] | None = None
     try:
-        await kube.create(CLUSTER_ROLES, GRANT[0])
-        await kube.create(CLUSTER_ROLE_BINDINGS, GRANT[1])
+        role, binding = _grant(tmp_path)
+        await kube.create(CLUSTER_ROLES, role)
+        await kube.create(CLUSTER_ROLE_BINDINGS, binding)
         for n in nodes:
             await kube.create(NODES, n)
         for h in HYPERNODES:
