@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -25,7 +26,7 @@ from webhook.kube import KubeApi
 from webhook.kube.api import PODS
 from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import NetworkRequest
-from webhook.topology.network import TOPOGRAPH, Levels
+from webhook.topology.network import Levels
 
 BLOCK, RACK = "example.com/block", "example.com/rack"
 #: with KAI-style aliases for both levels
@@ -74,6 +75,27 @@ def test_a_level_named_by_its_alias_is_that_level() -> None:
     assert len(p.places) == 1 and racks(p) == {("b0", "r0")}
     p = run(job("j", workers=3, gpus=8, topology=topo("rack")), nodes())
     assert "within one example.com/rack domain" in p.waits[0].reason
+
+
+def test_topograph_levels_follow_the_labels_the_nodes_carry() -> None:
+    """`--network-levels topograph` on nodes labelled by Topograph v1 (two fabric tiers): a
+    gang bound to tier 1 (the leaf switch, Topograph's tier 0) lands in one leaf; once a third
+    tier is labelled, the levels follow it (as the binder clears its FitCache on node changes)."""
+    tier = "fabric.topograph.run/tier-"
+    objs = [node(f"b{b}-r{r}-n{i}", labels={f"{tier}1": f"b{b}", f"{tier}0": f"r{r}"})
+            for b in (1, 0) for r in (1, 0) for i in range(2)]
+    cfg = replace(CFG, levels=Levels(topograph=True))
+    fit = FitCache()
+    for labelled in ((f"{tier}1", f"{tier}0"), (f"{tier}2", f"{tier}1", f"{tier}0")):
+        for n in objs:
+            n["metadata"]["labels"].setdefault(labelled[0], "core")
+        parsed = {n["metadata"]["name"]: parse_node(n) for n in objs}
+        fit.clear()
+        p = plan([parse_pod(p) for p in job("j", workers=2, gpus=8, topology=topo("tier:1"))],
+                 parsed, None, config=cfg, queue=GangQueue(), fit=fit, place=place_gang,
+                 now=1795237200.0)
+        assert len(p.places) == 1 and len(racks(p)) == 1
+        assert fit.network(parsed, cfg.levels).levels == labelled
 
 
 def test_a_level_named_by_its_tier_counts_from_the_narrowest() -> None:
@@ -154,7 +176,7 @@ def test_a_malformed_request_is_a_problem(network: str, error: str) -> None:
 
 def test_levels_flag(tmp_path: Any) -> None:
     assert network_levels("") == Levels()
-    assert network_levels("topograph") == Levels(TOPOGRAPH)
+    assert network_levels("topograph") == Levels(topograph=True)
     assert network_levels("volcano") == Levels(hypernodes=True)
     assert network_levels(f"{BLOCK}, {RACK}") == Levels((BLOCK, RACK))
     assert network_levels(f"block={BLOCK}, {RACK}") == Levels((BLOCK, RACK),

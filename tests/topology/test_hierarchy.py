@@ -25,7 +25,7 @@ from webhook.topology import (
     place_gang,
 )
 from webhook.topology.gpu_choice import TableCache
-from webhook.topology.network import CLIQUE, HOSTNAME, TOPOGRAPH, resolve_request
+from webhook.topology.network import CLIQUE, HOSTNAME, resolve_request
 
 H100 = builtin("hgx-h100")
 BLOCK, RACK = "example.com/block", "example.com/rack"
@@ -364,7 +364,7 @@ def test_levels_in_the_shapes_users_have() -> None:
              "spec": {"levels": [{"nodeLabel": BLOCK}, {"nodeLabel": RACK},
                                  {"nodeLabel": HOSTNAME}]}}
     assert parse_levels(kueue) == Levels((BLOCK, RACK))
-    assert parse_levels("topograph") == Levels(TOPOGRAPH)
+    assert parse_levels("topograph") == Levels(topograph=True)
     assert parse_levels([BLOCK, RACK, CLIQUE]) == Levels(LEVELS)
     kai = {"apiVersion": "kai.scheduler/v1alpha1", "kind": "Topology",
            "metadata": {"name": "cluster-topology"},
@@ -376,6 +376,41 @@ def test_levels_in_the_shapes_users_have() -> None:
         BLOCK, HOSTNAME, RACK)
     assert parse_levels([{"nodeLabel": BLOCK, "alias": "b"}, RACK]) == Levels(
         (BLOCK, RACK), (("b", BLOCK),))
+
+
+V0 = "network.topology.nvidia.com/"
+V1, V1_NVL = "fabric.topograph.run/tier-", "accelerator.topograph.run/"
+
+
+@pytest.mark.parametrize(("nodes", "levels"), [
+    # v0 on a fabric of two tiers: no core (a node without the widest level would be in no
+    # domain); the NVLink domain left to GPU feature discovery's clique label, as Topograph does
+    ([{f"{V0}spine": "s1", f"{V0}leaf": "l1", CLIQUE: "u.1"}, {f"{V0}spine": "s1"}],
+     (f"{V0}spine", f"{V0}leaf", CLIQUE)),
+    ([{f"{V0}core": "c", f"{V0}spine": "s", f"{V0}leaf": "l", f"{V0}accelerator": "nvl1"},
+      {f"{V0}core": "c", f"{V0}spine": "s", f"{V0}leaf": "l"}, {}],
+     (f"{V0}core", f"{V0}spine", f"{V0}leaf", f"{V0}accelerator")),
+    # v1: tiers of any depth, numbered from the leaf outwards; its own domain and sub-domain
+    ([{f"{V1}0": "l1", f"{V1}1": "s1", f"{V1}10": "x", f"{V1}2": "c", f"{V1}z": "?",
+       f"{V1_NVL}domain": "d", f"{V1_NVL}sub-domain": "sd", CLIQUE: "u.1"},
+      {f"{V1}0": "l2", f"{V1}1": "s1", f"{V1}10": "x", f"{V1}2": "c", f"{V0}leaf": "old"}],
+     (f"{V1}10", f"{V1}2", f"{V1}1", f"{V1}0", f"{V1_NVL}domain", f"{V1_NVL}sub-domain")),
+    ([{f"{V1}0": "l1", CLIQUE: "u.1"}, {f"{V1}0": "l2", f"{V1}1": "s"}], (f"{V1}0", CLIQUE)),
+    ([{HOSTNAME: "n"}], ()),
+])
+def test_topograph_is_the_labels_it_wrote(nodes: list[dict[str, str]],
+                                          levels: tuple[str, ...]) -> None:
+    assert Levels(topograph=True).on(nodes) == Levels(levels)
+
+
+def test_a_two_tier_topograph_fabric_places_by_leaf() -> None:
+    """Topograph writes no core label where the fabric has two tiers: the leaf still counts."""
+    nodes = [node(f"n{i}") for i in range(4)]
+    labels = {f"n{i}": {f"{V0}spine": "s1", f"{V0}leaf": f"l{i // 2}"} for i in range(4)}
+    p = ok(place(nodes, labels, gang(2, level=f"{V0}leaf"), Levels(topograph=True)))
+    assert len(domains(p, labels, f"{V0}leaf")) == 1
+    p = ok(place(nodes, labels, gang(2, level="tier:1"), Levels(topograph=True)))
+    assert len(domains(p, labels, f"{V0}leaf")) == 1
 
 
 @pytest.mark.parametrize(("doc", "error"), [

@@ -59,9 +59,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--network-levels", default=None, metavar="LEVELS",
                    help="the cluster's network levels for gangs that name one: node labels "
                         "widest first, comma separated, each LABEL or ALIAS=LABEL (a name "
-                        "manifests may use for it, as KAI's aliases); \"topograph\" (NVIDIA "
-                        "Topograph's labels); \"volcano\" (Volcano's HyperNodes, each tier a "
-                        "level, read as they change); or @FILE, a Kueue or KAI Topology "
+                        "manifests may use for it, as KAI's aliases); \"topograph\" (the labels "
+                        "NVIDIA Topograph wrote, v1 or v0, as the nodes carry them); "
+                        "\"volcano\" (Volcano's HyperNodes, each tier a level, read as they "
+                        "change); or @FILE, a Kueue or KAI Topology "
                         "(kueue.x-k8s.io/v1beta2, kai.scheduler/v1alpha1) or a YAML list "
                         "(docs/topology.md, \"Network levels\") (default: none: a gang that "
                         "names a level is placed by that label alone)")

@@ -159,7 +159,7 @@ class FitCache:
                 domains: Mapping[str, Mapping[str, str]] | None = None) -> Network:
         """The nodes' labels as the placement groups them by domain, with `domains` (per node,
         its domains of levels no label carries) over them (made once per node set)."""
-        if self._network is None or self._network.declared != levels or \
+        if self._network is None or self._network.asked != levels or \
                 self._domains is not domains:
             more = domains or {}
             self._network = Network(levels, {

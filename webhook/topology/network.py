@@ -6,7 +6,7 @@ An admin declares the levels once, in one of the shapes users already have:
   on the command line);
 - Kueue's `Topology` object (`kueue.x-k8s.io/v1beta2`, `spec.levels[].nodeLabel`), or KAI's
   (`kai.scheduler/v1alpha1`, whose levels may have an `alias`);
-- `topograph`: NVIDIA Topograph's `network.topology.nvidia.com/{core,spine,leaf,accelerator}`.
+- `topograph`: the labels NVIDIA Topograph wrote on the nodes (`topograph_levels`).
 `nvidia.com/gpu.clique` (GPU Feature Discovery: `<ClusterUUID>.<CliqueID>`) is a level like any
 other: the nodes with one value are one multi-node NVLink domain. `kubernetes.io/hostname` is
 always the narrowest level, the node itself, whether it is declared or not. An alias names its
@@ -20,7 +20,7 @@ its rack and block).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,8 +29,15 @@ from webhook.topology.model import NetworkRequest
 
 HOSTNAME = HOSTNAME_LABEL
 CLIQUE = "nvidia.com/gpu.clique"
-TOPOGRAPH = tuple(f"network.topology.nvidia.com/{tier}"
-                  for tier in ("core", "spine", "leaf", "accelerator"))
+#: NVIDIA Topograph's labels up to v0.5: three switch tiers, widest first, and an NVLink domain
+TOPOGRAPH_V0_FABRIC = tuple(f"network.topology.nvidia.com/{tier}"
+                            for tier in ("core", "spine", "leaf"))
+TOPOGRAPH_V0_ACCELERATOR = ("network.topology.nvidia.com/accelerator",)
+#: since v1.0: switch tiers of any depth (tier 0 the leaf switch, numbered outwards), and an
+#: NVLink domain with an optional sub-domain
+TOPOGRAPH_TIER_PREFIX = "fabric.topograph.run/tier-"
+TOPOGRAPH_ACCELERATOR = ("accelerator.topograph.run/domain",
+                         "accelerator.topograph.run/sub-domain")
 KUEUE_API_VERSIONS = ("kueue.x-k8s.io/v1beta2", "kueue.x-k8s.io/v1beta1",
                       "kueue.x-k8s.io/v1alpha1")
 KAI_API_VERSIONS = ("kai.scheduler/v1alpha1",)
@@ -50,6 +57,12 @@ class Levels:
     aliases: tuple[tuple[str, str], ...] = ()
     hypernodes: bool = False
     tiers: tuple[int, ...] = ()
+    #: the levels are the labels Topograph wrote on the nodes (`on`)
+    topograph: bool = False
+
+    def on(self, labels_of: Iterable[Mapping[str, str]]) -> Levels:
+        """These levels on nodes with these labels: Topograph's, the labels found there."""
+        return Levels(topograph_levels(labels_of)) if self.topograph else self
 
     def label(self, name: str) -> str:
         """The label `name` stands for: the one it is an alias of, else itself."""
@@ -104,11 +117,50 @@ def resolve_request(req: NetworkRequest, levels: Levels) -> NetworkRequest:
                    slice_size=req.slice_size if sliced is not None else 0)
 
 
+def topograph_fabric(labels_of: Iterable[Mapping[str, str]]) -> tuple[str, ...]:
+    """The switch tiers NVIDIA Topograph wrote on these nodes, widest first: v1's
+    `fabric.topograph.run/tier-N` where a node has one (the highest N first), else v0's core,
+    spine and leaf. The widest is the widest that every node with a tier has (a node without
+    the widest level is in no domain, and a fabric of two tiers has no core); the narrower ones
+    follow where some node has them."""
+    nodes = list(labels_of)
+    tiers = sorted(((n, k) for k in {k for labels in nodes for k in labels}
+                    if (n := _tier_number(k)) is not None), reverse=True)
+    family = [k for _, k in tiers] or list(TOPOGRAPH_V0_FABRIC)
+    carrying = [labels for labels in nodes if any(k in labels for k in family)]
+    widest = next((i for i, k in enumerate(family)
+                   if carrying and all(k in labels for labels in carrying)), len(family))
+    return tuple(k for k in family[widest:] if any(k in labels for labels in carrying))
+
+
+def topograph_levels(labels_of: Iterable[Mapping[str, str]]) -> tuple[str, ...]:
+    """The levels of the labels NVIDIA Topograph wrote on these nodes, widest first: the switch
+    tiers (`topograph_fabric`), then the NVLink domain (and v1's sub-domain) where some node has
+    it; else GPU feature discovery's `nvidia.com/gpu.clique`, which Topograph leaves as the
+    domain's label where the GPU Operator writes it. A node without a narrower level is still in
+    the wider ones."""
+    nodes = list(labels_of)
+    fabric = topograph_fabric(nodes)
+    present = {k for labels in nodes for k in labels}
+    v1 = any(k.startswith(TOPOGRAPH_TIER_PREFIX) for k in fabric)
+    accelerator = [k for k in (TOPOGRAPH_ACCELERATOR if v1 else TOPOGRAPH_V0_ACCELERATOR)
+                   if k in present]
+    if not accelerator and CLIQUE in present:
+        accelerator = [CLIQUE]
+    return (*fabric, *accelerator)
+
+
+def _tier_number(label: str) -> int | None:
+    """N of Topograph's `fabric.topograph.run/tier-N`, None for another label."""
+    digits = label.removeprefix(TOPOGRAPH_TIER_PREFIX)
+    return int(digits) if digits != label and digits.isascii() and digits.isdigit() else None
+
+
 def parse_levels(doc: Any) -> Levels:
     """The declared levels from a list (of label keys, or `{nodeLabel, alias}` entries), a Kueue
     or KAI Topology object, or "topograph"."""
     if doc == "topograph":
-        return Levels(TOPOGRAPH)
+        return Levels(topograph=True)
     if isinstance(doc, Mapping):
         entries = _topology_levels(doc)
     elif isinstance(doc, Sequence) and not isinstance(doc, str):
@@ -136,7 +188,7 @@ def parse_levels_flag(text: str) -> Levels:
     by the binder as they change), or entries LABEL or ALIAS=LABEL, comma separated, widest
     first."""
     if text.strip() == "topograph":
-        return Levels(TOPOGRAPH)
+        return Levels(topograph=True)
     if text.strip() == "volcano":
         return Levels(hypernodes=True)
 
@@ -197,7 +249,9 @@ class Network:
 
     def __init__(self, levels: Levels | Sequence[str],
                  labels: Mapping[str, Mapping[str, str]]) -> None:
-        self.declared = levels if isinstance(levels, Levels) else Levels(tuple(levels))
+        #: what was asked for (Topograph's family), and the levels it is on these nodes
+        self.asked = levels if isinstance(levels, Levels) else Levels(tuple(levels))
+        self.declared = self.asked.on(labels.values())
         self.levels = self.declared.labels
         self._labels = labels
         self._paths: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}

@@ -29,16 +29,8 @@ from webhook.topology.builtin import builtin
 from webhook.topology.fabric import Fabric, Where, bus_gbps, network_gbps, tiers_crossed
 from webhook.topology.gpu_choice import TableCache, set_score
 from webhook.topology.model import Topology
+from webhook.topology.network import CLIQUE, topograph_fabric
 from webhook.topology.simulate import Links, Model, step_seconds
-
-#: NVIDIA Topograph's network labels, widest first
-TOPOGRAPH_LEVELS = (
-    "network.topology.nvidia.com/core",
-    "network.topology.nvidia.com/spine",
-    "network.topology.nvidia.com/leaf",
-)
-#: GPU feature discovery: `<ClusterUUID>.<CliqueID>`, one multi-node NVLink domain per value
-CLIQUE_LABEL = "nvidia.com/gpu.clique"
 
 
 class PlacementError(ValueError):
@@ -177,7 +169,7 @@ def parse_placement(doc: Any, topologies: Mapping[str, Topology] | None = None
         labels_of[name] = labels
     levels = doc.get("levels")
     if levels is None:
-        levels = [lv for lv in TOPOGRAPH_LEVELS if any(lv in lb for lb in labels_of.values())]
+        levels = list(topograph_fabric(labels_of.values()))
     if not isinstance(levels, list) or not all(isinstance(x, str) for x in levels):
         raise PlacementError("levels: expected a list of node labels, widest first")
     where = {}
@@ -185,5 +177,5 @@ def parse_placement(doc: Any, topologies: Mapping[str, Topology] | None = None
         missing = [lv for lv in levels if lv not in labels]
         if missing:
             raise PlacementError(f"node {name} lacks the level label(s) {', '.join(missing)}")
-        where[name] = Where(tuple(labels[lv] for lv in levels), labels.get(CLIQUE_LABEL))
+        where[name] = Where(tuple(labels[lv] for lv in levels), labels.get(CLIQUE))
     return GangOnFabric(gpus, topos, where, fabric)
