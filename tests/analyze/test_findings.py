@@ -583,6 +583,30 @@ def test_gpu_nodes_without_a_label_a_network_policy_names() -> None:
     assert aliased.message == finding.message
 
 
+def test_gpu_nodes_without_the_widest_level_are_in_no_domain() -> None:
+    s = healthy()
+    s.levels = binder_levels({"spec": {"template": {"spec": {"containers": [{"args": [
+        "bind", "--network-levels=example.com/block,example.com/rack"]}]}}}})
+    racked = gpu_node("gpu-2")
+    racked["metadata"]["labels"]["example.com/rack"] = "r1"  # a rack, but no block
+    blocked = gpu_node("gpu-3")
+    blocked["metadata"]["labels"]["example.com/block"] = "b1"
+    s.nodes = [gpu_node("gpu-1"), racked, blocked]
+    [finding] = [f for f in analyze(s, NOW) if f.code == "NetworkLevelMissing"]
+    assert finding.severity == "warning"
+    assert ("2 GPU node(s) lack the binder's widest network level example.com/block "
+            "(gpu-1, gpu-2)") in finding.message
+    # Topograph's levels are the ones the nodes carry: none yet, then a two-tier fabric
+    s.levels = binder_levels({"spec": {"template": {"spec": {"containers": [{"args": [
+        "bind", "--network-levels=topograph"]}]}}}})
+    [finding] = [f for f in analyze(s, NOW) if f.code == "NetworkLevelMissing"]
+    assert "no node carries them" in finding.message
+    for i, n in enumerate(s.nodes):
+        n["metadata"]["labels"] |= {"network.topology.nvidia.com/spine": "s1",
+                                    "network.topology.nvidia.com/leaf": f"l{i}"}
+    assert not [f for f in analyze(s, NOW) if f.code == "NetworkLevelMissing"]
+
+
 def test_hypernode_levels_checked_as_the_binder_reads_them() -> None:
     s = healthy()
     s.levels = binder_levels({"spec": {"template": {"spec": {"containers": [{"args": [

@@ -290,8 +290,37 @@ def _network(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
             view.on_event("ADDED", obj)
         tiers = view.tiers({str((n.get("metadata") or {}).get("name")): parse_node(n)
                             for n in s.nodes})[0]
-    yield from _network_labels(s, tiers.levels if tiers is not None else s.levels)
+    levels = tiers.levels if tiers is not None else \
+        s.levels.on((n.get("metadata") or {}).get("labels") or {} for n in s.nodes)
+    yield from _network_labels(s, levels)
+    yield from _widest_level(s, levels)
     yield from _hypernodes(s, tiers)
+
+
+def _widest_level(s: Snapshot, levels: Levels) -> Iterator[Finding]:
+    """Where the binder's levels are node labels: GPU nodes without the widest, which are in
+    no domain of any level (as a node with no label of a level is in no narrower one), and
+    Topograph's levels that no node carries."""
+    if s.levels.hypernodes:
+        return
+    if s.levels.topograph and not levels.labels:
+        yield Finding("warning", "NetworkLevelMissing", "Nodes", "the binder's network levels "
+                      "are the labels NVIDIA Topograph writes (--network-levels topograph), but "
+                      "no node carries them: a gang that names a level is placed by that label "
+                      "alone", "run Topograph's Kubernetes engine, or set the chart's "
+                      "binder.networkLevels to the labels the nodes carry")
+    if not levels.labels:
+        return
+    widest = levels.labels[0]
+    lacking = sorted(str((n.get("metadata") or {}).get("name")) for n in _gpu_node_objects(s)
+                     if widest not in ((n.get("metadata") or {}).get("labels") or {}))
+    if lacking:
+        yield Finding("warning", "NetworkLevelMissing", "Nodes",
+                      f"{len(lacking)} GPU node(s) lack the binder's widest network level "
+                      f"{widest} ({_shown(lacking)}): they are in no domain of any level, so a "
+                      "gang that names a level uses them only as a preferred gang's last "
+                      "resort", f"kubectl label node <node> {widest}=<its domain>, or declare "
+                      "the levels these nodes carry (--network-levels)")
 
 
 def _hypernodes(s: Snapshot, tiers: Tiers | None) -> Iterator[Finding]:
