@@ -120,17 +120,21 @@ def resolve_request(req: NetworkRequest, levels: Levels) -> NetworkRequest:
 def topograph_fabric(labels_of: Iterable[Mapping[str, str]]) -> tuple[str, ...]:
     """The switch tiers NVIDIA Topograph wrote on these nodes, widest first: v1's
     `fabric.topograph.run/tier-N` where a node has one (the highest N first), else v0's core,
-    spine and leaf. The widest is the widest that every node with a tier has (a node without
-    the widest level is in no domain, and a fabric of two tiers has no core); the narrower ones
-    follow where some node has them."""
+    spine and leaf. The widest is the widest that as many nodes have as any tier (a node
+    without the widest level is in no domain, and a fabric of two tiers has no core); the
+    narrower ones follow where some node has them."""
     nodes = list(labels_of)
-    tiers = sorted(((n, k) for k in {k for labels in nodes for k in labels}
-                    if (n := _tier_number(k)) is not None), reverse=True)
-    family = [k for _, k in tiers] or list(TOPOGRAPH_V0_FABRIC)
-    carrying = [labels for labels in nodes if any(k in labels for k in family)]
-    widest = next((i for i, k in enumerate(family)
-                   if carrying and all(k in labels for labels in carrying)), len(family))
-    return tuple(k for k in family[widest:] if any(k in labels for labels in carrying))
+    return _fabric(nodes, set().union(*nodes))
+
+
+def _fabric(nodes: Sequence[Mapping[str, str]], present: set[str]) -> tuple[str, ...]:
+    tiers = sorted(((n, k) for k in present if (n := _tier_number(k)) is not None),
+                   reverse=True)
+    family = [k for _, k in tiers] or [k for k in TOPOGRAPH_V0_FABRIC if k in present]
+    # (counted, not checked node by node: the binder reads this on every node change)
+    counts = [sum(k in labels for labels in nodes) for k in family]
+    widest = counts.index(max(counts)) if counts else 0
+    return tuple(family[widest:])
 
 
 def topograph_levels(labels_of: Iterable[Mapping[str, str]]) -> tuple[str, ...]:
@@ -140,8 +144,8 @@ def topograph_levels(labels_of: Iterable[Mapping[str, str]]) -> tuple[str, ...]:
     domain's label where the GPU Operator writes it. A node without a narrower level is still in
     the wider ones."""
     nodes = list(labels_of)
-    fabric = topograph_fabric(nodes)
-    present = {k for labels in nodes for k in labels}
+    present: set[str] = set().union(*nodes)
+    fabric = _fabric(nodes, present)
     v1 = any(k.startswith(TOPOGRAPH_TIER_PREFIX) for k in fabric)
     accelerator = [k for k in (TOPOGRAPH_ACCELERATOR if v1 else TOPOGRAPH_V0_ACCELERATOR)
                    if k in present]
