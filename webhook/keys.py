@@ -176,6 +176,19 @@ CLAIM_FINALIZER = "resource.kubernetes.io/delete-protection"
 IMPLICIT_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
 
 
+#: a pod's index in its job, as its operator labels it (the labels Kueue's TAS reads as a
+#: PodSet's pod index label): an Indexed Job's completion index, within a JobSet's job index
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+JOBSET_JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+#: the Kubeflow training operator's (and MPI operator's) index within a replica type
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+KUEUE_POD_GROUP_INDEX_LABEL = "kueue.x-k8s.io/pod-group-pod-index"
+#: replica types ranked before the others (rank 0 of a PyTorchJob is its master)
+FIRST_REPLICA_TYPES = frozenset({"master", "chief", "launcher"})
+
+
 def decimal(text: str) -> int | None:
     """The whole number `text` writes in ASCII digits alone, else None (str.isdigit also takes
     digits such as "²", which int() refuses)."""

@@ -18,7 +18,7 @@ from webhook.binder.controller import Binder, BinderConfig
 from webhook.binder.fit import FitCache
 from webhook.binder.nodes import parse_node
 from webhook.binder.planner import Plan, PlanConfig, plan
-from webhook.binder.pods import parse_pod, parse_topology_request
+from webhook.binder.pods import parse_pod, parse_topology_request, pod_rank
 from webhook.binder.queue import GangQueue
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.failures import UsageError
@@ -75,6 +75,37 @@ def test_a_level_named_by_its_alias_is_that_level() -> None:
     assert len(p.places) == 1 and racks(p) == {("b0", "r0")}
     p = run(job("j", workers=3, gpus=8, topology=topo("rack")), nodes())
     assert "within one example.com/rack domain" in p.waits[0].reason
+
+
+@pytest.mark.parametrize(("labels", "rank"), [
+    ({keys.COMPLETION_INDEX_LABEL: "10"}, (10,)),
+    ({keys.COMPLETION_INDEX_LABEL: "3", keys.JOBSET_JOB_INDEX_LABEL: "1"}, (1, 3)),
+    ({keys.REPLICA_INDEX_LABEL: "0", keys.REPLICA_TYPE_LABEL: "master"}, (0, 0)),
+    ({keys.REPLICA_INDEX_LABEL: "0", keys.REPLICA_TYPE_LABEL: "worker"}, (1, 0)),
+    ({keys.LWS_WORKER_INDEX_LABEL: "2"}, (2,)),
+    ({keys.KUEUE_POD_GROUP_INDEX_LABEL: "7"}, (7,)),
+    ({keys.COMPLETION_INDEX_LABEL: "-1"}, ()),
+    ({keys.KUEUE_POD_GROUP_INDEX_LABEL: "²"}, ()),
+    ({}, ()),
+])
+def test_a_pods_rank_is_what_its_operators_labels_say(labels: dict[str, str],
+                                                       rank: tuple[int, ...]) -> None:
+    assert pod_rank(labels) == rank
+
+
+def test_slices_follow_the_ranks_the_labels_give_not_the_names() -> None:
+    """Pods named at random (generateName) with their index labelled, as a Kueue pod group's:
+    each slice of 2 is 2 consecutive ranks, within one rack."""
+    names = ["p-zq", "p-ab", "p-m1", "p-c7"]
+    topology = topo(BLOCK, sliceLevel=RACK, sliceSize=2)
+    pods = [pod(name, gang="g", min_member=4, gpus=8, topology=topology,
+                labels={keys.KUEUE_POD_GROUP_INDEX_LABEL: str(i)})
+            for i, name in enumerate(names)]
+    p = run(pods, nodes())
+    [place] = p.places
+    rack = {pod_.name: a.node.rsplit("-", 1)[0] for pod_, a in place.assignments}
+    assert rack["p-zq"] == rack["p-ab"] and rack["p-m1"] == rack["p-c7"]
+    assert rack["p-zq"] != rack["p-m1"]  # by name, p-ab and p-c7 would share a rack
 
 
 def test_topograph_levels_follow_the_labels_the_nodes_carry() -> None:

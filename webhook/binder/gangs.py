@@ -134,5 +134,5 @@ def assemble(pods: Iterable[PodInfo], scheduler_name: str,
                 gang.min_member = group.min_member
                 gang.timeout_seconds = group.timeout_seconds or podgroup_default_timeout
         gang.min_member = max(gang.min_member, 1)
-        gang.members.sort(key=lambda p: p.name)
+        gang.members.sort(key=lambda p: (p.rank, p.name))  # (ranks where labels say them)
     return gangs

@@ -234,7 +234,7 @@ def _request(gang: Gang, pending: list[PodInfo], nodes: Mapping[str, NodeInfo], 
         members.append(MemberRequest(
             key=pod.key, gpus=pod.gpus, cpu_milli=pod.cpu_milli,
             memory_bytes=pod.memory_bytes,
-            eligible_nodes=None if len(eligible) == len(nodes) else eligible,
+            eligible_nodes=None if len(eligible) == len(nodes) else eligible, rank=pod.rank,
         ))
     network = topo.network if topo is not None else None
     if network is None and len(own) == 1:

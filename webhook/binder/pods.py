@@ -163,6 +163,8 @@ class PodInfo:
     claim_problems: tuple[str, ...] = ()
     #: metadata.labels, sorted (what other pods' inter-pod terms select on)
     labels: tuple[tuple[str, str], ...] = ()
+    #: its rank in its job where its labels say it (`pod_rank`), else ()
+    rank: tuple[int, ...] = ()
     #: its required podAffinity / podAntiAffinity (None: none)
     pod_affinity: PodAffinity | None = None
     #: its topologySpreadConstraints with whenUnsatisfiable DoNotSchedule
@@ -256,6 +258,25 @@ def parse_pod_affinity(spec: Mapping[str, Any], namespace: str, problems: list[s
         _pod_terms((affinity.get("podAntiAffinity") or {}).get(required), namespace, True,
                    problems))
     return found if found.affinity or found.anti else None
+
+
+def pod_rank(labels: Mapping[str, str]) -> tuple[int, ...]:
+    """A pod's rank in its job, as its operator's labels say it: a JobSet's job index then the
+    completion index; an Indexed Job's completion index; Kubeflow's replica index after its
+    replica type (master, chief or launcher first); LeaderWorkerSet's worker index; a Kueue pod
+    group's pod index. () where none says it (or one is no whole number): names decide."""
+    def index(label: str) -> int | None:
+        return keys.decimal(str(labels.get(label, "")))
+    completion = index(keys.COMPLETION_INDEX_LABEL)
+    if completion is not None:
+        job = index(keys.JOBSET_JOB_INDEX_LABEL)
+        return (completion,) if job is None else (job, completion)
+    replica = index(keys.REPLICA_INDEX_LABEL)
+    if replica is not None:
+        kind = str(labels.get(keys.REPLICA_TYPE_LABEL, "")).lower()
+        return (0 if kind in keys.FIRST_REPLICA_TYPES else 1, replica)
+    found = (index(keys.LWS_WORKER_INDEX_LABEL), index(keys.KUEUE_POD_GROUP_INDEX_LABEL))
+    return next(((i,) for i in found if i is not None), ())
 
 
 def parse_spread(spec: Mapping[str, Any], labels: Mapping[str, str], problems: list[str]
@@ -480,6 +501,7 @@ def parse_pod(obj: Mapping[str, Any],
         extended=extended_requests(spec) if gpus else (),
         extended_status=extended_status,
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        rank=pod_rank(labels),
         pod_affinity=pod_affinity,
         spread=spread,
     )

@@ -225,10 +225,11 @@ _DIGITS = re.compile(r"(\d+)")
 
 @functools.lru_cache(maxsize=1 << 16)
 def _natural(key: str) -> tuple[str | int, ...]:
-    """worker-2 before worker-10: slices follow the ranks' order. The split alternates text
-    and digits, text first (maybe ""), so keys compare text with text and number with number;
-    "" sorts first, so digits sort before text where one key has digits and the other text.
-    Remembered: a pending gang's members are sorted again in every planning cycle."""
+    """worker-2 before worker-10: slices follow the ranks' order where no label gives the
+    ranks (`MemberRequest.rank`). The split alternates text and digits, text first (maybe ""),
+    so keys compare text with text and number with number; "" sorts first, so digits sort
+    before text where one key has digits and the other text. Remembered: a pending gang's
+    members are sorted again in every planning cycle."""
     parts: list[str | int] = list(_DIGITS.split(key))
     parts[1::2] = map(int, parts[1::2])
     return tuple(parts)
@@ -258,7 +259,7 @@ class _Decision:
         #: where pieces are whole: a slice's level (depth: one node), or one member per node
         self.slice_at = depth if req.slice_level in (None, HOSTNAME) else \
             self.chain.index(req.slice_level)
-        self.gpu = sorted(gpu, key=lambda m: _natural(m.key))
+        self.gpu = sorted(gpu, key=lambda m: (m.rank, _natural(m.key)))
         self.others = [m for m in gang.members if m.gpus == 0]
         self.uniform = len({(m.gpus, m.cpu_milli, m.memory_bytes, m.eligible_nodes)
                             for m in gpu}) == 1

@@ -162,6 +162,9 @@ class MemberRequest:
     cpu_milli: int = 0
     memory_bytes: int = 0
     eligible_nodes: frozenset[str] | None = None
+    #: its rank in its job where its operator's labels say it, else (): slices and the order
+    #: of a gang's members follow it, then the names (worker-2 before worker-10)
+    rank: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
