@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from webhook import keys
 from webhook.policy.jsonshape import as_int, as_list, as_map, as_str
 from webhook.policy.podsets import running_pods
 from webhook.policy.workload import (
@@ -46,13 +47,9 @@ from webhook.policy.workload import (
 )
 
 JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
-REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
-REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
-JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 #: the training operator's replica specs and operator name, per kind
 _KUBEFLOW = {PYTORCHJOB: ("pytorchReplicaSpecs", "pytorchjob-controller"),
              TFJOB: ("tfReplicaSpecs", "tfjob-controller")}
@@ -112,7 +109,7 @@ def _name(obj: Mapping[str, Any]) -> str:
 
 def _mpi_labels(job: str, role: str) -> dict[str, str]:
     return {JOB_NAME_LABEL: job, JOB_ROLE_LABEL: role, OPERATOR_LABEL: "mpi-operator",
-            REPLICA_TYPE_LABEL: role}
+            keys.REPLICA_TYPE_LABEL: role}
 
 
 def mpi_worker_pods(mpijob: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -123,7 +120,7 @@ def mpi_worker_pods(mpijob: Mapping[str, Any]) -> list[dict[str, Any]]:
     for i in range(as_int(spec.get("replicas"), 1) or 0):
         pod = _pod(spec.get("template"), _meta(
             mpijob, name=f"{name}-worker-{i}",
-            labels={**_mpi_labels(name, "worker"), REPLICA_INDEX_LABEL: str(i)}))
+            labels={**_mpi_labels(name, "worker"), keys.REPLICA_INDEX_LABEL: str(i)}))
         pod["spec"].setdefault("schedulerName", "default-scheduler")
         pod["spec"].setdefault("hostname", f"{name}-worker-{i}")
         pod["spec"].setdefault("subdomain", f"{name}-worker")
@@ -165,7 +162,8 @@ def kubeflow_pods(job: Mapping[str, Any]) -> list[dict[str, Any]]:
             pods.append(_pod(spec.get("template"), _meta(
                 job, name=f"{name}-{str(role).lower()}-{i}",
                 labels={JOB_NAME_LABEL: name, OPERATOR_LABEL: operator,
-                        REPLICA_TYPE_LABEL: str(role).lower(), REPLICA_INDEX_LABEL: str(i)})))
+                        keys.REPLICA_TYPE_LABEL: str(role).lower(),
+                        keys.REPLICA_INDEX_LABEL: str(i)})))
     return pods
 
 
@@ -180,7 +178,7 @@ def job_pods(job: Mapping[str, Any]) -> list[dict[str, Any]]:
         labels = {"batch.kubernetes.io/job-name": name, "job-name": name}
         annotations = {}
         if indexed:
-            labels[COMPLETION_INDEX] = annotations[COMPLETION_INDEX] = str(i)
+            labels[keys.COMPLETION_INDEX_LABEL] = annotations[keys.COMPLETION_INDEX_LABEL] = str(i)
         pods.append(_pod(spec.get("template"), _meta(
             job, generateName=f"{name}-{i}-" if indexed else f"{name}-", labels=labels,
             annotations=annotations)))
@@ -198,7 +196,7 @@ def child_jobs(js: Mapping[str, Any], only: Sequence[str] | None = None
             continue
         for index in range(as_int(rj.get("replicas"), 1) or 0):
             labels = {JOBSET_NAME_LABEL: name, JOBSET_REPLICATED_JOB_LABEL: rj_name,
-                      JOB_INDEX_LABEL: str(index)}
+                      keys.JOBSET_JOB_INDEX_LABEL: str(index)}
             spec = copy.deepcopy(dict(as_map(as_map(rj.get("template")).get("spec"))))
             spec["template"] = _template(spec.get("template"), labels)
             out.append({"apiVersion": "batch/v1", "kind": "Job",
