@@ -55,7 +55,7 @@ from webhook.topology.model import (
     NodeState,
     Unplaceable,
 )
-from webhook.topology.network import Levels, Network, resolve_request
+from webhook.topology.network import Levels, Network, resolved
 from webhook.topology.placement import DEFAULT_INTER_NODE_GBPS
 from webhook.topology.ringfloor import meets_min_ring
 
@@ -517,7 +517,7 @@ def _kept(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement,
     topo = gang.topology
     net = topo.network if topo is not None else None
     if net is not None:  # (aliases and tiers as labels, as the placement reads them)
-        net = resolve_request(net, network.declared if network is not None else Levels())
+        net = resolved(net, network)
     if (request.single_node and request.mode == "required") or (net is not None and (
             (net.level is not None and net.mode == "required") or net.slice_level is not None)):
         return broken

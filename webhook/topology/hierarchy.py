@@ -42,7 +42,7 @@ from webhook.topology.model import (
     NodeState,
     Unplaceable,
 )
-from webhook.topology.network import HOSTNAME, Levels, Network, resolve_request
+from webhook.topology.network import HOSTNAME, Network, resolved
 from webhook.topology.placement import DEFAULT_INTER_NODE_GBPS, capacity, place_on_nodes
 from webhook.topology.ringfloor import gang_gbps, meets_min_ring
 
@@ -89,7 +89,7 @@ def place_gang(
     if req is None:
         return place_on_nodes(nodes, gang, inter_node_gbps=inter_node_gbps, tables=tables,
                               groups=groups)
-    req = _bounded(resolve_request(req, network.declared if network is not None else Levels()))
+    req = _bounded(resolved(req, network))
     place = functools.partial(_place, nodes, network=network, inter_node_gbps=inter_node_gbps,
                               tables=tables, groups=groups)
     if req.slice_level is not None and req.slice_mode == "preferred":

@@ -117,6 +117,12 @@ def resolve_request(req: NetworkRequest, levels: Levels) -> NetworkRequest:
                    slice_size=req.slice_size if sliced is not None else 0)
 
 
+def resolved(req: NetworkRequest, network: Network | None) -> NetworkRequest:
+    """`resolve_request` on `network`'s levels (none without a network): what the placement
+    and the binder's check of a placement both read."""
+    return resolve_request(req, network.declared if network is not None else Levels())
+
+
 def topograph_fabric(labels_of: Iterable[Mapping[str, str]]) -> tuple[str, ...]:
     """The switch tiers NVIDIA Topograph wrote on these nodes, widest first: v1's
     `fabric.topograph.run/tier-N` where a node has one (the highest N first), else v0's core,
