@@ -261,3 +261,32 @@ async def test_the_binder_binds_by_the_network_and_reports_a_gang_that_cannot_fi
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_binder_places_by_topographs_labels_and_says_which_it_read(
+        apiserver: ApiServerEmulator, kube: KubeApi, caplog: pytest.LogCaptureFixture) -> None:
+    """Through the emulator, `--network-levels topograph` on nodes labelled by Topograph v1 (no
+    third tier): a gang bound to one leaf switch lands in one, and the log names the levels."""
+    tier = "fabric.topograph.run/tier-"
+    for n in [node(f"b{b}-r{r}-n{i}", labels={f"{tier}1": f"b{b}", f"{tier}0": f"r{r}"})
+              for b in (1, 0) for r in (1, 0) for i in range(2)]:
+        apiserver.seed(n)
+    caplog.set_level("INFO", logger="webhook.binder.controller")
+    b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
+                                  network_levels=network_levels("topograph")))
+    task = asyncio.create_task(b.run())
+    try:
+        await asyncio.wait_for(b.synced.wait(), 5)
+        for p in job("j", workers=2, gpus=8, topology=topo(f"{tier}0")):
+            await kube.create(PODS, p)
+
+        def racks_bound() -> set[tuple[str, ...]]:
+            found = [p["spec"].get("nodeName") for p in apiserver.objects("pods", "team-a")
+                     if p["metadata"]["name"].startswith("j-")]
+            return {tuple(n.split("-")[:2]) for n in found} if None not in found else set()
+        assert len(await eventually(racks_bound, within=5)) == 1
+        said = [r for r in caplog.records if r.getMessage().startswith("network levels from")]
+        assert [r.levels for r in said] == [[f"{tier}1", f"{tier}0"]]  # type: ignore[attr-defined]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -100,6 +100,8 @@ class Binder:
         self.queue = GangQueue(self.config.backoff_initial, self.config.backoff_max)
         self.fit = FitCache()
         self._hypernodes = HyperNodeView() if self.config.network_levels.hypernodes else None
+        #: the levels last read from Topograph's labels (logged as they change)
+        self._topograph: tuple[str, ...] | None = None
         #: the nodes grouped for the engine, kept across cycles (each cycle regroups only the
         #: nodes whose state changed)
         self.groups = NodeGroups()
@@ -242,6 +244,19 @@ class Binder:
                 log.warning("HyperNode left out: %s", problem)
         return self.plan_config
 
+    def _say_topograph(self) -> None:
+        """The levels read from Topograph's labels, logged when they change (an admin sees what
+        `--network-levels topograph` became on these nodes)."""
+        net = self.fit.made_network
+        if net is None or not net.asked.topograph or net.levels == self._topograph:
+            return
+        self._topograph = net.levels
+        if net.levels:
+            log.info("network levels from Topograph's labels", extra={"levels": list(net.levels)})
+        else:
+            log.warning("network levels: no node carries Topograph's labels; a gang that names "
+                        "a level is placed by that label alone")
+
     def _freed(self) -> None:
         """Resources were let go: a gang that backs off may fit now."""
         self._generation += 1
@@ -354,6 +369,7 @@ class Binder:
         planned = time.perf_counter()
         self.metrics.cycle_seconds.observe(planned - started)
         self.last_plan = result
+        self._say_topograph()
         for place in result.places:
             arrived = self._pods.arrived((p.key for p, _ in place.assignments), started)
             self._start_place(place, now, Timeline(arrived, started, planned))

@@ -155,6 +155,11 @@ class FitCache:
             self._labels = LabelIndex(nodes)
         return self._labels
 
+    @property
+    def made_network(self) -> Network | None:
+        """The network made for the current node set, if a placement asked for one."""
+        return self._network
+
     def network(self, nodes: Mapping[str, NodeInfo], levels: Levels,
                 domains: Mapping[str, Mapping[str, str]] | None = None) -> Network:
         """The nodes' labels as the placement groups them by domain, with `domains` (per node,
