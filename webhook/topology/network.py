@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from webhook.keys import HOSTNAME_LABEL, is_label_key, network_tier
+from webhook.keys import HOSTNAME_LABEL, decimal, is_label_key, network_tier
 from webhook.topology.model import NetworkRequest
 
 HOSTNAME = HOSTNAME_LABEL
@@ -163,7 +163,7 @@ def topograph_levels(labels_of: Iterable[Mapping[str, str]]) -> tuple[str, ...]:
 def _tier_number(label: str) -> int | None:
     """N of Topograph's `fabric.topograph.run/tier-N`, None for another label."""
     digits = label.removeprefix(TOPOGRAPH_TIER_PREFIX)
-    return int(digits) if digits != label and digits.isascii() and digits.isdigit() else None
+    return decimal(digits) if digits != label else None
 
 
 def parse_levels(doc: Any) -> Levels:
