@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -275,6 +275,12 @@ def _gpu_node_objects(s: Snapshot) -> list[Obj]:
         keys.LABEL_GPU_TOPOLOGY) == keys.LABEL_GPU_TOPOLOGY_ENABLED]
 
 
+def _lacking(nodes: Iterable[Obj], label: str) -> list[str]:
+    """The names of the nodes without `label`, sorted."""
+    return sorted(str((n.get("metadata") or {}).get("name")) for n in nodes
+                  if label not in ((n.get("metadata") or {}).get("labels") or {}))
+
+
 def _shown(names: Sequence[str]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
@@ -312,8 +318,7 @@ def _widest_level(s: Snapshot, levels: Levels) -> Iterator[Finding]:
     if not levels.labels:
         return
     widest = levels.labels[0]
-    lacking = sorted(str((n.get("metadata") or {}).get("name")) for n in _gpu_node_objects(s)
-                     if widest not in ((n.get("metadata") or {}).get("labels") or {}))
+    lacking = _lacking(_gpu_node_objects(s), widest)
     if lacking:
         yield Finding("warning", "NetworkLevelMissing", "Nodes",
                       f"{len(lacking)} GPU node(s) lack the binder's widest network level "
@@ -363,8 +368,7 @@ def _network_labels(s: Snapshot, levels: Levels) -> Iterator[Finding]:
         for label in dict.fromkeys(levels.label(w) for w in wanted if w):
             if label == keys.HOSTNAME_LABEL or label.startswith(TIER_LABEL_PREFIX):
                 continue
-            lacking = sorted(str((n.get("metadata") or {}).get("name")) for n in gpu_nodes
-                             if label not in ((n.get("metadata") or {}).get("labels") or {}))
+            lacking = _lacking(gpu_nodes, label)
             if lacking:
                 yield Finding("warning", "NetworkLabelMissing", f"SchedulingPolicy/{policy.name}",
                               f"{len(lacking)} GPU node(s) lack the label {label} that the "
