@@ -122,6 +122,15 @@ _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]"
                         r"([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
+#: a DNS-1123 subdomain: an object's name (a node's, a Topology's), a label key's prefix
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def is_dns_subdomain(name: str) -> bool:
+    """Whether `name` is a DNS-1123 subdomain of at most 253 characters."""
+    return len(name) <= 253 and bool(_DNS_SUBDOMAIN.match(name))
+
+
 def is_label_key(key: str) -> bool:
     """Whether `key` is a valid Kubernetes label key (a network level names a node label)."""
     return bool(_LABEL_KEY.match(key))

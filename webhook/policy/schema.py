@@ -29,7 +29,6 @@ from webhook.quantity import QuantityError, parse_quantity
 API_VERSION = "muster.io/v1alpha1"
 KIND = "SchedulingPolicy"
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _OWNER_KIND = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Z][A-Za-z0-9]*$")
 _PERCENT = re.compile(r"^([0-9]{1,3})%$")
@@ -49,7 +48,7 @@ Enforcement = Literal["enforce", "warn", "audit"]
 
 
 def _dns_subdomain(value: str, what: str) -> str:
-    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+    if not keys.is_dns_subdomain(value):
         raise ValueError(f"{value!r} is not a valid {what} (lowercase DNS-1123 subdomain)")
     return value
 
