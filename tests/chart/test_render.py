@@ -369,6 +369,9 @@ def test_binder_runs_leader_elected(helm_template: Render) -> None:
     (None, None),
     ("topograph", "topograph"),
     ("volcano", "volcano"),
+    # a Topology object in the cluster, read as it changes
+    ("kai:cluster-topology", "kai:cluster-topology"),
+    ("kueue:tas.default", "kueue:tas.default"),
     (["example.com/block", "example.com/rack"], "example.com/block,example.com/rack"),
     # Kueue's Topology spec.levels, pasted as they are
     ([{"nodeLabel": "example.com/block"}, {"nodeLabel": "nvidia.com/gpu.clique"}],
@@ -385,10 +388,21 @@ def test_binder_network_levels(helm_template: Render, levels: Any, flag: str | N
         assert not any(a.startswith("--network-levels") for a in args)
     else:
         assert _arg(args, "--network-levels") == flag
-    # only HyperNode tiers need the binder to read HyperNodes
+    # only HyperNode tiers need the binder to read HyperNodes, and a Topology object its API's
     grants = _grants(helm_template(values), "ClusterRole", "muster-binder")
-    assert {v for g, r, v in grants if (g, r) == ("topology.volcano.sh", "hypernodes")} == (
-        {"get", "list", "watch"} if flag == "volcano" else set())
+    watched = {"get", "list", "watch"}
+    for group, resource, needs in (("topology.volcano.sh", "hypernodes", flag == "volcano"),
+                                   ("kai.scheduler", "topologies", f"{flag}".startswith("kai:")),
+                                   ("kueue.x-k8s.io", "topologies",
+                                    f"{flag}".startswith("kueue:"))):
+        assert {v for g, r, v in grants if (g, r) == (group, resource)} == (
+            watched if needs else set()), (group, resource)
+
+
+@pytest.mark.parametrize("levels", ["kai:", "kai:Cluster", "slurm:x", "kueue:a_b"])
+def test_binder_network_levels_naming_no_topology_are_refused(
+        helm_template_error: Callable[..., str], levels: str) -> None:
+    assert "/binder/networkLevels" in helm_template_error({"binder": {"networkLevels": levels}})
 
 
 @pytest.mark.parametrize("serving", ["devicePlugin", "dra", "both"])

@@ -62,8 +62,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "manifests may use for it, as KAI's aliases); \"topograph\" (the labels "
                         "NVIDIA Topograph wrote, v1 or v0, as the nodes carry them); "
                         "\"volcano\" (Volcano's HyperNodes, each tier a level, read as they "
-                        "change); or @FILE, a Kueue or KAI Topology "
-                        "(kueue.x-k8s.io/v1beta2, kai.scheduler/v1alpha1) or a YAML list "
+                        "change); kueue:NAME or kai:NAME (that Kueue or KAI Topology object in "
+                        "the cluster, read as it changes); or @FILE, a Kueue or KAI Topology "
+                        "(kueue.x-k8s.io/v1beta2, kai.scheduler/v1) or a YAML list "
                         "(docs/topology.md, \"Network levels\") (default: none: a gang that "
                         "names a level is placed by that label alone)")
     p.set_defaults(func=_run)

@@ -35,6 +35,7 @@ from webhook.binder.podview import PodView
 from webhook.binder.queue import GangQueue
 from webhook.binder.reports import Reporter, Timeline
 from webhook.binder.snapshot import Snapshot
+from webhook.binder.topologies import TopologyView, listed
 from webhook.binder.writes import Writer, fence_check
 from webhook.kube.api import (
     COSCHEDULING_PODGROUPS,
@@ -43,6 +44,7 @@ from webhook.kube.api import (
     PODS,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
+    TOPOLOGIES,
     VOLCANO_HYPERNODES,
     ApiError,
     KubeApi,
@@ -100,6 +102,8 @@ class Binder:
         self.queue = GangQueue(self.config.backoff_initial, self.config.backoff_max)
         self.fit = FitCache()
         self._hypernodes = HyperNodeView() if self.config.network_levels.hypernodes else None
+        ref = self.config.network_levels.topology
+        self._topology = TopologyView(ref) if ref is not None else None
         #: the levels last read from Topograph's labels (logged as they change)
         self._topograph: tuple[str, ...] | None = None
         #: the nodes grouped for the engine, kept across cycles (each cycle regroups only the
@@ -229,6 +233,20 @@ class Binder:
         self._hypernodes.on_event(event, obj)
         self._changed()
 
+    def _on_topology(self, event: str, obj: dict[str, Any],
+                     _old: dict[str, Any] | None) -> None:
+        assert self._topology is not None
+        read = self._topology.on_event(event, obj)
+        if read is None:
+            return
+        if read.problem:
+            log.warning("%s: the binder keeps the levels last read (%s)", read.problem,
+                        listed(read.levels))
+        if read.changed:
+            self.plan_config = replace(self.plan_config, levels=read.levels)
+            log.info("network levels from %s: %s", self._topology.ref.says, listed(read.levels))
+            self._changed()
+
     def _levels(self) -> PlanConfig:
         """The plan's config with the HyperNodes' tiers as its levels, where they are read;
         what they left out is logged once per change."""
@@ -282,6 +300,10 @@ class Binder:
             for informer in informers:
                 await informer.synced.wait()
             self.synced.set()
+            if self._topology is not None and not self._topology.seen:
+                log.warning("%s not found: no network levels until it is created (a gang that "
+                            "names a level is placed by that label alone)",
+                            self._topology.ref.says)
             log.info("binder synced", extra={"pods": len(self._pods),
                                              "nodes": len(self._nodes),
                                              "scheduler": self.config.scheduler_name})
@@ -311,6 +333,14 @@ class Binder:
             optional.append((VOLCANO_HYPERNODES, self._on_hypernode,
                              "Volcano's HyperNode CRD not installed: no network levels",
                              logging.WARNING))
+        if self._topology is not None:
+            served = await self._first_served(TOPOLOGIES[self._topology.ref.api])
+            if served is None:
+                log.warning("%s: the Topology CRD is not installed: no network levels",
+                            self._topology.ref.says)
+            else:
+                informers.append(Informer(self.api, served))
+                informers[-1].add_handler(self._on_topology)
         for resource, handler, missing, level in optional:
             if await self._served(resource, missing, level):
                 if resource is COSCHEDULING_PODGROUPS:
@@ -319,12 +349,20 @@ class Binder:
                 informers[-1].add_handler(handler)
         return informers
 
+    async def _first_served(self, versions: tuple[Resource, ...]) -> Resource | None:
+        """The first of a resource's versions the API server serves."""
+        for resource in versions:
+            try:
+                await self.api.list(resource, limit=1)
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+                continue
+            return resource
+        return None
+
     async def _served(self, resource: Resource, missing: str, level: int) -> bool:
-        try:
-            await self.api.list(resource, limit=1)
-        except ApiError as exc:
-            if not exc.not_found:
-                raise
+        if await self._first_served((resource,)) is None:
             log.log(level, missing, extra={"resource": resource.plural})
             return False
         return True

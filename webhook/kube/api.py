@@ -62,6 +62,12 @@ COSCHEDULING_PODGROUPS = Resource(*keys.COSCHEDULING_API, namespaced=True, kind=
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", False, "PriorityClass")
 VOLCANO_QUEUES = Resource("scheduling.volcano.sh", "v1beta1", "queues", False, "Queue")
 VOLCANO_HYPERNODES = Resource("topology.volcano.sh", "v1alpha1", "hypernodes", False, "HyperNode")
+#: the Topology objects `--network-levels kueue:NAME` or `kai:NAME` names, each API's versions
+#: newest first (the binder reads the first one served)
+TOPOLOGIES = {api: tuple(Resource(group, version, "topologies", False, "Topology")
+                         for version in versions)
+              for api, group, versions in (("kueue", "kueue.x-k8s.io", ("v1beta2", "v1beta1")),
+                                           ("kai", "kai.scheduler", ("v1", "v1alpha1")))}
 MPIJOBS = Resource("kubeflow.org", "v2beta1", "mpijobs", True, "MPIJob")
 MUTATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1",
                              "mutatingwebhookconfigurations", False,

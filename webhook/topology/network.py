@@ -6,7 +6,9 @@ An admin declares the levels once, in one of the shapes users already have:
   on the command line);
 - Kueue's `Topology` object (`kueue.x-k8s.io/v1beta2`, `spec.levels[].nodeLabel`), or KAI's
   (`kai.scheduler/v1alpha1`, whose levels may have an `alias`);
-- `topograph`: the labels NVIDIA Topograph wrote on the nodes (`topograph_levels`).
+- `topograph`: the labels NVIDIA Topograph wrote on the nodes (`topograph_levels`);
+- `kueue:NAME` or `kai:NAME`: that Topology object in the cluster, read by the binder as it
+  changes (`TopologyRef`, `webhook.binder.topologies`).
 `nvidia.com/gpu.clique` (GPU Feature Discovery: `<ClusterUUID>.<CliqueID>`) is a level like any
 other: the nodes with one value are one multi-node NVLink domain. `kubernetes.io/hostname` is
 always the narrowest level, the node itself, whether it is declared or not. An alias names its
@@ -24,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from webhook.keys import HOSTNAME_LABEL, decimal, is_label_key, network_tier
+from webhook.keys import HOSTNAME_LABEL, decimal, is_dns_subdomain, is_label_key, network_tier
 from webhook.topology.model import NetworkRequest
 
 HOSTNAME = HOSTNAME_LABEL
@@ -40,11 +42,34 @@ TOPOGRAPH_ACCELERATOR = ("accelerator.topograph.run/domain",
                          "accelerator.topograph.run/sub-domain")
 KUEUE_API_VERSIONS = ("kueue.x-k8s.io/v1beta2", "kueue.x-k8s.io/v1beta1",
                       "kueue.x-k8s.io/v1alpha1")
-KAI_API_VERSIONS = ("kai.scheduler/v1alpha1",)
+KAI_API_VERSIONS = ("kai.scheduler/v1", "kai.scheduler/v1alpha1")
+#: the Topology APIs whose objects `--network-levels API:NAME` names, by that API's name
+TOPOLOGY_APIS = {"kueue": "kueue.x-k8s.io", "kai": "kai.scheduler"}
 
 
 class LevelsError(ValueError):
     """A declaration of network levels that cannot be used, with what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyRef:
+    """A Topology object in the cluster whose spec.levels are the levels: Kueue's (`api`
+    "kueue") or KAI's ("kai"), cluster-scoped, by name."""
+
+    api: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.api}:{self.name}"
+
+    @property
+    def group(self) -> str:
+        return TOPOLOGY_APIS[self.api]
+
+    @property
+    def says(self) -> str:
+        """How a message names it: "KAI Topology cluster-topology"."""
+        return f"{'Kueue' if self.api == 'kueue' else 'KAI'} Topology {self.name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +84,9 @@ class Levels:
     tiers: tuple[int, ...] = ()
     #: the levels are the labels Topograph wrote on the nodes (`on`)
     topograph: bool = False
+    #: the levels are this Topology object's, read from the cluster as it changes (none until
+    #: it is read: a gang that names a level is placed by that label alone)
+    topology: TopologyRef | None = None
 
     def on(self, labels_of: Iterable[Mapping[str, str]]) -> Levels:
         """These levels on nodes with these labels: Topograph's, the labels found there."""
@@ -195,12 +223,19 @@ def parse_levels(doc: Any) -> Levels:
 
 def parse_levels_flag(text: str) -> Levels:
     """`--network-levels` written out: "topograph", "volcano" (Volcano's HyperNode tiers, read
-    by the binder as they change), or entries LABEL or ALIAS=LABEL, comma separated, widest
+    by the binder as they change), "kueue:NAME" or "kai:NAME" (that Topology object, read by
+    the binder as it changes), or entries LABEL or ALIAS=LABEL, comma separated, widest
     first."""
     if text.strip() == "topograph":
         return Levels(topograph=True)
     if text.strip() == "volcano":
         return Levels(hypernodes=True)
+    api, colon, name = text.strip().partition(":")
+    if colon and api in TOPOLOGY_APIS:
+        if not is_dns_subdomain(name):
+            raise LevelsError(f"{api}:{name}: a Topology's name is a DNS subdomain "
+                              "(lower-case letters, digits, '-' and '.')")
+        return Levels(topology=TopologyRef(api, name))
 
     def entry(part: str) -> str | dict[str, str]:
         alias, eq, label = (t.strip() for t in part.partition("="))

@@ -1,0 +1,168 @@
+"""A Kueue or KAI Topology object in the cluster as the binder's network levels
+(`--network-levels kai:NAME` / `kueue:NAME`): the flag, what each event of the object does to
+the levels (a bad edit or a deletion keeps the last good ones), and the binder through the
+emulator, which serves both Topology CRDs of ../shared/crds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from binder_objects import job, node
+
+from e2e.probes import eventually
+from webhook.binder.cli import network_levels
+from webhook.binder.controller import Binder, BinderConfig
+from webhook.binder.topologies import TopologyView, listed
+from webhook.doubles.emulator import ApiServerEmulator
+from webhook.failures import UsageError
+from webhook.kube import KubeApi
+from webhook.kube.api import PODS, TOPOLOGIES
+from webhook.topology.network import Levels, TopologyRef
+
+BLOCK, RACK = "example.com/block", "example.com/rack"
+KAI = TopologyRef("kai", "cluster")
+
+
+def topology(name: str = "cluster", *levels: dict[str, str],
+             api_version: str = "kai.scheduler/v1alpha1") -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": "Topology", "metadata": {"name": name},
+            "spec": {"levels": list(levels) or [{"nodeLabel": BLOCK, "alias": "block"},
+                                                {"nodeLabel": RACK, "alias": "rack"}]}}
+
+
+ALIASED = Levels((BLOCK, RACK), (("block", BLOCK), ("rack", RACK)))
+
+
+def test_the_flag_names_a_kueue_or_kai_topology() -> None:
+    assert network_levels("kai:cluster") == Levels(topology=KAI)
+    assert network_levels(" kueue:default.tas ") == \
+        Levels(topology=TopologyRef("kueue", "default.tas"))
+    for bad in ("kai:", "kai:Cluster", "kueue:a_b", f"kai:{'a' * 254}"):
+        with pytest.raises(UsageError, match="a Topology's name is a DNS subdomain"):
+            network_levels(bad)
+    with pytest.raises(UsageError, match="is not a node label key"):
+        network_levels("slurm:cluster")  # (no such API: read as a label, which it is not)
+
+
+@pytest.mark.parametrize("api_version", ["kai.scheduler/v1", "kai.scheduler/v1alpha1",
+                                         "kueue.x-k8s.io/v1beta2", "kueue.x-k8s.io/v1beta1"])
+def test_the_named_object_gives_the_levels_in_each_version(api_version: str) -> None:
+    view = TopologyView(KAI)
+    read = view.on_event("ADDED", topology(api_version=api_version))
+    assert read is not None and read.changed and not read.problem
+    assert view.levels == read.levels == ALIASED and view.seen
+    assert view.on_event("MODIFIED", topology(api_version=api_version)) == \
+        type(read)(ALIASED, changed=False)
+
+
+def test_another_topology_is_not_read() -> None:
+    view = TopologyView(KAI)
+    assert view.on_event("ADDED", topology("other")) is None
+    assert view.levels == Levels() and not view.seen
+
+
+def test_a_bad_edit_or_a_deletion_keeps_the_last_good_levels() -> None:
+    view = TopologyView(KAI)
+    view.on_event("ADDED", topology())
+    # KAI's CRD lets an alias name a level's node label (its webhook refuses it)
+    bad = topology("cluster", {"nodeLabel": BLOCK}, {"nodeLabel": RACK, "alias": BLOCK})
+    read = view.on_event("MODIFIED", bad)
+    assert read is not None and not read.changed and read.levels == ALIASED
+    assert read.problem == (f"KAI Topology cluster cannot be read: level 2: alias {BLOCK} is a "
+                            "level's node label")
+    for broken in ({**bad, "kind": "HyperNode"}, {**bad, "spec": {"levels": []}},
+                   {**bad, "spec": None}):
+        read = view.on_event("MODIFIED", broken)
+        assert read is not None and read.problem and read.levels == ALIASED
+    read = view.on_event("DELETED", topology())
+    assert read is not None and read.problem == "KAI Topology cluster was deleted"
+    assert view.levels == ALIASED
+    # an edit that reads replaces them (KAI lets aliases change)
+    renamed = topology("cluster", {"nodeLabel": BLOCK}, {"nodeLabel": RACK, "alias": "tor"})
+    read = view.on_event("ADDED", renamed)
+    assert read is not None and read.changed and view.levels == Levels((BLOCK, RACK),
+                                                                       (("tor", RACK),))
+    assert listed(view.levels) == f"{BLOCK} > {RACK} (alias tor)" and listed(Levels()) == "none"
+
+
+def _nodes() -> list[dict[str, Any]]:
+    """2 blocks x 2 racks x 2 DGX-1 nodes."""
+    return [node(f"b{b}-r{r}-n{i}", labels={BLOCK: f"b{b}", RACK: f"r{r}"})
+            for b in (1, 0) for r in (1, 0) for i in range(2)]
+
+
+def _topo(level: str) -> str:
+    return json.dumps({"v": 1, "mode": "preferred",
+                       "network": {"level": level, "mode": "required"}})
+
+
+async def test_the_binder_follows_a_kai_topology_as_it_changes(
+        apiserver: ApiServerEmulator, kube: KubeApi, caplog: pytest.LogCaptureFixture) -> None:
+    """Through the emulator: a gang that requires the `rack` alias waits while no Topology
+    says what it is (no node has a label `rack`), and lands in one rack once the KAI Topology
+    is created; a bad edit and the deletion are logged, and the levels stay."""
+    for n in _nodes():
+        apiserver.seed(n)
+    caplog.set_level("INFO", logger="webhook.binder.controller")
+    b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
+                                  network_levels=network_levels("kai:cluster")))
+    task = asyncio.create_task(b.run())
+    try:
+        await asyncio.wait_for(b.synced.wait(), 5)
+        assert any(r.getMessage().startswith("KAI Topology cluster not found")
+                   for r in caplog.records)
+        for p in job("j", workers=2, gpus=8, topology=_topo("rack")):
+            await kube.create(PODS, p)
+
+        def waits() -> list[str]:
+            return [w.reason for w in b.last_plan.waits if "GPUs" in w.reason] \
+                if b.last_plan else []
+        [reason] = await eventually(waits, within=5)
+        assert "no node has the label rack" in reason, reason
+        kai = TOPOLOGIES["kai"][-1]  # (the shared CRD serves v1alpha1)
+        await kube.create(kai, topology())
+
+        def racks() -> set[tuple[str, ...]]:
+            found = [p["spec"].get("nodeName") for p in apiserver.objects("pods", "team-a")
+                     if p["metadata"]["name"].startswith("j-")]
+            return {tuple(n.split("-")[:2]) for n in found} if None not in found else set()
+        assert len(await eventually(racks, within=5)) == 1
+        assert b.plan_config.levels == ALIASED
+        said = [r.getMessage() for r in caplog.records]
+        assert f"network levels from KAI Topology cluster: {BLOCK} (alias block) > {RACK} " \
+            "(alias rack)" in said
+
+        obj = await kube.get(kai, "cluster")
+        obj["spec"]["levels"][1]["alias"] = BLOCK
+        await kube.replace(kai, "cluster", obj)
+        await kube.delete(kai, "cluster")
+
+        def warned() -> list[str]:
+            return [m for m in (r.getMessage() for r in caplog.records)
+                    if "the binder keeps the levels last read" in m]
+        bad, gone = await eventually(lambda: w if len(w := warned()) == 2 else None, within=5)
+        assert bad.startswith(f"KAI Topology cluster cannot be read: level 2: alias {BLOCK}")
+        assert gone.startswith("KAI Topology cluster was deleted")
+        assert b.plan_config.levels == ALIASED
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_binder_reads_a_kueue_topology(apiserver: ApiServerEmulator,
+                                                 kube: KubeApi) -> None:
+    """Kueue's Topology in its newest served version: its levels become the binder's."""
+    apiserver.seed(topology("tas", {"nodeLabel": BLOCK}, {"nodeLabel": RACK},
+                            {"nodeLabel": "kubernetes.io/hostname"},
+                            api_version="kueue.x-k8s.io/v1beta2"))
+    b = Binder(kube, BinderConfig(network_levels=network_levels("kueue:tas")))
+    task = asyncio.create_task(b.run())
+    try:
+        await asyncio.wait_for(b.synced.wait(), 5)
+        assert b.plan_config.levels == Levels((BLOCK, RACK))
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
