@@ -401,18 +401,30 @@ def _hypernode(name: str, *members: dict[str, Any], tier: int = 1) -> dict[str, 
             "metadata": {"name": name}, "spec": {"tier": tier, "members": list(members)}}
 
 
-def _hypernode_binder(hypernodes: list[dict[str, Any]]
-                      ) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
-    """A binder whose levels are Volcano's HyperNodes (the chart's networkLevels: volcano),
-    and these HyperNodes."""
+def _levels_binder(levels: str, objects: list[dict[str, Any]]
+                   ) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """A binder with `--network-levels=<levels>` (the chart's binder.networkLevels), and the
+    objects that give them (HyperNodes, a Topology)."""
     def change(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out = copy.deepcopy(objs)
         for o in out:
             if o["kind"] == "Deployment" and o["metadata"]["name"] == "muster-binder":
                 o["spec"]["template"]["spec"]["containers"][0]["args"] = [
-                    "bind", "--network-levels=volcano"]
-        return [*out, *hypernodes]
+                    "bind", f"--network-levels={levels}"]
+        return [*out, *objects]
     return change
+
+
+def _hypernode_binder(hypernodes: list[dict[str, Any]]
+                      ) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """A binder whose levels are Volcano's HyperNodes (the chart's networkLevels: volcano),
+    and these HyperNodes."""
+    return _levels_binder("volcano", hypernodes)
+
+
+def _kai_topology(*levels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "kai.scheduler/v1alpha1", "kind": "Topology",
+            "metadata": {"name": "cluster"}, "spec": {"levels": list(levels)}}
 
 
 async def findings_of(api: ApiServerEmulator, tmp_path: Path) -> list[Finding]:
@@ -461,6 +473,17 @@ LIVE: list[tuple[str, Callable[[list[dict[str, Any]]], list[dict[str, Any]]], st
      "HyperNodeMissing"),
     ("the HyperNodes hold every GPU node", _hypernode_binder([_hypernode(
         "leaf", {"type": "Node", "selector": {"regexMatch": {"pattern": "^gpu-"}}})]), ""),
+    ("the binder's KAI Topology is missing", _levels_binder("kai:cluster", []),
+     "NetworkTopologyMissing"),
+    ("the binder's KAI Topology cannot be read", _levels_binder("kai:cluster", [_kai_topology(
+        {"nodeLabel": "example.com/rack", "alias": "kubernetes.io/hostname"})]),
+     "NetworkTopologyUnread"),
+    # its levels are the binder's: the GPU nodes lack the rack label
+    ("the binder's KAI Topology names a label the nodes lack", _levels_binder(
+        "kai:cluster", [_kai_topology({"nodeLabel": "example.com/rack", "alias": "rack"})]),
+     "NetworkLevelMissing"),
+    ("the binder's KAI Topology", _levels_binder("kai:cluster", [_kai_topology(
+        {"nodeLabel": "kubernetes.io/hostname"})]), ""),
     ("not enforced", _replace("ConfigMap", "muster-policies", {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "muster-policies", "namespace": "muster-system"},

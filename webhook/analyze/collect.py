@@ -31,13 +31,13 @@ from webhook.kube import (
     KubeApi,
     Resource,
 )
-from webhook.kube.api import VOLCANO_HYPERNODES
+from webhook.kube.api import TOPOLOGIES, VOLCANO_HYPERNODES
 from webhook.kube.owners import controller_ref, owner_kind, owner_resource
 from webhook.policy import native
 from webhook.policy.audit import EVENT_REASON
 from webhook.policy.errors import PolicyError
 from webhook.policy.loader import load_policy_texts
-from webhook.topology.network import Levels, LevelsError, parse_levels_flag
+from webhook.topology.network import Levels, LevelsError, TopologyRef, parse_levels_flag
 
 ENDPOINTS = Resource("", "v1", "endpoints", True, "Endpoints")
 CONFIGMAPS = Resource("", "v1", "configmaps", True, "ConfigMap")
@@ -69,6 +69,16 @@ async def _pods(api: KubeApi, scheduler: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = (await api.list(PODS, field_selector=(
         f"spec.schedulerName={scheduler},spec.nodeName=")))["items"]
     return found
+
+
+async def _topology(api: KubeApi, ref: TopologyRef) -> dict[str, Any] | None:
+    """The Topology object `ref` names, in the first of its API's versions served (None where
+    neither it nor its CRD is there)."""
+    for resource in TOPOLOGIES[ref.api]:
+        found = await _get(api, resource, ref.name)
+        if found is not None:
+            return found
+    return None
 
 
 def binder_levels(deployment: Mapping[str, Any]) -> Levels:
@@ -129,6 +139,8 @@ async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float
     s.levels = binder_levels(binder) if binder is not None else Levels()
     if s.levels.hypernodes and HYPERNODE_CRD in s.crds:
         s.hypernodes = await _items(api, VOLCANO_HYPERNODES)
+    if s.levels.topology is not None:
+        s.topology = await _topology(api, s.levels.topology)
     s.namespaces = await _items(api, NAMESPACES)
     s.waiting_pods = await _pods(api, keys.DEFAULT_BINDER_SCHEDULER_NAME)
     for scheduler in sorted(coscheduling_schedulers(s.policies)):

@@ -19,6 +19,7 @@ from cryptography.exceptions import InvalidSignature
 from webhook import keys
 from webhook.binder.hypernodes import TIER_LABEL_PREFIX, HyperNodeView, Tiers
 from webhook.binder.nodes import parse_node
+from webhook.binder.topologies import TopologyView
 from webhook.kube.owners import controller_ref
 from webhook.policy import native
 from webhook.policy.audit import EVENT_REASON, read_event
@@ -27,7 +28,7 @@ from webhook.policy.compiled import compile_policy, selector_matches
 from webhook.policy.podgroup import made_by_muster
 from webhook.policy.policyset import PolicySet, written_fields
 from webhook.policy.queues import queue_problem, state_of
-from webhook.topology.network import Levels
+from webhook.topology.network import Levels, TopologyRef
 
 Severity = Literal["error", "warning", "info"]
 Obj = Mapping[str, Any]
@@ -72,6 +73,9 @@ class Snapshot:
     levels: Levels = field(default_factory=Levels)
     #: Volcano's HyperNodes, where they are the levels (None: not read, or their CRD missing)
     hypernodes: Sequence[Obj] | None = None
+    #: the Topology object the binder's levels name (`kueue:NAME`, `kai:NAME`; None: not
+    #: named, or not in the cluster)
+    topology: Obj | None = None
     namespaces: Sequence[Obj] | None = None  # None: not read (no finding about matching)
     #: unbound pods of the binder (schedulerName muster-binder)
     waiting_pods: Sequence[Obj] = ()
@@ -298,9 +302,32 @@ def _network(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
                             for n in s.nodes})[0]
     levels = tiers.levels if tiers is not None else \
         s.levels.on((n.get("metadata") or {}).get("labels") or {} for n in s.nodes)
+    if s.levels.topology is not None:
+        levels, found = _topology(s.levels.topology, s.topology)
+        yield from found
     yield from _network_labels(s, levels)
     yield from _widest_level(s, levels)
     yield from _hypernodes(s, tiers)
+
+
+def _topology(ref: TopologyRef, obj: Obj | None) -> tuple[Levels, list[Finding]]:
+    """The levels of the Topology object the binder's levels name, read as the binder reads it,
+    and what keeps the binder from reading it."""
+    view = TopologyView(ref)
+    where = f"Topology/{ref.name}"
+    if obj is None:
+        return view.levels, [Finding(
+            "warning", "NetworkTopologyMissing", where, f"the binder's network levels are "
+            f"{ref.says} (--network-levels {ref}), which is not in the cluster: a gang that "
+            "names a level is placed by that label alone", f"create the Topology "
+            f"({ref.group}), or set the chart's binder.networkLevels to one that exists")]
+    read = view.on_event("ADDED", obj)
+    if read is not None and read.problem:
+        return view.levels, [Finding(
+            "warning", "NetworkTopologyUnread", where, f"{read.problem}: a running binder "
+            "keeps the levels it last read, one that starts now has none",
+            f"fix its spec.levels (kubectl get topologies.{ref.group} {ref.name} -o yaml)")]
+    return view.levels, []
 
 
 def _widest_level(s: Snapshot, levels: Levels) -> Iterator[Finding]:
