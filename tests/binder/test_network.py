@@ -181,6 +181,8 @@ def test_the_annotation_carries_the_request() -> None:
     assert req.network == NetworkRequest(RACK, "preferred", RACK, 2, "preferred", BLOCK)
     req = parse_topology_request('{"v": 1, "network": {"unconstrained": true}}')
     assert req.network == NetworkRequest(unconstrained=True)
+    req = parse_topology_request(topo("rack", topology="kai:gb200"))
+    assert req.network == NetworkRequest("rack", topology="kai:gb200")
 
 
 @pytest.mark.parametrize(("network", "error"), [
@@ -198,6 +200,9 @@ def test_the_annotation_carries_the_request() -> None:
     ('{"level": "tier:0"}', "a tier is tier:N, N >= 1"),
     ('{"level": "tier:one"}', "a tier is tier:N"),
     ('{"level": "tier:1", "mode": "preferred", "maxLevel": "tier:\u00b2"}', "a tier is tier:N"),
+    ('{"level": "x", "topology": "gb200"}', "topology must be kai:NAME or kueue:NAME"),
+    ('{"level": "x", "topology": "kai:GB_200"}', "topology must be kai:NAME"),
+    ('{"level": "x", "topology": 7}', "topology must be kai:NAME"),
 ])
 def test_a_malformed_request_is_a_problem(network: str, error: str) -> None:
     text = '{"v": 1, "network": ' + network + "}"

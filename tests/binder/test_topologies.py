@@ -10,16 +10,22 @@ import json
 from typing import Any
 
 import pytest
-from binder_objects import job, node
+from binder_objects import SCHED, job, node
 
 from e2e.probes import eventually
 from webhook.binder.cli import network_levels
 from webhook.binder.controller import Binder, BinderConfig
-from webhook.binder.topologies import TopologyView, listed
+from webhook.binder.fit import FitCache
+from webhook.binder.nodes import parse_node
+from webhook.binder.planner import Plan, PlanConfig, plan
+from webhook.binder.pods import parse_pod
+from webhook.binder.queue import GangQueue
+from webhook.binder.topologies import Read, TopologyView, listed
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.failures import UsageError
 from webhook.kube import KubeApi
 from webhook.kube.api import PODS, TOPOLOGIES
+from webhook.topology.hierarchy import place_gang
 from webhook.topology.network import Levels, TopologyRef
 
 BLOCK, RACK = "example.com/block", "example.com/rack"
@@ -52,16 +58,20 @@ def test_the_flag_names_a_kueue_or_kai_topology() -> None:
 def test_the_named_object_gives_the_levels_in_each_version(api_version: str) -> None:
     view = TopologyView(KAI)
     read = view.on_event("ADDED", topology(api_version=api_version))
-    assert read is not None and read.changed and not read.problem
+    assert read.changed and not read.problem
     assert view.levels == read.levels == ALIASED and view.seen
     assert view.on_event("MODIFIED", topology(api_version=api_version)) == \
-        type(read)(ALIASED, changed=False)
+        Read(KAI, ALIASED, changed=False)
 
 
-def test_another_topology_is_not_read() -> None:
+def test_every_topology_is_read_the_binders_own_gives_its_levels() -> None:
     view = TopologyView(KAI)
-    assert view.on_event("ADDED", topology("other")) is None
+    read = view.on_event("ADDED", topology("other", {"nodeLabel": RACK}))
+    assert read == Read(TopologyRef("kai", "other"), Levels((RACK,)), changed=True)
     assert view.levels == Levels() and not view.seen
+    view.on_event("ADDED", topology())
+    assert view.levels == ALIASED and view.named() == {"kai:other": Levels((RACK,)),
+                                                       "kai:cluster": ALIASED}
 
 
 def test_a_bad_edit_or_a_deletion_keeps_the_last_good_levels() -> None:
@@ -70,20 +80,20 @@ def test_a_bad_edit_or_a_deletion_keeps_the_last_good_levels() -> None:
     # KAI's CRD lets an alias name a level's node label (its webhook refuses it)
     bad = topology("cluster", {"nodeLabel": BLOCK}, {"nodeLabel": RACK, "alias": BLOCK})
     read = view.on_event("MODIFIED", bad)
-    assert read is not None and not read.changed and read.levels == ALIASED
+    assert not read.changed and read.levels == ALIASED
     assert read.problem == (f"KAI Topology cluster cannot be read: level 2: alias {BLOCK} is a "
                             "level's node label")
     for broken in ({**bad, "kind": "HyperNode"}, {**bad, "spec": {"levels": []}},
                    {**bad, "spec": None}):
         read = view.on_event("MODIFIED", broken)
-        assert read is not None and read.problem and read.levels == ALIASED
+        assert read.problem and read.levels == ALIASED
     read = view.on_event("DELETED", topology())
-    assert read is not None and read.problem == "KAI Topology cluster was deleted"
+    assert read.problem == "KAI Topology cluster was deleted"
     assert view.levels == ALIASED
     # an edit that reads replaces them (KAI lets aliases change)
     renamed = topology("cluster", {"nodeLabel": BLOCK}, {"nodeLabel": RACK, "alias": "tor"})
     read = view.on_event("ADDED", renamed)
-    assert read is not None and read.changed and view.levels == Levels((BLOCK, RACK),
+    assert read.changed and view.levels == Levels((BLOCK, RACK),
                                                                        (("tor", RACK),))
     assert listed(view.levels) == f"{BLOCK} > {RACK} (alias tor)" and listed(Levels()) == "none"
 
@@ -132,8 +142,8 @@ async def test_the_binder_follows_a_kai_topology_as_it_changes(
         assert len(await eventually(racks, within=5)) == 1
         assert b.plan_config.levels == ALIASED
         said = [r.getMessage() for r in caplog.records]
-        assert f"network levels from KAI Topology cluster: {BLOCK} (alias block) > {RACK} " \
-            "(alias rack)" in said
+        assert f"network levels from KAI Topology cluster (the binder's own): {BLOCK} (alias " \
+            f"block) > {RACK} (alias rack)" in said
 
         obj = await kube.get(kai, "cluster")
         obj["spec"]["levels"][1]["alias"] = BLOCK
@@ -163,6 +173,71 @@ async def test_the_binder_reads_a_kueue_topology(apiserver: ApiServerEmulator,
     try:
         await asyncio.wait_for(b.synced.wait(), 5)
         assert b.plan_config.levels == Levels((BLOCK, RACK))
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _plan(pods: list[dict[str, Any]], config: PlanConfig) -> Plan:
+    return plan([parse_pod(p) for p in pods], {n["metadata"]["name"]: parse_node(n)
+                                               for n in _nodes()},
+                None, config=config, queue=GangQueue(), fit=FitCache(), place=place_gang,
+                now=1795237200.0)
+
+
+def _gang(topology: str) -> list[dict[str, Any]]:
+    """Three whole nodes that ask for the level `unit` of `topology`, as KAI's annotations
+    are written to the request."""
+    return job("j", workers=3, gpus=8, topology=json.dumps({
+        "v": 1, "mode": "preferred",
+        "network": {"level": "unit", "mode": "required", "topology": topology}}))
+
+
+@pytest.mark.parametrize(("api", "topology", "placed", "why"), [
+    # `unit` is a block there (4 nodes) and a rack here (2 nodes)
+    ("kai", "kai:blocks", True, ""),
+    ("kai", "kai:racks", False, "within one example.com/rack domain"),
+    ("kai", "kai:gone", False, "it names KAI Topology gone, which the binder has not read"),
+    # a binder that reads no KAI Topology places by its own levels, which have no `unit`
+    ("", "kai:blocks", False, "no node has the label unit"),
+    ("kueue", "kai:blocks", False, "no node has the label unit"),
+])
+def test_a_gang_is_placed_by_the_levels_of_the_topology_it_names(
+        api: str, topology: str, placed: bool, why: str) -> None:
+    config = PlanConfig(SCHED, topology_api=api, topologies={
+        "kai:blocks": Levels((BLOCK,), (("unit", BLOCK),)),
+        "kai:racks": Levels((BLOCK, RACK), (("unit", RACK),))})
+    p = _plan(_gang(topology), config)
+    assert bool(p.places) == placed
+    if placed:
+        blocks = {a.node.split("-")[0] for _, a in p.places[0].assignments if a is not None}
+        assert len(blocks) == 1
+    else:
+        assert any(why in w.reason for w in p.waits), [w.reason for w in p.waits]
+
+
+async def test_the_binder_places_a_gang_by_the_kai_topology_it_names(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    """Through the emulator: the binder's own Topology has no level `unit`; the one the gang
+    names (its `kai.scheduler/topology`, in the request) makes it a block."""
+    for n in _nodes():
+        apiserver.seed(n)
+    apiserver.seed(topology())
+    apiserver.seed(topology("wide", {"nodeLabel": BLOCK, "alias": "unit"}))
+    b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
+                                  network_levels=network_levels("kai:cluster")))
+    task = asyncio.create_task(b.run())
+    try:
+        await asyncio.wait_for(b.synced.wait(), 5)
+        for p in _gang("kai:wide"):
+            await kube.create(PODS, p)
+
+        def blocks() -> set[str]:
+            found = [p["spec"].get("nodeName") for p in apiserver.objects("pods", "team-a")
+                     if p["metadata"]["name"].startswith("j-")]
+            return {n.split("-")[0] for n in found} if None not in found else set()
+        assert len(await eventually(blocks, within=5)) == 1
+        assert b.plan_config.levels == ALIASED
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -253,6 +253,33 @@ def test_kai_annotations_that_cannot_be_used_are_warned_about(
     assert any(warning in w for w in d.warnings), d.warnings
 
 
+def test_kais_topology_names_the_levels_of_the_kai_annotations_honoured(
+        worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
+    ps = policies(muster(f"  network:\n    preferred: {CLIQUE}"))
+    ann = {keys.KAI_TOPOLOGY: "gb200", keys.KAI_REQUIRED_PLACEMENT: "rack"}
+    d, pod = decide(with_annotations(worker_pod, **ann), mpijob, ps)
+    assert asked(pod) == {"level": "rack", "mode": "required", "topology": "kai:gb200"}
+    assert d.network == (
+        "network: required rack (the levels of KAI Topology gb200, where the binder reads KAI's "
+        f"Topologies) (from the pod's {keys.KAI_TOPOLOGY}, {keys.KAI_REQUIRED_PLACEMENT}, "
+        "honoured by policy net)")
+    # segments alone name it too
+    segments = {keys.KAI_TOPOLOGY: "gb200", keys.KAI_SEGMENT_SIZE: "4",
+                keys.KAI_SEGMENT_REQUIRED_PLACEMENT: CLIQUE}
+    _, pod = decide(with_annotations(worker_pod, **segments), mpijob, ps)
+    assert asked(pod)["topology"] == "kai:gb200"
+    # the policy's level, or Kueue's, is no KAI Topology's
+    for other in ({}, {keys.KUEUE_REQUIRED_TOPOLOGY: RACK}):
+        d, pod = decide(with_annotations(worker_pod, **{keys.KAI_TOPOLOGY: "gb200", **other}),
+                        mpijob, ps)
+        assert "topology" not in asked(pod)
+    # a name that is no object's name is warned about, and the binder's levels decide
+    bad = {keys.KAI_TOPOLOGY: "GB_200", keys.KAI_REQUIRED_PLACEMENT: "rack"}
+    d, pod = decide(with_annotations(worker_pod, **bad), mpijob, ps)
+    assert asked(pod) == {"level": "rack", "mode": "required"}
+    assert any("'GB_200' is not a Topology's name; ignored" in w for w in d.warnings)
+
+
 def test_without_a_topology_policy_no_request_reaches_the_binder(
         worker_pod: dict[str, Any], mpijob: dict[str, Any], policies: Policies) -> None:
     forged = json.dumps({"v": 1, "mode": "required", "network": {"level": RACK}})

@@ -322,7 +322,7 @@ def _topology(ref: TopologyRef, obj: Obj | None) -> tuple[Levels, list[Finding]]
             "names a level is placed by that label alone", f"create the Topology "
             f"({ref.group}), or set the chart's binder.networkLevels to one that exists")]
     read = view.on_event("ADDED", obj)
-    if read is not None and read.problem:
+    if read.problem:
         return view.levels, [Finding(
             "warning", "NetworkTopologyUnread", where, f"{read.problem}: a running binder "
             "keeps the levels it last read, one that starts now has none",

@@ -104,6 +104,8 @@ class Binder:
         self._hypernodes = HyperNodeView() if self.config.network_levels.hypernodes else None
         ref = self.config.network_levels.topology
         self._topology = TopologyView(ref) if ref is not None else None
+        if ref is not None:
+            self.plan_config = replace(self.plan_config, topology_api=ref.api)
         #: the levels last read from Topograph's labels (logged as they change)
         self._topograph: tuple[str, ...] | None = None
         #: the nodes grouped for the engine, kept across cycles (each cycle regroups only the
@@ -235,16 +237,17 @@ class Binder:
 
     def _on_topology(self, event: str, obj: dict[str, Any],
                      _old: dict[str, Any] | None) -> None:
-        assert self._topology is not None
-        read = self._topology.on_event(event, obj)
-        if read is None:
-            return
+        view = self._topology
+        assert view is not None
+        read = view.on_event(event, obj)
         if read.problem:
             log.warning("%s: the binder keeps the levels last read (%s)", read.problem,
                         listed(read.levels))
         if read.changed:
-            self.plan_config = replace(self.plan_config, levels=read.levels)
-            log.info("network levels from %s: %s", self._topology.ref.says, listed(read.levels))
+            self.plan_config = replace(self.plan_config, levels=view.levels,
+                                       topologies=view.named())
+            log.info("network levels from %s%s: %s", read.ref.says,
+                     " (the binder's own)" if read.ref == view.ref else "", listed(read.levels))
             self._changed()
 
     def _levels(self) -> PlanConfig:

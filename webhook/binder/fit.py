@@ -132,6 +132,11 @@ def eligible_nodes(c: Constraints, nodes: Iterable[NodeInfo], serving: Serving
     return frozenset(n.name for n in nodes if serves(n, serving) and why_not(c, n) is None)
 
 
+#: the most networks kept for one node set: the binder's levels and the few Topologies gangs
+#: name
+_NETWORKS = 8
+
+
 class FitCache:
     """What the binder derives from the node set: eligible node sets per (constraints, needs
     GPU), every node's network domains, and the nodes by label value. Pods of one job share
@@ -140,12 +145,15 @@ class FitCache:
 
     def __init__(self) -> None:
         self._cache: dict[tuple[Constraints, Serving], frozenset[str]] = {}
+        #: per set of levels (the binder's, and each Topology a gang names)
+        self._networks: dict[Levels, Network] = {}
         self._network: Network | None = None
         self._domains: Mapping[str, Mapping[str, str]] | None = None
         self._labels: LabelIndex | None = None
 
     def clear(self) -> None:
         self._cache.clear()
+        self._networks.clear()
         self._network = None
         self._labels = None
 
@@ -157,21 +165,27 @@ class FitCache:
 
     @property
     def made_network(self) -> Network | None:
-        """The network made for the current node set, if a placement asked for one."""
+        """The network last made for the current node set, if a placement asked for one."""
         return self._network
 
     def network(self, nodes: Mapping[str, NodeInfo], levels: Levels,
                 domains: Mapping[str, Mapping[str, str]] | None = None) -> Network:
-        """The nodes' labels as the placement groups them by domain, with `domains` (per node,
-        its domains of levels no label carries) over them (made once per node set)."""
-        if self._network is None or self._network.asked != levels or \
-                self._domains is not domains:
+        """The nodes' labels as the placement groups them by domain of `levels`, with `domains`
+        (per node, its domains of levels no label carries) over them (made once per node set
+        and levels)."""
+        if self._domains is not domains:
+            self._networks.clear()
+            self._domains = domains
+        found = self._networks.get(levels)
+        if found is None:
+            if len(self._networks) >= _NETWORKS:  # (levels that changed: HyperNode tiers)
+                self._networks.clear()
             more = domains or {}
-            self._network = Network(levels, {
+            found = self._networks[levels] = Network(levels, {
                 name: {**n.labels, **more[name]} if name in more else n.labels
                 for name, n in nodes.items()})
-            self._domains = domains
-        return self._network
+        self._network = found
+        return found
 
     def eligible(self, c: Constraints, nodes: Mapping[str, NodeInfo],
                  serving: Serving) -> frozenset[str]:

@@ -55,7 +55,7 @@ from webhook.topology.model import (
     NodeState,
     Unplaceable,
 )
-from webhook.topology.network import Levels, Network, resolved
+from webhook.topology.network import Levels, Network, resolved, topology_ref
 from webhook.topology.placement import DEFAULT_INTER_NODE_GBPS
 from webhook.topology.ringfloor import meets_min_ring
 
@@ -133,6 +133,25 @@ class PlanConfig:
     #: per node, its domains of levels no node label carries: {level: domain}
     #: (`webhook.binder.hypernodes`)
     domains: Mapping[str, Mapping[str, str]] = field(default_factory=dict, compare=False)
+    #: the API whose Topology objects the binder reads ("kai", "kueue"; `--network-levels
+    #: kai:NAME`), and each one's levels as read, by reference ("kai:NAME")
+    topology_api: str = ""
+    topologies: Mapping[str, Levels] = field(default_factory=dict, compare=False)
+
+    def levels_for(self, req: NetworkRequest) -> Levels | str:
+        """The levels `req` resolves against: those of the Topology object it names, where the
+        binder reads that API's Topologies, else the binder's own; why it waits where it names
+        one the binder has not read."""
+        topology = req.topology
+        if topology is None or not self.topology_api or \
+                not topology.startswith(f"{self.topology_api}:"):
+            return self.levels
+        found = self.topologies.get(topology)
+        if found is not None:
+            return found
+        ref = topology_ref(topology)
+        return (f"it names {ref.says if ref else topology}, which the binder has not read (not "
+                "in the cluster, or its levels cannot be read)")
 
 
 def _reservation(pod: PodInfo, nodes: Mapping[str, NodeInfo],
@@ -459,8 +478,13 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
         r.wait(gang, "unplaceable", asked)
         return False
     request, note = asked
-    network = None if request.network is None else \
-        fit.network(r.nodes, r.config.levels, r.config.domains)
+    network = None
+    if request.network is not None:
+        levels = r.config.levels_for(request.network)
+        if isinstance(levels, str):
+            r.wait(gang, "unplaceable", f"gang {gang.name}: {levels}")
+            return False
+        network = fit.network(r.nodes, levels, r.config.domains)
     apart = terms is not None and one_per_node(pending)
     if apart:
         result = place(_one_slot(r.states.values()), request, network=network)

@@ -17,6 +17,7 @@ from webhook.podresources import GPU, gpu_asks, pod_requests
 from webhook.policy.compiled import Requirement as LabelRequirement
 from webhook.quantity import milli, units
 from webhook.topology.model import GpuAssignment, NetworkRequest, TopologyRequest
+from webhook.topology.network import LevelsError, topology_ref
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -355,8 +356,20 @@ def _network_request(doc: Any) -> NetworkRequest | None:
         raise ValueError(f"{where}.unconstrained must be true or false")
     if unconstrained and (level is not None or slice_level is not None):
         raise ValueError(f"{where}: an unconstrained gang has no level and no slices")
+    topology = doc.get("topology")
+    if topology is not None and not _names_topology(topology):
+        raise ValueError(f"{where}.topology must be kai:NAME or kueue:NAME, NAME a Topology's "
+                         f"name, not {topology!r}")
     return NetworkRequest(level=level, mode=mode, slice_level=slice_level, slice_size=size,
-                          slice_mode=slice_mode, max_level=max_level, unconstrained=unconstrained)
+                          slice_mode=slice_mode, max_level=max_level, unconstrained=unconstrained,
+                          topology=topology)
+
+
+def _names_topology(text: Any) -> bool:
+    try:
+        return isinstance(text, str) and topology_ref(text) is not None
+    except LevelsError:
+        return False
 
 
 def _positive_int(text: str, what: str, problems: list[str]) -> int | None:

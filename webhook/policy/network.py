@@ -25,6 +25,7 @@ from webhook.policy.schema import Network, check_label_key
 _KUEUE_LEVELS = ((keys.KUEUE_REQUIRED_TOPOLOGY, "required"),
                  (keys.KUEUE_PREFERRED_TOPOLOGY, "preferred"))
 _KAI_LEVELS = (keys.KAI_REQUIRED_PLACEMENT, keys.KAI_PREFERRED_PLACEMENT)
+_KAI_PREFIX = "kai.scheduler/"
 _VOLCANO = (keys.VOLCANO_NETWORK_TOPOLOGY_MODE, keys.VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER)
 _KAI_SEGMENTS = (keys.KAI_SEGMENT_SIZE, keys.KAI_SEGMENT_REQUIRED_PLACEMENT,
                  keys.KAI_SEGMENT_PREFERRED_PLACEMENT)
@@ -166,6 +167,20 @@ def _slices(ann: Mapping[str, str], warnings: list[str]) -> tuple[Ask, list[str]
             [keys.KAI_SEGMENT_SIZE, keys.KAI_SEGMENT_PREFERRED_PLACEMENT])
 
 
+def _kai_topology(ann: Mapping[str, str], honoured: list[str], warnings: list[str]
+                  ) -> str | None:
+    """The KAI Topology whose levels the honoured KAI annotations name ("kai:NAME", from
+    `kai.scheduler/topology`); None where no KAI annotation is honoured or none is named."""
+    name = ann.get(keys.KAI_TOPOLOGY)
+    if name is None or not any(k.startswith(_KAI_PREFIX) for k in honoured):
+        return None
+    if not keys.is_dns_subdomain(name):
+        warnings.append(f"{keys.KAI_TOPOLOGY}: {name!r} is not a Topology's name; ignored (the "
+                        "binder's levels name the levels)")
+        return None
+    return f"kai:{name}"
+
+
 def _whose(names: list[str], pod_ann: Mapping[str, str]) -> str:
     """The annotations named, each as the pod's or the job's."""
     pod = [k for k in names if k in pod_ann]
@@ -202,6 +217,9 @@ def _describe(ask: Ask) -> str:
     if any(keys.network_tier(ask.get(k) or "") for k in ("level", "maxLevel")):
         parts[-1] += (" (the binder's HyperNode tiers, or its levels counted up from the "
                       "narrowest, tier 1)")
+    if "topology" in ask:
+        parts[-1] += (f" (the levels of KAI Topology {ask['topology'].removeprefix('kai:')}, "
+                      "where the binder reads KAI's Topologies)")
     return "; ".join(parts)
 
 
@@ -230,6 +248,10 @@ def network_ask(policy: Network | None, policy_name: str, pod_ann: Mapping[str, 
                 for k in part:
                     ask.pop(k, None)
                 ask.update(found)
+        named = _kai_topology(ann, used + sliced_by, warnings)
+        if named is not None:
+            ask["topology"] = named
+            used = [keys.KAI_TOPOLOGY, *used]
         if used or sliced_by:
             source = f"{_whose(used + sliced_by, pod_ann)}, honoured by policy {policy_name}"
     if not ask:

@@ -79,7 +79,9 @@ class NetworkRequest:
     within one domain of `slice_level`; `slice_mode` preferred: the slices when they fit, else
     the gang placed without them. `unconstrained` (Kueue's unconstrained pod set; no level, no
     slices): each member on the node that fits it best alone, filling the gaps, not on the
-    fewest nodes.
+    fewest nodes. `topology`: the Topology object whose levels name these levels ("kai:NAME",
+    from KAI's `kai.scheduler/topology`), where the binder reads that API's Topologies; None:
+    the binder's own levels.
     """
 
     level: str | None = None
@@ -89,6 +91,7 @@ class NetworkRequest:
     slice_mode: TopologyMode = "required"
     max_level: str | None = None
     unconstrained: bool = False
+    topology: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +101,8 @@ class TopologyRequest:
     JSON form: {"v": 1, "mode": "required", "singleNode": true, "minRingGBps": 50.0,
     "network": {"level": "example.com/rack", "mode": "required",
     "sliceLevel": "nvidia.com/gpu.clique", "sliceSize": 4}}
-    (`network` may also carry "maxLevel" and "sliceMode", or be {"unconstrained": true})
+    (`network` may also carry "maxLevel", "sliceMode" and "topology", or be
+    {"unconstrained": true})
     (`minRingGBps` may be null/absent; what it is compared with: `webhook.topology.ringfloor`;
     `network` may be absent).
     """

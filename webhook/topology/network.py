@@ -230,17 +230,26 @@ def parse_levels_flag(text: str) -> Levels:
         return Levels(topograph=True)
     if text.strip() == "volcano":
         return Levels(hypernodes=True)
-    api, colon, name = text.strip().partition(":")
-    if colon and api in TOPOLOGY_APIS:
-        if not is_dns_subdomain(name):
-            raise LevelsError(f"{api}:{name}: a Topology's name is a DNS subdomain "
-                              "(lower-case letters, digits, '-' and '.')")
-        return Levels(topology=TopologyRef(api, name))
+    ref = topology_ref(text.strip())
+    if ref is not None:
+        return Levels(topology=ref)
 
     def entry(part: str) -> str | dict[str, str]:
         alias, eq, label = (t.strip() for t in part.partition("="))
         return {"nodeLabel": label, "alias": alias} if eq else alias
     return parse_levels([entry(p) for p in text.split(",")])
+
+
+def topology_ref(text: str) -> TopologyRef | None:
+    """`kai:NAME` or `kueue:NAME` as a reference to that Topology object; None for text that
+    names no Topology API; LevelsError where NAME is no object's name."""
+    api, colon, name = text.partition(":")
+    if not colon or api not in TOPOLOGY_APIS:
+        return None
+    if not is_dns_subdomain(name):
+        raise LevelsError(f"{text}: a Topology's name is a DNS subdomain (lower-case letters, "
+                          "digits, '-' and '.')")
+    return TopologyRef(api, name)
 
 
 def _check_aliases(aliases: list[tuple[int, Any, Any]], labels: list[Any]
