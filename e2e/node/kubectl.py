@@ -14,9 +14,9 @@ from e2e.node.cluster import NodeCluster
 from e2e.node.yamldocs import documents
 
 SHARED_CRDS = REPO.parent / "shared" / "crds"
-#: the upstream CRDs Muster's policies and the scenarios use
+#: the upstream CRDs Muster's policies, the binder's network levels and the scenarios use
 CRD_FILES = ("volcano", "scheduler-plugins", "mpijobs", "pytorchjobs", "jobsets", "trainjobs",
-             "leaderworkersets")
+             "leaderworkersets", "kai-topologies")
 
 
 def kubectl(cluster: NodeCluster, *args: str, check: bool = True,

@@ -3,27 +3,34 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import subprocess
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from e2e.cluster import NAMESPACE, RELEASE, chart_values, helm
+import yaml
+
+from e2e.cluster import NAMESPACE, RELEASE, chart_values, helm, render_chart
 from e2e.node import image
 from e2e.node.assets import REPO
 from e2e.node.cluster import NodeCluster
 from e2e.node.kubectl import crd_documents, kubectl, wait_established
 from e2e.probes import eventually
 from webhook import keys
+from webhook.binder.controller import Binder, BinderConfig
 from webhook.demo import EXAMPLE_POLICIES
-from webhook.kube import PODS, KubeApi
+from webhook.kube import PODS, ApiError, KubeApi, Resource, make_api_client
 from webhook.topology import codec
 from webhook.topology.model import Topology
 
-__all__ = ["NETWORK_LEVELS", "agent_dra_state", "agent_pod", "crd_documents", "diagnostics",
-           "kubectl", "pod_ready", "policies_everywhere", "policy_digests", "release_values",
-           "run_helm", "upgrade_release", "wait_established", "wait_webhook_pods", "webhook_pods"]
+__all__ = ["NETWORK_LEVELS", "agent_dra_state", "agent_pod", "binder_as_chart", "bound_whole",
+           "chart_binder_grant", "crd_documents", "delete_now", "diagnostics",
+           "gpu_pod", "kubectl", "pod_ready", "policies_everywhere", "policy_digests",
+           "release_values", "run_helm", "upgrade_release", "wait_established",
+           "wait_webhook_pods", "webhook_pods"]
 
 #: the binder's network levels (docs/topology.md): Topograph's spine (a block) and leaf (a
 #: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
@@ -186,3 +193,110 @@ def fake_node(name: str, topology: Topology, labels: dict[str, str],
             "status": {"allocatable": alloc, "capacity": dict(alloc),
                        "conditions": [{"type": "Ready", "status": "True",
                                        "reason": "KubeletReady", "message": "fake node"}]}}
+
+
+CLUSTER_ROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", False, "ClusterRole")
+CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings",
+                                 False, "ClusterRoleBinding")
+
+
+def chart_binder_grant(tmp_path: Path, levels: str, group: str, name: str
+                       ) -> list[dict[str, Any]]:
+    """The rule of the binder's ClusterRole for API `group` in the chart rendered with
+    `binder.networkLevels: <levels>` (so a chart that grants too little fails the test), as a
+    ClusterRole `name` bound to the binder's service account."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"binder": {"networkLevels": levels}}))
+    [role] = [d for d in render_chart(values)
+              if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-binder")]
+    rules = [r for r in role["rules"] if group in r["apiGroups"]]
+    assert len(rules) == 1, role["rules"]
+    meta = {"name": name}
+    return [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": meta, "rules": rules},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": meta, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                           "kind": "ClusterRole", **meta},
+             "subjects": [{"kind": "ServiceAccount", "name": f"{RELEASE}-binder",
+                           "namespace": NAMESPACE}]}]
+
+
+@contextlib.asynccontextmanager
+async def binder_as_chart(kube: KubeApi, cluster: NodeCluster, config: BinderConfig, *,
+                          grant: list[dict[str, Any]],
+                          objects: Sequence[tuple[Resource, dict[str, Any]]], ns: str
+                          ) -> AsyncIterator[Binder]:
+    """A binder of `config` run in the test against the API server as the chart's binder
+    service account (impersonated), with `grant` (`chart_binder_grant`) bound and the
+    cluster-scoped `objects` (nodes, HyperNodes) created first; after it these, and every pod
+    of `ns`, are deleted."""
+    client = await make_api_client(str(cluster.kubeconfig))
+    client.set_default_header("Impersonate-User",
+                              f"system:serviceaccount:{NAMESPACE}:{RELEASE}-binder")
+    binder = Binder(KubeApi(client), config)
+    role, binding = grant
+    task: asyncio.Task[None] | None = None
+    try:
+        await kube.create(CLUSTER_ROLES, role)
+        await kube.create(CLUSTER_ROLE_BINDINGS, binding)
+        for resource, obj in objects:
+            await kube.create(resource, obj)
+        task = asyncio.create_task(binder.run())
+        await asyncio.wait_for(binder.synced.wait(), 60)
+        yield binder
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await client.close()
+        await delete_now(kube, CLUSTER_ROLE_BINDINGS.path(None, binding["metadata"]["name"]))
+        await delete_now(kube, CLUSTER_ROLES.path(None, role["metadata"]["name"]))
+        for pod in (await kube.list(PODS, namespace=ns))["items"]:
+            await delete_now(kube, PODS.path(ns, pod["metadata"]["name"]))
+        for resource, obj in reversed(objects):
+            await delete_now(kube, resource.path(None, obj["metadata"]["name"]))
+
+
+async def bound_whole(kube: KubeApi, ns: str, prefix: str, count: int) -> set[str]:
+    """The nodes the `count` pods of `ns` named `prefix`* are bound to, once all are."""
+    async def bound() -> set[str] | None:
+        pods = [p for p in (await kube.list(PODS, namespace=ns))["items"]
+                if p["metadata"]["name"].startswith(prefix)]
+        where = {p["spec"].get("nodeName") for p in pods}
+        return where if len(pods) == count and None not in where else None
+    found: set[str] = await eventually(bound, within=60, interval=0.5,
+                                      what=f"{prefix}* bound whole")
+    return found
+
+
+async def delete_now(kube: KubeApi, path: str) -> None:
+    """DELETE with no grace period; gone already is fine."""
+    try:
+        await kube.request("DELETE", path, body={"kind": "DeleteOptions", "apiVersion": "v1",
+                                                 "gracePeriodSeconds": 0})
+    except ApiError as exc:
+        if not exc.not_found:
+            raise
+
+
+def gpu_pod(name: str, ns: str, scheduler: str, gpus: int, *, gang: str | None = None,
+            members: int = 0, network: dict[str, Any] | None = None, node: str | None = None
+            ) -> dict[str, Any]:
+    """A pod of `scheduler` asking for `gpus`, as the webhook annotates a gang's member (its
+    gang, and `network`: the request's "network" part), or bound to `node` already."""
+    ann: dict[str, str] = {}
+    if gang:
+        ann |= {keys.ANN_GANG_NAME: gang, keys.ANN_GANG_MIN_MEMBER: str(members)}
+    if network:
+        ann[keys.ANN_GPU_TOPOLOGY] = json.dumps({"v": 1, "mode": "preferred",
+                                                 "network": network})
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [{"name": "main", "image": "train:1",
+                        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
+                                      "limits": {keys.GPU_RESOURCE: str(gpus)}}}]}
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "annotations": ann}, "spec": spec}

@@ -13,24 +13,27 @@ other test's pods off them."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from jobs import ensure_namespace
-from real_helpers import fake_node
+from real_helpers import (
+    binder_as_chart,
+    bound_whole,
+    chart_binder_grant,
+    delete_now,
+    fake_node,
+    gpu_pod,
+)
 
-from e2e.cluster import NAMESPACE, RELEASE, render_chart
 from e2e.node.cluster import NodeCluster
 from e2e.probes import eventually
 from webhook import keys
 from webhook.binder.controller import Binder, BinderConfig
-from webhook.kube import EVENTS, NODES, PODS, ApiError, KubeApi, make_api_client
-from webhook.kube.api import VOLCANO_HYPERNODES, Resource
+from webhook.kube import EVENTS, NODES, PODS, KubeApi
+from webhook.kube.api import VOLCANO_HYPERNODES
 from webhook.topology import builtin
 from webhook.topology.network import Levels
 
@@ -38,28 +41,7 @@ SCHEDULER = "muster-hypernodes"
 NS = "net-hypernodes"
 TAINT = {"key": "example.com/fake-node", "value": "hypernode-test", "effect": "NoSchedule"}
 POOL = "example.com/pool"
-BINDER_SA = f"{RELEASE}-binder"
-CLUSTER_ROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", False, "ClusterRole")
-CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings",
-                                 False, "ClusterRoleBinding")
-#: the rule the chart adds to the binder's ClusterRole for `binder.networkLevels: volcano`
-def _grant(tmp_path: Path) -> list[dict[str, Any]]:
-    """The HyperNode rule of the binder's ClusterRole in the chart rendered with
-    `binder.networkLevels: volcano`, bound to the binder's service account."""
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({"binder": {"networkLevels": "volcano"}}))
-    [role] = [d for d in render_chart(values)
-              if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-binder")]
-    rules = [r for r in role["rules"] if "topology.volcano.sh" in r["apiGroups"]]
-    assert len(rules) == 1, role["rules"]
-    name = {"name": "muster-test-hypernodes"}
-    return [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-             "metadata": name, "rules": rules},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-             "metadata": name, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
-                                           "kind": "ClusterRole", **name},
-             "subjects": [{"kind": "ServiceAccount", "name": BINDER_SA,
-                           "namespace": NAMESPACE}]}]
+GRANT = "muster-test-hypernodes"
 
 
 def _node(name: str, labels: dict[str, str]) -> dict[str, Any]:
@@ -83,33 +65,8 @@ HYPERNODES = [
 ]
 
 
-def _pod(name: str, gpus: int, *, gang: str | None = None, members: int = 0,
-         network: dict[str, Any] | None = None, node: str | None = None) -> dict[str, Any]:
-    ann: dict[str, str] = {}
-    if gang:
-        ann |= {keys.ANN_GANG_NAME: gang, keys.ANN_GANG_MIN_MEMBER: str(members)}
-    if network:
-        ann[keys.ANN_GPU_TOPOLOGY] = json.dumps({"v": 1, "mode": "preferred",
-                                                 "network": network})
-    spec: dict[str, Any] = {
-        "schedulerName": SCHEDULER, "terminationGracePeriodSeconds": 0,
-        "tolerations": [{"operator": "Exists"}],
-        "containers": [{"name": "main", "image": "train:1",
-                        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
-                                      "limits": {keys.GPU_RESOURCE: str(gpus)}}}]}
-    if node:
-        spec["nodeName"] = node
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NS, "annotations": ann}, "spec": spec}
-
-
-async def _delete(kube: KubeApi, path: str) -> None:
-    try:
-        await kube.request("DELETE", path, body={"kind": "DeleteOptions", "apiVersion": "v1",
-                                                 "gracePeriodSeconds": 0})
-    except ApiError as exc:
-        if not exc.not_found:
-            raise
+def _pod(name: str, gpus: int, **kw: Any) -> dict[str, Any]:
+    return gpu_pod(name, NS, SCHEDULER, gpus, **kw)
 
 
 @pytest.fixture
@@ -120,49 +77,18 @@ async def fabric(kube: KubeApi, node_cluster: NodeCluster, tmp_path: Path
     nodes = [_node(f"hn-a-{i}", {}) for i in range(2)] + \
         [_node(f"hn-b-{i}", {POOL: "hn-b"}) for i in range(2)]
     await ensure_namespace(kube, NS)
-    client = await make_api_client(str(node_cluster.kubeconfig))
-    client.set_default_header("Impersonate-User",
-                              f"system:serviceaccount:{NAMESPACE}:{BINDER_SA}")
-    binder = Binder(KubeApi(client), BinderConfig(scheduler_name=SCHEDULER, backoff_initial=0.2,
-                                       backoff_max=2.0, event_interval=5,
-                                       network_levels=Levels(hypernodes=True),
-                                       starvation_seconds=3600))
-    task: asyncio.Task[None] | None = None
-    try:
-        role, binding = _grant(tmp_path)
-        await kube.create(CLUSTER_ROLES, role)
-        await kube.create(CLUSTER_ROLE_BINDINGS, binding)
-        for n in nodes:
-            await kube.create(NODES, n)
-        for h in HYPERNODES:
-            await kube.create(VOLCANO_HYPERNODES, h)
-        task = asyncio.create_task(binder.run())
-        await asyncio.wait_for(binder.synced.wait(), 60)
+    config = BinderConfig(scheduler_name=SCHEDULER, backoff_initial=0.2, backoff_max=2.0,
+                          event_interval=5, network_levels=Levels(hypernodes=True),
+                          starvation_seconds=3600)
+    grant = chart_binder_grant(tmp_path, "volcano", "topology.volcano.sh", GRANT)
+    objects = [*((NODES, n) for n in nodes), *((VOLCANO_HYPERNODES, h) for h in HYPERNODES)]
+    async with binder_as_chart(kube, node_cluster, config, grant=grant, objects=objects,
+                               ns=NS) as binder:
         yield binder
-    finally:
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        await client.close()
-        await _delete(kube, CLUSTER_ROLE_BINDINGS.path(None, "muster-test-hypernodes"))
-        await _delete(kube, CLUSTER_ROLES.path(None, "muster-test-hypernodes"))
-        for pod in (await kube.list(PODS, namespace=NS))["items"]:
-            await _delete(kube, PODS.path(NS, pod["metadata"]["name"]))
-        for h in HYPERNODES:
-            await _delete(kube, VOLCANO_HYPERNODES.path(None, h["metadata"]["name"]))
-        for n in nodes:
-            await _delete(kube, NODES.path(None, n["metadata"]["name"]))
 
 
 async def _nodes_of(kube: KubeApi, prefix: str, count: int) -> set[str]:
-    async def bound() -> set[str] | None:
-        pods = [p for p in (await kube.list(PODS, namespace=NS))["items"]
-                if p["metadata"]["name"].startswith(prefix)]
-        where = {p["spec"].get("nodeName") for p in pods}
-        return where if len(pods) == count and None not in where else None
-    found: set[str] = await eventually(bound, within=60, interval=0.5,
-                                      what=f"{prefix}* bound whole")
-    return found
+    return await bound_whole(kube, NS, prefix, count)
 
 
 async def test_a_gang_lands_within_the_hypernode_with_room_and_waits_beyond_it(
@@ -201,7 +127,7 @@ async def test_a_gang_lands_within_the_hypernode_with_room_and_waits_beyond_it(
     # within the spine (hard, highest tier 2) the same gang would span both leaves: let the
     # leaf gang finish, then ask for the spine
     for i in range(2):
-        await _delete(kube, PODS.path(NS, f"in-leaf-{i}"))
+        await delete_now(kube, PODS.path(NS, f"in-leaf-{i}"))
     spine = {"level": keys.network_tier_level(1), "mode": "preferred",
              "maxLevel": keys.network_tier_level(2)}
     for i in range(3):
