@@ -15,16 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
 from jobs import delete_jobs, ensure_namespace, mpijob
 from neighbours import KUEUE_PODS_READY_TIMEOUT, bound
+from real_helpers import binder_as_chart, chart_binder_grant, delete_now
 
 from e2e.node import schedulers
-from e2e.node.cluster import NODE_NAME
+from e2e.node.cluster import NODE_NAME, NodeCluster
 from e2e.probes import eventually, pods_of
 from webhook import keys
+from webhook.binder.cli import network_levels
+from webhook.binder.controller import BinderConfig
 from webhook.kube import (
     COSCHEDULING_PODGROUPS,
     JOBS,
@@ -32,10 +37,13 @@ from webhook.kube import (
     NODES,
     PODS,
     VOLCANO_PODGROUPS,
+    ApiError,
     KubeApi,
     Resource,
 )
+from webhook.kube.api import TOPOLOGIES
 from webhook.policy import operators
+from webhook.topology.network import Levels
 
 pytestmark = pytest.mark.neighbour("kueue")
 
@@ -45,6 +53,7 @@ FLAVORS = Resource("kueue.x-k8s.io", "v1beta2", "resourceflavors", False, "Resou
 CLUSTER_QUEUES = Resource("kueue.x-k8s.io", "v1beta2", "clusterqueues", False, "ClusterQueue")
 LOCAL_QUEUES = Resource("kueue.x-k8s.io", "v1beta2", "localqueues", True, "LocalQueue")
 WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads", True, "Workload")
+KUEUE_TOPOLOGIES = TOPOLOGIES["kueue"][0]
 TAINT = {"key": "muster.io/kueue-pool", "value": "gpu", "effect": "NoSchedule"}
 GATE = "example.com/hold"
 
@@ -201,3 +210,45 @@ async def test_a_flavor_with_no_node_is_never_bound_and_kueue_evicts_it(
 async def _suspended(kube: KubeApi, name: str) -> bool:
     return bool((await kube.get(MPIJOBS, name, namespace=NS))["spec"]["runPolicy"]
                 .get("suspend"))
+
+
+async def test_the_binder_follows_a_topology_kueue_serves(
+        kube: KubeApi, kueue: schedulers.Neighbour, node_cluster: NodeCluster,
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A Topology made through Kueue's API (its CRD and webhooks as the release installs them),
+    named by `--network-levels kueue:NAME`: a binder run as the chart's binder service account,
+    with the chart's grant, takes its levels. This release's levels are immutable, so an admin
+    deletes and makes it again: the binder keeps the levels while it is gone, then takes the
+    new ones."""
+    caplog.set_level(logging.INFO, logger="webhook.binder.controller")
+    name = "muster-test-tas"
+    block, rack, row = "example.com/block", "example.com/rack", "example.com/row"
+
+    def topology(*labels: str) -> dict[str, Any]:
+        return {"apiVersion": KUEUE_TOPOLOGIES.api_version, "kind": "Topology",
+                "metadata": {"name": name}, "spec": {"levels": [
+                    {"nodeLabel": label} for label in (*labels, keys.HOSTNAME_LABEL)]}}
+    await kube.create(KUEUE_TOPOLOGIES, topology(block, rack))
+    flag = f"kueue:{name}"
+    config = BinderConfig(scheduler_name="muster-kueue-levels", network_levels=network_levels(
+        flag))
+    grant = chart_binder_grant(tmp_path, flag, "kueue.x-k8s.io", "muster-test-kueue-levels")
+    try:
+        async with binder_as_chart(kube, node_cluster, config, grant=grant, objects=[],
+                                   ns=NS) as binder:
+            await eventually(lambda: binder.plan_config.levels == Levels((block, rack)),
+                             within=30, what="the binder's levels from Kueue's Topology")
+            edited = await kube.get(KUEUE_TOPOLOGIES, name)
+            edited["spec"]["levels"][1]["nodeLabel"] = row
+            with pytest.raises(ApiError, match="field is immutable"):
+                await kube.replace(KUEUE_TOPOLOGIES, name, edited)
+            await delete_now(kube, KUEUE_TOPOLOGIES.path(None, name))
+            await eventually(lambda: any(f"Kueue Topology {name} was deleted" in r.getMessage()
+                                         for r in caplog.records),
+                             within=30, what="the deletion seen")
+            assert binder.plan_config.levels == Levels((block, rack))
+            await kube.create(KUEUE_TOPOLOGIES, topology(block, row))
+            await eventually(lambda: binder.plan_config.levels == Levels((block, row)),
+                             within=30, what="the new levels followed")
+    finally:
+        await delete_now(kube, KUEUE_TOPOLOGIES.path(None, name))
