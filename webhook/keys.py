@@ -87,12 +87,12 @@ KUEUE_SLICE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-slice-required-topology"
 KUEUE_SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
 #: "true": the pod set has no compactness constraint (Kueue fills the gaps, LeastFreeCapacity)
 KUEUE_UNCONSTRAINED_TOPOLOGY = "kueue.x-k8s.io/podset-unconstrained-topology"
+#: which KAI Topology object's levels KAI's placement annotations name (read where the binder
+#: reads KAI's Topologies: `--network-levels kai:NAME`)
+KAI_TOPOLOGY = "kai.scheduler/topology"
 #: KAI Scheduler's topology annotations, on the workload or its pod template (a node label, or
 #: an alias of the binder's levels, names the level); both together: the preferred level within
 #: one domain of the required one
-#: which KAI Topology object's levels the placement annotations name (read where the binder
-#: reads KAI's Topologies: `--network-levels kai:NAME`)
-KAI_TOPOLOGY = "kai.scheduler/topology"
 KAI_REQUIRED_PLACEMENT = "kai.scheduler/topology-required-placement"
 KAI_PREFERRED_PLACEMENT = "kai.scheduler/topology-preferred-placement"
 #: KAI's segments: each `segment-size` pods (in rank order) within one domain of a level
@@ -107,8 +107,7 @@ VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER = "volcano.sh/network-topology-highest-tie
 NETWORK_ANNOTATIONS = (KUEUE_REQUIRED_TOPOLOGY, KUEUE_PREFERRED_TOPOLOGY,
                        KUEUE_UNCONSTRAINED_TOPOLOGY, KUEUE_SLICE_REQUIRED_TOPOLOGY,
                        KUEUE_SLICE_SIZE, KAI_TOPOLOGY, KAI_REQUIRED_PLACEMENT,
-                       KAI_PREFERRED_PLACEMENT,
-                       KAI_SEGMENT_SIZE, KAI_SEGMENT_REQUIRED_PLACEMENT,
+                       KAI_PREFERRED_PLACEMENT, KAI_SEGMENT_SIZE, KAI_SEGMENT_REQUIRED_PLACEMENT,
                        KAI_SEGMENT_PREFERRED_PLACEMENT, VOLCANO_NETWORK_TOPOLOGY_MODE,
                        VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER)
 #: a network level named by its tier, as Volcano counts HyperNode tiers: the binder resolves it

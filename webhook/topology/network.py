@@ -5,7 +5,7 @@ An admin declares the levels once, in one of the shapes users already have:
 - a list of node labels, widest first (an entry may be `{nodeLabel, alias}`, or `ALIAS=LABEL`
   on the command line);
 - Kueue's `Topology` object (`kueue.x-k8s.io/v1beta2`, `spec.levels[].nodeLabel`), or KAI's
-  (`kai.scheduler/v1alpha1`, whose levels may have an `alias`);
+  (`kai.scheduler/v1`, or `v1alpha1`, whose levels may have an `alias`);
 - `topograph`: the labels NVIDIA Topograph wrote on the nodes (`topograph_levels`);
 - `kueue:NAME` or `kai:NAME`: that Topology object in the cluster, read by the binder as it
   changes (`TopologyRef`, `webhook.binder.topologies`).
