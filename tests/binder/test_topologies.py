@@ -1,7 +1,8 @@
 """A Kueue or KAI Topology object in the cluster as the binder's network levels
 (`--network-levels kai:NAME` / `kueue:NAME`): the flag, what each event of the object does to
-the levels (a bad edit or a deletion keeps the last good ones), and the binder through the
-emulator, which serves both Topology CRDs of ../shared/crds."""
+the levels (a bad edit or a deletion keeps the last good ones), a gang placed by the levels of
+the KAI Topology it names, and the binder through the emulator, which serves both Topology CRDs
+of ../shared/crds."""
 
 from __future__ import annotations
 
