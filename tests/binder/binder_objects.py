@@ -93,6 +93,16 @@ def job(name: str, workers: int = 4, gpus: int = 1, **kw: Any) -> list[dict[str,
     return out
 
 
+#: the block and rack labels of `racked_nodes`
+BLOCK, RACK = "example.com/block", "example.com/rack"
+
+
+def racked_nodes() -> list[dict[str, Any]]:
+    """2 blocks x 2 racks x 2 DGX-1 nodes; b1's racks first, so that order decides nothing."""
+    return [node(f"b{b}-r{r}-n{i}", labels={BLOCK: f"b{b}", RACK: f"r{r}"})
+            for b in (1, 0) for r in (1, 0) for i in range(2)]
+
+
 def best_ring_links(topology: Topology, gpus: Iterable[int]) -> int:
     """Independent brute force: the most NVLink links every hop of some ring through `gpus`
     has (0: no NVLink ring)."""

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from binder_objects import job, node, pod
+from binder_objects import BLOCK, RACK, job, node, pod, racked_nodes
 
 from e2e.probes import eventually
 from webhook import keys
@@ -28,7 +28,6 @@ from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import NetworkRequest
 from webhook.topology.network import Levels
 
-BLOCK, RACK = "example.com/block", "example.com/rack"
 #: with KAI-style aliases for both levels
 CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME,
                  levels=Levels((BLOCK, RACK), (("block", BLOCK), ("rack", RACK))))
@@ -37,12 +36,6 @@ CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME,
 def topo(level: str, mode: str = "required", **more: Any) -> str:
     return json.dumps({"v": 1, "mode": "preferred",
                        "network": {"level": level, "mode": mode, **more}})
-
-
-def nodes() -> list[dict[str, Any]]:
-    """2 blocks x 2 racks x 2 DGX-1 nodes; b1's racks first, so that order decides nothing."""
-    return [node(f"b{b}-r{r}-n{i}", labels={BLOCK: f"b{b}", RACK: f"r{r}"})
-            for b in (1, 0) for r in (1, 0) for i in range(2)]
 
 
 def run(pods: list[dict[str, Any]], objs: list[dict[str, Any]], fit: FitCache | None = None
@@ -60,20 +53,20 @@ def racks(p: Plan) -> set[tuple[str, str]]:
 
 def test_a_required_rack_gang_lands_in_one_rack() -> None:
     taken = [pod("busy", gpus=4, node_name="b0-r0-n0", topology=None)]
-    p = run([*job("j", workers=3, gpus=4, topology=topo(RACK)), *taken], nodes())
+    p = run([*job("j", workers=3, gpus=4, topology=topo(RACK)), *taken], racked_nodes())
     assert len(p.places) == 1 and racks(p) == {("b0", "r0")}  # the fullest rack that fits
 
 
 def test_a_preferred_rack_gang_that_fits_no_rack_spans_the_racks_of_one_block() -> None:
-    p = run(job("j", workers=3, gpus=8, topology=topo(RACK, "preferred")), nodes())
+    p = run(job("j", workers=3, gpus=8, topology=topo(RACK, "preferred")), racked_nodes())
     assert len(p.places) == 1 and len({b for b, _ in racks(p)}) == 1 and len(racks(p)) == 2
 
 
 def test_a_level_named_by_its_alias_is_that_level() -> None:
     taken = [pod("busy", gpus=4, node_name="b0-r0-n0", topology=None)]
-    p = run([*job("j", workers=3, gpus=4, topology=topo("rack")), *taken], nodes())
+    p = run([*job("j", workers=3, gpus=4, topology=topo("rack")), *taken], racked_nodes())
     assert len(p.places) == 1 and racks(p) == {("b0", "r0")}
-    p = run(job("j", workers=3, gpus=8, topology=topo("rack")), nodes())
+    p = run(job("j", workers=3, gpus=8, topology=topo("rack")), racked_nodes())
     assert "within one example.com/rack domain" in p.waits[0].reason
 
 
@@ -101,7 +94,7 @@ def test_slices_follow_the_ranks_the_labels_give_not_the_names() -> None:
     pods = [pod(name, gang="g", min_member=4, gpus=8, topology=topology,
                 labels={keys.KUEUE_POD_GROUP_INDEX_LABEL: str(i)})
             for i, name in enumerate(names)]
-    p = run(pods, nodes())
+    p = run(pods, racked_nodes())
     [place] = p.places
     rack = {pod_.name: a.node.rsplit("-", 1)[0] for pod_, a in place.assignments}
     assert rack["p-zq"] == rack["p-ab"] and rack["p-m1"] == rack["p-c7"]
@@ -133,29 +126,29 @@ def test_a_level_named_by_its_tier_counts_from_the_narrowest() -> None:
     """Volcano's tiers (`volcano.sh/network-topology-*`, as the webhook writes them): tier 1 is
     the rack here, tier 2 the block, and a tier above the widest level is the whole cluster."""
     taken = [pod("busy", gpus=4, node_name="b0-r0-n0", topology=None)]
-    p = run([*job("j", workers=3, gpus=4, topology=topo("tier:1")), *taken], nodes())
+    p = run([*job("j", workers=3, gpus=4, topology=topo("tier:1")), *taken], racked_nodes())
     assert len(p.places) == 1 and racks(p) == {("b0", "r0")}
     hard2 = topo("tier:1", "preferred", maxLevel="tier:2")
-    p = run(job("j", workers=3, gpus=8, topology=hard2), nodes())
+    p = run(job("j", workers=3, gpus=8, topology=hard2), racked_nodes())
     assert len(p.places) == 1 and len({b for b, _ in racks(p)}) == 1 and len(racks(p)) == 2
-    p = run(job("j", workers=5, gpus=8, topology=hard2), nodes())
+    p = run(job("j", workers=5, gpus=8, topology=hard2), racked_nodes())
     assert not p.places and "within one example.com/block domain" in p.waits[0].reason
     hard3 = topo("tier:1", "preferred", maxLevel="tier:3")  # above the block: no bound
-    p = run(job("j", workers=5, gpus=8, topology=hard3), nodes())
+    p = run(job("j", workers=5, gpus=8, topology=hard3), racked_nodes())
     assert len(p.places) == 1 and len({b for b, _ in racks(p)}) == 2
 
 
 def test_a_preferred_rack_bounded_by_a_block_waits_beyond_it() -> None:
     p = run(job("j", workers=3, gpus=8, topology=topo("rack", "preferred", maxLevel="block")),
-            nodes())
+            racked_nodes())
     assert len(p.places) == 1 and len({b for b, _ in racks(p)}) == 1
     p = run(job("j", workers=5, gpus=8, topology=topo("rack", "preferred", maxLevel="block")),
-            nodes())
+            racked_nodes())
     assert not p.places and "within one example.com/block domain" in p.waits[0].reason
 
 
 def test_a_gang_that_cannot_fit_waits_with_the_reason() -> None:
-    p = run(job("j", workers=3, gpus=8, topology=topo(RACK)), nodes())
+    p = run(job("j", workers=3, gpus=8, topology=topo(RACK)), racked_nodes())
     assert not p.places
     [wait] = p.waits
     assert wait.kind == "unplaceable"
@@ -166,7 +159,7 @@ def test_a_gang_that_cannot_fit_waits_with_the_reason() -> None:
 
 def test_the_network_is_made_once_per_node_set() -> None:
     fit = FitCache()
-    run(job("j", workers=2, gpus=8, topology=topo(RACK)), nodes(), fit)
+    run(job("j", workers=2, gpus=8, topology=topo(RACK)), racked_nodes(), fit)
     made = fit.network({}, CFG.levels)
     assert fit.network({}, CFG.levels) is made
     fit.clear()
@@ -237,7 +230,7 @@ async def test_the_binder_binds_by_the_network_and_reports_a_gang_that_cannot_fi
         apiserver: ApiServerEmulator, kube: KubeApi) -> None:
     """Through the emulator: a required-rack gang bound whole in one rack, a required-block one
     in one block; one too big for any rack waits, with the Event."""
-    for n in nodes():
+    for n in racked_nodes():
         apiserver.seed(n)
     b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
                                   network_levels=CFG.levels))

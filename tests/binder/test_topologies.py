@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import pytest
-from binder_objects import SCHED, job, node
+from binder_objects import BLOCK, RACK, SCHED, job, racked_nodes
 
 from e2e.probes import eventually
 from webhook.binder.cli import network_levels
@@ -29,7 +29,6 @@ from webhook.kube.api import PODS, TOPOLOGIES
 from webhook.topology.hierarchy import place_gang
 from webhook.topology.network import Levels, TopologyRef
 
-BLOCK, RACK = "example.com/block", "example.com/rack"
 KAI = TopologyRef("kai", "cluster")
 
 
@@ -99,12 +98,6 @@ def test_a_bad_edit_or_a_deletion_keeps_the_last_good_levels() -> None:
     assert listed(view.levels) == f"{BLOCK} > {RACK} (alias tor)" and listed(Levels()) == "none"
 
 
-def _nodes() -> list[dict[str, Any]]:
-    """2 blocks x 2 racks x 2 DGX-1 nodes."""
-    return [node(f"b{b}-r{r}-n{i}", labels={BLOCK: f"b{b}", RACK: f"r{r}"})
-            for b in (1, 0) for r in (1, 0) for i in range(2)]
-
-
 def _topo(level: str) -> str:
     return json.dumps({"v": 1, "mode": "preferred",
                        "network": {"level": level, "mode": "required"}})
@@ -115,7 +108,7 @@ async def test_the_binder_follows_a_kai_topology_as_it_changes(
     """Through the emulator: a gang that requires the `rack` alias waits while no Topology
     says what it is (no node has a label `rack`), and lands in one rack once the KAI Topology
     is created; a bad edit and the deletion are logged, and the levels stay."""
-    for n in _nodes():
+    for n in racked_nodes():
         apiserver.seed(n)
     caplog.set_level("INFO", logger="webhook.binder.controller")
     b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
@@ -181,7 +174,7 @@ async def test_the_binder_reads_a_kueue_topology(apiserver: ApiServerEmulator,
 
 def _plan(pods: list[dict[str, Any]], config: PlanConfig) -> Plan:
     return plan([parse_pod(p) for p in pods], {n["metadata"]["name"]: parse_node(n)
-                                               for n in _nodes()},
+                                               for n in racked_nodes()},
                 None, config=config, queue=GangQueue(), fit=FitCache(), place=place_gang,
                 now=1795237200.0)
 
@@ -221,7 +214,7 @@ async def test_the_binder_places_a_gang_by_the_kai_topology_it_names(
         apiserver: ApiServerEmulator, kube: KubeApi) -> None:
     """Through the emulator: the binder's own Topology has no level `unit`; the one the gang
     names (its `kai.scheduler/topology`, in the request) makes it a block."""
-    for n in _nodes():
+    for n in racked_nodes():
         apiserver.seed(n)
     apiserver.seed(topology())
     apiserver.seed(topology("wide", {"nodeLabel": BLOCK, "alias": "unit"}))
