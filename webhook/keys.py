@@ -115,6 +115,9 @@ NETWORK_ANNOTATIONS = (KUEUE_REQUIRED_TOPOLOGY, KUEUE_PREFERRED_TOPOLOGY,
 #: declared level, "tier:2" the one above it); a ":" is in no label key, so no label is
 #: mistaken for one
 NETWORK_TIER_PREFIX = "tier:"
+#: the Topology APIs whose objects a network request or `--network-levels` names as "API:NAME"
+#: (webhook.topology.network.TopologyRef), by that API's name: its group
+TOPOLOGY_APIS = {"kueue": "kueue.x-k8s.io", "kai": "kai.scheduler"}
 
 VOLCANO_API = ("scheduling.volcano.sh", "v1beta1", "podgroups")
 COSCHEDULING_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
@@ -210,6 +213,12 @@ def decimal(text: str) -> int | None:
 def network_tier_level(tier: int) -> str:
     """The level name of a tier (NETWORK_TIER_PREFIX)."""
     return f"{NETWORK_TIER_PREFIX}{tier}"
+
+
+def topology_object(api: str, name: str) -> str:
+    """How a Topology object is named where the webhook writes it and the binder reads it
+    ("kai:NAME"); `api` is a key of TOPOLOGY_APIS."""
+    return f"{api}:{name}"
 
 
 def network_tier(level: str) -> int | None:

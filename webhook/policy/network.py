@@ -178,7 +178,7 @@ def _kai_topology(ann: Mapping[str, str], honoured: list[str], warnings: list[st
         warnings.append(f"{keys.KAI_TOPOLOGY}: {name!r} is not a Topology's name; ignored (the "
                         "binder's levels name the levels)")
         return None
-    return f"kai:{name}"
+    return keys.topology_object("kai", name)
 
 
 def _whose(names: list[str], pod_ann: Mapping[str, str]) -> str:

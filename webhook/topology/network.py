@@ -26,7 +26,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from webhook.keys import HOSTNAME_LABEL, decimal, is_dns_subdomain, is_label_key, network_tier
+from webhook.keys import (
+    HOSTNAME_LABEL,
+    TOPOLOGY_APIS,
+    decimal,
+    is_dns_subdomain,
+    is_label_key,
+    network_tier,
+    topology_object,
+)
 from webhook.topology.model import NetworkRequest
 
 HOSTNAME = HOSTNAME_LABEL
@@ -43,8 +51,6 @@ TOPOGRAPH_ACCELERATOR = ("accelerator.topograph.run/domain",
 KUEUE_API_VERSIONS = ("kueue.x-k8s.io/v1beta2", "kueue.x-k8s.io/v1beta1",
                       "kueue.x-k8s.io/v1alpha1")
 KAI_API_VERSIONS = ("kai.scheduler/v1", "kai.scheduler/v1alpha1")
-#: the Topology APIs whose objects `--network-levels API:NAME` names, by that API's name
-TOPOLOGY_APIS = {"kueue": "kueue.x-k8s.io", "kai": "kai.scheduler"}
 
 
 class LevelsError(ValueError):
@@ -60,7 +66,7 @@ class TopologyRef:
     name: str
 
     def __str__(self) -> str:
-        return f"{self.api}:{self.name}"
+        return topology_object(self.api, self.name)
 
     @property
     def group(self) -> str:
