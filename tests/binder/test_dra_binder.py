@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from binder_objects import claim, dra_pod, node, pod, resource_slice
+from binder_run import serving
 
 from e2e.probes import eventually
 from webhook import keys
@@ -87,27 +88,13 @@ class Recording(Binder):
         return result
 
 
-async def running(binder: Binder) -> asyncio.Task[None]:
-    task = asyncio.create_task(binder.run())
-    await eventually(binder.synced.is_set)
-    return task
-
-
-async def stop(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-
-
 async def test_a_gang_of_eight_dra_pods_is_placed_in_one_cycle_on_distinct_gpus(
         apiserver: ApiServerEmulator, kube: KubeApi) -> None:
     seed_dra_node(apiserver)
     binder = Recording(kube, CFG)
-    task = await running(binder)
-    try:
+    async with serving(binder):
         await create_gang(kube, 8)
         await eventually(lambda: len(bound(apiserver)) == 8, within=10)
-    finally:
-        await stop(task)
     assert len(binder.placing) == 1 and len(binder.placing[0].places[0].assignments) == 8
     assert binder.gated == []  # the kubelet names each claim to the driver: none waits
     allocated = devices(apiserver)
@@ -145,8 +132,7 @@ async def test_a_conflict_on_one_claim_binds_nothing_and_releases_the_others(
         apiserver: ApiServerEmulator, kube: KubeApi) -> None:
     seed_dra_node(apiserver)
     api = Racing(kube, "g-w3-gpu")
-    task = await running(Binder(api, CFG))
-    try:
+    async with serving(Binder(api, CFG)):
         await create_gang(kube, 8)
         await eventually(lambda: api.raced and list(devices(apiserver)) == ["g-w3-gpu"],
                          what="every claim but the raced one released")
@@ -160,8 +146,6 @@ async def test_a_conflict_on_one_claim_binds_nothing_and_releases_the_others(
         theirs["status"] = {}
         await kube.replace(RESOURCE_CLAIMS, "g-w3-gpu", theirs, "team-a", subresource="status")
         await eventually(lambda: len(bound(apiserver)) == 8, within=10)
-    finally:
-        await stop(task)
     assert len(devices(apiserver)) == 8
     assert_no_gpu_twice(apiserver)
 
@@ -171,14 +155,11 @@ async def test_gpus_of_claims_someone_else_allocated_are_not_handed_out(
     seed_dra_node(apiserver)
     apiserver.seed(claim("theirs", count=2, status=allocated_status(
         {}, "dgx-a", [("gpus", 0), ("gpus", 1)], "other", "uid-o")))
-    task = await running(Binder(kube, CFG))
-    try:
+    async with serving(Binder(kube, CFG)):
         await create_gang(kube, 7, "big")
         await create_gang(kube, 6, "fits")
         await eventually(lambda: len(bound(apiserver)) == 6)
         await asyncio.sleep(0.3)
-    finally:
-        await stop(task)
     assert sorted(bound(apiserver)) == [f"fits-w{i}" for i in range(6)]
     assert_no_gpu_twice(apiserver)
 
@@ -222,11 +203,8 @@ async def test_a_binder_killed_between_claims_and_bindings_leaves_no_gpu_twice(
     await asyncio.gather(task, return_exceptions=True)
     before = devices(apiserver)
     assert len(before) == written and bound(apiserver) == {}
-    task = await running(Binder(kube, CFG))  # its successor
-    try:
+    async with serving(Binder(kube, CFG)):  # its successor
         await eventually(lambda: len(bound(apiserver)) == 8, within=10)
-    finally:
-        await stop(task)
     after = devices(apiserver)
     assert len(after) == 8
     assert_no_gpu_twice(apiserver)
@@ -239,14 +217,11 @@ async def test_a_claim_the_binder_cannot_allocate_is_an_event_and_a_condition(
     seed_dra_node(apiserver)
     await kube.create(RESOURCE_CLAIMS, claim("nic", device_class="nic.example.com"), "team-a")
     await kube.create(PODS, dra_pod("p", ["nic"]), "team-a")
-    task = await running(Binder(kube, CFG))
-    try:
+    async with serving(Binder(kube, CFG)):
         event = await eventually(lambda: [e for e in apiserver.objects("events", "team-a")
                                           if e["reason"] == "FailedScheduling"])
         pod = await eventually(lambda: [p for p in apiserver.objects("pods", "team-a")
                                         if p["status"].get("conditions")])
-    finally:
-        await stop(task)
     assert "asks for device class 'nic.example.com'" in event[0]["message"]
     (condition,) = pod[0]["status"]["conditions"]
     assert condition["reason"] == "Unschedulable" and bound(apiserver) == {}
@@ -280,15 +255,12 @@ async def test_pods_whose_template_claims_are_not_made_yet_wait_then_go_whole(
     wait, not be bound as pods without GPUs; once the claims exist and are named, the gang is
     placed whole with them."""
     seed_dra_node(apiserver)
-    task = await running(Binder(kube, CFG))
-    try:
+    async with serving(Binder(kube, CFG)):
         await create_template_gang(kube, 4)
         await asyncio.sleep(1.0)  # several cycles
         assert bound(apiserver) == {}
         await make_template_claims(kube, 4)
         await eventually(lambda: len(bound(apiserver)) == 4, within=10)
-    finally:
-        await stop(task)
     allocated = devices(apiserver)
     assert sorted(allocated) == [f"t-w{i}-gpu-x1" for i in range(4)]
     assert all(reserved == [f"t-w{i}"] for i, (_, _, reserved) in
@@ -305,8 +277,7 @@ async def test_a_gang_waiting_for_its_claims_is_placed_as_they_appear_not_after_
     it invalid, it is placed within seconds of its claims."""
     seed_dra_node(apiserver)
     binder = Recording(kube, BinderConfig(event_interval=60))
-    task = await running(binder)
-    try:
+    async with serving(binder):
         await create_template_gang(kube, 4)
         for i in range(12):  # other pods arriving: each a cycle that finds the gang invalid
             await kube.create(PODS, pod(f"other-{i}", scheduler="default-scheduler"), "team-a")
@@ -314,8 +285,6 @@ async def test_a_gang_waiting_for_its_claims_is_placed_as_they_appear_not_after_
         await make_template_claims(kube, 4)
         await eventually(lambda: len([n for n in bound(apiserver) if n.startswith("t-")]) == 4,
                          within=5)
-    finally:
-        await stop(task)
     assert_no_gpu_twice(apiserver)
 
 
@@ -343,9 +312,8 @@ async def test_a_refused_claim_write_backs_off_says_why_and_binds_nothing(
     release of its claims notwithstanding) and is a FailedScheduling Event with the error."""
     seed_dra_node(apiserver)
     api = Forbidding(kube)
-    task = await running(Binder(api, BinderConfig(backoff_initial=0.4, backoff_max=0.4,
-                                                  event_interval=60)))
-    try:
+    async with serving(Binder(api, BinderConfig(backoff_initial=0.4, backoff_max=0.4,
+                                                event_interval=60))):
         await create_gang(kube, 4)
         await eventually(lambda: api.refused > 0)
         await asyncio.sleep(1.0)
@@ -357,6 +325,4 @@ async def test_a_refused_claim_write_backs_off_says_why_and_binds_nothing(
         assert any("a write was refused: 403 Forbidden" in m for m in events), events
         api.refusing = False
         await eventually(lambda: len(bound(apiserver)) == 4, within=5)
-    finally:
-        await stop(task)
     assert_no_gpu_twice(apiserver)

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from binder_objects import job, node, pod
+from binder_run import serving
 
 from e2e.probes import eventually
 from webhook import keys
@@ -24,9 +25,7 @@ async def test_timeout_and_invalid_gangs_are_reported(apiserver: ApiServerEmulat
                                                       kube: KubeApi) -> None:
     apiserver.seed(node("dgx-a"))
     b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2))
-    task = asyncio.create_task(b.run())
-    try:
-        await asyncio.wait_for(b.synced.wait(), 5)
+    async with serving(b):
         for p in job("late", timeout=1)[:3]:  # 3 of 5 members ever arrive
             await kube.create(PODS, p)
         bad = pod("bad-0", gang="bad", gpus=1)
@@ -52,9 +51,6 @@ async def test_timeout_and_invalid_gangs_are_reported(apiserver: ApiServerEmulat
         assert len(events(apiserver, "GangScheduleTimeout", "late-worker-0")) == 1
         assert events(apiserver, "GangScheduleTimeout", "late-worker-0")[0]["count"] == 1
         assert not any(p["spec"].get("nodeName") for p in apiserver.objects("pods"))
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 def cycles(b: Binder) -> float:
@@ -81,14 +77,9 @@ async def test_reports_go_out_report_concurrency_at_a_time_and_all_get_written(
             running -= 1
 
     b.recorder.emit = counted  # type: ignore[method-assign]
-    task = asyncio.create_task(b.run())
-    try:
-        await asyncio.wait_for(b.synced.wait(), 5)
+    async with serving(b):
         for p in job("j1") + job("j2"):
             await kube.create(PODS, p)
         await eventually(lambda: len(events(apiserver, "Scheduled", "j")) == 10, within=5)
         assert peak == 1
         assert all(p["spec"].get("nodeName") for p in apiserver.objects("pods"))
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)

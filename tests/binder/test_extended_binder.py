@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 from binder_objects import node, pod, resource_slice
-from test_dra_binder import CFG, Recording, assert_no_gpu_twice, bound, devices, running, stop
+from binder_run import serving
+from test_dra_binder import CFG, Recording, assert_no_gpu_twice, bound, devices
 
 from e2e.probes import eventually
 from webhook import keys
@@ -80,12 +81,9 @@ async def test_eight_plain_gpu_pods_on_a_dra_only_node_get_their_own_claims_in_o
     seed(apiserver)
     apiserver.seed(gpu_class())
     binder = Recording(kube, CFG)
-    task = await running(binder)
-    try:
+    async with serving(binder):
         await create_gang(kube, 8)
         await eventually(lambda: len(bound(apiserver)) == 8, within=10)
-    finally:
-        await stop(task)
     assert len(binder.placing) == 1 and len(binder.placing[0].places[0].assignments) == 8
     assert binder.gated == []
     assert_served_by_own_claim(apiserver, 8)
@@ -97,12 +95,9 @@ async def test_a_node_of_the_device_plugin_keeps_its_path(
         apiserver: ApiServerEmulator, kube: KubeApi) -> None:
     seed(apiserver, dra_only=False)  # allocatable nvidia.com/gpu and a slice: the plugin's
     apiserver.seed(gpu_class())
-    task = await running(Binder(kube, CFG))
-    try:
+    async with serving(Binder(kube, CFG)):
         await kube.create(PODS, pod("p", gpus=2), "team-a")
         await eventually(lambda: bound(apiserver) == {"p": "dgx-a"}, within=10)
-    finally:
-        await stop(task)
     (p,) = apiserver.objects("pods", "team-a")
     assert keys.ANN_GPU_ASSIGNMENT in p["metadata"]["annotations"]
     assert "extendedResourceClaimStatus" not in p["status"] and special(apiserver) == {}
@@ -111,13 +106,12 @@ async def test_a_node_of_the_device_plugin_keeps_its_path(
 async def test_without_our_class_the_pod_waits_and_says_why_until_ours_serves_it(
         apiserver: ApiServerEmulator, kube: KubeApi) -> None:
     seed(apiserver)  # a DRA-only node, and no DeviceClass (as on 1.34: the field is dropped)
-    task = await running(Binder(kube, CFG))
 
     def failures() -> list[str]:
         return [e["message"] for e in apiserver.objects("events", "team-a")
                 if e["reason"] == "FailedScheduling"]
 
-    try:
+    async with serving(Binder(kube, CFG)):
         await kube.create(PODS, pod("p", gpus=1), "team-a")
         await eventually(lambda: any("no DeviceClass serves it through DRA" in m
                                      for m in failures()))
@@ -128,8 +122,6 @@ async def test_without_our_class_the_pod_waits_and_says_why_until_ours_serves_it
         await kube.delete(DEVICE_CLASSES, "gpu.example.com")
         await kube.create(DEVICE_CLASSES, gpu_class())
         await eventually(lambda: bound(apiserver) == {"p": "dgx-a"}, within=10)
-    finally:
-        await stop(task)
     assert_served_by_own_claim(apiserver, 1)
 
 
@@ -182,11 +174,8 @@ async def test_a_failed_write_binds_nothing_and_deletes_the_claims_made(
         through(event, obj, old)
 
     binder.claims.on_event = on_event  # type: ignore[method-assign]
-    task = await running(binder)
-    try:
+    async with serving(binder):
         await eventually(lambda: len(bound(apiserver)) == 4, within=10)
-    finally:
-        await stop(task)
     assert api.refused == 1
     # the first try's claims went (3 made when one creation failed, else 4), none bound
     assert len(seen) == (3 if step == "create" else 4) and all(b == 0 for _, b in seen)
@@ -245,9 +234,6 @@ async def test_a_binder_stopped_after_making_claims_leaves_its_successor_no_gpu_
     assert sum(map(len, made.values())) == (after if kind == "create" else 8)
     assert len(devices(apiserver)) == (after if kind == "status" else 0)
     assert bound(apiserver) == {}
-    task = await running(Binder(kube, CFG))  # its successor
-    try:
+    async with serving(Binder(kube, CFG)):  # its successor
         await eventually(lambda: len(bound(apiserver)) == 8, within=10)
-    finally:
-        await stop(task)
     assert_served_by_own_claim(apiserver, 8)

@@ -4,13 +4,13 @@ and the binder through the emulator, which serves the HyperNode CRD of ../shared
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import Any
 
 import pytest
 from binder_objects import job, node, pod
+from binder_run import serving
 
 from e2e.probes import eventually
 from webhook import keys
@@ -234,9 +234,7 @@ async def test_the_binder_reads_hypernodes_as_they_change(
     apiserver.seed(pod("busy", gpus=4, node_name="a-0", topology=None))
     b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
                                   network_levels=network_levels("volcano")))
-    task = asyncio.create_task(b.run())
-    try:
-        await asyncio.wait_for(b.synced.wait(), 5)
+    async with serving(b):
         for p in job("j", workers=2, gpus=8, topology=topo(level="tier:1")):
             await kube.create(PODS, p)
 
@@ -256,9 +254,6 @@ async def test_the_binder_reads_hypernodes_as_they_change(
             return found if None not in found else set()
         where = await eventually(bound, within=5)
         assert where == {"b-0", "b-1"}
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 NAMES = ["a-1", "a-10", "a-2", "ab-1", "b-1", "node-1", "node-12", "node-2", "nodes", "rack.a-1",

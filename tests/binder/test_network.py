@@ -3,13 +3,13 @@ nodes' labels, and says in its wait why one that cannot fit waits."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from binder_objects import BLOCK, RACK, job, node, pod, racked_nodes
+from binder_run import serving
 
 from e2e.probes import eventually
 from webhook import keys
@@ -234,9 +234,7 @@ async def test_the_binder_binds_by_the_network_and_reports_a_gang_that_cannot_fi
         apiserver.seed(n)
     b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
                                   network_levels=CFG.levels))
-    task = asyncio.create_task(b.run())
-    try:
-        await asyncio.wait_for(b.synced.wait(), 5)
+    async with serving(b):
         for p in job("first", workers=2, gpus=8, topology=topo(RACK)):
             await kube.create(PODS, p)
 
@@ -256,9 +254,6 @@ async def test_the_binder_binds_by_the_network_and_reports_a_gang_that_cannot_fi
                                          and e["involvedObject"]["name"].startswith("third")])
         assert "needs 24 GPUs (3 members x 8 GPUs) within one example.com/rack domain; the " \
             "largest free one (example.com/rack=r1) has 16 free GPUs" in told[0]["message"]
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_the_binder_places_by_topographs_labels_and_says_which_it_read(
@@ -272,9 +267,7 @@ async def test_the_binder_places_by_topographs_labels_and_says_which_it_read(
     caplog.set_level("INFO", logger="webhook.binder.controller")
     b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
                                   network_levels=network_levels("topograph")))
-    task = asyncio.create_task(b.run())
-    try:
-        await asyncio.wait_for(b.synced.wait(), 5)
+    async with serving(b):
         for p in job("j", workers=2, gpus=8, topology=topo(f"{tier}0")):
             await kube.create(PODS, p)
 
@@ -285,6 +278,3 @@ async def test_the_binder_places_by_topographs_labels_and_says_which_it_read(
         assert len(await eventually(racks_bound, within=5)) == 1
         said = [r for r in caplog.records if r.getMessage().startswith("network levels from")]
         assert [r.levels for r in said] == [[f"{tier}1", f"{tier}0"]]  # type: ignore[attr-defined]
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)

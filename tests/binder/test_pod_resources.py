@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from binder_objects import job, node, pod
+from binder_run import serving
 from test_planner import placed, run
 
 from e2e.probes import eventually
@@ -73,11 +74,8 @@ def test_a_gated_pod_is_neither_placed_nor_a_present_member() -> None:
 @pytest.fixture
 async def binder(kube: KubeApi) -> AsyncIterator[Binder]:
     b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.5, event_interval=0.0))
-    task = asyncio.create_task(b.run())
-    await asyncio.wait_for(b.synced.wait(), 5)
-    yield b
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    async with serving(b):
+        yield b
 
 
 async def test_a_gated_member_is_bound_once_its_gates_are_removed(

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from binder_objects import best_ring_links, gpu_claims, job, node, pod
+from binder_run import serving
 
 from e2e.probes import eventually
 from webhook import keys
@@ -30,11 +31,8 @@ FAST = BinderConfig(backoff_initial=0.05, backoff_max=0.5, event_interval=0.0)
 @pytest.fixture
 async def binder(kube: KubeApi) -> AsyncIterator[Binder]:
     b = Binder(kube, FAST)
-    task = asyncio.create_task(b.run())
-    await asyncio.wait_for(b.synced.wait(), 5)
-    yield b
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    async with serving(b):
+        yield b
 
 
 def pods_of(api: ApiServerEmulator, prefix: str) -> list[dict[str, Any]]:
@@ -60,9 +58,7 @@ async def test_reference_jobs_fill_nodes_and_a_third_waits(apiserver: ApiServerE
         apiserver.seed(node(name))
         apiserver.seed(other_team_pod(name))
     b = Binder(kube, FAST)
-    task = asyncio.create_task(b.run())
-    try:
-        await asyncio.wait_for(b.synced.wait(), 5)
+    async with serving(b):
         first = job("vgg16-a", topology=RING)
         for p in first[:4]:
             await kube.create(PODS, p)
@@ -109,9 +105,6 @@ async def test_reference_jobs_fill_nodes_and_a_third_waits(apiserver: ApiServerE
         assert workers_node(third) == node_a
         claims = gpu_claims(apiserver.objects("pods"))
         assert len({(n, i) for n, i, _ in claims}) == len(claims), "a GPU assigned twice"
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 def workers_node(pods: list[dict[str, Any]]) -> str:

@@ -6,12 +6,12 @@ of ../shared/crds."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import pytest
 from binder_objects import BLOCK, RACK, SCHED, job, racked_nodes
+from binder_run import serving
 
 from e2e.probes import eventually
 from webhook.binder.cli import network_levels
@@ -113,9 +113,7 @@ async def test_the_binder_follows_a_kai_topology_as_it_changes(
     caplog.set_level("INFO", logger="webhook.binder.controller")
     b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
                                   network_levels=network_levels("kai:cluster")))
-    task = asyncio.create_task(b.run())
-    try:
-        await asyncio.wait_for(b.synced.wait(), 5)
+    async with serving(b):
         assert any(r.getMessage().startswith("KAI Topology cluster not found")
                    for r in caplog.records)
         for p in job("j", workers=2, gpus=8, topology=_topo("rack")):
@@ -151,9 +149,6 @@ async def test_the_binder_follows_a_kai_topology_as_it_changes(
         assert bad.startswith(f"KAI Topology cluster cannot be read: level 2: alias {BLOCK}")
         assert gone.startswith("KAI Topology cluster was deleted")
         assert b.plan_config.levels == ALIASED
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_the_binder_reads_a_kueue_topology(apiserver: ApiServerEmulator,
@@ -163,13 +158,8 @@ async def test_the_binder_reads_a_kueue_topology(apiserver: ApiServerEmulator,
                             {"nodeLabel": "kubernetes.io/hostname"},
                             api_version="kueue.x-k8s.io/v1beta2"))
     b = Binder(kube, BinderConfig(network_levels=network_levels("kueue:tas")))
-    task = asyncio.create_task(b.run())
-    try:
-        await asyncio.wait_for(b.synced.wait(), 5)
+    async with serving(b):
         assert b.plan_config.levels == Levels((BLOCK, RACK))
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 def _plan(pods: list[dict[str, Any]], config: PlanConfig) -> Plan:
@@ -220,9 +210,7 @@ async def test_the_binder_places_a_gang_by_the_kai_topology_it_names(
     apiserver.seed(topology("wide", {"nodeLabel": BLOCK, "alias": "unit"}))
     b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
                                   network_levels=network_levels("kai:cluster")))
-    task = asyncio.create_task(b.run())
-    try:
-        await asyncio.wait_for(b.synced.wait(), 5)
+    async with serving(b):
         for p in _gang("kai:wide"):
             await kube.create(PODS, p)
 
@@ -232,6 +220,3 @@ async def test_the_binder_places_a_gang_by_the_kai_topology_it_names(
             return {n.split("-")[0] for n in found} if None not in found else set()
         assert len(await eventually(blocks, within=5)) == 1
         assert b.plan_config.levels == ALIASED
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
