@@ -253,8 +253,8 @@ def topology_ref(text: str) -> TopologyRef | None:
     if not colon or api not in TOPOLOGY_APIS:
         return None
     if not is_dns_subdomain(name):
-        raise LevelsError(f"{text}: a Topology's name is a DNS subdomain (lower-case letters, "
-                          "digits, '-' and '.')")
+        raise LevelsError(f"{name!r} is no Topology's name: a Topology's name is a DNS "
+                          "subdomain (lower-case letters, digits, '-' and '.')")
     return TopologyRef(api, name)
 
 
