@@ -9,6 +9,9 @@ which carries the flavor's nodeSelector and tolerations Kueue wrote into its tem
   flavor (its toleration honoured); a scheduling-gated worker holds the gang until its gate goes.
 - A flavor whose nodeSelector matches no node: admitted, never bound by the binder, and Kueue's
   waitForPodsReady evicts it (suspends the job) after its timeout.
+- A flavor of a Kueue Topology (Kueue's own topology-aware scheduling): Kueue chooses each
+  pod's node and ungates it with that node; the binder binds it there with its GPU set.
+- A Topology made through Kueue's API is the binder's levels (`--network-levels kueue:NAME`).
 """
 
 from __future__ import annotations
@@ -56,14 +59,21 @@ WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads", True, "Workload")
 KUEUE_TOPOLOGIES = TOPOLOGIES["kueue"][0]
 TAINT = {"key": "muster.io/kueue-pool", "value": "gpu", "effect": "NoSchedule"}
 GATE = "example.com/hold"
+#: the scheduling gate Kueue's Topology Aware Scheduling holds a pod with until it has a node
+KUEUE_TAS_GATE = "kueue.x-k8s.io/topology"
 
 
-async def _queue(kube: KubeApi, name: str, node_labels: dict[str, str], gpus: int,
-                 tolerations: list[dict[str, str]] | None = None) -> None:
-    """A ResourceFlavor, a ClusterQueue of `gpus` GPUs of it, and LocalQueue `name` in NS."""
+async def _queue(kube: KubeApi, name: str, node_labels: dict[str, str], gpus: int, *,
+                 tolerations: list[dict[str, str]] | None = None,
+                 topology: str | None = None) -> None:
+    """A ResourceFlavor (of Kueue Topology `topology`: Kueue places its workloads by
+    topology), a ClusterQueue of `gpus` GPUs of it, and LocalQueue `name` in NS."""
+    flavor: dict[str, Any] = {"nodeLabels": node_labels, "tolerations": tolerations or []}
+    if topology is not None:
+        flavor["topologyName"] = topology
     await kube.create(FLAVORS, {
         "apiVersion": FLAVORS.api_version, "kind": "ResourceFlavor", "metadata": {"name": name},
-        "spec": {"nodeLabels": node_labels, "tolerations": tolerations or []}})
+        "spec": flavor})
     await kube.create(CLUSTER_QUEUES, {
         "apiVersion": FLAVORS.api_version, "kind": "ClusterQueue", "metadata": {"name": name},
         "spec": {"namespaceSelector": {}, "resourceGroups": [{
@@ -77,11 +87,15 @@ async def _queue(kube: KubeApi, name: str, node_labels: dict[str, str], gpus: in
         namespace=NS)
 
 
-async def _submit_to(kube: KubeApi, name: str, queue: str) -> dict[str, Any]:
+async def _submit_to(kube: KubeApi, name: str, queue: str,
+                     worker_annotations: dict[str, str] | None = None) -> dict[str, Any]:
     """A topology MPIJob of 2 workers x 1 GPU in `queue`; Kueue's webhook suspends it."""
     await eventually(lambda: _gpus(kube), within=90, what="the node's 8 GPUs registered")
     job = mpijob(name, NS, workers=2)
     job["metadata"].setdefault("labels", {})[QUEUE_LABEL] = queue
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+    worker.setdefault("metadata", {}).setdefault("annotations", {}).update(
+        worker_annotations or {})
     made = await kube.create(MPIJOBS, job, namespace=NS)
     assert made["spec"]["runPolicy"]["suspend"] is True  # Kueue's MPIJob webhook
     return made
@@ -205,6 +219,54 @@ async def test_a_flavor_with_no_node_is_never_bound_and_kueue_evicts_it(
         assert all(p["spec"]["nodeSelector"] == {"muster.io/pool": "nowhere"} for p in pods)
     finally:
         await delete_jobs(kube, NS, ["kq-nowhere"])
+
+
+async def test_kueue_places_by_its_topology_and_the_binder_chooses_the_gpus_there(
+        kube: KubeApi, kueue: schedulers.Neighbour) -> None:
+    """Kueue's own Topology Aware Scheduling (a flavor with a topologyName): Kueue chooses the
+    domain and node of each pod, gates the pods (`kueue.x-k8s.io/topology`) and ungates each
+    with its node; the binder waits for the gates, honours Kueue's node, and chooses the GPU
+    set there, bound whole."""
+    await ensure_namespace(kube, NS, {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED})
+    rack = "example.com/rack"
+    topology = "muster-test-kueue-tas"
+    await kube.create(KUEUE_TOPOLOGIES, {
+        "apiVersion": KUEUE_TOPOLOGIES.api_version, "kind": "Topology",
+        "metadata": {"name": topology}, "spec": {"levels": [
+            {"nodeLabel": rack}, {"nodeLabel": keys.HOSTNAME_LABEL}]}})
+    await kube.patch(NODES, NODE_NAME, {"metadata": {"labels": {rack: "r0"}}})
+    await _queue(kube, "tas-pool", {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED},
+                 gpus=8, topology=topology)
+    try:
+        await _submit_to(kube, "kq-tas", "tas-pool", {keys.KUEUE_REQUIRED_TOPOLOGY: rack})
+        job = await eventually(lambda: _admitted(kube, "kq-tas"), within=60,
+                               what="Kueue to admit kq-tas with a topology assignment")
+        workload = await _workload(kube, "kq-tas")
+        assert workload is not None
+        assigned = {a["name"]: a for a in workload["status"]["admission"]["podSetAssignments"]}
+        assert "topologyAssignment" in assigned["worker"], assigned
+        worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+        assert {"name": KUEUE_TAS_GATE} in worker["schedulingGates"]
+
+        await _start(kube, job)
+
+        async def whole() -> list[dict[str, Any]]:
+            pods = await pods_of(kube, NS, "kq-tas")
+            return pods if len(pods) == 3 and len(bound(pods)) == 3 else []
+        pods = await eventually(whole, within=90, what="Kueue to ungate, the binder to bind")
+        workers = [p for p in pods
+                   if p["metadata"]["labels"][operators.JOB_ROLE_LABEL] == "worker"]
+        for p in workers:  # Kueue's choice of node, honoured
+            assert not p["spec"].get("schedulingGates")
+            assert p["spec"]["nodeSelector"][keys.HOSTNAME_LABEL] == p["spec"]["nodeName"]
+            assert p["spec"]["schedulerName"] == "muster-binder"
+        gpus = [i for p in workers for c in json.loads(
+            p["metadata"]["annotations"][keys.ANN_GPU_ASSIGNMENT])["containers"].values()
+            for i in c["indices"]]
+        assert len(gpus) == 2 and len(set(gpus)) == 2
+    finally:
+        await delete_jobs(kube, NS, ["kq-tas"])
+        await kube.patch(NODES, NODE_NAME, {"metadata": {"labels": {rack: None}}})
 
 
 async def _suspended(kube: KubeApi, name: str) -> bool:
