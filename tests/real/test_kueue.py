@@ -10,7 +10,9 @@ which carries the flavor's nodeSelector and tolerations Kueue wrote into its tem
 - A flavor whose nodeSelector matches no node: admitted, never bound by the binder, and Kueue's
   waitForPodsReady evicts it (suspends the job) after its timeout.
 - A flavor of a Kueue Topology (Kueue's own topology-aware scheduling): Kueue chooses each
-  pod's node and ungates it with that node; the binder binds it there with its GPU set.
+  pod's node and ungates it with that node; the binder binds it there with its GPU set, on the
+  test's node, and over two racks of nodes the test makes (an Indexed Job, whose pods the real
+  Job controller makes).
 - A Topology made through Kueue's API is the binder's levels (`--network-levels kueue:NAME`).
 """
 
@@ -25,7 +27,7 @@ from typing import Any
 import pytest
 from jobs import delete_jobs, ensure_namespace, mpijob
 from neighbours import KUEUE_PODS_READY_TIMEOUT, bound
-from real_helpers import binder_as_chart, chart_binder_grant, delete_now
+from real_helpers import binder_as_chart, chart_binder_grant, delete_now, fake_node, gpu_pod
 
 from e2e.node import schedulers
 from e2e.node.cluster import NODE_NAME, NodeCluster
@@ -46,6 +48,7 @@ from webhook.kube import (
 )
 from webhook.kube.api import TOPOLOGIES
 from webhook.policy import operators
+from webhook.topology.builtin import builtin
 from webhook.topology.network import Levels
 
 pytestmark = pytest.mark.neighbour("kueue")
@@ -65,9 +68,9 @@ KUEUE_TAS_GATE = "kueue.x-k8s.io/topology"
 
 async def _queue(kube: KubeApi, name: str, node_labels: dict[str, str], gpus: int, *,
                  tolerations: list[dict[str, str]] | None = None,
-                 topology: str | None = None) -> None:
+                 topology: str | None = None, ns: str = NS) -> None:
     """A ResourceFlavor (of Kueue Topology `topology`: Kueue places its workloads by
-    topology), a ClusterQueue of `gpus` GPUs of it, and LocalQueue `name` in NS."""
+    topology), a ClusterQueue of `gpus` GPUs of it, and LocalQueue `name` in `ns`."""
     flavor: dict[str, Any] = {"nodeLabels": node_labels, "tolerations": tolerations or []}
     if topology is not None:
         flavor["topologyName"] = topology
@@ -83,8 +86,8 @@ async def _queue(kube: KubeApi, name: str, node_labels: dict[str, str], gpus: in
                 {"name": keys.GPU_RESOURCE, "nominalQuota": str(gpus)}]}]}]}})
     await kube.create(LOCAL_QUEUES, {
         "apiVersion": FLAVORS.api_version, "kind": "LocalQueue",
-        "metadata": {"name": name, "namespace": NS}, "spec": {"clusterQueue": name}},
-        namespace=NS)
+        "metadata": {"name": name, "namespace": ns}, "spec": {"clusterQueue": name}},
+        namespace=ns)
 
 
 async def _submit_to(kube: KubeApi, name: str, queue: str,
@@ -267,6 +270,73 @@ async def test_kueue_places_by_its_topology_and_the_binder_chooses_the_gpus_ther
     finally:
         await delete_jobs(kube, NS, ["kq-tas"])
         await kube.patch(NODES, NODE_NAME, {"metadata": {"labels": {rack: None}}})
+
+
+async def test_kueue_spreads_a_gang_over_a_rack_and_the_binder_binds_each_pod_where_kueue_said(
+        kube: KubeApi, kueue: schedulers.Neighbour) -> None:
+    """Over nodes Kueue chooses among (two racks of two 8-GPU nodes, made by the test: no
+    kubelet runs them, so their pods stay Pending), an Indexed Job of two 8-GPU pods that must
+    share a rack, in a namespace whose policy honours Kueue's annotations (so Muster's request
+    says the same as Kueue's): with one node of rack r0 half taken, Kueue assigns rack r1 and a
+    node to each pod, the real Job controller makes the gated pods, and the binder binds each
+    to the node Kueue named, with all 8 GPUs of it."""
+    ns = await ensure_namespace(kube, "kueue-racks", {"muster.io/network": "as-annotated"})
+    rack, pool = "example.com/rack", {"example.com/pool": "kueue-racks"}
+    taint = {"key": "example.com/fake-node", "value": "kueue-racks", "effect": "NoSchedule"}
+    topology = "muster-test-kueue-racks"
+    await kube.create(KUEUE_TOPOLOGIES, {
+        "apiVersion": KUEUE_TOPOLOGIES.api_version, "kind": "Topology",
+        "metadata": {"name": topology}, "spec": {"levels": [
+            {"nodeLabel": rack}, {"nodeLabel": keys.HOSTNAME_LABEL}]}})
+    nodes = [fake_node(f"kq-r{r}-{i}", builtin("hgx-h100"), {rack: f"r{r}", **pool}, taint)
+             for r in range(2) for i in range(2)]
+    try:
+        for n in nodes:
+            await kube.create(NODES, n)
+        await kube.create(PODS, gpu_pod("kq-busy", ns, "muster-binder", 4, node="kq-r0-0"),
+                          namespace=ns)
+        # every taint tolerated: the API server may taint a new node not-ready until its
+        # controller sees it
+        await _queue(kube, "kueue-racks", pool, gpus=32, tolerations=[{"operator": "Exists"}],
+                     topology=topology, ns=ns)
+        made = await kube.create(JOBS, _indexed_job("kq-racks", ns, "kueue-racks", rack),
+                                 namespace=ns)
+        assert made["spec"]["suspend"] is True  # Kueue's Job webhook
+
+        async def placed() -> list[dict[str, Any]]:
+            pods = (await kube.list(PODS, namespace=ns,
+                                    label_selector="batch.kubernetes.io/job-name=kq-racks"))
+            return pods["items"] if len(bound(pods["items"])) == 2 else []
+        pods = await eventually(placed, within=90,
+                                what="Kueue to admit and ungate, the binder to bind")
+        assert sorted(p["spec"]["nodeName"] for p in pods) == ["kq-r1-0", "kq-r1-1"]
+        for p in pods:  # where Kueue's assignment put each, with all 8 GPUs of it
+            assert p["spec"]["nodeSelector"][keys.HOSTNAME_LABEL] == p["spec"]["nodeName"]
+            assert p["spec"]["schedulerName"] == "muster-binder"
+            (got,) = json.loads(p["metadata"]["annotations"][keys.ANN_GPU_ASSIGNMENT])[
+                "containers"].values()
+            assert sorted(got["indices"]) == list(range(8))
+    finally:
+        await delete_now(kube, JOBS.path(ns, "kq-racks"))
+        for pod in (await kube.list(PODS, namespace=ns))["items"]:
+            await delete_now(kube, PODS.path(ns, pod["metadata"]["name"]))
+        for n in nodes:
+            await delete_now(kube, NODES.path(None, n["metadata"]["name"]))
+
+
+def _indexed_job(name: str, ns: str, queue: str, rack: str) -> dict[str, Any]:
+    """An Indexed Job of two 8-GPU pods in Kueue `queue`, its pods within one `rack`."""
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": ns, "labels": {QUEUE_LABEL: queue}},
+            "spec": {"completionMode": "Indexed", "completions": 2, "parallelism": 2,
+                     "template": {
+                         "metadata": {"annotations": {keys.KUEUE_REQUIRED_TOPOLOGY: rack}},
+                         "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                                  "containers": [{"name": "train", "image": "train:1",
+                                                  "resources": {
+                                                      "requests": {"cpu": "10m",
+                                                                   "memory": "32Mi"},
+                                                      "limits": {keys.GPU_RESOURCE: "8"}}}]}}}}
 
 
 async def _suspended(kube: KubeApi, name: str) -> bool:
