@@ -10,9 +10,9 @@ which carries the flavor's nodeSelector and tolerations Kueue wrote into its tem
 - A flavor whose nodeSelector matches no node: admitted, never bound by the binder, and Kueue's
   waitForPodsReady evicts it (suspends the job) after its timeout.
 - A flavor of a Kueue Topology (Kueue's own topology-aware scheduling): Kueue chooses each
-  pod's node and ungates it with that node; the binder binds it there with its GPU set, on the
-  test's node, and over two racks of nodes the test makes (an Indexed Job, whose pods the real
-  Job controller makes).
+  pod's node (or only its rack, where the Topology stops there) and ungates it with that; the
+  binder binds it there with its GPU set, on the test's node, and over two racks of nodes the
+  test makes (an Indexed Job, whose pods the real Job controller makes).
 - A Topology made through Kueue's API is the binder's levels (`--network-levels kueue:NAME`).
 """
 
@@ -272,22 +272,25 @@ async def test_kueue_places_by_its_topology_and_the_binder_chooses_the_gpus_ther
         await kube.patch(NODES, NODE_NAME, {"metadata": {"labels": {rack: None}}})
 
 
+@pytest.mark.parametrize("to_nodes", [True, False], ids=["down-to-nodes", "racks-only"])
 async def test_kueue_spreads_a_gang_over_a_rack_and_the_binder_binds_each_pod_where_kueue_said(
-        kube: KubeApi, kueue: schedulers.Neighbour) -> None:
+        kube: KubeApi, kueue: schedulers.Neighbour, to_nodes: bool) -> None:
     """Over nodes Kueue chooses among (two racks of two 8-GPU nodes, made by the test: no
     kubelet runs them, so their pods stay Pending), an Indexed Job of two 8-GPU pods that must
     share a rack, in a namespace whose policy honours Kueue's annotations (so Muster's request
-    says the same as Kueue's): with one node of rack r0 half taken, Kueue assigns rack r1 and a
-    node to each pod, the real Job controller makes the gated pods, and the binder binds each
-    to the node Kueue named, with all 8 GPUs of it."""
+    says the same as Kueue's): with one node of rack r0 half taken, Kueue assigns rack r1, the
+    real Job controller makes the gated pods, and Kueue ungates each with its domain: its node
+    where the Topology's levels go down to nodes (the binder binds each pod there), else its
+    rack (the binder chooses the nodes in it). Each pod gets all 8 GPUs of its node."""
     ns = await ensure_namespace(kube, "kueue-racks", {"muster.io/network": "as-annotated"})
     rack, pool = "example.com/rack", {"example.com/pool": "kueue-racks"}
     taint = {"key": "example.com/fake-node", "value": "kueue-racks", "effect": "NoSchedule"}
-    topology = "muster-test-kueue-racks"
+    name = "kueue-racks" if to_nodes else "kueue-racks-only"
+    topology = f"muster-test-{name}"
     await kube.create(KUEUE_TOPOLOGIES, {
         "apiVersion": KUEUE_TOPOLOGIES.api_version, "kind": "Topology",
         "metadata": {"name": topology}, "spec": {"levels": [
-            {"nodeLabel": rack}, {"nodeLabel": keys.HOSTNAME_LABEL}]}})
+            {"nodeLabel": label} for label in (rack, keys.HOSTNAME_LABEL)[:2 if to_nodes else 1]]}})
     nodes = [fake_node(f"kq-r{r}-{i}", builtin("hgx-h100"), {rack: f"r{r}", **pool}, taint)
              for r in range(2) for i in range(2)]
     try:
@@ -297,29 +300,42 @@ async def test_kueue_spreads_a_gang_over_a_rack_and_the_binder_binds_each_pod_wh
                           namespace=ns)
         # every taint tolerated: the API server may taint a new node not-ready until its
         # controller sees it
-        await _queue(kube, "kueue-racks", pool, gpus=32, tolerations=[{"operator": "Exists"}],
+        await _queue(kube, name, pool, gpus=32, tolerations=[{"operator": "Exists"}],
                      topology=topology, ns=ns)
-        made = await kube.create(JOBS, _indexed_job("kq-racks", ns, "kueue-racks", rack),
-                                 namespace=ns)
+        job = f"kq-{name}"
+        made = await kube.create(JOBS, _indexed_job(job, ns, name, rack), namespace=ns)
         assert made["spec"]["suspend"] is True  # Kueue's Job webhook
 
         async def placed() -> list[dict[str, Any]]:
             pods = (await kube.list(PODS, namespace=ns,
-                                    label_selector="batch.kubernetes.io/job-name=kq-racks"))
+                                    label_selector=f"batch.kubernetes.io/job-name={job}"))
             return pods["items"] if len(bound(pods["items"])) == 2 else []
         pods = await eventually(placed, within=90,
                                 what="Kueue to admit and ungate, the binder to bind")
         assert sorted(p["spec"]["nodeName"] for p in pods) == ["kq-r1-0", "kq-r1-1"]
         for p in pods:  # where Kueue's assignment put each, with all 8 GPUs of it
-            assert p["spec"]["nodeSelector"][keys.HOSTNAME_LABEL] == p["spec"]["nodeName"]
+            selector = p["spec"]["nodeSelector"]
+            if to_nodes:
+                assert selector[keys.HOSTNAME_LABEL] == p["spec"]["nodeName"]
+            else:
+                assert selector.get(rack) == "r1" and keys.HOSTNAME_LABEL not in selector
             assert p["spec"]["schedulerName"] == "muster-binder"
             (got,) = json.loads(p["metadata"]["annotations"][keys.ANN_GPU_ASSIGNMENT])[
                 "containers"].values()
             assert sorted(got["indices"]) == list(range(8))
     finally:
-        await delete_now(kube, JOBS.path(ns, "kq-racks"))
-        for pod in (await kube.list(PODS, namespace=ns))["items"]:
-            await delete_now(kube, PODS.path(ns, pod["metadata"]["name"]))
+        try:  # (a Job deleted with its default propagation would leave its pods behind)
+            await kube.delete(JOBS, f"kq-{name}", ns, propagation_policy="Background")
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+
+        async def gone() -> bool:  # (no kubelet ends these pods: deleted at once, every one)
+            pods = (await kube.list(PODS, namespace=ns))["items"]
+            for pod in pods:
+                await delete_now(kube, PODS.path(ns, pod["metadata"]["name"]))
+            return not pods
+        await eventually(gone, within=60, what="the job's pods gone")
         for n in nodes:
             await delete_now(kube, NODES.path(None, n["metadata"]["name"]))
 
