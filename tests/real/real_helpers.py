@@ -269,6 +269,14 @@ async def bound_whole(kube: KubeApi, ns: str, prefix: str, count: int) -> set[st
     return found
 
 
+def assigned_indices(pod: dict[str, Any]) -> list[int]:
+    """The GPU indices the binder's assignment gives the pod, over its containers; none where
+    it has no assignment."""
+    raw = (pod["metadata"].get("annotations") or {}).get(keys.ANN_GPU_ASSIGNMENT)
+    return [] if not raw else [i for c in json.loads(raw)["containers"].values()
+                               for i in c["indices"]]
+
+
 async def delete_now(kube: KubeApi, path: str) -> None:
     """DELETE with no grace period; gone already is fine."""
     try:

@@ -4,11 +4,10 @@ binder's leader deleted while it binds a topology gang."""
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from jobs import delete_jobs, ensure_namespace, mpijob, submit
-from real_helpers import wait_webhook_pods, webhook_pods
+from real_helpers import assigned_indices, wait_webhook_pods, webhook_pods
 
 from e2e.cluster import NAMESPACE
 from e2e.node.cluster import NODE_NAME
@@ -67,12 +66,6 @@ async def test_deleting_a_webhook_pod_during_200_creates_loses_no_pod(kube: Kube
     await wait_webhook_pods(kube, 2, within=120)  # the Deployment replaced the deleted one
 
 
-def _assigned(pod: dict[str, Any]) -> list[int]:
-    raw = (pod["metadata"].get("annotations") or {}).get(keys.ANN_GPU_ASSIGNMENT)
-    return [] if not raw else [i for c in json.loads(raw)["containers"].values()
-                               for i in c["indices"]]
-
-
 async def test_binder_leader_deleted_mid_gang_binds_it_whole_and_no_gpu_twice(
         kube: KubeApi) -> None:
     ns = await ensure_namespace(kube, "gpu-team", {
@@ -87,7 +80,7 @@ async def test_binder_leader_deleted_mid_gang_binds_it_whole_and_no_gpu_twice(
 
         async def first_bound() -> bool:
             pods = [p for n in names for p in await pods_of(kube, ns, n)]
-            bound = [p for p in pods if p["spec"].get("nodeName") and _assigned(p)]
+            bound = [p for p in pods if p["spec"].get("nodeName") and assigned_indices(p)]
             seen.append(len(bound))
             return bool(bound)
         await eventually(first_bound, within=60, what="a first GPU pod to be bound")
@@ -100,12 +93,12 @@ async def test_binder_leader_deleted_mid_gang_binds_it_whole_and_no_gpu_twice(
             pods = [p for n in names for p in await pods_of(kube, ns, n)]
             return len(pods) == 10 and all(p["status"].get("phase") == "Running" for p in pods)
         await eventually(all_running, within=180, what="both gangs bound whole and running")
-        gpus = [i for p in pods for i in _assigned(p)]
+        gpus = [i for p in pods for i in assigned_indices(p)]
         assert sorted(gpus) == list(range(8))  # every GPU once: none assigned twice
         assert {p["spec"]["nodeName"] for p in pods} == {NODE_NAME}
         for name in names:  # each gang whole: 4 workers with one GPU each
             workers = [p for p in pods if p["metadata"]["name"].startswith(f"{name}-worker")]
-            assert sorted(len(_assigned(p)) for p in workers) == [1, 1, 1, 1]
+            assert sorted(len(assigned_indices(p)) for p in workers) == [1, 1, 1, 1]
         after = await kube.get(LEASES, "muster-binder", namespace=NAMESPACE)
         assert after["spec"]["holderIdentity"].rsplit("_", 1)[0] != leader  # another replica
     finally:

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from jobs import ensure_namespace, mpijob, submit
-from real_helpers import kubectl
+from real_helpers import assigned_indices, kubectl
 
 from e2e.node.cluster import NODE_NAME, NodeCluster
 from e2e.probes import eventually, pods_of
@@ -27,11 +27,6 @@ def _assigned_uuids(pod: dict[str, Any]) -> list[str]:
     if not raw:
         return []
     return [u for c in json.loads(raw)["containers"].values() for u in c["uuids"]]
-
-
-def _assigned_indices(pod: dict[str, Any]) -> list[int]:
-    raw = json.loads(pod["metadata"]["annotations"][keys.ANN_GPU_ASSIGNMENT])
-    return [i for c in raw["containers"].values() for i in c["indices"]]
 
 
 async def _printed_gpus(cluster: NodeCluster, pod: dict[str, Any]) -> list[str] | None:
@@ -79,7 +74,7 @@ async def _run_two_jobs(kube: KubeApi, cluster: NodeCluster
         pods = await _running_job(kube, ns, name)
         assert all(p["spec"]["nodeName"] == NODE_NAME for p in pods)
         workers = [p for p in pods if p["metadata"]["labels"][operators.JOB_ROLE_LABEL] == "worker"]
-        chosen = sorted(i for p in workers for i in _assigned_indices(p))
+        chosen = sorted(i for p in workers for i in assigned_indices(p))
         assert len(chosen) == 4
         if name == "first":  # an empty node: the best 4-GPU NVLink set
             best = max(set_score(DGX1, c).allreduce_gbps

@@ -19,7 +19,6 @@ which carries the flavor's nodeSelector and tolerations Kueue wrote into its tem
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,14 @@ from typing import Any
 import pytest
 from jobs import delete_jobs, ensure_namespace, mpijob
 from neighbours import KUEUE_PODS_READY_TIMEOUT, bound
-from real_helpers import binder_as_chart, chart_binder_grant, delete_now, fake_node, gpu_pod
+from real_helpers import (
+    assigned_indices,
+    binder_as_chart,
+    chart_binder_grant,
+    delete_now,
+    fake_node,
+    gpu_pod,
+)
 
 from e2e.node import schedulers
 from e2e.node.cluster import NODE_NAME, NodeCluster
@@ -64,6 +70,14 @@ TAINT = {"key": "muster.io/kueue-pool", "value": "gpu", "effect": "NoSchedule"}
 GATE = "example.com/hold"
 #: the scheduling gate Kueue's Topology Aware Scheduling holds a pod with until it has a node
 KUEUE_TAS_GATE = "kueue.x-k8s.io/topology"
+RACK = "example.com/rack"
+
+
+def _kueue_topology(name: str, *labels: str) -> dict[str, Any]:
+    """Kueue Topology `name` whose levels are these node labels, widest first."""
+    return {"apiVersion": KUEUE_TOPOLOGIES.api_version, "kind": "Topology",
+            "metadata": {"name": name},
+            "spec": {"levels": [{"nodeLabel": label} for label in labels]}}
 
 
 async def _queue(kube: KubeApi, name: str, node_labels: dict[str, str], gpus: int, *,
@@ -191,8 +205,7 @@ async def test_over_quota_a_job_waits_suspended_then_the_binder_places_it_whole(
         pods = await eventually(whole, within=90, what="the binder to place kq-topo whole")
         assert {p["spec"]["schedulerName"] for p in pods} == {"muster-binder"}
         gpus = [i for p in pods if p["metadata"]["labels"][operators.JOB_ROLE_LABEL] == "worker"
-                for c in json.loads(p["metadata"]["annotations"][keys.ANN_GPU_ASSIGNMENT])[
-                    "containers"].values() for i in c["indices"]]
+                for i in assigned_indices(p)]
         assert len(gpus) == 2 and len(set(gpus)) == 2
     finally:
         await _taint(kube, on=False)
@@ -231,17 +244,13 @@ async def test_kueue_places_by_its_topology_and_the_binder_chooses_the_gpus_ther
     with its node; the binder waits for the gates, honours Kueue's node, and chooses the GPU
     set there, bound whole."""
     await ensure_namespace(kube, NS, {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED})
-    rack = "example.com/rack"
     topology = "muster-test-kueue-tas"
-    await kube.create(KUEUE_TOPOLOGIES, {
-        "apiVersion": KUEUE_TOPOLOGIES.api_version, "kind": "Topology",
-        "metadata": {"name": topology}, "spec": {"levels": [
-            {"nodeLabel": rack}, {"nodeLabel": keys.HOSTNAME_LABEL}]}})
-    await kube.patch(NODES, NODE_NAME, {"metadata": {"labels": {rack: "r0"}}})
+    await kube.create(KUEUE_TOPOLOGIES, _kueue_topology(topology, RACK, keys.HOSTNAME_LABEL))
+    await kube.patch(NODES, NODE_NAME, {"metadata": {"labels": {RACK: "r0"}}})
     await _queue(kube, "tas-pool", {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED},
                  gpus=8, topology=topology)
     try:
-        await _submit_to(kube, "kq-tas", "tas-pool", {keys.KUEUE_REQUIRED_TOPOLOGY: rack})
+        await _submit_to(kube, "kq-tas", "tas-pool", {keys.KUEUE_REQUIRED_TOPOLOGY: RACK})
         job = await eventually(lambda: _admitted(kube, "kq-tas"), within=60,
                                what="Kueue to admit kq-tas with a topology assignment")
         workload = await _workload(kube, "kq-tas")
@@ -263,13 +272,11 @@ async def test_kueue_places_by_its_topology_and_the_binder_chooses_the_gpus_ther
             assert not p["spec"].get("schedulingGates")
             assert p["spec"]["nodeSelector"][keys.HOSTNAME_LABEL] == p["spec"]["nodeName"]
             assert p["spec"]["schedulerName"] == "muster-binder"
-        gpus = [i for p in workers for c in json.loads(
-            p["metadata"]["annotations"][keys.ANN_GPU_ASSIGNMENT])["containers"].values()
-            for i in c["indices"]]
+        gpus = [i for p in workers for i in assigned_indices(p)]
         assert len(gpus) == 2 and len(set(gpus)) == 2
     finally:
         await delete_jobs(kube, NS, ["kq-tas"])
-        await kube.patch(NODES, NODE_NAME, {"metadata": {"labels": {rack: None}}})
+        await kube.patch(NODES, NODE_NAME, {"metadata": {"labels": {RACK: None}}})
 
 
 @pytest.mark.parametrize("to_nodes", [True, False], ids=["down-to-nodes", "racks-only"])
@@ -283,15 +290,13 @@ async def test_kueue_spreads_a_gang_over_a_rack_and_the_binder_binds_each_pod_wh
     where the Topology's levels go down to nodes (the binder binds each pod there), else its
     rack (the binder chooses the nodes in it). Each pod gets all 8 GPUs of its node."""
     ns = await ensure_namespace(kube, "kueue-racks", {"muster.io/network": "as-annotated"})
-    rack, pool = "example.com/rack", {"example.com/pool": "kueue-racks"}
+    pool = {"example.com/pool": "kueue-racks"}
     taint = {"key": "example.com/fake-node", "value": "kueue-racks", "effect": "NoSchedule"}
     name = "kueue-racks" if to_nodes else "kueue-racks-only"
-    topology = f"muster-test-{name}"
-    await kube.create(KUEUE_TOPOLOGIES, {
-        "apiVersion": KUEUE_TOPOLOGIES.api_version, "kind": "Topology",
-        "metadata": {"name": topology}, "spec": {"levels": [
-            {"nodeLabel": label} for label in (rack, keys.HOSTNAME_LABEL)[:2 if to_nodes else 1]]}})
-    nodes = [fake_node(f"kq-r{r}-{i}", builtin("hgx-h100"), {rack: f"r{r}", **pool}, taint)
+    topology, job = f"muster-test-{name}", f"kq-{name}"
+    levels = (RACK, keys.HOSTNAME_LABEL) if to_nodes else (RACK,)
+    await kube.create(KUEUE_TOPOLOGIES, _kueue_topology(topology, *levels))
+    nodes = [fake_node(f"kq-r{r}-{i}", builtin("hgx-h100"), {RACK: f"r{r}", **pool}, taint)
              for r in range(2) for i in range(2)]
     try:
         for n in nodes:
@@ -302,8 +307,7 @@ async def test_kueue_spreads_a_gang_over_a_rack_and_the_binder_binds_each_pod_wh
         # controller sees it
         await _queue(kube, name, pool, gpus=32, tolerations=[{"operator": "Exists"}],
                      topology=topology, ns=ns)
-        job = f"kq-{name}"
-        made = await kube.create(JOBS, _indexed_job(job, ns, name, rack), namespace=ns)
+        made = await kube.create(JOBS, _indexed_job(job, ns, name, RACK), namespace=ns)
         assert made["spec"]["suspend"] is True  # Kueue's Job webhook
 
         async def placed() -> list[dict[str, Any]]:
@@ -318,14 +322,12 @@ async def test_kueue_spreads_a_gang_over_a_rack_and_the_binder_binds_each_pod_wh
             if to_nodes:
                 assert selector[keys.HOSTNAME_LABEL] == p["spec"]["nodeName"]
             else:
-                assert selector.get(rack) == "r1" and keys.HOSTNAME_LABEL not in selector
+                assert selector.get(RACK) == "r1" and keys.HOSTNAME_LABEL not in selector
             assert p["spec"]["schedulerName"] == "muster-binder"
-            (got,) = json.loads(p["metadata"]["annotations"][keys.ANN_GPU_ASSIGNMENT])[
-                "containers"].values()
-            assert sorted(got["indices"]) == list(range(8))
+            assert sorted(assigned_indices(p)) == list(range(8))
     finally:
         try:  # (a Job deleted with its default propagation would leave its pods behind)
-            await kube.delete(JOBS, f"kq-{name}", ns, propagation_policy="Background")
+            await kube.delete(JOBS, job, ns, propagation_policy="Background")
         except ApiError as exc:
             if not exc.not_found:
                 raise
@@ -370,13 +372,8 @@ async def test_the_binder_follows_a_topology_kueue_serves(
     new ones."""
     caplog.set_level(logging.INFO, logger="webhook.binder.controller")
     name = "muster-test-tas"
-    block, rack, row = "example.com/block", "example.com/rack", "example.com/row"
-
-    def topology(*labels: str) -> dict[str, Any]:
-        return {"apiVersion": KUEUE_TOPOLOGIES.api_version, "kind": "Topology",
-                "metadata": {"name": name}, "spec": {"levels": [
-                    {"nodeLabel": label} for label in (*labels, keys.HOSTNAME_LABEL)]}}
-    await kube.create(KUEUE_TOPOLOGIES, topology(block, rack))
+    block, row = "example.com/block", "example.com/row"
+    await kube.create(KUEUE_TOPOLOGIES, _kueue_topology(name, block, RACK, keys.HOSTNAME_LABEL))
     flag = f"kueue:{name}"
     config = BinderConfig(scheduler_name="muster-kueue-levels", network_levels=network_levels(
         flag))
@@ -384,7 +381,7 @@ async def test_the_binder_follows_a_topology_kueue_serves(
     try:
         async with binder_as_chart(kube, node_cluster, config, grant=grant, objects=[],
                                    ns=NS) as binder:
-            await eventually(lambda: binder.plan_config.levels == Levels((block, rack)),
+            await eventually(lambda: binder.plan_config.levels == Levels((block, RACK)),
                              within=30, what="the binder's levels from Kueue's Topology")
             edited = await kube.get(KUEUE_TOPOLOGIES, name)
             edited["spec"]["levels"][1]["nodeLabel"] = row
@@ -394,8 +391,9 @@ async def test_the_binder_follows_a_topology_kueue_serves(
             await eventually(lambda: any(f"Kueue Topology {name} was deleted" in r.getMessage()
                                          for r in caplog.records),
                              within=30, what="the deletion seen")
-            assert binder.plan_config.levels == Levels((block, rack))
-            await kube.create(KUEUE_TOPOLOGIES, topology(block, row))
+            assert binder.plan_config.levels == Levels((block, RACK))
+            await kube.create(KUEUE_TOPOLOGIES,
+                              _kueue_topology(name, block, row, keys.HOSTNAME_LABEL))
             await eventually(lambda: binder.plan_config.levels == Levels((block, row)),
                              within=30, what="the new levels followed")
     finally:
