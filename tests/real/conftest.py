@@ -13,7 +13,6 @@ under CI=true that skip is a failure.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
@@ -40,6 +39,7 @@ from real_helpers import (
     release_values,
     run_helm,
     wait_established,
+    with_api,
 )
 
 from e2e.cluster import NAMESPACE, RELEASE, helm
@@ -132,7 +132,7 @@ def node_cluster(images: image.Images, tmp_path_factory: pytest.TempPathFactory
             crds = write_list(tmp_path_factory.mktemp("crds") / "crds.json", crd_documents())
             kubectl(cluster, "apply", "--server-side", "-f", str(crds))
             wait_established(cluster)
-            asyncio.run(_open_queues(cluster))
+            with_api(cluster, open_volcano_queues)
             values = tmp_path_factory.mktemp("values") / "values.yaml"
             values.write_text(yaml.safe_dump(release_values(cluster)))
             run_helm(cluster, "install", RELEASE, str(REPO / "charts" / "muster"),
@@ -147,14 +147,6 @@ def node_cluster(images: image.Images, tmp_path_factory: pytest.TempPathFactory
         raise
     yield cluster
     cluster.stop()
-
-
-async def _open_queues(cluster: NodeCluster) -> None:
-    client = await make_api_client(str(cluster.kubeconfig))
-    try:
-        await open_volcano_queues(KubeApi(client))
-    finally:
-        await client.close()
 
 
 @pytest.fixture(autouse=True)

@@ -30,7 +30,7 @@ __all__ = ["NETWORK_LEVELS", "agent_dra_state", "agent_pod", "binder_as_chart", 
            "chart_binder_grant", "crd_documents", "delete_now", "diagnostics",
            "gpu_pod", "kubectl", "pod_ready", "policies_everywhere", "policy_digests",
            "release_values", "run_helm", "upgrade_release", "wait_established",
-           "wait_webhook_pods", "webhook_pods"]
+           "wait_webhook_pods", "webhook_pods", "with_api"]
 
 #: the binder's network levels (docs/topology.md): Topograph's spine (a block) and leaf (a
 #: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
@@ -64,6 +64,18 @@ async def wait_webhook_pods(kube: KubeApi, replicas: int, within: float = 180) -
         live = await webhook_pods(kube)
         return len(live) == replicas and all(pod_ready(p) for p in live)
     await eventually(settled, within=within, what=f"{replicas} ready webhook pods")
+
+
+def with_api(cluster: NodeCluster, use: Callable[[KubeApi], Awaitable[None]]) -> None:
+    """Runs `use` with a client of its own: for a fixture wider than a test, which has no
+    test's event loop (call it inside the cluster's network)."""
+    async def run() -> None:
+        client = await make_api_client(str(cluster.kubeconfig))
+        try:
+            await use(KubeApi(client))
+        finally:
+            await client.close()
+    asyncio.run(run())
 
 
 def run_helm(cluster: NodeCluster, *args: str, timeout: float = 420

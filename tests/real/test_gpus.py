@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+from collections.abc import Iterator
 from typing import Any
 
-from jobs import ensure_namespace, mpijob, submit
-from real_helpers import assigned_indices, kubectl
+import pytest
+from jobs import delete_jobs, ensure_namespace, mpijob, submit
+from real_helpers import assigned_indices, kubectl, with_api
 
 from e2e.node.cluster import NODE_NAME, NodeCluster
 from e2e.probes import eventually, pods_of
@@ -20,6 +22,16 @@ from webhook.policy import operators
 from webhook.topology import builtin, set_score
 
 DGX1 = builtin("dgx1-v100")
+NS, JOBS = "gpu-team", ["first", "second"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _jobs_deleted_after(node_cluster: NodeCluster) -> Iterator[None]:
+    """The module's two jobs hold all of the node's GPUs, and its second test reuses them;
+    after it, they go, so that a later module finds the GPUs free."""
+    yield
+    with node_cluster.netns():
+        with_api(node_cluster, lambda kube: delete_jobs(kube, NS, JOBS))
 
 
 def _assigned_uuids(pod: dict[str, Any]) -> list[str]:
@@ -65,10 +77,10 @@ async def _run_two_jobs(kube: KubeApi, cluster: NodeCluster
                         ) -> list[tuple[dict[str, Any], list[str] | None]]:
     """Two topology MPIJobs of 4 x 1 GPU (the whole node), each bound whole by the binder pod
     and started by the kubelet: every worker with what its container printed."""
-    ns = await ensure_namespace(kube, "gpu-team", {
+    ns = await ensure_namespace(kube, NS, {
         keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED})
     out = []
-    for name in ("first", "second"):
+    for name in JOBS:
         if not await pods_of(kube, ns, name):
             await submit(kube, mpijob(name, ns))
         pods = await _running_job(kube, ns, name)
