@@ -22,12 +22,12 @@ from e2e.probes import eventually
 from webhook import keys
 from webhook.binder.controller import Binder, BinderConfig
 from webhook.demo import EXAMPLE_POLICIES
-from webhook.kube import PODS, ApiError, KubeApi, Resource, make_api_client
+from webhook.kube import EVENTS, PODS, ApiError, KubeApi, Resource, make_api_client
 from webhook.topology import codec
 from webhook.topology.model import Topology
 
 __all__ = ["NETWORK_LEVELS", "agent_dra_state", "agent_pod", "binder_as_chart", "bound_whole",
-           "chart_binder_grant", "crd_documents", "delete_now", "diagnostics",
+           "chart_binder_grant", "crd_documents", "delete_now", "diagnostics", "failed_scheduling",
            "gpu_pod", "kubectl", "pod_ready", "policies_everywhere", "policy_digests",
            "release_values", "run_helm", "upgrade_release", "wait_established",
            "wait_webhook_pods", "webhook_pods", "with_api"]
@@ -279,6 +279,19 @@ async def bound_whole(kube: KubeApi, ns: str, prefix: str, count: int) -> set[st
     found: set[str] = await eventually(bound, within=60, interval=0.5,
                                       what=f"{prefix}* bound whole")
     return found
+
+
+async def failed_scheduling(kube: KubeApi, ns: str, prefix: str, within: float = 90) -> str:
+    """The first FailedScheduling Event's message about a pod whose name starts with `prefix`
+    (waited for)."""
+    async def told() -> str | None:
+        events = (await kube.list(EVENTS, namespace=ns,
+                                  field_selector="reason=FailedScheduling"))["items"]
+        found = [e["message"] for e in events if e["involvedObject"]["name"].startswith(prefix)]
+        return found[0] if found else None
+    message: str = await eventually(told, within=within, interval=0.5,
+                                    what=f"a FailedScheduling Event about {ns}/{prefix}")
+    return message
 
 
 def assigned_indices(pod: dict[str, Any]) -> list[int]:

@@ -24,15 +24,15 @@ from real_helpers import (
     bound_whole,
     chart_binder_grant,
     delete_now,
+    failed_scheduling,
     fake_node,
     gpu_pod,
 )
 
 from e2e.node.cluster import NodeCluster
-from e2e.probes import eventually
 from webhook import keys
 from webhook.binder.controller import Binder, BinderConfig
-from webhook.kube import EVENTS, NODES, PODS, KubeApi
+from webhook.kube import NODES, PODS, KubeApi
 from webhook.kube.api import VOLCANO_HYPERNODES
 from webhook.topology import builtin
 from webhook.topology.network import Levels
@@ -111,13 +111,7 @@ async def test_a_gang_lands_within_the_hypernode_with_room_and_waits_beyond_it(
         await kube.create(PODS, _pod(f"wide-{i}", 8, gang="wide", members=3, network=by_name),
                           namespace=NS)
 
-    async def told() -> str | None:
-        events = (await kube.list(EVENTS, namespace=NS,
-                                  field_selector="reason=FailedScheduling"))["items"]
-        found = [e["message"] for e in events
-                 if e["involvedObject"]["name"].startswith("wide-")]
-        return found[0] if found else None
-    message = await eventually(told, within=60, interval=0.5, what="wide's Event")
+    message = await failed_scheduling(kube, NS, "wide-", within=60)
     assert ("needs 24 GPUs (3 members x 8 GPUs) within one tier-1 HyperNode (leaf); the largest "
             "free one (HyperNode hn-leaf-a) has 8 free GPUs") in message, message
     assert not any(p["spec"].get("nodeName") for p in

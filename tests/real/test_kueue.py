@@ -19,7 +19,9 @@ which carries the flavor's nodeSelector and tolerations Kueue wrote into its tem
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from real_helpers import (
     binder_as_chart,
     chart_binder_grant,
     delete_now,
+    failed_scheduling,
     fake_node,
     gpu_pod,
 )
@@ -105,15 +108,17 @@ async def _queue(kube: KubeApi, name: str, node_labels: dict[str, str], gpus: in
 
 
 async def _submit_to(kube: KubeApi, name: str, queue: str,
-                     worker_annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    """A topology MPIJob of 2 workers x 1 GPU in `queue`; Kueue's webhook suspends it."""
+                     worker_annotations: dict[str, str] | None = None, *, ns: str = NS,
+                     gpus: int = 1) -> dict[str, Any]:
+    """A topology MPIJob of 2 workers x `gpus` GPUs in `queue`; Kueue's webhook suspends it."""
     await eventually(lambda: _gpus(kube), within=90, what="the node's 8 GPUs registered")
-    job = mpijob(name, NS, workers=2)
+    job = mpijob(name, ns, workers=2)
     job["metadata"].setdefault("labels", {})[QUEUE_LABEL] = queue
     worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
     worker.setdefault("metadata", {}).setdefault("annotations", {}).update(
         worker_annotations or {})
-    made = await kube.create(MPIJOBS, job, namespace=NS)
+    worker["spec"]["containers"][0]["resources"]["limits"] = {keys.GPU_RESOURCE: gpus}
+    made = await kube.create(MPIJOBS, job, namespace=ns)
     assert made["spec"]["runPolicy"]["suspend"] is True  # Kueue's MPIJob webhook
     return made
 
@@ -137,19 +142,20 @@ def _condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
     return {}
 
 
-async def _admitted(kube: KubeApi, name: str) -> dict[str, Any] | None:
-    job = await kube.get(MPIJOBS, name, namespace=NS)
+async def _admitted(kube: KubeApi, name: str, ns: str = NS) -> dict[str, Any] | None:
+    job = await kube.get(MPIJOBS, name, namespace=ns)
     return None if job["spec"]["runPolicy"].get("suspend") else dict(job)
 
 
 async def _start(kube: KubeApi, job: dict[str, Any], gated: int | None = None) -> None:
     """What the MPI operator does for an unsuspended MPIJob: its launcher Job and workers
     (worker `gated` with a scheduling gate, as a quota or topology controller would add)."""
-    await kube.create(JOBS, operators.mpi_launcher_job(job), namespace=NS)
+    ns = job["metadata"]["namespace"]
+    await kube.create(JOBS, operators.mpi_launcher_job(job), namespace=ns)
     for i, pod in enumerate(operators.mpi_worker_pods(job)):
         if i == gated:
             pod["spec"]["schedulingGates"] = [{"name": GATE}]
-        await kube.create(PODS, pod, namespace=NS)
+        await kube.create(PODS, pod, namespace=ns)
 
 
 async def _taint(kube: KubeApi, on: bool) -> None:
@@ -279,22 +285,16 @@ async def test_kueue_places_by_its_topology_and_the_binder_chooses_the_gpus_ther
         await kube.patch(NODES, NODE_NAME, {"metadata": {"labels": {RACK: None}}})
 
 
-@pytest.mark.parametrize("to_nodes", [True, False], ids=["down-to-nodes", "racks-only"])
-async def test_kueue_spreads_a_gang_over_a_rack_and_the_binder_binds_each_pod_where_kueue_said(
-        kube: KubeApi, kueue: schedulers.Neighbour, to_nodes: bool) -> None:
-    """Over nodes Kueue chooses among (two racks of two 8-GPU nodes, made by the test: no
-    kubelet runs them, so their pods stay Pending), an Indexed Job of two 8-GPU pods that must
-    share a rack, in a namespace whose policy honours Kueue's annotations (so Muster's request
-    says the same as Kueue's): with one node of rack r0 half taken, Kueue assigns rack r1, the
-    real Job controller makes the gated pods, and Kueue ungates each with its domain: its node
-    where the Topology's levels go down to nodes (the binder binds each pod there), else its
-    rack (the binder chooses the nodes in it). Each pod gets all 8 GPUs of its node."""
-    ns = await ensure_namespace(kube, "kueue-racks", {"muster.io/network": "as-annotated"})
-    pool = {"example.com/pool": "kueue-racks"}
-    taint = {"key": "example.com/fake-node", "value": "kueue-racks", "effect": "NoSchedule"}
-    name = "kueue-racks" if to_nodes else "kueue-racks-only"
-    topology, job = f"muster-test-{name}", f"kq-{name}"
-    levels = (RACK, keys.HOSTNAME_LABEL) if to_nodes else (RACK,)
+@contextlib.asynccontextmanager
+async def _two_racks(kube: KubeApi, ns: str, name: str, levels: tuple[str, ...]
+                     ) -> AsyncIterator[None]:
+    """Nodes for Kueue to choose among: two racks of two 8-GPU nodes made by the test (no
+    kubelet runs them, so their pods stay Pending), one node of rack r0 half taken, as Kueue
+    Topology `muster-test-{name}` of `levels`, and LocalQueue `name` in `ns` of a flavor of
+    them. Afterwards every pod in `ns` goes, then the nodes (delete the jobs first)."""
+    pool = {"example.com/pool": name}
+    taint = {"key": "example.com/fake-node", "value": name, "effect": "NoSchedule"}
+    topology = f"muster-test-{name}"
     await kube.create(KUEUE_TOPOLOGIES, _kueue_topology(topology, *levels))
     nodes = [fake_node(f"kq-r{r}-{i}", builtin("hgx-h100"), {RACK: f"r{r}", **pool}, taint)
              for r in range(2) for i in range(2)]
@@ -307,39 +307,87 @@ async def test_kueue_spreads_a_gang_over_a_rack_and_the_binder_binds_each_pod_wh
         # controller sees it
         await _queue(kube, name, pool, gpus=32, tolerations=[{"operator": "Exists"}],
                      topology=topology, ns=ns)
-        made = await kube.create(JOBS, _indexed_job(job, ns, name, RACK), namespace=ns)
-        assert made["spec"]["suspend"] is True  # Kueue's Job webhook
-
-        async def placed() -> list[dict[str, Any]]:
-            pods = (await kube.list(PODS, namespace=ns,
-                                    label_selector=f"batch.kubernetes.io/job-name={job}"))
-            return pods["items"] if len(bound(pods["items"])) == 2 else []
-        pods = await eventually(placed, within=90,
-                                what="Kueue to admit and ungate, the binder to bind")
-        assert sorted(p["spec"]["nodeName"] for p in pods) == ["kq-r1-0", "kq-r1-1"]
-        for p in pods:  # where Kueue's assignment put each, with all 8 GPUs of it
-            selector = p["spec"]["nodeSelector"]
-            if to_nodes:
-                assert selector[keys.HOSTNAME_LABEL] == p["spec"]["nodeName"]
-            else:
-                assert selector.get(RACK) == "r1" and keys.HOSTNAME_LABEL not in selector
-            assert p["spec"]["schedulerName"] == "muster-binder"
-            assert sorted(assigned_indices(p)) == list(range(8))
+        yield
     finally:
-        try:  # (a Job deleted with its default propagation would leave its pods behind)
-            await kube.delete(JOBS, job, ns, propagation_policy="Background")
-        except ApiError as exc:
-            if not exc.not_found:
-                raise
-
         async def gone() -> bool:  # (no kubelet ends these pods: deleted at once, every one)
             pods = (await kube.list(PODS, namespace=ns))["items"]
             for pod in pods:
                 await delete_now(kube, PODS.path(ns, pod["metadata"]["name"]))
             return not pods
-        await eventually(gone, within=60, what="the job's pods gone")
+        await eventually(gone, within=60, what=f"the pods in {ns} gone")
         for n in nodes:
             await delete_now(kube, NODES.path(None, n["metadata"]["name"]))
+
+
+@pytest.mark.parametrize("to_nodes", [True, False], ids=["down-to-nodes", "racks-only"])
+async def test_kueue_spreads_a_gang_over_a_rack_and_the_binder_binds_each_pod_where_kueue_said(
+        kube: KubeApi, kueue: schedulers.Neighbour, to_nodes: bool) -> None:
+    """Over two racks of nodes (`_two_racks`), an Indexed Job of two 8-GPU pods that must
+    share a rack, in a namespace whose policy honours Kueue's annotations (so Muster's request
+    says the same as Kueue's): Kueue assigns rack r1, the real Job controller makes the gated
+    pods, and Kueue ungates each with its domain: its node where the Topology's levels go down
+    to nodes (the binder binds each pod there), else its rack (the binder chooses the nodes in
+    it). Each pod gets all 8 GPUs of its node."""
+    ns = await ensure_namespace(kube, "kueue-racks", {"muster.io/network": "as-annotated"})
+    name = "kueue-racks" if to_nodes else "kueue-racks-only"
+    job = f"kq-{name}"
+    levels = (RACK, keys.HOSTNAME_LABEL) if to_nodes else (RACK,)
+    async with _two_racks(kube, ns, name, levels):
+        try:
+            made = await kube.create(JOBS, _indexed_job(job, ns, name, RACK), namespace=ns)
+            assert made["spec"]["suspend"] is True  # Kueue's Job webhook
+
+            async def placed() -> list[dict[str, Any]]:
+                pods = (await kube.list(PODS, namespace=ns,
+                                        label_selector=f"batch.kubernetes.io/job-name={job}"))
+                return pods["items"] if len(bound(pods["items"])) == 2 else []
+            pods = await eventually(placed, within=90,
+                                    what="Kueue to admit and ungate, the binder to bind")
+            assert sorted(p["spec"]["nodeName"] for p in pods) == ["kq-r1-0", "kq-r1-1"]
+            for p in pods:  # where Kueue's assignment put each, with all 8 GPUs of it
+                selector = p["spec"]["nodeSelector"]
+                if to_nodes:
+                    assert selector[keys.HOSTNAME_LABEL] == p["spec"]["nodeName"]
+                else:
+                    assert selector.get(RACK) == "r1" and keys.HOSTNAME_LABEL not in selector
+                assert p["spec"]["schedulerName"] == "muster-binder"
+                assert sorted(assigned_indices(p)) == list(range(8))
+        finally:  # (a Job deleted with its default propagation would leave its pods behind)
+            try:
+                await kube.delete(JOBS, job, ns, propagation_policy="Background")
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+
+
+async def test_a_single_node_policy_where_kueue_spreads_the_gang_waits_and_says_why(
+        kube: KubeApi, kueue: schedulers.Neighbour) -> None:
+    """The shipped mpi-topology policy asks one node (singleNode) for an MPIJob of two 8-GPU
+    workers, and Kueue's TAS, its levels down to nodes, puts them on two nodes of rack r1. No
+    placement meets both: the binder binds none, and its Event names the conflict, each
+    worker's node, rather than a want of free GPUs (docs/operations.md, "Beside Kueue")."""
+    ns = await ensure_namespace(kube, "kueue-mpi", {
+        keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED})
+    async with _two_racks(kube, ns, "kueue-mpi", (RACK, keys.HOSTNAME_LABEL)):
+        try:
+            await _submit_to(kube, "kq-mpi", "kueue-mpi", {keys.KUEUE_REQUIRED_TOPOLOGY: RACK},
+                             ns=ns, gpus=8)
+            job = await eventually(lambda: _admitted(kube, "kq-mpi", ns), within=60,
+                                   what="Kueue to admit kq-mpi with a topology assignment")
+            await _start(kube, job)
+            message = await failed_scheduling(kube, ns, "kq-mpi-worker")
+            assert (f"gang {ns}/kq-mpi must be on one node, but its members' node selectors, "
+                    "affinity or tolerations leave them no node in common: "
+                    f"{ns}/kq-mpi-worker-0 may use kq-r1-") in message, message
+            selectors = {p["metadata"]["name"]: p["spec"]["nodeSelector"][keys.HOSTNAME_LABEL]
+                         for p in await pods_of(kube, ns, "kq-mpi")
+                         if p["metadata"]["labels"][operators.JOB_ROLE_LABEL] == "worker"}
+            assert sorted(selectors.values()) == ["kq-r1-0", "kq-r1-1"], selectors
+            for pod, node in selectors.items():  # each worker's node, as Kueue chose it
+                assert f"{ns}/{pod} may use {node}" in message
+            assert bound(await pods_of(kube, ns, "kq-mpi")) == []
+        finally:
+            await delete_jobs(kube, ns, ["kq-mpi"])
 
 
 def _indexed_job(name: str, ns: str, queue: str, rack: str) -> dict[str, Any]:

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 from jobs import ensure_namespace
-from real_helpers import NETWORK_LEVELS, fake_node
+from real_helpers import NETWORK_LEVELS, failed_scheduling, fake_node
 
 from e2e.node import image
 from e2e.probes import eventually
 from webhook import keys
-from webhook.kube import EVENTS, JOBS, NODES, PODS, ApiError, KubeApi
+from webhook.kube import JOBS, NODES, PODS, ApiError, KubeApi
 from webhook.topology import builtin
 from webhook.topology.model import GPU, PCIeLevel, Topology
 
@@ -153,18 +153,6 @@ async def _bound(kube: KubeApi, ns: str, name: str, pods: int, *, within: float 
     return found
 
 
-async def _failed_scheduling(kube: KubeApi, ns: str, job: str) -> str:
-    """The first FailedScheduling Event's message about the job's pods (waited for)."""
-    async def told() -> str | None:
-        events = (await kube.list(EVENTS, namespace=ns,
-                                  field_selector="reason=FailedScheduling"))["items"]
-        found = [e["message"] for e in events if e["involvedObject"]["name"].startswith(job)]
-        return found[0] if found else None
-    message: str = await eventually(told, within=90, interval=1.0,
-                                    what=f"{ns}/{job}'s FailedScheduling Event")
-    return message
-
-
 #: Volcano's network topology on a pod template: one domain of at most tier 2
 VOLCANO_HARD_2 = {keys.VOLCANO_NETWORK_TOPOLOGY_MODE: "hard",
                   keys.VOLCANO_NETWORK_TOPOLOGY_HIGHEST_TIER: "2"}
@@ -221,7 +209,7 @@ async def test_gangs_land_within_the_network_domains_they_ask_for(
     await kube.create(JOBS, _job("waits", 6, 8, {keys.KUEUE_REQUIRED_TOPOLOGY: SPINE}),
                       namespace=ns)
 
-    message = await _failed_scheduling(kube, ns, "waits")
+    message = await failed_scheduling(kube, ns, "waits")
     assert message == (
         f"gang {ns}/waits cannot be placed: gang {ns}/waits needs 48 GPUs (6 members x 8 GPUs) "
         f"within one {SPINE} domain; the largest free one ({SPINE}=s1) has 40 free GPUs")
@@ -267,7 +255,7 @@ async def test_gangs_land_within_the_network_domains_they_ask_for(
 
     # Volcano's hard tier 2 is the leaf: five 8-GPU ranks fit no leaf (4 nodes), so they wait
     await kube.create(JOBS, _job("volcano-wide", 5, 8, VOLCANO_HARD_2), namespace=ns)
-    message = await _failed_scheduling(kube, ns, "volcano-wide")
+    message = await failed_scheduling(kube, ns, "volcano-wide")
     assert f"within one {LEAF} domain" in message, message
     assert not any(p["spec"].get("nodeName") for p in await _pods(kube, ns, "volcano-wide"))
 
@@ -319,7 +307,7 @@ async def test_the_binder_keeps_the_anti_affinity_of_pods_already_placed(
         await _neighbour(kube, f"db-{i}", node_of[leaf][0])
     await kube.create(JOBS, _job("waits", 1, 8, labels={"app": "train"}), namespace=ns)
 
-    message = await _failed_scheduling(kube, ns, "waits")
+    message = await failed_scheduling(kube, ns, "waits")
     # (the NVL72 trays are still allowed, but hold no 8-GPU rank)
     assert re.search(r"inter-pod affinity rules out 16 of the \d+ nodes pod ", message), message
     assert not any(p["spec"].get("nodeName") for p in await _pods(kube, ns, "waits"))
@@ -371,7 +359,7 @@ async def test_ranks_kept_apart_by_spread_or_anti_affinity_are_placed_one_at_a_t
     ns = await ensure_namespace(kube, NAMESPACES["rack"], {"muster.io/network": "rack"})
     await kube.create(JOBS, _job("torn", 2, 8, labels={"job": "torn"},
                                  spread=_spread(LEAF, "torn")), namespace=ns)
-    message = await _failed_scheduling(kube, ns, "torn")
+    message = await failed_scheduling(kube, ns, "torn")
     assert f"its topologySpreadConstraint (topologyKey {LEAF}, maxSkew 1) would make a skew " \
         "of 2 there" in message, message
     assert not any(p["spec"].get("nodeName") for p in await _pods(kube, ns, "torn"))

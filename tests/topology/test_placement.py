@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -141,6 +142,26 @@ def test_single_node_required_says_why() -> None:
     r = place_gang(nodes, gang)
     assert isinstance(r, Unplaceable)
     assert "needs 4 GPUs" in r.reason and "(a) has 3" in r.reason
+
+
+def test_single_node_members_pinned_apart_are_said_apart_from_free_gpus() -> None:
+    """As when Kueue's topology-aware scheduling spread the gang: each member's nodeSelector
+    names another node, so no free GPUs would make one node hold them."""
+    nodes = [node("a"), node("b"), node("c")]
+    a, b = (MemberRequest(f"ns/w{i}", 8, eligible_nodes=frozenset({n})) for i, n in enumerate("ab"))
+    r = place_gang(nodes, GangRequest(name="g", members=(a, b), single_node=True))
+    assert isinstance(r, Unplaceable)
+    assert r.reason == ("gang g must be on one node, but its members' node selectors, affinity "
+                        "or tolerations leave them no node in common: ns/w0 may use a; ns/w1 "
+                        "may use b")
+    # the control: members that share a node with room are placed there
+    c = replace(b, eligible_nodes=frozenset({"a", "c"}))
+    small = GangRequest(name="g", members=(replace(a, gpus=4), replace(c, gpus=4)),
+                        single_node=True)
+    assert {m.node for m in ok(place_gang(nodes, small)).members} == {"a"}
+    # and preferred: it is no conflict, the gang spreads over the two nodes
+    spread = GangRequest(name="g", members=(a, b), single_node=True, mode="preferred")
+    assert ok(place_gang(nodes, spread)).nodes_used == 2
 
 
 def test_single_node_preferred_falls_back_to_more_nodes() -> None:

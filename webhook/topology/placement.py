@@ -358,6 +358,8 @@ def _place_gpus(views: _Views, gang: GangRequest, gpu_members: list[MemberReques
                 inter_gbps: float) -> list[_Node] | Unplaceable:
     """The nodes of the GPU members: one node when one holds them all (the single-node search),
     else the fewest (the multi-node search). `alone`: one node, or Unplaceable."""
+    if alone and (apart := _apart(gang, gpu_members)) is not None:
+        return apart
     if not alone and len(gpu_members) > 1 and \
             sum(m.gpus for m in gpu_members) > views.most_free():
         # no node has the GPUs for all of them: the single-node search could only fail
@@ -371,6 +373,27 @@ def _place_gpus(views: _Views, gang: GangRequest, gpu_members: list[MemberReques
     if isinstance(multi, Unplaceable):
         return multi if len(gpu_members) > 1 else placed
     return placed if len(multi) == 1 else multi  # one node after all: it failed the search
+
+
+def _apart(gang: GangRequest, members: Sequence[MemberRequest]) -> Unplaceable | None:
+    """Members that may share no node, when the gang must be on one: a lasting conflict (as
+    when another scheduler, such as Kueue's topology-aware scheduling, pinned them to nodes
+    apart), said apart from a lack of free GPUs."""
+    pinned = [(m.key, nodes) for m in members if (nodes := m.eligible_nodes) is not None]
+    if len(pinned) < 2 or not all(nodes for _, nodes in pinned) or \
+            frozenset.intersection(*(nodes for _, nodes in pinned)):
+        return None  # (a member no node may host is said where the search fails)
+    shown = "; ".join(f"{key} may use {_few(nodes)}" for key, nodes in pinned[:3])
+    more = f"; and {len(pinned) - 3} more" if len(pinned) > 3 else ""
+    return Unplaceable(
+        f"gang {gang.name} must be on one node, but its members' node selectors, affinity or "
+        f"tolerations leave them no node in common: {shown}{more}"
+    )
+
+
+def _few(names: frozenset[str], most: int = 3) -> str:
+    rest = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(sorted(names)[:most]) + rest
 
 
 def _place_single(
