@@ -29,6 +29,7 @@ import pytest
 from jobs import delete_jobs, ensure_namespace, mpijob
 from neighbours import KUEUE_PODS_READY_TIMEOUT, bound
 from real_helpers import (
+    NETWORK_LEVELS,
     assigned_indices,
     binder_as_chart,
     chart_binder_grant,
@@ -74,6 +75,8 @@ GATE = "example.com/hold"
 #: the scheduling gate Kueue's Topology Aware Scheduling holds a pod with until it has a node
 KUEUE_TAS_GATE = "kueue.x-k8s.io/topology"
 RACK = "example.com/rack"
+#: the binder's own levels (Topograph's spine and leaf, the NVLink clique: `NETWORK_LEVELS`)
+SPINE, LEAF, CLIQUE = NETWORK_LEVELS
 
 
 def _kueue_topology(name: str, *labels: str) -> dict[str, Any]:
@@ -286,18 +289,32 @@ async def test_kueue_places_by_its_topology_and_the_binder_chooses_the_gpus_ther
 
 
 @contextlib.asynccontextmanager
-async def _two_racks(kube: KubeApi, ns: str, name: str, levels: tuple[str, ...]
-                     ) -> AsyncIterator[None]:
+async def _two_racks(kube: KubeApi, ns: str, name: str, levels: tuple[str, ...],
+                     binder_levels: bool = False) -> AsyncIterator[None]:
     """Nodes for Kueue to choose among: two racks of two 8-GPU nodes made by the test (no
     kubelet runs them, so their pods stay Pending), one node of rack r0 half taken, as Kueue
-    Topology `muster-test-{name}` of `levels`, and LocalQueue `name` in `ns` of a flavor of
-    them. Afterwards every pod in `ns` goes, then the nodes (delete the jobs first)."""
+    Topology `muster-test-{name}` of `levels` (the first: the rack's label), and LocalQueue
+    `name` in `ns` of a flavor of them. Afterwards every pod in `ns` goes, then the nodes
+    (delete the jobs first).
+
+    `binder_levels`: the racks are leaves of the binder's levels too, under one spine, and
+    rack r1 has a third node outside Kueue's flavor, in an NVLink clique with kq-r1-1 (its
+    room counts in the binder's domains; no pod of the flavor may use it)."""
     pool = {"example.com/pool": name}
     taint = {"key": "example.com/fake-node", "value": name, "effect": "NoSchedule"}
     topology = f"muster-test-{name}"
     await kube.create(KUEUE_TOPOLOGIES, _kueue_topology(topology, *levels))
-    nodes = [fake_node(f"kq-r{r}-{i}", builtin("hgx-h100"), {RACK: f"r{r}", **pool}, taint)
+    nodes = [fake_node(f"kq-r{r}-{i}", builtin("hgx-h100"), {levels[0]: f"r{r}", **pool}, taint)
              for r in range(2) for i in range(2)]
+    if binder_levels:
+        outside = fake_node("kq-r1-2", builtin("hgx-h100"), {levels[0]: "r1"}, taint)
+        for n in [*nodes, outside]:
+            labels = n["metadata"]["labels"]
+            labels[SPINE] = "kq-spine"
+            if labels[levels[0]] == "r1":
+                labels[CLIQUE] = "kq-cluster.0" if n["metadata"]["name"] == "kq-r1-0" \
+                    else "kq-cluster.1"
+        nodes.append(outside)
     try:
         for n in nodes:
             await kube.create(NODES, n)
@@ -319,22 +336,27 @@ async def _two_racks(kube: KubeApi, ns: str, name: str, levels: tuple[str, ...]
             await delete_now(kube, NODES.path(None, n["metadata"]["name"]))
 
 
-@pytest.mark.parametrize("to_nodes", [True, False], ids=["down-to-nodes", "racks-only"])
+@pytest.mark.parametrize(("rack", "to_nodes"), [(RACK, True), (RACK, False), (LEAF, True)],
+                         ids=["down-to-nodes", "racks-only", "binder-levels"])
 async def test_kueue_spreads_a_gang_over_a_rack_and_the_binder_binds_each_pod_where_kueue_said(
-        kube: KubeApi, kueue: schedulers.Neighbour, to_nodes: bool) -> None:
+        kube: KubeApi, kueue: schedulers.Neighbour, rack: str, to_nodes: bool) -> None:
     """Over two racks of nodes (`_two_racks`), an Indexed Job of two 8-GPU pods that must
     share a rack, in a namespace whose policy honours Kueue's annotations (so Muster's request
     says the same as Kueue's): Kueue assigns rack r1, the real Job controller makes the gated
     pods, and Kueue ungates each with its domain: its node where the Topology's levels go down
     to nodes (the binder binds each pod there), else its rack (the binder chooses the nodes in
-    it). Each pod gets all 8 GPUs of its node."""
+    it). Each pod gets all 8 GPUs of its node. With `binder-levels` the rack is one of the
+    binder's own levels too, so the binder's network decision places members Kueue pinned to
+    a node each: the rack's clique with the most room holds kq-r1-1 and a node outside
+    Kueue's flavor, not kq-r1-0, so the rack is placed with each pod where it may go."""
     ns = await ensure_namespace(kube, "kueue-racks", {"muster.io/network": "as-annotated"})
-    name = "kueue-racks" if to_nodes else "kueue-racks-only"
+    name = {(RACK, True): "kueue-racks", (RACK, False): "kueue-racks-only",
+            (LEAF, True): "kueue-leaves"}[rack, to_nodes]
     job = f"kq-{name}"
-    levels = (RACK, keys.HOSTNAME_LABEL) if to_nodes else (RACK,)
-    async with _two_racks(kube, ns, name, levels):
+    levels = (rack, keys.HOSTNAME_LABEL) if to_nodes else (rack,)
+    async with _two_racks(kube, ns, name, levels, binder_levels=rack == LEAF):
         try:
-            made = await kube.create(JOBS, _indexed_job(job, ns, name, RACK), namespace=ns)
+            made = await kube.create(JOBS, _indexed_job(job, ns, name, rack), namespace=ns)
             assert made["spec"]["suspend"] is True  # Kueue's Job webhook
 
             async def placed() -> list[dict[str, Any]]:
@@ -349,7 +371,7 @@ async def test_kueue_spreads_a_gang_over_a_rack_and_the_binder_binds_each_pod_wh
                 if to_nodes:
                     assert selector[keys.HOSTNAME_LABEL] == p["spec"]["nodeName"]
                 else:
-                    assert selector.get(RACK) == "r1" and keys.HOSTNAME_LABEL not in selector
+                    assert selector.get(rack) == "r1" and keys.HOSTNAME_LABEL not in selector
                 assert p["spec"]["schedulerName"] == "muster-binder"
                 assert sorted(assigned_indices(p)) == list(range(8))
         finally:  # (a Job deleted with its default propagation would leave its pods behind)

@@ -256,6 +256,84 @@ def test_each_slice_lands_within_one_clique() -> None:
                                                                       if m.gpus}
 
 
+def pinned(g: GangRequest, *nodes: str) -> GangRequest:
+    """Each GPU member eligible on one node only, as Kueue's topology-aware scheduling leaves a
+    pod it ungated with its node's hostname."""
+    it = iter(nodes)
+    return replace(g, members=tuple(replace(m, eligible_nodes=frozenset({next(it)}))
+                                    if m.gpus else m for m in g.members))
+
+
+def test_members_pinned_apart_are_placed_where_each_may_go_within_the_level() -> None:
+    """The descent counts a domain's room, not whose it is: members pinned to nodes of two
+    racks of one block fit that block, and each lands on its own node."""
+    nodes, labels = cluster()
+    apart = ("b0-r0-n0", "b0-r1-n0")
+    for level, mode in ((BLOCK, "required"), (RACK, "preferred"), (None, "required")):
+        g = pinned(gang(2, level=level, mode=mode, launcher=True), *apart)
+        p = ok(place(nodes, labels, g))
+        assert {m.key: m.node for m in p.members if m.gpus} == \
+            {"ns/w-0": "b0-r0-n0", "ns/w-1": "b0-r1-n0"}, (level, mode)
+        assert len(p.members) == 3 and p.members[0].node in apart
+    # one rack required: no rack holds both, and the Event says why, not that GPUs are short
+    r = place(nodes, labels, pinned(gang(2), *apart))
+    assert isinstance(r, Unplaceable)
+    assert r.reason == ("gang ns/g needs 16 GPUs (2 members x 8 GPUs) within one "
+                        "example.com/rack domain, and no example.com/rack domain has room on "
+                        "nodes that each member may use: ns/w-0 may use b0-r0-n0; ns/w-1 may "
+                        "use b0-r1-n0")
+    # a pinned node without room: the member waits for it, where the level allowed another
+    busy, _ = cluster({"b0-r1-n0": range(4)})
+    assert isinstance(place(busy, labels, pinned(gang(2, level=BLOCK), *apart)), Unplaceable)
+
+
+def test_pinned_slices_land_in_the_clique_their_members_may_use() -> None:
+    nodes, labels = cluster()
+    four = ("b0-r0-n1", "b0-r1-n2", "b0-r0-n0", "b0-r1-n3")  # slices: w-0 + w-1, w-2 + w-3
+    g = gang(4, 4, level=BLOCK, slice_level=CLIQUE, size=2)
+    with_cliques = pinned(g, "b0-r0-n0", "b0-r0-n1", "b0-r1-n2", "b0-r1-n3")
+    p = ok(place(nodes, labels, with_cliques))
+    assert [m.node for m in p.members] == ["b0-r0-n0", "b0-r0-n1", "b0-r1-n2", "b0-r1-n3"]
+    # a slice whose members' nodes are in two cliques cannot be one slice
+    r = place(nodes, labels, pinned(g, *four))
+    assert isinstance(r, Unplaceable)
+    assert r.reason == ("gang ns/g: no nvidia.com/gpu.clique domain has room on nodes that each "
+                        "member of a slice may use: ns/w-0 may use b0-r0-n1; ns/w-1 may use "
+                        "b0-r1-n2")
+
+
+@settings(max_examples=60, deadline=None)
+@given(frees=st.lists(st.sampled_from([range(8), range(4), range(0), range(2, 8)]),
+                      min_size=16, max_size=16),
+       pins=st.lists(st.sets(st.integers(0, 15), min_size=1, max_size=3), min_size=2,
+                     max_size=4),
+       gpus=st.sampled_from([2, 4, 8]), level=st.sampled_from([BLOCK, RACK]))
+def test_members_pinned_anywhere_are_placed_when_one_domain_of_the_level_holds_them(
+        *, frees: list[range], pins: list[set[int]], gpus: int, level: str) -> None:
+    """Whatever nodes each member may use: placed within one domain of the level, each on a
+    node it may use, whenever the engine alone places the gang on some domain's nodes."""
+    nodes, labels = cluster({f"b{i // 8}-r{i // 4 % 2}-n{i % 4}": f for i, f in enumerate(frees)})
+    members = tuple(MemberRequest(f"ns/w-{i}", gpus, 1000, 1 << 30,
+                                  frozenset(nodes[j].name for j in pin))
+                    for i, pin in enumerate(pins))
+    g = GangRequest("ns/g", members, network=NetworkRequest(level, "required"))
+    got = place(nodes, labels, g)
+    levels = (BLOCK, RACK)[:(BLOCK, RACK).index(level) + 1]
+
+    def domain(name: str) -> tuple[str, ...]:
+        return tuple(labels[name][lv] for lv in levels)
+    fits = [d for d in {domain(n.name) for n in nodes} if isinstance(place_gang(
+        [n for n in nodes if domain(n.name) == d], replace(g, network=None), tables=TABLES),
+        GangPlacement)]
+    if not fits:
+        assert isinstance(got, Unplaceable)
+        return
+    p = ok(got)
+    assert all(m.node in (m_.eligible_nodes or ()) for m, m_ in zip(p.members, members,
+                                                                     strict=True))
+    assert len(domains(p, labels, *levels)) == 1
+
+
 def test_slices_of_one_node() -> None:
     nodes, labels = cluster({n.name: range(6) for n in cluster()[0]})
     p = ok(place(nodes, labels, gang(4, 2, level=RACK, slice_level=HOSTNAME, size=2)))

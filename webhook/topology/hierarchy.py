@@ -43,7 +43,12 @@ from webhook.topology.model import (
     Unplaceable,
 )
 from webhook.topology.network import HOSTNAME, Network, resolved
-from webhook.topology.placement import DEFAULT_INTER_NODE_GBPS, capacity, place_on_nodes
+from webhook.topology.placement import (
+    DEFAULT_INTER_NODE_GBPS,
+    capacity,
+    place_on_nodes,
+    where_pinned,
+)
 from webhook.topology.ringfloor import gang_gbps, meets_min_ring
 
 #: how many domains that fit are tried in best-fit order when the engine refuses one (a gang
@@ -263,6 +268,10 @@ class _Decision:
         self.others = [m for m in gang.members if m.gpus == 0]
         self.uniform = len({(m.gpus, m.cpu_milli, m.memory_bytes, m.eligible_nodes)
                             for m in gpu}) == 1
+        #: members whose eligible nodes differ (as Kueue's topology-aware scheduling pins each
+        #: pod to its node): a domain's room is not every member's, so each is placed where
+        #: it may go (`_reaches`, `_place_pinned`)
+        self.pinned = len({m.eligible_nodes for m in gpu}) > 1
         # (unsliced, the gang is one slice: its domains count members, not slices)
         size = req.slice_size if req.slice_level is not None else len(self.gpu)
         self.slices = [self.gpu[i:i + size] for i in range(0, len(self.gpu), size)]
@@ -299,10 +308,12 @@ class _Decision:
         refused: Unplaceable | None = None
         for level in levels:
             fit = sorted((k for k, d in self.doms.items()
-                          if len(k) == level + 1 and _real(k) and d.pieces >= need),
+                          if len(k) == level + 1 and _real(k) and d.pieces >= need
+                          and (not self.pinned or self._reaches(k, self.gpu))),
                          key=self._best_fit)
             for key in fit[:_TRIES]:
-                placed = self._place(self._descend(key, need))
+                placed = self._place_pinned(key) if self.pinned else \
+                    self._place(self._descend(key, need))
                 if isinstance(placed, GangPlacement):
                     return placed
                 refused = refused or placed
@@ -496,6 +507,35 @@ class _Decision:
                 need -= have
         return out
 
+    def _reaches(self, key: Key, members: Sequence[MemberRequest]) -> bool:
+        """Each of the members may use a node with room under `key`."""
+        names = {n.name for n in self._nodes_under(key)}
+        return all(m.eligible_nodes is None or not m.eligible_nodes.isdisjoint(names)
+                   for m in members)
+
+    def _place_pinned(self, key: Key) -> GangPlacement | Unplaceable:
+        """Pinned members under `key`: the engine on its nodes, which honours each member's
+        eligible nodes (the descent counts room, not whose it is); each slice in the slice
+        domain under `key` that all its members may use, the one an earlier slice took first,
+        then the best fit."""
+        spare = self._spare()
+        if not self.sliced:
+            return self._run([(self._nodes_under(key) + spare, [*self.gpu, *self.others])])
+        under = [k for k in self.doms if k[:len(key)] == key and self._is_slice(k)]
+        taken: dict[Key, list[MemberRequest]] = {}
+        for members in self.slices:
+            where = [k for k in under if self._reaches(k, members)]
+            if not where:
+                kind = self.declared.kind(self.req.slice_level or HOSTNAME)
+                return Unplaceable(f"gang {self.gang.name}: no {kind} has room on nodes that "
+                                   f"each member of a slice may use: {where_pinned(members)}")
+            chosen = next((k for k in where if k in taken), None) or \
+                min(where, key=self._best_fit)
+            taken.setdefault(chosen, []).extend(members)
+        groups = [(self._nodes_under(k), members) for k, members in taken.items()]
+        groups[0] = (groups[0][0] + spare, groups[0][1] + self.others)
+        return self._run(groups)
+
     def _nodes_under(self, key: Key) -> list[NodeState]:
         d = self.doms[key]
         if d.own:
@@ -515,6 +555,11 @@ class _Decision:
                 groups.append((self._nodes_under(key) + (spare if i == 0 else []),
                                members + (self.others if i == 0 else [])))
                 i += count
+        return self._run(groups)
+
+    def _run(self, groups: list[tuple[list[NodeState], list[MemberRequest]]]
+             ) -> GangPlacement | Unplaceable:
+        """The engine on each group's nodes for its members, merged."""
         results: list[GangPlacement] = []
         for nodes_, members_ in groups:
             placed = self._engine(nodes_, members_)
@@ -566,6 +611,10 @@ class _Decision:
                       else f"has the label {label}")
             return Unplaceable(f"{head}; no node with a free GPU {within}"
                                if self.paths or not self.nodes else f"{head}; no node {within}")
+        if self.pinned and not self.sliced and \
+                not any(self._reaches(k, self.gpu) for _, _, k in at):
+            return Unplaceable(f"{head}, and no {kind} has room on nodes that each member may "
+                               f"use: {where_pinned(self.gpu)}")
         pieces, gpus, key = max(at, key=lambda e: (e[1], e[0], e[2]))
         held = f", room for {pieces} of its slices" if self.sliced else ""
         which = self.declared.which(label, key[-1])

@@ -379,19 +379,23 @@ def _apart(gang: GangRequest, members: Sequence[MemberRequest]) -> Unplaceable |
     """Members that may share no node, when the gang must be on one: a lasting conflict (as
     when another scheduler, such as Kueue's topology-aware scheduling, pinned them to nodes
     apart), said apart from a lack of free GPUs."""
-    pinned = [(m.key, nodes) for m in members if (nodes := m.eligible_nodes) is not None]
-    if len(pinned) < 2 or not all(nodes for _, nodes in pinned) or \
-            frozenset.intersection(*(nodes for _, nodes in pinned)):
+    pinned = [nodes for m in members if (nodes := m.eligible_nodes) is not None]
+    if len(pinned) < 2 or not all(pinned) or frozenset.intersection(*pinned):
         return None  # (a member no node may host is said where the search fails)
-    shown = "; ".join(f"{key} may use {_few(nodes)}" for key, nodes in pinned[:3])
-    more = f"; and {len(pinned) - 3} more" if len(pinned) > 3 else ""
     return Unplaceable(
         f"gang {gang.name} must be on one node, but its members' node selectors, affinity or "
-        f"tolerations leave them no node in common: {shown}{more}"
+        f"tolerations leave them no node in common: {where_pinned(members)}"
     )
 
 
-def _few(names: frozenset[str], most: int = 3) -> str:
+def where_pinned(members: Sequence[MemberRequest], most: int = 3) -> str:
+    """The nodes each member with eligible nodes may use, the first `most` of them."""
+    pinned = [(m.key, nodes) for m in members if (nodes := m.eligible_nodes) is not None]
+    shown = "; ".join(f"{key} may use {_few(nodes, most)}" for key, nodes in pinned[:most])
+    return shown + (f"; and {len(pinned) - most} more" if len(pinned) > most else "")
+
+
+def _few(names: frozenset[str], most: int) -> str:
     rest = f" and {len(names) - most} more" if len(names) > most else ""
     return ", ".join(sorted(names)[:most]) + rest
 
