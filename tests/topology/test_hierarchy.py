@@ -334,6 +334,31 @@ def test_members_pinned_anywhere_are_placed_when_one_domain_of_the_level_holds_t
     assert len(domains(p, labels, *levels)) == 1
 
 
+def test_unlike_members_pass_over_racks_whose_free_gpus_no_member_fits() -> None:
+    """A leader and a worker of 8 GPUs each, unlike in CPU: five racks of half-free nodes (16
+    free GPUs each, in holes of 4) hold neither, and the free rack after them holds both."""
+    nodes, labels = [], {}
+    for r in range(6):
+        for i in range(4):
+            name = f"r{r}-n{i}"
+            nodes.append(node(name, range(4) if r < 5 else range(8)))
+            labels[name] = {BLOCK: "b0", RACK: f"r{r}", CLIQUE: f"c{r}.{i}", HOSTNAME: name}
+    members = (MemberRequest("ns/leader", 8, 2000, 1 << 30), MemberRequest("ns/w-0", 8, 1000,
+                                                                          1 << 30))
+    p = ok(place(nodes, labels, GangRequest("ns/g", members,
+                                            network=NetworkRequest(RACK, "required"))))
+    assert {labels[m.node][RACK] for m in p.members} == {"r5"}
+    # without the free rack, the Event says that no node has room for a member, not that no
+    # node has a free GPU
+    r = place(nodes[:20], labels, GangRequest("ns/g", members,
+                                              network=NetworkRequest(RACK, "required")))
+    assert isinstance(r, Unplaceable)
+    assert r.reason == ("gang ns/g needs 16 GPUs (2 members x 8 GPUs) within one "
+                        "example.com/rack domain; no node that has the label example.com/rack "
+                        "has room for one of its members (GPUs, CPU, memory, pods): the most "
+                        "free GPUs on one is 4, and each member takes 8")
+
+
 def test_slices_of_one_node() -> None:
     nodes, labels = cluster({n.name: range(6) for n in cluster()[0]})
     p = ok(place(nodes, labels, gang(4, 2, level=RACK, slice_level=HOSTNAME, size=2)))

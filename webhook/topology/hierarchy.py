@@ -28,6 +28,7 @@ import functools
 import heapq
 import itertools
 import re
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -272,6 +273,9 @@ class _Decision:
         #: pod to its node): a domain's room is not every member's, so each is placed where
         #: it may go (`_reaches`, `_place_pinned`)
         self.pinned = len({m.eligible_nodes for m in gpu}) > 1
+        #: unlike members, how many of each shape (GPUs, CPU, memory): what `_unlike_room` reads
+        self.shapes = [] if self.uniform else \
+            list(Counter((m.gpus, m.cpu_milli, m.memory_bytes) for m in gpu).items())
         # (unsliced, the gang is one slice: its domains count members, not slices)
         size = req.slice_size if req.slice_level is not None else len(self.gpu)
         self.slices = [self.gpu[i:i + size] for i in range(0, len(self.gpu), size)]
@@ -478,8 +482,23 @@ class _Decision:
         if room is None:
             room = self._rooms[rkey] = capacity(free, cpu_milli, memory_bytes, pods,
                                                 self.gpu[0]) if self.uniform else \
-                free.bit_count() if pods > 0 else 0
+                self._unlike_room(free.bit_count(), cpu_milli, memory_bytes, pods)
         return room
+
+    def _unlike_room(self, free: int, cpu_milli: int, memory_bytes: int, pods: int) -> int:
+        """At most how many GPUs of this gang's members a node takes: the largest sum of their
+        GPU counts within its free GPUs, of the members its CPU and memory hold one by one. An
+        upper bound, so a domain that holds the gang is never passed over; its free GPUs alone
+        counted holes no member fits (a rack of half-free nodes looked like room for 8-GPU
+        members, and the gang waited once the domains tried had refused it)."""
+        if pods <= 0:
+            return 0
+        sums = 1  # bit i: some of the members take i GPUs
+        for (gpus, cpu, memory), count in self.shapes:
+            if cpu <= cpu_milli and memory <= memory_bytes:
+                for _ in range(min(count, free // gpus)):
+                    sums |= sums << gpus
+        return (sums & ((2 << free) - 1)).bit_length() - 1
 
     def _best_fit(self, key: Key) -> tuple[int, int, Key]:
         d = self.doms[key]
@@ -587,6 +606,13 @@ class _Decision:
         return GangPlacement(members=tuple(members), nodes_used=len({p.node for p in members}),
                              ring_gbps=ring, gang_gbps=figure)
 
+    def _most_free_at(self, level: int) -> int:
+        """The most free GPUs on one node the gang may use that has the level's label."""
+        eligible = self.gpu[0].eligible_nodes if self.uniform else None
+        return max((len(n.free_gpus) for n in self.nodes if n.topology is not None
+                    and len(self.paths.get(n.name, ())) > level
+                    and (eligible is None or n.name in eligible)), default=0)
+
     def _why_not(self, need: int) -> Unplaceable:
         """The level it needs, the free GPUs of that level's roomiest domain, what it needs."""
         total = sum(m.gpus for m in self.gpu)
@@ -609,6 +635,13 @@ class _Decision:
         if not at:
             within = (f"is in a {kind}" if self.declared.is_tier(label)
                       else f"has the label {label}")
+            most = self._most_free_at(level)
+            if most:  # nodes with free GPUs there, none with room for a member
+                each = f"each member takes {sizes[0]}" if len(sizes) == 1 else \
+                    f"its members take {sizes[0]} to {sizes[-1]}"
+                return Unplaceable(f"{head}; no node that {within} has room for one of its "
+                                   f"members (GPUs, CPU, memory, pods): the most free GPUs on "
+                                   f"one is {most}, and {each}")
             return Unplaceable(f"{head}; no node with a free GPU {within}"
                                if self.paths or not self.nodes else f"{head}; no node {within}")
         if self.pinned and not self.sliced and \
