@@ -311,15 +311,19 @@ def node_object(name: str, labels: dict[str, str], topology: str) -> dict[str, A
 
 
 def gang_pods(pods: int, level: str | None, *, labels: dict[str, str] | None = None,
-              affinity: dict[str, Any] | None = None) -> list[PodInfo]:
+              affinity: dict[str, Any] | None = None,
+              pins: Sequence[str] = ()) -> list[PodInfo]:
     """A gang of `pods` 8-GPU workers whose policy prefers one `level` domain (None: no network
-    request), as the webhook annotates them; `labels` and `affinity` on each."""
+    request), as the webhook annotates them; `labels` and `affinity` on each; worker i with a
+    nodeSelector for node `pins[i]`, where given (as Kueue's TAS ungates its pods)."""
     network = {"network": {"level": level, "mode": "preferred"}} if level else {}
     topo = json.dumps({"v": 1, "mode": "preferred", "singleNode": False, "minRingGBps": None,
                        **network})
-    more = {"affinity": affinity} if affinity else {}
     out = []
     for i in range(pods):
+        more: dict[str, Any] = {"affinity": affinity} if affinity else {}
+        if pins:
+            more["nodeSelector"] = {"kubernetes.io/hostname": pins[i]}
         ann = {keys.ANN_GANG_NAME: "big", keys.ANN_GANG_MIN_MEMBER: str(pods),
                keys.ANN_GPU_TOPOLOGY: topo}
         limits = {"cpu": "4", "memory": "16Gi", keys.GPU_RESOURCE: "8"}
@@ -415,9 +419,16 @@ def latency(sizes: tuple[int, ...], reps: int, seed: int) -> bool:
             fit, groups = FitCache(), NodeGroups()
             gc.collect()
             gc.freeze()  # as the binder's service does once synced
-            for level in (spec.leaf_label, None):
+            # the free nodes in the order of their network paths: where a gang's pods are
+            # pinned, one each (members whose eligible nodes differ)
+            empty = sorted((tuple(nodes[name].labels[lv] for lv in spec.levels), name)
+                           for name, st in states.items() if len(st.free_gpus) == 8)
+            for level, pinned in ((spec.leaf_label, False), (None, False),
+                                  (spec.leaf_label, True)):
                 for pods in (1, 16, 64, 256):
-                    gangs = assemble(gang_pods(pods, level), config.scheduler_name, None)
+                    pins = [name for _, name in empty[:pods]] if pinned else []
+                    gangs = assemble(gang_pods(pods, level, pins=pins), config.scheduler_name,
+                                     None)
                     times, cpu, refs = [], [], []
                     placed = 0
                     fresh = dict(states)
@@ -446,7 +457,7 @@ def latency(sizes: tuple[int, ...], reps: int, seed: int) -> bool:
                     met = p99 < target or cpu99 < target
                     ok &= met
                     verdict = "ok" if p99 < target else "ok(cpu)" if met else "MISSED"
-                    where = "leaf    " if level else "no level"
+                    where = "pinned  " if pinned else "leaf    " if level else "no level"
                     print(f"  {n:6} nodes, {where}, {pods:3} pods x 8 GPUs: p50 "
                           f"{statistics.median(times):7.2f}  p99 {p99:7.2f}  cpu p99 {cpu99:7.2f}"
                           f"  target < {target:g}  ratio {min(p99, cpu99) / target:.2f}  "

@@ -668,14 +668,16 @@ def _multi_mixed(views: _Views, members: list[MemberRequest]) -> list[_Node] | i
         key=lambda v: (-v.nfree, v.state.name),
     )
     chosen: list[_Node] = []
+    names: set[str] = set()  # (a view's equality compares every field: not what to scan by)
     placed = 0
     for m in sorted(members, key=lambda m: -m.gpus):
         host = next((v for v in chosen if v.fits(m)), None)
         if host is None:
-            host = next((v for v in order if v not in chosen and v.fits(m)), None)
+            host = next((v for v in order if v.state.name not in names and v.fits(m)), None)
             if host is None:
                 continue
             chosen.append(host)
+            names.add(host.state.name)
         host.take(m)
         placed += 1
     return chosen if placed == len(members) else placed
