@@ -359,6 +359,37 @@ def test_unlike_members_pass_over_racks_whose_free_gpus_no_member_fits() -> None
                         "free GPUs on one is 4, and each member takes 8")
 
 
+#: how a rack's four nodes are free: half of each (holes no 8-GPU member fits), whole, none
+RACK_FREE = {"holes": [range(4)] * 4, "free": [range(8)] * 4, "full": [range(0)] * 4,
+             "mixed": [range(8), range(1), range(4), range(2, 8)]}
+
+
+@settings(max_examples=150, deadline=None)
+@given(racks=st.lists(st.sampled_from(sorted(RACK_FREE)), min_size=6, max_size=6),
+       sizes=st.lists(st.sampled_from([1, 2, 4, 8, 8]), min_size=2, max_size=5),
+       cpus=st.lists(st.sampled_from([1000, 2000]), min_size=5, max_size=5),
+       mode=st.sampled_from(["required", "preferred"]))
+def test_unlike_members_are_placed_in_a_rack_whenever_one_holds_them(
+        *, racks: list[str], sizes: list[int], cpus: list[int], mode: str) -> None:
+    """Six racks of four nodes (more than the domains the decision tries when the engine
+    refuses one): a gang of unlike members lands within one rack whenever the engine alone
+    places it on some rack's nodes."""
+    nodes, labels = [], {}
+    for r, kind in enumerate(racks):
+        for i, free in enumerate(RACK_FREE[kind]):
+            name = f"r{r}-n{i}"
+            nodes.append(node(name, free))
+            labels[name] = {BLOCK: "b0", RACK: f"r{r}", CLIQUE: f"c.{r}.{i}", HOSTNAME: name}
+    members = tuple(MemberRequest(f"ns/w-{i}", g, cpus[i], 1 << 30) for i, g in enumerate(sizes))
+    g = GangRequest("ns/g", members, network=NetworkRequest(RACK, mode))
+    got = place(nodes, labels, g)
+    fits = [r for r in {labels[n.name][RACK] for n in nodes} if isinstance(place_gang(
+        [n for n in nodes if labels[n.name][RACK] == r], replace(g, network=None),
+        tables=TABLES), GangPlacement)]
+    if fits:
+        assert len(domains(ok(got), labels, BLOCK, RACK)) == 1
+
+
 def test_slices_of_one_node() -> None:
     nodes, labels = cluster({n.name: range(6) for n in cluster()[0]})
     p = ok(place(nodes, labels, gang(4, 2, level=RACK, slice_level=HOSTNAME, size=2)))
@@ -644,7 +675,7 @@ def one_by_one(nodes: list[NodeState], gang: GangRequest) -> list[tuple[str, str
 V100 = builtin("dgx1-v100")  # an NVLink hybrid cube mesh: which GPUs are left free matters
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(frees=st.lists(st.tuples(st.sets(st.integers(0, 7)), st.booleans(), st.integers(1, 4)),
                       min_size=1, max_size=12),
        sizes=st.lists(st.sampled_from([0, 1, 1, 2, 4, 8]), min_size=1, max_size=10),

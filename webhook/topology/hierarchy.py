@@ -276,6 +276,9 @@ class _Decision:
         #: unlike members, how many of each shape (GPUs, CPU, memory): what `_unlike_room` reads
         self.shapes = [] if self.uniform else \
             list(Counter((m.gpus, m.cpu_milli, m.memory_bytes) for m in gpu).items())
+        #: unlike members: per GPU count, how many members take at least that many
+        self.at_least = [] if self.uniform else \
+            [(size, sum(m.gpus >= size for m in gpu)) for size in sorted({m.gpus for m in gpu})]
         # (unsliced, the gang is one slice: its domains count members, not slices)
         size = req.slice_size if req.slice_level is not None else len(self.gpu)
         self.slices = [self.gpu[i:i + size] for i in range(0, len(self.gpu), size)]
@@ -313,7 +316,7 @@ class _Decision:
         for level in levels:
             fit = sorted((k for k, d in self.doms.items()
                           if len(k) == level + 1 and _real(k) and d.pieces >= need
-                          and (not self.pinned or self._reaches(k, self.gpu))),
+                          and (self.uniform or self._may_hold(k))),
                          key=self._best_fit)
             for key in fit[:_TRIES]:
                 placed = self._place_pinned(key) if self.pinned else \
@@ -531,6 +534,16 @@ class _Decision:
         names = {n.name for n in self._nodes_under(key)}
         return all(m.eligible_nodes is None or not m.eligible_nodes.isdisjoint(names)
                    for m in members)
+
+    def _may_hold(self, key: Key) -> bool:
+        """Whether the nodes under `key` may hold unlike members, which a domain's room (a sum
+        over its nodes) cannot say: each member may use one of them, and for each GPU count,
+        its nodes have room for as many members of it as there are members that take at
+        least it (a rack of 4-GPU holes holds no 8-GPU member, however many 1-GPU ones)."""
+        if self.pinned and not self._reaches(key, self.gpu):
+            return False
+        free = [len(n.free_gpus) for n in self._nodes_under(key)]
+        return all(sum(f // size for f in free) >= members for size, members in self.at_least)
 
     def _place_pinned(self, key: Key) -> GangPlacement | Unplaceable:
         """Pinned members under `key`: the engine on its nodes, which honours each member's
