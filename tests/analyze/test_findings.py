@@ -102,6 +102,17 @@ def waiting_pod(age: int, reason: str | None = None) -> dict[str, Any]:
 
 
 SHADOW = POLICY.replace("name: mpi-volcano", "name: again")
+#: a policy that keeps a gang on one node, in team-a (the shipped mpi-topology's rule)
+ONE_NODE = """\
+apiVersion: muster.io/v1alpha1
+kind: SchedulingPolicy
+metadata: {name: mpi-topology}
+spec:
+  priority: 10
+  match: {namespaces: [team-a]}
+  gang: {backend: muster, minAvailable: auto}
+  topology: {mode: required, singleNode: true}
+"""
 AUDITED = POLICY.replace("spec:\n", "spec:\n  enforcement: audit\n", 1)
 
 
@@ -396,6 +407,35 @@ def _stuck_pod(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [*objs, pod]
 
 
+def kueue_queues(topology: str | None, ns: str = "team-a") -> list[dict[str, Any]]:
+    """Kueue's flavor `gpus` (of Topology `topology`: Kueue places by it), ClusterQueue
+    `training` of it and LocalQueue `team` in `ns`, as Kueue's API serves them."""
+    api = "kueue.x-k8s.io/v1beta2"
+    flavor: dict[str, Any] = {"nodeLabels": {"pool": "gpu"}}
+    if topology is not None:
+        flavor["topologyName"] = topology
+    return [{"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": "gpus"},
+             "spec": flavor},
+            {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": "training"},
+             "spec": {"namespaceSelector": {}, "resourceGroups": [{
+                 "coveredResources": [keys.GPU_RESOURCE],
+                 "flavors": [{"name": "gpus", "resources": [
+                     {"name": keys.GPU_RESOURCE, "nominalQuota": "8"}]}]}]}},
+            {"apiVersion": api, "kind": "LocalQueue",
+             "metadata": {"name": "team", "namespace": ns},
+             "spec": {"clusterQueue": "training"}}]
+
+
+def _kueue_tas(topology: str | None, policy: str = ONE_NODE
+               ) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    def change(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return _replace("ConfigMap", "muster-policies", {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "muster-policies", "namespace": "muster-system"},
+            "data": {"p.yaml": POLICY, "q.yaml": policy}})(objs) + kueue_queues(topology)
+    return change
+
+
 def _hypernode(name: str, *members: dict[str, Any], tier: int = 1) -> dict[str, Any]:
     return {"apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode",
             "metadata": {"name": name}, "spec": {"tier": tier, "members": list(members)}}
@@ -488,6 +528,11 @@ LIVE: list[tuple[str, Callable[[list[dict[str, Any]]], list[dict[str, Any]]], st
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "muster-policies", "namespace": "muster-system"},
         "data": {"p.yaml": AUDITED}}), "PolicyNotEnforced"),
+    ("a single-node policy beside Kueue TAS queues", _kueue_tas("racks"),
+     "SingleNodeBesideKueueTAS"),
+    ("a single-node policy beside Kueue queues without TAS", _kueue_tas(None), ""),
+    ("a preferred single-node policy beside Kueue TAS queues", _kueue_tas(
+        "racks", ONE_NODE.replace("mode: required", "mode: preferred")), ""),
 ]
 
 
@@ -583,6 +628,29 @@ spec:
     mode: preferred
     network: {required: example.com/rack, slice: {level: kubernetes.io/hostname, size: 2}}
 """
+
+
+def test_a_single_node_policy_where_kueue_places_by_its_topology() -> None:
+    """Kueue's TAS may spread a gang over nodes; a policy that keeps it on one node then
+    leaves it waiting: said before any job meets it, with the queue and how Kueue places it."""
+    kueue: dict[str, list[dict[str, Any]]] = {}
+    for obj in kueue_queues("racks") + kueue_queues("racks", "team-b")[2:]:
+        kueue.setdefault(obj["kind"].lower() + "s", []).append(obj)  # (the plurals)
+    names = [{"metadata": {"name": n, "labels": {}}} for n in ("team-a", "team-b")]
+    s = dataclasses.replace(healthy(), namespaces=names, kueue=kueue, policies=load_policy_texts(
+        {"p.yaml": POLICY, "q.yaml": ONE_NODE.replace("[team-a]", "[team-a, team-b]")}))
+    found = [f for f in analyze(s, NOW) if f.code == "SingleNodeBesideKueueTAS"]
+    assert [(f.severity, f.object, f.message) for f in found] == [(
+        "warning", "SchedulingPolicy/mpi-topology",
+        "it keeps a gang on one node (topology.singleNode, mode required) in namespace team-a, "
+        "whose LocalQueue team (ClusterQueue training, flavor gpus of Topology racks) is placed "
+        "by Kueue's topology-aware scheduling (and 1 more LocalQueues): a gang Kueue spreads "
+        "over nodes waits unbound, and waitForPodsReady evicts it")]
+    assert "podset-required-topology: kubernetes.io/hostname" in found[0].fix
+    # no queue of a Topology's flavor in the namespaces it matches: nothing to say
+    other = dataclasses.replace(s, policies=load_policy_texts({"q.yaml": ONE_NODE.replace(
+        "[team-a]", "[team-c]")}))
+    assert not [f for f in analyze(other, NOW) if f.code == "SingleNodeBesideKueueTAS"]
 
 
 def test_gpu_nodes_without_a_label_a_network_policy_names() -> None:

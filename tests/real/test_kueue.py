@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -39,10 +40,13 @@ from real_helpers import (
     gpu_pod,
 )
 
+from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node import schedulers
 from e2e.node.cluster import NODE_NAME, NodeCluster
 from e2e.probes import eventually, pods_of
 from webhook import keys
+from webhook.analyze.collect import collect
+from webhook.analyze.findings import analyze
 from webhook.binder.cli import network_levels
 from webhook.binder.controller import BinderConfig
 from webhook.kube import (
@@ -408,6 +412,12 @@ async def test_a_single_node_policy_where_kueue_spreads_the_gang_waits_and_says_
             for pod, node in selectors.items():  # each worker's node, as Kueue chose it
                 assert f"{ns}/{pod} may use {node}" in message
             assert bound(await pods_of(kube, ns, "kq-mpi")) == []
+            # `muster analyze` reads Kueue's queues and flavors, and warns of the policy
+            found = [f for f in analyze(await collect(kube, NAMESPACE, RELEASE),
+                                        dt.datetime.now(dt.UTC))
+                     if f.code == "SingleNodeBesideKueueTAS"]
+            assert [f.object for f in found] == ["SchedulingPolicy/mpi-topology"], found
+            assert "is placed by Kueue's topology-aware scheduling" in found[0].message
         finally:
             await delete_jobs(kube, ns, ["kq-mpi"])
 

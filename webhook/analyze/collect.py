@@ -10,6 +10,7 @@ from webhook import keys
 from webhook.analyze.findings import (
     BACKEND_CRDS,
     HYPERNODE_CRD,
+    KUEUE_CRD,
     Snapshot,
     coscheduling_schedulers,
     not_enforced,
@@ -31,7 +32,7 @@ from webhook.kube import (
     KubeApi,
     Resource,
 )
-from webhook.kube.api import TOPOLOGIES, VOLCANO_HYPERNODES
+from webhook.kube.api import KUEUE_QUEUES, TOPOLOGIES, VOLCANO_HYPERNODES
 from webhook.kube.owners import controller_ref, owner_kind, owner_resource
 from webhook.policy import native
 from webhook.policy.audit import EVENT_REASON
@@ -79,6 +80,19 @@ async def _topology(api: KubeApi, ref: TopologyRef) -> dict[str, Any] | None:
         if found is not None:
             return found
     return None
+
+
+async def _served(api: KubeApi, versions: tuple[Resource, ...]) -> list[dict[str, Any]]:
+    """The objects, from the first of their API's versions served (none where none is)."""
+    for resource in versions:
+        try:
+            found: list[dict[str, Any]] = (await api.list(resource))["items"]
+        except ApiError as exc:
+            if exc.not_found:
+                continue
+            raise
+        return found
+    return []
 
 
 def binder_levels(deployment: Mapping[str, Any]) -> Levels:
@@ -142,6 +156,9 @@ async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float
     if s.levels.topology is not None:
         s.topology = await _topology(api, s.levels.topology)
     s.namespaces = await _items(api, NAMESPACES)
+    if KUEUE_CRD in s.crds:
+        s.kueue = {plural: await _served(api, versions)
+                   for plural, versions in KUEUE_QUEUES.items()}
     s.waiting_pods = await _pods(api, keys.DEFAULT_BINDER_SCHEDULER_NAME)
     for scheduler in sorted(coscheduling_schedulers(s.policies)):
         s.unscheduled_pods = [*s.unscheduled_pods, *await _pods(api, scheduler)]

@@ -36,6 +36,7 @@ BACKEND_CRDS = {"volcano": "podgroups.scheduling.volcano.sh",
                 "coscheduling": "podgroups.scheduling.x-k8s.io"}
 ISTIO_INJECTOR = "istio-sidecar-injector"
 HYPERNODE_CRD = "hypernodes.topology.volcano.sh"
+KUEUE_CRD = "localqueues.kueue.x-k8s.io"
 SAFE_EXCLUDED = ("kube-system",)
 
 
@@ -77,6 +78,8 @@ class Snapshot:
     #: named, or not in the cluster)
     topology: Obj | None = None
     namespaces: Sequence[Obj] | None = None  # None: not read (no finding about matching)
+    #: Kueue's resourceflavors, clusterqueues and localqueues, by plural (empty: not installed)
+    kueue: Mapping[str, Sequence[Obj]] = field(default_factory=dict)
     #: unbound pods of the binder (schedulerName muster-binder)
     waiting_pods: Sequence[Obj] = ()
     #: unbound pods of the schedulers coscheduling policies name
@@ -96,7 +99,7 @@ def _name(obj: Obj) -> str:
 def analyze(s: Snapshot, now: dt.datetime) -> list[Finding]:
     checks = (_backends, _queues, _webhook_order, _webhook_safety, _endpoints, _ca_bundle,
               _gpu_nodes, _network, _podgroups, _binder, _matching,
-              _shadowed, _waiting, _schedulers, _not_enforced)
+              _shadowed, _waiting, _schedulers, _not_enforced, _beside_kueue_tas)
     out = [f for check in checks for f in check(s, now)]
     rank = {"error": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda f: (rank[f.severity], f.code, f.object))
@@ -441,18 +444,28 @@ def _binder(s: Snapshot, now: dt.datetime) -> Iterator[Finding]:
                       f"kubectl -n {s.namespace} get pods -l app.kubernetes.io/component=binder")
 
 
+def _namespace_labels(s: Snapshot) -> dict[str, Mapping[str, str]]:
+    return {str(n["metadata"]["name"]): (n["metadata"].get("labels") or {})
+            for n in s.namespaces or ()}
+
+
+def _matched(policy: Any, labels: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """The namespaces (of `labels`: name -> its labels) a policy's namespaces and
+    namespaceSelector match (pod selectors need pods: not judged)."""
+    compiled = compile_policy(policy, ())
+    names = [n for n in labels if compiled.namespaces is None or n in compiled.namespaces]
+    if compiled.ns_selector is not None:
+        names = [n for n in names if selector_matches(compiled.ns_selector, labels[n])]
+    return names
+
+
 def _matching(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
-    """Policies no namespace of the cluster can match (pod selectors need pods: not judged)."""
+    """Policies no namespace of the cluster can match."""
     if s.policies is None or s.namespaces is None:
         return
-    labels = {str(n["metadata"]["name"]): (n["metadata"].get("labels") or {})
-              for n in s.namespaces}
+    labels = _namespace_labels(s)
     for policy in s.policies.policies:
-        compiled = compile_policy(policy, ())
-        names = [n for n in labels if compiled.namespaces is None or n in compiled.namespaces]
-        if compiled.ns_selector is not None:
-            names = [n for n in names if selector_matches(compiled.ns_selector, labels[n])]
-        if not names:
+        if not _matched(policy, labels):
             yield Finding("warning", "PolicyMatchesNothing", f"SchedulingPolicy/{policy.name}",
                           "no namespace of the cluster matches its namespaces/namespaceSelector",
                           "fix the namespace names or labels it selects, or delete it")
@@ -494,6 +507,55 @@ def _waiting(s: Snapshot, now: dt.datetime) -> Iterator[Finding]:
                       f"gang {ann.get(keys.ANN_GANG_NAME)} has waited "
                       f"{int((now - created).total_seconds())} s, past its {timeout} s timeout: "
                       f"{why}", "free the resources it needs, or lower its minMember")
+
+
+def _tas_queues(kueue: Mapping[str, Sequence[Obj]]) -> dict[tuple[str, str], str]:
+    """Kueue's LocalQueues (namespace, name) whose ClusterQueue has a flavor of a Kueue
+    Topology (Kueue's topology-aware scheduling places their workloads' pods), with how."""
+    topology = {str(f["metadata"]["name"]): str(f["spec"]["topologyName"])
+                for f in kueue.get("resourceflavors", ())
+                if (f.get("spec") or {}).get("topologyName")}
+    by_queue: dict[str, str] = {}
+    for cq in kueue.get("clusterqueues", ()):
+        for group in (cq.get("spec") or {}).get("resourceGroups") or ():
+            for flavor in group.get("flavors") or ():
+                name = str(flavor.get("name"))
+                if name in topology:
+                    by_queue.setdefault(str(cq["metadata"]["name"]),
+                                        f"ClusterQueue {cq['metadata']['name']}, flavor {name} "
+                                        f"of Topology {topology[name]}")
+    return {(str(lq["metadata"].get("namespace")), str(lq["metadata"]["name"])):
+            by_queue[str((lq.get("spec") or {}).get("clusterQueue"))]
+            for lq in kueue.get("localqueues", ())
+            if str((lq.get("spec") or {}).get("clusterQueue")) in by_queue}
+
+
+def _beside_kueue_tas(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    """A policy that must keep a gang on one node, in namespaces whose Kueue queues place pods
+    by Kueue's topology-aware scheduling: Kueue may spread a gang over nodes (each pod's node
+    in its nodeSelector), and no placement then meets both, so the gang waits."""
+    if s.policies is None or not s.kueue:
+        return
+    queues = _tas_queues(s.kueue)
+    labels = _namespace_labels(s)
+    for policy in s.policies.policies:
+        topology = policy.spec.topology
+        if topology is None or not topology.singleNode or topology.mode != "required":
+            continue
+        matched = set(_matched(policy, labels))
+        hit = sorted((ns, lq) for ns, lq in queues if ns in matched)
+        if not hit:
+            continue
+        ns, lq = hit[0]
+        more = f" (and {len(hit) - 1} more LocalQueues)" if len(hit) > 1 else ""
+        yield Finding("warning", "SingleNodeBesideKueueTAS", f"SchedulingPolicy/{policy.name}",
+                      f"it keeps a gang on one node (topology.singleNode, mode required) in "
+                      f"namespace {ns}, whose LocalQueue {lq} ({queues[ns, lq]}) is placed by "
+                      f"Kueue's topology-aware scheduling{more}: a gang Kueue spreads over "
+                      "nodes waits unbound, and waitForPodsReady evicts it",
+                      "give jobs in these queues a policy without singleNode (network "
+                      "jobAnnotations: honour takes Kueue's levels), or ask Kueue for one node "
+                      "(kueue.x-k8s.io/podset-required-topology: kubernetes.io/hostname)")
 
 
 def coscheduling_schedulers(policies: PolicySet | None) -> set[str]:

@@ -68,6 +68,13 @@ TOPOLOGIES = {api: tuple(Resource(group, version, "topologies", False, "Topology
                          for version in versions)
               for api, group, versions in (("kueue", "kueue.x-k8s.io", ("v1beta2", "v1beta1")),
                                            ("kai", "kai.scheduler", ("v1", "v1alpha1")))}
+#: Kueue's queues and flavors, in the versions it serves, newest first
+KUEUE_QUEUES = {plural: tuple(Resource("kueue.x-k8s.io", version, plural, namespaced, kind)
+                              for version in ("v1beta2", "v1beta1"))
+                for plural, namespaced, kind in (
+                    ("resourceflavors", False, "ResourceFlavor"),
+                    ("clusterqueues", False, "ClusterQueue"),
+                    ("localqueues", True, "LocalQueue"))}
 MPIJOBS = Resource("kubeflow.org", "v2beta1", "mpijobs", True, "MPIJob")
 MUTATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1",
                              "mutatingwebhookconfigurations", False,
