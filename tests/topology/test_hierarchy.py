@@ -294,6 +294,15 @@ def test_pinned_slices_land_in_the_clique_their_members_may_use() -> None:
     with_cliques = pinned(g, "b0-r0-n0", "b0-r0-n1", "b0-r1-n2", "b0-r1-n3")
     p = ok(place(nodes, labels, with_cliques))
     assert [m.node for m in p.members] == ["b0-r0-n0", "b0-r0-n1", "b0-r1-n2", "b0-r1-n3"]
+    # the slice that can go to one clique only goes first, and fills it: the other, which could
+    # go to either, takes the other clique (in slice order the first took the clique both need)
+    either = replace(g, members=(
+        MemberRequest("ns/w-0", 8, 1000, 1 << 30, frozenset({"b0-r0-n0", "b0-r0-n2"})),
+        MemberRequest("ns/w-1", 8, 1000, 1 << 30, frozenset({"b0-r0-n1", "b0-r0-n3"})),
+        MemberRequest("ns/w-2", 8, 1000, 1 << 30, frozenset({"b0-r0-n0"})),
+        MemberRequest("ns/w-3", 8, 1000, 1 << 30, frozenset({"b0-r0-n1"}))))
+    p = ok(place(nodes, labels, either))
+    assert [m.node for m in p.members] == ["b0-r0-n2", "b0-r0-n3", "b0-r0-n0", "b0-r0-n1"]
     # a slice whose members' nodes are in two cliques cannot be one slice
     r = place(nodes, labels, pinned(g, *four))
     assert isinstance(r, Unplaceable)

@@ -547,23 +547,28 @@ class _Decision:
 
     def _place_pinned(self, key: Key) -> GangPlacement | Unplaceable:
         """Pinned members under `key`: the engine on its nodes, which honours each member's
-        eligible nodes (the descent counts room, not whose it is); each slice in the slice
-        domain under `key` that all its members may use, the one an earlier slice took first,
-        then the best fit."""
+        eligible nodes (the descent counts room, not whose it is); each slice in a slice
+        domain under `key` with room for it that all its members may use, the slices with the
+        fewest such domains first, each in a domain an earlier slice took where it can, else
+        the best fit."""
         spare = self._spare()
         if not self.sliced:
             return self._run([(self._nodes_under(key) + spare, [*self.gpu, *self.others])])
         under = [k for k in self.doms if k[:len(key)] == key and self._is_slice(k)]
+        where = [[k for k in under if self._reaches(k, members)] for members in self.slices]
+        left = {k: self.doms[k].pieces for k in under}
         taken: dict[Key, list[MemberRequest]] = {}
-        for members in self.slices:
-            where = [k for k in under if self._reaches(k, members)]
-            if not where:
+        for i in sorted(range(len(where)), key=lambda i: (len(where[i]), i)):
+            room = [k for k in where[i] if left[k] > 0]
+            if not room:
                 kind = self.declared.kind(self.req.slice_level or HOSTNAME)
                 return Unplaceable(f"gang {self.gang.name}: no {kind} has room on nodes that "
-                                   f"each member of a slice may use: {where_pinned(members)}")
-            chosen = next((k for k in where if k in taken), None) or \
-                min(where, key=self._best_fit)
-            taken.setdefault(chosen, []).extend(members)
+                                   f"each member of a slice may use: "
+                                   f"{where_pinned(self.slices[i])}")
+            chosen = next((k for k in room if k in taken), None) or \
+                min(room, key=self._best_fit)
+            left[chosen] -= 1
+            taken.setdefault(chosen, []).extend(self.slices[i])
         groups = [(self._nodes_under(k), members) for k, members in taken.items()]
         groups[0] = (groups[0][0] + spare, groups[0][1] + self.others)
         return self._run(groups)
