@@ -60,7 +60,7 @@ from webhook.kube import (
     KubeApi,
     Resource,
 )
-from webhook.kube.api import TOPOLOGIES
+from webhook.kube.api import KUEUE_QUEUES, TOPOLOGIES
 from webhook.policy import operators
 from webhook.topology.builtin import builtin
 from webhook.topology.network import Levels
@@ -69,9 +69,8 @@ pytestmark = pytest.mark.neighbour("kueue")
 
 NS = "kueue-team"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-FLAVORS = Resource("kueue.x-k8s.io", "v1beta2", "resourceflavors", False, "ResourceFlavor")
-CLUSTER_QUEUES = Resource("kueue.x-k8s.io", "v1beta2", "clusterqueues", False, "ClusterQueue")
-LOCAL_QUEUES = Resource("kueue.x-k8s.io", "v1beta2", "localqueues", True, "LocalQueue")
+FLAVORS, CLUSTER_QUEUES, LOCAL_QUEUES = (KUEUE_QUEUES[plural][0] for plural in (
+    "resourceflavors", "clusterqueues", "localqueues"))
 WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads", True, "Workload")
 KUEUE_TOPOLOGIES = TOPOLOGIES["kueue"][0]
 TAINT = {"key": "muster.io/kueue-pool", "value": "gpu", "effect": "NoSchedule"}

@@ -28,6 +28,7 @@ from webhook.policy.compiled import compile_policy, selector_matches
 from webhook.policy.podgroup import made_by_muster
 from webhook.policy.policyset import PolicySet, written_fields
 from webhook.policy.queues import queue_problem, state_of
+from webhook.policy.schema import SchedulingPolicy
 from webhook.topology.network import Levels, TopologyRef
 
 Severity = Literal["error", "warning", "info"]
@@ -449,7 +450,7 @@ def _namespace_labels(s: Snapshot) -> dict[str, Mapping[str, str]]:
             for n in s.namespaces or ()}
 
 
-def _matched(policy: Any, labels: Mapping[str, Mapping[str, str]]) -> list[str]:
+def _matched(policy: SchedulingPolicy, labels: Mapping[str, Mapping[str, str]]) -> list[str]:
     """The namespaces (of `labels`: name -> its labels) a policy's namespaces and
     namespaceSelector match (pod selectors need pods: not judged)."""
     compiled = compile_policy(policy, ())
