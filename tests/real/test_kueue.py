@@ -12,7 +12,9 @@ which carries the flavor's nodeSelector and tolerations Kueue wrote into its tem
 - A flavor of a Kueue Topology (Kueue's own topology-aware scheduling): Kueue chooses each
   pod's node (or only its rack, where the Topology stops there) and ungates it with that; the
   binder binds it there with its GPU set, on the test's node, and over two racks of nodes the
-  test makes (an Indexed Job, whose pods the real Job controller makes).
+  test makes (an Indexed Job, whose pods the real Job controller makes), also where the racks
+  are the binder's own network levels. Where a policy keeps the gang on one node and Kueue
+  spreads it, the binder waits and says why, and `muster analyze` warns of the policy.
 - A Topology made through Kueue's API is the binder's levels (`--network-levels kueue:NAME`).
 """
 
