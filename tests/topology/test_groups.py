@@ -58,8 +58,13 @@ def _gang(i: int, nodes: list[NodeState], rng: random.Random) -> GangRequest:
                                                                                    len(names))))
     size = rng.choice([1, 1, 2, 4, 8])
     count = rng.choice([1, 2, 4])
+    # sometimes each member has nodes of its own, as where another scheduler (Kueue's TAS)
+    # pinned each pod to its node
+    pinned = rng.random() < 0.3
     members = [MemberRequest(f"g{i}/w{k}", rng.choice([size, size, 1]),
-                             rng.choice([1000, 4000]), rng.choice([1, 16]) * GIB, eligible)
+                             rng.choice([1000, 4000]), rng.choice([1, 16]) * GIB,
+                             frozenset(rng.sample(names, min(len(names), rng.randint(1, 4))))
+                             if pinned else eligible)
                for k in range(count)]
     if rng.random() < 0.7:
         launcher_eligible = None if rng.random() < 0.7 else frozenset(rng.sample(names, 1))
@@ -231,6 +236,8 @@ def test_grouped_network_placements_are_those_of_the_scan() -> None:
                     seen["unplaceable"] += 1
                     continue
                 seen["placed" if gang.network else "placed, no level"] += 1
+                if gang.network and len({m.eligible_nodes for m in gang.members if m.gpus}) > 1:
+                    seen["placed, members pinned apart"] += 1
                 at = {n.name: k for k, n in enumerate(nodes)}
                 by_key = {m.key: m for m in gang.members}
                 for p in scanned.members:
@@ -239,4 +246,5 @@ def test_grouped_network_placements_are_those_of_the_scan() -> None:
             nodes = list(nodes)
             for k in rng.sample(range(len(nodes)), rng.randint(0, len(nodes))):
                 nodes[k] = dataclasses.replace(nodes[k], free_gpus=frozenset(range(8)))
-    assert min(seen.values()) >= 100 and len(seen) == 3, seen
+    pinned_apart = seen.pop("placed, members pinned apart", 0)
+    assert min(seen.values()) >= 100 and len(seen) == 3 and pinned_apart >= 20, seen
