@@ -241,6 +241,13 @@ def _natural(key: str) -> tuple[str | int, ...]:
     return tuple(parts)
 
 
+def _may_use(nodes: Sequence[NodeState], members: Sequence[MemberRequest]) -> bool:
+    """Each of the members may use one of the nodes."""
+    names = {n.name for n in nodes}
+    return all(m.eligible_nodes is None or not m.eligible_nodes.isdisjoint(names)
+               for m in members)
+
+
 class _Decision:
     def __init__(self, nodes: Sequence[NodeState], gang: GangRequest, req: NetworkRequest,
                  network: Network, *, inter_gbps: float, tables: TableCache,
@@ -531,18 +538,17 @@ class _Decision:
 
     def _reaches(self, key: Key, members: Sequence[MemberRequest]) -> bool:
         """Each of the members may use a node with room under `key`."""
-        names = {n.name for n in self._nodes_under(key)}
-        return all(m.eligible_nodes is None or not m.eligible_nodes.isdisjoint(names)
-                   for m in members)
+        return _may_use(self._nodes_under(key), members)
 
     def _may_hold(self, key: Key) -> bool:
         """Whether the nodes under `key` may hold unlike members, which a domain's room (a sum
         over its nodes) cannot say: each member may use one of them, and for each GPU count,
         its nodes have room for as many members of it as there are members that take at
         least it (a rack of 4-GPU holes holds no 8-GPU member, however many 1-GPU ones)."""
-        if self.pinned and not self._reaches(key, self.gpu):
+        nodes = self._nodes_under(key)
+        if self.pinned and not _may_use(nodes, self.gpu):
             return False
-        free = [len(n.free_gpus) for n in self._nodes_under(key)]
+        free = [len(n.free_gpus) for n in nodes]
         return all(sum(f // size for f in free) >= members for size, members in self.at_least)
 
     def _place_pinned(self, key: Key) -> GangPlacement | Unplaceable:
