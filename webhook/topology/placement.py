@@ -51,9 +51,10 @@ def _by_name(n: NodeState) -> tuple[object, ...]:
     return (n.name,)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Node:
-    """A node during one placement: what is still free after the members put on it."""
+    """A node during one placement: what is still free after the members put on it. One view
+    per node (`_Views.get`), so a view is itself: `in` compares identity, not every field."""
 
     state: NodeState
     tables: ClassTables | None
@@ -668,7 +669,7 @@ def _multi_mixed(views: _Views, members: list[MemberRequest]) -> list[_Node] | i
         key=lambda v: (-v.nfree, v.state.name),
     )
     chosen: list[_Node] = []
-    names: set[str] = set()  # (a view's equality compares every field: not what to scan by)
+    names: set[str] = set()  # the chosen ones, not scanned for each member
     placed = 0
     for m in sorted(members, key=lambda m: -m.gpus):
         host = next((v for v in chosen if v.fits(m)), None)
