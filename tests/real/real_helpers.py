@@ -294,12 +294,22 @@ async def failed_scheduling(kube: KubeApi, ns: str, prefix: str, within: float =
     return message
 
 
-def assigned_indices(pod: dict[str, Any]) -> list[int]:
-    """The GPU indices the binder's assignment gives the pod, over its containers; none where
-    it has no assignment."""
+def _assigned(pod: dict[str, Any], field: str) -> list[Any]:
+    """A field (`indices`, `uuids`) of the binder's assignment on the pod, over its
+    containers; none where it has no assignment."""
     raw = (pod["metadata"].get("annotations") or {}).get(keys.ANN_GPU_ASSIGNMENT)
-    return [] if not raw else [i for c in json.loads(raw)["containers"].values()
-                               for i in c["indices"]]
+    return [] if not raw else [x for c in json.loads(raw)["containers"].values()
+                               for x in c[field]]
+
+
+def assigned_indices(pod: dict[str, Any]) -> list[int]:
+    """The GPU indices the binder's assignment gives the pod (none without one)."""
+    return _assigned(pod, "indices")
+
+
+def assigned_uuids(pod: dict[str, Any]) -> list[str]:
+    """The GPU UUIDs the binder's assignment gives the pod (none without one)."""
+    return _assigned(pod, "uuids")
 
 
 async def delete_now(kube: KubeApi, path: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from jobs import PRINT_GPUS, delete_jobs, ensure_namespace, mpijob, submit
-from real_helpers import kubectl, wait_webhook_pods
+from real_helpers import assigned_uuids, kubectl, wait_webhook_pods
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node import image
@@ -114,12 +114,6 @@ def _assignment(victim_gpu: str) -> str:
         "main": {"indices": [0], "uuids": [victim_gpu]}}})
 
 
-def _uuids(pod: dict[str, Any]) -> list[str]:
-    raw = (pod["metadata"].get("annotations") or {}).get(keys.ANN_GPU_ASSIGNMENT)
-    return [] if not raw else [u for c in json.loads(raw)["containers"].values()
-                               for u in c["uuids"]]
-
-
 async def _printed(cluster: NodeCluster, ns: str, name: str) -> list[str] | None:
     out = await asyncio.to_thread(kubectl, cluster, "logs", "-n", ns, name, check=False)
     for line in out.stdout.splitlines():
@@ -145,7 +139,7 @@ async def _victim(kube: KubeApi, cluster: NodeCluster) -> dict[str, list[str]]:
     for p in pods:
         if p["metadata"]["labels"][operators.JOB_ROLE_LABEL] == "worker":
             printed = await _printed(cluster, ns, p["metadata"]["name"])
-            assert printed == _uuids(p) and len(printed) == 1, p["metadata"]["name"]
+            assert printed == assigned_uuids(p) and len(printed) == 1, p["metadata"]["name"]
             out[p["metadata"]["name"]] = printed
     return out
 
@@ -261,7 +255,7 @@ async def test_a_pod_owner_cannot_forge_their_way_to_another_pods_gpu(
         # the victim kept its GPUs all along
         for name, gpus in victims.items():
             pod = await kube.get(PODS, name, namespace="gpu-team")
-            assert pod["status"]["phase"] == "Running" and _uuids(pod) == gpus, name
+            assert pod["status"]["phase"] == "Running" and assigned_uuids(pod) == gpus, name
             assert await _printed(node_cluster, "gpu-team", name) == gpus, name
     finally:
         await _webhook_replicas(kube, node_cluster, 2)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from jobs import delete_jobs, ensure_namespace, mpijob, submit
-from real_helpers import assigned_indices, kubectl, with_api
+from real_helpers import assigned_indices, assigned_uuids, kubectl, with_api
 
 from e2e.node.cluster import NODE_NAME, NodeCluster
 from e2e.probes import eventually, pods_of
@@ -32,13 +31,6 @@ def _jobs_deleted_after(node_cluster: NodeCluster) -> Iterator[None]:
     yield
     with node_cluster.netns():
         with_api(node_cluster, lambda kube: delete_jobs(kube, NS, JOBS))
-
-
-def _assigned_uuids(pod: dict[str, Any]) -> list[str]:
-    raw = (pod["metadata"].get("annotations") or {}).get(keys.ANN_GPU_ASSIGNMENT)
-    if not raw:
-        return []
-    return [u for c in json.loads(raw)["containers"].values() for u in c["uuids"]]
 
 
 async def _printed_gpus(cluster: NodeCluster, pod: dict[str, Any]) -> list[str] | None:
@@ -99,7 +91,7 @@ async def _run_two_jobs(kube: KubeApi, cluster: NodeCluster
 async def test_jobs_run_on_the_gpus_the_binder_chose_and_no_gpu_twice(
         kube: KubeApi, node_cluster: NodeCluster) -> None:
     workers = await _run_two_jobs(kube, node_cluster)
-    written = [u for p, _ in workers for u in _assigned_uuids(p)]
+    written = [u for p, _ in workers for u in assigned_uuids(p)]
     printed = [u for _, gpus in workers for u in gpus or []]
     assert all(gpus is not None and len(gpus) == 1 for _, gpus in workers), workers
     assert len(set(written)) == 8 and len(written) == 8  # the whole node, no GPU twice
@@ -109,4 +101,4 @@ async def test_jobs_run_on_the_gpus_the_binder_chose_and_no_gpu_twice(
 async def test_each_container_sees_exactly_the_gpus_written_on_its_own_pod(
         kube: KubeApi, node_cluster: NodeCluster) -> None:
     for pod, printed in await _run_two_jobs(kube, node_cluster):
-        assert printed == _assigned_uuids(pod), pod["metadata"]["name"]  # per pod
+        assert printed == assigned_uuids(pod), pod["metadata"]["name"]  # per pod
