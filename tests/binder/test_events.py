@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from typing import Any
 
 from binder_objects import job, node, pod
@@ -50,6 +51,33 @@ async def test_timeout_and_invalid_gangs_are_reported(apiserver: ApiServerEmulat
         assert cycles(b) - before < 25, "the binder spins while gangs wait"
         assert len(events(apiserver, "GangScheduleTimeout", "late-worker-0")) == 1
         assert events(apiserver, "GangScheduleTimeout", "late-worker-0")[0]["count"] == 1
+        assert not any(p["spec"].get("nodeName") for p in apiserver.objects("pods"))
+
+
+async def test_a_gang_short_of_members_says_so_once_it_is_old_enough(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    """A gang that lost a member (another controller failed it) or never got one waits for it:
+    said once the gang is `members_event_after` old (before, its pods may still be coming),
+    with the binder woken for it, then once an interval."""
+    apiserver.seed(node("dgx-a"))
+    b = Binder(kube, BinderConfig(members_event_after=2.0))
+    created = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    async with serving(b):
+        for p in job("short", workers=2, created=created)[:2]:  # 2 of its 3 members
+            await kube.create(PODS, p)
+        await asyncio.sleep(0.3)
+        assert events(apiserver, "FailedScheduling", "short") == []  # young: they may come
+        said = await eventually(lambda: len(events(apiserver, "FailedScheduling", "short")) == 2
+                                and events(apiserver, "FailedScheduling", "short"), within=5)
+        assert {e["message"] for e in said} == {
+            "gang team-a/short cannot be placed: waiting for members: 2 of minMember 3 exist"}
+        cond = await eventually(lambda: next((
+            c for c in (apiserver.get("pods", "short-worker-0", "team-a") or {}).get(
+                "status", {}).get("conditions") or () if c["type"] == "PodScheduled"), None))
+        assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
+        assert "2 of minMember 3" in cond["message"]
+        await asyncio.sleep(0.3)  # once an interval (30 s), not on every cycle
+        assert [e["count"] for e in events(apiserver, "FailedScheduling", "short")] == [1, 1]
         assert not any(p["spec"].get("nodeName") for p in apiserver.objects("pods"))
 
 

@@ -70,6 +70,8 @@ class BinderConfig:
     podgroup_default_timeout: int = 60
     #: at most one FailedScheduling Event per gang per this many seconds for the same reason
     event_interval: float = 30.0
+    #: a gang short of members says so once it is this old (its pods come over a few seconds)
+    members_event_after: float = 10.0
     #: component name on Events
     component: str = "muster-binder"
     #: the longest a node's next GPU pod waits for the agent to acknowledge the previous one
@@ -130,6 +132,7 @@ class Binder:
         self._pods = PodView(scheduler, self.snapshot, self._dra, self.claims)
         self._reports = Reporter(api, self.recorder, self.metrics, self.queue,
                                  raw=self._pods.raw, event_interval=self.config.event_interval,
+                                 members_event_after=self.config.members_event_after,
                                  concurrency=self.config.report_concurrency, clock=clock)
         self._writes = Writer(api, scheduler_name=scheduler, claims=self.claims, gate=self.gate,
                               pods=self._pods, dra=self._dra, reports=self._reports,

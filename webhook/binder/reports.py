@@ -46,13 +46,15 @@ class Timeline:
 class Reporter:
     def __init__(self, api: KubeApi, recorder: EventRecorder, metrics: Metrics,
                  queue: GangQueue, *, raw: Callable[[PodInfo], dict[str, Any] | None],
-                 event_interval: float, concurrency: int, clock: Callable[[], float]) -> None:
+                 event_interval: float, members_event_after: float, concurrency: int,
+                 clock: Callable[[], float]) -> None:
         self._api = api
         self._recorder = recorder
         self._metrics = metrics
         self._queue = queue
         self._raw = raw
         self._event_interval = event_interval
+        self._members_event_after = members_event_after
         self._clock = clock
         self._slots = asyncio.Semaphore(concurrency)
         self._background: set[asyncio.Task[Any]] = set()
@@ -60,7 +62,7 @@ class Reporter:
         self._ready_since: dict[str, float] = {}
         #: gang → the reason and time of its last FailedScheduling Event
         self._last_event: dict[str, tuple[str, float]] = {}
-        #: the earliest timeout of a waiting gang
+        #: the earliest timeout of a waiting gang, or time to say why one waits for members
         self.next_timeout: float | None = None
 
     def ready(self, gang: str, now: float) -> None:
@@ -113,14 +115,18 @@ class Reporter:
 
     def waits(self, waits: Sequence[Wait], now: float, generation: int) -> None:
         """Back off the gangs that could not be placed, and say why each waits."""
-        # a waiting gang's timeout is reported when it falls, not at the next event
-        self.next_timeout = min((w.gang.created + w.gang.timeout_seconds for w in waits
-                                 if w.gang.timeout_seconds is not None and not w.timed_out),
-                                default=None)
+        # a waiting gang's timeout is reported when it falls, not at the next event; so is a
+        # gang that has waited for its members long enough to say so
+        timeouts = [w.gang.created + w.gang.timeout_seconds for w in waits
+                    if w.gang.timeout_seconds is not None and not w.timed_out]
+        short = [due for w in waits if w.kind == "members"
+                 and (due := w.gang.created + self._members_event_after) > now]
+        self.next_timeout = min(timeouts + short, default=None)
         for w in waits:
             if w.kind in ("unplaceable", "blocked"):
                 self.ready(w.gang.key, now)
-            if w.kind in ("unplaceable", "invalid", "blocked"):
+            if w.kind in ("unplaceable", "invalid", "blocked") or (
+                    w.kind == "members" and now - w.gang.created >= self._members_event_after):
                 self._failed(w, now, generation)
             if w.timed_out and self._queue.mark_timeout_reported(w.gang.key, now):
                 why = w.reason or "still waiting"
@@ -143,6 +149,15 @@ class Reporter:
     def _failed(self, w: Wait, now: float, generation: int) -> None:
         key = w.gang.key
         last = self._last_event.get(key)
+        if w.kind == "members":
+            # a gang short of members (one lost, or never made) is said once an interval:
+            # its count changes with every pod that comes, and each would be a new reason
+            if last is None or now - last[1] >= self._event_interval:
+                self._last_event[key] = (w.reason, now)
+                log.info("gang waits", extra={"gang": key, "kind": w.kind, "reason": w.reason})
+                self._announce(w, "FailedScheduling", f"gang {key} cannot be placed: {w.reason}",
+                               last is None or last[0] != w.reason)
+            return
         if w.kind != "blocked":
             self._metrics.placements.labels(w.kind).inc()
         # only a tried placement backs off. An invalid gang waits for its own objects
