@@ -94,12 +94,17 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
                               ) -> Iterator[None]:
     """A failing real test carries the cluster's pods, warnings and not-ready containers' logs
-    (the test's thread is still inside the cluster's network here)."""
+    (the test's thread is still inside the cluster's network here), and the last lines of each
+    neighbour it ran beside."""
     report: pytest.TestReport = yield
     report.neighbours = [m.args[0] for m in item.iter_markers("neighbour")]  # type: ignore[attr-defined]
     cluster = getattr(item, "funcargs", {}).get("node_cluster")
     if report.when == "call" and report.failed and isinstance(cluster, NodeCluster):
         report.sections.append(("cluster", diagnostics(cluster)))
+    if report.when == "call" and report.failed:
+        for value in getattr(item, "funcargs", {}).values():
+            if isinstance(value, schedulers.Neighbour):
+                report.sections.append((f"{value.name} log", value.tail()))
     return report  # type: ignore[no-any-return]
 
 

@@ -26,18 +26,18 @@ from webhook.kube import EVENTS, PODS, ApiError, KubeApi, Resource, make_api_cli
 from webhook.topology import codec
 from webhook.topology.model import Topology
 
-__all__ = ["NETWORK_LEVELS", "agent_dra_state", "agent_pod", "binder_as_chart", "bound_whole",
-           "chart_binder_grant", "crd_documents", "delete_now", "diagnostics", "failed_scheduling",
-           "gpu_pod", "kubectl", "pod_ready", "policies_everywhere", "policy_digests",
-           "release_values", "run_helm", "upgrade_release", "wait_established",
-           "wait_webhook_pods", "webhook_pods", "with_api"]
+__all__ = ["NETWORK_LEVELS", "agent_dra_state", "agent_pod", "assigned_indices", "assigned_uuids",
+           "binder_as_chart", "bound_whole", "chart_binder_grant", "crd_documents", "delete_now",
+           "diagnostics", "failed_scheduling", "fake_node", "gpu_pod", "kubectl", "pod_ready",
+           "policies_everywhere", "policy_digests", "release_values", "run_helm",
+           "upgrade_release", "wait_established", "wait_webhook_pods", "webhook_pods", "with_api"]
 
 #: the binder's network levels (docs/topology.md): Topograph's spine (a block) and leaf (a
 #: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
 NETWORK_LEVELS = ["network.topology.nvidia.com/spine", "network.topology.nvidia.com/leaf",
                   "nvidia.com/gpu.clique"]
 #: the aliases KAI manifests may name them by (KAI's Topology `alias`)
-NETWORK_ALIASES = {"network.topology.nvidia.com/spine": "block",
+_NETWORK_ALIASES = {"network.topology.nvidia.com/spine": "block",
                    "network.topology.nvidia.com/leaf": "rack"}
 
 
@@ -158,7 +158,7 @@ def release_values(cluster: NodeCluster) -> dict[str, Any]:
     values["agent"] = {"extraArgs": ["--fake-nvml=dgx1-v100"]}
     # as a KAI Topology's spec.levels: a label, with its alias where it has one
     values["binder"] = {"networkLevels": [
-        {"nodeLabel": label, "alias": NETWORK_ALIASES[label]} if label in NETWORK_ALIASES
+        {"nodeLabel": label, "alias": _NETWORK_ALIASES[label]} if label in _NETWORK_ALIASES
         else label for label in NETWORK_LEVELS]}
     return values
 
@@ -207,8 +207,8 @@ def fake_node(name: str, topology: Topology, labels: dict[str, str],
                                        "reason": "KubeletReady", "message": "fake node"}]}}
 
 
-CLUSTER_ROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", False, "ClusterRole")
-CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings",
+_CLUSTER_ROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", False, "ClusterRole")
+_CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings",
                                  False, "ClusterRoleBinding")
 
 
@@ -249,8 +249,8 @@ async def binder_as_chart(kube: KubeApi, cluster: NodeCluster, config: BinderCon
     role, binding = grant
     task: asyncio.Task[None] | None = None
     try:
-        await kube.create(CLUSTER_ROLES, role)
-        await kube.create(CLUSTER_ROLE_BINDINGS, binding)
+        await kube.create(_CLUSTER_ROLES, role)
+        await kube.create(_CLUSTER_ROLE_BINDINGS, binding)
         for resource, obj in objects:
             await kube.create(resource, obj)
         task = asyncio.create_task(binder.run())
@@ -261,8 +261,8 @@ async def binder_as_chart(kube: KubeApi, cluster: NodeCluster, config: BinderCon
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         await client.close()
-        await delete_now(kube, CLUSTER_ROLE_BINDINGS.path(None, binding["metadata"]["name"]))
-        await delete_now(kube, CLUSTER_ROLES.path(None, role["metadata"]["name"]))
+        await delete_now(kube, _CLUSTER_ROLE_BINDINGS.path(None, binding["metadata"]["name"]))
+        await delete_now(kube, _CLUSTER_ROLES.path(None, role["metadata"]["name"]))
         for pod in (await kube.list(PODS, namespace=ns))["items"]:
             await delete_now(kube, PODS.path(ns, pod["metadata"]["name"]))
         for resource, obj in reversed(objects):
@@ -289,9 +289,25 @@ async def failed_scheduling(kube: KubeApi, ns: str, prefix: str, within: float =
                                   field_selector="reason=FailedScheduling"))["items"]
         found = [e["message"] for e in events if e["involvedObject"]["name"].startswith(prefix)]
         return found[0] if found else None
-    message: str = await eventually(told, within=within, interval=0.5,
-                                    what=f"a FailedScheduling Event about {ns}/{prefix}")
+    try:
+        message: str = await eventually(told, within=within, interval=0.5,
+                                        what=f"a FailedScheduling Event about {ns}/{prefix}")
+    except AssertionError as exc:  # the pods as they are then: who holds them, and where
+        pods = [p for p in (await kube.list(PODS, namespace=ns))["items"]
+                if p["metadata"]["name"].startswith(prefix.rsplit("-", 1)[0])]
+        raise AssertionError(f"{exc}; the pods: {json.dumps([_held(p) for p in pods])}") from exc
     return message
+
+
+def _held(pod: dict[str, Any]) -> dict[str, Any]:
+    """What decides who places a pod, and whether it was: for a failure's message."""
+    spec, status = pod["spec"], pod.get("status") or {}
+    return {"name": pod["metadata"]["name"], "scheduler": spec.get("schedulerName"),
+            "node": spec.get("nodeName"), "gates": spec.get("schedulingGates"),
+            "nodeSelector": spec.get("nodeSelector"), "phase": status.get("phase"),
+            "annotations": sorted(pod["metadata"].get("annotations") or {}),
+            "conditions": [(c.get("type"), c.get("status"), c.get("message"))
+                           for c in status.get("conditions") or ()]}
 
 
 def _assigned(pod: dict[str, Any], field: str) -> list[Any]:
