@@ -117,11 +117,15 @@ async def _queue(kube: KubeApi, name: str, node_labels: dict[str, str], gpus: in
 
 async def _submit_to(kube: KubeApi, name: str, queue: str,
                      worker_annotations: dict[str, str] | None = None, *, ns: str = NS,
-                     gpus: int = 1) -> dict[str, Any]:
-    """A topology MPIJob of 2 workers x `gpus` GPUs in `queue`; Kueue's webhook suspends it."""
+                     gpus: int = 1, tolerations: list[dict[str, str]] | None = None
+                     ) -> dict[str, Any]:
+    """A topology MPIJob of 2 workers x `gpus` GPUs in `queue`, its pods with `tolerations`;
+    Kueue's webhook suspends it."""
     await eventually(lambda: _gpus(kube), within=90, what="the node's 8 GPUs registered")
     job = mpijob(name, ns, workers=2)
     job["metadata"].setdefault("labels", {})[QUEUE_LABEL] = queue
+    for spec in job["spec"]["mpiReplicaSpecs"].values():
+        spec["template"]["spec"].setdefault("tolerations", []).extend(tolerations or [])
     worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
     worker.setdefault("metadata", {}).setdefault("annotations", {}).update(
         worker_annotations or {})
@@ -295,18 +299,24 @@ async def test_kueue_places_by_its_topology_and_the_binder_chooses_the_gpus_ther
 
 @contextlib.asynccontextmanager
 async def _two_racks(kube: KubeApi, ns: str, name: str, levels: tuple[str, ...],
-                     binder_levels: bool = False) -> AsyncIterator[None]:
+                     binder_levels: bool = False) -> AsyncIterator[dict[str, str]]:
     """Nodes for Kueue to choose among: two racks of two 8-GPU nodes made by the test (no
     kubelet runs them, so their pods stay Pending), one node of rack r0 half taken, as Kueue
     Topology `muster-test-{name}` of `levels` (the first: the rack's label), and LocalQueue
     `name` in `ns` of a flavor of them. Afterwards every pod in `ns` goes, then the nodes
     (delete the jobs first).
 
+    Yields the toleration of the nodes' taint, which the flavor has and the job's own pod
+    templates must have too: Kueue v0.17 judges a node's taints by the Workload's templates
+    alone, and terminates a pod that waits unbound on a node whose taint only the flavor
+    tolerates (kubernetes-sigs/kueue#11152; docs/operations.md, "Beside Kueue").
+
     `binder_levels`: the racks are leaves of the binder's levels too, under one spine, and
     rack r1 has a third node outside Kueue's flavor, in an NVLink clique with kq-r1-1 (its
     room counts in the binder's domains; no pod of the flavor may use it)."""
     pool = {"example.com/pool": name}
     taint = {"key": "example.com/fake-node", "value": name, "effect": "NoSchedule"}
+    toleration = {**taint, "operator": "Equal"}
     topology = f"muster-test-{name}"
     await kube.create(KUEUE_TOPOLOGIES, _kueue_topology(topology, *levels))
     nodes = [fake_node(f"kq-r{r}-{i}", builtin("hgx-h100"), {levels[0]: f"r{r}", **pool}, taint)
@@ -323,13 +333,16 @@ async def _two_racks(kube: KubeApi, ns: str, name: str, levels: tuple[str, ...],
     try:
         for n in nodes:
             await kube.create(NODES, n)
+        # the API server taints a new node not-ready until the node lifecycle controller sees
+        # it: Kueue would take that taint for a failed node
+        names = {n["metadata"]["name"] for n in nodes}
+        await eventually(lambda: _tainted_only(kube, names, taint), within=60,
+                         what="the node lifecycle controller to untaint the new nodes")
         await kube.create(PODS, gpu_pod("kq-busy", ns, "muster-binder", 4, node="kq-r0-0"),
                           namespace=ns)
-        # every taint tolerated: the API server may taint a new node not-ready until its
-        # controller sees it
-        await _queue(kube, name, pool, gpus=32, tolerations=[{"operator": "Exists"}],
-                     topology=topology, ns=ns)
-        yield
+        await _queue(kube, name, pool, gpus=32, tolerations=[toleration], topology=topology,
+                     ns=ns)
+        yield toleration
     finally:
         async def gone() -> bool:  # (no kubelet ends these pods: deleted at once, every one)
             pods = (await kube.list(PODS, namespace=ns))["items"]
@@ -339,6 +352,14 @@ async def _two_racks(kube: KubeApi, ns: str, name: str, levels: tuple[str, ...],
         await eventually(gone, within=60, what=f"the pods in {ns} gone")
         for n in nodes:
             await delete_now(kube, NODES.path(None, n["metadata"]["name"]))
+
+
+async def _tainted_only(kube: KubeApi, names: set[str], taint: dict[str, str]) -> bool:
+    """Whether each of these nodes has this taint and no other."""
+    nodes = [n for n in (await kube.list(NODES))["items"] if n["metadata"]["name"] in names]
+    return len(nodes) == len(names) and all(
+        [{k: t.get(k) for k in taint} for t in n["spec"].get("taints") or ()] == [taint]
+        for n in nodes)
 
 
 @pytest.mark.parametrize(("rack", "to_nodes"), [(RACK, True), (RACK, False), (LEAF, True)],
@@ -359,9 +380,10 @@ async def test_kueue_spreads_a_gang_over_a_rack_and_the_binder_binds_each_pod_wh
             (LEAF, True): "kueue-leaves"}[rack, to_nodes]
     job = f"kq-{name}"
     levels = (rack, keys.HOSTNAME_LABEL) if to_nodes else (rack,)
-    async with _two_racks(kube, ns, name, levels, binder_levels=rack == LEAF):
+    async with _two_racks(kube, ns, name, levels, binder_levels=rack == LEAF) as toleration:
         try:
-            made = await kube.create(JOBS, _indexed_job(job, ns, name, rack), namespace=ns)
+            made = await kube.create(JOBS, _indexed_job(job, ns, name, rack, toleration),
+                                     namespace=ns)
             assert made["spec"]["suspend"] is True  # Kueue's Job webhook
 
             async def placed() -> list[dict[str, Any]]:
@@ -395,10 +417,10 @@ async def test_a_single_node_policy_where_kueue_spreads_the_gang_waits_and_says_
     worker's node, rather than a want of free GPUs (docs/operations.md, "Beside Kueue")."""
     ns = await ensure_namespace(kube, "kueue-mpi", {
         keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED})
-    async with _two_racks(kube, ns, "kueue-mpi", (RACK, keys.HOSTNAME_LABEL)):
+    async with _two_racks(kube, ns, "kueue-mpi", (RACK, keys.HOSTNAME_LABEL)) as toleration:
         try:
             await _submit_to(kube, "kq-mpi", "kueue-mpi", {keys.KUEUE_REQUIRED_TOPOLOGY: RACK},
-                             ns=ns, gpus=8)
+                             ns=ns, gpus=8, tolerations=[toleration])
             job = await eventually(lambda: _admitted(kube, "kq-mpi", ns), within=60,
                                    what="Kueue to admit kq-mpi with a topology assignment")
             await _start(kube, job)
@@ -423,14 +445,17 @@ async def test_a_single_node_policy_where_kueue_spreads_the_gang_waits_and_says_
             await delete_jobs(kube, ns, ["kq-mpi"])
 
 
-def _indexed_job(name: str, ns: str, queue: str, rack: str) -> dict[str, Any]:
-    """An Indexed Job of two 8-GPU pods in Kueue `queue`, its pods within one `rack`."""
+def _indexed_job(name: str, ns: str, queue: str, rack: str, toleration: dict[str, str]
+                 ) -> dict[str, Any]:
+    """An Indexed Job of two 8-GPU pods in Kueue `queue`, its pods within one `rack`, with
+    `toleration`."""
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "namespace": ns, "labels": {QUEUE_LABEL: queue}},
             "spec": {"completionMode": "Indexed", "completions": 2, "parallelism": 2,
                      "template": {
                          "metadata": {"annotations": {keys.KUEUE_REQUIRED_TOPOLOGY: rack}},
                          "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                                  "tolerations": [toleration],
                                   "containers": [{"name": "train", "image": "train:1",
                                                   "resources": {
                                                       "requests": {"cpu": "10m",
