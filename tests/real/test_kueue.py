@@ -210,10 +210,20 @@ async def test_over_quota_a_job_waits_suspended_then_the_binder_places_it_whole(
         assert toleration in worker["tolerations"]
 
         await _start(kube, job, gated=1)
-        for _ in range(10):  # a gated worker: the binder binds none of the gang
+        # a gated worker is no member yet: the binder binds none of the gang, and says so once
+        # the gang is 10 s old (docs/binder.md, "Readiness")
+        said = await failed_scheduling(kube, NS, "kq-topo-worker-0", within=40)
+        assert said == (f"gang {NS}/kq-topo cannot be placed: waiting for members: "
+                        "2 of minMember 3 exist"), said
+
+        async def unschedulable() -> bool:  # the launcher's condition says it too
             pods = await pods_of(kube, NS, "kq-topo")
-            assert len(pods) <= 3 and bound(pods) == []
-            await asyncio.sleep(0.5)
+            assert len(pods) == 3 and bound(pods) == []
+            return any(c["type"] == "PodScheduled" and c.get("message") == said
+                       and (c["status"], c.get("reason")) == ("False", "Unschedulable")
+                       for p in pods if p["metadata"]["labels"][operators.JOB_ROLE_LABEL]
+                       == "launcher" for c in p["status"].get("conditions") or ())
+        await eventually(unschedulable, within=10, what="the launcher's PodScheduled condition")
         await kube.patch(PODS, "kq-topo-worker-1", {"spec": {"schedulingGates": None}},
                          namespace=NS)
 
