@@ -149,26 +149,24 @@ class Reporter:
     def _failed(self, w: Wait, now: float, generation: int) -> None:
         key = w.gang.key
         last = self._last_event.get(key)
+        changed = last is None or last[0] != w.reason
+        since = now - last[1] if last is not None else float("inf")  # the last Event
         if w.kind == "members":
             # a gang short of members (one lost, or never made) is said once an interval:
             # its count changes with every pod that comes, and each would be a new reason
-            if last is None or now - last[1] >= self._event_interval:
-                self._last_event[key] = (w.reason, now)
-                log.info("gang waits", extra={"gang": key, "kind": w.kind, "reason": w.reason})
-                self._announce(w, "FailedScheduling", f"gang {key} cannot be placed: {w.reason}",
-                               last is None or last[0] != w.reason)
-            return
-        if w.kind != "blocked":
-            self._metrics.placements.labels(w.kind).inc()
-        # only a tried placement backs off. An invalid gang waits for its own objects
-        # (claims the resourceclaim controller makes, its PodGroup): looked at every
-        # cycle, placed in the first that finds it whole. A blocked one tried nothing.
-        if w.kind == "unplaceable":
-            new = self._queue.failed(key, now, generation, w.reason, reserves=w.reserves)
+            new, due = changed, since >= self._event_interval
         else:
-            new = w.kind == "invalid" and (last is None or last[0] != w.reason)
-        if new or last is None or last[0] != w.reason or \
-                now - last[1] >= self._event_interval:
+            if w.kind != "blocked":
+                self._metrics.placements.labels(w.kind).inc()
+            # only a tried placement backs off. An invalid gang waits for its own objects
+            # (claims the resourceclaim controller makes, its PodGroup): looked at every
+            # cycle, placed in the first that finds it whole. A blocked one tried nothing.
+            if w.kind == "unplaceable":
+                new = self._queue.failed(key, now, generation, w.reason, reserves=w.reserves)
+            else:
+                new = w.kind == "invalid" and changed
+            due = new or changed or since >= self._event_interval
+        if due:
             self._last_event[key] = (w.reason, now)
             log.info("gang waits", extra={"gang": key, "kind": w.kind, "reason": w.reason})
             self._announce(w, "FailedScheduling", f"gang {key} cannot be placed: {w.reason}",
