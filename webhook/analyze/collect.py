@@ -44,15 +44,21 @@ ENDPOINTS = Resource("", "v1", "endpoints", True, "Endpoints")
 CONFIGMAPS = Resource("", "v1", "configmaps", True, "ConfigMap")
 
 
-async def _items(api: KubeApi, resource: Resource, namespace: str | None = None
-                 ) -> list[dict[str, Any]]:
+async def _listed(api: KubeApi, resource: Resource, namespace: str | None = None
+                  ) -> list[dict[str, Any]] | None:
+    """The objects, or None where the API server does not serve the resource."""
     try:
         found: list[dict[str, Any]] = (await api.list(resource, namespace))["items"]
     except ApiError as exc:
         if exc.not_found:
-            return []
+            return None
         raise
     return found
+
+
+async def _items(api: KubeApi, resource: Resource, namespace: str | None = None
+                 ) -> list[dict[str, Any]]:
+    return await _listed(api, resource, namespace) or []
 
 
 async def _get(api: KubeApi, resource: Resource, name: str, namespace: str | None = None
@@ -85,13 +91,9 @@ async def _topology(api: KubeApi, ref: TopologyRef) -> dict[str, Any] | None:
 async def _served(api: KubeApi, versions: tuple[Resource, ...]) -> list[dict[str, Any]]:
     """The objects, from the first of their API's versions served (none where none is)."""
     for resource in versions:
-        try:
-            found: list[dict[str, Any]] = (await api.list(resource))["items"]
-        except ApiError as exc:
-            if exc.not_found:
-                continue
-            raise
-        return found
+        found = await _listed(api, resource)
+        if found is not None:
+            return found
     return []
 
 
