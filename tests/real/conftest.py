@@ -98,11 +98,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
     neighbour it ran beside."""
     report: pytest.TestReport = yield
     report.neighbours = [m.args[0] for m in item.iter_markers("neighbour")]  # type: ignore[attr-defined]
-    cluster = getattr(item, "funcargs", {}).get("node_cluster")
-    if report.when == "call" and report.failed and isinstance(cluster, NodeCluster):
-        report.sections.append(("cluster", diagnostics(cluster)))
     if report.when == "call" and report.failed:
-        for value in getattr(item, "funcargs", {}).values():
+        args = getattr(item, "funcargs", {})
+        cluster = args.get("node_cluster")
+        if isinstance(cluster, NodeCluster):
+            report.sections.append(("cluster", diagnostics(cluster)))
+        for value in args.values():
             if isinstance(value, schedulers.Neighbour):
                 report.sections.append((f"{value.name} log", value.tail()))
     return report  # type: ignore[no-any-return]

@@ -38,7 +38,7 @@ NETWORK_LEVELS = ["network.topology.nvidia.com/spine", "network.topology.nvidia.
                   "nvidia.com/gpu.clique"]
 #: the aliases KAI manifests may name them by (KAI's Topology `alias`)
 _NETWORK_ALIASES = {"network.topology.nvidia.com/spine": "block",
-                   "network.topology.nvidia.com/leaf": "rack"}
+                    "network.topology.nvidia.com/leaf": "rack"}
 
 
 def pod_ready(pod: dict[str, Any]) -> bool:
@@ -209,7 +209,7 @@ def fake_node(name: str, topology: Topology, labels: dict[str, str],
 
 _CLUSTER_ROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", False, "ClusterRole")
 _CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings",
-                                 False, "ClusterRoleBinding")
+                                  False, "ClusterRoleBinding")
 
 
 def chart_binder_grant(tmp_path: Path, levels: str, group: str, name: str
