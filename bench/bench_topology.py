@@ -95,6 +95,8 @@ class Result:
     gpus: int = 0
     #: per job id: (step, ideal) for the optimum comparison
     steps: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: per job id: the domains it spanned at its narrowest level
+    spans: dict[int, int] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         if not self.placed or not self.delay or not self.frag or not self.slowdown:
@@ -174,6 +176,7 @@ def run(spec: ClusterSpec, jobs: list[Job], name: str, placer: Placer, *, tables
             r.placed += 1
             r.within.append(spanned == 1)
             r.spanned.append(spanned)
+            r.spans[job.id] = spanned
             r.delay.append(t - job.arrival)
             r.slowdown.append(s / ideal[job.id])
             r.step_ms.append(s * 1e3)
@@ -265,6 +268,38 @@ def across_seeds(name: str, runs: list[Metrics]) -> bool:
         print(f"  {col}: {'ok' if good else 'WORSE'} ({mine:.3f} vs best baseline {best:.3f}); "
               f"at least as good on {wins[col]} of {len(runs)} seeds")
         ok &= good
+    return ok
+
+
+def packing(spec: ClusterSpec, count: int, load: float, seed: int) -> bool:
+    """Where MostAllocated's low fragmentation comes from: Muster, MostAllocated, and
+    MostAllocated keeping each gang of up to one node's GPUs on one node (`kube`'s
+    `whole_gangs`), on the same arrivals; fragmentation, step x mean, and how many of those
+    gangs each split over nodes and slowed. False when MostAllocated split none of them, or
+    the whole-gang run split one (it did not measure what it says)."""
+    tables = TableCache()
+    jobs = arrivals(spec, count, load, random.Random(seed))
+    ideal = {j.id: ideal_step(spec, j, tables) for j in jobs}
+    small = {j.id for j in jobs if j.pods > 1 and j.gpus <= spec.gpus_per_node}
+    rows = {"Muster": muster(tables),
+            "kube MostAllocated": kube(True, random.Random(seed)),
+            "kube MostAllocated, gang whole": kube(True, random.Random(seed), whole_gangs=True)}
+    print(f"\n== packing, {spec.name}, {count} jobs, offered load {load:.0%}, seed {seed}: "
+          f"{len(small)} gangs of several pods within one node's GPUs")
+    split: dict[str, int] = {}
+    for name, placer in rows.items():
+        r = run(spec, jobs, name, placer, tables=tables, ideal=ideal)
+        m = r.metrics()
+        placed = [jid for jid in small if jid in r.spans]  # (their narrowest level: a node)
+        split[name] = sum(r.spans[jid] > 1 for jid in placed)
+        slow = sum(r.steps[jid][0] > r.steps[jid][1] * (1 + 1e-4) for jid in placed)
+        print(f"  {name:32} frag % {m['frag %']:6.3f}  step x mean {m['step x mean']:6.3f}  "
+              f"util % {m['util %']:6.3f}  of those gangs: split over nodes {split[name]}, "
+              f"slowed {slow}, of {len(placed)}")
+    ok = split["kube MostAllocated"] > 0 and split["kube MostAllocated, gang whole"] == 0
+    if not ok:
+        print("  the run did not do what it measures: MostAllocated split no gang, or a gang "
+              "it kept whole was split")
     return ok
 
 
@@ -470,7 +505,9 @@ def latency(sizes: tuple[int, ...], reps: int, seed: int) -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer jobs, smaller clusters")
-    ap.add_argument("--only", choices=("sim", "optimum", "latency"))
+    ap.add_argument("--only", choices=("sim", "optimum", "latency", "packing"),
+                    help="packing: with --clusters and --seeds, where MostAllocated's low "
+                         "fragmentation comes from (not in a full run)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--seeds", type=int, default=1,
                     help="sim: this many seeds from --seed, then each metric's mean over them")
@@ -483,14 +520,14 @@ def main() -> int:
                     help="sim: also each placement's slowed jobs by gang shape")
     args = ap.parse_args()
     ok = True
+    # --quick: smaller stand-ins, and no 4,096-node tree
+    named = ({"fat1024": (fat_tree(256), 1500), "nvl72": (nvl72(16), 1500)} if args.quick
+             else {"fat1024": (fat_tree(1024), 4000), "fat4096": (fat_tree(4096), 6000),
+                   "nvl72": (nvl72(64), 4000)})
+    if args.clusters not in (*named, "all"):
+        ap.error(f"--quick has no {args.clusters} cluster (it has {', '.join(named)})")
+    cases = list(named.values()) if args.clusters == "all" else [named[args.clusters]]
     if args.only in (None, "sim"):
-        # --quick: smaller stand-ins, and no 4,096-node tree
-        named = ({"fat1024": (fat_tree(256), 1500), "nvl72": (nvl72(16), 1500)} if args.quick
-                 else {"fat1024": (fat_tree(1024), 4000), "fat4096": (fat_tree(4096), 6000),
-                       "nvl72": (nvl72(64), 4000)})
-        if args.clusters not in (*named, "all"):
-            ap.error(f"--quick has no {args.clusters} cluster (it has {', '.join(named)})")
-        cases = list(named.values()) if args.clusters == "all" else [named[args.clusters]]
         for spec, count in cases:
             runs = [compare(spec, args.jobs or count, args.load, seed, show_slowed=args.slowed)
                     for seed in range(args.seed, args.seed + args.seeds)]
@@ -498,6 +535,10 @@ def main() -> int:
                 ok &= all(good for _, good, *_ in verdicts(runs[0]))
             else:
                 ok &= across_seeds(spec.name, runs)
+    if args.only == "packing":
+        for spec, count in cases:
+            for seed in range(args.seed, args.seed + args.seeds):
+                ok &= packing(spec, args.jobs or count, args.load, seed)
     if args.only in (None, "optimum"):
         within, total = 0, 0
         for spec in (ClusterSpec("fat tree, 64 x DGX-1 V100", 64, fat_tree(64).topology, 16, 2,

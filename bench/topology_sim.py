@@ -266,12 +266,20 @@ def _cap(c: Cluster, i: int, job: Job) -> int:
 # --- kube-scheduler ---------------------------------------------------------------------------
 
 
-def kube(most_allocated: bool, rng: random.Random) -> Placer:
+def kube(most_allocated: bool, rng: random.Random, *, whole_gangs: bool = False) -> Placer:
     """Pod by pod (a gang plugin binds them all or none): each pod on the node scored best by
     NodeResourcesFit with GPUs scored, LeastAllocated (most free GPUs) or MostAllocated (fewest
-    free that still fit); ties at random, as kube-scheduler breaks them."""
+    free that still fit); ties at random, as kube-scheduler breaks them. `whole_gangs`: a gang
+    of up to one node's GPUs is placed as one pod of all its GPUs, then split into its pods (no
+    scheduler does this: `bench_topology.py --only packing` measures, with it, what
+    MostAllocated's splitting of such gangs over nodes buys)."""
 
     def place(c: Cluster, job: Job) -> Placement | None:
+        if whole_gangs and job.pods > 1 and job.gpus <= c.spec.gpus_per_node:
+            got = place(c, dataclasses.replace(job, pod_gpus=job.gpus))
+            return None if got is None else \
+                [(i, gpus[p:p + job.pod_gpus]) for i, gpus in got
+                 for p in range(0, len(gpus), job.pod_gpus)]
         free = list(c.free)
         buckets: dict[int, list[int]] = {}
         for i, f in enumerate(free):

@@ -50,6 +50,20 @@ def test_kube_most_allocated_takes_the_fullest_node_that_fits() -> None:
     assert got is not None and got[0][0] == 5
 
 
+def test_most_allocated_with_whole_gangs_keeps_a_gang_of_one_node_on_one_node() -> None:
+    c = Cluster(SMALL)
+    c.take(3, range(6))  # node 3 has 2 free, node 5 has 4: pod by pod, 2 + 2 over them
+    c.take(5, range(4))
+    split = kube(True, random.Random(1))(c, job(4, 1))
+    assert split is not None and {i for i, _ in split} == {3, 5}
+    whole = kube(True, random.Random(1), whole_gangs=True)(c, job(4, 1))
+    assert whole is not None and [i for i, _ in whole] == [5] * 4
+    assert sorted(g for _, gpus in whole for g in gpus) == [4, 5, 6, 7]
+    assert all(len(gpus) == 1 for _, gpus in whole)
+    # a gang over one node's GPUs is placed pod by pod as before
+    assert kube(True, random.Random(1), whole_gangs=True)(c, job(16, 8)) is not None
+
+
 def test_greedy_best_fit_swaps_the_last_domain_for_the_smallest_that_covers_the_rest() -> None:
     assert _greedy_best_fit({0: 5, 1: 3, 2: 2}, 6) == [0, 2]
     assert _greedy_best_fit({0: 5, 1: 3, 2: 2}, 4) == [0]
