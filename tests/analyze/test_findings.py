@@ -276,6 +276,23 @@ def test_a_waiting_gang_carries_the_binders_reason() -> None:
     assert finding.object == "Pod/team-a/w-0"
 
 
+@pytest.mark.parametrize(("said", "fix"), [
+    # the binder's own words (tests/binder: test_events, test_planner)
+    ("gang team-a/w cannot be placed: waiting for members: 2 of minMember 5 exist",
+     "its other pods do not exist"),
+    ("gang team-a/w cannot be placed: queued behind gang team-a/big, which has waited longer "
+     "than 60s for resources", "an older gang holds the room back"),
+    ("gang team-a/w cannot be placed: gang team-a/w needs 16 GPUs (2 members x 8 GPUs) within "
+     "one rack; the largest free one (rack r1) has 8 free GPUs", "free the resources it needs"),
+    (None, "app.kubernetes.io/component=binder"),
+])
+def test_a_waiting_gangs_fix_follows_what_it_waits_for(said: str | None, fix: str) -> None:
+    snap = dataclasses.replace(healthy(), waiting_pods=[waiting_pod(900, said)])
+    [finding] = analyze(snap, NOW)
+    assert fix in finding.fix
+    assert (said or "the binder has not said why") in finding.message
+
+
 def test_a_coscheduling_scheduler_nobody_runs() -> None:
     policy = POLICY.replace("backend: volcano, queue: training",
                             "backend: coscheduling, schedulerName: plugins")

@@ -117,7 +117,7 @@ def test_a_starving_big_gang_reserves_against_later_small_ones() -> None:
     p = run(busy + big + small, [node("n1")], queue=queue, now=later)
     assert not p.places
     blocked = next(w for w in p.waits if w.gang.key == "team-a/small")
-    assert blocked.kind == "blocked" and "team-a/big" in blocked.reason
+    assert blocked.kind == "blocked" and blocked.reason.startswith("queued behind gang team-a/big")
     assert next(w for w in p.waits if w.gang.key == "team-a/big").reserves
 
 

@@ -70,6 +70,10 @@ class PlaceFn(Protocol):
 
 
 WaitKind = Literal["members", "invalid", "unplaceable", "blocked", "backoff"]
+#: how the reasons of a gang short of members, and of one behind a gang that reserves, begin
+#: (`muster analyze` reads them in a pod's PodScheduled condition to say what to do)
+MEMBERS_WAIT = "waiting for members"
+BLOCKED_WAIT = "queued behind gang"
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,7 +351,7 @@ def plan_gangs(gangs: Mapping[str, Gang], allocation: Allocation,
     blocker: Gang | None = None
     for gang in candidates:
         if blocker is not None:
-            r.wait(gang, "blocked", f"queued behind gang {blocker.key}, which has waited longer "
+            r.wait(gang, "blocked", f"{BLOCKED_WAIT} {blocker.key}, which has waited longer "
                    f"than {config.starvation_seconds:g}s for resources")
         elif not queue.due(gang.key, now, generation):
             r.wait(gang, "backoff", "", queue.reserves(gang.key))
@@ -402,8 +406,7 @@ def _ready(r: _Round, gang: Gang, conflicts: _Conflicts) -> bool:
         return False
     have = len(gang.bound) + len(pending)
     if have < gang.min_member:
-        r.wait(gang, "members", f"waiting for members: {have} of minMember {gang.min_member} "
-               "exist")
+        r.wait(gang, "members", f"{MEMBERS_WAIT}: {have} of minMember {gang.min_member} exist")
         return False
     return True
 
