@@ -218,3 +218,16 @@ def test_bind_help_says_what_each_option_does_and_its_default(
     # the binder writes each member's Binding once, carrying the assignment (docs/binder.md)
     assert "then bind" not in text
     assert "Binding, each carrying the pod's muster.io/gpu-assignment and the gang's" in text
+
+
+def test_bind_flags_default_to_the_binders_own_defaults() -> None:
+    from webhook.binder.controller import BinderConfig  # noqa: PLC0415 (loaded when bind runs)
+
+    args = build_parser().parse_args(["bind"])
+    config = BinderConfig()
+    for flag in ("starvation_seconds", "backoff_max", "allocation_wait_seconds",
+                 "event_interval", "members_event_after", "scheduler_name"):
+        assert getattr(args, flag) == getattr(config, flag), flag
+    given = build_parser().parse_args(["bind", "--event-interval", "5",
+                                       "--members-event-after", "2"])
+    assert (given.event_interval, given.members_event_after) == (5.0, 2.0)

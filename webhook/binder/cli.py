@@ -56,6 +56,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="on nodes whose agent acknowledges served pods, bind the next GPU pod "
                         "once the previous one is served, or after this long "
                         "(default: %(default)s)")
+    p.add_argument("--event-interval", type=float, default=30.0, metavar="SECONDS",
+                   help="a waiting gang's FailedScheduling Event is written again for the same "
+                        "reason at most this often (default: %(default)s)")
+    p.add_argument("--members-event-after", type=float, default=10.0, metavar="SECONDS",
+                   help="a gang still short of minMember pods this long after its oldest "
+                        "member was created says so in an Event; a job's pods come over a few "
+                        "seconds (default: %(default)s)")
     p.add_argument("--network-levels", default=None, metavar="LEVELS",
                    help="the cluster's network levels for gangs that name one: node labels "
                         "widest first, comma separated, each LABEL or ALIAS=LABEL (a name "
@@ -106,6 +113,8 @@ def _run(args: argparse.Namespace) -> int:
                             starvation_seconds=args.starvation_seconds,
                             backoff_max=args.backoff_max,
                             allocation_wait_seconds=args.allocation_wait_seconds,
+                            event_interval=args.event_interval,
+                            members_event_after=args.members_event_after,
                             network_levels=levels),
         lease=lease, metrics_port=args.metrics_port)
     asyncio.run(serve(args.kubeconfig, config))
