@@ -516,7 +516,7 @@ def _waiting_fix(said: str, namespace: str) -> str:
     """What to do for a gang the binder says (its PodScheduled message) waits for this."""
     if not said:
         return (f"kubectl -n {namespace} get pods -l app.kubernetes.io/component=binder; and is "
-                f"the pod's spec.schedulerName the binder's?")
+                "the pod's spec.schedulerName the binder's?")
     if f": {MEMBERS_WAIT}:" in said:
         return ("its other pods do not exist: see what its workload's controller says "
                 "(kubectl describe on the job: quota, admission, a failed pod), or lower its "
