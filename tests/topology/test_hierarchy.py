@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -25,6 +27,7 @@ from webhook.topology import (
     place_gang,
 )
 from webhook.topology.gpu_choice import TableCache
+from webhook.topology.hierarchy import slice_domains
 from webhook.topology.network import CLIQUE, HOSTNAME, resolve_request
 
 H100 = builtin("hgx-h100")
@@ -309,6 +312,53 @@ def test_pinned_slices_land_in_the_clique_their_members_may_use() -> None:
     assert r.reason == ("gang ns/g: no nvidia.com/gpu.clique domain has room on nodes that each "
                         "member of a slice may use: ns/w-0 may use b0-r0-n1; ns/w-1 may use "
                         "b0-r1-n2")
+
+
+def test_a_pinned_slice_moves_an_earlier_one_rather_than_wait() -> None:
+    """Three cliques of room for one slice each: A may use cliques 0 and 1, B 1 and 2, C 0
+    and 1. First come, A takes clique 0 and B clique 1, and C had nowhere to go (the gang
+    waited); now B moves on to clique 2, and C takes clique 1."""
+    nodes, labels = cluster()
+    c0, c1, c2 = ("b0-r0-n0", "b0-r0-n1"), ("b0-r0-n2", "b0-r0-n3"), ("b0-r1-n0", "b0-r1-n1")
+    may = [(c0, c1), (c1, c2), (c0, c1)]  # per slice: its two members' cliques
+
+    def member(i: int) -> MemberRequest:
+        first, second = may[i // 2]
+        return MemberRequest(f"ns/w-{i}", 8, 1000, 1 << 30,
+                             frozenset({first[i % 2], second[i % 2]}))
+    g = replace(gang(6, level=BLOCK, slice_level=CLIQUE, size=2),
+                members=tuple(member(i) for i in range(6)))
+    p = ok(place(nodes, labels, g))
+    clique = [labels[m.node][CLIQUE] for m in p.members]
+    assert clique[0] == clique[1] and clique[2] == clique[3] and clique[4] == clique[5]
+    assert (clique[0], clique[2], clique[4]) == ("uuid.b0r0c0", "uuid.b0r1c0", "uuid.b0r0c1")
+
+
+def test_slice_domains_finds_an_assignment_where_first_come_does_not() -> None:
+    where = [["a", "b"], ["b", "c"], ["a", "b"]]
+    room = {"a": 1, "b": 1, "c": 1}
+    got = slice_domains([[(k,) for k in w] for w in where], {(k,): n for k, n in room.items()},
+                        lambda free, _taken: min(free))
+    assert got == [("a",), ("c",), ("b",)]  # first come: a, b; the third moves the second on
+    # one domain too few: the slice that cannot be placed is named
+    assert slice_domains([[("a",)], [("a",)]], {("a",): 1}, lambda free, _: free[0]) == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(where=st.lists(st.lists(st.sampled_from("abcd"), max_size=3, unique=True), max_size=6),
+       room=st.fixed_dictionaries({k: st.integers(0, 2) for k in "abcd"}))
+def test_slice_domains_places_every_slice_whenever_some_assignment_does(
+        where: list[list[str]], room: dict[str, int]) -> None:
+    keyed = [[(k,) for k in w] for w in where]
+    got = slice_domains(keyed, {(k,): n for k, n in room.items()}, lambda free, _: free[-1])
+    exists = any(all(n <= room[k] for k, n in Counter(pick).items())
+                 for pick in itertools.product(*where))
+    if not exists:
+        assert isinstance(got, int) and 0 <= got < len(where)
+        return
+    assert isinstance(got, list) and len(got) == len(where)
+    assert all(k in w for k, w in zip(got, keyed, strict=True))
+    assert all(n <= room[k[0]] for k, n in Counter(got).items())
 
 
 @settings(max_examples=60, deadline=None)

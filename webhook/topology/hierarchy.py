@@ -28,8 +28,8 @@ import functools
 import heapq
 import itertools
 import re
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from webhook.topology.gpu_choice import TableCache
@@ -246,6 +246,66 @@ def _may_use(nodes: Sequence[NodeState], members: Sequence[MemberRequest]) -> bo
     names = {n.name for n in nodes}
     return all(m.eligible_nodes is None or not m.eligible_nodes.isdisjoint(names)
                for m in members)
+
+
+def _fewest_first(where: Sequence[Sequence[Key]]) -> list[int]:
+    return sorted(range(len(where)), key=lambda i: (len(where[i]), i))
+
+
+def slice_domains(where: Sequence[Sequence[Key]], room: Mapping[Key, int],
+                  pick: Callable[[list[Key], set[Key]], Key]) -> list[Key] | int:
+    """A domain for each slice `i` among `where[i]`, at most `room[k]` slices in domain `k`;
+    else the position of a slice that no assignment places. The slices with the fewest
+    domains go first, each where `pick` chooses among those with room left (given the domains
+    taken so far); a slice that finds none moves earlier ones to other domains of theirs
+    (augmenting paths, as in Kuhn's matching, with capacities), so a slice waits only when no
+    assignment exists (the first come took the domain another slice needed, and it waited)."""
+    left = dict(room)
+    at: list[Key | None] = [None] * len(where)
+    holders: dict[Key, list[int]] = {}
+
+    def put(i: int, k: Key) -> None:
+        at[i] = k
+        left[k] -= 1
+        holders.setdefault(k, []).append(i)
+
+    def lift(i: int, k: Key) -> None:
+        at[i] = None
+        left[k] += 1
+        holders[k].remove(i)
+
+    def moved(i: int) -> bool:
+        """Slice i placed, each slice on a shortest path of full domains moved one along to
+        the next (a breadth-first search, so no recursion however long the path)."""
+        via = dict.fromkeys(where[i], i)  # a domain: the slice that may move into it
+        queue = deque(via)
+        while queue:
+            k = queue.popleft()
+            if left[k] > 0:  # the path's end: each slice on it moves into the domain after it
+                while True:
+                    s, old = via[k], at[via[k]]
+                    if old is not None:
+                        lift(s, old)
+                    put(s, k)
+                    if old is None:  # slice i, the only one without a domain yet
+                        return True
+                    k = old
+            for j in holders.get(k, ()):
+                for nxt in where[j]:
+                    if nxt not in via:
+                        via[nxt] = j
+                        queue.append(nxt)
+        return False
+
+    for i in _fewest_first(where):
+        free = [k for k in where[i] if left[k] > 0]
+        if free:
+            put(i, pick(free, {k for k, h in holders.items() if h}))
+        elif not moved(i):
+            return i
+    placed = [k for k in at if k is not None]
+    assert len(placed) == len(at), "a move left a slice without a domain"
+    return placed
 
 
 class _Decision:
@@ -554,27 +614,23 @@ class _Decision:
     def _place_pinned(self, key: Key) -> GangPlacement | Unplaceable:
         """Pinned members under `key`: the engine on its nodes, which honours each member's
         eligible nodes (the descent counts room, not whose it is); each slice in a slice
-        domain under `key` with room for it that all its members may use, the slices with the
-        fewest such domains first, each in a domain an earlier slice took where it can, else
-        the best fit."""
+        domain under `key` with room for it that all its members may use (`slice_domains`):
+        one an earlier slice took where it can, else the best fit."""
         spare = self._spare()
         if not self.sliced:
             return self._run([(self._nodes_under(key) + spare, [*self.gpu, *self.others])])
         under = [k for k in self.doms if k[:len(key)] == key and self._is_slice(k)]
         where = [[k for k in under if self._reaches(k, members)] for members in self.slices]
-        left = {k: self.doms[k].pieces for k in under}
+        got = slice_domains(where, {k: self.doms[k].pieces for k in under},
+                            lambda room, taken: next((k for k in room if k in taken), None)
+                            or min(room, key=self._best_fit))
+        if isinstance(got, int):
+            kind = self.declared.kind(self.req.slice_level or HOSTNAME)
+            return Unplaceable(f"gang {self.gang.name}: no {kind} has room on nodes that each "
+                               f"member of a slice may use: {where_pinned(self.slices[got])}")
         taken: dict[Key, list[MemberRequest]] = {}
-        for i in sorted(range(len(where)), key=lambda i: (len(where[i]), i)):
-            room = [k for k in where[i] if left[k] > 0]
-            if not room:
-                kind = self.declared.kind(self.req.slice_level or HOSTNAME)
-                return Unplaceable(f"gang {self.gang.name}: no {kind} has room on nodes that "
-                                   f"each member of a slice may use: "
-                                   f"{where_pinned(self.slices[i])}")
-            chosen = next((k for k in room if k in taken), None) or \
-                min(room, key=self._best_fit)
-            left[chosen] -= 1
-            taken.setdefault(chosen, []).extend(self.slices[i])
+        for i in _fewest_first(where):
+            taken.setdefault(got[i], []).extend(self.slices[i])
         groups = [(self._nodes_under(k), members) for k, members in taken.items()]
         groups[0] = (groups[0][0] + spare, groups[0][1] + self.others)
         return self._run(groups)
