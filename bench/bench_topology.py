@@ -84,7 +84,6 @@ class Result:
     name: str
     placed: int = 0
     within: list[bool] = field(default_factory=list)
-    spanned: list[int] = field(default_factory=list)
     delay: list[float] = field(default_factory=list)
     frag: list[float] = field(default_factory=list)
     slowdown: list[float] = field(default_factory=list)
@@ -95,7 +94,7 @@ class Result:
     gpus: int = 0
     #: per job id: (step, ideal) for the optimum comparison
     steps: dict[int, tuple[float, float]] = field(default_factory=dict)
-    #: per job id: the domains it spanned at its narrowest level
+    #: per job id, in the order placed: the domains it spanned at its narrowest level
     spans: dict[int, int] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
@@ -103,8 +102,8 @@ class Result:
             raise SystemExit(f"{self.name}: no gang placed or a metric is empty: the run is void")
         return {
             "within %": 100 * sum(self.within) / len(self.within),
-            "spanned mean": statistics.fmean(self.spanned),
-            "spanned p95": pct(self.spanned, 95),
+            "spanned mean": statistics.fmean(self.spans.values()),
+            "spanned p95": pct(list(self.spans.values()), 95),
             "util %": 100 * self.busy / (self.span * self.gpus),
             "delay mean": statistics.fmean(self.delay),
             "delay p95": pct(self.delay, 95),
@@ -175,7 +174,6 @@ def run(spec: ClusterSpec, jobs: list[Job], name: str, placer: Placer, *, tables
             spanned = domains_spanned(c, p, level)
             r.placed += 1
             r.within.append(spanned == 1)
-            r.spanned.append(spanned)
             r.spans[job.id] = spanned
             r.delay.append(t - job.arrival)
             r.slowdown.append(s / ideal[job.id])
@@ -212,13 +210,19 @@ def slowed(r: Result, jobs: Sequence[Job]) -> str:
                      if sum(xs) > 1e-4)
 
 
+def workload(spec: ClusterSpec, count: int, load: float, seed: int
+             ) -> tuple[TableCache, list[Job], dict[int, float]]:
+    """The run's choice tables, the seed's arrivals, and each job's ideal step."""
+    tables = TableCache()
+    jobs = arrivals(spec, count, load, random.Random(seed))
+    return tables, jobs, {j.id: ideal_step(spec, j, tables) for j in jobs}
+
+
 def compare(spec: ClusterSpec, count: int, load: float, seed: int, *,
             show_slowed: bool = False) -> Metrics:
     """Every placement on the same arrivals: the table, and Muster against the best baseline;
     with `show_slowed`, where each placement's slowed jobs are."""
-    tables = TableCache()
-    jobs = arrivals(spec, count, load, random.Random(seed))
-    ideal = {j.id: ideal_step(spec, j, tables) for j in jobs}
+    tables, jobs, ideal = workload(spec, count, load, seed)
     print(f"\n== {spec.name}: {spec.nodes * spec.gpus_per_node} GPUs, {count} jobs, offered "
           f"load {load:.0%}, seed {seed}")
     results = []
@@ -277,9 +281,7 @@ def packing(spec: ClusterSpec, count: int, load: float, seed: int) -> bool:
     `whole_gangs`), on the same arrivals; fragmentation, step x mean, and how many of those
     gangs each split over nodes and slowed. False when MostAllocated split none of them, or
     the whole-gang run split one (it did not measure what it says)."""
-    tables = TableCache()
-    jobs = arrivals(spec, count, load, random.Random(seed))
-    ideal = {j.id: ideal_step(spec, j, tables) for j in jobs}
+    tables, jobs, ideal = workload(spec, count, load, seed)
     small = {j.id for j in jobs if j.pods > 1 and j.gpus <= spec.gpus_per_node}
     rows = {"Muster": muster(tables),
             "kube MostAllocated": kube(True, random.Random(seed)),
@@ -307,9 +309,7 @@ def against_optimum(spec: ClusterSpec, count: int, load: float, seed: int) -> tu
     """Muster's step time against the exact optimum on the same free GPUs, per gang."""
     from bench.topology_optimum import as_placement, optimum  # noqa: PLC0415 (highspy)
 
-    tables = TableCache()
-    jobs = arrivals(spec, count, load, random.Random(seed))
-    ideal = {j.id: ideal_step(spec, j, tables) for j in jobs}
+    tables, jobs, ideal = workload(spec, count, load, seed)
     optimal: dict[int, float] = {}
 
     def before(c: Cluster, job: Job) -> None:
