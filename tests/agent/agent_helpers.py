@@ -37,6 +37,15 @@ def make_pod(name: str, *, node: str = NODE, assign: dict[str, list[int]] | None
     }
 
 
+def attacker_pod(name: str = "attacker", *, gpus: int = 2, created: str = "2026-01-01T00:00:00Z",
+                 scheduler: str = "default-scheduler") -> dict[str, Any]:
+    """A pod a user bound to the node itself (spec.nodeName), asking for `gpus` GPUs with no
+    assignment of its own."""
+    pod = make_pod(name, created=created, scheduler=scheduler)
+    pod["spec"]["containers"][0]["resources"]["limits"][keys.GPU_RESOURCE] = str(gpus)
+    return pod
+
+
 class ListedPods:
     """A PodSource over a list the test edits (the API-backed source is tested with the
     emulator in test_agent_kube.py)."""

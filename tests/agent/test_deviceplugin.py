@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
-from agent_helpers import NODE, ListedPods, make_pod
+from agent_helpers import NODE, ListedPods, attacker_pod, make_pod
 
 from webhook import keys
 from webhook.agent.deviceplugin.plugin import AllocationRefused, GpuDevicePlugin, PluginConfig
@@ -76,6 +76,8 @@ async def test_preference_steers_the_kubelet_to_the_binders_gpus(
         # older, and not the binder's: a user's forged assignment steers nothing
         make_pod("forged", assign={"main": [0, 1]}, topology=dgx1,
                  scheduler="default-scheduler", created="2025-01-01T00:00:00Z")]
+    # (admitted by the kubelet already: not waiting, so not in the way of the binder's pod)
+    pods.items[1]["status"]["containerStatuses"] = [{"name": "main"}]
     every = [g.uuid for g in dgx1.gpus]
     assert set(await plugin.preferred(every, [], 2)) == uuids(dgx1, 5, 6)
     # a kubelet that holds GPU 6 for another container is not told to take it
@@ -190,6 +192,76 @@ async def test_assignment_for_another_node_is_refused(
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await kubelet.admit("nvidia.com/gpu", 1)
     assert "assigned GPUs on node 'gpu-node-2'" in (err.value.details() or "")
+
+
+async def test_a_foreign_pod_admitted_first_is_refused_and_the_victim_then_served(
+        plugin: GpuDevicePlugin, kubelet: FakeKubelet, dgx1: Topology, pods: ListedPods) -> None:
+    """The nodeName attack, attacker first: the kubelet admits a user's pod bound with
+    spec.nodeName and the binder's pod is bound during the wait. The attacker's container gets
+    no GPU (before: the victim's two), and the victim, admitted next, gets its own."""
+    pods.items.append(attacker_pod())
+    await plugin.ensure_registered()
+    await kubelet.wait_for("nvidia.com/gpu", count=8)
+
+    async def binder_binds() -> None:
+        await asyncio.sleep(0.2)
+        pods.items.append(make_pod("victim", assign={"main": [4, 5]}, topology=dgx1,
+                                   created="2026-01-01T00:00:01Z"))
+
+    task = asyncio.create_task(binder_binds())
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.admit("nvidia.com/gpu", 2)
+    await task
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    detail = err.value.details() or ""
+    assert "ml/attacker (spec.schedulerName is 'default-scheduler'" in detail
+    assert kubelet.checkpoint.allocated.get("nvidia.com/gpu", set()) == set()
+    pods.items[0]["status"]["phase"] = "Failed"  # the kubelet fails a refused pod
+    got = await kubelet.admit("nvidia.com/gpu", 2)
+    assert set(got.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == uuids(dgx1, 4, 5)
+
+
+async def test_a_victim_admitted_while_a_foreign_pod_waits_is_served_once_it_fails(
+        plugin: GpuDevicePlugin, kubelet: FakeKubelet, dgx1: Topology, pods: ListedPods) -> None:
+    """Victim first: the binder's pod is admitted while a user's GPU pod is pending beside it.
+    No grant goes out while the ambiguity lasts; once the other pod fails within the wait the
+    victim gets its GPUs, and had it not, the victim would have been refused, never swapped."""
+    pods.items += [make_pod("victim", assign={"main": [4, 5]}, topology=dgx1),
+                   attacker_pod(created="2026-01-01T00:00:01Z")]
+    every = [g.uuid for g in dgx1.gpus]
+    with pytest.raises(AllocationRefused, match="ml/attacker"):
+        await plugin.allocate(every[4:6])
+    await plugin.ensure_registered()
+    await kubelet.wait_for("nvidia.com/gpu", count=8)
+
+    async def attacker_fails() -> None:
+        await asyncio.sleep(0.2)
+        pods.items[1]["status"]["phase"] = "Failed"
+
+    task = asyncio.create_task(attacker_fails())
+    got = await kubelet.admit("nvidia.com/gpu", 2)
+    await task
+    assert set(got.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == uuids(dgx1, 4, 5)
+
+
+async def test_unassigned_kubelet_mode_never_hands_a_foreign_pod_a_grant(
+        sock_dir: Path, kubelet: FakeKubelet, dgx1: Topology, pods: ListedPods) -> None:
+    """unassigned "kubelet": a foreign pod alone gets the kubelet's pick; beside a binder pod
+    waiting for its grant it is refused (its pick could be the grant's GPUs)."""
+    plugin = GpuDevicePlugin(PluginConfig(node=NODE, kubelet_dir=sock_dir, unassigned="kubelet",
+                                          assignment_wait_s=0.1, poll_s=0.05), dgx1, pods)
+    pods.items.append(attacker_pod())
+    try:
+        await plugin.ensure_registered()
+        await kubelet.wait_for("nvidia.com/gpu", count=8)
+        alone = await kubelet.admit("nvidia.com/gpu", 2)
+        pods.items.append(make_pod("victim", assign={"main": [4, 5]}, topology=dgx1))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await kubelet.admit("nvidia.com/gpu", 2)
+    finally:
+        await plugin.stop()
+    assert alone.envs["NVIDIA_VISIBLE_DEVICES"].split(",") == alone.devices
+    assert "ml/attacker" in (err.value.details() or "")
 
 
 async def test_restarted_kubelet_gets_the_plugin_back(

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from agent_helpers import NODE, make_pod
+import pytest
+from agent_helpers import NODE, attacker_pod, make_pod
 
 from webhook import keys
-from webhook.agent.deviceplugin.matcher import choose, explain, pending, served
+from webhook.agent.deviceplugin.matcher import (
+    choose,
+    explain,
+    pending,
+    refusal,
+    served,
+)
 from webhook.topology.model import Topology
 
 
@@ -118,11 +125,85 @@ def test_an_assignment_counts_only_on_a_pod_the_binder_scheduled(dgx1: Topology)
     ours = make_pod("ours", assign={"m": [2, 3]}, topology=dgx1, created="2026-01-02T00:00:00Z")
     offer = pending([forged, ours], NODE, devices(dgx1), set())
     assert [g.pod for g in offer.grants] == ["ml/ours"]
-    # the forged pod's GPUs asked for exactly: still the binder's pod (a mismatch, refused)
-    pick = choose(offer, 2, [dgx1.gpus[0].uuid, dgx1.gpus[1].uuid])
-    assert pick is not None and pick.pod == "ml/ours"
+    # asking for GPUs with no grant of its own, the forged pod leaves no grant to hand out
+    assert choose(offer, 2, [dgx1.gpus[0].uuid, dgx1.gpus[1].uuid]) is None
+    assert set(offer.ambiguous) == {"ml/forged"}
     assert "spec.schedulerName is 'default-scheduler', not the binder's 'muster-binder'" in (
         offer.refused["ml/forged"])
     # a binder of another name: only its pods count
     other = pending([forged, ours], NODE, devices(dgx1), set(), "default-scheduler")
     assert [g.pod for g in other.grants] == ["ml/forged"]
+
+
+@pytest.mark.parametrize("attacker_first", [True, False])
+@pytest.mark.parametrize("kubelet_pick", [False, True])
+def test_a_foreign_gpu_pod_pending_beside_a_grant_gets_no_grant(
+        dgx1: Topology, attacker_first: bool, kubelet_pick: bool) -> None:
+    """A user's pod bound with spec.nodeName asks for GPUs while the binder's pod waits: the
+    kubelet may be admitting either, so neither the oldest grant nor the exact pick is handed
+    out, whichever pod is older, and the refusal names the pod in the way."""
+    older, newer = "2026-01-01T00:00:00Z", "2026-01-01T00:00:05Z"
+    attacker = attacker_pod(created=older if attacker_first else newer)
+    victim = make_pod("victim", assign={"m": [4, 5]}, topology=dgx1,
+                      created=newer if attacker_first else older)
+    offer = pending([attacker, victim], NODE, devices(dgx1), set())
+    assert [g.pod for g in offer.grants] == ["ml/victim"]
+    assert set(offer.ambiguous) == {"ml/attacker"}
+    victims = [dgx1.gpus[4].uuid, dgx1.gpus[5].uuid]
+    assert choose(offer, 2) is None and choose(offer, 2, victims) is None
+    assert choose(offer, 2, available=[g.uuid for g in dgx1.gpus]) is None
+    why = refusal(offer, NODE, 2, kubelet_pick)
+    assert why is not None and "ml/attacker (spec.schedulerName is 'default-scheduler'" in why
+    # the kubelet failed the attacker's pod (refused): the victim's grant is its own again
+    attacker["status"]["phase"] = "Failed"
+    cleared = pending([attacker, victim], NODE, devices(dgx1), set())
+    grant = choose(cleared, 2, victims)
+    assert cleared.ambiguous == {} and grant is not None and grant.pod == "ml/victim"
+
+
+def test_a_binder_pod_without_a_valid_assignment_is_ambiguous_too(dgx1: Topology) -> None:
+    unassigned = attacker_pod("unassigned", scheduler=keys.DEFAULT_BINDER_SCHEDULER_NAME)
+    elsewhere = make_pod("elsewhere", assign={"m": [0, 1]}, topology=dgx1,
+                         assignment_node="other-node")
+    victim = make_pod("victim", assign={"m": [4, 5]}, topology=dgx1)
+    offer = pending([unassigned, elsewhere, victim], NODE, devices(dgx1), set())
+    assert set(offer.ambiguous) == {"ml/unassigned", "ml/elsewhere"}
+    assert choose(offer, 2) is None
+    why = refusal(offer, NODE, 2, True) or ""
+    assert "ml/unassigned (no muster.io/gpu-assignment annotation)" in why
+    assert "ml/elsewhere (assigned GPUs on node 'other-node'" in why
+
+
+def test_pods_that_ask_for_no_gpu_or_were_admitted_are_not_in_the_way(dgx1: Topology) -> None:
+    """A foreign pod asking for no GPU, one asking for another resource, one the kubelet
+    already admitted (it reports its containers), and a served binder pod do not block."""
+    cpu_only = make_pod("cpu-only", scheduler="default-scheduler")
+    admitted = attacker_pod("admitted")
+    admitted["status"]["containerStatuses"] = [{"name": "main", "state": {"waiting": {}}}]
+    served_pod = make_pod("served", assign={"m": [0, 1]}, topology=dgx1)
+    served_pod["metadata"]["annotations"][keys.ANN_GPU_ALLOCATED] = NODE
+    other = attacker_pod("other-resource")
+    victim = make_pod("victim", assign={"m": [4, 5]}, topology=dgx1)
+    pods = [cpu_only, admitted, served_pod, other, victim]
+    offer = pending(pods, NODE, devices(dgx1), set())
+    assert set(offer.ambiguous) == {"ml/other-resource"}
+    offer = pending(pods, NODE, devices(dgx1), set(), resource="example.com/fpga")
+    assert offer.ambiguous == {}
+    grant = choose(offer, 2)
+    assert grant is not None and grant.pod == "ml/victim"
+
+
+def test_the_kubelets_pick_for_a_foreign_pod_only_when_no_grant_waits(dgx1: Topology) -> None:
+    """unassigned "kubelet": a foreign pod may get the kubelet's own pick, never a grant."""
+    attacker = attacker_pod()
+    alone = pending([attacker], NODE, devices(dgx1), set())
+    assert refusal(alone, NODE, 2, kubelet_pick=True) is None
+    assert "ml/attacker" in (refusal(alone, NODE, 2, kubelet_pick=False) or "")
+    # a served binder pod's GPUs are the kubelet's: its grant (offered again) blocks nothing
+    served_pod = make_pod("served", assign={"m": [0, 1]}, topology=dgx1)
+    served_pod["metadata"]["annotations"][keys.ANN_GPU_ALLOCATED] = NODE
+    beside = pending([attacker, served_pod], NODE, devices(dgx1), set())
+    assert refusal(beside, NODE, 2, kubelet_pick=True) is None
+    victim = make_pod("victim", assign={"m": [4, 5]}, topology=dgx1)
+    waiting = pending([attacker, victim], NODE, devices(dgx1), set())
+    assert refusal(waiting, NODE, 2, kubelet_pick=True) is not None

@@ -15,6 +15,14 @@ A served pod still Pending is offered once more, but only for exactly its own GP
 the kubelet has all of them free: the kubelet then lost its record of the Allocate (it restarted
 between our answer and its checkpoint) and asks again for the same container; any other time it
 holds those GPUs itself and never offers them.
+
+Since the kubelet never says which pod it admits, a grant is handed out only while every pod
+pending here that asks for the resource is tied to a grant of its own. Any other one (a pod that
+another scheduler placed or a user bound with spec.nodeName, or a binder's pod without a valid
+assignment for this node) makes the admission ambiguous: it could be that pod asking, and
+handing it the oldest grant would give it another pod's GPUs. Such a pod stops counting once the
+kubelet has admitted it (it reports container statuses) or failed it; until then no grant goes
+out, and the plugin refuses rather than guess when the wait ends.
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ class Pending:
     refused: Mapping[str, str] = field(default_factory=dict)
     #: uids of pods still waiting to start (others' handed-out entries can be forgotten)
     live: frozenset[str] = frozenset()
+    #: pods asking for the resource, not admitted yet, that no grant ties to (see the module)
+    ambiguous: Mapping[str, str] = field(default_factory=dict)
 
 
 def _is_pending(pod: Mapping[str, Any], node: str) -> bool:
@@ -59,14 +69,35 @@ def _is_pending(pod: Mapping[str, Any], node: str) -> bool:
             and status.get("phase", "Pending") == "Pending")
 
 
+def _asks_for(pod: Mapping[str, Any], resource: str) -> bool:
+    """True when a container of `pod` requests `resource` (extended resources: limits)."""
+    spec = pod.get("spec") or {}
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        resources = container.get("resources") or {}
+        for amounts in (resources.get("limits") or {}, resources.get("requests") or {}):
+            if str(amounts.get(resource, "0")).strip() not in ("0", ""):
+                return True
+    return False
+
+
+def _admitted(pod: Mapping[str, Any]) -> bool:
+    """True once the kubelet has admitted the pod: only it writes container statuses (a pod's
+    status is reset on create and written through pods/status)."""
+    status = pod.get("status") or {}
+    return bool(status.get("containerStatuses") or status.get("initContainerStatuses"))
+
+
 def pending(pods: Iterable[Mapping[str, Any]], node: str, devices: Mapping[int, str],
             handed: Collection[tuple[str, str]],
-            scheduler_name: str = keys.DEFAULT_BINDER_SCHEDULER_NAME) -> Pending:
+            scheduler_name: str = keys.DEFAULT_BINDER_SCHEDULER_NAME, *,
+            resource: str = keys.GPU_RESOURCE) -> Pending:
     """Grants offered by `pods` (raw pod dicts) on `node`; `devices` maps GPU index → UUID of
     this node's GPUs; `handed` holds (pod uid, container) pairs already served; only pods whose
-    spec.schedulerName is `scheduler_name` (the binder's) offer any."""
+    spec.schedulerName is `scheduler_name` (the binder's) offer any; pods asking for
+    `resource` that none ties to make the offer ambiguous."""
     grants: list[Grant] = []
     refused: dict[str, str] = {}
+    asking: set[str] = set()
     live: set[str] = set()
     for pod in pods:
         if not _is_pending(pod, node):
@@ -75,6 +106,8 @@ def pending(pods: Iterable[Mapping[str, Any]], node: str, devices: Mapping[int, 
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         uid = str(meta.get("uid", key))
         live.add(uid)
+        if _asks_for(pod, resource) and not _admitted(pod):
+            asking.add(key)
         scheduler = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
         if scheduler != scheduler_name:
             refused[key] = (f"spec.schedulerName is {scheduler!r}, not the binder's "
@@ -85,8 +118,9 @@ def pending(pods: Iterable[Mapping[str, Any]], node: str, devices: Mapping[int, 
         if why is not None and keys.ANN_GPU_ALLOCATED not in (meta.get("annotations") or {}):
             refused[key] = why  # (a pod served before waits for nothing)
         grants += mine
+    ambiguous = {pod: why for pod, why in refused.items() if pod in asking}
     grants.sort(key=lambda g: (g.created, g.pod))
-    return Pending(tuple(grants), refused, frozenset(live))
+    return Pending(tuple(grants), refused, frozenset(live), ambiguous)
 
 
 def _pod_grants(meta: Mapping[str, Any], key: str, uid: str, *, node: str,
@@ -136,7 +170,10 @@ def choose(offer: Pending, count: int, wanted: Collection[str] = (),
     GPUs the kubelet still has free count: a container whose GPUs the kubelet already gave out
     was served before this agent restarted, so a later container of that pod is the one asked for.
     A grant served before counts only with `available` or as the exact pick (see the module).
+    None while the offer is ambiguous: the container may be another pod's.
     """
+    if offer.ambiguous:
+        return None
     fits = [g for g in offer.grants if len(g.uuids) == count
             and (available is None or set(g.uuids) <= set(available))
             and (not g.again or available is not None or set(g.uuids) == set(wanted))]
@@ -153,6 +190,21 @@ def explain(offer: Pending, node: str, count: int) -> str:
     waiting = "; ".join(parts) if parts else "none"
     return (f"no pod bound to node {node!r} is waiting for {count} GPU(s) with a "
             f"{keys.ANN_GPU_ASSIGNMENT} annotation from the binder (pending pods here: {waiting})")
+
+
+def refusal(offer: Pending, node: str, count: int, kubelet_pick: bool) -> str | None:
+    """Why a container that no grant was chosen for is refused; None when it gets the
+    kubelet's own pick (`kubelet_pick`: the unassigned "kubelet" mode), which never happens
+    while a grant not yet served waits beside an ambiguous pod: that pick may be its GPUs, or
+    the container the grant's own."""
+    if offer.ambiguous and any(not g.again for g in offer.grants):
+        pods = "; ".join(f"{pod} ({why})" for pod, why in sorted(offer.ambiguous.items()))
+        return (f"refused: the kubelet does not say which pod it admits, and pods pending on "
+                f"node {node!r} ask for GPUs without a binder assignment of their own: {pods}; "
+                "no binder-assigned GPUs are handed out while they wait")
+    if kubelet_pick:
+        return None
+    return explain(offer, node, count)
 
 
 def mismatch(grant: Grant, allocated: Collection[str]) -> str:

@@ -30,9 +30,9 @@ from webhook.agent.deviceplugin.matcher import (
     Grant,
     Pending,
     choose,
-    explain,
     mismatch,
     pending,
+    refusal,
     served,
 )
 from webhook.topology.model import Topology
@@ -193,7 +193,7 @@ class GpuDevicePlugin:
         pods = await self.source.pods()
         devices = {g.index: g.uuid for g in self._topology.gpus if g.uuid is not None}
         offer = pending(pods, self.config.node, devices, self._handed,
-                        self.config.scheduler_name)
+                        self.config.scheduler_name, resource=self.config.resource_name)
         # forget containers of pods that have started or gone: they are never asked again
         self._handed = {(uid, c) for uid, c in self._handed if uid in offer.live}
         return offer
@@ -235,10 +235,11 @@ class GpuDevicePlugin:
             if grant is None:
                 grant, offer, error = await self._wait_for(len(requested), requested, wait_s)
             if grant is None:
-                if self.config.unassigned == "kubelet":
+                message = refusal(offer, self.config.node, len(requested),
+                                  self.config.unassigned == "kubelet")
+                if message is None:
                     log.info("no assignment: kubelet's pick", extra={"devices": requested})
                     return list(requested)
-                message = explain(offer, self.config.node, len(requested))
                 if error:
                     message = f"{message}; {error}"
                 log.warning("allocate refused", extra={"reason": message})
