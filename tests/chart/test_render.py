@@ -568,7 +568,7 @@ def test_annotation_guard_names_muster_s_own_service_accounts(
         "resources": ["pods", "pods/status"]}]
     assert bindings["spec"]["matchConstraints"]["resourceRules"] == [{
         "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-        "resources": ["pods/binding"]}]
+        "resources": ["pods/binding", "bindings"]}]  # the legacy POST .../bindings too
 
 
 def test_annotation_guard_lets_a_pod_be_created_with_exactly_the_webhooks_keys(

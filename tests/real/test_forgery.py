@@ -158,13 +158,18 @@ async def _never_gets(kube: KubeApi, cluster: NodeCluster, name: str,
     assert pod["status"]["phase"] == "Failed", pod["status"]  # --unassigned error: refused
 
 
-async def test_a_pod_owner_cannot_forge_their_way_to_another_pods_gpu(
-        kube: KubeApi, node_cluster: NodeCluster, tmp_path: Path) -> None:
+async def _mallory(kube: KubeApi, cluster: NodeCluster, tmp_path: Path) -> Mallory:
+    """The attacker's namespace and Role, and kubectl as the attacker."""
     await ensure_namespace(kube, ATTACKER_NS)
     rbac = tmp_path / "rbac.json"
     rbac.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": _rbac()}))
-    kubectl(node_cluster, "apply", "-f", str(rbac))
-    mallory = Mallory(node_cluster, tmp_path)
+    kubectl(cluster, "apply", "-f", str(rbac))
+    return Mallory(cluster, tmp_path)
+
+
+async def test_a_pod_owner_cannot_forge_their_way_to_another_pods_gpu(
+        kube: KubeApi, node_cluster: NodeCluster, tmp_path: Path) -> None:
+    mallory = await _mallory(kube, node_cluster, tmp_path)
     out = mallory.create(_pod("probe", gpus=0))
     assert out.returncode == 0, out.stderr  # the Role works
     try:
@@ -237,6 +242,11 @@ async def test_a_pod_owner_cannot_forge_their_way_to_another_pods_gpu(
             await kube.request("POST", PODS.path(ATTACKER_NS, "unbound") + "/binding",
                                body=binding)
         assert f"{GUARD}-bindings" in err.value.message, err.value.message
+        # the legacy resource (POST .../namespaces/N/bindings) copies annotations the same way
+        with pytest.raises(ApiError) as err:
+            await kube.request("POST", f"/api/v1/namespaces/{ATTACKER_NS}/bindings",
+                               body=binding)
+        assert f"{GUARD}-bindings" in err.value.message, err.value.message
         unbound = await kube.get(PODS, "unbound", namespace=ATTACKER_NS)
         assert not unbound["spec"].get("nodeName")
 
@@ -259,6 +269,33 @@ async def test_a_pod_owner_cannot_forge_their_way_to_another_pods_gpu(
             assert await _printed(node_cluster, "gpu-team", name) == gpus, name
     finally:
         await _webhook_replicas(kube, node_cluster, 2)
+        kubectl(node_cluster, "delete", "pods", "--all", "-n", ATTACKER_NS, "--wait=false",
+                check=False)
+        await delete_jobs(kube, "gpu-team", [VICTIM])
+
+
+async def test_a_pod_bound_with_node_name_gets_no_gpu_of_a_binder_pod_waiting_there(
+        kube: KubeApi, node_cluster: NodeCluster, tmp_path: Path) -> None:
+    """Issue #54: the attacker binds its own GPU pod to the node (spec.nodeName, tolerations)
+    and the kubelet admits it while the binder binds the victim's workers there. The kubelet
+    does not tell the device plugin which pod it admits: before, the attacker's container got
+    the first worker's assigned GPU and that worker was refused. Now the agent sees a GPU pod it
+    cannot tie to any assignment pending beside the grants and refuses rather than guess: the
+    attacker's pod fails, and every worker starts on the GPU the binder assigned it."""
+    mallory = await _mallory(kube, node_cluster, tmp_path)
+    try:
+        out = mallory.create(_pod("squatter", node=NODE_NAME))
+        assert out.returncode == 0, out.stderr
+        # the kubelet is admitting it (the agent waits up to 10 s for an assignment) while
+        # the binder binds the workers
+        await asyncio.sleep(1)
+        victims = await _victim(kube, node_cluster)
+        victim = {u for gpus in victims.values() for u in gpus}
+        assert len(victim) == 4
+        await _never_gets(kube, node_cluster, "squatter", victim)
+        squatter = await kube.get(PODS, "squatter", namespace=ATTACKER_NS)
+        assert squatter["status"].get("reason") == "UnexpectedAdmissionError", squatter["status"]
+    finally:
         kubectl(node_cluster, "delete", "pods", "--all", "-n", ATTACKER_NS, "--wait=false",
                 check=False)
         await delete_jobs(kube, "gpu-team", [VICTIM])
