@@ -504,10 +504,18 @@ def test_agent_daemonset(helm_template: Render) -> None:
     assert "--scheduler-name=gangs" in c2["args"]
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    (hp,) = [v for v in pod["volumes"] if "hostPath" in v]
-    assert hp["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
-    mount = next(m for m in c["volumeMounts"] if m["name"] == hp["name"])
-    assert mount["mountPath"] == "/var/lib/kubelet/device-plugins"
+    hps = {v["hostPath"]["path"]: v["name"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert set(hps) == {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"}
+    assert mounts[hps["/var/lib/kubelet/device-plugins"]]["mountPath"] == (
+        "/var/lib/kubelet/device-plugins")
+    # the kubelet's PodResources API, read-only: what each pod holds, against its assignment
+    pod_resources = mounts[hps["/var/lib/kubelet/pod-resources"]]
+    assert pod_resources["mountPath"] == "/var/lib/kubelet/pod-resources"
+    assert pod_resources["readOnly"] is True
+    assert "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in c["args"]
+    assert "--metrics-port=8080" in c["args"]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 8080}]
     # root for the root-owned kubelet socket directory, but no capability and not privileged
     assert pod["securityContext"]["runAsUser"] == 0
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}

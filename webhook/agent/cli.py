@@ -57,6 +57,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        help="the Node's muster.io/gpu-allocation-ack label goes when the device "
                             "plugin has not been registered with the kubelet for this long "
                             "(default 10: a kubelet restart does not remove it)")
+    agent.add_argument("--pod-resources-socket",
+                       default="/var/lib/kubelet/pod-resources/kubelet.sock",
+                       help="the kubelet's PodResources API: what each pod holds is checked "
+                            "against the binder's assignments (\"\": no check)")
+    agent.add_argument("--audit-seconds", type=float, default=60.0,
+                       help="check every pod's GPUs through PodResources this often")
+    agent.add_argument("--metrics-port", type=int, default=None,
+                       help="serve /metrics and /healthz on this port")
     agent.add_argument("--unassigned", choices=["error", "kubelet"], default="error",
                        help="a container without assignment: refuse it (error) or give it the "
                             "kubelet's pick (kubelet)")

@@ -99,7 +99,11 @@ def run(args: argparse.Namespace) -> int:
         plugin=PluginConfig(node=args.node_name, kubelet_dir=Path(args.kubelet_dir),
                             resource_name=args.resource_name, cdi=args.cdi,
                             assignment_wait_s=args.assignment_wait_seconds,
-                            unassigned=args.unassigned, scheduler_name=args.scheduler_name))
+                            unassigned=args.unassigned, scheduler_name=args.scheduler_name,
+                            pod_resources=(Path(args.pod_resources_socket)
+                                           if args.pod_resources_socket else None),
+                            audit_s=args.audit_seconds),
+        metrics_port=args.metrics_port)
 
     async def main() -> int:
         client = await make_api_client(args.kubeconfig)  # UsageError names a bad kubeconfig

@@ -27,6 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
 from webhook import keys
 from webhook.agent.deviceplugin.plugin import GpuDevicePlugin, PluginConfig
 from webhook.agent.discovery import Discovery, discover, keep_identity
@@ -109,6 +113,9 @@ class AgentConfig:
     #: serve the GPUs through the device plugin (the default), DRA (`dra` set), or both
     device_plugin: bool = True
     dra: DraConfig | None = None
+    #: /metrics (the device plugin's holding checks) and /healthz; None: not served
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"  # scraped from other pods
 
 
 class Agent:
@@ -197,6 +204,8 @@ class Agent:
         and keep the acknowledgement label true to its registration."""
         loop = asyncio.get_running_loop()
         lost_at: float | None = None  # when the plugin was last seen unregistered, in a row
+        audits = (asyncio.create_task(plugin.audit_loop())
+                  if plugin.config.pod_resources is not None else None)
         try:
             while True:
                 try:
@@ -214,6 +223,9 @@ class Agent:
                         await self.set_serving(False)
                 await asyncio.sleep(plugin.config.kubelet_check_s)
         finally:
+            if audits is not None:
+                audits.cancel()
+                await asyncio.gather(audits, return_exceptions=True)
             await plugin.stop()
             with contextlib.suppress(FileNotFoundError):
                 plugin.socket_path.unlink()
@@ -230,6 +242,24 @@ class Agent:
         except TimeoutError:
             log.warning("could not remove the acknowledgement label in time",
                         extra={"node": self.config.node})
+
+    async def _serve_metrics(self, port: int) -> web.AppRunner:
+        """/metrics: the device plugin's holding checks (none before it exists)."""
+        async def metrics(_: web.Request) -> web.Response:
+            body = generate_latest(self.plugin.metrics) if self.plugin is not None else b""
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        async def healthz(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/healthz", healthz)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, self.config.metrics_host, port).start()
+        log.info("metrics listening", extra={"port": port})
+        return runner
 
     def _on_xid(self, event: XidEvent) -> None:
         if event.uuid not in self.faulty:
@@ -249,6 +279,8 @@ class Agent:
             watcher = loop.run_in_executor(None, XidWatcher(self.events_nvml).run, stop, emit)
         plugin_task: asyncio.Task[None] | None = None
         dra_task: asyncio.Task[None] | None = None
+        metrics = (await self._serve_metrics(self.config.metrics_port)
+                   if self.config.metrics_port is not None else None)
         try:
             while True:
                 await self.step()
@@ -265,5 +297,7 @@ class Agent:
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
             await self._withdraw()
+            if metrics is not None:
+                await metrics.cleanup()
             if watcher is not None:
                 await asyncio.gather(watcher, return_exceptions=True)

@@ -11,6 +11,10 @@ What was allocated, to which pod, and which pods were started is kept, as the de
 restarted kubelet starts a pod whose containers were allocated before the restart with the
 checkpointed devices, without asking the plugin again, and never starts a pod twice.
 
+It also serves the PodResources API v1 (`List`, and `Get` unless `serve_get` is off, as a
+kubelet with the KubeletPodResourcesGet gate off) on `pod-resources.sock` beside kubelet.sock,
+from `pod_resources`, which tests fill: (namespace, name) → container → resource → device IDs.
+
 `start_pods` is the kubelet's pod admission: it starts each pod bound to its node that asks for
 the resource, container by container, once.
 
@@ -40,6 +44,8 @@ import grpc
 from webhook import atomicfile
 from webhook.agent.deviceplugin import api_pb2, api_pb2_grpc
 from webhook.agent.deviceplugin.plugin import API_VERSION, HEALTHY, KUBELET_SOCKET
+from webhook.agent.podresources import api_pb2 as pr_pb2
+from webhook.agent.podresources import api_pb2_grpc as pr_grpc
 from webhook.quantity import whole
 
 log = logging.getLogger(__name__)
@@ -121,6 +127,35 @@ class _Registration(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         return api_pb2.Empty()
 
 
+#: (namespace, name) → container → resource → device IDs
+PodDevices = dict[tuple[str, str], dict[str, dict[str, list[str]]]]
+
+
+class _PodResources(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+    def __init__(self, kubelet: FakeKubelet) -> None:
+        self.kubelet = kubelet
+
+    def _pod(self, namespace: str, name: str) -> Any:
+        containers = self.kubelet.pod_resources[(namespace, name)]
+        return pr_pb2.PodResources(name=name, namespace=namespace, containers=[
+            pr_pb2.ContainerResources(name=c, devices=[
+                pr_pb2.ContainerDevices(resource_name=r, device_ids=ids)
+                for r, ids in resources.items()]) for c, resources in containers.items()])
+
+    async def List(self, request: Any, context: Any) -> Any:
+        return pr_pb2.ListPodResourcesResponse(pod_resources=[
+            self._pod(ns, name) for ns, name in self.kubelet.pod_resources])
+
+    async def Get(self, request: Any, context: Any) -> Any:
+        # the kubelet's answers: code Unknown, for a disabled Get and for a pod it does not know
+        if not self.kubelet.serve_get:
+            await context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
+        key = (request.pod_namespace, request.pod_name)
+        if key not in self.kubelet.pod_resources:
+            await context.abort(grpc.StatusCode.UNKNOWN, f"pod {key} not found")
+        return pr_pb2.GetPodResourcesResponse(pod_resources=self._pod(*key))
+
+
 class FakeKubelet:
     def __init__(self, directory: Path) -> None:
         self.dir = directory
@@ -131,10 +166,16 @@ class FakeKubelet:
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._server: grpc.aio.Server | None = None
         self._changed = asyncio.Condition()
+        self.pod_resources: PodDevices = {}
+        self.serve_get = True
 
     @property
     def socket(self) -> Path:
         return self.dir / KUBELET_SOCKET
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.dir / "pod-resources.sock"
 
     async def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -142,7 +183,9 @@ class FakeKubelet:
             self.socket.unlink()
         server = grpc.aio.server()
         api_pb2_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        pr_grpc.add_PodResourcesListerServicer_to_server(_PodResources(self), server)
         server.add_insecure_port(f"unix://{self.socket}")
+        server.add_insecure_port(f"unix://{self.pod_resources_socket}")
         await server.start()
         self._server = server
 

@@ -206,7 +206,10 @@ mode is dra or both), else "" */}}
 - --resource-name={{ $v.agent.resourceName }}
 {{- if eq .mode "dra" }}
 - --no-device-plugin
+{{- else }}
+- --pod-resources-socket={{ $v.agent.podResourcesDir }}/kubelet.sock
 {{- end }}
+- --metrics-port={{ $v.agent.metricsPort }}
 {{- if include "muster.agent.modeDra" .mode }}
 - --dra
 - --dra-registry-dir={{ $v.agent.dra.registryDir }}

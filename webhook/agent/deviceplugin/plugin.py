@@ -7,7 +7,10 @@ kubelet allocated, never others (NVIDIA_VISIBLE_DEVICES, and CDI device names wh
 the kubelet's accounting stays the one truth about who holds which GPU, as with NVIDIA's own
 plugin. When the kubelet allocated other GPUs than the binder assigned, the container is
 refused with the reason (the kubelet fails the pod: UnexpectedAdmissionError) and the pod gets
-a Warning Event saying which. A kubelet restart deletes every socket in its directory and
+a Warning Event saying which. With the kubelet's PodResources socket, what each pod holds is
+checked against its assignment after the fact (`audit`): periodically, and for the pod served
+shortly after each Allocate; each mismatch is a Warning Event, a log line and a metric.
+A kubelet restart deletes every socket in its directory and
 recreates kubelet.sock: the plugin notices, serves again on a fresh socket and registers again.
 """
 
@@ -23,9 +26,11 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from webhook import keys
 from webhook.agent.deviceplugin import api_pb2, api_pb2_grpc
+from webhook.agent.deviceplugin.audit import Finding, audit
 from webhook.agent.deviceplugin.matcher import (
     Grant,
     Pending,
@@ -35,6 +40,7 @@ from webhook.agent.deviceplugin.matcher import (
     refusal,
     served,
 )
+from webhook.agent.podresources import client
 from webhook.topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -80,10 +86,18 @@ class PluginConfig:
     unassigned: Literal["error", "kubelet"] = "error"
     #: the binder's spec.schedulerName: assignments on other pods are ignored
     scheduler_name: str = keys.DEFAULT_BINDER_SCHEDULER_NAME
+    #: the kubelet's PodResources socket: None, no after-the-fact check
+    pod_resources: Path | None = None
+    #: how often every pod's holdings are checked, and how long after an Allocate its pod is
+    #: (the kubelet records the allocation once our answer is back)
+    audit_s: float = 60.0
+    audit_after_allocate_s: float = 2.0
 
 
 #: the Event reason on a pod whose container the kubelet gave other GPUs than the binder
 MISMATCH_REASON = "GPUAssignmentMismatch"
+#: the Event reason on a pod the kubelet records holding GPUs it should not (`audit`)
+HOLDING_REASON = "GPUHoldingMismatch"
 
 
 def device_list(topology: Topology) -> list[Any]:
@@ -163,6 +177,14 @@ class GpuDevicePlugin:
         self._server: grpc.aio.Server | None = None
         self._kubelet_id: tuple[int, int] | None = None
         self.registrations = 0  # successful Register calls (tests, metrics)
+        self._reported: set[tuple[str, str, str]] = set()  # (uid, kind, message) of findings
+        self.metrics = CollectorRegistry()
+        self._found = Counter("muster_agent_gpu_holding_mismatches",
+                              "Pods found holding other GPUs than the binder assigned, by kind",
+                              ["kind"], registry=self.metrics)
+        self._current = Gauge("muster_agent_gpu_holding_mismatches_current",
+                              "Mismatches the last check found, by kind", ["kind"],
+                              registry=self.metrics)
 
     @property
     def socket_path(self) -> Path:
@@ -259,6 +281,7 @@ class GpuDevicePlugin:
                 self._handed.add((grant.uid, grant.container))
                 if served(offer, grant, self._handed):
                     self._acknowledge(grant)
+                    self._background(self._audit_later(grant.pod))
         log.info("allocated", extra={"pod": grant.pod, "container": grant.container,
                                      "gpus": list(requested)})
         return list(requested)
@@ -301,6 +324,70 @@ class GpuDevicePlugin:
                 log.warning("could not record the Event", extra={
                     "pod": grant.pod, "error": str(exc)})
         self._background(report())
+
+    # --- after the fact: the kubelet's record (PodResources) against the assignments -------
+
+    async def audit(self, pod: str | None = None) -> list[Finding]:
+        """Compare what the kubelet says each pod holds with the binder's assignments (one pod,
+        through Get where the kubelet serves it, else every pod); report what is new."""
+        socket, resource = self.config.pod_resources, self.config.resource_name
+        if socket is None:
+            return []
+        held = None
+        if pod is not None:
+            namespace, name = pod.split("/", 1)
+            held = await client.of_pod(socket, resource, namespace, name)
+        if held is None:
+            held, pod = await client.listed(socket, resource), None
+        devices = {g.index: g.uuid for g in self._topology.gpus if g.uuid is not None}
+        findings = audit(held, await self.source.pods(), self.config.node, devices,
+                         self.config.scheduler_name)
+        self._record(findings, whole=pod is None)
+        return findings
+
+    def _record(self, findings: list[Finding], whole: bool) -> None:
+        """Report each finding once (an Event, a log line, the counter); a whole-node check
+        also sets the gauge and forgets what is fixed."""
+        keys_now = {(f.uid, f.kind, f.message) for f in findings}
+        for f in findings:
+            if (f.uid, f.kind, f.message) in self._reported:
+                continue
+            log.warning("a pod holds other GPUs than the binder assigned",
+                        extra={"pod": f.pod, "kind": f.kind, "reason": f.message})
+            self._found.labels(f.kind).inc()
+            if f.uid:
+                self._background(self._event(f))
+        if whole:
+            self._reported = keys_now
+            for kind in ("assignment", "foreign", "shared"):
+                self._current.labels(kind).set(sum(f.kind == kind for f in findings))
+        else:
+            self._reported |= keys_now
+
+    async def _event(self, finding: Finding) -> None:
+        try:
+            await self.source.report(finding.pod, finding.uid, HOLDING_REASON, finding.message)
+        except Exception as exc:  # the log line and the metric carry it too
+            log.warning("could not record the Event", extra={
+                "pod": finding.pod, "error": str(exc)})
+
+    async def _audit_later(self, pod: str) -> None:
+        if self.config.pod_resources is None:
+            return
+        await asyncio.sleep(self.config.audit_after_allocate_s)
+        try:
+            await self.audit(pod)
+        except Exception as exc:  # the periodic check tries again
+            log.warning("checking the pod's GPUs failed", extra={"pod": pod, "error": str(exc)})
+
+    async def audit_loop(self) -> None:
+        """Check every pod's holdings every `audit_s` until cancelled."""
+        while True:
+            try:
+                await self.audit()
+            except Exception as exc:  # e.g. the kubelet restarting: next time
+                log.warning("checking the pods' GPUs failed", extra={"error": str(exc)})
+            await asyncio.sleep(self.config.audit_s)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
