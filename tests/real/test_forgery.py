@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from jobs import PRINT_GPUS, delete_jobs, ensure_namespace, mpijob, submit
-from real_helpers import assigned_uuids, kubectl, wait_webhook_pods
+from real_helpers import agent_pod, assigned_uuids, kubectl, wait_webhook_pods
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node import image
@@ -295,6 +295,14 @@ async def test_a_pod_bound_with_node_name_gets_no_gpu_of_a_binder_pod_waiting_th
         await _never_gets(kube, node_cluster, "squatter", victim)
         squatter = await kube.get(PODS, "squatter", namespace=ATTACKER_NS)
         assert squatter["status"].get("reason") == "UnexpectedAdmissionError", squatter["status"]
+        # the kubelet's own record agrees (PodResources, read by the agent): nobody holds
+        # GPUs they should not
+        metrics = (await asyncio.to_thread(
+            kubectl, node_cluster, "get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/"
+            f"{agent_pod(node_cluster)}:8080/proxy/metrics")).stdout
+        for kind in ("assignment", "foreign", "shared"):
+            line = f'muster_agent_gpu_holding_mismatches_current{{kind="{kind}"}} 0.0'
+            assert line in metrics, metrics
     finally:
         kubectl(node_cluster, "delete", "pods", "--all", "-n", ATTACKER_NS, "--wait=false",
                 check=False)
