@@ -133,7 +133,9 @@ class LocalCluster:
     def start_agent(self, node_name: str) -> None:
         self._proc(f"agent-{node_name}", "agent", "--node-name", node_name,
                    "--kubeconfig", str(self.kubeconfig), "--fake-nvml", "dgx1-v100",
-                   "--kubelet-dir", str(self.tmp / node_name), "--rediscover-seconds", "60")
+                   "--kubelet-dir", str(self.tmp / node_name), "--rediscover-seconds", "60",
+                   # the fake kubelet serves PodResources beside its kubelet.sock
+                   "--pod-resources-socket", str(self.tmp / node_name / "pod-resources.sock"))
 
     def kill(self, name: str) -> None:
         self.procs[name].kill()

@@ -205,6 +205,7 @@ async def test_agent_process_end_to_end(cluster: ApiServerEmulator, sock_dir: Pa
         sys.executable, "-m", "webhook", "agent", "--node-name", NODE,
         "--kubeconfig", str(kubeconfig), "--fake-nvml", "dgx1-v100",
         "--kubelet-dir", str(sock_dir), "--rediscover-seconds", "0.5", "--cdi",
+        "--pod-resources-socket", str(kubelet.pod_resources_socket),
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
@@ -221,6 +222,7 @@ async def test_agent_process_end_to_end(cluster: ApiServerEmulator, sock_dir: Pa
         proc.send_signal(signal.SIGTERM)
         out, _ = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 0, out.decode()
+    assert "checking the pods' GPUs failed" not in out.decode()  # PodResources was read
     assert not (sock_dir / "muster-gpu.sock").exists()
     assert _ack(cluster) is None  # removed on the way out
 
