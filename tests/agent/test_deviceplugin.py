@@ -76,8 +76,8 @@ async def test_preference_steers_the_kubelet_to_the_binders_gpus(
         # older, and not the binder's: a user's forged assignment steers nothing
         make_pod("forged", assign={"main": [0, 1]}, topology=dgx1,
                  scheduler="default-scheduler", created="2025-01-01T00:00:00Z")]
-    # (admitted by the kubelet already: not waiting, so not in the way of the binder's pod)
-    pods.items[1]["status"]["containerStatuses"] = [{"name": "main"}]
+    # (running already: not waiting, so not in the way of the binder's pod)
+    pods.items[1]["status"]["phase"] = "Running"
     every = [g.uuid for g in dgx1.gpus]
     assert set(await plugin.preferred(every, [], 2)) == uuids(dgx1, 5, 6)
     # a kubelet that holds GPU 6 for another container is not told to take it
@@ -247,7 +247,8 @@ async def test_a_victim_admitted_while_a_foreign_pod_waits_is_served_once_it_fai
 async def test_unassigned_kubelet_mode_never_hands_a_foreign_pod_a_grant(
         sock_dir: Path, kubelet: FakeKubelet, dgx1: Topology, pods: ListedPods) -> None:
     """unassigned "kubelet": a foreign pod alone gets the kubelet's pick; beside a binder pod
-    waiting for its grant it is refused (its pick could be the grant's GPUs)."""
+    waiting for its grant it is refused (its pick could be the grant's GPUs). Once the kubelet
+    has admitted it (container statuses), it no longer holds the binder's pod back."""
     plugin = GpuDevicePlugin(PluginConfig(node=NODE, kubelet_dir=sock_dir, unassigned="kubelet",
                                           assignment_wait_s=0.1, poll_s=0.05), dgx1, pods)
     pods.items.append(attacker_pod())
@@ -255,13 +256,17 @@ async def test_unassigned_kubelet_mode_never_hands_a_foreign_pod_a_grant(
         await plugin.ensure_registered()
         await kubelet.wait_for("nvidia.com/gpu", count=8)
         alone = await kubelet.admit("nvidia.com/gpu", 2)
-        pods.items.append(make_pod("victim", assign={"main": [4, 5]}, topology=dgx1))
+        free = [i for i, g in enumerate(dgx1.gpus) if g.uuid not in alone.devices][:2]
+        pods.items.append(make_pod("victim", assign={"main": free}, topology=dgx1))
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await kubelet.admit("nvidia.com/gpu", 2)
+        pods.items[0]["status"]["containerStatuses"] = [{"name": "main"}]
+        victim = await kubelet.admit("nvidia.com/gpu", 2)
     finally:
         await plugin.stop()
     assert alone.envs["NVIDIA_VISIBLE_DEVICES"].split(",") == alone.devices
     assert "ml/attacker" in (err.value.details() or "")
+    assert set(victim.devices) == uuids(dgx1, *free)
 
 
 async def test_restarted_kubelet_gets_the_plugin_back(

@@ -176,7 +176,8 @@ def test_a_binder_pod_without_a_valid_assignment_is_ambiguous_too(dgx1: Topology
 
 def test_pods_that_ask_for_no_gpu_or_were_admitted_are_not_in_the_way(dgx1: Topology) -> None:
     """A foreign pod asking for no GPU, one asking for another resource, one the kubelet
-    already admitted (it reports its containers), and a served binder pod do not block."""
+    already admitted (it reports its containers: trusted only where a foreign pod may be
+    admitted, the unassigned "kubelet" mode), and a served binder pod do not block."""
     cpu_only = make_pod("cpu-only", scheduler="default-scheduler")
     admitted = attacker_pod("admitted")
     admitted["status"]["containerStatuses"] = [{"name": "main", "state": {"waiting": {}}}]
@@ -185,8 +186,11 @@ def test_pods_that_ask_for_no_gpu_or_were_admitted_are_not_in_the_way(dgx1: Topo
     other = attacker_pod("other-resource")
     victim = make_pod("victim", assign={"m": [4, 5]}, topology=dgx1)
     pods = [cpu_only, admitted, served_pod, other, victim]
-    offer = pending(pods, NODE, devices(dgx1), set())
+    offer = pending(pods, NODE, devices(dgx1), set(), trust_admitted=True)
     assert set(offer.ambiguous) == {"ml/other-resource"}
+    # container statuses are status: a user allowed pods/status could forge them
+    offer = pending(pods, NODE, devices(dgx1), set())
+    assert set(offer.ambiguous) == {"ml/other-resource", "ml/admitted"}
     offer = pending(pods, NODE, devices(dgx1), set(), resource="example.com/fpga")
     assert offer.ambiguous == {}
     grant = choose(offer, 2)

@@ -21,8 +21,12 @@ pending here that asks for the resource is tied to a grant of its own. Any other
 another scheduler placed or a user bound with spec.nodeName, or a binder's pod without a valid
 assignment for this node) makes the admission ambiguous: it could be that pod asking, and
 handing it the oldest grant would give it another pod's GPUs. Such a pod stops counting once the
-kubelet has admitted it (it reports container statuses) or failed it; until then no grant goes
-out, and the plugin refuses rather than guess when the wait ends.
+kubelet has failed it (or it runs); until then no grant goes out, and the plugin refuses rather
+than guess when the wait ends. Where a foreign pod may get the kubelet's own pick (`unassigned:
+kubelet`), one the kubelet has admitted (it reports container statuses) stops counting too, so
+that its image pull does not hold the binder's pods back; elsewhere no foreign GPU pod is ever
+admitted, and container statuses, which a user allowed to write pods/status could forge, are
+not trusted.
 """
 
 from __future__ import annotations
@@ -90,11 +94,12 @@ def _admitted(pod: Mapping[str, Any]) -> bool:
 def pending(pods: Iterable[Mapping[str, Any]], node: str, devices: Mapping[int, str],
             handed: Collection[tuple[str, str]],
             scheduler_name: str = keys.DEFAULT_BINDER_SCHEDULER_NAME, *,
-            resource: str = keys.GPU_RESOURCE) -> Pending:
+            resource: str = keys.GPU_RESOURCE, trust_admitted: bool = False) -> Pending:
     """Grants offered by `pods` (raw pod dicts) on `node`; `devices` maps GPU index → UUID of
     this node's GPUs; `handed` holds (pod uid, container) pairs already served; only pods whose
     spec.schedulerName is `scheduler_name` (the binder's) offer any; pods asking for
-    `resource` that none ties to make the offer ambiguous."""
+    `resource` that none ties to make the offer ambiguous (unless admitted, with
+    `trust_admitted`: the unassigned "kubelet" mode)."""
     grants: list[Grant] = []
     refused: dict[str, str] = {}
     asking: set[str] = set()
@@ -106,7 +111,7 @@ def pending(pods: Iterable[Mapping[str, Any]], node: str, devices: Mapping[int, 
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         uid = str(meta.get("uid", key))
         live.add(uid)
-        if _asks_for(pod, resource) and not _admitted(pod):
+        if _asks_for(pod, resource) and not (trust_admitted and _admitted(pod)):
             asking.add(key)
         scheduler = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
         if scheduler != scheduler_name:

@@ -215,7 +215,8 @@ class GpuDevicePlugin:
         pods = await self.source.pods()
         devices = {g.index: g.uuid for g in self._topology.gpus if g.uuid is not None}
         offer = pending(pods, self.config.node, devices, self._handed,
-                        self.config.scheduler_name, resource=self.config.resource_name)
+                        self.config.scheduler_name, resource=self.config.resource_name,
+                        trust_admitted=self.config.unassigned == "kubelet")
         # forget containers of pods that have started or gone: they are never asked again
         self._handed = {(uid, c) for uid, c in self._handed if uid in offer.live}
         return offer
