@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
+import struct
 import time
 import tracemalloc
 from pathlib import Path
@@ -197,3 +199,43 @@ async def test_a_client_leaving_mid_body_is_counted_without_a_traceback(
         assert metric(srv, "muster_admission_requests_total", endpoint="mutate",
                       outcome="disconnected") == 1
     assert not [r for r in caplog.records if r.exc_info], caplog.text
+
+
+async def _reset(port: int, hello: bytes) -> None:
+    """A TCP connection that sends `hello` (nothing, or part of a TLS ClientHello) and then
+    resets: with SO_LINGER 0, closing sends RST instead of FIN."""
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    if hello:
+        writer.write(hello)
+        await writer.drain()
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def _gauge_settles(srv: Any, want: float, **labels: str) -> float:
+    """The open-connections gauge once it reached `want`, or its value after 5 s of waiting."""
+    value = metric(srv, "muster_admission_open_connections", **labels)
+    for _ in range(100):
+        if value == want:
+            break
+        await asyncio.sleep(0.05)
+        value = metric(srv, "muster_admission_open_connections", **labels)
+    return value
+
+
+async def test_connections_reset_before_the_handshake_give_their_slot_back(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    """Security review #54: a connection reset while its TLS handshake ran kept its slot for
+    good (asyncio calls no connection_lost then), so max_connections resets refused every
+    later connection until a restart."""
+    body = load_fixture(shared_dir, "pod-create-worker.json")
+    # the first bytes of a TLS 1.x ClientHello record: the server waits for the rest
+    partial_hello = bytes([0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+    async with running(tls, [policy_dir], max_connections=4, header_timeout=30.0) as srv:
+        for i in range(12):  # three times the cap, one at a time so that each is counted
+            await _reset(srv.port, partial_hello if i % 2 else b"")
+            assert await _gauge_settles(srv, 0) == 0, f"slot {i} kept after its reset"
+        async with client(tls) as s:
+            assert (await review(s, f"{srv.url}/mutate/pods", body))["allowed"] is True
+        assert metric(srv, "muster_admission_connections_closed_total", reason="limit") == 0

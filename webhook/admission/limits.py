@@ -105,9 +105,12 @@ class _Connection(asyncio.Protocol):
                 raw, self, guard.context, server_side=True,
                 ssl_handshake_timeout=guard.header_timeout,
                 ssl_shutdown_timeout=guard.header_timeout)
-        except Exception:  # a failed handshake: start_tls closed the connection
+        except Exception:  # a failed handshake (reset, timeout): start_tls closed the connection
+            # and, as the TLS layer never connected this protocol, nothing calls connection_lost
+            self._release()
             return
         if tls is None or self not in guard.open:  # closed meanwhile
+            self._release()
             return
         self._tls = tls
         # (a method of asyncio's TLS transport that asyncio.Transport does not declare)
@@ -143,12 +146,16 @@ class _Connection(asyncio.Protocol):
             self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._release()
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
+
+    def _release(self) -> None:
+        """Give the slot back (once: a connection may end on more than one path)."""
         self._guard.open.discard(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._inner is not None:
-            self._inner.connection_lost(exc)
 
     def _too_slow(self) -> None:
         self._timer = None
