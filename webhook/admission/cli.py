@@ -20,6 +20,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Apply Muster policies to every pod created: mutating webhook /mutate/pods, "
                     "validating webhook /validate/policies, /healthz, /readyz; /metrics on "
                     "--metrics-port.")
+    _listen_args(p)
+    _certificate_args(p)
+    _cluster_args(p)
+    _limit_args(p)
+    _owner_args(p)
+    p.add_argument("--log-json", action="store_true", default=argparse.SUPPRESS,
+                   help="one JSON object per log line (same as the global --log-json)")
+    p.set_defaults(func=_serve)
+
+
+def _listen_args(p: argparse.ArgumentParser) -> None:
+    """Where the server listens, and what it serves."""
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
     p.add_argument("--metrics-port", type=int, default=None,
@@ -31,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "keeps it inside the pod)")
     p.add_argument("--policies", nargs="+", type=Path, required=True, metavar="DIR|FILE",
                    help="policy files or directories (a mounted ConfigMap); reloaded on change")
+
+
+def _certificate_args(p: argparse.ArgumentParser) -> None:
+    """The serving certificate, and the cluster access that self mode keeps it current with."""
     p.add_argument("--tls-cert-file", type=Path, help="serving certificate (PEM); reloaded on "
                    "change")
     p.add_argument("--tls-key-file", type=Path, help="serving certificate's key (PEM)")
@@ -49,6 +65,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "kept current (repeatable)")
     p.add_argument("--service-name", default="muster-webhook",
                    help="webhook Service name (certificate SANs, self mode)")
+
+
+def _cluster_args(p: argparse.ArgumentParser) -> None:
+    """The server's namespace, what it leaves alone, and Muster's own annotations."""
     p.add_argument("--namespace", default="muster-system",
                    help="the server's own namespace: never mutated; holds the policies "
                         "ConfigMap and the certificate Secret")
@@ -62,6 +82,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "or node agent writes (gpu-assignment, gang-placement, gpu-allocated, "
                         "any key the webhook does not write): remove it (default) or deny "
                         "the pod")
+
+
+def _limit_args(p: argparse.ArgumentParser) -> None:
+    """What one client may hold (docs/webhook.md, "Limits")."""
     limits = p.add_argument_group(
         "limits", "what one client may hold (docs/webhook.md, \"Limits\"); the defaults fit "
         "a 256 MiB memory limit")
@@ -86,6 +110,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="connections open at once, TLS handshakes included; a new one "
                              "over it is closed at once (default 128; each may hold about "
                              "0.5 MiB)")
+
+
+def _owner_args(p: argparse.ArgumentParser) -> None:
+    """Gang jobs' objects and the PodGroups made for them."""
     p.add_argument("--owner-cache-ttl", type=float, default=5.0,
                    help="seconds an owner object (MPIJob, Job...) is reused (default 5)")
     p.add_argument("--podgroup-cleanup-interval", type=float, default=30.0, metavar="SECONDS",
@@ -96,9 +124,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="while a gang job's object cannot be read, its pods are refused (the "
                         "job's controller retries) for this long, then admitted without the "
                         "gang (default 60)")
-    p.add_argument("--log-json", action="store_true", default=argparse.SUPPRESS,
-                   help="one JSON object per log line (same as the global --log-json)")
-    p.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
