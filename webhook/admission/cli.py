@@ -103,13 +103,25 @@ def _limit_args(p: argparse.ArgumentParser) -> None:
                         metavar="SECONDS", help="a connection must finish its TLS handshake "
                         "and send its first request's headers within this, or is closed "
                         "(default 10)")
-    limits.add_argument("--idle-timeout", type=_positive(float), default=120.0,
+    limits.add_argument("--idle-timeout", type=_positive(float), default=30.0,
                         metavar="SECONDS", help="an idle kept-alive connection is closed "
-                        "after this (default 120: longer than kube-apiserver's own 90)")
+                        "after this (default 30; at --max-connections the one idle longest "
+                        "is closed at once for a new one)")
     limits.add_argument("--max-connections", type=_positive(int), default=128,
-                        help="connections open at once, TLS handshakes included; a new one "
-                             "over it is closed at once (default 128; each may hold about "
-                             "0.5 MiB)")
+                        help="connections open at once, TLS handshakes included (default "
+                             "128; each may hold about 0.5 MiB); at it, a new one closes the "
+                             "one that waited longest, or is refused when all serve requests")
+    limits.add_argument("--max-connections-per-source", type=_positive(int), default=64,
+                        help="connections one client address may hold; past it, a new one "
+                             "closes that address's own oldest waiting one (default 64; keep "
+                             "it above the API server's concurrent calls to one replica)")
+    limits.add_argument("--reserved-connections", type=_not_negative, default=32,
+                        help="slots that connections not served yet (TLS handshake, first "
+                             "headers) may not take, kept for served ones such as the API "
+                             "server's kept-alive connections (default 32)")
+    limits.add_argument("--metrics-max-connections", type=_positive(int), default=16,
+                        help="the metrics port's connections (default 16; one address may "
+                             "hold half, a quarter reserved; same timeouts)")
 
 
 def _owner_args(p: argparse.ArgumentParser) -> None:
@@ -128,6 +140,7 @@ def _owner_args(p: argparse.ArgumentParser) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from webhook.admission.server import ServeOptions, run  # noqa: PLC0415
+    from webhook.admission.slots import SlotLimits  # noqa: PLC0415
 
     if not args.self_signed and not (args.tls_cert_file and args.tls_key_file):
         raise UsageError("give --tls-cert-file and --tls-key-file, or --self-signed")
@@ -140,6 +153,11 @@ def _serve(args: argparse.Namespace) -> int:
     for path in args.policies:
         if not Path(path).exists():
             raise UsageError(f"--policies {path}: no such file or directory")
+    try:
+        SlotLimits(args.max_connections, args.max_connections_per_source,
+                   args.reserved_connections)
+    except ValueError as exc:
+        raise UsageError(f"--max-connections, --reserved-connections: {exc}") from None
     opts = ServeOptions(
         policies=args.policies, host=args.host, port=args.port,
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
@@ -151,6 +169,9 @@ def _serve(args: argparse.Namespace) -> int:
         body_timeout=args.body_timeout, max_inflight_body_bytes=args.max_inflight_body_bytes,
         header_timeout=args.header_timeout, idle_timeout=args.idle_timeout,
         max_connections=args.max_connections,
+        max_connections_per_source=args.max_connections_per_source,
+        reserved_connections=args.reserved_connections,
+        metrics_max_connections=args.metrics_max_connections,
         exclude_namespaces=args.exclude_namespace, policies_configmap=args.policies_configmap,
         owner_cache_ttl=args.owner_cache_ttl, owner_retry_seconds=args.owner_retry_seconds,
         podgroup_cleanup_interval=args.podgroup_cleanup_interval,
@@ -170,3 +191,11 @@ def _positive(kind: Callable[[str], N]) -> Callable[[str], N]:
         return value
     parse.__name__ = kind.__name__  # argparse names the type in its "invalid ..." message
     return parse
+
+
+def _not_negative(text: str) -> int:
+    """An argparse type: a whole number, zero or more."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
