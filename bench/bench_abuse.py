@@ -335,17 +335,23 @@ async def post_back_to_back(job: Job, body: bytes) -> list[tuple[int, bytes, flo
         async def loop() -> None:
             while time.monotonic() < end and len(outcomes) < MAX_REQUESTS:
                 started = time.monotonic()
-                async with session.post(f"https://{HOST}:{job.port}/validate/policies",
-                                        data=body,
-                                        headers={"Content-Type": "application/json"}) as r:
-                    answer = await r.read()
-                outcomes.append((r.status, answer, time.monotonic() - started))
+                try:
+                    async with session.post(f"https://{HOST}:{job.port}/validate/policies",
+                                            data=body,
+                                            headers={"Content-Type": "application/json"}) as r:
+                        status, answer = r.status, await r.read()
+                except (aiohttp.ClientError, OSError, TimeoutError):
+                    status, answer = 0, b""  # (refused or cut: counted as not answered)
+                    await asyncio.sleep(0.1)
+                outcomes.append((status, answer, time.monotonic() - started))
 
         await asyncio.gather(*(loop() for _ in range(job.count)))
     return outcomes
 
 
 def refusal_message(answer: bytes) -> str:
+    if not answer:
+        return ""
     response = json.loads(answer)["response"]
     return "" if response["allowed"] else str(response["status"]["message"])
 
@@ -594,7 +600,10 @@ async def run_phase(phase: Phase, target: Target, ports: dict[str, str]) -> None
     await normal_load(target, phase, probe_metrics)
     for proc in procs:  # their reports; the watcher goes on until they are done
         out, _ = await asyncio.wait_for(proc.communicate(), 180)
-        phase.reports.append(json.loads(out))
+        try:
+            phase.reports.append(json.loads(out))
+        except ValueError:  # it crashed (its traceback is on stderr): it did not do its work
+            phase.reports.append({"crashed": proc.returncode})
     stop.set()
     await watcher
     await settled(target, phase)
@@ -604,8 +613,7 @@ async def run_phase(phase: Phase, target: Target, ports: dict[str, str]) -> None
 def check_attack(attacker: Attacker, report: dict[str, Any], phase: Phase) -> list[str]:
     """What one abusive client did matches the limits; one line per mismatch."""
     where = f"{phase.name}: {attacker.kind} x{attacker.count}"
-    check = CHECKS[attacker.kind]
-    problem = check(attacker, report, phase)
+    problem = "crashed" if "crashed" in report else CHECKS[attacker.kind](attacker, report, phase)
     return [f"{where}: {problem}: {report}"] if problem else []
 
 
