@@ -17,7 +17,9 @@ import aiohttp
 import pytest
 from admission_helpers import Tls, client, load_fixture, metric, review, running
 
+from webhook.admission.admit import Admitter
 from webhook.admission.limits import BodyBudget
+from webhook.admission.review import AdmissionReview
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -37,6 +39,22 @@ async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> float:
     except (ConnectionError, ssl.SSLError):
         pass
     return time.perf_counter() - started
+
+
+@pytest.fixture
+def held_decisions(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """/mutate/pods decides only once this is set: its connections serve a request (all of it
+    received) until then."""
+    release = asyncio.Event()
+    original = Admitter.mutate
+
+    async def mutate(self: Admitter, review: AdmissionReview,
+                     budget: float) -> tuple[dict[str, Any], str]:
+        await release.wait()
+        return await original(self, review, budget)
+
+    monkeypatch.setattr(Admitter, "mutate", mutate)
+    return release
 
 
 def _headers(content_length: int) -> bytes:
@@ -86,15 +104,16 @@ async def test_an_idle_kept_alive_connection_is_closed(
 
 
 async def test_connections_over_the_cap_are_closed_before_any_tls(
-        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
-    """Every slot serving a request (reading a body): a new connection is refused."""
-    body = load_fixture(shared_dir, "pod-create-worker.json")
+        tls: Tls, policy_dir: Path, shared_dir: Path, held_decisions: asyncio.Event) -> None:
+    """Every slot serving a request: a new connection is refused, and costs nothing."""
+    fixture = load_fixture(shared_dir, "pod-create-worker.json")
+    body = json.dumps(fixture).encode()
     async with running(tls, [policy_dir], max_connections=4, reserved_connections=1,
-                       header_timeout=30.0, body_timeout=30.0) as srv:
+                       header_timeout=30.0) as srv:
         held = []
-        for _ in range(4):  # one at a time, each reading its body before the next connects
+        for _ in range(4):  # one at a time, each served before the next connects
             held.append(await _tls(tls, srv.port))
-            held[-1][1].write(_headers(1000) + b"{")
+            held[-1][1].write(_headers(len(body)) + body)
             await asyncio.sleep(0.05)
         tracemalloc.start()
         try:
@@ -110,11 +129,14 @@ async def test_connections_over_the_cap_are_closed_before_any_tls(
         assert metric(srv, "muster_admission_connections_closed_total", listener="admission",
                       reason="limit") == 100
         assert metric(srv, "muster_admission_open_connections", listener="admission") == 4
+        held_decisions.set()  # the held requests are answered
+        for reader, _ in held:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+            assert head.startswith(b"HTTP/1.1 200")
+        async with client(tls) as s:  # the held connections are idle now: room again
+            assert (await review(s, f"{srv.url}/mutate/pods", fixture))["allowed"] is True
         for _, writer in (*held, *refused):
             writer.close()
-        await asyncio.sleep(0.2)  # the held ones are gone: room again
-        async with client(tls) as s:
-            assert (await review(s, f"{srv.url}/mutate/pods", body))["allowed"] is True
 
 
 async def test_an_oversize_body_gets_413_at_once_unread(tls: Tls, policy_dir: Path) -> None:
@@ -319,23 +341,44 @@ async def test_one_source_holds_at_most_its_share_of_the_slots(
 
 
 async def test_a_source_whose_connections_all_serve_requests_is_refused(
-        tls: Tls, policy_dir: Path) -> None:
-    """A connection reading its request's body is never closed to make room."""
+        tls: Tls, policy_dir: Path, shared_dir: Path, held_decisions: asyncio.Event) -> None:
+    """A connection serving a request is never closed to make room."""
+    body = json.dumps(load_fixture(shared_dir, "pod-create-worker.json")).encode()
     async with running(tls, [policy_dir], max_connections=8, reserved_connections=2,
-                       max_connections_per_source=1, header_timeout=30.0,
-                       body_timeout=30.0) as srv:
+                       max_connections_per_source=1, header_timeout=30.0) as srv:
         busy_reader, busy = await _from("127.0.0.2", srv.port, tls)
-        busy.write(_headers(1000) + b"{")  # the body's first byte of 1,000
+        busy.write(_headers(len(body)) + body)
         await busy.drain()
         assert await _gauge_settles(srv, 1, listener="admission") == 1
         refused_reader, refused = await _from("127.0.0.2", srv.port)
         assert await _closed(refused_reader)
         assert metric(srv, "muster_admission_connections_closed_total", listener="admission",
                       reason="per_source") == 1
-        busy.write(b" " * 999)  # the request goes on, answered (400: not a review)
+        held_decisions.set()
         head = await asyncio.wait_for(busy_reader.readuntil(b"\r\n\r\n"), 5.0)
-        assert head.startswith(b"HTTP/1.1 400")
+        assert head.startswith(b"HTTP/1.1 200")
         for writer in (busy, refused):
+            writer.close()
+
+
+async def test_bodies_sent_slowly_from_many_addresses_do_not_keep_new_connections_out(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    """A request whose body is still coming is not served yet: past the share of unserved
+    connections, a new connection displaces the one that has waited longest."""
+    fixture = load_fixture(shared_dir, "pod-create-worker.json")
+    async with running(tls, [policy_dir], max_connections=4, reserved_connections=1,
+                       header_timeout=30.0, body_timeout=30.0) as srv:
+        slow = []
+        for i in range(4):  # each from its own address, each its body's first byte only
+            slow.append(await _from(f"127.0.0.{2 + i}", srv.port, tls))
+            slow[-1][1].write(_headers(1000) + b"{")
+            await asyncio.sleep(0.05)
+        async with client(tls) as s:
+            assert (await review(s, f"{srv.url}/mutate/pods", fixture))["allowed"] is True
+        assert [await _closed(r) for r, _ in slow[:2]] == [True, True]  # the oldest two
+        assert metric(srv, "muster_admission_connections_closed_total", listener="admission",
+                      reason="limit") == 0
+        for _, writer in slow:
             writer.close()
 
 

@@ -74,12 +74,13 @@ class ConnectionGuard:
         conn = self.served.get(request.transport) if request.transport else None
         if conn is None:
             return await handler(request)
-        conn.busy += 1
+        loop = asyncio.get_running_loop()
+        conn.request, conn.request_started = request, loop.time()
         try:
             return await handler(request)
         finally:
-            conn.busy -= 1
-            conn.last_active = asyncio.get_running_loop().time()
+            conn.request = None
+            conn.last_active = loop.time()
 
     def admit(self, conn: _Connection) -> bool:
         """Count a new connection, closing another to make room if needed; False: refused."""
@@ -106,7 +107,7 @@ class _Connection(asyncio.Protocol):
     the TLS transport's). A slot of webhook/admission/slots.py."""
 
     __slots__ = ("_early", "_guard", "_handshaking", "_inner", "_raw", "_tail", "_timer",
-                 "_tls", "accepted_at", "busy", "last_active", "source")
+                 "_tls", "accepted_at", "last_active", "request", "request_started", "source")
 
     def __init__(self, guard: ConnectionGuard) -> None:
         self._guard = guard
@@ -121,19 +122,24 @@ class _Connection(asyncio.Protocol):
         #: decrypted bytes that came before aiohttp's protocol was connected
         self._early = b""
         self.source = ""
-        self.accepted_at = self.last_active = 0.0
-        #: requests being served (the app's middleware counts them)
-        self.busy = 0
+        self.accepted_at = self.last_active = self.request_started = 0.0
+        #: the request in the app, if any (the app's middleware sets it)
+        self.request: web.BaseRequest | None = None
 
     @property
     def state(self) -> State:
         if self._timer is not None:  # the first request's headers are not all here
             return State.PENDING
-        return State.BUSY if self.busy else State.IDLE
+        if self.request is None:
+            return State.IDLE
+        # a request whose body is still coming is not served yet either
+        return State.BUSY if self.request.content.is_eof() else State.PENDING
 
     @property
     def waiting_since(self) -> float:
-        return self.accepted_at if self._timer is not None else self.last_active
+        if self._timer is not None:
+            return self.accepted_at
+        return self.last_active if self.request is None else self.request_started
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self._guard

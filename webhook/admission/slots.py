@@ -6,12 +6,15 @@ what they do, as nginx does when it runs out of connections (it closes the oldes
 not yet talking ones, "reusable" connections) and as Envoy's overload manager does when it
 shortens idle and handshake timeouts under pressure:
 
-- a connection serving a request (`BUSY`) is never closed to make room;
-- one that has not been served yet (`PENDING`: TLS handshake or first request's headers not
-  done) or has been served and waits for its next request (`IDLE`) may be: the one that has
-  waited longest goes first (pending: since it was accepted; idle: since it last sent a byte
-  or got an answer). An API server sending requests stays fresh; a client holding a slot
-  without using it is the first to lose it, at once, rather than at its timeout;
+- a connection serving a request (`BUSY`: all of the request is in, the app works on it) is
+  never closed to make room;
+- one that is not served yet (`PENDING`: TLS handshake, request headers or request body not
+  all here) or has been served and waits for its next request (`IDLE`) may be: the one that
+  has waited longest goes first (pending: since it was accepted, or since its request's
+  headers for a body still coming; idle: since it last sent a byte or got an answer). An API
+  server, which sends whole requests, is served at once and stays fresh; a client holding a
+  slot without using it, or sending slowly, is the first to lose it, at once, rather than
+  at its timeout;
 - not yet served connections hold at most `max_connections - reserved`: beyond that a new one
   displaces the oldest of them, never a served one, so a flood of new connections cannot push
   out the API server's kept-alive connections;
