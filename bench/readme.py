@@ -150,8 +150,8 @@ def binder(out: str) -> tuple[str, str]:
 
 
 def abuse(out: str) -> tuple[str, str]:
-    rows = re.findall(r"^(\S.{21})\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
-                      out, re.M)
+    rows = re.findall(r"^(\S.{21})\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"
+                      r"\s+[\d/]+\s+[-\d/]+$", out, re.M)
     if not rows:
         raise Unreadable("no phase rows")
     quiet = rows[0]

@@ -111,6 +111,9 @@ CASES = [
     (["serve", "--policies", POLICIES, "--tls-cert-file", "tls.crt", "--tls-key-file",
       "empty.yaml"], 2, "empty.yaml holds no usable private key"),
     (["serve", "--policies", POLICIES], 2, "give --tls-cert-file and --tls-key-file"),
+    (["serve", "--policies", POLICIES, "--self-signed", "--max-connections", "8",
+      "--reserved-connections", "8"], 2,
+     "the reserved connections (8) must be fewer than the maximum (8)"),
     (["serve", "--policies", POLICIES, "--self-signed", "--host", "127.0.0.1", "--port",
       "{busy}"], 1, "already in use"),
     (["bind"], 2, "kubeconfig"),  # none anywhere

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
+import struct
 import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from admission_helpers import Tls, client, load_fixture, metric, review, running
 
+from webhook.admission.admit import Admitter
 from webhook.admission.limits import BodyBudget
+from webhook.admission.review import AdmissionReview
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -34,6 +39,22 @@ async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> float:
     except (ConnectionError, ssl.SSLError):
         pass
     return time.perf_counter() - started
+
+
+@pytest.fixture
+def held_decisions(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """/mutate/pods decides only once this is set: its connections serve a request (all of it
+    received) until then."""
+    release = asyncio.Event()
+    original = Admitter.mutate
+
+    async def mutate(self: Admitter, review: AdmissionReview,
+                     budget: float) -> tuple[dict[str, Any], str]:
+        await release.wait()
+        return await original(self, review, budget)
+
+    monkeypatch.setattr(Admitter, "mutate", mutate)
+    return release
 
 
 def _headers(content_length: int) -> bytes:
@@ -59,7 +80,7 @@ async def test_a_slow_header_client_is_cut_off_after_the_timeout(
                                       _closed_within(silent_reader, 3.0))
         trickling.cancel()
         assert all(0.3 < t < 1.5 for t in closed), closed
-        assert metric(srv, "muster_admission_connections_closed_total",
+        assert metric(srv, "muster_admission_connections_closed_total", listener="admission",
                       reason="header_timeout") == 2
         # a client that sends its request at once is served, on a connection kept alive
         for _ in range(2):
@@ -83,11 +104,17 @@ async def test_an_idle_kept_alive_connection_is_closed(
 
 
 async def test_connections_over_the_cap_are_closed_before_any_tls(
-        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
-    body = load_fixture(shared_dir, "pod-create-worker.json")
-    async with running(tls, [policy_dir], max_connections=4, header_timeout=30.0) as srv:
-        held = [await _tls(tls, srv.port) for _ in range(4)]
-        await asyncio.sleep(0.1)
+        tls: Tls, policy_dir: Path, shared_dir: Path, held_decisions: asyncio.Event) -> None:
+    """Every slot serving a request: a new connection is refused, and costs nothing."""
+    fixture = load_fixture(shared_dir, "pod-create-worker.json")
+    body = json.dumps(fixture).encode()
+    async with running(tls, [policy_dir], max_connections=4, reserved_connections=1,
+                       header_timeout=30.0) as srv:
+        held = []
+        for _ in range(4):  # one at a time, each served before the next connects
+            held.append(await _tls(tls, srv.port))
+            held[-1][1].write(_headers(len(body)) + body)
+            await asyncio.sleep(0.05)
         tracemalloc.start()
         try:
             before = tracemalloc.get_traced_memory()[0]
@@ -99,13 +126,17 @@ async def test_connections_over_the_cap_are_closed_before_any_tls(
         assert all(t < 1.0 for t in closed), max(closed)
         # an accepted TLS connection costs asyncio 256 KiB at once: a refused one nothing
         assert grown < 2 * 1024 * 1024, grown
-        assert metric(srv, "muster_admission_connections_closed_total", reason="limit") == 100
-        assert metric(srv, "muster_admission_open_connections") == 4
+        assert metric(srv, "muster_admission_connections_closed_total", listener="admission",
+                      reason="limit") == 100
+        assert metric(srv, "muster_admission_open_connections", listener="admission") == 4
+        held_decisions.set()  # the held requests are answered
+        for reader, _ in held:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+            assert head.startswith(b"HTTP/1.1 200")
+        async with client(tls) as s:  # the held connections are idle now: room again
+            assert (await review(s, f"{srv.url}/mutate/pods", fixture))["allowed"] is True
         for _, writer in (*held, *refused):
             writer.close()
-        await asyncio.sleep(0.2)  # the held ones are gone: room again
-        async with client(tls) as s:
-            assert (await review(s, f"{srv.url}/mutate/pods", body))["allowed"] is True
 
 
 async def test_an_oversize_body_gets_413_at_once_unread(tls: Tls, policy_dir: Path) -> None:
@@ -174,8 +205,8 @@ async def test_normal_requests_are_served_under_the_limits(
         tls: Tls, policy_dir: Path, shared_dir: Path, flag: str) -> None:
     """Many concurrent reviews over a few kept-alive connections: all answered."""
     body = load_fixture(shared_dir, "pod-create-worker.json")
-    overrides: dict[str, Any] = {"max_connections": 8} if flag == "max_connections" \
-        else {"header_timeout": 0.3}
+    overrides: dict[str, Any] = {"header_timeout": 0.3} if flag == "header_timeout" \
+        else {"max_connections": 8, "reserved_connections": 0}
     async with running(tls, [policy_dir], **overrides) as srv, client(tls, limit=8) as s:
         answers = await asyncio.gather(*(review(s, f"{srv.url}/mutate/pods", body)
                                          for _ in range(40)))
@@ -197,3 +228,202 @@ async def test_a_client_leaving_mid_body_is_counted_without_a_traceback(
         assert metric(srv, "muster_admission_requests_total", endpoint="mutate",
                       outcome="disconnected") == 1
     assert not [r for r in caplog.records if r.exc_info], caplog.text
+
+
+async def _reset(port: int, hello: bytes) -> None:
+    """A TCP connection that sends `hello` (nothing, or part of a TLS ClientHello) and then
+    resets: with SO_LINGER 0, closing sends RST instead of FIN."""
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    if hello:
+        writer.write(hello)
+        await writer.drain()
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def _gauge_settles(srv: Any, want: float, **labels: str) -> float:
+    """The open-connections gauge once it reached `want`, or its value after 5 s of waiting."""
+    value = metric(srv, "muster_admission_open_connections", **labels)
+    for _ in range(100):
+        if value == want:
+            break
+        await asyncio.sleep(0.05)
+        value = metric(srv, "muster_admission_open_connections", **labels)
+    return value
+
+
+async def test_connections_reset_before_the_handshake_give_their_slot_back(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    """Security review #54: a connection reset while its TLS handshake ran kept its slot for
+    good (asyncio calls no connection_lost then), so max_connections resets refused every
+    later connection until a restart."""
+    body = load_fixture(shared_dir, "pod-create-worker.json")
+    # the first bytes of a TLS 1.x ClientHello record: the server waits for the rest
+    partial_hello = bytes([0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+    async with running(tls, [policy_dir], max_connections=4, reserved_connections=1,
+                       header_timeout=30.0) as srv:
+        for i in range(12):  # three times the cap, one at a time so that each is counted
+            await _reset(srv.port, partial_hello if i % 2 else b"")
+            assert await _gauge_settles(srv, 0, listener="admission") == 0, \
+                f"slot {i} kept after its reset"
+        async with client(tls) as s:
+            assert (await review(s, f"{srv.url}/mutate/pods", body))["allowed"] is True
+        assert metric(srv, "muster_admission_connections_closed_total", listener="admission",
+                      reason="limit") == 0
+
+
+async def _exchange(stream: Stream, body: bytes) -> bytes:
+    """One review on a kept-alive raw connection: its status line."""
+    reader, writer = stream
+    writer.write(_headers(len(body)) + body)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    await reader.readexactly(length)
+    return head.split(b"\r\n")[0]
+
+
+async def _from(source: str, port: int, tls: Tls | None = None) -> Stream:
+    """A connection from another loopback address (the server tells sources by address)."""
+    return await asyncio.open_connection(
+        "127.0.0.1", port, local_addr=(source, 0), ssl=tls.client_context() if tls else None,
+        server_hostname="localhost" if tls else None)
+
+
+async def _closed(reader: asyncio.StreamReader) -> bool:
+    """Whether the server closed the connection (waiting 5 s at most for it)."""
+    try:
+        async with asyncio.timeout(5.0):
+            while await reader.read(65536):
+                pass
+    except TimeoutError:
+        return False
+    except (ConnectionError, ssl.SSLError):
+        pass
+    return True
+
+
+async def test_the_connection_idle_longest_makes_room_for_a_new_one(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    """Security review #54: clients that sent one request and then idled held every slot for
+    the idle timeout, refusing the API server's new connections."""
+    fixture = load_fixture(shared_dir, "pod-create-worker.json")
+    body = json.dumps(fixture).encode()
+    async with running(tls, [policy_dir], max_connections=3, reserved_connections=1,
+                       header_timeout=30.0) as srv:
+        idle = []
+        for _ in range(3):
+            idle.append(await _tls(tls, srv.port))
+            assert await _exchange(idle[-1], body) == b"HTTP/1.1 200 OK"
+        async with client(tls) as s:
+            assert (await review(s, f"{srv.url}/mutate/pods", fixture))["allowed"] is True
+        assert await _closed(idle[0][0])  # the first one served, idle longest
+        for stream in idle[1:]:
+            assert await _exchange(stream, body) == b"HTTP/1.1 200 OK"
+        assert metric(srv, "muster_admission_connections_closed_total", listener="admission",
+                      reason="idle_evicted") == 1
+        for _, writer in idle:
+            writer.close()
+
+
+async def test_one_source_holds_at_most_its_share_of_the_slots(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    fixture = load_fixture(shared_dir, "pod-create-worker.json")
+    async with running(tls, [policy_dir], max_connections=8, reserved_connections=2,
+                       max_connections_per_source=2, header_timeout=30.0) as srv:
+        silent = [await _from("127.0.0.2", srv.port) for _ in range(5)]
+        assert await _gauge_settles(srv, 2, listener="admission") == 2
+        assert [await _closed(r) for r, _ in silent[:3]] == [True] * 3  # its oldest went
+        async with client(tls) as s:
+            assert (await review(s, f"{srv.url}/mutate/pods", fixture))["allowed"] is True
+        for _, writer in silent:
+            writer.close()
+
+
+async def test_a_source_whose_connections_all_serve_requests_is_refused(
+        tls: Tls, policy_dir: Path, shared_dir: Path, held_decisions: asyncio.Event) -> None:
+    """A connection serving a request is never closed to make room."""
+    body = json.dumps(load_fixture(shared_dir, "pod-create-worker.json")).encode()
+    async with running(tls, [policy_dir], max_connections=8, reserved_connections=2,
+                       max_connections_per_source=1, header_timeout=30.0) as srv:
+        busy_reader, busy = await _from("127.0.0.2", srv.port, tls)
+        busy.write(_headers(len(body)) + body)
+        await busy.drain()
+        assert await _gauge_settles(srv, 1, listener="admission") == 1
+        refused_reader, refused = await _from("127.0.0.2", srv.port)
+        assert await _closed(refused_reader)
+        assert metric(srv, "muster_admission_connections_closed_total", listener="admission",
+                      reason="per_source") == 1
+        held_decisions.set()
+        head = await asyncio.wait_for(busy_reader.readuntil(b"\r\n\r\n"), 5.0)
+        assert head.startswith(b"HTTP/1.1 200")
+        for writer in (busy, refused):
+            writer.close()
+
+
+async def test_bodies_sent_slowly_from_many_addresses_do_not_keep_new_connections_out(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    """A request whose body is still coming is not served yet: past the share of unserved
+    connections, a new connection displaces the one that has waited longest."""
+    fixture = load_fixture(shared_dir, "pod-create-worker.json")
+    async with running(tls, [policy_dir], max_connections=4, reserved_connections=1,
+                       header_timeout=30.0, body_timeout=30.0) as srv:
+        slow = []
+        for i in range(4):  # each from its own address, each its body's first byte only
+            slow.append(await _from(f"127.0.0.{2 + i}", srv.port, tls))
+            slow[-1][1].write(_headers(1000) + b"{")
+            await asyncio.sleep(0.05)
+        async with client(tls) as s:
+            assert (await review(s, f"{srv.url}/mutate/pods", fixture))["allowed"] is True
+        assert [await _closed(r) for r, _ in slow[:2]] == [True, True]  # the oldest two
+        assert metric(srv, "muster_admission_connections_closed_total", listener="admission",
+                      reason="limit") == 0
+        for _, writer in slow:
+            writer.close()
+
+
+async def test_unserved_connections_never_displace_served_ones(
+        tls: Tls, policy_dir: Path, shared_dir: Path) -> None:
+    """The reserve: connections still in their handshake or first headers hold at most
+    max_connections - reserved slots; past that a new one displaces the oldest of them, so a
+    flood of them neither refuses new clients nor closes the kept-alive ones."""
+    fixture = load_fixture(shared_dir, "pod-create-worker.json")
+    body = json.dumps(fixture).encode()
+    async with running(tls, [policy_dir], max_connections=6, reserved_connections=2,
+                       header_timeout=30.0) as srv:
+        kept = []
+        for _ in range(2):
+            kept.append(await _tls(tls, srv.port))
+            assert await _exchange(kept[-1], body) == b"HTTP/1.1 200 OK"
+        flood = [await _from(f"127.0.0.{3 + i % 4}", srv.port) for i in range(12)]
+        assert await _gauge_settles(srv, 6, listener="admission") == 6
+        async with client(tls) as s:
+            assert (await review(s, f"{srv.url}/mutate/pods", fixture))["allowed"] is True
+        for stream in kept:
+            assert await _exchange(stream, body) == b"HTTP/1.1 200 OK"
+        assert metric(srv, "muster_admission_connections_closed_total", listener="admission",
+                      reason="pending_evicted") == 12 - 4 + 1
+        assert metric(srv, "muster_admission_connections_closed_total", listener="admission",
+                      reason="idle_evicted") == 0
+        for _, writer in (*kept, *flood):
+            writer.close()
+
+
+async def test_the_metrics_port_caps_its_connections_and_times_out_headers(
+        tls: Tls, policy_dir: Path) -> None:
+    """Security review #54: 3,000 half-sent requests to the metrics port stayed open."""
+    async with running(tls, [policy_dir], metrics_port=0, metrics_host="127.0.0.1",
+                       metrics_max_connections=4, header_timeout=1.0) as srv:
+        half_sent = [await _from(f"127.0.0.{2 + i % 5}", srv.metrics_port or 0)
+                     for i in range(10)]
+        for _, writer in half_sent:
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        assert await _gauge_settles(srv, 4, listener="metrics") <= 4
+        async with aiohttp.ClientSession() as s, s.get(srv.metrics_url) as resp:
+            assert resp.status == 200
+        assert [await _closed(r) for r, _ in half_sent] == [True] * 10
+        assert await _gauge_settles(srv, 0, listener="metrics") == 0
+        assert metric(srv, "muster_admission_connections_closed_total", listener="metrics",
+                      reason="header_timeout") >= 1
+        for _, writer in half_sent:
+            writer.close()

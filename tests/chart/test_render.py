@@ -888,15 +888,27 @@ def test_webhook_limits_are_serve_flags_with_the_servers_defaults(helm_template:
 
     ns = serve_options(None)
     defaults = ServeOptions(policies=[])
-    for flag in ("max_body_bytes", "body_timeout", "max_inflight_body_bytes", "header_timeout",
-                 "idle_timeout", "max_connections"):
+    flags = ("max_body_bytes", "body_timeout", "max_inflight_body_bytes", "header_timeout",
+             "idle_timeout", "max_connections", "max_connections_per_source",
+             "reserved_connections", "metrics_max_connections")
+    for flag in flags:
         assert getattr(ns, flag) == getattr(defaults, flag), flag
     big = {"webhook": {"limits": {
         "maxBodyBytes": 6291456, "bodyTimeoutSeconds": 2.5, "maxInflightBodyBytes": 268435456,
-        "headerTimeoutSeconds": 5, "idleTimeoutSeconds": 300, "maxConnections": 1024}}}
+        "headerTimeoutSeconds": 5, "idleTimeoutSeconds": 300, "maxConnections": 1024,
+        "maxConnectionsPerSource": 2048, "reservedConnections": 1000,
+        "metricsMaxConnections": 4096}}}
     ns = serve_options(big)
-    assert (ns.max_body_bytes, ns.body_timeout, ns.max_inflight_body_bytes, ns.header_timeout,
-            ns.idle_timeout, ns.max_connections) == (6291456, 2.5, 268435456, 5.0, 300.0, 1024)
+    assert tuple(getattr(ns, flag) for flag in flags) == (
+        6291456, 2.5, 268435456, 5.0, 300.0, 1024, 2048, 1000, 4096)
+
+
+def test_a_reserve_of_every_connection_fails_the_render() -> None:
+    proc = run_helm("template", "muster", str(CHART), "--namespace", NAMESPACE, "--set",
+                    "webhook.limits.maxConnections=8", "--set",
+                    "webhook.limits.reservedConnections=8")
+    assert proc.returncode != 0
+    assert "reservedConnections must be fewer than webhook.limits.maxConnections" in proc.stderr
 
 
 def test_a_hook_checks_the_policies_before_install_and_upgrade(helm_template: Render) -> None:

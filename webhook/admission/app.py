@@ -11,10 +11,11 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from webhook.admission.admit import Admitter
 from webhook.admission.deadline import budget_for_query
-from webhook.admission.limits import BodyBudget
+from webhook.admission.limits import BodyBudget, Handler
 from webhook.admission.metrics import CONTENT_TYPE_LATEST, Metrics
 from webhook.admission.review import (
     AdmissionReview,
@@ -26,7 +27,6 @@ from webhook.admission.review import (
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ReviewFn = Callable[[AdmissionReview, float], Awaitable[tuple[dict[str, Any], str]]]
 ParseFn = Callable[[bytes], AdmissionReview]
 
@@ -75,8 +75,11 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
         return _error(400, "request could not be processed")
 
 
-def build_app(admitter: Admitter, metrics: Metrics, limits: BodyLimits) -> web.Application:
-    app = web.Application(client_max_size=limits.max_bytes, middlewares=[_errors_as_json])
+def build_app(admitter: Admitter, metrics: Metrics, limits: BodyLimits, *,
+              track: Middleware) -> web.Application:
+    """`track`: the connection guard's middleware (which connections serve a request)."""
+    app = web.Application(client_max_size=limits.max_bytes,
+                          middlewares=[track, _errors_as_json])
     bodies = _Bodies(limits, BodyBudget(limits.in_flight))
 
     def review_route(endpoint: str, parse: ParseFn, decide: ReviewFn) -> Handler:
@@ -114,7 +117,7 @@ def build_app(admitter: Admitter, metrics: Metrics, limits: BodyLimits) -> web.A
     return app
 
 
-def build_metrics_app(metrics: Metrics) -> web.Application:
+def build_metrics_app(metrics: Metrics, *, track: Middleware) -> web.Application:
     """`muster serve --metrics-port`: /metrics (Prometheus) and /healthz over plain HTTP, apart
     from the TLS admission port."""
     async def metrics_page(_: web.Request) -> web.StreamResponse:
@@ -125,7 +128,7 @@ def build_metrics_app(metrics: Metrics) -> web.Application:
     async def healthz(_: web.Request) -> web.StreamResponse:
         return web.Response(text="ok")
 
-    app = web.Application()
+    app = web.Application(middlewares=[track])
     app.router.add_get("/metrics", metrics_page)
     app.router.add_get("/healthz", healthz)
     return app

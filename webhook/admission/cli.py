@@ -20,6 +20,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Apply Muster policies to every pod created: mutating webhook /mutate/pods, "
                     "validating webhook /validate/policies, /healthz, /readyz; /metrics on "
                     "--metrics-port.")
+    _listen_args(p)
+    _certificate_args(p)
+    _cluster_args(p)
+    _limit_args(p)
+    _owner_args(p)
+    p.add_argument("--log-json", action="store_true", default=argparse.SUPPRESS,
+                   help="one JSON object per log line (same as the global --log-json)")
+    p.set_defaults(func=_serve)
+
+
+def _listen_args(p: argparse.ArgumentParser) -> None:
+    """Where the server listens, and what it serves."""
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
     p.add_argument("--metrics-port", type=int, default=None,
@@ -31,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "keeps it inside the pod)")
     p.add_argument("--policies", nargs="+", type=Path, required=True, metavar="DIR|FILE",
                    help="policy files or directories (a mounted ConfigMap); reloaded on change")
+
+
+def _certificate_args(p: argparse.ArgumentParser) -> None:
+    """The serving certificate, and the cluster access that self mode keeps it current with."""
     p.add_argument("--tls-cert-file", type=Path, help="serving certificate (PEM); reloaded on "
                    "change")
     p.add_argument("--tls-key-file", type=Path, help="serving certificate's key (PEM)")
@@ -49,6 +65,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "kept current (repeatable)")
     p.add_argument("--service-name", default="muster-webhook",
                    help="webhook Service name (certificate SANs, self mode)")
+
+
+def _cluster_args(p: argparse.ArgumentParser) -> None:
+    """The server's namespace, what it leaves alone, and Muster's own annotations."""
     p.add_argument("--namespace", default="muster-system",
                    help="the server's own namespace: never mutated; holds the policies "
                         "ConfigMap and the certificate Secret")
@@ -62,6 +82,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "or node agent writes (gpu-assignment, gang-placement, gpu-allocated, "
                         "any key the webhook does not write): remove it (default) or deny "
                         "the pod")
+
+
+def _limit_args(p: argparse.ArgumentParser) -> None:
+    """What one client may hold (docs/webhook.md, "Limits")."""
     limits = p.add_argument_group(
         "limits", "what one client may hold (docs/webhook.md, \"Limits\"); the defaults fit "
         "a 256 MiB memory limit")
@@ -79,13 +103,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         metavar="SECONDS", help="a connection must finish its TLS handshake "
                         "and send its first request's headers within this, or is closed "
                         "(default 10)")
-    limits.add_argument("--idle-timeout", type=_positive(float), default=120.0,
+    limits.add_argument("--idle-timeout", type=_positive(float), default=30.0,
                         metavar="SECONDS", help="an idle kept-alive connection is closed "
-                        "after this (default 120: longer than kube-apiserver's own 90)")
+                        "after this (default 30; at --max-connections the one idle longest "
+                        "is closed at once for a new one)")
     limits.add_argument("--max-connections", type=_positive(int), default=128,
-                        help="connections open at once, TLS handshakes included; a new one "
-                             "over it is closed at once (default 128; each may hold about "
-                             "0.5 MiB)")
+                        help="connections open at once, TLS handshakes included (default "
+                             "128; each may hold about 0.5 MiB); at it, a new one closes the "
+                             "one that waited longest, or is refused when all serve requests")
+    limits.add_argument("--max-connections-per-source", type=_positive(int), default=64,
+                        help="connections one client address may hold; past it, a new one "
+                             "closes that address's own oldest waiting one (default 64; keep "
+                             "it above the API server's concurrent calls to one replica)")
+    limits.add_argument("--reserved-connections", type=_not_negative, default=32,
+                        help="slots that connections not served yet (TLS handshake, first "
+                             "headers) may not take, kept for served ones such as the API "
+                             "server's kept-alive connections (default 32)")
+    limits.add_argument("--metrics-max-connections", type=_positive(int), default=16,
+                        help="the metrics port's connections (default 16; one address may "
+                             "hold half, a quarter reserved; same timeouts)")
+
+
+def _owner_args(p: argparse.ArgumentParser) -> None:
+    """Gang jobs' objects and the PodGroups made for them."""
     p.add_argument("--owner-cache-ttl", type=float, default=5.0,
                    help="seconds an owner object (MPIJob, Job...) is reused (default 5)")
     p.add_argument("--podgroup-cleanup-interval", type=float, default=30.0, metavar="SECONDS",
@@ -96,13 +136,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="while a gang job's object cannot be read, its pods are refused (the "
                         "job's controller retries) for this long, then admitted without the "
                         "gang (default 60)")
-    p.add_argument("--log-json", action="store_true", default=argparse.SUPPRESS,
-                   help="one JSON object per log line (same as the global --log-json)")
-    p.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from webhook.admission.server import ServeOptions, run  # noqa: PLC0415
+    from webhook.admission.slots import SlotLimits  # noqa: PLC0415
 
     if not args.self_signed and not (args.tls_cert_file and args.tls_key_file):
         raise UsageError("give --tls-cert-file and --tls-key-file, or --self-signed")
@@ -115,6 +153,11 @@ def _serve(args: argparse.Namespace) -> int:
     for path in args.policies:
         if not Path(path).exists():
             raise UsageError(f"--policies {path}: no such file or directory")
+    try:
+        SlotLimits(args.max_connections, args.max_connections_per_source,
+                   args.reserved_connections)
+    except ValueError as exc:
+        raise UsageError(f"--max-connections, --reserved-connections: {exc}") from None
     opts = ServeOptions(
         policies=args.policies, host=args.host, port=args.port,
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
@@ -126,6 +169,9 @@ def _serve(args: argparse.Namespace) -> int:
         body_timeout=args.body_timeout, max_inflight_body_bytes=args.max_inflight_body_bytes,
         header_timeout=args.header_timeout, idle_timeout=args.idle_timeout,
         max_connections=args.max_connections,
+        max_connections_per_source=args.max_connections_per_source,
+        reserved_connections=args.reserved_connections,
+        metrics_max_connections=args.metrics_max_connections,
         exclude_namespaces=args.exclude_namespace, policies_configmap=args.policies_configmap,
         owner_cache_ttl=args.owner_cache_ttl, owner_retry_seconds=args.owner_retry_seconds,
         podgroup_cleanup_interval=args.podgroup_cleanup_interval,
@@ -145,3 +191,11 @@ def _positive(kind: Callable[[str], N]) -> Callable[[str], N]:
         return value
     parse.__name__ = kind.__name__  # argparse names the type in its "invalid ..." message
     return parse
+
+
+def _not_negative(text: str) -> int:
+    """An argparse type: a whole number, zero or more."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value

@@ -96,13 +96,15 @@ class Metrics:
             "bad_request), by reason (invalid_json, not_utf8, too_deep, invalid_review, "
             "unsupported_version)", ["reason"], registry=r)
         self.connections_closed = Counter(
-            "muster_admission_connections_closed", "Connections the server closed before "
-            "serving them, by reason (limit: over --max-connections; header_timeout: TLS "
-            "handshake and first request headers not done within --header-timeout)",
-            ["reason"], registry=r)
+            "muster_admission_connections_closed", "Connections the server refused or closed "
+            "early, by listener (admission, metrics) and reason (limit: every slot serving a "
+            "request; per_source: every slot of the source serving a request; header_timeout: "
+            "TLS handshake and first request headers not done within --header-timeout; "
+            "pending_evicted, idle_evicted: closed to make room for a new connection)",
+            ["listener", "reason"], registry=r)
         self.open_connections = Gauge(
-            "muster_admission_open_connections", "Connections open, TLS handshakes included",
-            registry=r)
+            "muster_admission_open_connections", "Connections open, TLS handshakes included, "
+            "by listener (admission, metrics)", ["listener"], registry=r)
         self.reloads = Counter(
             "muster_policy_reloads", "Policy loads from the mounted directory, by result "
             "(success, error)", ["result"], registry=r)

@@ -22,6 +22,7 @@ from webhook.admission.app import BodyLimits, build_app, build_metrics_app
 from webhook.admission.limits import READ_BUFFER, ConnectionGuard, GuardedSite
 from webhook.admission.metrics import Metrics
 from webhook.admission.reload import PolicyStore, refusal_note
+from webhook.admission.slots import SlotLimits
 from webhook.admission.tls import CertReloader
 from webhook.certs import (
     generate_ca,
@@ -65,10 +66,19 @@ class ServeOptions:
     body_timeout: float = BodyLimits.timeout
     max_inflight_body_bytes: int = BodyLimits.in_flight
     header_timeout: float = 10.0
-    #: longer than the 90 s after which kube-apiserver drops an idle connection itself, so a
-    #: request never races the server closing the connection it was sent on
-    idle_timeout: float = 120.0
+    #: short, so that a client idling on its connection holds it briefly even when the server
+    #: is not full (when it is, the connection idle longest is closed at once: limits.py).
+    #: kube-apiserver keeps idle connections 90 s; Go's client drops one the server closed
+    #: when it sees the close, so only a request sent in the same instant fails
+    idle_timeout: float = 30.0
     max_connections: int = 128
+    #: connections one client address may hold; past it, it displaces its own oldest waiting
+    #: connection. Half the slots: kube-apiserver opens one per concurrent call
+    max_connections_per_source: int = 64
+    #: slots that connections not yet served (handshake, first headers) may not take
+    reserved_connections: int = 32
+    #: the metrics port's slots (a scraper uses one); a source holds half, a quarter reserved
+    metrics_max_connections: int = 16
     exclude_namespaces: list[str] = field(default_factory=list)
     policies_configmap: str = "muster-policies"
     policy_poll_interval: float = 2.0
@@ -230,8 +240,13 @@ class WebhookServer:
             AdmissionConfig(opts.on_user_assignment, excluded, opts.deadline_margin,
                             opts.owner_retry_seconds),
             self.policy_store, self.context, self.metrics)
+        guard = ConnectionGuard(
+            reloader.context, SlotLimits(opts.max_connections, opts.max_connections_per_source,
+                                         opts.reserved_connections),
+            header_timeout=opts.header_timeout, metrics=self.metrics, listener="admission")
         app = build_app(self._admitter, self.metrics, BodyLimits(
-            opts.max_body_bytes, opts.body_timeout, opts.max_inflight_body_bytes))
+            opts.max_body_bytes, opts.body_timeout, opts.max_inflight_body_bytes),
+            track=guard.track)
         # lingering: after an answer sent before its body was read (413, 415, 408), the rest
         # of the body is read and dropped this long so that the client sees the answer
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
@@ -239,11 +254,6 @@ class WebhookServer:
                                      keepalive_timeout=opts.idle_timeout, lingering_time=2.0,
                                      read_bufsize=READ_BUFFER)
         await self._runner.setup()
-        assert self._runner.server is not None  # (set up)
-        guard = ConnectionGuard(self._runner.server, reloader.context,
-                                max_connections=opts.max_connections,
-                                header_timeout=opts.header_timeout, metrics=self.metrics)
-        self.metrics.open_connections.set_function(lambda: len(guard.open))
         site = GuardedSite(self._runner, opts.host, opts.port, guard=guard, backlog=1024)
         await site.start()
         if opts.port == 0:
@@ -255,11 +265,18 @@ class WebhookServer:
             await self._serve_metrics(opts.metrics_host, opts.metrics_port)
 
     async def _serve_metrics(self, host: str, port: int) -> None:
-        runner = web.AppRunner(build_metrics_app(self.metrics), access_log=None,
-                               handle_signals=False, shutdown_timeout=1.0)
+        """Plain HTTP, behind the same guard as the admission port: its own slots, the same
+        header and idle timeouts."""
+        slots = self.opts.metrics_max_connections
+        guard = ConnectionGuard(
+            None, SlotLimits(slots, max(1, slots // 2), slots // 4),
+            header_timeout=self.opts.header_timeout, metrics=self.metrics, listener="metrics")
+        runner = web.AppRunner(build_metrics_app(self.metrics, track=guard.track),
+                               access_log=None, handle_signals=False, shutdown_timeout=1.0,
+                               keepalive_timeout=self.opts.idle_timeout)
         await runner.setup()
         self._metrics_runner = runner
-        await web.TCPSite(runner, host, port).start()
+        await GuardedSite(runner, host, port, guard=guard, backlog=128).start()
         self.metrics_port = int(runner.addresses[0][1]) if port == 0 else port
         log.info("metrics listening", extra={"host": host, "port": self.metrics_port})
 

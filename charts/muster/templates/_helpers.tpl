@@ -143,6 +143,12 @@ capabilities:
 - --header-timeout={{ .headerTimeoutSeconds }}
 - --idle-timeout={{ .idleTimeoutSeconds }}
 - --max-connections={{ int64 .maxConnections }}
+{{- if ge (int64 .reservedConnections) (int64 .maxConnections) }}
+{{- fail "webhook.limits.reservedConnections must be fewer than webhook.limits.maxConnections" }}
+{{- end }}
+- --max-connections-per-source={{ int64 .maxConnectionsPerSource }}
+- --reserved-connections={{ int64 .reservedConnections }}
+- --metrics-max-connections={{ int64 .metricsMaxConnections }}
 {{- end }}
 {{- range .Values.webhook.excludeNamespaces }}
 - --exclude-namespace={{ . }}
