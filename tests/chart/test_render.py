@@ -219,13 +219,13 @@ def test_self_mode_never_templates_ca_bundle(helm_template: Render, lookup: bool
         for wh in cfg["webhooks"]:
             assert "caBundle" not in wh["clientConfig"], kind
         assert "cert-manager.io/inject-ca-from" not in (cfg["metadata"].get("annotations") or {})
-    # the certificate manager (sidecar and hook Job) owns exactly the objects the chart uses
-    containers = {c["name"]: c for c in _webhook_pod(objs)["containers"]}
-    sidecar = containers["certs"]["args"]
+    # the certificate manager (rotator and hook Job) owns exactly the objects the chart uses
+    rotator = one(objs, "Deployment", "muster-cert-rotator")["spec"]["template"]["spec"]
+    (rotator_container,) = rotator["containers"]
     job = one(objs, "Job", "muster-webhook-certs")
     job_args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     name = one(objs, "MutatingWebhookConfiguration")["metadata"]["name"]
-    for args in (sidecar, job_args):
+    for args in (rotator_container["args"], job_args):
         assert _arg(args, "--tls-secret") == _tls_volume_secret(objs)
         assert _arg(args, "--service-name") == one(objs, "Service", "muster-webhook")[
             "metadata"]["name"]
@@ -233,17 +233,50 @@ def test_self_mode_never_templates_ca_bundle(helm_template: Render, lookup: bool
         assert _arg(args, "--mutating-webhook-configuration") == name
         assert _arg(args, "--validating-webhook-configuration") == name
     assert hook(job) == "pre-install,pre-upgrade,post-install,post-upgrade"
+    containers = {c["name"]: c for c in _webhook_pod(objs)["containers"]}
+    assert list(containers) == ["webhook"]
     assert _arg(containers["webhook"]["args"], "--cert-mode") == "files"
     # the Secrets are not Helm objects: upgrade and uninstall cannot drop them
     assert not find(objs, "Secret")
-    # in-process rights: get/update its own Secrets and webhook configurations, by name
-    role = one(objs, "Role", "muster-webhook")
-    assert role["rules"][3:] == [{"apiGroups": [""], "resources": ["secrets"],
-                                  "resourceNames": ["muster-webhook-tls", "muster-webhook-ca"],
-                                  "verbs": ["get", "update"]}]
-    webhook_rules = one(objs, "ClusterRole", "muster-webhook")["rules"]
-    admreg = [r for r in webhook_rules if r["apiGroups"] == ["admissionregistration.k8s.io"]]
-    assert [r["resourceNames"] for r in admreg] == [[name], [name]]
+    _assert_only_the_rotator_and_hook_write_certificates(objs, name)
+
+
+def _writers(objs: list[Obj], rules_of: Callable[[Obj], list[Obj]], kind: str
+             ) -> set[str]:
+    """The ServiceAccounts bound to a role of `kind` with a rule that `rules_of` picks."""
+    roles = {r["metadata"]["name"] for r in find(objs, kind) if rules_of(r)}
+    return {s["name"] for b in find(objs, kind + "Binding") if b["roleRef"]["name"] in roles
+            for s in b["subjects"]}
+
+
+def _assert_only_the_rotator_and_hook_write_certificates(objs: list[Obj], config: str) -> None:
+    """The webhook's pods (reachable by the API server and, on its admission port, by pods)
+    hold no right to its Secrets or webhook configurations: a compromised webhook cannot
+    widen its own rules or read the CA key. The rotator and the install hook do, by name."""
+    def admreg(role: Obj) -> list[Obj]:
+        return [r for r in role["rules"]
+                if "admissionregistration.k8s.io" in r["apiGroups"]
+                and {"update", "patch"} & set(r["verbs"])]
+
+    def secrets(role: Obj) -> list[Obj]:  # read (the CA key) or write; uninstall's delete aside
+        return [r for r in role["rules"] if "secrets" in r["resources"]
+                and {"get", "list", "watch", "create", "update", "patch"} & set(r["verbs"])]
+
+    assert _writers(objs, admreg, "ClusterRole") == {"muster-cert-rotator",
+                                                     "muster-webhook-certs"}
+    assert _writers(objs, secrets, "Role") == {"muster-cert-rotator", "muster-webhook-certs"}
+    rotator = one(objs, "ClusterRole", "muster-cert-rotator")
+    assert admreg(rotator) == rotator["rules"] == [{
+        "apiGroups": ["admissionregistration.k8s.io"],
+        "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
+        "resourceNames": [config], "verbs": ["get", "update", "patch"]}]
+    assert one(objs, "Role", "muster-cert-rotator")["rules"] == [{
+        "apiGroups": [""], "resources": ["secrets"],
+        "resourceNames": ["muster-webhook-tls", "muster-webhook-ca"],
+        "verbs": ["get", "update"]}]
+    pod = one(objs, "Deployment", "muster-cert-rotator")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "muster-cert-rotator"
+    assert "ports" not in pod["containers"][0]
 
 
 @pytest.mark.parametrize("mode", ["certManager", "certManager-issuer"])
@@ -643,8 +676,6 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("scheduling.volcano.sh", "queues"): "get,list,watch",
         ("scheduling.k8s.io", "priorityclasses"): "get,list,watch",
         ("", "events.k8s.io", "events"): "create,patch",
-        ("admissionregistration.k8s.io",
-         "mutatingwebhookconfigurations,validatingwebhookconfigurations"): "get,update,patch",
     })
     assert one(objs, "Role", "muster-webhook")["rules"][:3] == [
         {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["muster-policies"],
@@ -839,7 +870,7 @@ def _container_args(objs: list[Obj]) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("container", [
-    "muster-webhook/webhook", "muster-webhook/certs", "muster-webhook-certs/certs",
+    "muster-webhook/webhook", "muster-cert-rotator/certs", "muster-webhook-certs/certs",
     "muster-uninstall/uninstall", "muster-cleanup/cleanup", "muster-binder/binder",
     "muster-agent/agent",
 ])
@@ -971,9 +1002,10 @@ def test_components_run_with_critical_priority(helm_template: Render) -> None:
     objs = helm_template()
     priority = {o["metadata"]["name"]: o["spec"]["template"]["spec"].get("priorityClassName")
                 for o in find(objs, "Deployment") + find(objs, "DaemonSet")}
+    # the cert-rotator is not: the serving certificate is re-issued 30 days ahead
     assert priority == {"muster-webhook": "system-cluster-critical",
                         "muster-binder": "system-cluster-critical",
-                        "muster-agent": "system-node-critical"}
+                        "muster-agent": "system-node-critical", "muster-cert-rotator": None}
     objs = helm_template({"webhook": {"priorityClassName": ""},
                           "binder": {"priorityClassName": "gpu-infra"}})
     assert "priorityClassName" not in one(objs, "Deployment", "muster-webhook")[
