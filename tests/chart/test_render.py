@@ -972,30 +972,62 @@ def test_metrics_settings_that_cannot_work_are_refused(
     assert said in helm_template_error(values)
 
 
-def test_network_policy_is_optional_and_opens_only_the_webhook_ports(
+def _declared_ports(objs: list[Obj], deployment: str) -> list[int]:
+    pod = one(objs, "Deployment", deployment)["spec"]["template"]["spec"]
+    return sorted(p["containerPort"] for c in pod["containers"] for p in c.get("ports", []))
+
+
+def _admitted(policy: Obj) -> dict[int, list[Obj] | None]:
+    """Each port the policy opens -> its peers (None: any source)."""
+    return {p["port"]: rule.get("from") for rule in policy["spec"]["ingress"]
+            for p in rule["ports"]}
+
+
+def test_network_policies_are_on_and_open_only_the_ports_the_pods_serve(
         helm_template: Render) -> None:
-    assert not find(helm_template(), "NetworkPolicy")
-    objs = helm_template({"webhook": {"networkPolicy": {"enabled": True}}})
-    policy = one(objs, "NetworkPolicy", "muster-webhook")
-    selector = one(objs, "Deployment", "muster-webhook")["spec"]["selector"]["matchLabels"]
-    assert policy["spec"]["podSelector"] == {"matchLabels": selector}
-    assert policy["spec"]["policyTypes"] == ["Ingress"]
-    # from anywhere by default: where the API server calls from differs per distribution
-    assert policy["spec"]["ingress"] == [
-        {"ports": [{"port": 8443, "protocol": "TCP"}]},
-        {"ports": [{"port": 8080, "protocol": "TCP"}]}]
-    apiserver = [{"ipBlock": {"cidr": "172.16.0.0/12"}}]
+    """On by default, any source: an API server's source no plain NetworkPolicy can name on
+    every CNI must not be blocked (docs/operations.md, "Exposure"); every other port is shut."""
+    objs = helm_template()
+    for name in ("muster-webhook", "muster-binder"):
+        policy = one(objs, "NetworkPolicy", name)
+        selector = one(objs, "Deployment", name)["spec"]["selector"]["matchLabels"]
+        assert policy["spec"]["podSelector"] == {"matchLabels": selector}
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        assert all(p["protocol"] == "TCP" for r in policy["spec"]["ingress"] for p in r["ports"])
+        admitted = _admitted(policy)
+        assert sorted(admitted) == _declared_ports(objs, name)
+        assert set(admitted.values()) == {None}
+    assert sorted(_admitted(one(objs, "NetworkPolicy", "muster-webhook"))) == [8080, 8443]
+    assert list(_admitted(one(objs, "NetworkPolicy", "muster-binder"))) == [9090]
+    local = helm_template({"webhook": {"metricsLocalhostOnly": True}})
+    assert list(_admitted(one(local, "NetworkPolicy", "muster-webhook"))) == [8443]
+    off = helm_template({"webhook": {"networkPolicy": {"enabled": False}},
+                         "binder": {"networkPolicy": {"enabled": False}}})
+    assert not find(off, "NetworkPolicy")
+    assert not find(helm_template({"binder": {"enabled": False}}), "NetworkPolicy",
+                    "muster-binder")
+
+
+def test_network_policies_narrow_to_the_api_server_and_the_scraper(
+        helm_template: Render) -> None:
+    apiserver = [{"ipBlock": {"cidr": "10.0.0.10/32"}}, {"ipBlock": {"cidr": "10.0.0.11/32"}}]
     prometheus = [{"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": "monitoring"}}}]
-    narrowed = helm_template({"webhook": {"networkPolicy": {
-        "enabled": True, "from": apiserver, "metricsFrom": prometheus}}})
-    assert one(narrowed, "NetworkPolicy")["spec"]["ingress"] == [
-        {"ports": [{"port": 8443, "protocol": "TCP"}], "from": apiserver},
-        {"ports": [{"port": 8080, "protocol": "TCP"}], "from": prometheus}]
-    local = helm_template({"webhook": {"metricsLocalhostOnly": True,
-                                       "networkPolicy": {"enabled": True}}})
-    assert one(local, "NetworkPolicy")["spec"]["ingress"] == [
-        {"ports": [{"port": 8443, "protocol": "TCP"}]}]
+    objs = helm_template({"webhook": {"networkPolicy": {
+        "enabled": True, "from": apiserver, "metricsFrom": prometheus}},
+        "binder": {"networkPolicy": {"enabled": True, "metricsFrom": prometheus}}})
+    # the API server reaches the metrics port too: its pod proxy (`kubectl get --raw
+    # .../pods/NAME:8080/proxy/metrics`, docs/policies.md) comes from where its calls do
+    assert _admitted(one(objs, "NetworkPolicy", "muster-webhook")) == {
+        8443: apiserver, 8080: prometheus + apiserver}
+    assert _admitted(one(objs, "NetworkPolicy", "muster-binder")) == {9090: prometheus}
+    scraper_only = helm_template({"webhook": {"networkPolicy": {
+        "enabled": True, "metricsFrom": prometheus}}})
+    assert _admitted(one(scraper_only, "NetworkPolicy", "muster-webhook")) == {
+        8443: None, 8080: prometheus}
+    api_only = helm_template({"webhook": {"networkPolicy": {"enabled": True, "from": apiserver}}})
+    assert _admitted(one(api_only, "NetworkPolicy", "muster-webhook")) == {
+        8443: apiserver, 8080: None}
 
 
 def test_components_run_with_critical_priority(helm_template: Render) -> None:
