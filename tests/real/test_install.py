@@ -90,3 +90,12 @@ def test_only_the_cert_rotator_may_rewrite_the_webhook_configurations(
             out = kubectl(node_cluster, "auth", "can-i", verb, what, "-n", NAMESPACE,
                           f"--as=system:serviceaccount:{NAMESPACE}:{account}", check=False)
             assert out.stdout.strip() == allowed, (account, verb, what, out.stdout, out.stderr)
+
+
+def test_network_policies_are_installed(node_cluster: NodeCluster) -> None:
+    """The chart's NetworkPolicies (on by default) install; this node's bridge CNI enforces no
+    NetworkPolicy, so what they admit is checked in tests/chart, not here. Every other test of
+    this tier runs with them installed."""
+    names = kubectl(node_cluster, "get", "networkpolicies", "-n", NAMESPACE, "-o",
+                    "jsonpath={.items[*].metadata.name}").stdout.split()
+    assert sorted(names) == [f"{RELEASE}-binder", f"{RELEASE}-webhook"]
