@@ -11,6 +11,7 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 
@@ -18,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from chart_helpers import CHART, REPO
 
-from e2e.node.image_requirements import normalise, pins
+from e2e.node.image_requirements import normalise, pins, platforms, render
 
 
 def _final_stage() -> list[str]:
@@ -121,3 +122,19 @@ def test_image_requirements_cover_the_runtime_at_the_tested_versions() -> None:
     for name, (version, hashes) in listed.items():
         assert version == tested[name], name
         assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), name
+
+
+def test_image_requirements_generator_ranks_tags_and_refuses_unpinned() -> None:
+    """The tags in pip's order on glibc 2.36 (best first, legacy aliases beside their glibc
+    version, none older than the architecture has); a resolved package constraints.txt does
+    not pin stops the generator rather than enter the image unpinned."""
+    x86, arm = platforms("x86_64"), platforms("aarch64")
+    assert x86[:2] == ["manylinux_2_36_x86_64", "manylinux_2_35_x86_64"]
+    assert x86[x86.index("manylinux_2_17_x86_64") + 1] == "manylinux2014_x86_64"
+    assert x86[-2:] == ["manylinux_2_5_x86_64", "manylinux1_x86_64"]
+    assert arm[-2:] == ["manylinux_2_17_aarch64", "manylinux2014_aarch64"]
+    resolved = [{"six": ("1.17.0", "a" * 64)}, {"six": ("1.17.0", "b" * 64)}]
+    assert render(resolved, {"six": "1.17.0"}).endswith(
+        f"six==1.17.0 \\\n    --hash=sha256:{'a' * 64} \\\n    --hash=sha256:{'b' * 64}\n")
+    with pytest.raises(SystemExit, match=r"not pinned in constraints\.txt: six"):
+        render(resolved, {})
