@@ -1,10 +1,13 @@
-# syntax=docker/dockerfile:1
+# syntax=docker/dockerfile:1.18.0@sha256:dabfc0969b935b2080555ace70ee69a5261af8a8f1b4df97b9e7fbcf6722eddf
 # One image for the webhook (`muster serve`), the binder (`muster bind`), the node agent
 # (`muster agent`) and the chart's hook Jobs (`muster certs ...`).
 #   docker build -t ghcr.io/muster/muster:0.1.0 .
 # Without a registry: e2e/node/image.py builds it with buildah on a Debian base (--build-arg
 # PYTHON=...), the same recipe.
-ARG PYTHON=python:3.11-slim-bookworm
+# The base by digest (python:3.11.17-slim-bookworm's multi-platform index, amd64 and arm64): a
+# tag rebuilt upstream cannot change what is built. Bump tag and digest together;
+# tests/chart/test_image.py refuses a base without a digest.
+ARG PYTHON=python:3.11.17-slim-bookworm@sha256:2333bd330d12de02514770b3585cad313644316047cdee24a7acfdece6de6efb
 
 FROM ${PYTHON} AS build
 # set only where pip needs another CA bundle to reach the index (e.g. a TLS-inspecting proxy):
@@ -12,18 +15,23 @@ FROM ${PYTHON} AS build
 ARG PIP_CERT
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md constraints.txt ./
+COPY pyproject.toml README.md requirements-image.txt ./
 COPY webhook ./webhook
 # the test doubles stay out of the image, except the fake NVML that `muster agent --fake-nvml`
 # builds on nodes without GPUs (docs/architecture.md, "Layers")
 RUN rm -r webhook/doubles/emulator webhook/doubles/fakekubelet.py webhook/doubles/webhooks.py
 # a venv: the same recipe on the official Python image and on a Debian python3 base, whose
-# system site-packages are externally managed (PEP 668). Wheels only for the dependencies
-# (grpcio, cryptography...): no compiler in the image. The versions are the tested set that
-# constraints.txt pins (CI installs the same), not whatever is newest on the day of the build
+# system site-packages are externally managed (PEP 668). Wheels only (grpcio, cryptography...):
+# no compiler in the image. requirements-image.txt is the runtime closure and the build backend
+# at the versions CI tested (constraints.txt), each with its wheels' sha256: --require-hashes
+# refuses any other file, --no-deps anything not listed. Muster itself is built offline
+# (--no-index) with that setuptools (--no-build-isolation: no unpinned backend is fetched), then
+# pip and setuptools leave the image.
 RUN python3 -m venv /opt/muster \
- && /opt/muster/bin/pip install --only-binary=:all: -c constraints.txt . \
- && /opt/muster/bin/pip uninstall -q -y pip \
+ && /opt/muster/bin/pip install --require-hashes --no-deps --only-binary=:all: \
+      -r requirements-image.txt \
+ && /opt/muster/bin/pip install --no-deps --no-build-isolation --no-index . \
+ && /opt/muster/bin/pip uninstall -q -y pip setuptools \
  && /opt/muster/bin/python -m compileall -q /opt/muster
 
 FROM ${PYTHON}

@@ -56,7 +56,7 @@ def _base_digest() -> str:
 
 def _source_digest() -> str:
     h = hashlib.sha256(BASE_PACKAGES.encode())
-    files = [REPO / "Dockerfile", REPO / "pyproject.toml", REPO / "constraints.txt",
+    files = [REPO / "Dockerfile", REPO / "pyproject.toml", REPO / "requirements-image.txt",
              REPO / ".dockerignore",
              *sorted((REPO / "webhook").rglob("*"))]
     for f in files:

@@ -219,13 +219,13 @@ def test_self_mode_never_templates_ca_bundle(helm_template: Render, lookup: bool
         for wh in cfg["webhooks"]:
             assert "caBundle" not in wh["clientConfig"], kind
         assert "cert-manager.io/inject-ca-from" not in (cfg["metadata"].get("annotations") or {})
-    # the certificate manager (sidecar and hook Job) owns exactly the objects the chart uses
-    containers = {c["name"]: c for c in _webhook_pod(objs)["containers"]}
-    sidecar = containers["certs"]["args"]
+    # the certificate manager (rotator and hook Job) owns exactly the objects the chart uses
+    rotator = one(objs, "Deployment", "muster-cert-rotator")["spec"]["template"]["spec"]
+    (rotator_container,) = rotator["containers"]
     job = one(objs, "Job", "muster-webhook-certs")
     job_args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     name = one(objs, "MutatingWebhookConfiguration")["metadata"]["name"]
-    for args in (sidecar, job_args):
+    for args in (rotator_container["args"], job_args):
         assert _arg(args, "--tls-secret") == _tls_volume_secret(objs)
         assert _arg(args, "--service-name") == one(objs, "Service", "muster-webhook")[
             "metadata"]["name"]
@@ -233,17 +233,50 @@ def test_self_mode_never_templates_ca_bundle(helm_template: Render, lookup: bool
         assert _arg(args, "--mutating-webhook-configuration") == name
         assert _arg(args, "--validating-webhook-configuration") == name
     assert hook(job) == "pre-install,pre-upgrade,post-install,post-upgrade"
+    containers = {c["name"]: c for c in _webhook_pod(objs)["containers"]}
+    assert list(containers) == ["webhook"]
     assert _arg(containers["webhook"]["args"], "--cert-mode") == "files"
     # the Secrets are not Helm objects: upgrade and uninstall cannot drop them
     assert not find(objs, "Secret")
-    # in-process rights: get/update its own Secrets and webhook configurations, by name
-    role = one(objs, "Role", "muster-webhook")
-    assert role["rules"][3:] == [{"apiGroups": [""], "resources": ["secrets"],
-                                  "resourceNames": ["muster-webhook-tls", "muster-webhook-ca"],
-                                  "verbs": ["get", "update"]}]
-    webhook_rules = one(objs, "ClusterRole", "muster-webhook")["rules"]
-    admreg = [r for r in webhook_rules if r["apiGroups"] == ["admissionregistration.k8s.io"]]
-    assert [r["resourceNames"] for r in admreg] == [[name], [name]]
+    _assert_only_the_rotator_and_hook_write_certificates(objs, name)
+
+
+def _writers(objs: list[Obj], rules_of: Callable[[Obj], list[Obj]], kind: str
+             ) -> set[str]:
+    """The ServiceAccounts bound to a role of `kind` with a rule that `rules_of` picks."""
+    roles = {r["metadata"]["name"] for r in find(objs, kind) if rules_of(r)}
+    return {s["name"] for b in find(objs, kind + "Binding") if b["roleRef"]["name"] in roles
+            for s in b["subjects"]}
+
+
+def _assert_only_the_rotator_and_hook_write_certificates(objs: list[Obj], config: str) -> None:
+    """The webhook's pods (reachable by the API server and, on its admission port, by pods)
+    hold no right to its Secrets or webhook configurations: a compromised webhook cannot
+    widen its own rules or read the CA key. The rotator and the install hook do, by name."""
+    def admreg(role: Obj) -> list[Obj]:
+        return [r for r in role["rules"]
+                if "admissionregistration.k8s.io" in r["apiGroups"]
+                and {"update", "patch"} & set(r["verbs"])]
+
+    def secrets(role: Obj) -> list[Obj]:  # read (the CA key) or write; uninstall's delete aside
+        return [r for r in role["rules"] if "secrets" in r["resources"]
+                and {"get", "list", "watch", "create", "update", "patch"} & set(r["verbs"])]
+
+    assert _writers(objs, admreg, "ClusterRole") == {"muster-cert-rotator",
+                                                     "muster-webhook-certs"}
+    assert _writers(objs, secrets, "Role") == {"muster-cert-rotator", "muster-webhook-certs"}
+    rotator = one(objs, "ClusterRole", "muster-cert-rotator")
+    assert admreg(rotator) == rotator["rules"] == [{
+        "apiGroups": ["admissionregistration.k8s.io"],
+        "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
+        "resourceNames": [config], "verbs": ["get", "update", "patch"]}]
+    assert one(objs, "Role", "muster-cert-rotator")["rules"] == [{
+        "apiGroups": [""], "resources": ["secrets"],
+        "resourceNames": ["muster-webhook-tls", "muster-webhook-ca"],
+        "verbs": ["get", "update"]}]
+    pod = one(objs, "Deployment", "muster-cert-rotator")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "muster-cert-rotator"
+    assert "ports" not in pod["containers"][0]
 
 
 @pytest.mark.parametrize("mode", ["certManager", "certManager-issuer"])
@@ -651,8 +684,6 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("scheduling.volcano.sh", "queues"): "get,list,watch",
         ("scheduling.k8s.io", "priorityclasses"): "get,list,watch",
         ("", "events.k8s.io", "events"): "create,patch",
-        ("admissionregistration.k8s.io",
-         "mutatingwebhookconfigurations,validatingwebhookconfigurations"): "get,update,patch",
     })
     assert one(objs, "Role", "muster-webhook")["rules"][:3] == [
         {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["muster-policies"],
@@ -847,7 +878,7 @@ def _container_args(objs: list[Obj]) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("container", [
-    "muster-webhook/webhook", "muster-webhook/certs", "muster-webhook-certs/certs",
+    "muster-webhook/webhook", "muster-cert-rotator/certs", "muster-webhook-certs/certs",
     "muster-uninstall/uninstall", "muster-cleanup/cleanup", "muster-binder/binder",
     "muster-agent/agent",
 ])
@@ -961,39 +992,72 @@ def test_metrics_settings_that_cannot_work_are_refused(
     assert said in helm_template_error(values)
 
 
-def test_network_policy_is_optional_and_opens_only_the_webhook_ports(
+def _declared_ports(objs: list[Obj], deployment: str) -> list[int]:
+    pod = one(objs, "Deployment", deployment)["spec"]["template"]["spec"]
+    return sorted(p["containerPort"] for c in pod["containers"] for p in c.get("ports", []))
+
+
+def _admitted(policy: Obj) -> dict[int, list[Obj] | None]:
+    """Each port the policy opens -> its peers (None: any source)."""
+    return {p["port"]: rule.get("from") for rule in policy["spec"]["ingress"]
+            for p in rule["ports"]}
+
+
+def test_network_policies_are_on_and_open_only_the_ports_the_pods_serve(
         helm_template: Render) -> None:
-    assert not find(helm_template(), "NetworkPolicy")
-    objs = helm_template({"webhook": {"networkPolicy": {"enabled": True}}})
-    policy = one(objs, "NetworkPolicy", "muster-webhook")
-    selector = one(objs, "Deployment", "muster-webhook")["spec"]["selector"]["matchLabels"]
-    assert policy["spec"]["podSelector"] == {"matchLabels": selector}
-    assert policy["spec"]["policyTypes"] == ["Ingress"]
-    # from anywhere by default: where the API server calls from differs per distribution
-    assert policy["spec"]["ingress"] == [
-        {"ports": [{"port": 8443, "protocol": "TCP"}]},
-        {"ports": [{"port": 8080, "protocol": "TCP"}]}]
-    apiserver = [{"ipBlock": {"cidr": "172.16.0.0/12"}}]
+    """On by default, any source: an API server's source no plain NetworkPolicy can name on
+    every CNI must not be blocked (docs/operations.md, "Exposure"); every other port is shut."""
+    objs = helm_template()
+    for name in ("muster-webhook", "muster-binder"):
+        policy = one(objs, "NetworkPolicy", name)
+        selector = one(objs, "Deployment", name)["spec"]["selector"]["matchLabels"]
+        assert policy["spec"]["podSelector"] == {"matchLabels": selector}
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        assert all(p["protocol"] == "TCP" for r in policy["spec"]["ingress"] for p in r["ports"])
+        admitted = _admitted(policy)
+        assert sorted(admitted) == _declared_ports(objs, name)
+        assert set(admitted.values()) == {None}
+    assert sorted(_admitted(one(objs, "NetworkPolicy", "muster-webhook"))) == [8080, 8443]
+    assert list(_admitted(one(objs, "NetworkPolicy", "muster-binder"))) == [9090]
+    local = helm_template({"webhook": {"metricsLocalhostOnly": True}})
+    assert list(_admitted(one(local, "NetworkPolicy", "muster-webhook"))) == [8443]
+    off = helm_template({"webhook": {"networkPolicy": {"enabled": False}},
+                         "binder": {"networkPolicy": {"enabled": False}}})
+    assert not find(off, "NetworkPolicy")
+    assert not find(helm_template({"binder": {"enabled": False}}), "NetworkPolicy",
+                    "muster-binder")
+
+
+def test_network_policies_narrow_to_the_api_server_and_the_scraper(
+        helm_template: Render) -> None:
+    apiserver = [{"ipBlock": {"cidr": "10.0.0.10/32"}}, {"ipBlock": {"cidr": "10.0.0.11/32"}}]
     prometheus = [{"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": "monitoring"}}}]
-    narrowed = helm_template({"webhook": {"networkPolicy": {
-        "enabled": True, "from": apiserver, "metricsFrom": prometheus}}})
-    assert one(narrowed, "NetworkPolicy")["spec"]["ingress"] == [
-        {"ports": [{"port": 8443, "protocol": "TCP"}], "from": apiserver},
-        {"ports": [{"port": 8080, "protocol": "TCP"}], "from": prometheus}]
-    local = helm_template({"webhook": {"metricsLocalhostOnly": True,
-                                       "networkPolicy": {"enabled": True}}})
-    assert one(local, "NetworkPolicy")["spec"]["ingress"] == [
-        {"ports": [{"port": 8443, "protocol": "TCP"}]}]
+    objs = helm_template({"webhook": {"networkPolicy": {
+        "enabled": True, "from": apiserver, "metricsFrom": prometheus}},
+        "binder": {"networkPolicy": {"enabled": True, "metricsFrom": prometheus}}})
+    # the API server reaches the metrics port too: its pod proxy (`kubectl get --raw
+    # .../pods/NAME:8080/proxy/metrics`, docs/policies.md) comes from where its calls do
+    assert _admitted(one(objs, "NetworkPolicy", "muster-webhook")) == {
+        8443: apiserver, 8080: prometheus + apiserver}
+    assert _admitted(one(objs, "NetworkPolicy", "muster-binder")) == {9090: prometheus}
+    scraper_only = helm_template({"webhook": {"networkPolicy": {
+        "enabled": True, "metricsFrom": prometheus}}})
+    assert _admitted(one(scraper_only, "NetworkPolicy", "muster-webhook")) == {
+        8443: None, 8080: prometheus}
+    api_only = helm_template({"webhook": {"networkPolicy": {"enabled": True, "from": apiserver}}})
+    assert _admitted(one(api_only, "NetworkPolicy", "muster-webhook")) == {
+        8443: apiserver, 8080: None}
 
 
 def test_components_run_with_critical_priority(helm_template: Render) -> None:
     objs = helm_template()
     priority = {o["metadata"]["name"]: o["spec"]["template"]["spec"].get("priorityClassName")
                 for o in find(objs, "Deployment") + find(objs, "DaemonSet")}
+    # the cert-rotator is not: the serving certificate is re-issued 30 days ahead
     assert priority == {"muster-webhook": "system-cluster-critical",
                         "muster-binder": "system-cluster-critical",
-                        "muster-agent": "system-node-critical"}
+                        "muster-agent": "system-node-critical", "muster-cert-rotator": None}
     objs = helm_template({"webhook": {"priorityClassName": ""},
                           "binder": {"priorityClassName": "gpu-infra"}})
     assert "priorityClassName" not in one(objs, "Deployment", "muster-webhook")[

@@ -34,6 +34,11 @@ Obj = dict[str, Any]
     ({"webhook": {"excludeNamespaces": ["Not_A_Name"]}}, "at '/webhook/excludeNamespaces/0'",
      "pattern"),
     ({"binder": {"enabled": "yes"}}, "at '/binder/enabled'", "want boolean"),
+    # a misspelt NetworkPolicy peer would admit or block the wrong sources
+    ({"webhook": {"networkPolicy": {"enabled": True, "from": [{"ipblock": {"cidr": "x"}}]}}},
+     "at '/webhook/networkPolicy/from/0'", "'ipblock' not allowed"),
+    ({"binder": {"networkPolicy": {"enabled": True, "metricsFrom": [{}]}}},
+     "at '/binder/networkPolicy/metricsFrom/0'", "minProperties"),
     ({"certs": {"mode": "magic"}}, "at '/certs/mode'", "self"),
     ({"policies": {"bad name!.yaml": "x"}}, "invalid propertyName", "bad name!.yaml"),
     ({"policies": {"a.yaml": {"kind": "SchedulingPolicy"}}}, "at '/policies/a.yaml'",
@@ -69,6 +74,8 @@ def test_schema_forbids_unknown_keys_in_every_object() -> None:
             walk(node["items"], f"{path}/items")
 
     walk(schema, "")
+    for name, definition in schema["definitions"].items():
+        walk(definition, f"#/definitions/{name}")
     assert open_objects == []
     assert schema["additionalProperties"] is False
 

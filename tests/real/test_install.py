@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from real_helpers import pod_ready, run_helm
+from real_helpers import kubectl, pod_ready, run_helm
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node.cluster import NodeCluster
@@ -73,3 +73,29 @@ async def test_binder_holds_its_lease_and_agent_runs_on_the_node(kube: KubeApi) 
 def test_helm_test_passes(node_cluster: NodeCluster) -> None:
     out = run_helm(node_cluster, "test", RELEASE, "--namespace", NAMESPACE, "--logs")
     assert "OK: policy" in out.stdout, out.stdout
+
+
+def test_only_the_cert_rotator_may_rewrite_the_webhook_configurations(
+        node_cluster: NodeCluster) -> None:
+    """The webhook's ServiceAccount may neither update its webhook configurations nor read its
+    CA Secret; the cert-rotator's may, and it runs (asked of the real API server's RBAC)."""
+    ready = kubectl(node_cluster, "get", "deployment", f"{RELEASE}-cert-rotator", "-n",
+                    NAMESPACE, "-o", "jsonpath={.status.readyReplicas}")
+    assert ready.stdout.strip() == "1", ready.stdout
+    asks = [("update", f"mutatingwebhookconfigurations/0-{RELEASE}"),
+            ("patch", f"validatingwebhookconfigurations/0-{RELEASE}"),
+            ("get", f"secrets/{RELEASE}-webhook-ca")]
+    for account, allowed in ((f"{RELEASE}-webhook", "no"), (f"{RELEASE}-cert-rotator", "yes")):
+        for verb, what in asks:
+            out = kubectl(node_cluster, "auth", "can-i", verb, what, "-n", NAMESPACE,
+                          f"--as=system:serviceaccount:{NAMESPACE}:{account}", check=False)
+            assert out.stdout.strip() == allowed, (account, verb, what, out.stdout, out.stderr)
+
+
+def test_network_policies_are_installed(node_cluster: NodeCluster) -> None:
+    """The chart's NetworkPolicies (on by default) install; this node's bridge CNI enforces no
+    NetworkPolicy, so what they admit is checked in tests/chart, not here. Every other test of
+    this tier runs with them installed."""
+    names = kubectl(node_cluster, "get", "networkpolicies", "-n", NAMESPACE, "-o",
+                    "jsonpath={.items[*].metadata.name}").stdout.split()
+    assert sorted(names) == [f"{RELEASE}-binder", f"{RELEASE}-webhook"]

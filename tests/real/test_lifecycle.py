@@ -184,7 +184,8 @@ def test_uninstall_removes_the_webhooks_first_and_leaves_nothing(
 def _left(cluster: NodeCluster) -> list[str]:
     """Every object of Muster's still there: in its namespace, and cluster-wide by name."""
     left = kubectl(cluster, "get", "all,configmaps,secrets,serviceaccounts,roles,"
-                   "rolebindings,leases,poddisruptionbudgets", "-n", NAMESPACE, "-o", "name")
+                   "rolebindings,leases,poddisruptionbudgets,networkpolicies", "-n", NAMESPACE,
+                   "-o", "name")
     ours = [n for n in left.stdout.split()
             if n not in ("serviceaccount/default", "configmap/kube-root-ca.crt")]
     cluster_wide = kubectl(cluster, "get", "clusterroles,clusterrolebindings,"

@@ -2,8 +2,9 @@
 
 The pair is reloaded into the *live* SSLContext: OpenSSL copies the certificate into each new
 connection when it is created, so open connections keep theirs and new handshakes get the new
-pair. Nothing is dropped. A half-written pair (cert and key not matching yet) is refused and the
-old pair stays in use until the next poll sees a consistent one.
+pair. Nothing is dropped. A half-written pair (cert and key not matching yet), or one outside its
+validity period (expired, or not valid yet), is refused and the old pair stays in use until a
+poll sees a usable one.
 
 The live context is only ever given a pair that already loaded into a scratch context, from the
 same snapshot of the bytes: a failed load_cert_chain is not atomic (the certificate is replaced
@@ -14,14 +15,16 @@ new handshake.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hashlib
 import logging
 import ssl
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from webhook.admission.metrics import Metrics
-from webhook.certs import PkiError, not_after, pair_problem
+from webhook.certs import PkiError, not_after, pair_problem, validity_problem
 from webhook.failures import UsageError
 
 log = logging.getLogger(__name__)
@@ -53,20 +56,24 @@ def _load_pair(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
 class CertReloader:
     """Owns the server's SSLContext and reloads its pair when the files' contents change."""
 
-    def __init__(self, cert_file: Path, key_file: Path, metrics: Metrics) -> None:
+    def __init__(self, cert_file: Path, key_file: Path, metrics: Metrics,
+                 clock: Callable[[], dt.datetime] | None = None) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
         self.metrics = metrics
+        self._clock = clock or (lambda: dt.datetime.now(dt.UTC))
         snapshot = _snapshot(cert_file, key_file)
         if snapshot is None:
             raise FileNotFoundError(f"cannot read {cert_file} or {key_file}")
         cert, key, self._digest = snapshot
         self.context = server_context()
-        try:
-            _load_pair(self.context, cert, key)
-        except ssl.SSLError as exc:
-            raise UsageError(self._problem(cert, key, exc)) from exc
-        self._refused: str | None = None
+        # a pair no client accepts would pass the kubelet's probes (they do not verify) while
+        # every admission call fails open: refuse to start instead
+        refusal = self._refusal(cert, key)
+        if refusal is not None:
+            raise UsageError(refusal[1])
+        _load_pair(self.context, cert, key)
+        self._reported: str | None = None
         self._record_expiry(cert)
 
     def _problem(self, cert: bytes, key: bytes, exc: ssl.SSLError) -> str:
@@ -74,6 +81,22 @@ class CertReloader:
         or `KEY_VALUES_MISMATCH`)."""
         found = pair_problem(cert, key, str(self.cert_file), str(self.key_file))
         return found or f"{self.cert_file} and {self.key_file} are not a usable pair: {exc}"
+
+    def _refusal(self, cert: bytes, key: bytes) -> tuple[str, str] | None:
+        """(metric result, reason) when the pair must not be served, None when it may: it
+        must load (cert and key match) into a scratch context, and be valid now. The dates are
+        checked on every poll, so a pair not valid yet is taken once the clock reaches it."""
+        try:
+            _load_pair(server_context(), cert, key)  # a scratch context: see above
+        except ssl.SSLError as exc:
+            return "error", self._problem(cert, key, exc)
+        except OSError as exc:
+            return "error", str(exc)
+        try:
+            dates = validity_problem(cert, self._clock(), str(self.cert_file))
+        except PkiError as exc:
+            return "error", str(exc)
+        return None if dates is None else ("refused", dates)
 
     def _record_expiry(self, cert: bytes) -> None:
         try:
@@ -85,21 +108,23 @@ class CertReloader:
     def check(self) -> bool:
         """Reload if the files changed; True when a new pair is now in use."""
         snapshot = _snapshot(self.cert_file, self.key_file)
-        if snapshot is None or snapshot[2] in (self._digest, self._refused):
+        if snapshot is None or snapshot[2] == self._digest:
             return False
         cert, key, digest = snapshot
-        try:
-            _load_pair(server_context(), cert, key)  # a scratch context first: see above
-            _load_pair(self.context, cert, key)
-        except (OSError, ssl.SSLError) as exc:
-            # Mid-rotation (cert written, key not yet) or a broken pair: keep serving the old one.
-            # Only this exact content is refused: the next change is tried again.
-            self._refused = digest
-            self.metrics.cert_reloads.labels("error").inc()
-            log.warning("serving certificate not reloaded, keeping the previous pair",
-                        extra={"cert_file": str(self.cert_file),
-                               "error": self._problem(cert, key, exc)
-                               if isinstance(exc, ssl.SSLError) else str(exc)})
+        refusal = self._refusal(cert, key)
+        if refusal is None:
+            try:
+                _load_pair(self.context, cert, key)
+            except (OSError, ssl.SSLError) as exc:  # the scratch load passed: a disk problem
+                refusal = "error", str(exc)
+        if refusal is not None:
+            # Mid-rotation (cert written, key not yet), a broken pair or one outside its
+            # validity: keep serving the old one, and report this content once.
+            if digest != self._reported:
+                self._reported = digest
+                self.metrics.cert_reloads.labels(refusal[0]).inc()
+                log.warning("serving certificate not reloaded, keeping the previous pair",
+                            extra={"cert_file": str(self.cert_file), "error": refusal[1]})
             return False
         self._digest = digest
         self._record_expiry(cert)

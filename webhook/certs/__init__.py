@@ -14,6 +14,7 @@ from webhook.certs.pki import (
     pair_problem,
     service_dns_names,
     signed_by,
+    validity_problem,
     write_pair,
 )
 
@@ -31,5 +32,6 @@ __all__ = [
     "pair_problem",
     "service_dns_names",
     "signed_by",
+    "validity_problem",
     "write_pair",
 ]

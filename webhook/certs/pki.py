@@ -216,6 +216,16 @@ def not_after(cert_pem: bytes) -> dt.datetime:
     return load_certificate(cert_pem).not_valid_after_utc
 
 
+def validity_problem(cert_pem: bytes, now: dt.datetime, cert_name: str) -> str | None:
+    """Why the first certificate of `cert_pem` is not valid at `now`, or None when it is."""
+    cert = load_certificate(cert_pem)
+    if now >= cert.not_valid_after_utc:
+        return f"{cert_name} expired at {cert.not_valid_after_utc.isoformat()}"
+    if now < cert.not_valid_before_utc:
+        return f"{cert_name} is not valid before {cert.not_valid_before_utc.isoformat()}"
+    return None
+
+
 def key_matches(cert_pem: bytes, key_pem: bytes) -> bool:
     """Whether the private key belongs to the certificate."""
     pub = load_certificate(cert_pem).public_key()

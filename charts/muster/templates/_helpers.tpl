@@ -19,6 +19,7 @@
 
 {{- define "muster.webhook.fullname" -}}{{ include "muster.fullname" . }}-webhook{{- end }}
 {{- define "muster.binder.fullname" -}}{{ include "muster.fullname" . }}-binder{{- end }}
+{{- define "muster.certRotator.fullname" -}}{{ include "muster.fullname" . }}-cert-rotator{{- end }}
 {{- define "muster.agent.fullname" -}}{{ include "muster.fullname" . }}-agent{{- end }}
 {{- define "muster.policies.fullname" -}}{{ include "muster.fullname" . }}-policies{{- end }}
 {{- define "muster.annotationGuard.name" -}}{{ include "muster.fullname" . }}-annotation-guard{{- end }}
@@ -123,7 +124,7 @@ capabilities:
 - --tls-cert-file=/etc/muster/tls/tls.crt
 - --tls-key-file=/etc/muster/tls/tls.key
 - --on-user-assignment={{ .Values.webhook.onUserAssignment }}
-# certificates are files in every mode; in self mode the `certs` sidecar keeps them current
+# certificates are files in every mode; in self mode the cert-rotator keeps the Secret current
 - --cert-mode=files
 - --namespace={{ .Release.Namespace }}
 - --service-name={{ include "muster.webhook.fullname" . }}
@@ -181,8 +182,8 @@ capabilities:
 {{- end }}
 {{- end }}
 
-{{/* the self-mode certificate sidecar in each webhook pod: reconcile, then every interval */}}
-{{- define "muster.certsSidecar.args" -}}
+{{/* the self-mode cert-rotator (certs-rotator.yaml): reconcile, then every interval */}}
+{{- define "muster.certRotator.args" -}}
 {{ include "muster.globalArgs" . }}
 - certs
 - run
