@@ -29,7 +29,7 @@ from webhook.policy.testfile import (
     read_object,
     run_case,
 )
-from webhook.yamlpos import MAX_BYTES
+from webhook.yamlpos import MAX_BYTES, YamlProblem, load_all, read
 
 
 def _labels(text: str) -> dict[str, str]:
@@ -123,10 +123,10 @@ def test(args: argparse.Namespace) -> int:
 
 def _kind(path: Path) -> str | None:
     try:
-        for doc in yaml.safe_load_all(path.read_text()):
+        for doc in load_all(read(path)):
             if isinstance(doc, dict):
                 return str(doc.get("kind"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+    except (OSError, YamlProblem):
         return None
     return None
 
