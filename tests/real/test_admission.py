@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs import ensure_namespace, mpijob, submit
+from jobs import delete_jobs, ensure_namespace, mpijob, submit
 
 from e2e.probes import eventually, pods_of
 from webhook import keys
@@ -86,6 +86,16 @@ async def test_a_podgroup_whose_owner_the_webhook_cannot_read_is_never_joined(
             "apiVersion": "v1", "kind": "ConfigMap", "name": "not-a-job",
             "uid": owner["metadata"]["uid"], "controller": True}]},
         "spec": {"minMember": 99, "queue": "research"}}, namespace=ns)
+    try:
+        await _joins_no_foreign_group(kube, ns, name)
+    finally:  # its pods run without a gang: they must not hold the node's GPUs for later tests
+        await delete_jobs(kube, ns, [name])
+        await kube.delete(VOLCANO_PODGROUPS, name, ns)
+        await kube.delete(CONFIGMAPS, "not-a-job", ns)
+
+
+async def _joins_no_foreign_group(kube: KubeApi, ns: str, name: str) -> None:
+    """The job `name`'s pods, admitted beside the PodGroup of that name, join none."""
     await submit(kube, mpijob(name, ns))
     pods = await _launcher_made(kube, ns, name, 5)
     for pod in pods:
