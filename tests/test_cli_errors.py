@@ -23,6 +23,9 @@ POLICIES = str(EXAMPLE_POLICIES)
 #: what `notyaml` gets, in one line: file:line:column, the cause first
 NOT_YAML = ("notyaml:1:11: '[' opened here is not closed: expected ',' or ']', but got "
             "'<stream end>' at line 2, column 1")
+#: the same file as the objects `muster policy` reads are read (as policies are, yamlpos)
+NOT_YAML_OBJECT = ("notyaml:1:11: '[' opened here is not closed: did not find expected ',' or "
+                   "']' at line 2, column 1")
 WORKER = str(EXAMPLE_POLICIES / "tests/objects/worker-team-a.yaml")
 CLOSED_PORT_KUBECONFIG = """\
 apiVersion: v1
@@ -78,7 +81,7 @@ CASES = [
     (["policy", "explain", "-p", POLICIES, "adir"], 2, "pod adir: Is a directory"),
     (["policy", "explain", "-p", POLICIES, "empty.yaml"], 2, "expected a Kubernetes object"),
     (["policy", "explain", "-p", POLICIES, "--owner", "notyaml", "empty.yaml"], 2,
-     "--owner notyaml is not valid YAML: " + NOT_YAML),
+     "--owner notyaml is not valid YAML: " + NOT_YAML_OBJECT),
     (["policy", "explain", "-p", "missing.yaml", WORKER], 2,
      "--policies missing.yaml: no such file or directory"),
     (["policy", "explain", "-p", "badpolicy.yaml", WORKER], 2,

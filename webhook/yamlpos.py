@@ -132,6 +132,18 @@ class _Guard(Composer):
         return super().compose_node(parent, index)
 
 
+def load_all(raw: bytes) -> list[Any]:
+    """The data of each non-empty document of YAML that anyone may have written (the objects
+    `muster policy test | explain` read), within the limits of a policy file: aliases refused,
+    at most MAX_BYTES and MAX_NODES. The first problem is raised (a YamlProblem)."""
+    out = []
+    for doc in documents(decode(raw)):
+        if isinstance(doc, YamlProblem):
+            raise doc
+        out.append(doc.data)
+    return out
+
+
 def _at(event: yaml.Event) -> yaml.Mark:
     """Where the event starts, as the Mark an error takes (libyaml's events have their own)."""
     m = event.start_mark

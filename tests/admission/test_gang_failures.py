@@ -212,6 +212,47 @@ async def test_a_podgroup_another_object_controls_is_never_taken_over(
         await eventually(lambda: events(apiserver, "GangPodGroupConflict"))
 
 
+@pytest.mark.parametrize("fault", [403, 500])
+async def test_a_podgroup_whose_owner_cannot_be_read_is_never_joined(
+        env: Env, proxy: FaultProxy, fault: int) -> None:
+    """Security review #54: the chart's RBAC reads job kinds only, so the owner of a PodGroup
+    another controller made (here a ConfigMap) answers 403. Such an owner is not the job (its
+    uid differs): the pod never joins that group (whose minMember may never be reached); it is
+    admitted without a gang, as for a missing queue, and an Event and a warning say why."""
+    apiserver = env.api
+    job = await mpijob_in(apiserver, env.shared)
+    other = await apiserver.create("configmaps", {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "someone-else", "namespace": "team-a"}}, namespace="team-a")
+    apiserver.seed({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+                    "metadata": {"name": JOB, "namespace": "team-a",
+                                 "ownerReferences": [controller_ref(other)]},
+                    "spec": {"minMember": 99, "queue": "default"}})
+    proxy.fail("GET", r"/configmaps/someone-else$", fault)
+    worker = env.worker(job)
+    async with running(env.tls, [env.policy_dir],
+                       kubeconfig=str(proxy.kubeconfig(env.tmp / "kc"))) as srv, \
+            client(env.tls) as s:
+        await eventually(srv.admitter.ready)
+        resp = await review(s, f"{srv.url}/mutate/pods", worker)
+        assert resp["allowed"] is True
+        pod = patched(worker, resp)
+        assert VOLCANO_GROUP_ANNOTATION not in pod["metadata"]["annotations"]
+        assert pod["spec"].get("schedulerName") in (None, "default-scheduler")
+        why = (f"muster: pod admitted without a gang: PodGroup team-a/{JOB} is controlled by "
+               f"ConfigMap someone-else, which this webhook cannot read (HTTP {fault}), not by "
+               "this MPIJob; the pod does not join it")
+        assert why in resp["warnings"]
+        [group] = volcano_podgroups(apiserver)
+        assert group["spec"]["minMember"] == 99  # untouched
+        assert metric(srv, "muster_gang_interventions_total",
+                      reason="podgroup_owner_unreadable") == 1
+        await eventually(lambda: {e["involvedObject"]["kind"] for e in events(
+            apiserver, "GangPodGroupOwnerUnreadable")} >= {"MPIJob", "Pod"})
+        assert events(apiserver, "GangPodGroupOwnerUnreadable")[0]["message"] == \
+            why.removeprefix("muster: ")
+
+
 @pytest.mark.parametrize("pod_says", ["nothing", "operator's key", "forged marker"])
 async def test_a_podgroup_the_job_controls_but_muster_did_not_make_is_never_written(
         env: Env, pod_says: str) -> None:

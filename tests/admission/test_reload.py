@@ -13,7 +13,9 @@ from admission_helpers import ALIAS_BOMB, configmap_version
 
 from webhook.admission.metrics import Metrics
 from webhook.admission.reload import EVENT_NOTE_LIMIT, PolicyStore, digest, refusal_note
+from webhook.admission.server import policy_problems
 from webhook.policy import PolicyError, load_policies
+from webhook.policy.errors import MAX_LINE, MAX_LISTED
 
 
 class Broken(Exception):
@@ -48,7 +50,7 @@ def _set_digests(metrics: Metrics) -> dict[str, float]:
 async def test_configmap_swap_reloads_and_broken_update_is_refused(tmp_path: Path) -> None:
     refused: list[str] = []
 
-    async def on_refused(message: str) -> None:
+    async def on_refused(message: str, problems: int) -> None:
         refused.append(message)
 
     metrics = Metrics()
@@ -105,7 +107,7 @@ async def test_a_refused_policy_update_names_every_problem(
     set stays."""
     refused: list[str] = []
 
-    async def on_refused(message: str) -> None:
+    async def on_refused(message: str, problems: int) -> None:
         refused.append(message)
 
     store = PolicyStore([tmp_path], load_policies, error_types=(PolicyError,),
@@ -150,6 +152,37 @@ async def test_an_alias_bomb_in_the_configmap_is_refused_at_once(tmp_path: Path)
     assert store.last_error == (f"{tmp_path / 'bomb.yaml'}:7:14: alias *a0: aliases are not "
                                 "accepted (write the value out) (document 1)")
 
+async def test_a_set_of_many_conflicts_is_refused_in_bounded_lines(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Security review #54: 1,300 conflicting policies made a 67.8 MB log line on reload. The
+    log and the Event list the first problems and count the rest; the last good set stays."""
+    counts: list[int] = []
+
+    async def on_refused(message: str, problems: int) -> None:
+        counts.append(problems)
+
+    store = PolicyStore([tmp_path], load_policies, error_types=(PolicyError,),
+                        metrics=Metrics(), count=len, on_refused=on_refused,
+                        problems=policy_problems)
+    configmap_version(tmp_path, "v1", {"a.yaml": POLICY % "a"})
+    assert await store.reload()
+    good = store.current
+    many = "---\n".join(f"{POLICY % f'p{i}'}  labels: {{team: {'ab'[i % 2]}}}\n"
+                        for i in range(200))
+    configmap_version(tmp_path, "v2", {"a.yaml": many})
+    with caplog.at_level(logging.ERROR):
+        assert not await store.reload()
+    assert store.current is good
+    [record] = [r for r in caplog.records if r.getMessage().startswith("policy update refused")]
+    assert record.problems == 100 * 100 == counts[0]  # type: ignore[attr-defined]
+    lines = record.error.splitlines()  # type: ignore[attr-defined]
+    assert len(lines) == MAX_LISTED + 1 and all(len(line) <= MAX_LINE for line in lines)
+    assert lines[-1] == (f"... and {100 * 100 - MAX_LISTED} more problems (the first "
+                         f"{MAX_LISTED} are listed)")
+    assert refusal_note(record.error, counts[0]).startswith(  # type: ignore[attr-defined]
+        "policy update refused, previous policies stay active: 10000 problems\n")
+
+
 def test_refusal_note_keeps_whole_problems_and_counts_the_rest() -> None:
     problems = [f"p{i}.yaml:1:1: spec.gang.backend: required field is missing" for i in range(40)]
     note = refusal_note("\n".join(problems))
@@ -159,7 +192,7 @@ def test_refusal_note_keeps_whole_problems_and_counts_the_rest() -> None:
     shown = lines[1:-1]
     assert shown == problems[:len(shown)] and len(shown) >= 10
     assert lines[-1] == (f"... and {40 - len(shown)} more in the webhook's log (muster policy "
-                         "check lists them all)")
+                         "check lists them)")
     assert refusal_note("cannot read policies: gone") == (
         "policy update refused, previous policies stay active: 1 problem\n"
         "cannot read policies: gone")

@@ -224,6 +224,11 @@ def test_levels_flag(tmp_path: Any) -> None:
         network_levels(f"{RACK},{RACK}")
     with pytest.raises(UsageError, match="--network-levels @"):
         network_levels(f"@{tmp_path}/missing.yaml")
+    # read as policies are (security review #54): an alias is refused where it appears
+    f.write_text(f"a: &a [{BLOCK}]\nspec:\n  levels: *a\n")
+    with pytest.raises(UsageError, match=f"--network-levels {f}:3:11: alias \\*a: aliases are "
+                       "not accepted"):
+        network_levels(f"@{f}")
 
 
 async def test_the_binder_binds_by_the_network_and_reports_a_gang_that_cannot_fit(

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from webhook.policy import PolicyError, load_policies, load_policy_texts
+from webhook.policy.errors import MAX_LINE, MAX_LISTED
+from webhook.policy.loader import MAX_POLICIES, MAX_SET_BYTES
 from webhook.yamlpos import MAX_BYTES, MAX_NODES, NodeBudget, YamlProblem, documents
 
 from .conftest import policy
@@ -91,3 +93,53 @@ def test_a_file_over_the_size_limit_is_refused_unread(tmp_path: Path) -> None:
         load_policies([tmp_path])
     assert [str(i) for i in info.value.issues] == [
         f"{huge}: larger than {MAX_BYTES // 1024} KiB, the most a file may hold"]
+
+
+def conflicting(n: int) -> str:
+    """`n` policies of equal priority writing alternating team labels: every pair of a and b
+    conflicts (n * n / 4 conflicts), as in security review #54."""
+    return "---\n".join(policy(f"p{i}", f"labels:\n  team: {'ab'[i % 2]}\n") for i in range(n))
+
+
+def test_conflicts_are_listed_up_to_the_cap_and_the_rest_counted_unbuilt() -> None:
+    """200 policies make 10,000 conflicts: the first 50 are built and listed, the rest only
+    counted, so memory and the message stay bounded (1,300 made a 104 MB message, 394 MiB)."""
+    text = conflicting(200)
+    tracemalloc.start()
+    try:
+        with pytest.raises(PolicyError) as info:
+            load_policy_texts({"p.yaml": text})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    exc = info.value
+    assert len(exc.issues) == MAX_LISTED and exc.more == 100 * 100 - MAX_LISTED
+    assert exc.problem_count == 10_000
+    assert all("conflicts with policy" in str(i) for i in exc.issues)
+    lines = str(exc).splitlines()
+    assert len(lines) == MAX_LISTED + 1
+    assert lines[-1] == f"... and 9950 more problems (the first {MAX_LISTED} are listed)"
+    assert len(str(exc)) < MAX_LISTED * MAX_LINE
+    assert peak < 8 * 1024 * 1024, peak  # the 10,000 issues and their message took ~10 MiB
+
+
+def test_more_policies_than_a_set_may_hold_are_refused_naming_the_limit() -> None:
+    with pytest.raises(PolicyError) as info:
+        load_policy_texts({"p.yaml": conflicting(MAX_POLICIES + 1)})
+    [issue] = info.value.issues
+    assert issue.message == (f"{MAX_POLICIES + 1} policy documents, more than {MAX_POLICIES}, "
+                             "the most a policy set may hold; the set was not checked further")
+    assert issue.document == MAX_POLICIES + 1
+
+
+def test_files_larger_together_than_a_set_may_hold_are_refused_unread(tmp_path: Path) -> None:
+    # each file within the per-file limit, together over the set's
+    for i in range(MAX_SET_BYTES // MAX_BYTES + 2):
+        (tmp_path / f"{i}.yaml").write_text("#" * (MAX_BYTES - 1) + "\n")
+    (tmp_path / "z.yaml").write_text(GOOD)
+    with pytest.raises(PolicyError) as info:
+        load_policies([tmp_path])
+    [issue] = info.value.issues
+    assert issue.message == ("the files of the set hold more than 1024 KiB, the most a policy "
+                             "set may hold; nothing was checked")
+    assert issue.file == str(tmp_path / f"{MAX_SET_BYTES // MAX_BYTES}.yaml")  # reading stopped

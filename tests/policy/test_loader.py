@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from webhook.demo import EXAMPLE_POLICIES
 from webhook.policy import PolicyError, load_policies, load_policy_texts
-from webhook.yamlpos import MAX_SYNTAX_ERRORS
+from webhook.policy.errors import MAX_LISTED
+from webhook.yamlpos import MAX_SYNTAX_ERRORS, YamlProblem, documents
 
 from .conftest import policy
 
@@ -161,15 +162,19 @@ def test_a_broken_document_does_not_hide_the_next_ones() -> None:
 
 
 def test_reading_on_after_syntax_errors_is_bounded() -> None:
-    """Each syntax error costs a pass over the rest of the text: a file of garbage stops."""
-    msgs = issues_of({"g.yaml": "a: [\n---\n" * (MAX_SYNTAX_ERRORS + 50)})
-    assert len(msgs) == MAX_SYNTAX_ERRORS + 1
-    assert msgs[-1] == (f"g.yaml:{2 * MAX_SYNTAX_ERRORS}:1: not read on after "
-                        f"{MAX_SYNTAX_ERRORS} syntax errors (document {MAX_SYNTAX_ERRORS + 1})")
-    msgs = issues_of({"g.yaml": "a: \x01\n" * (MAX_SYNTAX_ERRORS + 50)})
-    assert msgs[0] == "g.yaml: 50 more lines hold characters YAML does not allow (is this a " \
-                      "text file in UTF-8?)"
-    assert len([m for m in msgs if "U+0001" in m]) == MAX_SYNTAX_ERRORS
+    """Each syntax error costs a pass over the rest of the text: a file of garbage stops (the
+    error lists the first MAX_LISTED problems and counts the rest)."""
+    with pytest.raises(PolicyError) as info:
+        load_policy_texts({"g.yaml": "a: [\n---\n" * (MAX_SYNTAX_ERRORS + 50)})
+    assert info.value.problem_count == MAX_SYNTAX_ERRORS + 1
+    assert str(info.value).splitlines()[-1] == (
+        f"... and {MAX_SYNTAX_ERRORS + 1 - MAX_LISTED} more problems (the first {MAX_LISTED} "
+        "are listed)")
+    found = [p for p in documents("a: \x01\n" * (MAX_SYNTAX_ERRORS + 50))
+             if isinstance(p, YamlProblem)]
+    assert found[-1].message == ("50 more lines hold characters YAML does not allow (is this a "
+                                 "text file in UTF-8?)")
+    assert len([p for p in found if "U+0001" in p.message]) == MAX_SYNTAX_ERRORS
 
 
 EVERYTHING_WRONG = """\

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs import ensure_namespace, mpijob, submit
+from jobs import delete_jobs, ensure_namespace, mpijob, submit
 
 from e2e.probes import eventually, pods_of
 from webhook import keys
 from webhook.kube import (
+    CONFIGMAPS,
     COSCHEDULING_PODGROUPS,
+    EVENTS,
     MPIJOBS,
     PODS,
     VOLCANO_PODGROUPS,
@@ -65,6 +67,52 @@ async def test_volcano_podgroup_before_its_pods_with_queue_priority_and_resource
     assert launcher["metadata"]["ownerReferences"][0]["kind"] == "Job"  # the controller's pod
     assert launcher["metadata"]["labels"][keys.ISTIO_INJECT] == "false"
     assert launcher["metadata"]["annotations"][keys.ISTIO_INJECT] == "false"
+
+
+async def test_a_podgroup_whose_owner_the_webhook_cannot_read_is_never_joined(
+        kube: KubeApi) -> None:
+    """Security review #54, under the chart's identities: the installed webhook runs as its
+    ServiceAccount with the chart's RBAC, which reads job kinds but no ConfigMap of a team's
+    namespace. A PodGroup with the job's name that a ConfigMap controls (another controller's
+    leftover) answers 403 when the webhook reads its owner: the job's pods are admitted without
+    a gang instead of joining it (its minMember would never be reached), and an Event says so."""
+    ns = await ensure_namespace(kube, "team-a")
+    name = "stale-owner"
+    owner = await kube.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap",
+                                           "metadata": {"name": "not-a-job"}}, namespace=ns)
+    await kube.create(VOLCANO_PODGROUPS, {
+        "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": name, "ownerReferences": [{
+            "apiVersion": "v1", "kind": "ConfigMap", "name": "not-a-job",
+            "uid": owner["metadata"]["uid"], "controller": True}]},
+        "spec": {"minMember": 99, "queue": "research"}}, namespace=ns)
+    try:
+        await _joins_no_foreign_group(kube, ns, name)
+    finally:  # its pods run without a gang: they must not hold the node's GPUs for later tests
+        await delete_jobs(kube, ns, [name])
+        await kube.delete(VOLCANO_PODGROUPS, name, ns)
+        await kube.delete(CONFIGMAPS, "not-a-job", ns)
+
+
+async def _joins_no_foreign_group(kube: KubeApi, ns: str, name: str) -> None:
+    """The job `name`'s pods, admitted beside the PodGroup of that name, join none."""
+    await submit(kube, mpijob(name, ns))
+    pods = await _launcher_made(kube, ns, name, 5)
+    for pod in pods:
+        assert keys.VOLCANO_GROUP_ANNOTATION not in (pod["metadata"].get("annotations") or {})
+        assert pod["spec"].get("schedulerName") in (None, "default-scheduler")
+    pg = await kube.get(VOLCANO_PODGROUPS, name, namespace=ns)
+    assert pg["spec"]["minMember"] == 99  # untouched
+    assert pg["metadata"]["ownerReferences"][0]["kind"] == "ConfigMap"
+
+    async def told() -> list[str]:
+        found = (await kube.list(EVENTS, namespace=ns,
+                                 field_selector="reason=GangPodGroupOwnerUnreadable"))["items"]
+        return [e["message"] for e in found if e["involvedObject"].get("kind") == "MPIJob"
+                and e["involvedObject"].get("name") == name]
+    [message, *_] = await eventually(told, within=30, what="a GangPodGroupOwnerUnreadable Event")
+    assert "controlled by ConfigMap not-a-job, which this webhook cannot read (HTTP 403)" \
+        in message
 
 
 async def test_coscheduling_podgroup_before_its_pods_with_timeout(kube: KubeApi) -> None:

@@ -12,7 +12,7 @@ with an Event on the job (and on the pod when it has a name) and a metric:
   refused for `owner_retry_seconds`, so that no member joins half a gang; the job's controller
   retries the create. After that the pod is admitted without the gang;
 - the PodGroup's name is taken by a PodGroup another live object controls: refused until it
-  goes (webhook.admission.podgroups);
+  goes; by one whose controller cannot be read: no gang (webhook.admission.podgroups);
 - the Volcano queue is missing or not Open: the policy's fallback queue, or no gang
   (webhook.policy.queues);
 - a native gang (backend kubernetes) on a cluster that serves no Workload API: refused, or no
@@ -313,85 +313,121 @@ class Admitter:
         deadline: float,
         result: _Result,
     ) -> None:
-        unread: Mapping[str, Any] | None = None  # the owner whose read failed
-        if self.context is None:
-            ns_labels: Mapping[str, str] = {"kubernetes.io/metadata.name": namespace}
-            owners: list[dict[str, Any]] = []
-        else:
-            known = self.context.namespace_labels(namespace)
-            if known is None:
-                result.warnings.append(f"muster: labels of namespace {namespace} unknown; "
-                                       "namespaceSelector policies may not apply")
-                known = {"kubernetes.io/metadata.name": namespace}
-            ns_labels = known
-            cached = self.context.cached_owners(pod, namespace)
-            if cached is not None:
-                owners = cached
-            else:
-                # a little is kept back: a slow owner read still gets a decision in time
-                owners, owner_warnings, unread = await self.context.owners(
-                    pod, namespace, deadline - _OWNER_MARGIN)
-                result.warnings.extend(owner_warnings)
-                if unread is not None:
-                    result.fail_open = "owner"
+        ns_labels, owners, unread = await self._inputs(pod, namespace, deadline, result)
         # The pods of one job share one outcome (see webhook.policy.outcome).
-        decision, ops, patch_json = evaluate_and_render(
+        decided, ops, patch_json = evaluate_and_render(
             pod, namespace_labels=ns_labels, owners=owners, policies=policies,
             priorities=self.context.priorities() if self.context else NO_PRIORITIES)
-        if self.context is not None and self._hold_for_owner(pod, namespace, decision,
+        if self.context is not None and self._hold_for_owner(pod, namespace, decided,
                                                              unread, result):
             return
-        spec = decision.pod_group
-        if self.context is not None and spec is not None and spec.backend == "volcano":
-            verdict = await self.context.queue_verdict(spec, deadline - _OWNER_MARGIN)
-            if verdict is not None and verdict.changed:
-                decision = (with_queue(decision, verdict.queue) if verdict.queue is not None
-                            else without_gang(decision, f"muster: {verdict.reason}"))
-                ops = tuple(render_patch(pod, decision)) if decision.changes_pod else ()
-                patch_json = b""  # encoded by the response from `ops`
-                what = "queue_fallback" if verdict.queue is not None else "queue_without_gang"
-                self.metrics.gang_interventions.labels(what).inc()
-                self.context.report(_involved(pod, namespace, _job_of(pod, spec)),
-                                    "GangQueueUnavailable", verdict.reason)
-        if self.context is not None and spec is not None and spec.backend == "kubernetes":
-            native = await self.context.native_verdict(spec, deadline - _OWNER_MARGIN)
-            if native is not None and native.api is None:
-                self.context.report(_involved(pod, namespace, _job_of(pod, spec)),
-                                    "GangApiUnavailable", native.reason)
-                if native.refuse:
-                    self.metrics.gang_interventions.labels("native_api_denied").inc()
-                    result.allowed, result.status_code = False, 503
-                    result.message = f"muster: {native.reason}"
-                    return
-                self.metrics.gang_interventions.labels("native_api_without_gang").inc()
-                decision = without_gang(decision, f"muster: {native.reason}")
-            elif native is not None and native.api is not None and native.api != api_of(spec):
-                decision = with_api(decision, native.api)  # an older shape (1.35)
-            if native is not None and decision.pod_group is not spec:
-                ops = tuple(render_patch(pod, decision)) if decision.changes_pod else ()
-                patch_json = b""  # encoded by the response from `ops`
-        result.warnings.extend(decision.warnings)
+        decision = await self._gang_available(pod, namespace, decided, deadline, result)
+        if decision is None:
+            return
+        dry_run = bool(review.request.dry_run)
+        if decision.withdrawn is not None and self.context is not None:
+            await self._stand_aside(pod, decision.withdrawn, deadline=deadline,
+                                    dry_run=dry_run, result=result)
+        decision = await self._pod_group(pod, namespace, decision, deadline=deadline,
+                                         dry_run=dry_run, result=result)
+        if decision is not decided:
+            ops = tuple(render_patch(pod, decision)) if decision.changes_pod else ()
+            patch_json = b""  # encoded by the response from `ops`
         if decision.audits:
             self._record_audits(review, pod, namespace=namespace, owners=owners,
                                 policies=policies, decision=decision)
+        result.warnings.extend(decision.warnings)
         if not result.patch and patch_json:
             result.patch_json = patch_json
         result.patch.extend(ops)
         result.policies, result.overrides = decision.policies, decision.overrides
-        if decision.withdrawn is not None and self.context is not None:
-            await self._stand_aside(pod, decision.withdrawn, deadline=deadline,
-                                    dry_run=bool(review.request.dry_run), result=result)
+
+    async def _inputs(self, pod: dict[str, Any], namespace: str, deadline: float,
+                      result: _Result) -> tuple[Mapping[str, str], list[dict[str, Any]],
+                                                Mapping[str, Any] | None]:
+        """The namespace's labels, the pod's owners, and the owner whose read failed."""
+        if self.context is None:
+            return {"kubernetes.io/metadata.name": namespace}, [], None
+        ns_labels = self.context.namespace_labels(namespace)
+        if ns_labels is None:
+            result.warnings.append(f"muster: labels of namespace {namespace} unknown; "
+                                   "namespaceSelector policies may not apply")
+            ns_labels = {"kubernetes.io/metadata.name": namespace}
+        cached = self.context.cached_owners(pod, namespace)
+        if cached is not None:
+            return ns_labels, cached, None
+        # a little is kept back: a slow owner read still gets a decision in time
+        owners, owner_warnings, unread = await self.context.owners(
+            pod, namespace, deadline - _OWNER_MARGIN)
+        result.warnings.extend(owner_warnings)
+        if unread is not None:
+            result.fail_open = "owner"
+        return ns_labels, owners, unread
+
+    async def _gang_available(self, pod: dict[str, Any], namespace: str, decision: Decision,
+                              deadline: float, result: _Result) -> Decision | None:
+        """The decision as the cluster can serve its gang (its queue, its API); None when the
+        pod is refused."""
+        spec = decision.pod_group
+        if self.context is None or spec is None:
+            return decision
+        if spec.backend == "volcano":
+            return await self._queue_available(pod, namespace, decision, spec, deadline)
+        if spec.backend == "kubernetes":
+            return await self._api_available(pod, namespace, decision, spec, deadline=deadline,
+                                             result=result)
+        return decision
+
+    async def _queue_available(self, pod: dict[str, Any], namespace: str, decision: Decision,
+                               spec: PodGroupSpec, deadline: float) -> Decision:
+        """A Volcano gang whose queue is missing or not Open: the fallback queue, or none."""
+        assert self.context is not None
+        verdict = await self.context.queue_verdict(spec, deadline - _OWNER_MARGIN)
+        if verdict is None or not verdict.changed:
+            return decision
+        what = "queue_fallback" if verdict.queue is not None else "queue_without_gang"
+        self.metrics.gang_interventions.labels(what).inc()
+        self.context.report(_involved(pod, namespace, _job_of(pod, spec)),
+                            "GangQueueUnavailable", verdict.reason)
+        return (with_queue(decision, verdict.queue) if verdict.queue is not None
+                else without_gang(decision, f"muster: {verdict.reason}"))
+
+    async def _api_available(self, pod: dict[str, Any], namespace: str, decision: Decision,
+                             spec: PodGroupSpec, *, deadline: float,
+                             result: _Result) -> Decision | None:
+        """A native gang: the shape the cluster serves, or (none served) refused or no gang,
+        as the policy says."""
+        assert self.context is not None
+        native = await self.context.native_verdict(spec, deadline - _OWNER_MARGIN)
+        if native is None:
+            return decision
+        if native.api is not None:
+            # an older shape (1.35)
+            return with_api(decision, native.api) if native.api != api_of(spec) else decision
+        self.context.report(_involved(pod, namespace, _job_of(pod, spec)),
+                            "GangApiUnavailable", native.reason)
+        if native.refuse:
+            self.metrics.gang_interventions.labels("native_api_denied").inc()
+            result.allowed, result.status_code = False, 503
+            result.message = f"muster: {native.reason}"
+            return None
+        self.metrics.gang_interventions.labels("native_api_without_gang").inc()
+        return without_gang(decision, f"muster: {native.reason}")
+
+    async def _pod_group(self, pod: dict[str, Any], namespace: str, decision: Decision, *,
+                         deadline: float, dry_run: bool, result: _Result) -> Decision:
+        """Make the gang's PodGroup exist before its pod; the decision without its gang when
+        the name is taken by a PodGroup whose owner cannot be read."""
         spec = decision.pod_group
         if spec is None:
-            return
+            return decision
         if self.context is None:
             result.warnings.append(f"muster: no cluster connection; PodGroup "
                                    f"{spec.namespace}/{spec.name} was not created")
             result.fail_open = "podgroup"
-            return
-        dry_run = bool(review.request.dry_run)
+            return decision
         if not dry_run and self.context.pod_group_current(spec):
-            return
+            return decision
         # The write is shielded: if the deadline cuts the wait short it still completes in the
         # background, so the gang's next pod finds the PodGroup in place.
         task = asyncio.ensure_future(self.context.ensure_pod_group(spec, dry_run=dry_run))
@@ -404,8 +440,10 @@ class Admitter:
             result.warnings.append(f"muster: PodGroup {spec.namespace}/{spec.name} not "
                                    "confirmed before the webhook deadline; still being written")
             result.fail_open = "deadline"
-            return
+            return decision
         self._report_podgroup(pod, namespace, spec, ensured, result)
+        return without_gang(decision, f"muster: {ensured.unreadable}") if ensured.unreadable \
+            else decision
 
     async def _stand_aside(self, pod: dict[str, Any], gone: Withdrawal, *, deadline: float,
                            dry_run: bool, result: _Result) -> None:
@@ -507,6 +545,10 @@ class Admitter:
             self.context.report(_involved(pod, namespace, _job_of(pod, spec)),
                                 "GangPodGroupConflict", ensured.refused)
             return
+        if ensured.unreadable:
+            self.metrics.gang_interventions.labels("podgroup_owner_unreadable").inc()
+            self.context.report(_involved(pod, namespace, _job_of(pod, spec)),
+                                "GangPodGroupOwnerUnreadable", ensured.unreadable)
         if ensured.replaced:
             self.metrics.gang_interventions.labels("podgroup_replaced").inc()
             self.context.report(_involved({}, namespace, _job_of(pod, spec)),

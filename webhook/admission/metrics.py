@@ -128,7 +128,8 @@ class Metrics:
         self.gang_interventions = Counter(
             "muster_gang_interventions", "Gangs Muster changed or held so that none waits "
             "forever, by reason (queue_fallback, queue_without_gang, owner_unavailable_denied, "
-            "owner_unavailable_admitted, podgroup_foreign_denied, podgroup_replaced, "
+            "owner_unavailable_admitted, podgroup_foreign_denied, podgroup_owner_unreadable, "
+            "podgroup_replaced, "
             "native_api_denied, native_api_without_gang, stood_aside: a later webhook put the "
             "pod in another gang)",
             ["reason"], registry=r)

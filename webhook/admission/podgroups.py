@@ -11,7 +11,10 @@ refuses a PodGroup it does not control (pkg/controller/mpi_job_controller.go,
 getOrCreatePodGroups). One left by a deleted job of the same name (garbage collection not done
 yet) is replaced at once: its owner is gone, so the garbage collector would delete it anyway.
 One controlled by a live object, or by nothing, is never touched: the pod is refused with the
-reason until it goes, as the operator's own sync keeps failing until then. One the job controls
+reason until it goes, as the operator's own sync keeps failing until then. One whose controller
+cannot be read (the chart's RBAC reads job kinds only: another controller's object answers 403)
+is not the job's either (the uid differs) and is never joined: the pod is admitted without a
+gang, as for a missing queue, and says why. One the job controls
 but Muster did not make (no app.kubernetes.io/managed-by: muster: the operator's own, e.g. from
 mpi-operator's --gang-scheduling before a migration, or Kubeflow Trainer's) is the job's gang as
 its maker wrote it: Muster writes only the objects it made.
@@ -59,6 +62,9 @@ class Ensured:
     refused: str | None = None
     #: a PodGroup of a deleted job was replaced by ours: what happened, for an Event
     replaced: str | None = None
+    #: the name is taken by a PodGroup whose controller cannot be read: why the pod is admitted
+    #: without a gang
+    unreadable: str | None = None
 
 
 def _ours(known: Known, spec: PodGroupSpec) -> bool:
@@ -187,8 +193,8 @@ class PodGroupWriter:
             ensured = await self._ensure_one(spec, manifest)
             out.warnings += ensured.warnings
             out.replaced = out.replaced or ensured.replaced
-            if ensured.refused or ensured.warnings:  # the next object waits for this one
-                out.refused = ensured.refused
+            if ensured.refused or ensured.unreadable or ensured.warnings:  # the next waits
+                out.refused, out.unreadable = ensured.refused, ensured.unreadable
                 break
         return out
 
@@ -264,16 +270,18 @@ class PodGroupWriter:
                                                 "result": result})
             if result == "foreign":
                 return Ensured(refused=detail)
+            if result == "unreadable":
+                return Ensured(unreadable=detail)
             if result != "kept":  # the informer records the object someone else made
                 self.known[key] = (controller_uid(manifest), wanted, True)
             return Ensured(replaced=detail or None)
 
     async def _write(self, resource: Resource, manifest: dict[str, Any],
                      wanted: Mapping[str, Any]) -> tuple[str, str]:
-        """(result, what happened in words): created, exists, updated, replaced, foreign or
-        kept (the job's, made by someone else: never written)."""
+        """(result, what happened in words): created, exists, updated, replaced, foreign,
+        unreadable or kept (the job's, made by someone else: never written)."""
         meta = manifest["metadata"]
-        name, namespace, kind = meta["name"], meta["namespace"], manifest.get("kind")
+        name, namespace = meta["name"], meta["namespace"]
         try:
             await self.api.create(resource, manifest, namespace=namespace)
             return "created", ""
@@ -282,26 +290,7 @@ class PodGroupWriter:
                 raise
         existing = await self.api.get(resource, name, namespace=namespace)
         if controller_uid(existing) != controller_uid(manifest):
-            theirs = controller_ref(existing)
-            mine = controller_ref(manifest) or {}
-            if theirs is not None and not await self._alive(theirs, namespace):
-                # a deleted job's PodGroup (same name): its garbage collection is due anyway
-                try:
-                    await self.api.delete(resource, name, namespace, preconditions={
-                        "uid": existing["metadata"]["uid"]})
-                except ApiError as exc:
-                    if not exc.not_found:
-                        raise
-                await self.api.create(resource, manifest, namespace=namespace)
-                return "replaced", (
-                    f"{kind} {namespace}/{name} of a deleted {theirs.get('kind')} "
-                    f"(uid {theirs.get('uid')}) replaced by this {mine.get('kind')}'s")
-            who = (f"{theirs.get('kind')} {theirs.get('name')} (uid {theirs.get('uid')})"
-                   if theirs is not None else "no controller")
-            return "foreign", (
-                f"{kind} {namespace}/{name} already exists and is controlled by {who}, not by "
-                f"this {mine.get('kind')} (uid {mine.get('uid')}): Muster does not take over "
-                f"another gang; the pod is refused until that {kind} is gone or renamed")
+            return await self._not_ours(resource, manifest, existing)
         if not made_by_muster(existing):
             return "kept", ""
         if covers(existing.get("spec") or {}, wanted):
@@ -309,6 +298,41 @@ class PodGroupWriter:
         await self.api.patch(resource, name, {"spec": dict(wanted)}, namespace=namespace,
                              patch_type="merge")
         return "updated", ""
+
+    async def _not_ours(self, resource: Resource, manifest: dict[str, Any],
+                        existing: Mapping[str, Any]) -> tuple[str, str]:
+        """The name is taken by an object the job does not control: replaced (its controller
+        is gone), foreign (alive, or none) or unreadable (its controller cannot be read)."""
+        meta = manifest["metadata"]
+        name, namespace, kind = meta["name"], meta["namespace"], manifest.get("kind")
+        theirs, mine = controller_ref(existing), controller_ref(manifest) or {}
+        who = (f"{theirs.get('kind')} {theirs.get('name')} (uid {theirs.get('uid')})"
+               if theirs is not None else "no controller")
+        foreign = (f"{kind} {namespace}/{name} already exists and is controlled by {who}, not "
+                   f"by this {mine.get('kind')} (uid {mine.get('uid')}): Muster does not take "
+                   f"over another gang; the pod is refused until that {kind} is gone or renamed")
+        if theirs is None:
+            return "foreign", foreign
+        try:
+            alive = await self._alive(theirs, namespace)
+        except ApiError as exc:  # not the job's either way: its uid differs
+            return "unreadable", (
+                f"pod admitted without a gang: {kind} {namespace}/{name} is controlled by "
+                f"{theirs.get('kind')} {theirs.get('name')}, which this webhook cannot read "
+                f"(HTTP {exc.status}), not by this {mine.get('kind')}; the pod does not join it")
+        if alive:
+            return "foreign", foreign
+        # a deleted job's PodGroup (same name): its garbage collection is due anyway
+        try:
+            await self.api.delete(resource, name, namespace, preconditions={
+                "uid": existing["metadata"]["uid"]})
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+        await self.api.create(resource, manifest, namespace=namespace)
+        return "replaced", (
+            f"{kind} {namespace}/{name} of a deleted {theirs.get('kind')} "
+            f"(uid {theirs.get('uid')}) replaced by this {mine.get('kind')}'s")
 
     async def _alive(self, ref: Mapping[str, Any], namespace: str) -> bool:
         """Whether the object `ref` names still exists (same uid). API errors propagate: an

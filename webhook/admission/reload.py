@@ -24,24 +24,34 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Loader = Callable[[Sequence[Path]], T]
-#: called with the loader's message when an update is refused (e.g. to emit a Kubernetes Event)
-OnRefused = Callable[[str], Awaitable[None]]
+#: called with the loader's message and its problem count when an update is refused (e.g. to
+#: emit a Kubernetes Event)
+OnRefused = Callable[[str, int], Awaitable[None]]
+#: how many problems a loader's error holds (one per line unless the loader says otherwise)
+ProblemCount = Callable[[Exception], int]
 #: the longest Event message written (events.k8s.io/v1 refuses a longer note)
 EVENT_NOTE_LIMIT = 1024
+#: the most characters of a refused update's message logged (the loader bounds it already;
+#: this keeps one log line bounded whatever the loader says)
+LOG_LIMIT = 64 * 1024
 
 
-def refusal_note(message: str, limit: int = EVENT_NOTE_LIMIT) -> str:
-    """An Event's message for a refused update: how many problems, then each problem (one per
-    line of the loader's message) that fits whole, then how many more there are."""
+def _lines(exc: Exception) -> int:
+    return len(str(exc).splitlines())
+
+
+def refusal_note(message: str, count: int | None = None, limit: int = EVENT_NOTE_LIMIT) -> str:
+    """An Event's message for a refused update: how many problems (`count`, else one per line
+    of the loader's message), then each line that fits whole, then how many more there are."""
     problems = [line for line in message.splitlines() if line.strip()] or ["no message"]
-    count = len(problems)
+    count = count if count is not None else len(problems)
     head = (f"policy update refused, previous policies stay active: {count} "
             f"problem{'s' if count > 1 else ''}")
     shown = [head]
     for i, problem in enumerate(problems):
         more = (f"... and {count - i} more in the webhook's log (muster policy check lists "
-                "them all)")
-        last = i == count - 1
+                "them)")
+        last = i == len(problems) - 1
         if len("\n".join([*shown, problem] if last else [*shown, problem, more])) > limit:
             return "\n".join([*shown, more])[:limit]
         shown.append(problem)
@@ -90,6 +100,7 @@ class PolicyStore(Generic[T]):
         metrics: Metrics,
         count: Callable[[T], int],
         on_refused: OnRefused | None = None,
+        problems: ProblemCount = _lines,
     ) -> None:
         self.paths = list(paths)
         self._loader = loader
@@ -97,6 +108,7 @@ class PolicyStore(Generic[T]):
         self._metrics = metrics
         self._count = count
         self._on_refused = on_refused
+        self._problems = problems
         self.current: T | None = None
         self.last_error: str | None = None
         self._digest: str | None = None  # of the content last tried, good or bad
@@ -110,10 +122,10 @@ class PolicyStore(Generic[T]):
         try:
             loaded = await asyncio.to_thread(self._loader, self.paths)
         except self._error_types as exc:
-            await self._refuse(str(exc))
+            await self._refuse(str(exc), self._problems(exc))
             return False
         except OSError as exc:
-            await self._refuse(f"cannot read policies: {exc}")
+            await self._refuse(f"cannot read policies: {exc}", 1)
             return False
         self.current = loaded
         self.last_error = None
@@ -126,15 +138,16 @@ class PolicyStore(Generic[T]):
                                            "paths": [str(p) for p in self.paths]})
         return True
 
-    async def _refuse(self, message: str) -> None:
+    async def _refuse(self, message: str, problems: int) -> None:
+        message = message if len(message) <= LOG_LIMIT else message[:LOG_LIMIT - 3] + "..."
         self.last_error = message
         self._metrics.reloads.labels("error").inc()
         kept = "the previous policies stay active" if self.current is not None else (
             "no policies are active")
         log.error("policy update refused, %s", kept,
-                  extra={"error": message, "problems": len(message.splitlines())})
+                  extra={"error": message, "problems": problems})
         if self._on_refused is not None:
-            await self._on_refused(message)
+            await self._on_refused(message, problems)
 
     async def run(self, interval: float) -> None:
         while True:

@@ -100,6 +100,11 @@ def in_cluster() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
 
+def policy_problems(exc: Exception) -> int:
+    """Every problem of a refused load, those the error does not list included."""
+    return exc.problem_count if isinstance(exc, PolicyError) else len(str(exc).splitlines())
+
+
 def _self_signed_pair(opts: ServeOptions) -> tuple[Path, Path]:
     """A fresh CA and serving certificate for local use; ca.crt is written for clients."""
     out = opts.self_signed_dir or Path(tempfile.mkdtemp(prefix="muster-serve-"))
@@ -129,7 +134,7 @@ class WebhookServer:
         self.context: ClusterContext | None = None
         self.policy_store: PolicyStore[PolicySet] = PolicyStore(
             opts.policies, load_policies, error_types=(PolicyError,), metrics=self.metrics,
-            count=len, on_refused=self._policy_refused)
+            count=len, on_refused=self._policy_refused, problems=policy_problems)
         self._events: EventRecorder | None = None
         self._admitter: Admitter | None = None
 
@@ -152,14 +157,15 @@ class WebhookServer:
     def _spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> None:
         self._tasks.append(asyncio.create_task(coro, name=name))
 
-    async def _policy_refused(self, message: str) -> None:
+    async def _policy_refused(self, message: str, problems: int) -> None:
         if self._events is None:
             return
         from webhook.admission.context import policies_configmap_ref  # noqa: PLC0415
 
         obj = await policies_configmap_ref(self._events.api, self.opts.namespace,
                                            self.opts.policies_configmap)
-        await self._events.emit(obj, "Warning", "PolicyUpdateRefused", refusal_note(message))
+        await self._events.emit(obj, "Warning", "PolicyUpdateRefused",
+                                refusal_note(message, problems))
 
     async def _tls(self) -> CertReloader:
         opts = self.opts

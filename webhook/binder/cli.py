@@ -6,12 +6,12 @@ import argparse
 import asyncio
 import os
 import socket
-
-import yaml
+from pathlib import Path
 
 from webhook import keys
 from webhook.failures import UsageError
 from webhook.topology.network import Levels, LevelsError, parse_levels, parse_levels_flag
+from webhook.yamlpos import YamlProblem, load_all, read
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -84,9 +84,11 @@ def network_levels(value: str | None) -> Levels:
     try:
         if not value.startswith("@"):
             return parse_levels_flag(value)
-        with open(value[1:], encoding="utf-8") as f:
-            return parse_levels(yaml.safe_load(f))
-    except (OSError, yaml.YAMLError, LevelsError) as exc:
+        docs = load_all(read(Path(value[1:])))
+        return parse_levels(docs[0] if len(docs) == 1 else None)
+    except YamlProblem as exc:
+        raise UsageError(f"--network-levels {exc.at(value[1:])}") from exc
+    except (OSError, LevelsError) as exc:
         raise UsageError(f"--network-levels {value}: {exc}") from exc
 
 

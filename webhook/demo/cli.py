@@ -61,6 +61,6 @@ def _check_policies(paths: list[Path]) -> None:
     try:
         load_policies(paths)
     except PolicyError as exc:
-        more = len(exc.issues) - 1
+        more = len(exc.issues) + exc.more + exc.more_warnings - 1
         raise UsageError(f"{exc.issues[0]}" + (f" (and {more} more: `muster policy check` "
                                                 "lists them)" if more else "")) from exc

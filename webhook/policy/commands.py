@@ -29,7 +29,7 @@ from webhook.policy.testfile import (
     read_object,
     run_case,
 )
-from webhook.yamlpos import MAX_BYTES
+from webhook.yamlpos import MAX_BYTES, YamlProblem, load_all, read
 
 
 def _labels(text: str) -> dict[str, str]:
@@ -49,12 +49,10 @@ def check(args: argparse.Namespace) -> int:
     try:
         policies = load_policies(args.paths, stdin=_stdin(args.paths))
     except PolicyError as exc:
-        for issue in exc.issues:
-            print(issue)
-        problems = exc.problems
-        files = len({issue.file for issue in problems})
-        print(f"{_count(len(problems), 'problem')} in {files} file{'s' if files > 1 else ''}"
-              f"{_and_warnings(exc.issues)}; nothing loaded")
+        print(exc)
+        files = len({issue.file for issue in exc.problems})
+        print(f"{_count(exc.problem_count, 'problem')} in {files} file{'s' if files > 1 else ''}"
+              f"{_and_warnings(exc.issues, exc.more_warnings)}; nothing loaded")
         return 1
     for warning in policies.warnings:
         print(warning)
@@ -70,8 +68,8 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}{'s' if n != 1 else ''}"
 
 
-def _and_warnings(issues: Sequence[PolicyIssue]) -> str:
-    warnings = sum(i.warning for i in issues)
+def _and_warnings(issues: Sequence[PolicyIssue], unlisted: int = 0) -> str:
+    warnings = sum(i.warning for i in issues) + unlisted
     return f" ({_count(warnings, 'warning')})" if warnings else ""
 
 
@@ -95,7 +93,7 @@ def _load(args: argparse.Namespace) -> PolicySet:
     try:
         return load_policies(args.policies, stdin=_stdin(args.policies))
     except PolicyError as exc:
-        more = len(exc.problems) - 1
+        more = exc.problem_count - 1
         raise UsageError(
             f"--policies: {exc.problems[0]}" + (f" (and {_count(more, 'more problem')}: muster "
                                                 "policy check lists them)" if more else "")
@@ -125,10 +123,10 @@ def test(args: argparse.Namespace) -> int:
 
 def _kind(path: Path) -> str | None:
     try:
-        for doc in yaml.safe_load_all(path.read_text()):
+        for doc in load_all(read(path)):
             if isinstance(doc, dict):
                 return str(doc.get("kind"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+    except (OSError, YamlProblem):
         return None
     return None
 

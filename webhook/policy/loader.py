@@ -8,6 +8,7 @@ partially loaded, so a bad edit never replaces the last good PolicySet.
 
 from __future__ import annotations
 
+import itertools
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from webhook.policy.errors import PolicyError, PolicyIssue
+from webhook.policy.errors import MAX_LISTED, PolicyError, PolicyIssue
 from webhook.policy.jsonshape import as_list, as_map
 from webhook.policy.policyset import PolicySet, find_conflicts
 from webhook.policy.schema import (
@@ -34,6 +35,12 @@ from webhook.yamlpos import Document, NodeBudget, YamlProblem, decode, documents
 
 POLICY_SUFFIXES = (".yaml", ".yml", ".json")
 
+
+#: the most policy documents in one set (real sets hold dozens): the conflict check compares
+#: every pair
+MAX_POLICIES = 1000
+#: the most bytes the files of one set hold together (a ConfigMap holds at most 1 MiB)
+MAX_SET_BYTES = 1024 * 1024
 
 #: a path that stands for the command's standard input (`muster policy check -`)
 STDIN = "-"
@@ -53,16 +60,20 @@ def load_policies(paths: Sequence[str | FsPath], *, stdin: bytes | None = None) 
             sources.append((STDIN_NAME, stdin))
             continue
         try:
-            if path.is_dir():
-                for entry in sorted(path.iterdir()):
-                    if not entry.name.startswith(".") and entry.suffix in POLICY_SUFFIXES \
-                            and entry.is_file():
-                        sources.append((str(entry), read(entry)))
-            else:
-                sources.append((str(path), read(path)))
+            for file in _files(path):
+                if sum(len(b) for _, b in sources) > MAX_SET_BYTES:
+                    break  # (refused below) reading on would only cost memory
+                sources.append((str(file), read(file)))
         except OSError as exc:
             issues.append(PolicyIssue(str(path), 0, 0, 0, "", exc.strerror or str(exc)))
     return _build(sources, issues)
+
+
+def _files(path: FsPath) -> list[FsPath]:
+    if not path.is_dir():
+        return [path]
+    return [entry for entry in sorted(path.iterdir()) if not entry.name.startswith(".")
+            and entry.suffix in POLICY_SUFFIXES and entry.is_file()]
 
 
 def load_policy_texts(texts: Mapping[str, str]) -> PolicySet:
@@ -88,15 +99,36 @@ class _Read:
 
 
 def _build(sources: list[tuple[str, bytes]], issues: list[PolicyIssue]) -> PolicySet:
+    size = sum(len(raw) for _, raw in sources)
+    if size > MAX_SET_BYTES:
+        raise PolicyError([PolicyIssue(
+            sources[-1][0], 0, 0, 0, "", f"the files of the set hold more than "
+            f"{MAX_SET_BYTES // 1024} KiB, the most a policy set may hold; nothing was checked")])
     found: list[_Read] = []
     budget = NodeBudget()
     for name, raw in sources:
         found.extend(_parse_source(name, raw, budget, issues))
+    if len(found) > MAX_POLICIES:
+        raise PolicyError([PolicyIssue(
+            found[MAX_POLICIES].file, found[MAX_POLICIES].doc.index, *found[MAX_POLICIES].doc
+            .position(()), "", f"{len(found)} policy documents, more than {MAX_POLICIES}, the "
+            "most a policy set may hold; the set was not checked further")])
     issues.extend(_duplicate_names(found))
     issues.extend(_unstable_selectors(found))
     loaded = [(r, r.policy) for r in found if r.policy is not None]
-    policies = [p for _, p in loaded]
-    for c in find_conflicts(policies):
+    unlisted = _conflicts(loaded, issues)
+    rank = {name: i for i, (name, _) in enumerate(sources)}
+    issues.sort(key=lambda i: (rank.get(i.file, -1), i.document, i.line, i.column))
+    if unlisted or any(not i.warning for i in issues):
+        raise PolicyError(issues, unlisted)
+    return PolicySet.of([(p, _origin(r.file, r.doc)) for r, p in loaded], tuple(issues))
+
+
+def _conflicts(loaded: list[tuple[_Read, SchedulingPolicy]], issues: list[PolicyIssue]) -> int:
+    """The first MAX_LISTED conflicts, added to `issues`; how many more there are (counted,
+    never built: there may be as many as pairs of policies)."""
+    found = find_conflicts([p for _, p in loaded])
+    for c in itertools.islice(found, MAX_LISTED):
         (a, _), (b, b_policy) = loaded[c.first], loaded[c.second]
         line, col = b.doc.position(c.path)
         a_line, _ = a.doc.position(c.path)
@@ -105,12 +137,7 @@ def _build(sources: list[tuple[str, bytes]], issues: list[PolicyIssue]) -> Polic
             f"conflicts with policy {a.name} ({a.file}:{a_line}): both set {c.field} to "
             f"different values at priority {b_policy.spec.priority} for pods both can match; "
             "give one a higher spec.priority or make their match disjoint", b.name))
-
-    rank = {name: i for i, (name, _) in enumerate(sources)}
-    issues.sort(key=lambda i: (rank.get(i.file, -1), i.document, i.line, i.column))
-    if any(not i.warning for i in issues):
-        raise PolicyError(issues)
-    return PolicySet.of([(p, _origin(r.file, r.doc)) for r, p in loaded], tuple(issues))
+    return sum(1 for _ in found)
 
 
 def _duplicate_names(read: list[_Read]) -> list[PolicyIssue]:

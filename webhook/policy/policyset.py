@@ -102,9 +102,10 @@ class Conflict:
     path: Path
 
 
-def find_conflicts(policies: list[SchedulingPolicy]) -> list[Conflict]:
+def find_conflicts(policies: list[SchedulingPolicy]) -> Iterator[Conflict]:
+    """Each conflict, lazily: pairs grow with the square of the policies, so the caller takes
+    as many as it reports and only counts the rest."""
     written = [written_fields(p) for p in policies]
-    out: list[Conflict] = []
     for j, b in enumerate(policies):
         for i in range(j):
             a = policies[i]
@@ -113,5 +114,4 @@ def find_conflicts(policies: list[SchedulingPolicy]) -> list[Conflict]:
             clashing = [name for name in written[i].keys() & written[j].keys()
                         if written[i][name][1] != written[j][name][1]]
             if clashing and disjoint_reason(a.spec.match, b.spec.match) is None:
-                out.extend(Conflict(i, j, name, written[j][name][0]) for name in sorted(clashing))
-    return out
+                yield from (Conflict(i, j, name, written[j][name][0]) for name in sorted(clashing))

@@ -25,7 +25,7 @@ from webhook.policy.loader import field_message
 from webhook.policy.patch import render_patch
 from webhook.policy.podgroup import podgroup_manifest
 from webhook.policy.policyset import PolicySet
-from webhook.yamlpos import Document, YamlProblem, decode, documents, problem_of, read
+from webhook.yamlpos import Document, YamlProblem, decode, documents, load_all, read
 
 TEST_KIND = "PolicyTest"
 
@@ -84,12 +84,13 @@ class CaseResult:
 def read_object(path: Path) -> dict[str, Any]:
     """A Kubernetes object from YAML/JSON; an AdmissionReview gives its request.object (with the
     request's namespace filled in, as the API server would)."""
-    text = path.read_text()
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path} is not valid YAML: {problem_of(exc, text).at(str(path))}"
-                         ) from exc
+        docs = load_all(read(path))
+    except YamlProblem as exc:
+        raise ValueError(f"{path} is not valid YAML: {exc.at(str(path))}") from exc
+    if len(docs) > 1:
+        raise ValueError(f"{path}: expected one Kubernetes object, got {len(docs)} documents")
+    data = docs[0] if docs else None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a Kubernetes object, got {type(data).__name__}")
     if data.get("kind") == "AdmissionReview":

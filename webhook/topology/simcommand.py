@@ -97,19 +97,19 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_placement(path: Path, models: tuple[Model, ...], links: Links, as_json_out: bool) -> int:
-    import yaml  # noqa: PLC0415
-
     from webhook.failures import UsageError  # noqa: PLC0415
     from webhook.topology import stepmodel  # noqa: PLC0415
+    from webhook.yamlpos import YamlProblem, load_all, read  # noqa: PLC0415
 
     if not 0 < links.efficiency <= 1 or not 0 <= links.overlap <= 1:
         raise UsageError("efficiency must be in (0, 1], overlap in [0, 1]")
     try:
-        doc = yaml.safe_load(path.read_text())
+        docs = load_all(read(path))
     except OSError as exc:
         raise UsageError(f"{path}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: not YAML or JSON: {exc}") from exc
+    except YamlProblem as exc:
+        raise UsageError(f"not YAML or JSON: {exc.at(str(path))}") from exc
+    doc = docs[0] if len(docs) == 1 else None
     try:
         gang = stepmodel.parse_placement(doc)
     except stepmodel.PlacementError as exc:
