@@ -1019,10 +1019,18 @@ def test_network_policies_are_on_and_open_only_the_ports_the_pods_serve(
         assert set(admitted.values()) == {None}
     assert sorted(_admitted(one(objs, "NetworkPolicy", "muster-webhook"))) == [8080, 8443]
     assert list(_admitted(one(objs, "NetworkPolicy", "muster-binder"))) == [9090]
+    # the agent: its metrics port only, one policy for every pool's DaemonSet
+    agent = one(objs, "NetworkPolicy", "muster-agent")
+    assert _admitted(agent) == {8080: None}
+    pools = find(helm_template({"agent": {"gpuServingPools": ["dra"]}}), "DaemonSet")
+    assert len(pools) == 2 and all(
+        agent["spec"]["podSelector"]["matchLabels"].items()
+        <= d["spec"]["template"]["metadata"]["labels"].items() for d in pools)
     local = helm_template({"webhook": {"metricsLocalhostOnly": True}})
     assert list(_admitted(one(local, "NetworkPolicy", "muster-webhook"))) == [8443]
     off = helm_template({"webhook": {"networkPolicy": {"enabled": False}},
-                         "binder": {"networkPolicy": {"enabled": False}}})
+                         "binder": {"networkPolicy": {"enabled": False}},
+                         "agent": {"networkPolicy": {"enabled": False}}})
     assert not find(off, "NetworkPolicy")
     assert not find(helm_template({"binder": {"enabled": False}}), "NetworkPolicy",
                     "muster-binder")
@@ -1035,12 +1043,14 @@ def test_network_policies_narrow_to_the_api_server_and_the_scraper(
         "kubernetes.io/metadata.name": "monitoring"}}}]
     objs = helm_template({"webhook": {"networkPolicy": {
         "enabled": True, "from": apiserver, "metricsFrom": prometheus}},
-        "binder": {"networkPolicy": {"enabled": True, "metricsFrom": prometheus}}})
+        "binder": {"networkPolicy": {"enabled": True, "metricsFrom": prometheus}},
+        "agent": {"networkPolicy": {"enabled": True, "metricsFrom": prometheus}}})
     # the API server reaches the metrics port too: its pod proxy (`kubectl get --raw
     # .../pods/NAME:8080/proxy/metrics`, docs/policies.md) comes from where its calls do
     assert _admitted(one(objs, "NetworkPolicy", "muster-webhook")) == {
         8443: apiserver, 8080: prometheus + apiserver}
     assert _admitted(one(objs, "NetworkPolicy", "muster-binder")) == {9090: prometheus}
+    assert _admitted(one(objs, "NetworkPolicy", "muster-agent")) == {8080: prometheus}
     scraper_only = helm_template({"webhook": {"networkPolicy": {
         "enabled": True, "metricsFrom": prometheus}}})
     assert _admitted(one(scraper_only, "NetworkPolicy", "muster-webhook")) == {
