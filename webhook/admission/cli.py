@@ -103,9 +103,10 @@ def _limit_args(p: argparse.ArgumentParser) -> None:
                         metavar="SECONDS", help="a connection must finish its TLS handshake "
                         "and send its first request's headers within this, or is closed "
                         "(default 10)")
-    limits.add_argument("--idle-timeout", type=_positive(float), default=30.0,
+    limits.add_argument("--idle-timeout", type=_positive(float), default=120.0,
                         metavar="SECONDS", help="an idle kept-alive connection is closed "
-                        "after this (default 30; at --max-connections the one idle longest "
+                        "after this (default 120: above kube-apiserver's 90 s, so no close "
+                        "meets a request it sends; at --max-connections the one idle longest "
                         "is closed at once for a new one)")
     limits.add_argument("--max-connections", type=_positive(int), default=128,
                         help="connections open at once, TLS handshakes included (default "

@@ -66,11 +66,10 @@ class ServeOptions:
     body_timeout: float = BodyLimits.timeout
     max_inflight_body_bytes: int = BodyLimits.in_flight
     header_timeout: float = 10.0
-    #: short, so that a client idling on its connection holds it briefly even when the server
-    #: is not full (when it is, the connection idle longest is closed at once: limits.py).
-    #: kube-apiserver keeps idle connections 90 s; Go's client drops one the server closed
-    #: when it sees the close, so only a request sent in the same instant fails
-    idle_timeout: float = 30.0
+    #: above kube-apiserver's 90 s idle (Go's client does not resend a POST that met the
+    #: server's close, so a shorter one fails a call open now and then); what idle clients
+    #: hold is bounded by eviction instead: at the cap the connection idle longest is closed
+    idle_timeout: float = 120.0
     max_connections: int = 128
     #: connections one client address may hold; past it, it displaces its own oldest waiting
     #: connection. Half the slots: kube-apiserver opens one per concurrent call
