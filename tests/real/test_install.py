@@ -98,4 +98,4 @@ def test_network_policies_are_installed(node_cluster: NodeCluster) -> None:
     this tier runs with them installed."""
     names = kubectl(node_cluster, "get", "networkpolicies", "-n", NAMESPACE, "-o",
                     "jsonpath={.items[*].metadata.name}").stdout.split()
-    assert sorted(names) == [f"{RELEASE}-binder", f"{RELEASE}-webhook"]
+    assert sorted(names) == [f"{RELEASE}-agent", f"{RELEASE}-binder", f"{RELEASE}-webhook"]
