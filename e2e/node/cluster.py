@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import secrets
@@ -28,13 +29,16 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from e2e.node import versions
 from e2e.node.assets import REPO, binaries
+from e2e.node.gobuild import build_coredns
 from e2e.node.image import PAUSE, Images
+from e2e.node.kubenode import NodeSpec
 from e2e.node.launcher import NODE_IP
 from webhook.certs import pki
 
@@ -82,7 +86,8 @@ class NodeCluster:
 
     def __init__(self, images: Images, node_labels: dict[str, str],
                  version: str | None = None, *, feature_gates: Mapping[str, bool] | None = None,
-                 runtime_config: Sequence[str] = ()) -> None:
+                 runtime_config: Sequence[str] = (),
+                 nodes: Sequence[tuple[str, Mapping[str, str]]] = ()) -> None:
         # short: unix socket paths (containerd, device plugins) must fit in 108 bytes
         self.dir = Path(tempfile.mkdtemp(prefix="muster-k8s-"))
         self.images = images
@@ -93,6 +98,10 @@ class NodeCluster:
         self.feature_gates = dict(feature_gates or {})
         #: the API server's --runtime-config entries (an alpha or beta API version turned on)
         self.runtime_config = tuple(runtime_config)
+        #: (name, labels) of each node of a multi-node cluster, each in namespaces of its own
+        #: (`e2e.node.kubenode`); none: one node, `NODE_NAME`, beside the control plane
+        self.nodes = [NodeSpec.numbered(i, name, dict(labels))
+                      for i, (name, labels) in enumerate(nodes, start=1)]
         self.kubeconfig = self.dir / "admin.kubeconfig"
         self.token = secrets.token_hex(16)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -113,13 +122,22 @@ class NodeCluster:
             "contexts": [{"name": "muster-test", "context": {"cluster": "muster-test",
                                                              "user": "admin"}}]}))
         plan = self.dir / "plan.json"
+        found = {k: str(v) for k, v in binaries(self.version).items()}
+        multi: dict[str, Any] = {}
+        if self.nodes:
+            found["coredns"] = str(build_coredns() / "coredns")
+            multi = {"nodes": [dataclasses.asdict(n) for n in self.nodes],
+                     "cluster_dns": NODE_IP,
+                     # a node whose kubelet stopped is NotReady after 20 s, not 40-50
+                     "controller_manager_flags": ["--node-monitor-grace-period=20s"]}
         plan.write_text(json.dumps({
             "dir": str(self.dir),
-            "binaries": {k: str(v) for k, v in binaries(self.version).items()},
+            "binaries": found, **multi,
             "node_name": NODE_NAME, "node_labels": self.node_labels, "token": self.token,
             "pause_image": PAUSE, "feature_gates": self.feature_gates,
             "runtime_config": list(self.runtime_config),
-            "images": [str(self.images.pause), str(self.images.muster)]}))
+            "images": [str(self.images.pause), str(self.images.muster),
+                       *map(str, self.images.extra)]}))
         return plan
 
     def start(self, within: float = 240.0) -> None:
@@ -183,9 +201,31 @@ class NodeCluster:
             return
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    @property
+    def node_names(self) -> list[str]:
+        return [n.name for n in self.nodes] or [NODE_NAME]
+
+    def kubelet(self, node: str, action: str, within: float = 30.0) -> None:
+        """Stops (`stop`: a crashed kubelet, its containers still running) or starts again
+        (`start`) the kubelet of `node` of a multi-node cluster."""
+        work = self.dir / "nodes" / node
+        line = f"kubelet {action}"
+        asked = (work / "control").read_text().splitlines() if (work / "control").exists() \
+            else []
+        with (work / "control").open("a") as f:
+            f.write(line + "\n")
+        deadline = time.monotonic() + within
+        while len((work / "control.ack").read_text().splitlines()
+                  if (work / "control.ack").exists() else []) <= len(asked):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{node}'s launcher did not act on {line!r} within "
+                                   f"{within:.0f} s")
+            time.sleep(0.2)
+
     def logs(self, lines: int = 40) -> str:
         out = []
-        for log in sorted((self.dir / "logs").glob("*.log")):
+        for log in sorted([*(self.dir / "logs").glob("*.log"),
+                           *(self.dir / "nodes").glob("*/logs/*.log")]):
             tail = log.read_text(errors="replace").splitlines()[-lines:]
-            out.append(f"--- {log.name}\n" + "\n".join(tail))
+            out.append(f"--- {log.relative_to(self.dir)}\n" + "\n".join(tail))
         return "\n".join(out)

@@ -21,7 +21,7 @@ land in the cache.
   to a published version (`pin=`) or the build says which one it could not follow.
 
 Run as `python -m e2e.node.gobuild [kubernetes VERSION | etcd VERSION | containerd VERSION |
-all]`.
+coredns VERSION | all]`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e.node.versions import CONTAINERD, ETCD, KUBERNETES
+from e2e.node.versions import CONTAINERD, COREDNS, ETCD, KUBERNETES
 
 SERVER_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
                    "kube-proxy")
@@ -249,11 +249,17 @@ def build_containerd(version: str = CONTAINERD) -> Path:
                                 f"{version}")
 
 
+def build_coredns(version: str = COREDNS) -> Path:
+    """The directory holding CoreDNS at `version` (a multi-node cluster's DNS), built once."""
+    return build_module("coredns", "github.com/coredns/coredns", version,
+                        {"coredns": "github.com/coredns/coredns"})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.node.gobuild", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("kubernetes", "etcd", "containerd", "all"), nargs="?",
-                        default="all")
+    parser.add_argument("what", choices=("kubernetes", "etcd", "containerd", "coredns", "all"),
+                        nargs="?", default="all")
     parser.add_argument("version", nargs="?", help="a release tag (default: the pinned one)")
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -265,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.what in ("containerd", "all"):
             print(build_containerd(args.version if args.what == "containerd" and args.version
                                    else CONTAINERD))
+        if args.what in ("coredns", "all"):
+            print(build_coredns(args.version if args.what == "coredns" and args.version
+                                else COREDNS))
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -38,6 +38,8 @@ class Images:
     pause: Path
     build_seconds: float
     size_bytes: int
+    #: more docker-archives every node imports (a multi-node cluster's training image)
+    extra: tuple[Path, ...] = ()
 
 
 def _buildah(store: Path, *args: str, timeout: float = 900) -> str:

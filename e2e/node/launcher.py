@@ -1,4 +1,6 @@
-"""Runs a whole single-node Kubernetes cluster inside the namespaces it was started in.
+"""Runs a whole Kubernetes cluster inside the namespaces it was started in: a single node beside
+the control plane, or (a plan with `nodes`) several nodes, each in network and mount namespaces
+of its own (`e2e.node.kubenode`) on the cluster's bridge, with CoreDNS for their pods.
 
 Started by `e2e.node.cluster.NodeCluster` as
 `unshare --net --mount --pid --fork --mount-proc --propagation private python -m
@@ -9,7 +11,8 @@ touches an address of the host's network.
 
 It writes `ready` in the work directory once every component has started and the images are
 imported, or `failed` with the reason. SIGTERM stops it; it then kills everything and removes the
-kubelet's cgroups (cgroup v1 is not namespaced here).
+kubelet's cgroups (cgroup v1 is not namespaced here). A multi-node cluster is ready once every
+node wrote its own `nodes/<name>/ready`; a node's `failed` fails the cluster.
 """
 
 from __future__ import annotations
@@ -19,89 +22,48 @@ import json
 import os
 import signal
 import ssl
-import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-#: addresses, all inside this network namespace
-NODE_IP = "10.255.0.1"
+from e2e.node.kubenode import (
+    CDI_DIR,
+    CLUSTER_CIDR,
+    CLUSTER_IP,
+    KUBELET_ROOT,
+    PRIVATE_DIRS,
+    SNAPSHOTTER,
+    NodeProcesses,
+    NodeSpec,
+    gates,
+    node_specs,
+    write_configs,
+)
+from e2e.node.supervisor import Supervisor
+
+__all__ = ["CDI_DIR", "CLUSTER_CIDR", "KUBELET_ROOT", "NODE_IP", "POD_CIDR", "PRIVATE_DIRS",
+           "SERVICE_CIDR", "SNAPSHOTTER", "Launcher"]
+
+#: addresses, all inside this network namespace: a single node's, the API server's
+NODE_IP = CLUSTER_IP
 POD_CIDR = "10.244.0.0/24"
-CLUSTER_CIDR = "10.244.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
-#: overlayfs shares an image's layers between containers; the `native` snapshotter copied the
-#: whole image into each container (gigabytes a tier, and slow container starts on 2 cores)
-SNAPSHOTTER = "overlayfs"
-#: the kubelet's root: its device-plugin socket directory is fixed at
-#: /var/lib/kubelet/device-plugins whatever --root-dir says, so the real path, private (below)
-KUBELET_ROOT = "/var/lib/kubelet"
-#: where containerd reads CDI specs (its only cdi_spec_dirs entry): the chart's default
-#: agent.dra.cdiDir, where the agent's DRA driver writes one spec per prepared claim
-CDI_DIR = "/var/run/cdi"
-#: host paths the kubelet, containerd and CNI write to no matter their flags: a tmpfs over each,
-#: visible in this mount namespace only, so nothing is left on the host
-PRIVATE_DIRS = ("/var/log/pods", "/var/log/containers", "/var/lib/cni", "/run/netns",
-                "/run/containerd", "/var/lib/kubelet", "/etc/cni/net.d", CDI_DIR)
 
 
-class Launcher:
+class Launcher(Supervisor):
+    """The cluster: its control plane, then its node beside it (a single-node plan) or each
+    node in namespaces of its own (a plan with `nodes`, `e2e.node.kubenode`)."""
+
     def __init__(self, plan: dict[str, Any]) -> None:
+        work = Path(plan["dir"])
+        super().__init__(work, work / "logs")
         self.plan = plan
-        self.dir = Path(plan["dir"])
         self.bin: dict[str, str] = plan["binaries"]
-        self.node = plan["node_name"]
-        self.logs = self.dir / "logs"
-        self.procs: dict[int, str] = {}
-        self.order: list[int] = []
-        self.stopping = False
-
-    # --- helpers --------------------------------------------------------------------------
-
-    def log(self, msg: str) -> None:
-        with (self.logs / "launcher.log").open("a") as f:
-            f.write(f"{time.strftime('%H:%M:%S')} {msg}\n")
-
-    def run(self, *args: str) -> None:
-        subprocess.run(args, check=True, capture_output=True, timeout=120)
-
-    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
-        log = (self.logs / f"{name}.log").open("ab")
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=self.dir, env=env)
-        self.procs[proc.pid] = name
-        self.order.append(proc.pid)
-        self.log(f"started {name} (pid {proc.pid})")
-
-    def reap(self) -> None:
-        """PID 1 adopts every orphan (shims, containers): reap them all, and note ours."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            name = self.procs.pop(pid, None)
-            if name is not None and not self.stopping:
-                self.log(f"{name} exited: status {status}")
-                (self.dir / "failed").write_text(f"{name} exited (status {status}): see "
-                                                 f"{self.logs / (name + '.log')}\n")
-
-    def wait_for(self, what: str, check: Any, within: float = 120.0) -> None:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            self.reap()
-            if (self.dir / "failed").exists():
-                raise RuntimeError((self.dir / "failed").read_text())
-            try:
-                if check():
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"timed out after {within:.0f}s waiting for {what}")
+        self.nodes = node_specs(plan)
+        self.node = NodeSpec(plan["node_name"], NODE_IP, POD_CIDR,
+                             dict(plan.get("node_labels") or {}))
 
     def https_ok(self, url: str) -> bool:
         ctx = ssl.create_default_context(cafile=str(self.dir / "pki" / "ca.crt"))
@@ -112,64 +74,26 @@ class Launcher:
     # --- the cluster ------------------------------------------------------------------------
 
     def network(self) -> None:
+        """The cluster's bridge with its address; a single node's private directories, or the
+        routes to each node's pods."""
         self.run("ip", "link", "set", "lo", "up")
         self.run("ip", "link", "add", "muster0", "type", "bridge")
-        self.run("ip", "addr", "add", f"{NODE_IP}/32", "dev", "muster0")
         self.run("ip", "link", "set", "muster0", "up")
-        self.run("ip", "route", "add", "default", "dev", "muster0")
-        for d in PRIVATE_DIRS:
-            Path(d).mkdir(parents=True, exist_ok=True)
-            self.run("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", d)
+        if not self.nodes:
+            self.run("ip", "addr", "add", f"{NODE_IP}/32", "dev", "muster0")
+            self.run("ip", "route", "add", "default", "dev", "muster0")
+            for d in PRIVATE_DIRS:
+                Path(d).mkdir(parents=True, exist_ok=True)
+                self.run("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", d)
+            return
+        self.run("ip", "addr", "add", f"{NODE_IP}/24", "dev", "muster0")
+        for node in self.nodes:
+            # the API server dials webhooks at their pod's address (aggregator routing)
+            self.run("ip", "route", "add", node.pod_cidr, "via", node.ip)
 
     def write_configs(self) -> None:
-        d = self.dir
-        (d / "cni").mkdir(exist_ok=True)
-        (d / "cni" / "10-muster.conflist").write_text(json.dumps({
-            "cniVersion": "0.4.0", "name": "muster-pods", "plugins": [
-                {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]],
-                          "routes": [{"dst": "0.0.0.0/0"}]}},
-                {"type": "loopback"}]}))
-        images, runtime = "plugins.'io.containerd.cri.v1.images'", \
-            "plugins.'io.containerd.cri.v1.runtime'"
-        # version 3: the format every containerd 2.x reads (2.4 migrates it to its own 4)
-        (d / "containerd.toml").write_text(f"""version = 3
-root = "{d}/containerd/root"
-state = "{d}/containerd/state"
-[grpc]
-  address = "{d}/containerd.sock"
-[ttrpc]
-  address = "{d}/containerd.sock.ttrpc"
-[{images}]
-  snapshotter = "{SNAPSHOTTER}"
-[{images}.pinned_images]
-  sandbox = "{self.plan['pause_image']}"
-[{runtime}]
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  cdi_spec_dirs = ["{CDI_DIR}"]
-[{runtime}.containerd]
-  default_runtime_name = "runc"
-[{runtime}.containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-[{runtime}.cni]
-  bin_dirs = ["/usr/lib/cni"]
-  conf_dir = "{d}/cni"
-""")
-        (d / "kubelet.yaml").write_text(json.dumps({
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            # this machine kind has cgroup v1: 1.35+ refuse it unless told (KEP-5573)
-            "cgroupDriver": "cgroupfs", "failSwapOn": False, "failCgroupV1": False,
-            "containerRuntimeEndpoint": f"unix://{d}/containerd.sock",
-            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
-            "authorization": {"mode": "AlwaysAllow"},
-            "evictionHard": {"nodefs.available": "1%", "imagefs.available": "1%",
-                             "memory.available": "100Mi"},
-            "imageGCHighThresholdPercent": 100, "localStorageCapacityIsolation": False,
-            "address": NODE_IP, "healthzBindAddress": "127.0.0.1", "readOnlyPort": 0,
-            "resolvConf": "", "serializeImagePulls": False, "podCIDR": POD_CIDR,
-            "nodeStatusUpdateFrequency": "2s", "syncFrequency": "10s",
-            "fileCheckFrequency": "5s"}))
+        write_configs(self.dir, self.node, self.plan["pause_image"],
+                      cluster_dns=self.plan.get("cluster_dns"))
 
     def control_plane(self) -> None:
         pki, kc = self.dir / "pki", str(self.dir / "admin.kubeconfig")
@@ -195,7 +119,7 @@ state = "{d}/containerd/state"
                    "--enable-aggregator-routing=true",
                    "--kubelet-preferred-address-types", "InternalIP",
                    "--allow-privileged=true", "--profiling=false", "--v=1",
-                   *self.gates(), *self.runtime_config())
+                   *gates(self.plan), *self.runtime_config())
         self.wait_for("kube-apiserver /readyz",
                       lambda: self.https_ok(f"https://{NODE_IP}:6443/readyz"))
         self.start("kube-controller-manager", self.bin["kube-controller-manager"],
@@ -203,44 +127,65 @@ state = "{d}/containerd/state"
                    "--service-account-private-key-file", str(pki / "sa.key"),
                    "--root-ca-file", str(pki / "ca.crt"), "--leader-elect=false",
                    "--bind-address", "127.0.0.1", "--use-service-account-credentials=false",
-                   "--concurrent-job-syncs", "10", "--v=1", *self.gates())
+                   "--concurrent-job-syncs", "10", "--v=1",
+                   *self.plan.get("controller_manager_flags", []), *gates(self.plan))
         self.start("kube-scheduler", self.bin["kube-scheduler"], "--kubeconfig", kc,
                    "--leader-elect=false", "--bind-address", "127.0.0.1", "--v=1",
-                   *self.gates())
+                   *gates(self.plan))
+        if self.plan.get("cluster_dns"):
+            self.dns()
 
-    def gates(self) -> list[str]:
-        """--feature-gates for the control plane and the kubelet, when the plan turns any on or
-        off."""
-        gates = self.plan.get("feature_gates") or {}
-        return ["--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in
-                                              sorted(gates.items()))] if gates else []
+    def dns(self) -> None:
+        """CoreDNS on the cluster's address, serving cluster.local from the API server."""
+        kc = self.dir / "admin.kubeconfig"
+        corefile = self.dir / "Corefile"
+        corefile.write_text(f""".:53 {{
+    bind {self.plan['cluster_dns']}
+    errors
+    kubernetes cluster.local in-addr.arpa ip6.arpa {{
+        kubeconfig {kc} muster-test
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }}
+}}
+""")
+        self.start("coredns", self.bin["coredns"], "-conf", str(corefile))
 
     def runtime_config(self) -> list[str]:
         config = self.plan.get("runtime_config") or []
         return ["--runtime-config=" + ",".join(config)] if config else []
 
     def node_components(self) -> None:
-        d, kc = self.dir, str(self.dir / "admin.kubeconfig")
-        sock = str(d / "containerd.sock")
-        # its runc shim is found on PATH first: ours, before a distribution's older one
-        path = f"{Path(self.bin['containerd']).parent}:{os.environ.get('PATH', '')}"
-        self.start("containerd", self.bin["containerd"], "--config", str(d / "containerd.toml"),
-                   env={**os.environ, "PATH": path})
-        self.wait_for("containerd's socket", lambda: Path(sock).exists())
-        for archive in self.plan["images"]:
-            self.run(self.bin["ctr"], "--address", sock, "-n", "k8s.io", "images", "import",
-                     "--snapshotter", SNAPSHOTTER, archive)
-        self.start("kubelet", self.bin["kubelet"], "--config", str(d / "kubelet.yaml"),
-                   "--kubeconfig", kc, "--node-ip", NODE_IP, "--hostname-override", self.node,
-                   "--root-dir", KUBELET_ROOT, "--cert-dir", str(d / "kubelet-pki"),
-                   "--node-labels", ",".join(f"{k}={v}" for k, v in
-                                              self.plan["node_labels"].items()),
-                   "--v=1", *self.gates())
-        self.start("kube-proxy", self.bin["kube-proxy"], "--kubeconfig", kc,
-                   "--proxy-mode", "iptables", "--cluster-cidr", CLUSTER_CIDR,
-                   "--conntrack-max-per-core", "0", "--hostname-override", self.node,
-                   "--metrics-bind-address", "127.0.0.1:10249",
-                   "--healthz-bind-address", "127.0.0.1:10256", "--v=1")
+        if not self.nodes:
+            NodeProcesses(self, self.plan, self.node, self.dir).start()
+            return
+        for node in self.nodes:
+            self.start_node(node)
+        for node in self.nodes:
+            ready = self.dir / "nodes" / node.name / "ready"
+            self.wait_for(f"node {node.name}", ready.exists, within=600)
+
+    def start_node(self, node: NodeSpec) -> None:
+        """`node` in network and mount namespaces of its own, its link on the bridge."""
+        (self.dir / "nodes" / node.name / "logs").mkdir(parents=True, exist_ok=True)
+        make_cgroup_root(node.cgroup_root)
+        pid = self.start(f"node-{node.name}", "unshare", "--net", "--mount", "--propagation",
+                         "private", sys.executable, "-m", "e2e.node.kubenode",
+                         str(self.dir / "plan.json"), node.name)
+        own = os.readlink("/proc/self/ns/net")
+        self.wait_for(f"{node.name}'s network namespace",
+                      lambda: os.readlink(f"/proc/{pid}/ns/net") != own, 30)
+        inside, outside = f"m-{node.name}"[:15], f"h-{node.name}"[:15]
+        self.run("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
+        self.run("ip", "link", "set", inside, "netns", str(pid))
+        self.run("ip", "link", "set", outside, "master", "muster0")
+        self.run("ip", "link", "set", outside, "up")
+
+    def reap(self) -> None:
+        super().reap()
+        for failed in (self.dir / "nodes").glob("*/failed") if self.nodes else ():
+            if not (self.dir / "failed").exists():
+                (self.dir / "failed").write_text(failed.read_text())
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -249,14 +194,15 @@ state = "{d}/containerd/state"
         for pid in reversed(self.order):
             if pid in self.procs:
                 os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 20
         while self.procs and time.monotonic() < deadline:
             self.reap()
             time.sleep(0.1)
         os.kill(-1, signal.SIGKILL)  # every other process of this PID namespace
         time.sleep(0.5)
         self.reap()
-        remove_kubepods_cgroups(self.log)
+        roots = [n.cgroup_root for n in self.nodes] or ["/"]
+        remove_kubepods_cgroups(self.log, roots)
         self.log("stopped")
 
     def main(self) -> None:
@@ -264,7 +210,8 @@ state = "{d}/containerd/state"
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
         try:
             self.network()
-            self.write_configs()
+            if not self.nodes:
+                self.write_configs()
             self.control_plane()
             self.node_components()
             (self.dir / "ready").write_text("ok\n")
@@ -281,13 +228,34 @@ state = "{d}/containerd/state"
             self.stop()
 
 
-def remove_kubepods_cgroups(log: Any, within: float = 15.0) -> None:
-    """The kubelet's cgroupfs driver made /sys/fs/cgroup/<controller>/kubepods... in the host's
-    cgroup tree; once every process is gone they are empty and can go (deepest first). Killed
-    processes leave their cgroups a moment after SIGKILL: retry until then."""
+def _v1_hierarchies() -> list[Path]:
     root = Path("/sys/fs/cgroup")
-    tops = [c / "kubepods" for c in (root.iterdir() if root.is_dir() else ())
-            if (c / "kubepods").is_dir() and not c.is_symlink()]
+    return [c for c in (root.iterdir() if root.is_dir() else ())
+            if c.is_dir() and not c.is_symlink() and c.name != "unified"
+            and (c / "cgroup.procs").exists()]
+
+
+def make_cgroup_root(root: str) -> None:
+    """The kubelet refuses a --cgroup-root that does not exist in every hierarchy; a cpuset one
+    needs its CPUs and memory nodes before a task can join."""
+    if root == "/":
+        return
+    for hierarchy in _v1_hierarchies():
+        made = hierarchy / root.strip("/")
+        made.mkdir(exist_ok=True)
+        if hierarchy.name == "cpuset":
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                (made / name).write_text((hierarchy / name).read_text())
+
+
+def remove_kubepods_cgroups(log: Any, roots: list[str], within: float = 15.0) -> None:
+    """The kubelet's cgroupfs driver made /sys/fs/cgroup/<controller>/<root>/kubepods... in the
+    host's cgroup tree (a node of its own also made <root>); once every process is gone they are
+    empty and can go (deepest first). Killed processes leave their cgroups a moment after
+    SIGKILL: retry until then."""
+    tops = [h / root.strip("/") / "kubepods" if root == "/" else h / root.strip("/")
+            for h in _v1_hierarchies() for root in roots]
+    tops = [t for t in tops if t.is_dir()]
     deadline = time.monotonic() + within
     while tops:
         left = []

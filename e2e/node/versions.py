@@ -16,6 +16,9 @@ ETCD = "v3.6.16"
 #: github.com/containerd/containerd/v2, the node's runtime: the newest release the proxy serves
 #: (CDI on by default since 2.0, which the agent's DRA driver needs; Debian's 1.6 has none)
 CONTAINERD = "v2.4.2"
+#: github.com/coredns/coredns, a multi-node cluster's DNS (mpirun's hostfile, a PyTorchJob's
+#: MASTER_ADDR name Services): the newest release the proxy serves
+COREDNS = "v1.15.0"
 
 #: sigs.k8s.io/scheduler-plugins (the coscheduling kube-scheduler): the newest release, on 1.34;
 #: its k8s.io modules are pinned to this Kubernetes release's (the proxy refuses its own v0.34.7)

@@ -290,3 +290,20 @@ def test_discovered_fake_machine_is_the_builtin_node_type(name: str) -> None:
     assert found.gpus == want.gpus and found.nvlinks == want.nvlinks and found.pcie == want.pcie
     assert (found.nvswitch, found.nvswitch_links, found.nvlink_gbps, found.pcie_gen) == (
         want.nvswitch, want.nvswitch_links, want.nvlink_gbps, want.pcie_gen)
+
+
+def test_a_profile_per_node_has_uuids_of_its_own_and_the_same_topology() -> None:
+    """`--fake-nvml=dgx1-v100@$(NODE_NAME)`: the fake nodes of one cluster share no GPU UUID
+    (the binder's assignments and the PodResources check key on UUIDs), and each node's
+    interconnect is the profile's."""
+    from webhook.doubles.fakenvml import fake_nvml  # noqa: PLC0415
+
+    plain = discover(fake_nvml("dgx1-v100")).topology
+    first = discover(fake_nvml("dgx1-v100@node-a")).topology
+    second = discover(fake_nvml("dgx1-v100@b")).topology
+    assert first is not None and second is not None and plain is not None
+    uuids = [{g.uuid for g in t.gpus} for t in (plain, first, second)]
+    assert all(len(u) == 8 for u in uuids)
+    assert not (uuids[0] & uuids[1]) and not (uuids[1] & uuids[2]) and not (uuids[0] & uuids[2])
+    assert discover(fake_nvml("dgx1-v100@node-a")).topology == first  # stable across restarts
+    assert (first.nvlinks, first.pcie) == (plain.nvlinks, plain.pcie)

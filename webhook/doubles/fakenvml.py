@@ -357,10 +357,20 @@ def profile_record(name: str) -> NvmlRecord:
 
 
 def fake_nvml(spec: str) -> FakeNvml:
-    """What `--fake-nvml SPEC` names: a built-in profile or a file recorded with --record."""
-    if spec in PROFILES:
-        return FakeNvml.profile(spec)
+    """What `--fake-nvml SPEC` names: a built-in profile or a file recorded with --record.
+
+    `PROFILE@NAME` is the profile with GPU UUIDs of its own for NAME (a node's: the chart's
+    `--fake-nvml=dgx1-v100@$(NODE_NAME)`), so the fake nodes of one cluster share no UUID, as
+    real GPUs never do."""
+    profile, _, owner = spec.partition("@")
+    if profile in PROFILES:
+        record = profile_record(profile)
+        if owner:
+            record = record.model_copy(update={"devices": [
+                d.model_copy(update={"uuid": synthetic_uuid(f"{profile}@{owner}", i)})
+                for i, d in enumerate(record.devices)]})
+        return FakeNvml(record)
     if Path(spec).is_file():
         return FakeNvml.from_file(spec)
-    raise ValueError(f"--fake-nvml {spec!r}: neither a profile ({', '.join(PROFILES)}) "
-                     "nor a recorded file")
+    raise ValueError(f"--fake-nvml {spec!r}: neither a profile ({', '.join(PROFILES)}), "
+                     "a profile@NAME, nor a recorded file")
