@@ -55,13 +55,20 @@ from webhook.certs import pki
 from webhook.kube import KubeApi, make_api_client
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks this folder's tests `real` and runs them last: the cluster lives until the session
-    ends, and would load the other tests on a 2-core machine."""
+    ends, and would load the other tests on a 2-core machine. The multi-node tier
+    (multinode/, its own cluster) runs only in a session of its own, `-m multinode`."""
     here = Path(__file__).parent
+    multinode = [i for i in items if here / "multinode" in Path(str(i.path)).parents]
+    if "multinode" not in (config.option.markexpr or ""):
+        config.hook.pytest_deselected(items=multinode)
+        items[:] = [i for i in items if i not in multinode]
     real = [i for i in items if here in Path(str(i.path)).parents]
     for item in real:
         item.add_marker(pytest.mark.real)
+        if item in multinode:
+            item.add_marker(pytest.mark.multinode)
         # the first test also waits for the image build and the cluster's start
         item.add_marker(pytest.mark.timeout(900))
     # the neighbours' scenarios first: they need the node's GPUs and CPU that other scenarios

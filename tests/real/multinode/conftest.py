@@ -1,0 +1,79 @@
+"""The multi-node real tier: four real nodes (a kubelet, containerd 2 with CDI and kube-proxy
+each, in network and mount namespaces of their own, `e2e.node.kubenode`) in two racks of one
+block, pods routed between the nodes, CoreDNS, against the real API server, controller-manager
+and kube-scheduler. Muster installed by `helm install` with its RBAC, admission policies and
+NetworkPolicies; its agent a DaemonSet with a fake NVML per node (`dgx1-v100@<node>`: 8 GPUs,
+UUIDs of each node's own).
+
+This folder's `node_cluster` replaces the single-node tier's, so every fixture of
+tests/real/conftest.py (Volcano, coscheduling, the operators) runs beside this cluster. It runs
+in a pytest session of its own: `pytest -m multinode tests/real/multinode`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from real_helpers import (
+    crd_documents,
+    diagnostics,
+    kubectl,
+    release_values,
+    run_helm,
+    wait_established,
+    with_api,
+)
+
+from e2e.cluster import NAMESPACE, RELEASE
+from e2e.node import image, versions
+from e2e.node.assets import REPO
+from e2e.node.cluster import NodeCluster
+from e2e.node.kubectl import write_list
+from e2e.probes import open_volcano_queues
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from layout import RACKS, TRAINING_POLICY, node_labels
+
+
+def multinode_values(cluster: NodeCluster) -> dict[str, Any]:
+    """The single-node tier's values, the admin's training policy beside the examples, and each
+    node's agent with GPUs of its own."""
+    values = release_values(cluster)
+    values["policies"]["training.yaml"] = yaml.safe_dump(TRAINING_POLICY)
+    values["agent"] = {"extraArgs": ["--fake-nvml=dgx1-v100@$(NODE_NAME)"]}
+    return values
+
+
+@pytest.fixture(scope="session")
+def node_cluster(images: image.Images, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[NodeCluster]:
+    gates, runtime_config = versions.native_gangs(versions.kubernetes())
+    cluster = NodeCluster(images, {}, feature_gates=gates, runtime_config=runtime_config,
+                          nodes=[(name, node_labels(rack)) for name, rack in RACKS.items()])
+    try:
+        cluster.start(within=600)
+        with cluster.netns():
+            crds = write_list(tmp_path_factory.mktemp("crds") / "crds.json", crd_documents())
+            kubectl(cluster, "apply", "--server-side", "-f", str(crds))
+            wait_established(cluster)
+            with_api(cluster, open_volcano_queues)
+            values = tmp_path_factory.mktemp("values") / "values.yaml"
+            values.write_text(yaml.safe_dump(multinode_values(cluster)))
+            run_helm(cluster, "install", RELEASE, str(REPO / "charts" / "muster"),
+                     "--namespace", NAMESPACE, "--create-namespace", "--values", str(values),
+                     "--wait", "--timeout", "5m")
+    except BaseException:
+        print(cluster.logs())
+        if cluster.alive() is None:
+            with cluster.netns():
+                print(diagnostics(cluster))
+        cluster.stop()
+        raise
+    yield cluster
+    cluster.stop()
