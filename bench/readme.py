@@ -27,7 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.results import REPO, commit
+
 PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv").exists() else sys.executable
 
 
@@ -233,14 +236,6 @@ ROWS = (
 )
 #: the rows of the serve run's other cases (parsed from the same output)
 SERVE_CASES = {"serve": ("hit", "miss"), "serve-msgspec": ("hit",)}
-
-
-def commit() -> str:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
-                          check=False, capture_output=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                           check=False, text=True, capture_output=True).stdout.strip()
-    return head + ("+uncommitted" if dirty else "")
 
 
 def cell(text: str) -> str:
