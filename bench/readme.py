@@ -1,9 +1,9 @@
-"""Reruns every figure of the README's "Measured" table and prints the table's new rows.
+"""Reruns the benches behind docs/benchmarks.md and prints each one's figures as a table row.
 
     scripts/bench --readme [--root] [--only NAME ...] [--logs DIR [--reparse]]
 
 Each bench runs as its own process, one after another (they share nothing but the machine), with
-the command the README names. From its output this script takes the figures the row shows,
+the command docs/benchmarks.md names. From its output this script takes the figures the row shows,
 says for each row with a target whether it is met, and names the commit measured and the load
 average (`uptime`'s 1-minute figure) before and after the bench: every figure is a ratio against
 a baseline of the same run, but a busy machine still widens the rounds. A bench that fails (its
