@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import re
 import socket
 import ssl
@@ -65,6 +66,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench import results  # noqa: E402
 from bench.bench_serve import free_port, local_tls, process, wait_ready  # noqa: E402
 from webhook.admission.server import ServeOptions  # noqa: E402
 from webhook.demo import EXAMPLE_POLICIES  # noqa: E402
@@ -83,6 +85,8 @@ PER_SOURCE, RESERVED = DEFAULTS.max_connections_per_source, DEFAULTS.reserved_co
 METRICS_MAX = DEFAULTS.metrics_max_connections
 #: what the server still takes to close a connection after its deadline (lingering, TLS)
 GRACE = 3.0
+#: fewer normal requests in a phase than this, and its figures say nothing
+MIN_REQUESTS = 20
 #: the most a normal request may take (issue #54), and the most each loop sends
 P99_LIMIT_MS, MAX_REQUESTS = 1000.0, 5000
 #: the first bytes of a TLS ClientHello record: the server waits for the rest
@@ -708,6 +712,7 @@ def check_phase(phase: Phase, limit: float) -> list[str]:
 
 
 async def bench(args: argparse.Namespace, work: Path) -> int:
+    load0 = os.getloadavg()[0]
     cafile = local_tls(work)
     port, metrics_port = free_port(), free_port()
     url = f"https://{HOST}:{port}"
@@ -728,11 +733,23 @@ async def bench(args: argparse.Namespace, work: Path) -> int:
             await run_phase(phase, target, ports)
             print(f"{phase.name:22s} done", flush=True)
         hwm = rss_mib(srv.pid)[1]
-    return report(phases, limit, hwm)
+    failed = report(phases, limit, hwm)
+    if args.json is not None:
+        results.write(args.json, "abuse", load0, {
+            "memory_limit_mib": limit, "rss_peak_mib": hwm,
+            "phases": [figures(p) for p in phases if len(p.latencies_ms) >= MIN_REQUESTS]})
+    return failed
+
+
+def figures(phase: Phase) -> dict[str, Any]:
+    """A phase's normal requests (count, p50 and p99 ms) and the server's RSS peak in it."""
+    q = statistics.quantiles(phase.latencies_ms, n=100)
+    return {"phase": phase.name, "requests": len(phase.latencies_ms), "p50_ms": q[49],
+            "p99_ms": q[98], "rss_max_mib": phase.rss_max_mib}
 
 
 def report(phases: list[Phase], limit: float, hwm: float) -> int:
-    base_q = statistics.quantiles(phases[0].latencies_ms, n=100)
+    base = figures(phases[0])
     print(f"\nmuster serve on {HOST}, default limits; normal requests: 4 workers over 4 "
           f"kept-alive connections opened in each phase, a probe over a new connection every "
           f"0.1 s; memory limit {limit:.0f} MiB (charts/muster/values.yaml)")
@@ -740,14 +757,15 @@ def report(phases: list[Phase], limit: float, hwm: float) -> int:
           f"{'p99 x':>6s} {'RSS max MiB':>12s} {'open peak':>10s} {'open after':>10s}")
     problems: list[str] = []
     for phase in phases:
-        if len(phase.latencies_ms) < 20:
+        if len(phase.latencies_ms) < MIN_REQUESTS:
             problems.append(f"{phase.name}: only {len(phase.latencies_ms)} normal requests")
             continue
-        q = statistics.quantiles(phase.latencies_ms, n=100)
+        got = figures(phase)
         peak = "/".join(f"{phase.open_peak.get(k, 0):.0f}" for k in ("admission", "metrics"))
         after = "/".join(f"{phase.open_after.get(k, -1):.0f}" for k in ("admission", "metrics"))
-        print(f"{phase.name:22s} {len(phase.latencies_ms):8d} {q[49]:8.2f} {q[98]:8.2f} "
-              f"{q[49] / base_q[49]:6.2f} {q[98] / base_q[98]:6.2f} {phase.rss_max_mib:12.1f} "
+        print(f"{phase.name:22s} {got['requests']:8d} {got['p50_ms']:8.2f} {got['p99_ms']:8.2f} "
+              f"{got['p50_ms'] / base['p50_ms']:6.2f} {got['p99_ms'] / base['p99_ms']:6.2f} "
+              f"{phase.rss_max_mib:12.1f} "
               f"{peak:>10s} {after:>10s}")
         for attacker, rep in zip(phase.attackers, phase.reports, strict=True):
             print(f"    {attacker.kind} x{attacker.count}"
@@ -771,6 +789,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--load-seconds", type=float, default=4.0,
                         help="normal requests in each phase, seconds (default 4)")
+    parser.add_argument("--json", type=Path, metavar="FILE",
+                        help="also write each phase's figures here (bench/plots.py reads them)")
     parser.add_argument("--attack", choices=sorted(ATTACKS), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cafile", help=argparse.SUPPRESS)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import os
 import random
 import statistics
 import sys
@@ -35,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import results
 from webhook.topology import (
     GangRequest,
     MemberRequest,
@@ -188,7 +190,11 @@ def measure(snaps: list[list[NodeState]], name: str, reps: int,
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer samples")
+    ap.add_argument("--json", type=Path, metavar="FILE",
+                    help="also write the gang rows here (bench/plots.py reads them)")
     args = ap.parse_args()
+    load0 = os.getloadavg()[0]
+    rows: list[dict[str, object]] = []
     rng = random.Random(42)
     runs = {1000: 40 if args.quick else 150, 5000: 12 if args.quick else 40,
             16384: 6 if args.quick else 16}
@@ -224,9 +230,13 @@ def main() -> int:
                 failed.append(f"{size} nodes, gang {name}: placed {placed} of {reps}")
             print(f"  {name:6} {p50:8.2f} {p99:8.2f} {max(times):8.2f} {cpu99:8.2f} "
                   f"{per_node:8.2f} {placed:4}/{reps:<3} {verdict:>8}   {pct(loose[0], 99):8.2f}")
+            rows.append({"nodes": size, "gang": name, "p50_ms": p50, "p99_ms": p99,
+                         "cpu_p99_ms": cpu99, "target_ms": target, "verdict": verdict})
     for line in failed:
         print(f"FAILED: {line}")
     print("\nall p99 targets met" if ok else "\nsome p99 targets MISSED")
+    if args.json is not None:
+        results.write(args.json, "placement", load0, {"gangs": rows})
     return 0 if ok and not failed else 1
 
 

@@ -24,6 +24,7 @@ import functools
 import gc
 import heapq
 import json
+import os
 import random
 import statistics
 import sys
@@ -35,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import results
 from bench.topology_sim import (
     Cluster,
     ClusterSpec,
@@ -518,8 +520,13 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, help="sim: arrivals per cluster (default per cluster)")
     ap.add_argument("--slowed", action="store_true",
                     help="sim: also each placement's slowed jobs by gang shape")
+    ap.add_argument("--json", type=Path, metavar="FILE",
+                    help="sim: also write each cluster's metrics per placement here (the first "
+                         "seed's; bench/plots.py reads them)")
     args = ap.parse_args()
+    load0 = os.getloadavg()[0]
     ok = True
+    sims: dict[str, Metrics] = {}
     # --quick: smaller stand-ins, and no 4,096-node tree
     named = ({"fat1024": (fat_tree(256), 1500), "nvl72": (nvl72(16), 1500)} if args.quick
              else {"fat1024": (fat_tree(1024), 4000), "fat4096": (fat_tree(4096), 6000),
@@ -531,6 +538,7 @@ def main() -> int:
         for spec, count in cases:
             runs = [compare(spec, args.jobs or count, args.load, seed, show_slowed=args.slowed)
                     for seed in range(args.seed, args.seed + args.seeds)]
+            sims[spec.name] = runs[0]
             if len(runs) == 1:
                 ok &= all(good for _, good, *_ in verdicts(runs[0]))
             else:
@@ -552,6 +560,9 @@ def main() -> int:
         ok &= latency((4096,) if args.quick else (4096, 16384), 20 if args.quick else 100,
                       args.seed)
     print("\nall goals met" if ok else "\nsome goals NOT met (see above)")
+    if args.json is not None:
+        results.write(args.json, "topology", load0,
+                      {"seed": args.seed, "offered_load": args.load, "sim": sims})
     return 0 if ok else 1
 
 

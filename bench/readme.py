@@ -1,9 +1,9 @@
-"""Reruns every figure of the README's "Measured" table and prints the table's new rows.
+"""Reruns the benches behind docs/benchmarks.md and prints each one's figures as a table row.
 
     scripts/bench --readme [--root] [--only NAME ...] [--logs DIR [--reparse]]
 
 Each bench runs as its own process, one after another (they share nothing but the machine), with
-the command the README names. From its output this script takes the figures the row shows,
+the command docs/benchmarks.md names. From its output this script takes the figures the row shows,
 says for each row with a target whether it is met, and names the commit measured and the load
 average (`uptime`'s 1-minute figure) before and after the bench: every figure is a ratio against
 a baseline of the same run, but a busy machine still widens the rounds. A bench that fails (its
@@ -27,7 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.results import REPO, commit
+
 PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv").exists() else sys.executable
 
 
@@ -233,14 +236,6 @@ ROWS = (
 )
 #: the rows of the serve run's other cases (parsed from the same output)
 SERVE_CASES = {"serve": ("hit", "miss"), "serve-msgspec": ("hit",)}
-
-
-def commit() -> str:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
-                          check=False, capture_output=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                           check=False, text=True, capture_output=True).stdout.strip()
-    return head + ("+uncommitted" if dirty else "")
 
 
 def cell(text: str) -> str:
