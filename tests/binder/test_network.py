@@ -57,6 +57,25 @@ def test_a_required_rack_gang_lands_in_one_rack() -> None:
     assert len(p.places) == 1 and racks(p) == {("b0", "r0")}  # the fullest rack that fits
 
 
+def test_a_replaced_member_of_a_required_rack_gang_joins_its_rack() -> None:
+    """Worker 0 of a 2 x 8-GPU gang died and its controller made it again; worker 1 and the
+    launcher still run in rack b0-r0. The other node of that rack is the only place for it,
+    though rack b1-r1's nodes are emptier and come first; with that node full it waits, saying
+    why, rather than splitting the gang across racks."""
+    nodes = racked_nodes()
+    gang = job("j", workers=2, gpus=8, topology=topo(RACK))
+    gang[1]["spec"]["nodeName"] = "b0-r0-n1"
+    gang[2]["spec"]["nodeName"] = "b0-r0-n1"
+    p = run(gang, nodes)
+    assert {pod_.name: a.node for place in p.places for pod_, a in place.assignments} == \
+        {"j-worker-0": "b0-r0-n0"}
+    squatter = pod("busy", gpus=8, node_name="b0-r0-n0", topology=None)
+    p = run([*gang, squatter], nodes)
+    assert not p.places
+    assert p.waits[0].kind == "unplaceable"
+    assert p.waits[0].reason.endswith(f"(kept to {RACK}=r0, where its bound members run)")
+
+
 def test_a_preferred_rack_gang_that_fits_no_rack_spans_the_racks_of_one_block() -> None:
     p = run(job("j", workers=3, gpus=8, topology=topo(RACK, "preferred")), racked_nodes())
     assert len(p.places) == 1 and len({b for b, _ in racks(p)}) == 1 and len(racks(p)) == 2

@@ -273,6 +273,39 @@ def _request(gang: Gang, pending: list[PodInfo], nodes: Mapping[str, NodeInfo], 
     ), note
 
 
+def _join_bound(gang: Gang, request: GangRequest, network: Network
+                ) -> tuple[GangRequest, str] | str:
+    """The request with its members kept to the one domain of its required network level that
+    the gang's bound members run in, and a note for its wait: a member placed while others run
+    (a worker its controller made again) joins them there, as a placement of the whole gang
+    would have put it. Or why no node of that domain is eligible for one."""
+    net = request.network
+    if net is None or net.level is None or net.mode != "required" or not gang.bound:
+        return request, ""
+    label = network.label(net.level)
+    chain = network.chain(label)
+    if label not in chain:
+        return request, ""
+    depth = chain.index(label) + 1
+    paths = network.paths(chain)
+    homes = {paths.get(p.node_name or "", ())[:depth] for p in gang.bound}
+    if len(homes) != 1:
+        return request, ""
+    [home] = homes
+    if len(home) < depth:
+        return request, ""
+    domain = frozenset(n for n, path in paths.items() if path[:depth] == home)
+    members = []
+    for m in request.members:
+        eligible = domain if m.eligible_nodes is None else m.eligible_nodes & domain
+        if not eligible:
+            return (f"pod {m.key}: no node of {label}={home[-1]}, where its gang's bound members "
+                    "run (its network level is required), is eligible for it")
+        members.append(replace(m, eligible_nodes=eligible))
+    return replace(request, members=tuple(members)), \
+        f" (kept to {label}={home[-1]}, where its bound members run)"
+
+
 def _serving_reason(pod: PodInfo, node: NodeInfo) -> str:
     """Why a node with a topology cannot serve the pod's GPUs."""
     serving = gpu_serving(pod)
@@ -488,6 +521,12 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
             r.wait(gang, "unplaceable", f"gang {gang.name}: {levels}")
             return False
         network = fit.network(r.nodes, levels, r.config.domains)
+        home = _join_bound(gang, request, network)
+        if isinstance(home, str):
+            r.wait(gang, "unplaceable", home)
+            return False
+        request, kept_to = home
+        note += kept_to
     apart = terms is not None and one_per_node(pending)
     if apart:
         result = place(_one_slot(r.states.values()), request, network=network)

@@ -7,11 +7,15 @@ UUIDs of each node's own).
 
 This folder's `node_cluster` replaces the single-node tier's, so every fixture of
 tests/real/conftest.py (Volcano, coscheduling, the operators) runs beside this cluster. It runs
-in a pytest session of its own: `pytest -m multinode tests/real/multinode`.
+in a pytest session of its own: `pytest -m multinode tests/real/multinode`, on the Kubernetes
+release the newest scheduler-plugins is built on (`versions.SCHEDULER_PLUGINS_KUBERNETES`, the
+oldest supported), so that the binder, Volcano and coscheduling all place the same jobs on one
+cluster; `MUSTER_K8S_VERSION` picks another.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,8 +57,10 @@ def multinode_values(cluster: NodeCluster) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def node_cluster(images: image.Images, tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[NodeCluster]:
-    gates, runtime_config = versions.native_gangs(versions.kubernetes())
-    cluster = NodeCluster(images, {}, feature_gates=gates, runtime_config=runtime_config,
+    release = os.environ.get("MUSTER_K8S_VERSION") or versions.SCHEDULER_PLUGINS_KUBERNETES
+    gates, runtime_config = versions.native_gangs(release)
+    cluster = NodeCluster(images, {}, release, feature_gates=gates,
+                          runtime_config=runtime_config,
                           nodes=[(name, node_labels(rack)) for name, rack in RACKS.items()])
     try:
         cluster.start(within=600)
