@@ -32,6 +32,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 
 from neighbours import KUEUE_PODS_READY_TIMEOUT
+from operator_runs import module_controller
 from real_helpers import (
     crd_documents,
     diagnostics,
@@ -43,7 +44,7 @@ from real_helpers import (
 )
 
 from e2e.cluster import NAMESPACE, RELEASE, helm
-from e2e.node import image, schedulers, versions
+from e2e.node import image, operators, schedulers, versions
 from e2e.node.assets import REPO, ensure_debian_packages, missing_prerequisites
 from e2e.node.cluster import NodeCluster
 from e2e.node.kubectl import write_list
@@ -400,3 +401,11 @@ def volcano(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
         kubectl(node_cluster, "delete", "--ignore-not-found", "-f", str(hooks))
     for neighbour in neighbours.values():
         neighbour.stop()
+
+
+@pytest.fixture(scope="module")
+def jobset_controller(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
+                      ) -> Iterator[None]:
+    """JobSet's controller and webhooks (the released one, `e2e.node.operators`) for a module."""
+    yield from module_controller(node_cluster, operators.JOBSET,
+                                 tmp_path_factory.mktemp("jobset"), 19443)

@@ -239,13 +239,6 @@ def _uid(pods: list[dict[str, Any]], name: str) -> str:
 # --- JobSet and LeaderWorkerSet: their controllers and webhooks, cluster-wide ------------------
 
 @pytest.fixture(scope="module")
-def jobset_controller(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
-                      ) -> Iterator[None]:
-    yield from module_controller(node_cluster, operators.JOBSET,
-                                 tmp_path_factory.mktemp("jobset"), 19443)
-
-
-@pytest.fixture(scope="module")
 def lws_controller(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
                    ) -> Iterator[None]:
     yield from module_controller(node_cluster, operators.LWS, tmp_path_factory.mktemp("lws"),

@@ -10,9 +10,9 @@ from typing import Any
 from jobs import ensure_namespace
 from layout import GPUS_PER_NODE, LEAF, RACKS
 from ranks import check_assignments, printed, visible
+from workloads import EXCHANGE, indexed_job
 
 from e2e.cluster import NAMESPACE
-from e2e.node import image
 from e2e.node.cluster import NodeCluster
 from e2e.probes import eventually
 from webhook import keys
@@ -20,56 +20,6 @@ from webhook.kube import JOBS, NODES, PODS, SERVICES, KubeApi
 from webhook.topology import codec
 
 NS = "rack-team"
-#: rank 0 adds every rank's number (rank + 1) and sends the sum back; each prints one JSON line
-EXCHANGE = """
-import json, os, socket, time
-rank, world = int(os.environ["JOB_COMPLETION_INDEX"]), int(os.environ["WORLD"])
-line = {"rank": rank, "node": os.environ["NODE_NAME"], "host": socket.gethostname(),
-        "visible": os.environ.get("NVIDIA_VISIBLE_DEVICES", "")}
-if rank == 0:
-    server = socket.create_server(("", 29500))
-    peers = [server.accept()[0] for _ in range(world - 1)]
-    total = 1 + sum(int(p.recv(64)) for p in peers)
-    for p in peers:
-        p.sendall(str(total).encode())
-else:
-    master = os.environ["MASTER"]
-    for _ in range(600):
-        try:
-            conn = socket.create_connection((master, 29500), timeout=5)
-            break
-        except OSError:
-            time.sleep(0.2)
-    conn.sendall(str(rank + 1).encode())
-    total = int(conn.recv(64))
-print(json.dumps({**line, "sum": total}), flush=True)
-"""
-
-
-def indexed_job(name: str, world: int, gpus: int) -> list[dict[str, Any]]:
-    """A headless Service and an Indexed Job of `world` pods of `gpus` GPUs each."""
-    service = {"apiVersion": "v1", "kind": "Service",
-               "metadata": {"name": name, "namespace": NS},
-               "spec": {"clusterIP": "None", "selector": {"job-name": name},
-                        "ports": [{"port": 29500}]}}
-    container = {
-        "name": "rank", "image": f"{image.IMAGE_REPOSITORY}:{image.IMAGE_TAG}",
-        "imagePullPolicy": "Never", "command": ["python", "-c", EXCHANGE],
-        "env": [{"name": "WORLD", "value": str(world)},
-                {"name": "MASTER", "value": f"{name}-0.{name}"},
-                {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
-        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
-                      "limits": {keys.GPU_RESOURCE: str(gpus)}}}
-    job = {"apiVersion": "batch/v1", "kind": "Job",
-           "metadata": {"name": name, "namespace": NS},
-           "spec": {"completionMode": "Indexed", "completions": world, "parallelism": world,
-                    "backoffLimit": 0,
-                    "template": {"spec": {"subdomain": name, "restartPolicy": "Never",
-                                          "terminationGracePeriodSeconds": 1,
-                                          "containers": [container]}}}}
-    return [service, job]
-
-
 async def test_every_node_is_ready_in_its_rack_with_gpus_of_its_own(kube: KubeApi) -> None:
     async def published() -> dict[str, Any] | None:
         nodes = {n["metadata"]["name"]: n for n in (await kube.list(NODES))["items"]}
@@ -94,7 +44,7 @@ async def test_an_indexed_job_runs_whole_in_one_rack_across_two_nodes(
         kube: KubeApi, node_cluster: NodeCluster) -> None:
     await ensure_namespace(kube, NS, {"muster.io/network": "rack"})
     name, world = "exchange", 2
-    service, job = indexed_job(name, world, GPUS_PER_NODE)
+    service, job = indexed_job(NS, name, world, GPUS_PER_NODE, EXCHANGE)
     await kube.create(SERVICES, service, namespace=NS)
     await kube.create(JOBS, job, namespace=NS)
 
