@@ -1,0 +1,99 @@
+"""The real training jobs' parts that run without a cluster: what a rank reports and checks
+(`e2e/train/rank.py`, the training image's program) and the jobs as submitted (`e2e.training`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e import training
+from e2e.train import rank
+from webhook import keys
+from webhook.demo import EXAMPLE_POLICIES
+
+
+def test_a_rank_reads_the_containers_own_environment_not_sshds() -> None:
+    raw = b"PATH=/bin\0NVIDIA_VISIBLE_DEVICES=GPU-1,GPU-2\0NODE_NAME=n1\0MUSTER_GPU_3=GPU-2\0"
+    env = rank.container_env(raw, {"NVIDIA_VISIBLE_DEVICES": "from-sshd"})
+    assert rank.seen(env) == {"node": "n1", "visible": "GPU-1,GPU-2", "cdi": ["GPU-2"]}
+    # unreadable: its own environment
+    assert rank.seen(rank.container_env(None, {"NODE_NAME": "n2"}))["node"] == "n2"
+
+
+def test_only_the_full_sum_of_every_rank_is_right() -> None:
+    assert rank.summed_right([6.0] * rank.VECTOR, 3)
+    assert not rank.summed_right([5.0] * rank.VECTOR, 3)  # a rank missing
+    assert not rank.summed_right([6.0] * (rank.VECTOR - 1) + [5.0], 3)
+    assert not rank.summed_right([6.0], 3)
+    line = rank.line(1, 3, [6.0] * rank.VECTOR, 0.5, {"NODE_NAME": "n"})
+    assert (line["rank"], line["ok"], line["sum"], line["node"]) == (1, True, 6.0, "n")
+
+
+def test_the_launcher_waits_for_each_host_of_the_hostfile() -> None:
+    text = "# mpi-operator's\njob-worker-0.job.ns.svc slots=1\n\njob-worker-1.job.ns.svc slots=1\n"
+    assert rank.hostfile_hosts(text) == ["job-worker-0.job.ns.svc", "job-worker-1.job.ns.svc"]
+
+
+def test_a_rank_with_no_mode_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit, match="usage"):
+        rank.main(["train"])
+
+
+def _container(spec: dict[str, Any]) -> dict[str, Any]:
+    (container,) = spec["template"]["spec"]["containers"]
+    return container  # type: ignore[no-any-return]
+
+
+def test_mpijob_workers_ask_the_gpus_and_the_launcher_runs_every_rank() -> None:
+    job = training.mpijob("j", "ns", workers=3, gpus_per_worker=2, slots_per_worker=2,
+                          nameserver="10.0.0.1")
+    specs = job["spec"]["mpiReplicaSpecs"]
+    worker, launcher = _container(specs["Worker"]), _container(specs["Launcher"])
+    assert specs["Worker"]["replicas"] == 3 and job["spec"]["slotsPerWorker"] == 2
+    assert worker["resources"]["limits"] == {keys.GPU_RESOURCE: "2"}
+    assert "limits" not in launcher["resources"]
+    command = launcher["command"]
+    assert command[command.index("-np") + 1] == "6"
+    assert command[-2:] == [training.RANK, "mpi"] and "tcp,self" in command
+    dns = specs["Worker"]["template"]["spec"]["dnsConfig"]
+    assert dns["nameservers"] == ["10.0.0.1"] and dns["searches"][0] == "ns.svc.cluster.local"
+    assert "dnsConfig" not in training.mpijob("j", "ns", workers=1)["spec"]["mpiReplicaSpecs"][
+        "Worker"]["template"]["spec"]
+
+
+def test_pytorchjob_master_is_a_rank_with_gpus_like_each_worker() -> None:
+    job = training.pytorchjob("p", "ns", workers=2, gpus_per_worker=1, steps=3)
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert (specs["Master"]["replicas"], specs["Worker"]["replicas"]) == (1, 2)
+    for spec in specs.values():
+        container = _container(spec)
+        assert container["name"] == training.PYTORCH_CONTAINER  # the operator's env goes here
+        assert container["command"][-2:] == ["ddp", "3"]
+        assert container["resources"]["limits"] == {keys.GPU_RESOURCE: "1"}
+
+
+def _shipped_gangs() -> list[dict[str, Any]]:
+    return [doc for f in sorted(EXAMPLE_POLICIES.glob("*.yaml"))
+            for doc in yaml.safe_load_all(f.read_text()) if doc and doc["spec"].get("gang")]
+
+
+@pytest.mark.parametrize(("kind", "backend"), [("MPIJob", "muster"), ("MPIJob", "volcano"),
+                                                ("MPIJob", "coscheduling"),
+                                                ("PyTorchJob", "volcano")])
+def test_shipped_namespace_is_where_a_shipped_policy_gives_the_kind_to_the_backend(
+        kind: Any, backend: Any) -> None:
+    ns = training.shipped_namespace(kind, backend)
+    matched = [p for p in _shipped_gangs()
+               if f"kubeflow.org/{kind}" in p["spec"]["match"].get("ownerKinds", [])
+               and p["spec"]["gang"]["backend"] == backend
+               and (ns.name in p["spec"]["match"].get("namespaces", []) or (
+                   (sel := p["spec"]["match"].get("namespaceSelector")) and
+                   sel["matchLabels"].items() <= ns.labels.items()))]
+    assert matched, f"no shipped policy gives a {kind} in {ns} to {backend}"
+
+
+def test_no_shipped_namespace_for_a_backend_no_policy_names() -> None:
+    with pytest.raises(ValueError, match="PyTorchJob to muster"):
+        training.shipped_namespace("PyTorchJob", "muster")
