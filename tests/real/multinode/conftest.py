@@ -15,6 +15,7 @@ cluster; `MUSTER_K8S_VERSION` picks another.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Iterator
@@ -34,7 +35,7 @@ from real_helpers import (
 )
 
 from e2e.cluster import NAMESPACE, RELEASE
-from e2e.node import image, versions
+from e2e.node import image, train_image, versions
 from e2e.node.assets import REPO
 from e2e.node.cluster import NodeCluster
 from e2e.node.kubectl import write_list
@@ -52,6 +53,13 @@ def multinode_values(cluster: NodeCluster) -> dict[str, Any]:
     values["policies"]["training.yaml"] = yaml.safe_dump(TRAINING_POLICY)
     values["agent"] = {"extraArgs": ["--fake-nvml=dgx1-v100@$(NODE_NAME)"]}
     return values
+
+
+@pytest.fixture(scope="session")
+def images(images: image.Images) -> image.Images:
+    """Muster's and the training image (`e2e.node.train_image`), which every node imports as
+    it starts."""
+    return dataclasses.replace(images, extra=(train_image.build().archive,))
 
 
 @pytest.fixture(scope="session")

@@ -47,3 +47,11 @@ def check_assignments(pods: list[dict[str, Any]], seen: dict[str, list[str]]) ->
         assert sorted(seen[name]) == want, f"{name} saw {seen[name]}, the binder assigned {want}"
     held = Counter(u for uuids in seen.values() for u in uuids)
     assert not [u for u, n in held.items() if n > 1], f"GPUs held twice: {held}"
+
+
+def check_sums(lines: list[dict[str, Any]], world: int) -> None:
+    """One line per rank 0..world-1 of `e2e/train/rank.py`, each with the right allreduce sum."""
+    assert sorted(ln["rank"] for ln in lines) == list(range(world)), lines
+    for ln in lines:
+        assert ln["world"] == world and ln["ok"], ln
+        assert ln["sum"] == ln["expected"] == world * (world + 1) / 2, ln
