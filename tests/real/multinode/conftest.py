@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from operator_runs import install_crds, operator
 from real_helpers import (
     crd_documents,
     diagnostics,
@@ -35,7 +36,7 @@ from real_helpers import (
 )
 
 from e2e.cluster import NAMESPACE, RELEASE
-from e2e.node import image, train_image, versions
+from e2e.node import image, operators, train_image, versions
 from e2e.node.assets import REPO
 from e2e.node.cluster import NodeCluster
 from e2e.node.kubectl import write_list
@@ -91,3 +92,27 @@ def node_cluster(images: image.Images, tmp_path_factory: pytest.TempPathFactory
         raise
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def mpi_operator(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[None]:
+    """mpi-operator on every namespace, for the module."""
+    binary = operators.build(operators.MPI_OPERATOR)
+    with node_cluster.netns():
+        install_crds(node_cluster, operators.MPI_OPERATOR, tmp_path_factory.mktemp("mpi"))
+        with operator(node_cluster, binary, "mpi-operator", ["--lock-namespace", "default"],
+                      ready=("Started workers",)):
+            yield
+
+
+@pytest.fixture(scope="module")
+def pytorch_operator(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
+                     ) -> Path:
+    """The training operator built and its CRDs installed; each test runs it on its
+    namespace."""
+    tmp = tmp_path_factory.mktemp("training-operator")
+    operators.build(operators.TRAINING_OPERATOR)
+    with node_cluster.netns():
+        install_crds(node_cluster, operators.TRAINING_OPERATOR, tmp)
+    return tmp

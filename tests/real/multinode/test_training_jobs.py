@@ -18,20 +18,19 @@ cluster: each rank saw its own 8 GPUs, none held twice.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from jobs import ensure_namespace
 from layout import GPUS_PER_NODE, RACKS, TRAINING_LABEL
-from operator_runs import delete_all, delete_and_wait, install_crds, operator
+from operator_runs import delete_all, delete_and_wait
 from ranks import check_assignments, check_sums, printed, visible
 from test_job_operators import _training_operator
 
 from e2e import training
 from e2e.jobkind_scenarios import PYTORCHJOBS
-from e2e.node import operators, schedulers
+from e2e.node import schedulers
 from e2e.node.cluster import NodeCluster
 from e2e.probes import eventually, pods_of
 from webhook import keys
@@ -40,30 +39,6 @@ from webhook.policy.operators import JOB_ROLE_LABEL
 
 TRAIN_NS = "train-rack"
 WORKERS = 2
-
-
-@pytest.fixture(scope="module")
-def mpi_operator(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
-                 ) -> Iterator[None]:
-    """mpi-operator on every namespace, for the module."""
-    binary = operators.build(operators.MPI_OPERATOR)
-    with node_cluster.netns():
-        install_crds(node_cluster, operators.MPI_OPERATOR, tmp_path_factory.mktemp("mpi"))
-        with operator(node_cluster, binary, "mpi-operator", ["--lock-namespace", "default"],
-                      ready=("Started workers",)):
-            yield
-
-
-@pytest.fixture(scope="module")
-def pytorch_operator(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
-                     ) -> Path:
-    """The training operator built and its CRDs installed; each test runs it on its
-    namespace."""
-    tmp = tmp_path_factory.mktemp("training-operator")
-    operators.build(operators.TRAINING_OPERATOR)
-    with node_cluster.netns():
-        install_crds(node_cluster, operators.TRAINING_OPERATOR, tmp)
-    return tmp
 
 
 async def finished(kube: KubeApi, resource: Resource, name: str, ns: str,
