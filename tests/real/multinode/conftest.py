@@ -49,10 +49,13 @@ from layout import RACKS, TRAINING_POLICY, node_labels
 
 def multinode_values(cluster: NodeCluster) -> dict[str, Any]:
     """The single-node tier's values, the admin's training policy beside the examples, and each
-    node's agent with GPUs of its own."""
+    node's agent with GPUs of its own, serving other schedulers' pods too."""
     values = release_values(cluster)
     values["policies"]["training.yaml"] = yaml.safe_dump(TRAINING_POLICY)
-    values["agent"] = {"extraArgs": ["--fake-nvml=dgx1-v100@$(NODE_NAME)"]}
+    # Volcano and coscheduling place GPU pods on these nodes too: each gets the kubelet's own
+    # GPUs (never while a binder grant waits beside it); the default refuses them
+    values["agent"] = {"extraArgs": ["--fake-nvml=dgx1-v100@$(NODE_NAME)",
+                                     "--unassigned=kubelet"]}
     return values
 
 

@@ -45,6 +45,9 @@ async def finished(kube: KubeApi, resource: Resource, name: str, ns: str,
                    within: float = 600) -> str:
     """The job's end: "Succeeded" or "Failed"."""
     async def ended() -> str | None:
+        refused = [p["status"] for p in await pods_of(kube, ns, name)
+                   if p["status"].get("reason") == "UnexpectedAdmissionError"]
+        assert not refused, f"the kubelet refused a pod of {ns}/{name}: {refused}"
         job = await kube.get(resource, name, namespace=ns)
         for cond in (job.get("status") or {}).get("conditions") or []:
             if cond.get("type") in ("Succeeded", "Failed") and cond.get("status") == "True":
