@@ -28,15 +28,16 @@ class Preemptions:
         self.snapshot = snapshot
         #: the reservations of the gangs that preempted, by gang key
         self.reserved: dict[str, Reservation] = {}
-        self._pdbs: dict[str, PdbInfo] = {}
+        #: the PodDisruptionBudgets, by "namespace/name"
+        self.budgets: dict[str, PdbInfo] = {}
 
     def on_pdb(self, event: str, obj: dict[str, Any], _old: dict[str, Any] | None) -> None:
         pdb = parse_pdb(obj)
         key = f"{pdb.namespace}/{pdb.name}"
         if event == "DELETED":
-            self._pdbs.pop(key, None)
+            self.budgets.pop(key, None)
         else:
-            self._pdbs[key] = pdb
+            self.budgets[key] = pdb
 
     def prune(self, open_gangs: Collection[str], now: float) -> None:
         """Let go of the reservations whose gang is placed or gone, whose time is up, or
@@ -59,7 +60,7 @@ class Preemptions:
     def _evictable(self, gang: Gang) -> bool:
         if gang.key in self.evictor.refused:
             return False
-        mine = [p for p in self._pdbs.values() if p.namespace == gang.namespace]
+        mine = [p for p in self.budgets.values() if p.namespace == gang.namespace]
         return not mine or forbidding(gang.members, mine) is None
 
     def planner(self, nodes: Mapping[str, NodeInfo], *, config: PlanConfig, place: PlaceFn,
