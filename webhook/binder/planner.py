@@ -608,7 +608,7 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
         home = _join_bound(gang, request, network)
         if isinstance(home, str):
             r.wait(gang, "unplaceable", home)
-            return False
+            return
         request, kept_to = home
         note += kept_to
     apart = terms is not None and one_per_node(pending)
