@@ -76,7 +76,7 @@ def mpijob(name: str, ns: str, *, workers: int, gpus_per_worker: int = 1,
     ranks = workers * slots_per_worker
     launcher = _container("launcher", ["python3", RANK, "launch", "-np", str(ranks),
                                        *MPIRUN_ARGS, "python3", RANK, "mpi"], 0)
-    worker = _container("worker", ["/usr/sbin/sshd", "-De"], gpus_per_worker)
+    worker = _container("worker", ["python3", RANK, "sshd"], gpus_per_worker)
     # the workers' sshd is ready when it listens: the launcher waits for it too (rank.py)
     worker["readinessProbe"] = {"tcpSocket": {"port": 22}, "periodSeconds": 1}
     return {

@@ -22,6 +22,23 @@ def test_a_rank_reads_the_containers_own_environment_not_sshds() -> None:
     assert rank.seen(rank.container_env(None, {"NODE_NAME": "n2"}))["node"] == "n2"
 
 
+def test_a_worker_keeps_its_environment_for_the_ranks_before_it_becomes_sshd(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sshd writes its process title over its environment: /proc/1/environ of a worker holds no
+    NODE_NAME (seen on the real multi-node tier), so the worker keeps it first."""
+    kept = tmp_path / "env.json"
+    monkeypatch.setattr(rank, "CONTAINER_ENV", kept)
+    monkeypatch.setenv("NODE_NAME", "n3")
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "GPU-7")
+    became: list[list[str]] = []
+    monkeypatch.setattr(rank.os, "execv", lambda path, argv: became.append([path, *argv]))
+    rank.sshd()
+    assert became == [["/usr/sbin/sshd", "/usr/sbin/sshd", "-De"]]
+    monkeypatch.delenv("NODE_NAME")  # a rank started over ssh has sshd's environment
+    assert rank.seen(rank._env())["node"] == "n3"
+    assert rank.seen(rank._env())["visible"] == "GPU-7"
+
+
 def test_only_the_full_sum_of_every_rank_is_right() -> None:
     assert rank.summed_right([6.0] * rank.VECTOR, 3)
     assert not rank.summed_right([5.0] * rank.VECTOR, 3)  # a rank missing

@@ -5,8 +5,8 @@ The way `e2e.node.image` builds Muster's: a root filesystem made by `mmdebstrap`
 runs collectives over TCP on CPUs), then `buildah` adds the rank programs of `e2e/train` at
 `PROGRAMS` and the SSH settings mpi-operator's launcher needs, and writes a docker-archive that
 `ctr images import` loads into each node's containerd (a cluster plan's "images" list,
-`Images.extra`). Cached in `.cache/images`, keyed on the packages and the programs; build time
-and size are recorded next to the archive.
+`Images.extra`). Cached outside the checkout in `~/.cache/muster/images` (`MUSTER_CACHE`), keyed
+on the packages and the programs; build time and size are recorded next to the archive.
 
     .venv/bin/python -m e2e.node.train_image    # builds (or finds) it, prints where and how big
 """
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e2e.node.assets import CACHE, REPO
+from e2e.node.gobuild import cache_root
 from e2e.node.image import _buildah
 
 TRAIN_IMAGE = "localhost/muster-train:bookworm"
@@ -96,7 +97,9 @@ def _commit(store: Path, rootfs: Path) -> None:
 
 def build() -> TrainImage:
     """The image's archive, built unless the cache holds it for these packages and programs."""
-    out = CACHE / "images"
+    # outside the checkout, beside the cluster's binaries: it depends on no source of Muster's,
+    # so a fresh clone (CI) reuses it
+    out = cache_root() / "images"
     out.mkdir(parents=True, exist_ok=True)
     digest = _digest(PACKAGES, *_programs())[:16]
     archive, record = out / f"train-{digest}.tar", out / f"train-build-{digest}.json"

@@ -28,6 +28,10 @@ VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 CDI_PREFIX = "MUSTER_GPU_"
 VECTOR = 1024
 DEFAULT_HOSTFILE = "/etc/mpi/hostfile"
+#: the environment the container was started with, as `rank.py sshd` keeps it before it becomes
+#: sshd: a rank mpirun starts over ssh has sshd's session environment, and sshd writes its
+#: process title over its own (so /proc/1/environ holds no NODE_NAME, no GPUs)
+CONTAINER_ENV = Path("/run/muster-container-env.json")
 
 
 def container_env(raw: bytes | None, own: Mapping[str, str]) -> dict[str, str]:
@@ -64,10 +68,21 @@ def line(rank: int, world: int, values: Sequence[float], elapsed: float,
 
 def _env() -> dict[str, str]:
     try:
+        kept: dict[str, str] = json.loads(CONTAINER_ENV.read_text())
+        return kept
+    except (OSError, ValueError):
+        pass
+    try:
         raw: bytes | None = Path("/proc/1/environ").read_bytes()
     except OSError:
         raw = None
     return container_env(raw, os.environ)
+
+
+def sshd() -> None:
+    """A worker: its environment kept for the ranks, then sshd in this process's place."""
+    CONTAINER_ENV.write_text(json.dumps(dict(os.environ)))
+    os.execv("/usr/sbin/sshd", ["/usr/sbin/sshd", "-De"])
 
 
 def mpi() -> dict[str, Any]:
@@ -144,8 +159,10 @@ def launch(args: list[str], within: float = 300) -> None:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["launch"]:
         launch(argv[1:])
+    if argv[:1] == ["sshd"]:
+        sshd()
     if argv[:1] not in (["mpi"], ["ddp"]):
-        sys.exit("usage: rank.py mpi | ddp [STEPS] | launch MPIRUN-ARGS...")
+        sys.exit("usage: rank.py mpi | ddp [STEPS] | launch MPIRUN-ARGS... | sshd")
     out = mpi() if argv[0] == "mpi" else ddp(int(argv[1]) if len(argv) > 1 else 5)
     print(json.dumps(out, sort_keys=True), flush=True)
     return 0 if out["ok"] else 1

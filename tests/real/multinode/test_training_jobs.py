@@ -66,20 +66,24 @@ def role(pods: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 async def run_mpijob(kube: KubeApi, cluster: NodeCluster, ns: str, name: str
                      ) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
     """The MPIJob run to Succeeded across two whole nodes: its worker pods, and the GPUs each
-    worker's rank saw (its line, through mpirun, in the launcher's log)."""
+    worker's rank saw (its line, through mpirun, in the launcher's log). The job goes after,
+    whatever happened: its workers hold two nodes' GPUs."""
     await delete_all(kube, MPIJOBS, ns)
     await kube.create(MPIJOBS, training.mpijob(name, ns, workers=WORKERS,
                                                gpus_per_worker=GPUS_PER_NODE), namespace=ns)
-    ended = await finished(kube, MPIJOBS, name, ns)
-    pods = await pods_of(kube, ns, name)
-    (launcher,) = role(pods, "launcher")
-    lines = await printed(cluster, launcher)
+    try:
+        ended = await finished(kube, MPIJOBS, name, ns)
+        pods = await pods_of(kube, ns, name)
+        (launcher,) = role(pods, "launcher")
+        lines = await printed(cluster, launcher)
+    finally:
+        await delete_and_wait(kube, MPIJOBS, name, ns)
     assert ended == "Succeeded", lines
     check_sums(lines, WORKERS)
     by_host = {ln["host"]: ln for ln in lines}
     workers = role(pods, "worker")
     for pod in workers:
-        assert by_host[pod["metadata"]["name"]]["node"] == pod["spec"]["nodeName"]
+        assert by_host[pod["metadata"]["name"]]["node"] == pod["spec"]["nodeName"], by_host
     assert len({p["spec"]["nodeName"] for p in workers}) == WORKERS, "two nodes"
     return workers, {p["metadata"]["name"]: visible(by_host[p["metadata"]["name"]])
                      for p in workers}
@@ -99,7 +103,6 @@ async def test_an_mpijob_allreduces_across_two_nodes_of_one_rack_on_the_binders_
     assert len({RACKS[p["spec"]["nodeName"]] for p in workers}) == 1, "required rack"
     assert {p["metadata"]["annotations"][keys.ANN_GANG_NAME] for p in workers} == {"allreduce"}
     check_assignments(workers, seen)
-    await delete_and_wait(kube, MPIJOBS, "allreduce", ns)
 
 
 @pytest.mark.neighbour("volcano")
@@ -111,7 +114,6 @@ async def test_the_same_mpijob_under_volcano(
     assert group["spec"]["minMember"] == WORKERS + 1
     assert {p["spec"]["schedulerName"] for p in workers} == {"volcano"}
     own_gpus_each(seen)
-    await delete_and_wait(kube, MPIJOBS, "allreduce-vc", ns)
 
 
 @pytest.mark.neighbour("coscheduling")
@@ -124,7 +126,6 @@ async def test_the_same_mpijob_under_coscheduling(
     assert group["spec"]["minMember"] == WORKERS + 1
     assert {p["spec"]["schedulerName"] for p in workers} == {schedulers.COSCHEDULING_NAME}
     own_gpus_each(seen)
-    await delete_and_wait(kube, MPIJOBS, "allreduce-co", ns)
 
 
 async def run_pytorchjob(kube: KubeApi, cluster: NodeCluster, ns: str, name: str,
@@ -135,10 +136,12 @@ async def run_pytorchjob(kube: KubeApi, cluster: NodeCluster, ns: str, name: str
     with _training_operator(cluster, operator_dir, f"--namespace={ns}"):
         await kube.create(PYTORCHJOBS, training.pytorchjob(
             name, ns, workers=1, gpus_per_worker=GPUS_PER_NODE), namespace=ns)
-        ended = await finished(kube, PYTORCHJOBS, name, ns)
-        pods = await pods_of(kube, ns, name)
-        lines = {p["metadata"]["name"]: await printed(cluster, p) for p in pods}
-        await delete_and_wait(kube, PYTORCHJOBS, name, ns)
+        try:
+            ended = await finished(kube, PYTORCHJOBS, name, ns)
+            pods = await pods_of(kube, ns, name)
+            lines = {p["metadata"]["name"]: await printed(cluster, p) for p in pods}
+        finally:
+            await delete_and_wait(kube, PYTORCHJOBS, name, ns)
     assert ended == "Succeeded", lines
     check_sums([ln for got in lines.values() for ln in got], 2)
     for pod in pods:
