@@ -1,11 +1,14 @@
 """Priority that means something: a priority mix on the topology bench's clusters, with and
 without gang-aware preemption, against Volcano's, KAI's and Kueue's preemption as published.
 
-Run: .venv/bin/python -u bench/bench_preemption.py [--quick] [--clusters all|fat1024|nvl72]
-     [--seed 7] [--load 1.2] [--high 0.2]
+Run: .venv/bin/python -u bench/bench_preemption.py [--large] [--clusters all|fat|nvl72]
+     [--seed 7] [--seeds 1] [--load 1.5] [--high 0.2] [--jobs N]
 
 The clusters, arrivals and placements are bench/topology_sim.py's (fat tree of DGX-1 V100,
-GB200 NVL72 racks; Poisson arrivals of 1-512 GPU gangs, log-normal run times); each job is high
+GB200 NVL72 racks; Poisson arrivals of 1-512 GPU gangs, log-normal run times): by default a
+quarter of the topology bench's (256 nodes, 16 racks) with 3,000 arrivals at 150 % offered, so
+that the queue stays full for most of the run and high-priority gangs wait without preemption;
+`--large` the topology bench's 1,024 nodes and 64 racks, with 12,000. Each job is high
 priority with probability `--high` (20 %), else low. The queue goes by priority, then arrival,
 with backfill (the first 32 waiting gangs that fit by count are tried at each event, as
 bench_topology.py). At each event the first high-priority gang still waiting may preempt
@@ -190,41 +193,91 @@ def policies(seed: int, tables: TableCache) -> dict[str, tuple[Preempt, Placer]]
     return {"no preemption": (never, muster(tables)), **baselines(seed)}
 
 
-def compare(spec: ClusterSpec, count: int, load: float, high: float, seed: int
-            ) -> dict[str, dict[str, float]]:
+Rows = dict[str, dict[str, float]]  # policy -> metric -> value
+
+
+def compare(spec: ClusterSpec, count: int, load: float, high: float, seed: int) -> Rows:
+    """Every policy on the same arrivals and priorities: the table."""
     tables, jobs, ideal = workload(spec, count, load, seed)
     prio = priorities(jobs, high, seed)
     print(f"\n== {spec.name}: {spec.nodes * spec.gpus_per_node} GPUs, {count} jobs "
           f"({sum(p == HIGH for p in prio.values())} high priority), offered load {load:.0%}, "
           f"seed {seed}")
-    rows: dict[str, dict[str, float]] = {}
+    rows: Rows = {}
     for name, (preempt, placer) in policies(seed, tables).items():
         out = simulate(_Sim(spec, prio, ideal, tables, Outcome(name)), jobs, placer, preempt)
         if preempt is not never and not out.evicted:
             raise SystemExit(f"{name} evicted no gang: it measured nothing")
         rows[name] = out.metrics()
+    show(rows)
+    return rows
+
+
+def show(rows: Rows) -> None:
     cols = list(next(iter(rows.values())))
     print(f"  {'policy':16}" + "".join(f"{c:>16}" for c in cols))
     for name, m in rows.items():
         print(f"  {name:16}" + "".join(f"{m[c]:16.2f}" for c in cols))
-    return rows
+
+
+def goals(rows: Rows, mine: str = "Muster") -> bool:
+    """Issue 57's goals for `mine`: its high-priority p95 delay at least 10x lower than without
+    preemption; fewer GPU-hours lost than every baseline at the same high-priority delay (its
+    p95 at most 10 % or half a minute over the baseline's)."""
+    m, none = rows[mine], rows["no preemption"]
+    d, d0 = m["high delay p95"], none["high delay p95"]
+    ratio = d0 / d if d > 0 else float("inf") if d0 > 0 else 1.0
+    ok = ratio >= 10
+    print(f"  {mine}: high-priority p95 delay {d:.2f} min against {d0:.2f} without preemption: "
+          f"{ratio:.1f}x lower (goal >= 10x): {'met' if ok else 'NOT met'}")
+    for name, b in rows.items():
+        if name in (mine, "no preemption"):
+            continue
+        same = d <= max(b["high delay p95"] * 1.1, b["high delay p95"] + 0.5)
+        fewer = m["GPU-h lost"] < b["GPU-h lost"]
+        print(f"  against {name}: GPU-h lost {m['GPU-h lost']:.0f} vs {b['GPU-h lost']:.0f}, "
+              f"high p95 delay {d:.2f} vs {b['high delay p95']:.2f} min: "
+              f"{'met' if fewer and same else 'NOT met'}")
+        ok &= fewer and same
+    return ok
+
+
+def mean(runs: list[Rows]) -> Rows:
+    return {p: {c: statistics.fmean(r[p][c] for r in runs) for c in runs[0][p]}
+            for p in runs[0]}
+
+
+#: the clusters: the topology bench's (`--large`), or a quarter of each (default: the run fills
+#: them for longer, so that high-priority gangs wait without preemption)
+SIZES = {False: {"fat": (fat_tree(256), 3000), "nvl72": (nvl72(16), 3000)},
+         True: {"fat": (fat_tree(1024), 12000), "nvl72": (nvl72(64), 12000)}}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="smaller clusters, fewer jobs")
-    ap.add_argument("--clusters", choices=("all", "fat1024", "nvl72"), default="all")
+    ap.add_argument("--large", action="store_true",
+                    help="the topology bench's 1,024-node fat tree and 64 NVL72 racks")
+    ap.add_argument("--clusters", choices=("all", "fat", "nvl72"), default="all")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--load", type=float, default=1.2, help="offered share of the GPUs")
+    ap.add_argument("--seeds", type=int, default=1, help="this many seeds, then their mean")
+    ap.add_argument("--load", type=float, default=1.5, help="offered share of the GPUs")
     ap.add_argument("--high", type=float, default=0.2, help="share of high-priority jobs")
     ap.add_argument("--jobs", type=int, help="arrivals per cluster")
     args = ap.parse_args()
-    named = ({"fat1024": (fat_tree(256), 1500), "nvl72": (nvl72(16), 1500)} if args.quick
-             else {"fat1024": (fat_tree(1024), 4000), "nvl72": (nvl72(64), 4000)})
+    named = SIZES[args.large]
     cases = list(named.values()) if args.clusters == "all" else [named[args.clusters]]
+    ok = True
     for spec, count in cases:
-        compare(spec, args.jobs or count, args.load, args.high, args.seed)
-    return 0
+        runs = [compare(spec, args.jobs or count, args.load, args.high, seed)
+                for seed in range(args.seed, args.seed + args.seeds)]
+        rows = mean(runs)
+        if len(runs) > 1:
+            print(f"\n== {spec.name}: mean over {len(runs)} seeds")
+            show(rows)
+        if "Muster" in rows:
+            ok &= goals(rows)
+    print("\nall goals met" if ok else "\nsome goals NOT met (see above)")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -126,3 +126,18 @@ def test_a_run_where_a_preempting_policy_evicted_nothing_fails() -> None:
 
     with pytest.raises(SystemExit, match="evicted no gang"):
         compare(fat_tree(32), 20, 0.05, 0.2, 7)
+
+
+def test_the_goals_need_a_tenth_of_the_delay_and_fewer_gpu_hours_lost_at_the_same_delay() -> None:
+    from bench.bench_preemption import goals  # noqa: PLC0415
+
+    def row(delay: float, lost: float) -> dict[str, float]:
+        return {"high delay p95": delay, "GPU-h lost": lost}
+
+    rows = {"no preemption": row(20.0, 0.0), "Muster": row(1.0, 100.0),
+            "KAI": row(1.0, 150.0), "Volcano": row(0.6, 300.0)}
+    assert goals(rows)  # 20x lower; fewer lost than both, at KAI's delay and within 0.5 min
+    assert not goals({**rows, "KAI": row(1.0, 90.0)})  # KAI loses fewer at the same delay
+    assert not goals({**rows, "no preemption": row(9.0, 0.0)})  # only 9x lower
+    # a baseline that waits far longer and loses fewer is not at the same delay: not met
+    assert not goals({**rows, "Kueue": row(5.0, 50.0)})
