@@ -1,0 +1,127 @@
+"""The preemption planner: the fewest, cheapest whole lower-priority gangs whose eviction lets
+a gang be placed with its topology request, tested through the binder's planning cycle."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from binder_objects import BLOCK, RACK, job, pod, racked_nodes
+
+from webhook import keys
+from webhook.binder.allocation import Allocation
+from webhook.binder.assignment import build_assignment, encode_assignment
+from webhook.binder.gangs import Gang, assemble
+from webhook.binder.nodes import NodeInfo, parse_node
+from webhook.binder.planner import PlanConfig
+from webhook.binder.pods import parse_pod
+from webhook.binder.preemption import Preemption, Running, plan_preemption, victim_problem
+from webhook.topology.builtin import builtin
+from webhook.topology.hierarchy import place_gang
+from webhook.topology.network import Levels
+
+CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME,
+                 levels=Levels((BLOCK, RACK), (("block", BLOCK), ("rack", RACK))))
+NOW = 1795237200.0
+TOPO = builtin("dgx1-v100")
+
+
+def topo(level: str, mode: str = "required") -> str:
+    return json.dumps({"v": 1, "mode": "preferred", "network": {"level": level, "mode": mode}})
+
+
+def running(name: str, node_name: str, gpus: Sequence[int], *, priority: int = 0,
+            created: str = "2026-11-21T04:00:00Z") -> list[dict[str, Any]]:
+    """A one-pod gang bound to `node_name`, holding `gpus` there."""
+    a = build_assignment(node_name, TOPO, tuple(gpus), [("main", len(gpus))])
+    return [pod(f"{name}-0", gang=name, gpus=len(gpus), node_name=node_name,
+                assignment=encode_assignment(a), priority=priority, created=created,
+                phase="Running")]
+
+
+def cluster(pods: list[dict[str, Any]]) -> tuple[dict[str, Gang], dict[str, NodeInfo], Any]:
+    infos = [parse_pod(p) for p in pods]
+    nodes = {n["metadata"]["name"]: parse_node(n) for n in racked_nodes()}
+    states = {name: Allocation.from_pods(infos).node_state(n) for name, n in nodes.items()}
+    return assemble(infos, CFG.scheduler_name, None), nodes, states
+
+
+def decide(pods: list[dict[str, Any]], preemptor: str, *, protected: Sequence[str] = (),
+           admitted: Sequence[str] = ()) -> Preemption | None:
+    gangs, nodes, states = cluster(pods)
+    others = [Running(g, evictable=g.name not in protected, kueue_admitted=g.name in admitted)
+              for k, g in gangs.items() if k != f"team-a/{preemptor}"]
+    return plan_preemption(gangs[f"team-a/{preemptor}"], others, nodes, states, config=CFG,
+                           place=place_gang, now=NOW)
+
+
+def full(priority: int = 0, young: str = "") -> list[dict[str, Any]]:
+    """Every node of `racked_nodes` held whole by its own one-pod gang; the gangs in rack
+    `young` started last (the least work lost)."""
+    return [p for n in racked_nodes() for name in [n["metadata"]["name"]]
+            for p in running(f"low-{name}", name, range(8), priority=priority,
+                             created="2026-11-21T04:30:00Z" if young and
+                             name.startswith(young) else "2026-11-21T04:00:00Z")]
+
+
+def high(**kw: Any) -> list[dict[str, Any]]:
+    return job("high", workers=2, gpus=8, priority=1000, topology=topo(RACK),
+               created="2026-11-21T05:00:00Z", **kw)
+
+
+def victims(p: Preemption | None) -> set[str]:
+    assert p is not None
+    return {v.gang.name for v in p.victims}
+
+
+def test_a_required_rack_gang_evicts_exactly_one_racks_gangs_the_youngest() -> None:
+    p = decide([*full(young="b0-r1"), *high()], "high")
+    assert victims(p) == {"low-b0-r1-n0", "low-b0-r1-n1"}
+    assert p is not None and p.domain == f"{RACK}=r1" and p.gpus == 16
+    assert {a.node for _, a in p.place.assignments if a.containers} == {"b0-r1-n0", "b0-r1-n1"}
+
+
+def test_a_pdb_protected_gang_is_never_chosen_another_rack_is() -> None:
+    p = decide([*full(young="b0-r1"), *high()], "high", protected=["low-b0-r1-n1"])
+    chosen = victims(p)
+    assert "low-b0-r1-n1" not in chosen and len(chosen) == 2
+    assert len({name.rsplit("-", 1)[0] for name in chosen}) == 1  # one rack, whole
+
+
+def test_only_what_is_missing_is_evicted() -> None:
+    pods = [p for p in full(young="b0-r1") if p["spec"]["nodeName"] != "b0-r1-n0"]
+    assert victims(decide([*pods, *high()], "high")) == {"low-b0-r1-n1"}
+
+
+def test_equal_or_higher_priority_kueue_admitted_and_foreign_gangs_are_never_victims() -> None:
+    assert decide([*full(priority=1000), *high()], "high") is None
+    everyone = [n["metadata"]["name"] for n in racked_nodes()]
+    assert decide([*full(), *high()], "high", admitted=[f"low-{n}" for n in everyone]) is None
+    gangs, _, _ = cluster([*full(), *high()])
+    foreign = Gang("team-a/x", "team-a", "x", members=[
+        parse_pod(pod("x", gpus=8, node_name="b0-r0-n0", scheduler="default-scheduler"))])
+    assert victim_problem(gangs["team-a/high"], Running(foreign), CFG.scheduler_name) == \
+        "some of its pods are another scheduler's"
+
+
+def test_never_preempts_for_a_gang_that_could_not_fit_anyway() -> None:
+    big = job("big", workers=3, gpus=8, priority=1000, topology=topo(RACK))  # a rack has 2
+    assert decide([*full(), *big], "big") is None
+
+
+def test_a_partly_free_rack_is_cheaper_than_a_full_one() -> None:
+    pods = [p for p in full() if p["spec"]["nodeName"] != "b1-r0-n1"]
+    assert victims(decide([*pods, *high()], "high")) == {"low-b1-r0-n0"}
+
+
+def test_scattered_gpus_are_freed_only_where_no_level_is_asked() -> None:
+    loose = job("loose", workers=2, gpus=8, priority=1000, topology=None)
+    pods = [p for p in full() if p["spec"]["nodeName"] not in ("b0-r0-n0",)]
+    assert len(victims(decide([*pods, *loose], "loose"))) == 1
+
+
+def test_no_running_gangs_no_preemption() -> None:
+    gangs, nodes, states = cluster([*full(), *high()])
+    assert plan_preemption(gangs["team-a/high"], [], nodes, states, config=CFG,
+                           place=place_gang, now=NOW) is None

@@ -1,0 +1,304 @@
+"""Gang-aware preemption as a pure function: which whole running gangs to evict so that a
+waiting gang of higher priority can be placed with its topology request (docs/binder.md,
+"Priority and preemption").
+
+The question "does the gang fit once these gangs are gone?" is answered by the binder's own
+planning cycle (`planner.plan_gangs`) on the nodes of one candidate domain, their states with
+the victims' GPUs, CPU, memory and pod slots given back: the same filters, network levels and
+placement engine that will place the gang once the victims are gone, not a second fit model.
+
+The search, cheap before it is exact:
+1. Victims: running gangs of this binder of strictly lower priority whose every member may
+   be evicted now (no PodDisruptionBudget forbids it), not admitted by Kueue (Kueue's to
+   preempt), none of their pods being deleted; never part of a gang.
+2. Domains: where the gang must or should be, one domain at a time: each domain of its
+   network level (required: only those; preferred: those first, then the whole cluster), each
+   node for a single-node gang (preferred: then the whole cluster), else the whole cluster.
+   Freeing one rack is thus preferred over scattered GPUs in many.
+3. Per domain, the victims touching it, cheapest first (lowest priority, then the least work
+   lost: GPUs x seconds run, then fewest GPUs); a domain whose free GPUs plus all its victims'
+   cannot hold the gang is skipped unseen, and the prefix of victims that gives it enough GPUs
+   is its estimate (no fit tested yet).
+4. Domains in order of estimate: victims are added from that prefix on until the gang fits,
+   then each is dropped again if it still fits without it (a minimal set). The search stops
+   at the first domain whose set costs no more than the next domain's estimate, or after
+   `MAX_DOMAINS` domains were tested.
+The cost of a set: (its highest priority, GPU-seconds lost, GPUs, gangs), compared in order.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from webhook.binder.allocation import Allocation, holding_node
+from webhook.binder.assignment import assigned_indices
+from webhook.binder.fit import FitCache
+from webhook.binder.gangs import Gang
+from webhook.binder.nodes import NodeInfo
+from webhook.binder.planner import Place, PlaceFn, PlanConfig, plan_gangs
+from webhook.binder.pods import PodInfo
+from webhook.binder.queue import GangQueue
+from webhook.topology.model import NodeState
+from webhook.topology.network import HOSTNAME, resolved
+
+#: domains whose fit is tested at most, per decision (each costs a few planning trials)
+MAX_DOMAINS = 4
+#: planning trials at most, per decision (a bound on its latency)
+MAX_TRIALS = 24
+
+Cost = tuple[int, float, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A running gang of this binder, as a victim candidate.
+
+    `gang`: its members (as `gangs.assemble` makes them; the bound ones hold resources);
+    `evictable`: every PodDisruptionBudget covering its pods allows evicting all of them now
+    (the Eviction API would not answer 429); `kueue_admitted`: Kueue admitted its workload
+    (Kueue preempts it, not Muster)."""
+
+    gang: Gang
+    evictable: bool = True
+    kueue_admitted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """The decision: evict `victims` (whole gangs), then `place` is where the preemptor fits
+    (within `domain`: "<label>=<value>", or "" for the whole cluster)."""
+
+    victims: tuple[Running, ...]
+    place: Place
+    domain: str
+
+    @property
+    def gpus(self) -> int:
+        return sum(_gpus(v.gang) for v in self.victims)
+
+
+def victim_problem(preemptor: Gang, candidate: Running, scheduler_name: str,
+                   priority: int | None = None) -> str | None:
+    """Why `candidate` may not be evicted for `preemptor` (of `priority`: its own when None),
+    or None when it may."""
+    gang = candidate.gang
+    above = preemptor.priority if priority is None else priority
+    if gang.key == preemptor.key:
+        return "it is the preemptor"
+    if gang.priority >= above:
+        return f"its priority {gang.priority} is not lower than {above}"
+    if candidate.kueue_admitted:
+        return "Kueue admitted it (Kueue preempts its workloads)"
+    if not candidate.evictable:
+        return "a PodDisruptionBudget forbids evicting it now"
+    holds = False
+    for p in gang.members:
+        if p.scheduler_name != scheduler_name:
+            return "some of its pods are another scheduler's"
+        if p.deleting or p.terminated:
+            return "it is already going"
+        holds = holds or p.node_name is not None or p.assignment is not None
+    return None if holds else "it holds nothing"
+
+
+def plan_preemption(preemptor: Gang, running: Sequence[Running], nodes: Mapping[str, NodeInfo],
+                    states: Mapping[str, NodeState], *, config: PlanConfig, place: PlaceFn,
+                    now: float, fit: FitCache | None = None) -> Preemption | None:
+    """The smallest set of whole lower-priority gangs of `running` to evict for `preemptor` (a
+    gang with pending members that does not fit on `states`, what is free now) to be placed
+    with its topology request, and where it then goes; None when even evicting every eligible
+    victim would not let it be placed. `fit`: the binder's FitCache of `nodes` (for the
+    network's domains; a fresh one when None). See the module's docstring."""
+    priority = preemptor.priority
+    eligible = [v for v in running
+                if victim_problem(preemptor, v, config.scheduler_name, priority) is None]
+    if not eligible:
+        return None
+    search = _Search(preemptor, nodes, states, config, place, now)
+    search.index(eligible)
+    for domain, members in _domains(preemptor, nodes, config, fit or FitCache()):
+        search.add_domain(domain, members)
+    return search.run()
+
+
+def _domains(gang: Gang, nodes: Mapping[str, NodeInfo], config: PlanConfig, fit: FitCache
+             ) -> list[tuple[str, frozenset[str]]]:
+    """(name, nodes) of each domain to try, in the order of preference (module docstring)."""
+    everywhere = [("", frozenset(nodes))]
+    topo = gang.topology
+    if topo is not None and topo.single_node:
+        each = [(f"{HOSTNAME}={n}", frozenset((n,))) for n in nodes]
+        return each if topo.mode == "required" else [*each, *everywhere]
+    net = topo.network if topo is not None else None
+    if net is None or net.unconstrained:
+        return everywhere
+    levels = config.levels_for(net)
+    if isinstance(levels, str):
+        return []
+    network = fit.network(nodes, levels, config.domains)
+    req = resolved(net, network)
+    required = req.level if req.mode == "required" else req.max_level
+    label = required or req.level
+    if label is None:
+        return everywhere
+    if label == HOSTNAME:
+        return [(f"{HOSTNAME}={n}", frozenset((n,))) for n in nodes]
+    chain = network.chain(label)
+    depth = chain.index(label) + 1 if label in chain else len(chain)
+    grouped: dict[tuple[str, ...], set[str]] = defaultdict(set)
+    for node, path in network.paths(chain).items():
+        if len(path) >= depth:
+            grouped[path[:depth]].add(node)
+    found = [(f"{label}={path[-1]}", frozenset(members))
+             for path, members in sorted(grouped.items())]
+    return found if required is not None else [*found, *everywhere]
+
+
+def _gpus(gang: Gang) -> int:
+    return sum(p.gpus for p in gang.members if holding_node(p) is not None)
+
+
+@dataclass(slots=True)
+class _Victim:
+    running: Running
+    #: its pods by the node they hold resources on
+    held: dict[str, list[PodInfo]]
+    #: (priority, GPU-seconds lost, GPUs) were it evicted
+    cost: tuple[int, float, int]
+
+
+@dataclass(slots=True)
+class _Domain:
+    name: str
+    nodes: frozenset[str]
+    #: victims touching it, cheapest first
+    victims: list[_Victim]
+    #: how many of `victims`, first, give it GPUs enough, and what they cost
+    prefix: int
+    estimate: Cost
+
+
+def _cost(victims: Sequence[_Victim]) -> Cost:
+    return (max((v.cost[0] for v in victims), default=-2**31), sum(v.cost[1] for v in victims),
+            sum(v.cost[2] for v in victims), len(victims))
+
+
+@dataclass(slots=True)
+class _Search:
+    preemptor: Gang
+    nodes: Mapping[str, NodeInfo]
+    states: Mapping[str, NodeState]
+    config: PlanConfig
+    place: PlaceFn
+    now: float
+    domains: list[_Domain] = field(default_factory=list)
+    trials: int = 0
+    #: per node, the victims holding resources there and the GPUs they hold there
+    _on: dict[str, list[tuple[_Victim, int]]] = field(default_factory=dict)
+    need: int = 0
+
+    def __post_init__(self) -> None:
+        self.need = sum(p.gpus for p in self.preemptor.pending)
+
+    def index(self, eligible: Sequence[Running]) -> None:
+        """Each eligible victim's pods by node, and its cost."""
+        on = self._on
+        for r in eligible:
+            held: dict[str, list[PodInfo]] = {}
+            created, gpus = self.now, 0
+            for pod in r.gang.members:
+                created = min(created, pod.created)
+                node = holding_node(pod)
+                if node is not None:
+                    held.setdefault(node, []).append(pod)
+                    gpus += pod.gpus
+            v = _Victim(r, held, (r.gang.priority, gpus * (self.now - created), gpus))
+            for node, pods in held.items():
+                on.setdefault(node, []).append(
+                    (v, pods[0].gpus if len(pods) == 1 else sum(p.gpus for p in pods)))
+
+    def add_domain(self, name: str, members: frozenset[str]) -> None:
+        """Keep the domain if all its victims would give it room enough, with its estimate."""
+        free = 0
+        freed: dict[int, int] = defaultdict(int)
+        touching: dict[int, _Victim] = {}
+        for n in members:
+            state = self.states.get(n)
+            if state is not None:
+                free += len(state.free_gpus)
+            for v, gpus in self._on.get(n, ()):
+                freed[id(v)] += gpus
+                touching[id(v)] = v
+        order = sorted(touching.values(),
+                       key=lambda v: (v.cost[:2], -freed[id(v)], v.running.gang.key))
+        room, prefix = free, 0
+        for v in order:
+            if room >= self.need and prefix:
+                break
+            room, prefix = room + freed[id(v)], prefix + 1
+        if room < self.need or not order:
+            return
+        self.domains.append(_Domain(name, members, order, prefix, _cost(order[:prefix])))
+
+    def run(self) -> Preemption | None:
+        best: tuple[Cost, Preemption] | None = None
+        for domain in sorted(self.domains, key=lambda d: (d.estimate, d.name))[:MAX_DOMAINS]:
+            if best is not None and best[0] <= domain.estimate:
+                break
+            found = self._in(domain)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
+            if self.trials >= MAX_TRIALS:
+                break
+        return None if best is None else best[1]
+
+    def _in(self, domain: _Domain) -> tuple[Cost, Preemption] | None:
+        """The minimal set of `domain`'s victims that lets the gang fit there, if any."""
+        chosen = domain.victims[:domain.prefix]
+        placed = self._fits(domain, chosen)
+        for extra in domain.victims[domain.prefix:]:
+            if placed is not None or self.trials >= MAX_TRIALS:
+                break
+            chosen.append(extra)
+            placed = self._fits(domain, chosen)
+        if placed is None:
+            return None
+        for v in sorted(chosen, key=lambda v: v.cost, reverse=True):
+            if len(chosen) == 1 or self.trials >= MAX_TRIALS:
+                break
+            fewer = [c for c in chosen if c is not v]
+            again = self._fits(domain, fewer)
+            if again is not None:
+                chosen, placed = fewer, again
+        return _cost(chosen), Preemption(tuple(v.running for v in chosen), placed, domain.name)
+
+    def _fits(self, domain: _Domain, victims: Sequence[_Victim]) -> Place | None:
+        """The planning cycle's placement of the preemptor on the domain's nodes, the victims'
+        resources given back; None when it does not fit there."""
+        self.trials += 1
+        states = {n: s for n in domain.nodes if (s := self.states.get(n)) is not None}
+        for v in victims:
+            for node, pods in v.held.items():
+                if node in states:
+                    states[node] = _given_back(states[node], pods)
+        nodes = {n: self.nodes[n] for n in sorted(states)}
+        plan = plan_gangs({self.preemptor.key: self.preemptor}, Allocation({}),
+                          {n: states[n] for n in nodes}, nodes, config=self.config,
+                          queue=GangQueue(), fit=FitCache(), place=self.place, now=self.now)
+        return next((p for p in plan.places if p.gang.key == self.preemptor.key), None)
+
+
+def _given_back(state: NodeState, pods: Sequence[PodInfo]) -> NodeState:
+    """The node's state once `pods` (on it) let go of their GPUs, CPU, memory and slots: the
+    inverse of `NodeState.less`. GPUs only where the pod's assignment names them (a DRA pod's
+    claims hold its GPUs until they are deallocated: counted as still held)."""
+    gpus = set(state.free_gpus)
+    for pod in pods:
+        if not pod.dra and pod.assignment is not None and pod.assignment.node == state.name:
+            gpus |= assigned_indices(pod.assignment)
+    return NodeState(state.name, state.topology, frozenset(gpus),
+                     state.free_cpu_milli + sum(p.cpu_milli for p in pods),
+                     state.free_memory_bytes + sum(p.memory_bytes for p in pods),
+                     state.free_pods + len(pods))
