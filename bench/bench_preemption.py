@@ -17,7 +17,9 @@ documentation each baseline is written from):
 - no preemption: Muster's placement, the gang waits (the baseline of the delay goal);
 - Volcano's preempt action, KAI's preempt action, Kueue's classic preemption by quota and
   topology-aware (TAS), each with its own placement;
-- Muster: TODO (the binder's planner, once merged).
+- Muster: the binder's planner (`webhook.binder.preemption.plan_preemption`, each fit tested
+  by the binder's planning cycle) on the pods and Node objects the binder would read
+  (bench/preemption_muster.py), Muster's placement otherwise.
 An evicted gang loses the work it did since it started (no checkpoint: the GPU-hours lost are
 its GPUs times that time) and waits again, with its submit time kept. Eviction is at once (no
 termination grace in the model).
@@ -44,11 +46,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_topology import WINDOW, pct, workload
-from bench.preemption_sim import Preempt, Running, baselines, never
+from bench.preemption_muster import MusterPreemption
+from bench.preemption_sim import HIGH, LOW, Preempt, Running, baselines, never
 from bench.topology_sim import Cluster, ClusterSpec, Job, Placer, fat_tree, muster, nvl72, step
 from webhook.topology.gpu_choice import TableCache
-
-HIGH, LOW = 1000, 0
 
 
 @dataclass
@@ -109,7 +110,13 @@ class _Sim:
     def start(self, t: float, job: Job, placement: list[tuple[int, tuple[int, ...]]]) -> None:
         self.held.pop(job.id, None)
         for i, g in placement:
+            if not self.c.free[i].issuperset(g):
+                raise SystemExit(f"{self.out.name} placed job {job.id} on GPUs {g} of node {i}, "
+                                 f"not all free: the run is void")
             self.c.take(i, g)
+        if sum(len(g) for _, g in placement) != job.gpus:
+            raise SystemExit(f"{self.out.name} placed job {job.id} on {placement}: not "
+                             f"{job.gpus} GPUs")
         self.running[job.id] = Running(job, self.prio[job.id], placement, t)
         end = t + job.work * step(self.c, placement, self.tables) / self.ideal[job.id]
         self.ends[job.id] = end
@@ -177,7 +184,7 @@ def _preempt(sim: _Sim, t: float, preempt: Preempt) -> None:
     for entry in waiting:
         job = entry[3]
         lower = [r for r in sim.running.values() if r.priority < HIGH]
-        got = preempt(sim.c, job, lower, sim.unheld())
+        got = preempt(sim.c, job, lower, sim.unheld(), t)
         if got is None:
             continue
         placement, victims = got
@@ -189,8 +196,10 @@ def _preempt(sim: _Sim, t: float, preempt: Preempt) -> None:
             sim.start(t, job, placement)
 
 
-def policies(seed: int, tables: TableCache) -> dict[str, tuple[Preempt, Placer]]:
-    return {"no preemption": (never, muster(tables)), **baselines(seed)}
+def policies(spec: ClusterSpec, seed: int, tables: TableCache
+             ) -> dict[str, tuple[Preempt, Placer]]:
+    return {"no preemption": (never, muster(tables)), **baselines(seed),
+            "Muster": (MusterPreemption(spec, tables), muster(tables))}
 
 
 Rows = dict[str, dict[str, float]]  # policy -> metric -> value
@@ -204,7 +213,7 @@ def compare(spec: ClusterSpec, count: int, load: float, high: float, seed: int) 
           f"({sum(p == HIGH for p in prio.values())} high priority), offered load {load:.0%}, "
           f"seed {seed}")
     rows: Rows = {}
-    for name, (preempt, placer) in policies(seed, tables).items():
+    for name, (preempt, placer) in policies(spec, seed, tables).items():
         out = simulate(_Sim(spec, prio, ideal, tables, Outcome(name)), jobs, placer, preempt)
         if preempt is not never and not out.evicted:
             raise SystemExit(f"{name} evicted no gang: it measured nothing")

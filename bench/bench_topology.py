@@ -360,8 +360,9 @@ def against_optimum(spec: ClusterSpec, count: int, load: float, seed: int) -> tu
     return within, len(gaps)
 
 
-def node_object(name: str, labels: dict[str, str], topology: str) -> dict[str, Any]:
-    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110", keys.GPU_RESOURCE: "8"}
+def node_object(name: str, labels: dict[str, str], topology: str, gpus: int = 8
+                ) -> dict[str, Any]:
+    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110", keys.GPU_RESOURCE: str(gpus)}
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "resourceVersion": "1",
                          "labels": {"kubernetes.io/hostname": name, **labels},

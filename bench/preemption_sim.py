@@ -67,8 +67,11 @@ class Running:
 #: where the gang goes, and its victims; no placement: the gang holds the GPUs it was admitted
 #: to by count (Kueue's quota) and waits for its pods to find room
 Decision = tuple[Placement | None, list[Running]]
-#: (the cluster, the gang, the lower-priority running gangs, the GPUs nobody holds) -> decision
-Preempt = Callable[[Cluster, Job, Sequence[Running], int], Decision | None]
+#: (the cluster, the gang, the lower-priority running gangs, the GPUs nobody holds, the time in
+#: minutes) -> decision
+Preempt = Callable[[Cluster, Job, Sequence[Running], int, float], Decision | None]
+#: the two priorities of the bench's mix
+HIGH, LOW = 1000, 0
 
 
 @contextmanager
@@ -91,7 +94,8 @@ def candidates(lower: Sequence[Running]) -> list[Running]:
     return sorted(lower, key=lambda r: (r.priority, -r.start, r.job.id))
 
 
-def never(c: Cluster, job: Job, lower: Sequence[Running], free: int) -> Decision | None:
+def never(c: Cluster, job: Job, lower: Sequence[Running], free: int,
+          now: float) -> Decision | None:
     """No preemption: the gang waits for GPUs to free up."""
     return None
 
@@ -111,7 +115,8 @@ def kueue(topology_aware: bool) -> Preempt:
         with without(c, targets):
             return kueue_tas(c, job) is not None
 
-    def preempt(c: Cluster, job: Job, lower: Sequence[Running], free: int) -> Decision | None:
+    def preempt(c: Cluster, job: Job, lower: Sequence[Running], free: int,
+                now: float) -> Decision | None:
         targets: list[Running] = []
         for cand in candidates(lower):
             targets.append(cand)
@@ -132,7 +137,8 @@ def kueue(topology_aware: bool) -> Preempt:
 # --- KAI --------------------------------------------------------------------------------------
 
 
-def kai_preempt(c: Cluster, job: Job, lower: Sequence[Running], free: int) -> Decision | None:
+def kai_preempt(c: Cluster, job: Job, lower: Sequence[Running], free: int,
+                now: float) -> Decision | None:
     """KAI's preempt action: victims added one at a time, each scenario simulated with KAI's
     own placement; the victims on the nodes it then uses are evicted."""
     scenario: list[Running] = []
@@ -153,7 +159,8 @@ def kai_preempt(c: Cluster, job: Job, lower: Sequence[Running], free: int) -> De
 # --- Volcano ----------------------------------------------------------------------------------
 
 
-def volcano(c: Cluster, job: Job, lower: Sequence[Running], free: int) -> Decision | None:
+def volcano(c: Cluster, job: Job, lower: Sequence[Running], free: int,
+            now: float) -> Decision | None:
     """Volcano's preempt action, pod by pod: each pod on a node with room (the fullest, as the
     binpack plugin scores), else on the node whose lowest-priority pods, evicted first, make
     room with the fewest evictions; an evicted pod takes its whole gang down."""

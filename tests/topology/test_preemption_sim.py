@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.bench_preemption import HIGH, LOW, Outcome, _Sim, simulate
-from bench.preemption_sim import Running, kai_preempt, kueue, never, volcano
+from bench.bench_preemption import Outcome, _Sim, simulate
+from bench.preemption_sim import HIGH, LOW, Running, kai_preempt, kueue, never, volcano
 from bench.topology_sim import Cluster, ClusterSpec, Job, fat_tree, kueue_tas, muster
+from webhook.topology.gpu_choice import TableCache
 
 # 2 blocks x 2 leaves x 2 DGX-1 V100 nodes: nodes 0-1 leaf 0, 2-3 leaf 1 (block 0), 4-7 block 1
 SMALL = ClusterSpec("small", 8, fat_tree(8).topology, 2, 2, False, fat_tree(8).fabric)
@@ -37,7 +38,7 @@ def test_kueue_evicts_the_newest_first_then_drops_those_it_does_not_need() -> No
     c = Cluster(SMALL)
     lower = full(c)
     before = list(c.free)
-    placement, victims = kueue(True)(c, job(1, 16, 8), lower, 0) or (None, [])
+    placement, victims = kueue(True)(c, job(1, 16, 8), lower, 0, 10.0) or (None, [])
     # the newest first: nodes 7 and 6 are freed, which is one leaf (3): enough, nothing to drop
     assert sorted(v.job.id for v in victims) == [106, 107]
     assert placement is not None and {i for i, _ in placement} == {6, 7}
@@ -54,10 +55,10 @@ def test_topology_aware_kueue_frees_a_whole_node_and_quota_kueue_only_a_count() 
     lower += [a, b, cc, d]
     one_pod = job(9, 8, 8)
     # by quota, d and b make 8 GPUs: evicted, though no node then holds the pod (it waits)
-    placement, quota = kueue(False)(c, one_pod, lower, 0) or (None, [])
+    placement, quota = kueue(False)(c, one_pod, lower, 0, 10.0) or (None, [])
     assert [v.job.id for v in quota] == [4, 2] and placement is None
     # topology-aware: d, b, then c free node 7; minimised, b is dropped
-    placement, tas = kueue(True)(c, one_pod, lower, 0) or (None, [])
+    placement, tas = kueue(True)(c, one_pod, lower, 0, 10.0) or (None, [])
     assert sorted(v.job.id for v in tas) == [3, 4]
     assert placement is not None and placement[0][0] == 7
 
@@ -69,7 +70,7 @@ def test_kai_evicts_only_the_victims_on_the_nodes_it_then_uses() -> None:
     lower = [run(c, 100 + i, float(i), (i, ALL)) for i in range(7)]
     lower.append(run(c, 107, 9.0, (7, (0,))))
     c.take(7, range(1, 8))  # the rest of node 7 held by a high-priority gang
-    placement, victims = kai_preempt(c, job(1, 8, 8), lower, 0) or (None, [])
+    placement, victims = kai_preempt(c, job(1, 8, 8), lower, 0, 10.0) or (None, [])
     assert placement is not None and [i for i, _ in placement] == [6]
     assert [v.job.id for v in victims] == [106]
 
@@ -80,13 +81,13 @@ def test_volcano_decides_per_pod_and_an_evicted_pod_takes_its_gang_down() -> Non
     wide = run(c, 100, 0.0, (0, (0, 1, 2, 3)), (1, (0, 1, 2, 3)))
     lower = [wide] + [run(c, 10 * i + k, 1.0, (i, (2 * k, 2 * k + 1)))
                       for i in range(2, 8) for k in range(4)]
-    placement, victims = volcano(c, job(1, 8, 4), lower, 8) or (None, [])
+    placement, victims = volcano(c, job(1, 8, 4), lower, 8, 10.0) or (None, [])
     # each pod finds a node with room (node 0's free half, then node 1's): nobody is evicted
     assert victims == [] and placement is not None and sorted(i for i, _ in placement) == [0, 1]
     c.take(0, (4, 5, 6, 7))  # now held by a high-priority gang
     c.take(1, (4, 5, 6, 7))
     before = list(c.free)
-    placement, victims = volcano(c, job(1, 8, 4), lower, 0) or (None, [])
+    placement, victims = volcano(c, job(1, 8, 4), lower, 0, 10.0) or (None, [])
     # the first pod: node 0 needs one eviction (the wide gang), nodes 2-7 two: node 0, and the
     # wide gang goes whole, so the second pod takes its half on node 1 with no other eviction
     assert [v.job.id for v in victims] == [100]
@@ -100,7 +101,7 @@ def test_no_policy_preempts_for_a_gang_that_still_could_not_fit() -> None:
     for i in range(2, 8):
         c.take(i, ALL)
     for preempt in (kueue(True), kueue(False), kai_preempt, volcano, never):
-        assert preempt(c, job(1, 24, 8), lower, 0) is None
+        assert preempt(c, job(1, 24, 8), lower, 0, 10.0) is None
 
 
 def test_the_bench_preempts_and_cuts_the_high_priority_delay() -> None:
@@ -141,3 +142,21 @@ def test_the_goals_need_a_tenth_of_the_delay_and_fewer_gpu_hours_lost_at_the_sam
     assert not goals({**rows, "no preemption": row(9.0, 0.0)})  # only 9x lower
     # a baseline that waits far longer and loses fewer is not at the same delay: not met
     assert not goals({**rows, "Kueue": row(5.0, 50.0)})
+
+
+def test_muster_asks_the_binders_planner_and_frees_one_leaf_of_whole_gangs() -> None:
+    from bench.preemption_muster import MusterPreemption  # noqa: PLC0415
+
+    c = Cluster(SMALL)
+    # whole-node gangs; those of leaf 1 (nodes 2, 3) started last: the least work lost
+    lower = [run(c, 100 + i, 50.0 if i in (2, 3) else 0.0, (i, ALL)) for i in range(8)]
+    before = list(c.free)
+    got = MusterPreemption(SMALL, TableCache(warm=False))(c, job(1, 16, 8), lower, 0, 60.0)
+    assert got is not None
+    placement, victims = got
+    assert sorted(v.job.id for v in victims) == [102, 103]
+    assert placement is not None and sorted(i for i, _ in placement) == [2, 3]
+    assert all(g == ALL for _, g in placement)
+    assert c.free == before
+    # nothing lower to evict: it waits
+    assert MusterPreemption(SMALL, TableCache(warm=False))(c, job(1, 16, 8), [], 0, 60.0) is None
