@@ -36,19 +36,22 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import gc
 import heapq
 import random
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_topology import WINDOW, pct, workload
-from bench.preemption_muster import MusterPreemption
+from bench.preemption_muster import EPOCH, MusterPreemption, topology_annotation
 from bench.preemption_sim import HIGH, LOW, Preempt, Running, baselines, never
 from bench.topology_sim import Cluster, ClusterSpec, Job, Placer, fat_tree, muster, nvl72, step
+from webhook.binder.preemption import plan_preemption
 from webhook.topology.gpu_choice import TableCache
 
 
@@ -256,6 +259,80 @@ def mean(runs: list[Rows]) -> Rows:
             for p in runs[0]}
 
 
+def _filled(c: Cluster, rng: random.Random) -> list[Running]:
+    """`LATENCY_GANGS` low-priority gangs holding every GPU of a 4,096-node fat tree: whole
+    nodes (1, 2 or 4 nodes each, in random order, so some straddle two leaves) on the first
+    3,936 nodes, gangs of one 4- or 2-GPU pod on the last 160; started 0-600 minutes ago."""
+    whole = [1] * 400 + [2] * 600 + [4] * 584
+    rng.shuffle(whole)
+    small = [4] * 224 + [2] * 192  # in this order they fill 160 nodes exactly
+    out: list[Running] = []
+    node = gpu = 0
+    for k, size in enumerate(whole + small):
+        if k < len(whole):
+            job, placement = Job(k, size * 8, 8, 0.0, 1.0), [(node + n, tuple(range(8)))
+                                                            for n in range(size)]
+            node += size
+        else:
+            if gpu + size > 8:
+                node, gpu = node + 1, 0
+            job, placement = Job(k, size, size, 0.0, 1.0), [(node, tuple(range(gpu, gpu + size)))]
+            gpu += size
+        for i, g in placement:
+            c.take(i, g)
+        out.append(Running(job, LOW, placement, -rng.uniform(0, 600)))
+    return out
+
+
+#: one preemption decision at 4,096 nodes and 2,000 running gangs: p99 under this (ms)
+LATENCY_TARGET = 50.0
+LATENCY_GANGS = 2000
+
+
+def latency(reps: int, seed: int) -> bool:
+    """p50 and p99 of one preemption decision of the binder's planner (`plan_preemption`,
+    each fit tested by `plan_gangs` with the controller's placement function and FitCache), at
+    4,096 nodes that 2,000 low-priority gangs fill, for gangs of 1, 2 and 16 whole-node pods
+    that prefer one leaf and one of 16 that requires it; wall and CPU time (the machine is
+    shared: CPU time is the check when the wall's p99 misses)."""
+    spec = fat_tree(4096)
+    c = Cluster(spec)
+    lower = _filled(c, random.Random(seed))
+    if len(lower) != LATENCY_GANGS or any(c.leaf_free):
+        raise SystemExit("latency: the cluster is not full of 2,000 gangs: the run is void")
+    mp = MusterPreemption(spec, TableCache())
+    running = mp.running(lower)
+    states = dict(zip(c.names, c.states, strict=True))
+    print(f"\n== preemption decision latency: {spec.nodes} nodes, {len(running)} running gangs "
+          f"(every GPU held), {reps} decisions per row, ms")
+    ok = True
+    gc.collect()
+    gc.freeze()  # as the binder's service does once synced
+    for pods, mode in ((1, "preferred"), (2, "preferred"), (16, "preferred"), (16, "required")):
+        mp.request = topology_annotation(spec.leaf_label, mode)
+        preemptor = mp.gang(Job(10**6, pods * 8, 8, 0.0, 1.0), HIGH, 0.0)
+        wall, cpu, victims = [], [], 0
+        for _ in range(reps + 1):
+            t0, c0 = time.perf_counter(), time.process_time()
+            got = plan_preemption(preemptor, running, mp.nodes, states, config=mp.config,
+                                  place=mp.place, now=EPOCH + 60.0, fit=mp.fit)
+            wall.append((time.perf_counter() - t0) * 1e3)
+            cpu.append((time.process_time() - c0) * 1e3)
+            if got is None or not got.victims or len(got.place.assignments) != pods:
+                raise SystemExit(f"latency: no preemption for {pods} pods: the run is void")
+            victims = len(got.victims)
+        wall, cpu = wall[1:], cpu[1:]  # the first builds the FitCache's network
+        p99, cpu99 = pct(wall, 99), pct(cpu, 99)
+        met = p99 < LATENCY_TARGET or cpu99 < LATENCY_TARGET
+        ok &= met
+        print(f"  {pods:2} pods x 8 GPUs, leaf {mode:9}: p50 {statistics.median(wall):6.2f}  "
+              f"p99 {p99:6.2f}  cpu p99 {cpu99:6.2f}  target < {LATENCY_TARGET:g}  ratio "
+              f"{min(p99, cpu99) / LATENCY_TARGET:.2f}  {'ok' if met else 'MISSED'}  "
+              f"({victims} gangs evicted)")
+    gc.unfreeze()
+    return ok
+
+
 #: the clusters: the topology bench's (`--large`), or a quarter of each (default: the run fills
 #: them for longer, so that high-priority gangs wait without preemption)
 SIZES = {False: {"fat": (fat_tree(256), 3000), "nvl72": (nvl72(16), 3000)},
@@ -272,10 +349,17 @@ def main() -> int:
     ap.add_argument("--load", type=float, default=1.5, help="offered share of the GPUs")
     ap.add_argument("--high", type=float, default=0.2, help="share of high-priority jobs")
     ap.add_argument("--jobs", type=int, help="arrivals per cluster")
+    ap.add_argument("--only", choices=("sim", "latency"))
+    ap.add_argument("--reps", type=int, default=100, help="latency: decisions per row")
     args = ap.parse_args()
+    ok = True
+    if args.only in (None, "latency"):
+        ok &= latency(args.reps, args.seed)
+    if args.only == "latency":
+        print("\nall goals met" if ok else "\nsome goals NOT met (see above)")
+        return 0 if ok else 1
     named = SIZES[args.large]
     cases = list(named.values()) if args.clusters == "all" else [named[args.clusters]]
-    ok = True
     for spec, count in cases:
         runs = [compare(spec, args.jobs or count, args.load, args.high, seed)
                 for seed in range(args.seed, args.seed + args.seeds)]

@@ -160,3 +160,17 @@ def test_muster_asks_the_binders_planner_and_frees_one_leaf_of_whole_gangs() -> 
     assert c.free == before
     # nothing lower to evict: it waits
     assert MusterPreemption(SMALL, TableCache(warm=False))(c, job(1, 16, 8), [], 0, 60.0) is None
+
+
+def test_the_latency_cluster_is_every_gpu_of_4096_nodes_held_by_2000_gangs() -> None:
+    import random  # noqa: PLC0415
+
+    from bench.bench_preemption import LATENCY_GANGS, _filled  # noqa: PLC0415
+
+    c = Cluster(fat_tree(4096))
+    lower = _filled(c, random.Random(7))
+    assert len(lower) == LATENCY_GANGS == 2000 and not any(c.leaf_free)
+    assert len({r.job.id for r in lower}) == 2000
+    # some whole-node gangs straddle two leaves, as a busy cluster's do
+    assert any(len({c.leaf_of[i] for i, _ in r.placement}) > 1 for r in lower)
+    assert all(r.priority == LOW and r.start <= 0 for r in lower)
