@@ -29,6 +29,10 @@ ANN_GPU_ALLOCATED = "muster.io/gpu-allocated"
 ANN_GANG_NAME = "muster.io/gang-name"
 ANN_GANG_MIN_MEMBER = "muster.io/gang-min-member"
 ANN_GANG_TIMEOUT = "muster.io/gang-timeout-seconds"
+#: the policy's gang.preemption ("Never" or "LowerPriority"): whether the binder may evict
+#: lower-priority gangs to place this one (absent: the binder's --preemption default)
+ANN_GANG_PREEMPTION = "muster.io/gang-preemption"
+PREEMPTION_VALUES = ("Never", "LowerPriority")
 #: "<backend>/<gang name>" of the gang the webhook itself joined the pod to (every backend), so
 #: that a later pass over the same pod (reinvocation) tells the group keys Muster wrote from the
 #: same keys written by a job's own controller (see joined_gang)
@@ -39,7 +43,7 @@ ANNOTATION_PREFIX = f"{DOMAIN}/"
 #: created with (the chart's ValidatingAdmissionPolicy lists the same; a chart test holds them
 #: equal). A user may set them too, on their own pods only: see docs/operations.md
 WEBHOOK_ANNOTATIONS = (ANN_POLICY, ANN_GPU_TOPOLOGY, ANN_GANG_NAME, ANN_GANG_MIN_MEMBER,
-                       ANN_GANG_TIMEOUT, ANN_JOINED_GANG)
+                       ANN_GANG_TIMEOUT, ANN_GANG_PREEMPTION, ANN_JOINED_GANG)
 #: the annotations only Muster's binder and node agent write, never a pod's creator: the
 #: webhook removes them (and any other muster.io/ key it does not write) from every pod CREATE
 PROTECTED_ANNOTATIONS = (*BINDER_ANNOTATIONS, ANN_GPU_ALLOCATED)
@@ -81,6 +85,9 @@ ISTIO_DATAPLANE_MODE = "istio.io/dataplane-mode"
 ISTIO_DATAPLANE_MODE_NONE = "none"
 
 #: Kueue Topology Aware Scheduling's pod template annotations (a node label names the level)
+#: pod labels Kueue sets on the pods of the workloads it admitted (a job's pod set; a plain pod
+#: it manages): such a gang is Kueue's to preempt, never the binder's
+KUEUE_ADMITTED_LABELS = ("kueue.x-k8s.io/podset", "kueue.x-k8s.io/managed")
 KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
 KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
 KUEUE_SLICE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-slice-required-topology"

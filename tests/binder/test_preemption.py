@@ -4,7 +4,8 @@ a gang be placed with its topology request, tested through the binder's planning
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from binder_objects import BLOCK, RACK, job, pod, racked_nodes
@@ -12,11 +13,20 @@ from binder_objects import BLOCK, RACK, job, pod, racked_nodes
 from webhook import keys
 from webhook.binder.allocation import Allocation
 from webhook.binder.assignment import build_assignment, encode_assignment
+from webhook.binder.fit import FitCache
 from webhook.binder.gangs import Gang, assemble
 from webhook.binder.nodes import NodeInfo, parse_node
-from webhook.binder.planner import PlanConfig
+from webhook.binder.planner import Plan, PlanConfig, plan_gangs
 from webhook.binder.pods import parse_pod
-from webhook.binder.preemption import Preemption, Running, plan_preemption, victim_problem
+from webhook.binder.preemption import (
+    Preemption,
+    Running,
+    plan_preemption,
+    preempter,
+    victim_problem,
+)
+from webhook.binder.queue import GangQueue
+from webhook.binder.reserve import Reservation
 from webhook.topology.builtin import builtin
 from webhook.topology.hierarchy import place_gang
 from webhook.topology.network import Levels
@@ -78,7 +88,7 @@ def victims(p: Preemption | None) -> set[str]:
 def test_a_required_rack_gang_evicts_exactly_one_racks_gangs_the_youngest() -> None:
     p = decide([*full(young="b0-r1"), *high()], "high")
     assert victims(p) == {"low-b0-r1-n0", "low-b0-r1-n1"}
-    assert p is not None and p.domain == f"{RACK}=r1" and p.gpus == 16
+    assert p is not None and p.domain == f"{BLOCK}=b0, {RACK}=r1" and p.gpus == 16
     assert {a.node for _, a in p.place.assignments if a.containers} == {"b0-r1-n0", "b0-r1-n1"}
 
 
@@ -125,3 +135,66 @@ def test_no_running_gangs_no_preemption() -> None:
     gangs, nodes, states = cluster([*full(), *high()])
     assert plan_preemption(gangs["team-a/high"], [], nodes, states, config=CFG,
                            place=place_gang, now=NOW) is None
+
+
+def cycle(pods: list[dict[str, Any]], *, default: str = "Never", inflight: tuple[str, ...] = (),
+          reserved: Mapping[str, Reservation] | None = None) -> Plan:
+    """One planning cycle, with the preemption planner, as the binder runs it."""
+    infos = [parse_pod(p) for p in pods]
+    nodes = {n["metadata"]["name"]: parse_node(n) for n in racked_nodes()}
+    config = replace(CFG, preemption=default)
+    running = [Running(g) for g in assemble(infos, CFG.scheduler_name, None).values()
+               if all(p.node_name for p in g.members)]
+    fit = FitCache()
+    alloc = Allocation.from_pods(infos)
+    return plan_gangs(assemble(infos, CFG.scheduler_name, None), alloc,
+                      {n: alloc.node_state(x) for n, x in nodes.items()}, nodes, config=config,
+                      queue=GangQueue(), fit=fit, place=place_gang, now=NOW, inflight=inflight,
+                      preempt=preempter(lambda: running, nodes, config=config,
+                                        place=place_gang, now=NOW, fit=fit),
+                      reserved=reserved)
+
+
+def said(pods: list[dict[str, Any]], key: str, value: Any) -> list[dict[str, Any]]:
+    for p in pods:
+        if key == "preemptionPolicy":
+            p["spec"][key] = value
+        else:
+            p["metadata"]["annotations"][key] = value
+    return pods
+
+
+def test_the_policy_the_binders_default_and_the_priority_class_decide_who_preempts() -> None:
+    assert not cycle([*full(), *high()]).preempts  # the default: Never
+    assert len(cycle([*full(), *high()], default="LowerPriority").preempts) == 1
+    asks = said(high(), keys.ANN_GANG_PREEMPTION, "LowerPriority")
+    assert len(cycle([*full(), *asks]).preempts) == 1
+    refuses = said(high(), keys.ANN_GANG_PREEMPTION, "Never")
+    assert not cycle([*full(), *refuses], default="LowerPriority").preempts
+    # the PriorityClass's preemptionPolicy Never: no annotation overrides it
+    never = said(said(high(), keys.ANN_GANG_PREEMPTION, "LowerPriority"), "preemptionPolicy",
+                 "Never")
+    assert not cycle([*full(), *never], default="LowerPriority").preempts
+
+
+def test_a_preemption_reserves_what_the_gang_will_use_from_the_gangs_after_it() -> None:
+    small = job("small", workers=1, gpus=8, priority=10, topology=None,
+                created="2026-11-21T05:30:00Z")
+    preempts = said(high(), keys.ANN_GANG_PREEMPTION, "LowerPriority")
+    first = cycle([*full(young="b0-r1"), *preempts, *small])
+    [pe] = first.preempts
+    assert {v.name for v in pe.victims} == {"low-b0-r1-n0", "low-b0-r1-n1"}
+    assert "waiting for the gangs of lower priority (team-a/low-b0-r1-n0" in next(
+        w.reason for w in first.waits if w.gang.key == "team-a/high")
+    assert not first.places  # small may not preempt (the default): nothing was free
+    # the victims are gone, the preemptor's evictions still being written (in flight): the
+    # rack they freed is held for it, so small waits
+    left = [p for p in full(young="b0-r1") if not p["metadata"]["name"].startswith("low-b0-r1")]
+    held = {"team-a/high": pe.reservation}
+    assert not cycle([*left, *high(), *small], inflight=("team-a/high",),
+                     reserved=held).places
+    free = cycle([*left, *high(), *small], inflight=("team-a/high",))
+    assert {p.gang.name for p in free.places} == {"small"}  # (without the reservation)
+    # the preemptor's own turn: placed on what its victims freed, the rest still held
+    placed = cycle([*left, *high(), *small], reserved=held)
+    assert [p.gang.name for p in placed.places] == ["high"]

@@ -698,6 +698,9 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("", "pods"): "get,list,watch,patch",
         ("", "pods/binding"): "create",
         ("", "pods/status"): "patch",
+        # preemption: evicting a victim gang's pods, which keeps PodDisruptionBudgets
+        ("", "pods/eviction"): "create",
+        ("policy", "poddisruptionbudgets"): "get,list,watch",
         ("", "nodes"): "get,list,watch",
         ("scheduling.volcano.sh", "scheduling.x-k8s.io", "podgroups"): "get,list,watch",
         ("", "events.k8s.io", "events"): "create,patch",

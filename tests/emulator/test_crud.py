@@ -20,6 +20,7 @@ from webhook.kube import (
     MPIJOBS,
     NAMESPACES,
     NODES,
+    PDBS,
     PODS,
     VOLCANO_PODGROUPS,
     ApiError,
@@ -396,3 +397,30 @@ async def test_label_and_annotation_rules_of_the_real_server(kube: KubeApi) -> N
     ok = await kube.create(PODS, pod("p", labels={"muster.io/gpu-model": "Tesla-V100-SXM2-16GB",
                                                   "empty": ""}), "team-a")
     assert ok["metadata"]["labels"]["empty"] == ""
+
+
+async def test_eviction_keeps_a_running_pods_budget_and_ignores_it_for_a_pending_one(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    """As kube-apiserver's pods/eviction: 429 where a covering budget allows no disruption
+    (a budget not observed yet allows none); a Pending pod goes whatever its budgets say; an
+    eviction takes one disruption from each covering budget."""
+    budget = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+              "metadata": {"name": "keep", "namespace": "team-a", "generation": 1},
+              "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "a"}}},
+              "status": {"observedGeneration": 1, "disruptionsAllowed": 1}}
+    apiserver.seed(budget)
+    for name in ("run-0", "run-1", "wait"):
+        p = pod(name, labels={"app": "a"}) | {"status": {"phase": "Pending" if name == "wait"
+                                                          else "Running"}}
+        apiserver.seed({**p, "metadata": {**p["metadata"], "namespace": "team-a"}})
+    evict = {"apiVersion": "policy/v1", "kind": "Eviction"}
+    await kube.create_subresource(PODS, "run-0", "eviction", evict, "team-a")
+    assert await kube.list(PDBS, "team-a") and \
+        (await kube.get(PDBS, "keep", "team-a"))["status"]["disruptionsAllowed"] == 0
+    with pytest.raises(ApiError) as err:
+        await kube.create_subresource(PODS, "run-1", "eviction", evict, "team-a")
+    assert (err.value.status, err.value.reason) == (429, "TooManyRequests")
+    assert "violate the pod's disruption budget" in err.value.message
+    await kube.create_subresource(PODS, "wait", "eviction", evict, "team-a")
+    names = {p["metadata"]["name"] for p in (await kube.list(PODS, "team-a"))["items"]}
+    assert names == {"run-1"}

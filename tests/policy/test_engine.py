@@ -82,6 +82,24 @@ def test_fixture_worker_gets_min_member_5_and_join_key(
     assert "priorityClassName" not in spec
 
 
+@pytest.mark.parametrize(("field", "written"), [
+    ("\n  preemption: LowerPriority", "LowerPriority"), ("\n  preemption: Never", "Never"),
+    ("", None)])
+def test_the_policys_preemption_reaches_the_binder_and_only_the_policys(
+        field: str, written: str | None, worker_pod: dict[str, Any], mpijob: dict[str, Any],
+        policies: Policies) -> None:
+    """A value the pod was created with never survives a policy that puts it in a gang of the
+    binder's: the binder honours only what the policy set (and its own default)."""
+    ps = policies(policy("mpi", "match:\n  ownerKinds: [kubeflow.org/MPIJob]\n"
+                                "gang:\n  backend: muster" + field))
+    forged = deep(worker_pod)
+    forged["metadata"].setdefault("annotations", {})[keys.ANN_GANG_PREEMPTION] = "LowerPriority"
+    for pod in (worker_pod, forged):
+        decision, mutated = run(pod, [mpijob], ps)
+        assert decision.pod_group is not None and decision.pod_group.preemption == written
+        assert mutated["metadata"]["annotations"].get(keys.ANN_GANG_PREEMPTION) == written
+
+
 def test_launcher_and_worker_share_group(worker_pod: dict[str, Any], launcher_pod: dict[str, Any],
                                          mpijob: dict[str, Any], launcher_job: dict[str, Any],
                                          policies: Policies) -> None:

@@ -98,7 +98,8 @@ LABEL_KEYS = ["role", "tier", "team", "x", keys.COSCHEDULING_GROUP_LABEL,
 ANNOTATION_KEYS = [
     "example.com/note", "x", keys.ANN_GPU_ASSIGNMENT, keys.ANN_POLICY, keys.ANN_GPU_TOPOLOGY,
     keys.ANN_GANG_NAME, keys.ANN_GANG_MIN_MEMBER, keys.ANN_GANG_TIMEOUT, keys.ANN_JOINED_GANG,
-    keys.VOLCANO_GROUP_ANNOTATION, keys.VOLCANO_QUEUE_ANNOTATION, keys.ISTIO_INJECT]
+    keys.ANN_GANG_PREEMPTION, keys.VOLCANO_GROUP_ANNOTATION, keys.VOLCANO_QUEUE_ANNOTATION,
+    keys.ISTIO_INJECT]
 AFFINITIES = [
     None, {}, {"nodeAffinity": {}},
     {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {

@@ -74,6 +74,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "(kueue.x-k8s.io/v1beta2, kai.scheduler/v1) or a YAML list "
                         "(docs/topology.md, \"Network levels\") (default: none: a gang that "
                         "names a level is placed by that label alone)")
+    p.add_argument("--preemption", choices=keys.PREEMPTION_VALUES, default="Never",
+                   help="whether a gang whose policy does not set gang.preemption may have "
+                        "whole gangs of lower priority evicted to be placed (LowerPriority) or "
+                        "not (Never); a PriorityClass with preemptionPolicy Never always wins "
+                        "(default: %(default)s)")
     p.set_defaults(func=_run)
 
 
@@ -117,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
                             allocation_wait_seconds=args.allocation_wait_seconds,
                             event_interval=args.event_interval,
                             members_event_after=args.members_event_after,
-                            network_levels=levels),
+                            network_levels=levels, preemption=args.preemption),
         lease=lease, metrics_port=args.metrics_port)
     asyncio.run(serve(args.kubeconfig, config))
     return 0

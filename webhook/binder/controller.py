@@ -23,6 +23,7 @@ from webhook.binder.assignment import RECORD_LIMIT, Record, encode_assignment, e
 from webhook.binder.claimstate import ClaimState
 from webhook.binder.dra import claim_devices
 from webhook.binder.draview import DraView
+from webhook.binder.evict import Evictor
 from webhook.binder.fit import FitCache, extended_on
 from webhook.binder.gangs import PodGroupInfo
 from webhook.binder.gate import AllocationGate
@@ -32,6 +33,7 @@ from webhook.binder.nodes import NodeInfo, parse_node
 from webhook.binder.planner import Place, PlaceFn, Plan, PlanConfig, plan_gangs
 from webhook.binder.pods import PodInfo, parse_pod
 from webhook.binder.podview import PodView
+from webhook.binder.preempting import Preemptions
 from webhook.binder.queue import GangQueue
 from webhook.binder.reports import Reporter, Timeline
 from webhook.binder.snapshot import Snapshot
@@ -41,6 +43,7 @@ from webhook.kube.api import (
     COSCHEDULING_PODGROUPS,
     DEVICE_CLASSES,
     NODES,
+    PDBS,
     PODS,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
@@ -81,6 +84,9 @@ class BinderConfig:
     #: the cluster's network levels, node labels widest first, and their aliases, or Volcano's
     #: HyperNode tiers (`--network-levels`)
     network_levels: Levels = field(default_factory=Levels)
+    #: whether a gang whose policy does not say may preempt gangs of lower priority
+    #: (`--preemption`: "Never" or "LowerPriority")
+    preemption: str = "Never"
 
 
 class Binder:
@@ -100,7 +106,8 @@ class Binder:
         scheduler = self.config.scheduler_name
         self.plan_config = PlanConfig(scheduler, self.config.starvation_seconds,
                                       self.config.podgroup_default_timeout,
-                                      self.config.network_levels)
+                                      self.config.network_levels,
+                                      preemption=self.config.preemption)
         self.queue = GangQueue(self.config.backoff_initial, self.config.backoff_max)
         self.fit = FitCache()
         self._hypernodes = HyperNodeView() if self.config.network_levels.hypernodes else None
@@ -138,6 +145,9 @@ class Binder:
                               pods=self._pods, dra=self._dra, reports=self._reports,
                               metrics=self.metrics, queue=self.queue, check_fence=check_fence,
                               acks_allocation=self._acks_allocation, freed=self._freed)
+        self.preemptions = Preemptions(
+            Evictor(api, self.recorder, self.metrics, self._pods.raw, check_fence),
+            self.snapshot)
 
     # --- informer handlers ----------------------------------------------------------------
 
@@ -324,9 +334,11 @@ class Binder:
 
     async def _informers(self) -> list[Informer]:
         """An informer, with its handler, for each resource the binder reads and is served."""
-        informers = [Informer(self.api, PODS), Informer(self.api, NODES)]
+        informers = [Informer(self.api, PODS), Informer(self.api, NODES),
+                     Informer(self.api, PDBS)]
         informers[0].add_handler(self._on_pod)
         informers[1].add_handler(self._on_node)
+        informers[2].add_handler(self.preemptions.on_pdb)
         dra = "resource not served: no DRA claims are allocated"
         optional: list[tuple[Resource, Callable[..., None], str, int]] = [
             (RESOURCE_SLICES, self._on_slice, dra, logging.INFO),
@@ -402,14 +414,20 @@ class Binder:
         now = self._last_cycle = self._clock()
         gangs = self.snapshot.open_gangs(self._pod_groups,
                                          self.plan_config.podgroup_default_timeout)
+        config = self._levels()
+        self.preemptions.prune(gangs, now)
         result = plan_gangs(gangs, self.snapshot.allocation,
                             self.snapshot.node_states(self._nodes), self._nodes,
-                            config=self._levels(), queue=self.queue, fit=self.fit,
+                            config=config, queue=self.queue, fit=self.fit,
                             place=self._place, now=now, generation=self._generation,
                             inflight=self._inflight.keys(),
                             neighbours=self.snapshot.neighbours(
                                 self._nodes, self.fit.labels(self._nodes)),
-                            groups=self.groups)
+                            groups=self.groups,
+                            preempt=self.preemptions.planner(
+                                self._nodes, config=config, place=self._place, fit=self.fit,
+                                now=now, pod_groups=self._pod_groups),
+                            reserved=self.preemptions.reserved)
         planned = time.perf_counter()
         self.metrics.cycle_seconds.observe(planned - started)
         self.last_plan = result
@@ -425,6 +443,8 @@ class Binder:
             self._start(finish.gang.key, self._writes.finish(finish))
         for strip in result.strips:
             self._start(strip.gang.key, self._writes.strip(strip))
+        for pe in result.preempts:
+            self._start(pe.gang.key, self.preemptions.begin(pe, now))
         self._reports.waits(result.waits, now, self._generation)
         live = set(result.gangs) | set(self._inflight)  # a gang being bound looks bound
         self.queue.retain(live)

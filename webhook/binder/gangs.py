@@ -75,6 +75,15 @@ class Gang:
                 return pod.topology
         return None
 
+    def may_preempt(self, default: str) -> bool:
+        """Whether the gang may evict lower-priority gangs to be placed: its policy's
+        gang.preemption (muster.io/gang-preemption; members of one webhook call agree, the
+        stricter wins if not), else the binder's `default`; never when a member's
+        PriorityClass says preemptionPolicy Never, which no annotation overrides."""
+        said = {p.preemption for p in self.members if p.preemption is not None}
+        wanted = ("Never" if "Never" in said else "LowerPriority") if said else default
+        return wanted == "LowerPriority" and not any(p.never_preempts for p in self.members)
+
     def order_key(self) -> tuple[int, float, str]:
         """Queue order: higher priority first, then older, then by name (deterministic)."""
         return (-self.priority, self.created, self.key)

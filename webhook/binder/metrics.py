@@ -74,6 +74,13 @@ class Metrics:
             "muster_binder_allocation_wait_timeouts", "GPU pods the node agent did not "
             "acknowledge within --allocation-wait-seconds (the node's next pod was bound "
             "anyway)", registry=r)
+        self.preemptions = Counter(
+            "muster_binder_preemptions", "Preemptions by outcome (evicted: every victim gang "
+            "evicted; refused: the API refused a victim's eviction, a PodDisruptionBudget)",
+            ["outcome"], registry=r)
+        self.preempted_gangs = Counter(
+            "muster_binder_preempted_gangs", "Gangs evicted whole for a gang of higher priority",
+            registry=r)
         self.is_leader = Gauge("muster_binder_leader", "1 while this replica leads", registry=r)
         if node_gpus is not None:
             r.register(_NodeGpus(node_gpus))

@@ -16,6 +16,11 @@ Rules (docs/binder.md has the reasoning):
 - Queue: ready gangs go in order (priority desc, oldest first). A gang that has failed for
   longer than `starvation_seconds` and that would fit on the empty cluster reserves: no gang
   after it in the order is placed until it is.
+- Preemption: a gang that does not fit and may preempt (`Gang.may_preempt`) has the fewest,
+  cheapest whole gangs of lower priority evicted whose going lets it be placed with its
+  topology request (`webhook.binder.preemption`; `Plan.preempts`); what it will use is
+  reserved for it (`webhook.binder.reserve`) until it is placed: taken from what is free right
+  after its turn in every cycle, so no gang after it takes it.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from webhook.binder.interpod import Neighbours, one_per_node, rules, violation
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo
 from webhook.binder.queue import GangQueue
+from webhook.binder.reserve import Reservation
 from webhook.binder.spread import Spread, keys_of
 from webhook.binder.spread import violation as spread_violation
 from webhook.topology.groups import NodeGroups
@@ -74,6 +80,8 @@ WaitKind = Literal["members", "invalid", "unplaceable", "blocked", "backoff"]
 #: (`muster analyze` reads them in a pod's PodScheduled condition to say what to do)
 MEMBERS_WAIT = "waiting for members"
 BLOCKED_WAIT = "queued behind gang"
+#: how the reason of a gang waiting for the gangs it preempted goes on
+PREEMPTING_WAIT = "waiting for the gangs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +123,30 @@ class Wait:
     reserves: bool = False  # unplaceable gang that now holds back later gangs
 
 
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """Evict `victims` (whole gangs of lower priority) so that `gang` can go where `place`
+    says (within `domain`: "<label>=<value>, ...", "" for anywhere) once they are gone;
+    `reservation` holds that for it meanwhile."""
+
+    gang: Gang
+    victims: tuple[Gang, ...]
+    place: Place
+    domain: str
+    reservation: Reservation
+
+
+class PreemptFn(Protocol):
+    """The preemption planner (`webhook.binder.preemption.preempter`): for a gang that does
+    not fit on `states` (what is free now), its victims and where it then goes, or None."""
+
+    def __call__(self, gang: Gang, states: Mapping[str, NodeState]) -> Preempt | None: ...
+
+
 @dataclass(slots=True)
 class Plan:
     places: list[Place] = field(default_factory=list)
+    preempts: list[Preempt] = field(default_factory=list)
     finishes: list[Finish] = field(default_factory=list)
     strips: list[Strip] = field(default_factory=list)
     waits: list[Wait] = field(default_factory=list)
@@ -141,6 +170,9 @@ class PlanConfig:
     #: kai:NAME`), and each one's levels as read, by reference ("kai:NAME")
     topology_api: str = ""
     topologies: Mapping[str, Levels] = field(default_factory=dict, compare=False)
+    #: whether a gang whose policy does not say may preempt: "Never" or "LowerPriority"
+    #: (`--preemption`)
+    preemption: str = "Never"
 
     def levels_for(self, req: NetworkRequest) -> Levels | str:
         """The levels `req` resolves against: those of the Topology object it names, where the
@@ -331,34 +363,51 @@ def plan_gangs(gangs: Mapping[str, Gang], allocation: Allocation,
                states: dict[str, NodeState], nodes: Mapping[str, NodeInfo], *,
                config: PlanConfig, queue: GangQueue, fit: FitCache, place: PlaceFn,
                now: float, generation: int = 0, inflight: Collection[str] = (),
-               neighbours: Neighbours | None = None, groups: NodeGroups | None = None) -> Plan:
+               neighbours: Neighbours | None = None, groups: NodeGroups | None = None,
+               preempt: PreemptFn | None = None,
+               reserved: Mapping[str, Reservation] | None = None) -> Plan:
     """One cycle from its inputs (webhook.binder.snapshot keeps them current): `states` is
     what is free per node under `allocation`, and is consumed by this cycle's placements;
     `neighbours` the pods on nodes, which inter-pod affinity terms count (none when None);
     `groups` the nodes grouped for the engine, kept by the caller across cycles (`sync`ed
-    here: a fresh grouping when None).
+    here: a fresh grouping when None); `preempt` decides preemptions (none when None);
+    `reserved` the reservations of gangs that preempted, by gang key.
     Gangs whose members are all bound need nothing and are left out of the plan, so that a
     caller may pass only the others."""
     live = {k: g for k, g in sorted(gangs.items()) if any(not p.bound for p in g.members)}
     groups = groups if groups is not None else NodeGroups()
     groups.sync(list(states.values()))
     r = _Round(Plan(gangs=live, allocation=allocation), nodes, states, config, now,
-               neighbours or Neighbours((), (), nodes), groups)
+               neighbours or Neighbours((), (), nodes), groups, preempt=preempt,
+               reserved=dict(reserved or {}))
     conflicts = allocation.conflicts()
     candidates = [g for g in live.values()
                   if g.key not in inflight and _ready(r, g, conflicts)]
     candidates.sort(key=Gang.order_key)
+    for key in r.reserved.keys() - {g.key for g in candidates}:
+        _hold(r, key)
     blocker: Gang | None = None
     for gang in candidates:
-        if blocker is not None:
-            r.wait(gang, "blocked", f"{BLOCKED_WAIT} {blocker.key}, which has waited longer "
-                   f"than {config.starvation_seconds:g}s for resources")
-        elif not queue.due(gang.key, now, generation):
-            r.wait(gang, "backoff", "", queue.reserves(gang.key))
-            blocker = gang if queue.reserves(gang.key) else None
-        elif _try_place(r, gang, queue, fit, place):
+        _turn(r, gang, blocker, queue=queue, fit=fit, place=place, generation=generation)
+        if gang.key in r.reserved and not (r.out.places and r.out.places[-1].gang is gang):
+            _hold(r, gang.key)
+        if blocker is None and r.out.waits and r.out.waits[-1].gang is gang and \
+                r.out.waits[-1].reserves:
             blocker = gang
     return r.out
+
+
+def _turn(r: _Round, gang: Gang, blocker: Gang | None, *, queue: GangQueue, fit: FitCache,
+          place: PlaceFn, generation: int) -> None:
+    """The gang's turn in the queue: it waits behind `blocker`, or for its backoff, or is
+    placed if it fits (a wait that `reserves` makes it the blocker of the gangs after it)."""
+    if blocker is not None:
+        r.wait(gang, "blocked", f"{BLOCKED_WAIT} {blocker.key}, which has waited longer "
+               f"than {r.config.starvation_seconds:g}s for resources")
+    elif not queue.due(gang.key, r.now, generation):
+        r.wait(gang, "backoff", "", queue.reserves(gang.key))
+    else:
+        _try_place(r, gang, queue, fit, place)
 
 
 @dataclass(slots=True)
@@ -376,6 +425,9 @@ class _Round:
     groups: NodeGroups
     #: the round's assignments: a job's pods share their containers' shape
     assign: Assigner = field(default_factory=Assigner)
+    preempt: PreemptFn | None = None
+    #: the reservations of gangs that preempted, not yet taken from `states` (`_hold`)
+    reserved: dict[str, Reservation] = field(default_factory=dict)
 
     def consume(self, node: str, need: MemberRequest | PodInfo, gpus: Collection[int]) -> None:
         """Take what `need` uses on `node` (its `gpus`) from what is free there."""
@@ -470,23 +522,55 @@ def _recorded_assignment(r: _Round, pod: PodInfo, node_name: str, gpus: tuple[in
     return assignment
 
 
+def _hold(r: _Round, key: str) -> None:
+    """Take what the reservation of gang `key` holds from what is free: no gang after it in
+    this round gets it."""
+    for slot in r.reserved.pop(key).slots:
+        state = r.states.get(slot.node)
+        if state is not None:
+            state = r.states[slot.node] = state.less(slot.gpus, slot.cpu_milli,
+                                                      slot.memory_bytes)
+            r.groups.put(state)
+
+
+def _preempting(r: _Round, gang: Gang, why: str) -> bool:
+    """For a gang that does not fit (`why`): True when it waits for the gangs it preempted
+    to go, or preempts some now (`Plan.preempts`; its reservation is held after its turn)."""
+    held = r.reserved.get(gang.key)
+    if held is not None:
+        r.wait(gang, "unplaceable", f"{why}; {PREEMPTING_WAIT} it preempted "
+               f"({', '.join(held.victims)}) to go")
+        return True
+    if r.preempt is None or not gang.may_preempt(r.config.preemption):
+        return False
+    found = r.preempt(gang, r.states)
+    if found is None:
+        return False
+    r.out.preempts.append(found)
+    r.reserved[gang.key] = found.reservation
+    where = f" in {found.domain}" if found.domain else ""
+    r.wait(gang, "unplaceable", f"{why}; {PREEMPTING_WAIT} of lower priority "
+           f"({', '.join(v.key for v in found.victims)}) to go: it fits{where} without them")
+    return True
+
+
 def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: PlaceFn
-               ) -> bool:
-    """Place the gang on what is free; True when it could not be and, starving, now reserves
-    the cluster (the gangs behind it wait)."""
+               ) -> None:
+    """Place the gang on what is free; if it cannot be, it waits (and, starving, reserves
+    the cluster: the gangs behind it wait), or preempts."""
     pending = gang.pending  # (read once: a list made from the members)
     terms = r.neighbours if r.neighbours.active(pending) else None
     asked = _request(gang, pending, r.nodes, fit, terms)
     if isinstance(asked, str):
         r.wait(gang, "unplaceable", asked)
-        return False
+        return
     request, note = asked
     network = None
     if request.network is not None:
         levels = r.config.levels_for(request.network)
         if isinstance(levels, str):
             r.wait(gang, "unplaceable", f"gang {gang.name}: {levels}")
-            return False
+            return
         network = fit.network(r.nodes, levels, r.config.domains)
     apart = terms is not None and one_per_node(pending)
     if apart:
@@ -494,12 +578,14 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
     else:
         result = place(list(r.states.values()), request, network=network, groups=r.groups)
     if isinstance(result, Unplaceable):
+        if _preempting(r, gang, result.reason + note):
+            return
         since = queue.waiting_since(gang.key)
         starving = since is not None and r.now - since >= r.config.starvation_seconds
         reserves = starving and isinstance(_on_empty(r, request, network, apart=apart, place=place),
                                            GangPlacement)
         r.wait(gang, "unplaceable", result.reason + note, reserves)
-        return reserves
+        return
     by_key = {p.key: p for p in pending}
     spread = any(p.spread for p in pending)
     if terms is not None or spread:
@@ -507,10 +593,9 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
                      spread=spread, network=network)
         if isinstance(kept, str):
             r.wait(gang, "unplaceable", kept)
-            return False
+            return
         result = kept
     _commit(r, gang, request, result, by_key)
-    return False
 
 
 def _commit(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement,

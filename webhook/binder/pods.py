@@ -128,6 +128,13 @@ class PodInfo:
     pod_group: str | None = None  # from the coscheduling label
     min_member: int | None = None
     timeout_seconds: int | None = None
+    #: muster.io/gang-preemption, as the webhook wrote it from the policy (None: not set)
+    preemption: str | None = None
+    #: spec.preemptionPolicy Never (the PriorityClass's, set by the API server's admission):
+    #: the pod never preempts, whatever its annotation says
+    never_preempts: bool = False
+    #: spec.terminationGracePeriodSeconds (Kubernetes' default 30)
+    grace_seconds: int = 30
     topology: TopologyRequest | None = None
     #: the binder's assignment (muster.io/gpu-assignment), read only on pods of this binder's
     #: scheduler name, and on a bound one only for the node it is bound to (`trusted_annotations`)
@@ -407,6 +414,15 @@ def _gang_annotations(ann: Mapping[str, str], problems: list[str]
     return min_member, timeout
 
 
+def _preemption(ann: Mapping[str, str], problems: list[str]) -> str | None:
+    value = ann.get(keys.ANN_GANG_PREEMPTION)
+    if value is not None and value not in keys.PREEMPTION_VALUES:
+        problems.append(f"{keys.ANN_GANG_PREEMPTION} must be one of "
+                        f"{', '.join(keys.PREEMPTION_VALUES)}, got {value!r}")
+        return None
+    return value
+
+
 @functools.lru_cache(maxsize=256)
 def _record(annotation: str) -> Record:
     """The members of one placement carry the same record: decoded once, one object, which
@@ -462,6 +478,7 @@ def parse_pod(obj: Mapping[str, Any],
     claims = claims or special
     asks = gpu_asks(spec)
     min_member, timeout = _gang_annotations(ann, problems)
+    preemption = _preemption(ann, problems)
     topology = None
     if keys.ANN_GPU_TOPOLOGY in ann:
         try:
@@ -475,6 +492,7 @@ def parse_pod(obj: Mapping[str, Any],
     pod_affinity = parse_pod_affinity(spec, ns, problems)
     spread = parse_spread(spec, labels, problems)
     priority = spec.get("priority")
+    grace = spec.get("terminationGracePeriodSeconds")
     return PodInfo(
         key=f"{ns}/{name}",
         namespace=ns,
@@ -502,6 +520,9 @@ def parse_pod(obj: Mapping[str, Any],
         pod_group=labels.get(keys.COSCHEDULING_GROUP_LABEL) or None,
         min_member=min_member,
         timeout_seconds=timeout,
+        preemption=preemption,
+        never_preempts=spec.get("preemptionPolicy") == "Never",
+        grace_seconds=grace if isinstance(grace, int) and grace >= 0 else 30,
         topology=topology,
         assignment=assignment,
         assignment_raw=raw,

@@ -29,17 +29,19 @@ The cost of a set: (its highest priority, GPU-seconds lost, GPUs, gangs), compar
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from webhook import keys
 from webhook.binder.allocation import Allocation, holding_node
 from webhook.binder.assignment import assigned_indices
 from webhook.binder.fit import FitCache
 from webhook.binder.gangs import Gang
 from webhook.binder.nodes import NodeInfo
-from webhook.binder.planner import Place, PlaceFn, PlanConfig, plan_gangs
+from webhook.binder.planner import Place, PlaceFn, PlanConfig, Preempt, PreemptFn, plan_gangs
 from webhook.binder.pods import PodInfo
 from webhook.binder.queue import GangQueue
+from webhook.binder.reserve import reservation
 from webhook.topology.model import NodeState
 from webhook.topology.network import HOSTNAME, resolved
 
@@ -68,7 +70,8 @@ class Running:
 @dataclass(frozen=True, slots=True)
 class Preemption:
     """The decision: evict `victims` (whole gangs), then `place` is where the preemptor fits
-    (within `domain`: "<label>=<value>", or "" for the whole cluster)."""
+    (within `domain`: "<label>=<value>" of each level down to the one it asks for, or "" for
+    the whole cluster)."""
 
     victims: tuple[Running, ...]
     place: Place
@@ -123,6 +126,32 @@ def plan_preemption(preemptor: Gang, running: Sequence[Running], nodes: Mapping[
     return search.run()
 
 
+def preempter(running: Callable[[], Sequence[Running]], nodes: Mapping[str, NodeInfo], *,
+              config: PlanConfig, place: PlaceFn, now: float, fit: FitCache) -> PreemptFn:
+    """`plan_preemption` as one planning cycle asks it (`planner.PreemptFn`): `running` is
+    read once, when a gang first asks (most cycles never do)."""
+    known: list[Sequence[Running]] = []
+
+    def decide(gang: Gang, states: Mapping[str, NodeState]) -> Preempt | None:
+        if not known:
+            known.append(running())
+        found = plan_preemption(gang, known[0], nodes, states, config=config, place=place,
+                                now=now, fit=fit)
+        if found is None:
+            return None
+        victims = tuple(v.gang for v in found.victims)
+        held = [(v.key, [p for p in v.members if holding_node(p) is not None]) for v in victims]
+        return Preempt(gang, victims, found.place, found.domain,
+                       reservation(gang.key, found.place.assignments, held, now))
+    return decide
+
+
+def kueue_admitted(gang: Gang) -> bool:
+    """Whether Kueue admitted the gang's workload: a member carries a label Kueue sets on the
+    pods it admits (`keys.KUEUE_ADMITTED_LABELS`)."""
+    return any(k in keys.KUEUE_ADMITTED_LABELS for p in gang.members for k, _ in p.labels)
+
+
 def _domains(gang: Gang, nodes: Mapping[str, NodeInfo], config: PlanConfig, fit: FitCache
              ) -> list[tuple[str, frozenset[str]]]:
     """(name, nodes) of each domain to try, in the order of preference (module docstring)."""
@@ -151,8 +180,8 @@ def _domains(gang: Gang, nodes: Mapping[str, NodeInfo], config: PlanConfig, fit:
     for node, path in network.paths(chain).items():
         if len(path) >= depth:
             grouped[path[:depth]].add(node)
-    found = [(f"{label}={path[-1]}", frozenset(members))
-             for path, members in sorted(grouped.items())]
+    found = [(", ".join(f"{lv}={v}" for lv, v in zip(chain, path, strict=False)),
+              frozenset(members)) for path, members in sorted(grouped.items())]
     return found if required is not None else [*found, *everywhere]
 
 

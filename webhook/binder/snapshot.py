@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from webhook.binder.allocation import Allocation
+from webhook.binder.allocation import Allocation, holding_node
 from webhook.binder.claims import ClaimInfo
 from webhook.binder.gangs import Gang, PodGroupInfo, assemble, gang_key, is_member
 from webhook.binder.interpod import LabelIndex, Neighbours
@@ -110,6 +110,19 @@ class Snapshot:
         """The gangs with an unbound member, as `assemble` makes them from every pod."""
         return assemble((p for g in self._unbound for p in self._members[g].values()),
                         self.scheduler_name, pod_groups, podgroup_default_timeout)
+
+    def running_gangs(self, pod_groups: Mapping[str, PodGroupInfo] | None,
+                      podgroup_default_timeout: int) -> dict[str, Gang]:
+        """The gangs whose members are all bound (preemption's candidates), as `assemble`
+        makes them from every pod."""
+        return assemble((p for g, members in self._members.items() if g not in self._unbound
+                         for p in members.values()),
+                        self.scheduler_name, pod_groups, podgroup_default_timeout)
+
+    def holds(self, key: str) -> bool:
+        """Whether the pod `key` still holds resources (not gone, not ended)."""
+        pod = self._pods.get(key)
+        return pod is not None and holding_node(pod) is not None
 
     def neighbours(self, nodes: Mapping[str, NodeInfo], index: LabelIndex | None = None
                    ) -> Neighbours:

@@ -13,6 +13,7 @@ from .api import (
     MUTATING_WEBHOOKS,
     NAMESPACES,
     NODES,
+    PDBS,
     PODS,
     PRIORITY_CLASSES,
     SECRETS,
@@ -31,8 +32,8 @@ from .informer import Informer
 
 __all__ = [
     "CONFIGMAPS", "COSCHEDULING_PODGROUPS", "CRDS", "DEPLOYMENTS", "EVENTS", "JOBS", "LEASES",
-    "MPIJOBS", "MUTATING_WEBHOOKS", "NAMESPACES", "NODES", "PODS", "PRIORITY_CLASSES", "SECRETS",
-    "SERVICES",
+    "MPIJOBS", "MUTATING_WEBHOOKS", "NAMESPACES", "NODES", "PDBS", "PODS", "PRIORITY_CLASSES",
+    "SECRETS", "SERVICES",
     "VALIDATING_WEBHOOKS", "VOLCANO_PODGROUPS", "VOLCANO_QUEUES", "ApiError", "EventRecorder",
     "Informer", "KubeApi", "Resource", "make_api_client", "object_key",
 ]

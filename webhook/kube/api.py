@@ -85,6 +85,7 @@ VALIDATING_WEBHOOKS = Resource("admissionregistration.k8s.io", "v1",
 RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", False, "ResourceSlice")
 RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", True, "ResourceClaim")
 DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", False, "DeviceClass")
+PDBS = Resource("policy", "v1", "poddisruptionbudgets", True, "PodDisruptionBudget")
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False,
                 "CustomResourceDefinition")
 

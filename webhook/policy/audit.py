@@ -27,7 +27,8 @@ _EVENT = re.compile(r"^policy (\S+) \((?:audit|warn)\) (would set|matches but wo
 #: the keys that make a pod a member of its gang, written from `Decision.pod_group`
 _GANG_KEYS = frozenset({
     keys.VOLCANO_GROUP_ANNOTATION, keys.VOLCANO_QUEUE_ANNOTATION, keys.COSCHEDULING_GROUP_LABEL,
-    keys.ANN_GANG_NAME, keys.ANN_GANG_MIN_MEMBER, keys.ANN_GANG_TIMEOUT, keys.ANN_JOINED_GANG})
+    keys.ANN_GANG_NAME, keys.ANN_GANG_MIN_MEMBER, keys.ANN_GANG_TIMEOUT,
+    keys.ANN_GANG_PREEMPTION, keys.ANN_JOINED_GANG})
 _ACTION_OF_KEY = {**dict.fromkeys(_GANG_KEYS, "gang"), keys.ISTIO_INJECT: "istio",
                   keys.ISTIO_DATAPLANE_MODE: "istio", keys.ANN_GPU_TOPOLOGY: "topology"}
 

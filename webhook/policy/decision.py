@@ -56,6 +56,8 @@ class PodGroupSpec:
     #: backend kubernetes: when the cluster serves no Workload API, "Refuse" the pods or admit
     #: them "WithoutGang" (policy field gang.unavailableApi)
     unavailable_api: str | None = None
+    #: backend muster: the policy's gang.preemption (None: the binder's default)
+    preemption: str | None = None
 
 
 @record

@@ -40,7 +40,7 @@ _DEFAULT_SCHEDULER: dict[str, str | None] = {
 _BACKEND_FIELDS = (("gang.queue", ("volcano",)), ("gang.priorityClass", ("volcano",)),
                    ("gang.unavailableQueue", ("volcano",)), ("gang.fallbackQueue", ("volcano",)),
                    ("gang.scheduleTimeoutSeconds", ("coscheduling", "muster")),
-                   ("gang.unavailableApi", ("kubernetes",)))
+                   ("gang.unavailableApi", ("kubernetes",)), ("gang.preemption", ("muster",)))
 _GROUP_KEYS = (  # (where, key, backend) of every key that puts a pod into a gang
     ("annotation", keys.VOLCANO_GROUP_ANNOTATION, "volcano"),
     ("label", keys.COSCHEDULING_GROUP_LABEL, "coscheduling"),
@@ -376,7 +376,9 @@ def _gang(backend: Backend, writes: _Writes, work: Workload, *, namespace: str,
                         timeout_seconds=_timeout(backend, value, work), owner=work.owner,
                         fallback_queue=fallback,
                         unavailable_api=value.get("gang.unavailableApi", "Refuse")
-                        if backend == "kubernetes" else None), ""
+                        if backend == "kubernetes" else None,
+                        preemption=value.get("gang.preemption") if backend == "muster"
+                        else None), ""
 
 
 def _joined_elsewhere(backend: Backend, name: str, pod_labels: Mapping[str, str],
@@ -493,6 +495,9 @@ def _join(group: PodGroupSpec, labels: dict[str, str | None],
         annotations[keys.ANN_GANG_MIN_MEMBER] = str(group.min_member)
         if group.timeout_seconds:
             annotations[keys.ANN_GANG_TIMEOUT] = str(group.timeout_seconds)
+        # the policy's, or none (a value the pod was created with is removed): the binder
+        # honours only what the policy set, and its --preemption default
+        annotations[keys.ANN_GANG_PREEMPTION] = group.preemption
 
 
 def explain(pod: Mapping[str, Any], *, namespace_labels: Mapping[str, str],

@@ -204,6 +204,9 @@ class Gang(_Model):
     #: kubernetes: what happens when the cluster serves no Workload API (checked at admission
     #: by discovery): Refuse the job's pods with the reason, or admit them WithoutGang
     unavailableApi: Literal["Refuse", "WithoutGang"] = "Refuse"
+    #: muster: whether the binder may evict whole gangs of lower priority to place this one
+    #: (LowerPriority) or not (Never); unset: the binder's --preemption default
+    preemption: Literal["Never", "LowerPriority"] | None = None
 
     @field_validator("queue", "fallbackQueue")
     @classmethod
@@ -394,6 +397,10 @@ def contradictions(parts: Parts) -> list[tuple[Path, str]]:
             out.append((("spec", "gang", "priorityClass"),
                         f"priorityClass is written to Volcano PodGroups only; backend "
                         f"{gang.backend} uses the pods' own priority"))
+        if gang.backend != "muster" and gang.preemption is not None:
+            out.append((("spec", "gang", "preemption"),
+                        f"preemption is decided by Muster's binder (backend muster); backend "
+                        f"{gang.backend} preempts by its own rules"))
         if gang.backend == "volcano" and gang.scheduleTimeoutSeconds is not None:
             out.append((("spec", "gang", "scheduleTimeoutSeconds"),
                         "Volcano PodGroups have no schedule timeout; use backend coscheduling "

@@ -31,7 +31,7 @@
 {{/* the muster.io/ pod annotations the webhook writes on CREATE, as a CEL list: the only ones a
 pod may be created with (webhook.keys.WEBHOOK_ANNOTATIONS; a chart test holds them equal) */}}
 {{- define "muster.webhookAnnotationKeys" -}}
-['muster.io/policy', 'muster.io/gpu-topology', 'muster.io/gang-name', 'muster.io/gang-min-member', 'muster.io/gang-timeout-seconds', 'muster.io/joined-gang']
+['muster.io/policy', 'muster.io/gpu-topology', 'muster.io/gang-name', 'muster.io/gang-min-member', 'muster.io/gang-timeout-seconds', 'muster.io/gang-preemption', 'muster.io/joined-gang']
 {{- end }}
 
 {{/* Secret holding tls.crt/tls.key (+ca.crt) mounted by the webhook, for every cert mode */}}
@@ -164,6 +164,7 @@ capabilities:
 - bind
 - --scheduler-name={{ .Values.binder.schedulerName }}
 - --metrics-port={{ .Values.binder.metricsPort }}
+- --preemption={{ .Values.binder.preemption }}
 {{- with .Values.binder.networkLevels }}
 {{- if kindIs "string" . }}
 - --network-levels={{ . }}

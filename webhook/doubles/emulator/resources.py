@@ -48,7 +48,8 @@ def _core(plural: str, kind: str, namespaced: bool = True, *, short: tuple[str, 
 
 BUILTINS: tuple[ResourceType, ...] = (
     _core("namespaces", "Namespace", False, short=("ns",), sub=("status",)),
-    _core("pods", "Pod", True, short=("po",), sub=("status", "binding"), categories=("all",)),
+    _core("pods", "Pod", True, short=("po",), sub=("status", "binding", "eviction"),
+          categories=("all",)),
     _core("nodes", "Node", False, short=("no",), sub=("status",)),
     _core("configmaps", "ConfigMap", True, short=("cm",)),
     _core("secrets", "Secret"),

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from webhook.yamlpos import SafeLoader
 
-from . import defaults, errors, shapes
+from . import defaults, errors, eviction, shapes
 from .admission import (
     DEFAULT_USER,
     AdmissionChain,
@@ -470,7 +470,31 @@ class ApiServerEmulator:
         if t.sub == "binding":
             status, warnings = await self._bind(t.ns, t.name, body, dry_run, self.user)
             return _json(status, 201, warnings)
+        if t.sub == "eviction":
+            return _json(await self._evict(t.ns, t.name, body, dry_run), 201)
         raise errors.method_not_allowed()
+
+    async def _evict(self, ns: str, name: str, body: Any, dry_run: bool) -> dict[str, Any]:
+        """POST pods/NAME/eviction (`eviction`)."""
+        pod = self._get(PODS, ns, name).obj
+        pdbs = self.registry.lookup("policy", "v1", "poddisruptionbudgets")
+        assert pdbs is not None
+        budgets = eviction.covering(pod, (st.obj for st in self.store.items(pdbs.key, ns)))
+        if not eviction.ignores_budgets(pod):
+            blocking = eviction.forbidding(budgets)
+            if blocking is not None:
+                raise eviction.refused(blocking)
+        opts = (body.get("deleteOptions") if isinstance(body, dict) else None) or {}
+        if not dry_run:
+            for budget in budgets:
+                changed = copy.deepcopy(budget)
+                status = changed.setdefault("status", {})
+                status["disruptionsAllowed"] = max(0, int(status.get("disruptionsAllowed")
+                                                           or 0) - 1)
+                self._persist(pdbs, changed)
+            await self._delete(PODS, ns, name, query={}, opts=opts, user=self.user)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "code": 201}
 
     async def _write(self, request: web.Request, t: _Target, body: Any, dry_run: bool
                      ) -> web.Response:
