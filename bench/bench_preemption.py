@@ -48,10 +48,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_topology import WINDOW, pct, workload
-from bench.preemption_muster import EPOCH, MusterPreemption, topology_annotation
+from bench.preemption_muster import MusterPreemption, topology_annotation
 from bench.preemption_sim import HIGH, LOW, Preempt, Running, baselines, never
 from bench.topology_sim import Cluster, ClusterSpec, Job, Placer, fat_tree, muster, nvl72, step
-from webhook.binder.preemption import plan_preemption
 from webhook.topology.gpu_choice import TableCache
 
 
@@ -290,8 +289,9 @@ LATENCY_GANGS = 2000
 
 
 def latency(reps: int, seed: int) -> bool:
-    """p50 and p99 of one preemption decision of the binder's planner (`plan_preemption`,
-    each fit tested by `plan_gangs` with the controller's placement function and FitCache), at
+    """p50 and p99 of one binder planning cycle (`plan_gangs`) for a gang that does not fit
+    and preempts (the planner `preemption.preempter`, each fit tested by `plan_gangs` with the
+    controller's placement function and FitCache), at
     4,096 nodes that 2,000 low-priority gangs fill, for gangs of 1, 2 and 16 whole-node pods
     that prefer one leaf and one of 16 that requires it; wall and CPU time (the machine is
     shared: CPU time is the check when the wall's p99 misses)."""
@@ -302,7 +302,6 @@ def latency(reps: int, seed: int) -> bool:
         raise SystemExit("latency: the cluster is not full of 2,000 gangs: the run is void")
     mp = MusterPreemption(spec, TableCache())
     running = mp.running(lower)
-    states = dict(zip(c.names, c.states, strict=True))
     print(f"\n== preemption decision latency: {spec.nodes} nodes, {len(running)} running gangs "
           f"(every GPU held), {reps} decisions per row, ms")
     ok = True
@@ -314,10 +313,10 @@ def latency(reps: int, seed: int) -> bool:
         wall, cpu, victims = [], [], 0
         for _ in range(reps + 1):
             t0, c0 = time.perf_counter(), time.process_time()
-            got = plan_preemption(preemptor, running, mp.nodes, states, config=mp.config,
-                                  place=mp.place, now=EPOCH + 60.0, fit=mp.fit)
+            plan = mp.cycle(c, preemptor, running, 1.0)
             wall.append((time.perf_counter() - t0) * 1e3)
             cpu.append((time.process_time() - c0) * 1e3)
+            got = plan.preempts[0] if plan.preempts else None
             if got is None or not got.victims or len(got.place.assignments) != pods:
                 raise SystemExit(f"latency: no preemption for {pods} pods: the run is void")
             victims = len(got.victims)

@@ -1,9 +1,10 @@
-"""Muster's preemption on the bench's clusters: the binder's planner
-(`webhook.binder.preemption.plan_preemption`, which tests each fit with the binder's planning
-cycle, `planner.plan_gangs`, and its placement function) on the pods, nodes and node states the
-binder would read: Node objects with the network labels and topology annotation, pods as the
-webhook annotates them, running ones bound with their GPU assignment (imported by
-bench/bench_preemption.py and tests/topology/test_preemption_sim.py; no timing here)."""
+"""Muster's preemption on the bench's clusters: the binder's planning cycle
+(`planner.plan_gangs` with the planner `webhook.binder.preemption.preempter`, which tests each
+fit with that cycle and the binder's placement function; the binder's `--preemption
+LowerPriority`) on the pods, nodes and node states the binder would read: Node objects with the
+network labels and topology annotation, pods as the webhook annotates them, running ones bound
+with their GPU assignment (imported by bench/bench_preemption.py and
+tests/topology/test_preemption_sim.py; no timing here)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ from bench.preemption_sim import HIGH, Decision
 from bench.preemption_sim import Running as SimRunning
 from bench.topology_sim import Cluster, ClusterSpec, Job, Placement, node_name
 from webhook import keys
+from webhook.binder.allocation import Allocation
 from webhook.binder.assignment import assigned_indices, build_assignment, encode_assignment
 from webhook.binder.fit import FitCache
 from webhook.binder.gangs import Gang, assemble
 from webhook.binder.nodes import NodeInfo, parse_node
-from webhook.binder.planner import PlanConfig
+from webhook.binder.planner import Place, Plan, PlanConfig, plan_gangs
 from webhook.binder.pods import parse_pod
-from webhook.binder.preemption import Preemption, Running, plan_preemption
+from webhook.binder.preemption import Running, preempter
+from webhook.binder.queue import GangQueue
 from webhook.topology import codec
 from webhook.topology.gpu_choice import TableCache
 from webhook.topology.hierarchy import place_gang
@@ -81,7 +84,8 @@ class MusterPreemption:
         self.spec = spec
         self.nodes = binder_nodes(spec)
         self.index = {n: i for i, n in enumerate(self.nodes)}
-        self.config = PlanConfig(keys.DEFAULT_BINDER_SCHEDULER_NAME, levels=Levels(spec.levels))
+        self.config = PlanConfig(keys.DEFAULT_BINDER_SCHEDULER_NAME, levels=Levels(spec.levels),
+                                 preemption="LowerPriority")  # the binder's --preemption
         self.place = functools.partial(place_gang, tables=tables)  # as the controller
         self.fit = FitCache()
         self.request = topology_annotation(spec.leaf_label)
@@ -110,22 +114,30 @@ class MusterPreemption:
                 self._gangs[k] = self.gang(r.job, r.priority, r.start, r.placement)
         return [Running(self._gangs[k]) for k in keep]
 
-    def decide(self, c: Cluster, job: Job, priority: int, lower: Sequence[SimRunning],
-               now: float) -> Preemption | None:
-        """The planner's decision for the job waiting since its arrival."""
-        preemptor = self.gang(job, priority, job.arrival)
+    def cycle(self, c: Cluster, preemptor: Gang, running: Sequence[Running], now: float
+              ) -> Plan:
+        """The binder's planning cycle for the waiting gang, preemption allowed: it places
+        the gang, or has the planner's victims and the place it will then take in
+        `Plan.preempts`."""
+        at = EPOCH + now * 60
         states = dict(zip(c.names, c.states, strict=True))
-        return plan_preemption(preemptor, self.running(lower), self.nodes, states,
-                               config=self.config, place=self.place, now=EPOCH + now * 60,
-                               fit=self.fit)
+        return plan_gangs({preemptor.key: preemptor}, Allocation({}), states, self.nodes,
+                          config=self.config, queue=GangQueue(), fit=self.fit, place=self.place,
+                          now=at, preempt=preempter(lambda: running, self.nodes,
+                                                    config=self.config, place=self.place,
+                                                    now=at, fit=self.fit))
 
     def __call__(self, c: Cluster, job: Job, lower: Sequence[SimRunning], free: int,
                  now: float) -> Decision | None:
-        got = self.decide(c, job, HIGH, lower, now)
-        if got is None:
+        plan = self.cycle(c, self.gang(job, HIGH, job.arrival), self.running(lower), now)
+        if plan.places:  # it fits after all (the sim's placement found none)
+            return self.placement(plan.places[0]), []
+        if not plan.preempts:
             return None
         by_key = {f"{NAMESPACE}/j{r.job.id}": r for r in lower}
-        victims = [by_key[v.gang.key] for v in got.victims]
-        placement = [(self.index[a.node], tuple(sorted(assigned_indices(a))))
-                     for _, a in got.place.assignments]
-        return placement, victims
+        return (self.placement(plan.preempts[0].place),
+                [by_key[v.key] for v in plan.preempts[0].victims])
+
+    def placement(self, place: Place) -> Placement:
+        return [(self.index[a.node], tuple(sorted(assigned_indices(a))))
+                for _, a in place.assignments]
