@@ -738,3 +738,34 @@ def test_hypernode_levels_checked_as_the_binder_reads_them() -> None:
     assert set(found) == {"HyperNodeMissing", "HyperNodeUnread"}
     assert "1 GPU node(s) are in no HyperNode (gpu-2)" in found["HyperNodeMissing"].message
     assert "regexMatch '(' is not a regular expression" in found["HyperNodeUnread"].message
+
+
+def preemption_event(reason: str, pod: str, message: str, at: str) -> dict[str, Any]:
+    """An Event as the binder records it on a pod when a gang preempts (webhook.binder.evict)."""
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{pod}.{abs(hash(message)):x}", "namespace": "team-a"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod,
+                               "namespace": "team-a"},
+            "reason": reason, "message": message, "type": "Normal", "count": 1,
+            "firstTimestamp": at, "lastTimestamp": at}
+
+
+def test_when_and_why_a_gang_preempted_or_was_preempted() -> None:
+    victim = ("preempted by gang team-a/high of priority 1000: gang team-a/low (priority 0) is "
+              "evicted whole so that it can be placed in example.com/rack=r1")
+    preemptor = ("gang team-a/high of priority 1000 preempts 1 gang(s) of lower priority "
+                 "(team-a/low; 16 GPUs) to be placed in example.com/rack=r1 once they are gone")
+    events = [preemption_event("GangPreempted", "low-0", victim, "2026-11-23T11:00:00Z"),
+              preemption_event("GangPreempted", "low-1", victim, "2026-11-23T11:00:01Z"),
+              preemption_event("GangPreempting", "high-0", preemptor, "2026-11-23T11:00:00Z"),
+              preemption_event("GangPreempting", "high-1", preemptor, "2026-11-23T11:00:00Z")]
+    found = analyze(dataclasses.replace(healthy(), preemption_events=events), NOW)
+    assert [(f.code, f.severity, f.object) for f in found] == [
+        ("GangPreempted", "info", "Pod/team-a/low-0"),
+        ("GangPreempting", "info", "Pod/team-a/high-0")]
+    assert found[0].message == f"at 2026-11-23T11:00:00Z: {victim}"
+    assert "PriorityClass" in found[0].fix and "PodDisruptionBudget" in found[0].fix
+    waits = ("gang team-a/high cannot be placed: needs 16 GPUs within one example.com/rack "
+             "domain; waiting for the gangs it preempted (team-a/low) to go")
+    [told] = analyze(dataclasses.replace(healthy(), waiting_pods=[waiting_pod(900, waits)]), NOW)
+    assert "waits for their pods to go" in told.fix

@@ -121,6 +121,21 @@ def test_a_starving_big_gang_reserves_against_later_small_ones() -> None:
     assert next(w for w in p.waits if w.gang.key == "team-a/big").reserves
 
 
+def test_a_starving_gang_holds_back_its_equals_never_a_gang_of_higher_priority() -> None:
+    busy = [pod("busy", gpus=4, node_name="n1",
+                assignment=encode_assignment(build_assignment("n1", TOPO, (0, 1, 2, 3),
+                                                              [("main", 4)])))]
+    big = job("big", workers=8, created="2026-11-21T04:00:00Z")
+    vip = job("vip", workers=2, created="2026-11-21T05:00:00Z", priority=100)
+    small = job("small", workers=2, created="2026-11-21T05:00:00Z")
+    queue = GangQueue()
+    t0 = 1795237200.0
+    queue.failed("team-a/big", t0, 0, "no room")
+    p = run(busy + big + vip + small, [node("n1")], queue=queue, now=t0 + 61)
+    assert {pod_.gang_name for pod_, _ in p.places[0].assignments} == {"vip"}
+    assert next(w for w in p.waits if w.gang.key == "team-a/small").kind == "blocked"
+
+
 def test_a_gang_that_can_never_fit_does_not_block_others() -> None:
     huge = job("huge", workers=9, created="2026-11-21T04:00:00Z")  # 9 GPUs on 8-GPU nodes
     small = job("small", workers=2, created="2026-11-21T05:00:00Z")

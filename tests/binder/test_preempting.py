@@ -129,3 +129,37 @@ async def test_a_refused_eviction_leaves_that_gang_whole_and_another_rack_goes(
         assert "low-b0-r0-n1" in names(apiserver)  # nothing after the refusal was evicted
         assert b.metrics.preemptions.labels("refused")._value.get() == 1
         assert b.metrics.preempted_gangs._value.get() == 2
+
+
+async def test_a_coscheduling_gang_is_told_on_its_podgroup_too(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    nodes = racked_nodes()
+    for n in nodes:
+        apiserver.seed(n)
+        name = n["metadata"]["name"]
+        if not name.startswith("b1-r0"):
+            apiserver.seed(low(name))
+            apiserver.seed(budget(f"low-{name}", 0))
+    for i, name in enumerate(("b1-r0-n0", "b1-r0-n1")):  # one coscheduling gang holds b1/r0
+        member = low(name)
+        member["metadata"]["name"] = f"pg-{i}"
+        del member["metadata"]["annotations"][keys.ANN_GANG_NAME]
+        del member["metadata"]["annotations"][keys.ANN_GANG_MIN_MEMBER]
+        member["metadata"]["labels"][keys.COSCHEDULING_GROUP_LABEL] = "pg"
+        apiserver.seed(member)
+    apiserver.seed({"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+                    "metadata": {"name": "pg", "namespace": "team-a"},
+                    "spec": {"minMember": 2}})
+    b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2, network_levels=LEVELS,
+                                  preemption="LowerPriority"))
+    async with serving(b):
+        for p in high(None):
+            await kube.create(PODS, p)
+        told = await eventually(lambda: [e for e in events(apiserver, PREEMPTED)
+                                         if e["involvedObject"]["kind"] == "PodGroup"],
+                                within=10)
+        assert [e["involvedObject"]["name"] for e in told] == ["pg"]
+        assert told[0]["message"].startswith("preempted by gang team-a/high of priority 1000: "
+                                             "gang team-a/pg (priority 0)")
+        assert {e["involvedObject"]["name"] for e in events(apiserver, PREEMPTED)} == {
+            "pg-0", "pg-1", "pg"}

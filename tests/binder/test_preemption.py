@@ -198,3 +198,13 @@ def test_a_preemption_reserves_what_the_gang_will_use_from_the_gangs_after_it() 
     # the preemptor's own turn: placed on what its victims freed, the rest still held
     placed = cycle([*left, *high(), *small], reserved=held)
     assert [p.gang.name for p in placed.places] == ["high"]
+
+
+def test_two_preemptors_of_one_cycle_never_share_a_victim() -> None:
+    one = said(high(), keys.ANN_GANG_PREEMPTION, "LowerPriority")
+    two = said(job("other", workers=2, gpus=8, priority=900, topology=topo(RACK),
+                   created="2026-11-21T05:00:00Z"), keys.ANN_GANG_PREEMPTION, "LowerPriority")
+    first, second = cycle([*full(young="b0-r1"), *one, *two]).preempts
+    assert first.gang.name == "high" and second.gang.name == "other"
+    assert not {v.key for v in first.victims} & {v.key for v in second.victims}
+    assert len({v.name.rsplit("-", 1)[0] for v in second.victims}) == 1  # a rack of its own

@@ -15,6 +15,7 @@ from webhook.analyze.findings import (
     coscheduling_schedulers,
     not_enforced,
 )
+from webhook.binder.evict import PREEMPTED, PREEMPTING
 from webhook.kube import (
     COSCHEDULING_PODGROUPS,
     CRDS,
@@ -167,6 +168,9 @@ async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float
     if not_enforced(s.policies):
         s.audit_events = (await api.list(EVENTS, field_selector=f"reason={EVENT_REASON}"))[
             "items"]
+    if s.binder_deployed:
+        s.preemption_events = [e for reason in (PREEMPTED, PREEMPTING) for e in (
+            await api.list(EVENTS, field_selector=f"reason={reason}"))["items"]]
     lease = await _get(api, LEASES, s.binder_lease, namespace)
     s.leases = {s.binder_lease: lease} if lease is not None else {}
     return s

@@ -17,9 +17,10 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from webhook import keys
+from webhook.binder.evict import PREEMPTED, PREEMPTING
 from webhook.binder.hypernodes import TIER_LABEL_PREFIX, HyperNodeView, Tiers
 from webhook.binder.nodes import parse_node
-from webhook.binder.planner import BLOCKED_WAIT, MEMBERS_WAIT
+from webhook.binder.planner import BLOCKED_WAIT, MEMBERS_WAIT, PREEMPTING_WAIT
 from webhook.binder.topologies import TopologyView
 from webhook.kube.owners import controller_ref
 from webhook.policy import native
@@ -90,6 +91,8 @@ class Snapshot:
     stuck_after: float = 120.0
     #: the webhook's Events about what policies in audit or warn mode would do (all namespaces)
     audit_events: Sequence[Obj] = ()
+    #: the binder's preemption Events (`GangPreempted`, `GangPreempting`; all namespaces)
+    preemption_events: Sequence[Obj] = ()
 
 
 def _name(obj: Obj) -> str:
@@ -101,7 +104,8 @@ def _name(obj: Obj) -> str:
 def analyze(s: Snapshot, now: dt.datetime) -> list[Finding]:
     checks = (_backends, _queues, _webhook_order, _webhook_safety, _endpoints, _ca_bundle,
               _gpu_nodes, _network, _podgroups, _binder, _matching,
-              _shadowed, _waiting, _schedulers, _not_enforced, _beside_kueue_tas)
+              _shadowed, _waiting, _schedulers, _not_enforced, _beside_kueue_tas,
+              _preemptions)
     out = [f for check in checks for f in check(s, now)]
     rank = {"error": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda f: (rank[f.severity], f.code, f.object))
@@ -521,10 +525,36 @@ def _waiting_fix(said: str, namespace: str) -> str:
         return ("its other pods do not exist: see what its workload's controller says "
                 "(kubectl describe on the job: quota, admission, a failed pod), or lower its "
                 "minMember")
+    if f"; {PREEMPTING_WAIT} " in said:
+        return ("it preempted gangs of lower priority and waits for their pods to go (their "
+                "termination grace); see its GangPreempting Event")
     if f": {BLOCKED_WAIT} " in said:
         return ("an older gang holds the room back until it is placed: that gang's own finding "
                 "says what it needs; the binder's --starvation-seconds sets when a gang does this")
     return "free the resources it needs, or lower its minMember"
+
+
+def _preemptions(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    """When and why the binder preempted: one finding per gang and side, from its Events (the
+    victims' pods are gone by now; their Events stay for the Events' lifetime)."""
+    seen: set[tuple[str, str, str]] = set()
+    for event in sorted(s.preemption_events, key=lambda e: str(e.get("lastTimestamp") or "")):
+        reason, message = event.get("reason"), str(event.get("message") or "")
+        ref = event.get("involvedObject") or {}
+        ns = str(ref.get("namespace") or "")
+        if reason not in (PREEMPTED, PREEMPTING) or (ns, str(reason), message) in seen:
+            continue
+        seen.add((ns, str(reason), message))
+        when = str(event.get("lastTimestamp") or event.get("firstTimestamp") or "?")
+        pod = f"Pod/{ns}/{ref.get('name', '?')}"
+        if reason == PREEMPTED:
+            yield Finding("info", "GangPreempted", pod, f"at {when}: {message}",
+                          "to keep such a gang running, give it a higher PriorityClass, or a "
+                          "PodDisruptionBudget (docs/binder.md, \"Priority and preemption\")")
+        else:
+            yield Finding("info", "GangPreempting", pod, f"at {when}: {message}",
+                          "nothing to do: it is placed once they are gone; policies set who may "
+                          "preempt (gang.preemption), PriorityClasses whom")
 
 
 def _tas_queues(kueue: Mapping[str, Sequence[Obj]]) -> dict[tuple[str, str], str]:

@@ -1,7 +1,8 @@
 """A preemption's writes: each victim gang evicted whole through the Eviction API (policy/v1
 Eviction, which keeps PodDisruptionBudgets and lets each pod have its termination grace), and
 Events on both sides: `GangPreempted` on each victim pod, `GangPreempting` on the preemptor's
-pending members (`muster analyze` and `muster explain` read them back)."""
+pending members, and each on the gang's coscheduling PodGroup where it has one (`muster
+analyze` and `muster explain` read them back)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhook import keys
 from webhook.binder.allocation import holding_node
 from webhook.binder.gangs import Gang
 from webhook.binder.metrics import Metrics
@@ -54,8 +56,9 @@ class Evictor:
         a victim's first eviction (its budget changed since the plan): that gang is left whole
         and remembered in `refused`, and the victims after it are left too (the preemptor
         plans again, with what has gone)."""
-        await self._say(pe.gang.members, "Normal", PREEMPTING, preempting_message(pe),
-                        pending=True)
+        told = preempting_message(pe)
+        await self._say(pe.gang.members, "Normal", PREEMPTING, told, pending=True)
+        await self._say_group(pe.gang, "Normal", PREEMPTING, told)
         for victim in pe.victims:
             if not await self._evict(victim, pe):
                 self.refused[victim.key] = now
@@ -87,6 +90,7 @@ class Evictor:
                     return False
                 continue
             await self._say([pod], "Warning", PREEMPTED, message)
+        await self._say_group(victim, "Warning", PREEMPTED, message)
         log.info("gang preempted", extra={"gang": victim.key, "preemptor": pe.gang.key,
                                           "pods": len(holding), "domain": pe.domain})
         return True
@@ -98,6 +102,16 @@ class Evictor:
                 continue
             raw = self.raw(pod)
             await self.recorder.emit(raw or _ref(pod), type_, reason, message)
+
+
+    async def _say_group(self, gang: Gang, type_: str, reason: str, message: str) -> None:
+        """The same Event on the gang's coscheduling PodGroup, where it has one."""
+        group = gang.members[0].pod_group if gang.members else None
+        if group is not None and gang.members[0].gang_name is None:
+            api, version = keys.COSCHEDULING_API[:2]
+            await self.recorder.emit({"apiVersion": f"{api}/{version}", "kind": "PodGroup",
+                                      "metadata": {"name": group, "namespace": gang.namespace}},
+                                     type_, reason, message)
 
 
 def _ref(pod: PodInfo) -> dict[str, Any]:

@@ -52,10 +52,12 @@ class Preemptions:
 
     def running(self, pod_groups: Mapping[str, PodGroupInfo] | None, timeout: int
                 ) -> list[Running]:
-        """The running gangs, as victim candidates."""
+        """The running gangs, as victim candidates: not those an earlier preemption chose
+        (their evictions may still be under way)."""
         gangs = self.snapshot.running_gangs(pod_groups, timeout)
+        chosen = {v for held in self.reserved.values() for v in held.victims}
         return [Running(g, evictable=self._evictable(g), kueue_admitted=kueue_admitted(g))
-                for g in gangs.values()]
+                for key, g in gangs.items() if key not in chosen]
 
     def _evictable(self, gang: Gang) -> bool:
         if gang.key in self.evictor.refused:

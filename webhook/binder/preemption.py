@@ -129,17 +129,20 @@ def plan_preemption(preemptor: Gang, running: Sequence[Running], nodes: Mapping[
 def preempter(running: Callable[[], Sequence[Running]], nodes: Mapping[str, NodeInfo], *,
               config: PlanConfig, place: PlaceFn, now: float, fit: FitCache) -> PreemptFn:
     """`plan_preemption` as one planning cycle asks it (`planner.PreemptFn`): `running` is
-    read once, when a gang first asks (most cycles never do)."""
-    known: list[Sequence[Running]] = []
+    read once, when a gang first asks (most cycles never do); a gang chosen as a victim in the
+    cycle is no victim for another preemptor of the same cycle (its room is the first's)."""
+    known: list[Running] = []
+    taken: set[str] = set()
 
     def decide(gang: Gang, states: Mapping[str, NodeState]) -> Preempt | None:
         if not known:
-            known.append(running())
-        found = plan_preemption(gang, known[0], nodes, states, config=config, place=place,
-                                now=now, fit=fit)
+            known.extend(running())
+        found = plan_preemption(gang, [r for r in known if r.gang.key not in taken], nodes,
+                                states, config=config, place=place, now=now, fit=fit)
         if found is None:
             return None
         victims = tuple(v.gang for v in found.victims)
+        taken.update(v.key for v in victims)
         held = [(v.key, [p for p in v.members if holding_node(p) is not None]) for v in victims]
         return Preempt(gang, victims, found.place, found.domain,
                        reservation(gang.key, found.place.assignments, held, now))
