@@ -28,11 +28,11 @@ each; none of their code is used):
   preemption/, "Classic Preemption": candidates of lower priority, lowest priority first, then
   the most recently admitted; qualified greedily until the preemptor fits, then the set
   minimised by walking it in reverse and dropping each target without which it still fits).
-  Two fit checks: by quota alone (the gang's GPUs against the free ones: Kueue without
-  topology-aware scheduling, the pods then placed by Kueue TAS's rules where they fit, else
-  the gang waits with its victims gone), and topology-aware (the fit is Kueue TAS's placement
-  on the cluster without the targets, https://kueue.sigs.k8s.io/docs/concepts/
-  topology_aware_scheduling/).
+  Two fit checks: by quota alone (the gang's GPUs against the free ones nobody holds: Kueue
+  without topology-aware scheduling; the admitted gang then holds that quota and its pods are
+  placed by Kueue TAS's rules once they fit, so it may wait with its victims gone), and
+  topology-aware (the fit is Kueue TAS's placement on the cluster without the targets,
+  https://kueue.sigs.k8s.io/docs/concepts/topology_aware_scheduling/).
 """
 
 from __future__ import annotations
