@@ -208,3 +208,18 @@ def test_two_preemptors_of_one_cycle_never_share_a_victim() -> None:
     assert first.gang.name == "high" and second.gang.name == "other"
     assert not {v.key for v in first.victims} & {v.key for v in second.victims}
     assert len({v.name.rsplit("-", 1)[0] for v in second.victims}) == 1  # a rack of its own
+
+
+def test_a_gang_that_prefers_a_rack_gets_one_freed_though_scattered_gangs_cost_less() -> None:
+    pods = [p for n in racked_nodes() for name in [n["metadata"]["name"]]
+            for p in running(f"low-{name}", name, range(8),
+                             created="2026-11-21T04:30:00Z" if name in ("b0-r0-n0", "b1-r1-n1")
+                             else "2026-11-21T04:00:00Z")]
+    prefers = job("high", workers=2, gpus=8, priority=1000, topology=topo(RACK, "preferred"),
+                  created="2026-11-21T05:00:00Z")
+    p = decide([*pods, *prefers], "high")
+    assert p is not None and p.domain  # a rack, not the two youngest gangs apart
+    assert len({v.gang.name.rsplit("-", 1)[0] for v in p.victims}) == 1
+    loose = job("high", workers=2, gpus=8, priority=1000, topology=None,
+                created="2026-11-21T05:00:00Z")
+    assert victims(decide([*pods, *loose], "high")) == {"low-b0-r0-n0", "low-b1-r1-n1"}

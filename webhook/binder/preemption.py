@@ -12,17 +12,20 @@ The search, cheap before it is exact:
    be evicted now (no PodDisruptionBudget forbids it), not admitted by Kueue (Kueue's to
    preempt), none of their pods being deleted; never part of a gang.
 2. Domains: where the gang must or should be, one domain at a time: each domain of its
-   network level (required: only those; preferred: those first, then the whole cluster), each
-   node for a single-node gang (preferred: then the whole cluster), else the whole cluster.
-   Freeing one rack is thus preferred over scattered GPUs in many.
+   network level (required: only those; preferred: those, and the whole cluster only when no
+   one of them can be freed), each node for a single-node gang (preferred: likewise), else the
+   whole cluster. Freeing one rack is thus preferred over scattered GPUs in many.
 3. Per domain, the victims touching it, cheapest first (lowest priority, then the least work
    lost: GPUs x seconds run, then fewest GPUs); a domain whose free GPUs plus all its victims'
    cannot hold the gang is skipped unseen, and the prefix of victims that gives it enough GPUs
    is its estimate (no fit tested yet).
-4. Domains in order of estimate: victims are added from that prefix on until the gang fits,
-   then each is dropped again if it still fits without it (a minimal set). The search stops
-   at the first domain whose set costs no more than the next domain's estimate, or after
-   `MAX_DOMAINS` domains were tested.
+4. Domains in order of estimate (at equal estimates, in the order of preference): victims
+   are added from that prefix on until the gang fits, then each is dropped again if it still
+   fits without it (a minimal set). The search stops at the first domain whose set costs no
+   more than the next domain's estimate, or after `MAX_DOMAINS` domains were tested. A trial
+   places on the domain's nodes with a free GPU once the victims are gone, and its nodes
+   without GPUs (where a launcher may go): a GPU node left full serves no member here, and a
+   trial over the whole cluster then reads what can change, not every node.
 The cost of a set: (its highest priority, GPU-seconds lost, GPUs, gangs), compared in order.
 """
 
@@ -210,6 +213,11 @@ class _Domain:
     #: how many of `victims`, first, give it GPUs enough, and what they cost
     prefix: int
     estimate: Cost
+    #: its place in the order of preference (a narrower domain first, at equal cost)
+    rank: int
+    #: what a trial places on, before victims give back: its nodes with a free GPU, and those
+    #: without GPUs (a launcher's); a node whose GPUs are all taken serves only as a victim's
+    base: dict[str, NodeState] | None = None
 
 
 def _cost(victims: Sequence[_Victim]) -> Cost:
@@ -272,11 +280,18 @@ class _Search:
             room, prefix = room + freed[id(v)], prefix + 1
         if room < self.need or not order:
             return
-        self.domains.append(_Domain(name, members, order, prefix, _cost(order[:prefix])))
+        self.domains.append(_Domain(name, members, order, prefix, _cost(order[:prefix]),
+                                    len(self.domains)))
 
     def run(self) -> Preemption | None:
+        """The best set of the narrow domains; of the whole cluster only when none has one
+        (a gang that prefers a level is given a domain of it whenever preemption can)."""
+        narrow = [d for d in self.domains if d.name]
+        return self._best(narrow) or self._best([d for d in self.domains if not d.name])
+
+    def _best(self, domains: list[_Domain]) -> Preemption | None:
         best: tuple[Cost, Preemption] | None = None
-        for domain in sorted(self.domains, key=lambda d: (d.estimate, d.name))[:MAX_DOMAINS]:
+        for domain in sorted(domains, key=lambda d: (d.estimate, d.rank))[:MAX_DOMAINS]:
             if best is not None and best[0] <= domain.estimate:
                 break
             found = self._in(domain)
@@ -310,11 +325,14 @@ class _Search:
         """The planning cycle's placement of the preemptor on the domain's nodes, the victims'
         resources given back; None when it does not fit there."""
         self.trials += 1
-        states = {n: s for n in domain.nodes if (s := self.states.get(n)) is not None}
+        if domain.base is None:
+            domain.base = {n: s for n in domain.nodes if (s := self.states.get(n)) is not None
+                           and (s.free_gpus or self.nodes[n].topology is None)}
+        states = dict(domain.base)
         for v in victims:
             for node, pods in v.held.items():
-                if node in states:
-                    states[node] = _given_back(states[node], pods)
+                if node in domain.nodes and node in self.states:
+                    states[node] = _given_back(states.get(node, self.states[node]), pods)
         nodes = {n: self.nodes[n] for n in sorted(states)}
         plan = plan_gangs({self.preemptor.key: self.preemptor}, Allocation({}),
                           {n: states[n] for n in nodes}, nodes, config=self.config,
