@@ -247,14 +247,15 @@ class _Search:
         on = self._on
         for r in eligible:
             held: dict[str, list[PodInfo]] = {}
-            created, gpus = self.now, 0
+            created, gpus, priority = self.now, 0, -2**31  # (Gang's properties, in one pass)
             for pod in r.gang.members:
-                created = min(created, pod.created)
+                created = pod.created if pod.created < created else created
+                priority = pod.priority if pod.priority > priority else priority
                 node = holding_node(pod)
                 if node is not None:
                     held.setdefault(node, []).append(pod)
                     gpus += pod.gpus
-            v = _Victim(r, held, (r.gang.priority, gpus * (self.now - created), gpus))
+            v = _Victim(r, held, (priority, gpus * (self.now - created), gpus))
             for node, pods in held.items():
                 on.setdefault(node, []).append(
                     (v, pods[0].gpus if len(pods) == 1 else sum(p.gpus for p in pods)))
