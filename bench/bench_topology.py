@@ -1,6 +1,13 @@
 """Gangs on a network topology: Muster against Kueue TAS, KAI and kube-scheduler, side by side in
 one trace-driven run; each Muster placement against the exact optimum; placement latency.
 
+The verdict (issue 57), per cluster, on each metric's mean over 8 seeds (`--seeds`): Muster at
+least as good as the best baseline on locality (within %, spanned mean and p95), utilisation,
+delay (mean, p95), job completion time (mean, p95) and step time (mean, p95); fragmentation at
+most that of the gang-aware baselines (Kueue TAS, KAI), kube MostAllocated's printed beside it
+(it strands fewer only by splitting small gangs over nodes and slowing them). The optimum
+comparison is reported, not judged.
+
 Run: .venv/bin/python bench/bench_topology.py [--quick] [--only sim|optimum|latency]
 
 Clusters, arrivals and placements: bench/topology_sim.py (sources in docs/topology.md, "Bench").
@@ -12,9 +19,11 @@ Metrics per placement: share of gangs within one domain of the narrowest level t
 them on the empty cluster (node, leaf/clique, block); domains of that level spanned (mean, p95);
 GPU utilisation (GPU-minutes of work done, at the job's ideal speed, over the GPU-minutes of the
 arrival window: a GPU held by a slowed job counts for what it gets done); queueing delay (mean,
-p95, minutes); fragmentation (free GPUs on nodes that cannot host a whole-node pod, share of free
-GPUs, mean over arrivals); modelled step time over the job's ideal (mean, p95). The run fails
-when a placement placed no gang or a metric is empty.
+p95, minutes); job completion time (finish - submit: the delay plus the run time its
+placement's step time gives it; mean, p95, minutes); fragmentation (free GPUs on nodes that
+cannot host a whole-node pod, share of free GPUs, mean over arrivals); modelled step time over
+the job's ideal (mean, p95). The run fails when a placement placed no gang or a metric is
+empty.
 """
 
 from __future__ import annotations
@@ -87,6 +96,7 @@ class Result:
     placed: int = 0
     within: list[bool] = field(default_factory=list)
     delay: list[float] = field(default_factory=list)
+    jct: list[float] = field(default_factory=list)  # finish - submit, minutes
     frag: list[float] = field(default_factory=list)
     slowdown: list[float] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
@@ -100,7 +110,7 @@ class Result:
     spans: dict[int, int] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        if not self.placed or not self.delay or not self.frag or not self.slowdown:
+        if not self.placed or not self.jct or not self.frag or not self.slowdown:
             raise SystemExit(f"{self.name}: no gang placed or a metric is empty: the run is void")
         return {
             "within %": 100 * sum(self.within) / len(self.within),
@@ -109,6 +119,8 @@ class Result:
             "util %": 100 * self.busy / (self.span * self.gpus),
             "delay mean": statistics.fmean(self.delay),
             "delay p95": pct(self.delay, 95),
+            "JCT mean": statistics.fmean(self.jct),
+            "JCT p95": pct(self.jct, 95),
             "frag %": 100 * statistics.fmean(self.frag),
             "step x mean": statistics.fmean(self.slowdown),
             "step x p95": pct(self.slowdown, 95),
@@ -117,8 +129,12 @@ class Result:
 
 #: metric -> True when higher is better
 BETTER_HIGH = {"within %": True, "spanned mean": False, "spanned p95": False, "util %": True,
-               "delay mean": False, "delay p95": False, "frag %": False, "step x mean": False,
-               "step x p95": False}
+               "delay mean": False, "delay p95": False, "JCT mean": False, "JCT p95": False,
+               "frag %": False, "step x mean": False, "step x p95": False}
+#: the baselines Muster's fragmentation is judged against (issue 57): the gang-aware ones.
+#: MostAllocated strands fewer only by splitting small gangs over nodes and slowing them, so
+#: its figure is printed beside the verdict, not judged against
+GANG_AWARE = ("Kueue TAS BestFit", "KAI topology")
 
 
 def run(spec: ClusterSpec, jobs: list[Job], name: str, placer: Placer, *, tables: TableCache,
@@ -178,6 +194,7 @@ def run(spec: ClusterSpec, jobs: list[Job], name: str, placer: Placer, *, tables
             r.within.append(spanned == 1)
             r.spans[job.id] = spanned
             r.delay.append(t - job.arrival)
+            r.jct.append(t - job.arrival + job.work * s / ideal[job.id])
             r.slowdown.append(s / ideal[job.id])
             r.step_ms.append(s * 1e3)
             r.steps[job.id] = (s, ideal[job.id])
@@ -242,37 +259,44 @@ def compare(spec: ClusterSpec, count: int, load: float, seed: int, *,
         for r, _ in results:
             print(f"    {r.name}: {slowed(r, jobs) or 'none'}")
     metrics = {r.name: m for r, m in results}
-    print("  Muster against the best baseline per metric:\n    " + "\n    ".join(
+    print("  this seed, Muster against the best baseline per metric (fragmentation: the best "
+          "gang-aware one):\n    " + "\n    ".join(
         f"{col}: {'ok' if good else 'WORSE'} ({mine:.3f} vs best {best:.3f})"
         for col, good, mine, best in verdicts(metrics)))
     return metrics
 
 
 def verdicts(metrics: Metrics) -> list[tuple[str, bool, float, float]]:
-    """Per metric: is Muster at least as good as the best baseline; its figure; the best's."""
+    """Per metric: is Muster at least as good as the best baseline (for fragmentation, the best
+    gang-aware one, `GANG_AWARE`); its figure; that baseline's."""
     out = []
     for col, high in BETTER_HIGH.items():
         mine = metrics["Muster"][col]
-        others = [m[col] for name, m in metrics.items() if name != "Muster"]
+        against = GANG_AWARE if col == "frag %" else [n for n in metrics if n != "Muster"]
+        others = [metrics[n][col] for n in against if n in metrics]
         best = max(others) if high else min(others)
         out.append((col, mine >= best - 1e-9 if high else mine <= best + 1e-9, mine, best))
     return out
 
 
 def across_seeds(name: str, runs: list[Metrics]) -> bool:
-    """Each metric's mean over the seeds, Muster against the best baseline's mean, and on how
-    many seeds Muster was at least as good as that seed's best baseline."""
+    """The verdict (issue 57): each metric's mean over the seeds, Muster against the best
+    baseline's mean (fragmentation: the best gang-aware one's, with MostAllocated's beside it),
+    and on how many seeds Muster was at least as good as that seed's best."""
     means = {p: {c: statistics.fmean(r[p][c] for r in runs) for c in BETTER_HIGH}
              for p in runs[0]}
     wins = dict.fromkeys(BETTER_HIGH, 0)
     for r in runs:
         for col, good, *_ in verdicts(r):
             wins[col] += good
-    print(f"\n== {name}: mean over {len(runs)} seeds")
+    print(f"\n== {name}: the verdict, mean over {len(runs)} seeds")
     ok = True
     for col, good, mine, best in verdicts(means):
-        print(f"  {col}: {'ok' if good else 'WORSE'} ({mine:.3f} vs best baseline {best:.3f}); "
-              f"at least as good on {wins[col]} of {len(runs)} seeds")
+        against = "best gang-aware baseline" if col == "frag %" else "best baseline"
+        beside = (f"; MostAllocated {means['kube MostAllocated'][col]:.3f}"
+                  if col == "frag %" and "kube MostAllocated" in means else "")
+        print(f"  {col}: {'ok' if good else 'WORSE'} ({mine:.3f} vs {against} {best:.3f}"
+              f"{beside}); at least as good on {wins[col]} of {len(runs)} seeds")
         ok &= good
     return ok
 
@@ -327,8 +351,8 @@ def against_optimum(spec: ClusterSpec, count: int, load: float, seed: int) -> tu
         raise SystemExit("no gang placed against the optimum: the run is void")
     within = sum(g <= 0.02 for g, _ in gaps)
     print(f"\n== against the optimum (HiGHS MILP), {spec.name}: {len(gaps)} gangs placed; "
-          f"{within} ({100 * within / len(gaps):.1f} %) within 2 % of the optimal modelled step "
-          f"(target >= 99 %); worst gap {100 * max(gaps)[0]:.1f} %")
+          f"{within} ({100 * within / len(gaps):.1f} %) within 2 % of the optimal modelled step; "
+          f"worst gap {100 * max(gaps)[0]:.1f} %")
     by_id = {j.id: j for j in jobs}
     for g, jid in sorted(gaps, reverse=True)[:5]:
         if g > 0.02:
@@ -338,8 +362,9 @@ def against_optimum(spec: ClusterSpec, count: int, load: float, seed: int) -> tu
     return within, len(gaps)
 
 
-def node_object(name: str, labels: dict[str, str], topology: str) -> dict[str, Any]:
-    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110", keys.GPU_RESOURCE: "8"}
+def node_object(name: str, labels: dict[str, str], topology: str, gpus: int = 8
+                ) -> dict[str, Any]:
+    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110", keys.GPU_RESOURCE: str(gpus)}
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "resourceVersion": "1",
                          "labels": {"kubernetes.io/hostname": name, **labels},
@@ -511,8 +536,9 @@ def main() -> int:
                     help="packing: with --clusters and --seeds, where MostAllocated's low "
                          "fragmentation comes from (not in a full run)")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--seeds", type=int, default=1,
-                    help="sim: this many seeds from --seed, then each metric's mean over them")
+    ap.add_argument("--seeds", type=int, default=8,
+                    help="sim: this many seeds from --seed; the verdict is each metric's mean "
+                         "over them (default 8, as issue 57 decides)")
     ap.add_argument("--load", type=float, default=0.9,
                     help="offered share of the GPUs (default 0.9; above 1 the queue grows)")
     ap.add_argument("--clusters", choices=("all", "fat1024", "fat4096", "nvl72"),
@@ -539,10 +565,7 @@ def main() -> int:
             runs = [compare(spec, args.jobs or count, args.load, seed, show_slowed=args.slowed)
                     for seed in range(args.seed, args.seed + args.seeds)]
             sims[spec.name] = runs[0]
-            if len(runs) == 1:
-                ok &= all(good for _, good, *_ in verdicts(runs[0]))
-            else:
-                ok &= across_seeds(spec.name, runs)
+            ok &= across_seeds(spec.name, runs)
     if args.only == "packing":
         for spec, count in cases:
             for seed in range(args.seed, args.seed + args.seeds):
@@ -553,9 +576,9 @@ def main() -> int:
                                  False, fat_tree(64).fabric), nvl72(4)):
             w, t = against_optimum(spec, 200 if args.quick else 500, 0.9, args.seed)
             within, total = within + w, total + t
-        met = within >= 0.99 * total
-        print(f"  all: {within}/{total} within 2 % ({'met' if met else 'NOT met'})")
-        ok &= met
+        # reported, not judged: the verdict is on what users feel (issue 57), and the best
+        # GPU set first is the rule this measures
+        print(f"  all: {within}/{total} within 2 %")
     if args.only in (None, "latency"):
         ok &= latency((4096,) if args.quick else (4096, 16384), 20 if args.quick else 100,
                       args.seed)

@@ -1,0 +1,376 @@
+"""Priority that means something: a priority mix on the topology bench's clusters, with and
+without gang-aware preemption, against Volcano's, KAI's and Kueue's preemption as published.
+
+Run: .venv/bin/python -u bench/bench_preemption.py [--large] [--clusters all|fat|nvl72]
+     [--seed 7] [--seeds 1] [--load 1.5] [--high 0.2] [--jobs N]
+
+The clusters, arrivals and placements are bench/topology_sim.py's (fat tree of DGX-1 V100,
+GB200 NVL72 racks; Poisson arrivals of 1-512 GPU gangs, log-normal run times): by default a
+quarter of the topology bench's (256 nodes, 16 racks) with 3,000 arrivals at 150 % offered, so
+that the queue stays full for most of the run and high-priority gangs wait without preemption;
+`--large` the topology bench's 1,024 nodes and 64 racks, with 12,000. Each job is high
+priority with probability `--high` (20 %), else low. The queue goes by priority, then arrival,
+with backfill (the first 32 waiting gangs that fit by count are tried at each event, as
+bench_topology.py). At each event the first high-priority gang still waiting may preempt
+running low-priority gangs, by the policy compared (bench/preemption_sim.py, which cites the
+documentation each baseline is written from):
+- no preemption: Muster's placement, the gang waits (the baseline of the delay goal);
+- Volcano's preempt action, KAI's preempt action, Kueue's classic preemption by quota and
+  topology-aware (TAS), each with its own placement;
+- Muster: the binder's planner (`webhook.binder.preemption.plan_preemption`, each fit tested
+  by the binder's planning cycle) on the pods and Node objects the binder would read
+  (bench/preemption_muster.py), Muster's placement otherwise.
+An evicted gang loses the work it did since it started (no checkpoint: the GPU-hours lost are
+its GPUs times that time) and waits again, with its submit time kept. Eviction is at once (no
+termination grace in the model).
+
+Metrics: high-priority queueing delay and job completion time (finish - submit; mean, p95,
+minutes), low-priority JCT (mean, p95), GPU-hours lost to preemption, gangs evicted. Goals
+(issue 57), reported: Muster's high-priority p95 delay at least 10x lower than without
+preemption; fewer GPU-hours lost than every baseline at the same high-priority delay (its p95
+no more than 10 % or half a minute over the baseline's). The run fails when a policy that
+preempts evicted nothing or a job never ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import gc
+import heapq
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.bench_topology import WINDOW, pct, workload
+from bench.preemption_muster import MusterPreemption, topology_annotation
+from bench.preemption_sim import HIGH, LOW, Preempt, Running, baselines, never
+from bench.topology_sim import Cluster, ClusterSpec, Job, Placer, fat_tree, muster, nvl72, step
+from webhook.topology.gpu_choice import TableCache
+
+
+@dataclass
+class Outcome:
+    name: str
+    high_delay: list[float] = field(default_factory=list)
+    high_jct: list[float] = field(default_factory=list)
+    low_jct: list[float] = field(default_factory=list)
+    lost_gpu_hours: float = 0.0
+    evicted: int = 0  # gangs evicted
+    preemptions: int = 0  # decisions that evicted
+
+    def metrics(self) -> dict[str, float]:
+        if not self.high_delay or not self.low_jct:
+            raise SystemExit(f"{self.name}: no job of a priority ran: the run is void")
+        return {"high delay mean": statistics.fmean(self.high_delay),
+                "high delay p95": pct(self.high_delay, 95),
+                "high JCT mean": statistics.fmean(self.high_jct),
+                "high JCT p95": pct(self.high_jct, 95),
+                "low JCT mean": statistics.fmean(self.low_jct),
+                "low JCT p95": pct(self.low_jct, 95),
+                "GPU-h lost": self.lost_gpu_hours,
+                "evicted": float(self.evicted)}
+
+
+def priorities(jobs: list[Job], high: float, seed: int) -> dict[int, int]:
+    rng = random.Random(seed * 7919 + 1)  # its own stream: the arrivals stay the topology bench's
+    return {j.id: HIGH if rng.random() < high else LOW for j in jobs}
+
+
+@dataclass
+class _Sim:
+    """One policy's run: the cluster, the queue by (priority, arrival), what runs."""
+
+    spec: ClusterSpec
+    prio: dict[int, int]
+    ideal: dict[int, float]
+    tables: TableCache
+    out: Outcome
+    c: Cluster = field(init=False)
+    queue: list[tuple[int, float, int, Job]] = field(default_factory=list)
+    running: dict[int, Running] = field(default_factory=dict)
+    ends: dict[int, float] = field(default_factory=dict)
+    events: list[tuple[float, int, int]] = field(default_factory=list)
+    started: set[int] = field(default_factory=set)  # jobs that ran once
+    held: dict[int, int] = field(default_factory=dict)  # admitted by quota, waiting: GPUs
+
+    def unheld(self, but: int = -1) -> int:
+        """Free GPUs that no gang admitted by quota holds (but `but`'s own)."""
+        return sum(self.c.leaf_free) - sum(g for j, g in self.held.items() if j != but)
+
+    def __post_init__(self) -> None:
+        self.c = Cluster(self.spec)
+
+    def wait(self, job: Job) -> None:
+        bisect.insort(self.queue, (-self.prio[job.id], job.arrival, job.id, job))
+
+    def start(self, t: float, job: Job, placement: list[tuple[int, tuple[int, ...]]]) -> None:
+        self.held.pop(job.id, None)
+        for i, g in placement:
+            if not self.c.free[i].issuperset(g):
+                raise SystemExit(f"{self.out.name} placed job {job.id} on GPUs {g} of node {i}, "
+                                 f"not all free: the run is void")
+            self.c.take(i, g)
+        if sum(len(g) for _, g in placement) != job.gpus:
+            raise SystemExit(f"{self.out.name} placed job {job.id} on {placement}: not "
+                             f"{job.gpus} GPUs")
+        self.running[job.id] = Running(job, self.prio[job.id], placement, t)
+        end = t + job.work * step(self.c, placement, self.tables) / self.ideal[job.id]
+        self.ends[job.id] = end
+        heapq.heappush(self.events, (end, 0, job.id))
+        if self.prio[job.id] == HIGH and job.id not in self.started:
+            self.out.high_delay.append(t - job.arrival)
+        self.started.add(job.id)
+
+    def finish(self, t: float, jid: int) -> None:
+        r = self.running.pop(jid)
+        del self.ends[jid]
+        for i, g in r.placement:
+            self.c.give(i, g)
+        (self.out.high_jct if r.priority == HIGH else self.out.low_jct).append(t - r.job.arrival)
+
+    def evict(self, t: float, victims: list[Running]) -> None:
+        for v in victims:
+            del self.running[v.job.id], self.ends[v.job.id]
+            for i, g in v.placement:
+                self.c.give(i, g)
+            self.out.lost_gpu_hours += v.job.gpus * (t - v.start) / 60
+            self.out.evicted += 1
+            self.wait(v.job)  # again, from the start of its work
+        self.out.preemptions += bool(victims)
+
+
+def simulate(sim: _Sim, jobs: list[Job], placer: Placer, preempt: Preempt) -> Outcome:
+    sim.events = [(j.arrival, 1, j.id) for j in jobs]
+    heapq.heapify(sim.events)
+    by_id = {j.id: j for j in jobs}
+    while sim.events:
+        t, kind, jid = heapq.heappop(sim.events)
+        if kind == 0:
+            if sim.ends.get(jid) != t:
+                continue  # the run this event ended was evicted
+            sim.finish(t, jid)
+        else:
+            sim.wait(by_id[jid])
+        _place(sim, t, placer)
+        _preempt(sim, t, preempt)
+    if sim.queue or sim.running:
+        raise SystemExit(f"{sim.out.name}: {len(sim.queue)} jobs never ran: the run is void")
+    return sim.out
+
+
+def _place(sim: _Sim, t: float, placer: Placer) -> None:
+    tried = 0
+    for entry in list(sim.queue):
+        job = entry[3]
+        if tried >= WINDOW:
+            break
+        if job.gpus > sim.unheld(job.id):
+            continue
+        tried += 1
+        p = placer(sim.c, job)
+        if p is not None:
+            sim.queue.remove(entry)
+            sim.start(t, job, p)
+
+
+def _preempt(sim: _Sim, t: float, preempt: Preempt) -> None:
+    """The high-priority gangs still waiting (the first 32, none admitted by quota already),
+    in order, each against the lower-priority running gangs."""
+    waiting = [e for e in sim.queue if e[0] == -HIGH and e[2] not in sim.held][:WINDOW]
+    for entry in waiting:
+        job = entry[3]
+        lower = [r for r in sim.running.values() if r.priority < HIGH]
+        got = preempt(sim.c, job, lower, sim.unheld(), t)
+        if got is None:
+            continue
+        placement, victims = got
+        sim.evict(t, victims)
+        if placement is None:
+            sim.held[job.id] = job.gpus
+        else:
+            sim.queue.remove(entry)
+            sim.start(t, job, placement)
+
+
+def policies(spec: ClusterSpec, seed: int, tables: TableCache
+             ) -> dict[str, tuple[Preempt, Placer]]:
+    return {"no preemption": (never, muster(tables)), **baselines(seed),
+            "Muster": (MusterPreemption(spec, tables), muster(tables))}
+
+
+Rows = dict[str, dict[str, float]]  # policy -> metric -> value
+
+
+def compare(spec: ClusterSpec, count: int, load: float, high: float, seed: int) -> Rows:
+    """Every policy on the same arrivals and priorities: the table."""
+    tables, jobs, ideal = workload(spec, count, load, seed)
+    prio = priorities(jobs, high, seed)
+    print(f"\n== {spec.name}: {spec.nodes * spec.gpus_per_node} GPUs, {count} jobs "
+          f"({sum(p == HIGH for p in prio.values())} high priority), offered load {load:.0%}, "
+          f"seed {seed}")
+    rows: Rows = {}
+    for name, (preempt, placer) in policies(spec, seed, tables).items():
+        out = simulate(_Sim(spec, prio, ideal, tables, Outcome(name)), jobs, placer, preempt)
+        if preempt is not never and not out.evicted:
+            raise SystemExit(f"{name} evicted no gang: it measured nothing")
+        rows[name] = out.metrics()
+    show(rows)
+    return rows
+
+
+def show(rows: Rows) -> None:
+    cols = list(next(iter(rows.values())))
+    print(f"  {'policy':16}" + "".join(f"{c:>16}" for c in cols))
+    for name, m in rows.items():
+        print(f"  {name:16}" + "".join(f"{m[c]:16.2f}" for c in cols))
+
+
+def goals(rows: Rows, mine: str = "Muster") -> bool:
+    """Issue 57's goals for `mine`: its high-priority p95 delay at least 10x lower than without
+    preemption; fewer GPU-hours lost than every baseline at the same high-priority delay (its
+    p95 at most 10 % or half a minute over the baseline's)."""
+    m, none = rows[mine], rows["no preemption"]
+    d, d0 = m["high delay p95"], none["high delay p95"]
+    ratio = d0 / d if d > 0 else float("inf") if d0 > 0 else 1.0
+    ok = ratio >= 10
+    print(f"  {mine}: high-priority p95 delay {d:.2f} min against {d0:.2f} without preemption: "
+          f"{ratio:.1f}x lower (goal >= 10x): {'met' if ok else 'NOT met'}")
+    for name, b in rows.items():
+        if name in (mine, "no preemption"):
+            continue
+        same = d <= max(b["high delay p95"] * 1.1, b["high delay p95"] + 0.5)
+        fewer = m["GPU-h lost"] < b["GPU-h lost"]
+        print(f"  against {name}: GPU-h lost {m['GPU-h lost']:.0f} vs {b['GPU-h lost']:.0f}, "
+              f"high p95 delay {d:.2f} vs {b['high delay p95']:.2f} min: "
+              f"{'met' if fewer and same else 'NOT met'}")
+        ok &= fewer and same
+    return ok
+
+
+def mean(runs: list[Rows]) -> Rows:
+    return {p: {c: statistics.fmean(r[p][c] for r in runs) for c in runs[0][p]}
+            for p in runs[0]}
+
+
+def _filled(c: Cluster, rng: random.Random) -> list[Running]:
+    """`LATENCY_GANGS` low-priority gangs holding every GPU of a 4,096-node fat tree: whole
+    nodes (1, 2 or 4 nodes each, in random order, so some straddle two leaves) on the first
+    3,936 nodes, gangs of one 4- or 2-GPU pod on the last 160; started 0-600 minutes ago."""
+    whole = [1] * 400 + [2] * 600 + [4] * 584
+    rng.shuffle(whole)
+    small = [4] * 224 + [2] * 192  # in this order they fill 160 nodes exactly
+    out: list[Running] = []
+    node = gpu = 0
+    for k, size in enumerate(whole + small):
+        if k < len(whole):
+            job, placement = Job(k, size * 8, 8, 0.0, 1.0), [(node + n, tuple(range(8)))
+                                                            for n in range(size)]
+            node += size
+        else:
+            if gpu + size > 8:
+                node, gpu = node + 1, 0
+            job, placement = Job(k, size, size, 0.0, 1.0), [(node, tuple(range(gpu, gpu + size)))]
+            gpu += size
+        for i, g in placement:
+            c.take(i, g)
+        out.append(Running(job, LOW, placement, -rng.uniform(0, 600)))
+    return out
+
+
+#: one preemption decision at 4,096 nodes and 2,000 running gangs: p99 under this (ms)
+LATENCY_TARGET = 50.0
+LATENCY_GANGS = 2000
+
+
+def latency(reps: int, seed: int) -> bool:
+    """p50 and p99 of one binder planning cycle (`plan_gangs`) for a gang that does not fit
+    and preempts (the planner `preemption.preempter`, each fit tested by `plan_gangs` with the
+    controller's placement function and FitCache), at
+    4,096 nodes that 2,000 low-priority gangs fill, for gangs of 1, 2 and 16 whole-node pods
+    that prefer one leaf and one of 16 that requires it; wall and CPU time (the machine is
+    shared: CPU time is the check when the wall's p99 misses)."""
+    spec = fat_tree(4096)
+    c = Cluster(spec)
+    lower = _filled(c, random.Random(seed))
+    if len(lower) != LATENCY_GANGS or any(c.leaf_free):
+        raise SystemExit("latency: the cluster is not full of 2,000 gangs: the run is void")
+    mp = MusterPreemption(spec, TableCache())
+    running = mp.running(lower)
+    print(f"\n== preemption decision latency: {spec.nodes} nodes, {len(running)} running gangs "
+          f"(every GPU held), {reps} decisions per row, ms")
+    ok = True
+    gc.collect()
+    gc.freeze()  # as the binder's service does once synced
+    for pods, mode in ((1, "preferred"), (2, "preferred"), (16, "preferred"), (16, "required")):
+        mp.request = topology_annotation(spec.leaf_label, mode)
+        preemptor = mp.gang(Job(10**6, pods * 8, 8, 0.0, 1.0), HIGH, 0.0)
+        wall, cpu, victims = [], [], 0
+        for _ in range(reps + 1):
+            t0, c0 = time.perf_counter(), time.process_time()
+            plan = mp.cycle(c, preemptor, running, 1.0)
+            wall.append((time.perf_counter() - t0) * 1e3)
+            cpu.append((time.process_time() - c0) * 1e3)
+            got = plan.preempts[0] if plan.preempts else None
+            if got is None or not got.victims or len(got.place.assignments) != pods:
+                raise SystemExit(f"latency: no preemption for {pods} pods: the run is void")
+            victims = len(got.victims)
+        wall, cpu = wall[1:], cpu[1:]  # the first builds the FitCache's network
+        p99, cpu99 = pct(wall, 99), pct(cpu, 99)
+        met = p99 < LATENCY_TARGET or cpu99 < LATENCY_TARGET
+        ok &= met
+        print(f"  {pods:2} pods x 8 GPUs, leaf {mode:9}: p50 {statistics.median(wall):6.2f}  "
+              f"p99 {p99:6.2f}  cpu p99 {cpu99:6.2f}  target < {LATENCY_TARGET:g}  ratio "
+              f"{min(p99, cpu99) / LATENCY_TARGET:.2f}  {'ok' if met else 'MISSED'}  "
+              f"({victims} gangs evicted)")
+    gc.unfreeze()
+    return ok
+
+
+#: the clusters: the topology bench's (`--large`), or a quarter of each (default: the run fills
+#: them for longer, so that high-priority gangs wait without preemption)
+SIZES = {False: {"fat": (fat_tree(256), 3000), "nvl72": (nvl72(16), 3000)},
+         True: {"fat": (fat_tree(1024), 12000), "nvl72": (nvl72(64), 12000)}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--large", action="store_true",
+                    help="the topology bench's 1,024-node fat tree and 64 NVL72 racks")
+    ap.add_argument("--clusters", choices=("all", "fat", "nvl72"), default="all")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--seeds", type=int, default=1, help="this many seeds, then their mean")
+    ap.add_argument("--load", type=float, default=1.5, help="offered share of the GPUs")
+    ap.add_argument("--high", type=float, default=0.2, help="share of high-priority jobs")
+    ap.add_argument("--jobs", type=int, help="arrivals per cluster")
+    ap.add_argument("--only", choices=("sim", "latency"))
+    ap.add_argument("--reps", type=int, default=100, help="latency: decisions per row")
+    args = ap.parse_args()
+    ok = True
+    if args.only in (None, "latency"):
+        ok &= latency(args.reps, args.seed)
+    if args.only == "latency":
+        print("\nall goals met" if ok else "\nsome goals NOT met (see above)")
+        return 0 if ok else 1
+    named = SIZES[args.large]
+    cases = list(named.values()) if args.clusters == "all" else [named[args.clusters]]
+    for spec, count in cases:
+        runs = [compare(spec, args.jobs or count, args.load, args.high, seed)
+                for seed in range(args.seed, args.seed + args.seeds)]
+        rows = mean(runs)
+        if len(runs) > 1:
+            print(f"\n== {spec.name}: mean over {len(runs)} seeds")
+            show(rows)
+        if "Muster" in rows:
+            ok &= goals(rows)
+    print("\nall goals met" if ok else "\nsome goals NOT met (see above)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Muster's preemption on the bench's clusters: the binder's planning cycle
+(`planner.plan_gangs` with the planner `webhook.binder.preemption.preempter`, which tests each
+fit with that cycle and the binder's placement function; the binder's `--preemption
+LowerPriority`) on the pods, nodes and node states the binder would read: Node objects with the
+network labels and topology annotation, pods as the webhook annotates them, running ones bound
+with their GPU assignment (imported by bench/bench_preemption.py and
+tests/topology/test_preemption_sim.py; no timing here)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from bench.bench_topology import node_object
+from bench.preemption_sim import HIGH, Decision
+from bench.preemption_sim import Running as SimRunning
+from bench.topology_sim import Cluster, ClusterSpec, Job, Placement, node_name
+from webhook import keys
+from webhook.binder.allocation import Allocation
+from webhook.binder.assignment import assigned_indices, build_assignment, encode_assignment
+from webhook.binder.fit import FitCache
+from webhook.binder.gangs import Gang, assemble
+from webhook.binder.nodes import NodeInfo, parse_node
+from webhook.binder.planner import Place, Plan, PlanConfig, plan_gangs
+from webhook.binder.pods import parse_pod
+from webhook.binder.preemption import Running, preempter
+from webhook.binder.queue import GangQueue
+from webhook.topology import codec
+from webhook.topology.gpu_choice import TableCache
+from webhook.topology.hierarchy import place_gang
+from webhook.topology.network import Levels
+
+#: the bench's minute 0, in seconds since the epoch (pods' creation times count from it)
+EPOCH = 1795237200.0
+NAMESPACE = "bench"
+
+
+def stamp(minutes: float) -> str:
+    return datetime.fromtimestamp(EPOCH + minutes * 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def topology_annotation(level: str, mode: str = "preferred") -> str:
+    """A gang's request as the webhook annotates its pods: one domain of `level`."""
+    return json.dumps({"v": 1, "mode": "preferred", "singleNode": False, "minRingGBps": None,
+                       "network": {"level": level, "mode": mode}})
+
+
+def pod_object(job: Job, index: int, priority: int, created: float, topology: str, *,
+               bound: tuple[str, str] | None = None) -> dict[str, Any]:
+    """Member `index` of the job's gang: pending, or `bound` (node, assignment) and running."""
+    ann = {keys.ANN_GANG_NAME: f"j{job.id}", keys.ANN_GANG_MIN_MEMBER: str(job.pods),
+           keys.ANN_GPU_TOPOLOGY: topology}
+    spec: dict[str, Any] = {
+        "schedulerName": keys.DEFAULT_BINDER_SCHEDULER_NAME, "priority": priority,
+        "containers": [{"name": "main", "image": "train:1", "resources": {
+            "limits": {"cpu": "1", "memory": "1Gi", keys.GPU_RESOURCE: str(job.pod_gpus)}}}],
+        "tolerations": [{"key": keys.TAINT_GPU_TOPOLOGY, "operator": "Exists",
+                         "effect": "NoSchedule"}]}
+    if bound is not None:
+        spec["nodeName"], ann[keys.ANN_GPU_ASSIGNMENT] = bound
+    name = f"j{job.id}-{index}"
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE, "uid": f"u-{name}",
+                         "resourceVersion": "1", "creationTimestamp": stamp(created),
+                         "annotations": ann, "labels": {}},
+            "spec": spec, "status": {"phase": "Running" if bound else "Pending"}}
+
+
+def binder_nodes(spec: ClusterSpec) -> dict[str, NodeInfo]:
+    """The cluster's nodes as the binder parses their Node objects."""
+    c = Cluster(spec)
+    return {name: parse_node(node_object(name, c.labels[name], codec.encode(t),
+                                         gpus=spec.gpus_per_node))
+            for name, t in zip(c.names, spec.node_topologies, strict=True)}
+
+
+class MusterPreemption:
+    """The `Preempt` of bench/preemption_sim.py that asks the binder's planner."""
+
+    def __init__(self, spec: ClusterSpec, tables: TableCache) -> None:
+        self.spec = spec
+        self.nodes = binder_nodes(spec)
+        self.index = {n: i for i, n in enumerate(self.nodes)}
+        self.config = PlanConfig(keys.DEFAULT_BINDER_SCHEDULER_NAME, levels=Levels(spec.levels),
+                                 preemption="LowerPriority")  # the binder's --preemption
+        self.place = functools.partial(place_gang, tables=tables)  # as the controller
+        self.fit = FitCache()
+        self.request = topology_annotation(spec.leaf_label)
+        self._gangs: dict[tuple[int, float], Gang] = {}  # running ones, by (job, start)
+
+    def gang(self, job: Job, priority: int, created: float,
+             placement: Placement | None = None) -> Gang:
+        """The job's gang as `gangs.assemble` makes it of its pods: pending, or bound."""
+        pods = []
+        for k in range(job.pods):
+            bound = None
+            if placement is not None:
+                i, gpus = placement[k]
+                name = node_name(i)
+                a = build_assignment(name, self.spec.node_topologies[i], gpus,
+                                     [("main", len(gpus))])
+                bound = (name, encode_assignment(a))
+            pods.append(parse_pod(pod_object(job, k, priority, created, self.request, bound=bound)))
+        return assemble(pods, self.config.scheduler_name, None)[f"{NAMESPACE}/j{job.id}"]
+
+    def running(self, lower: Sequence[SimRunning]) -> list[Running]:
+        keep = {(r.job.id, r.start): r for r in lower}
+        self._gangs = {k: g for k, g in self._gangs.items() if k in keep}
+        for k, r in keep.items():
+            if k not in self._gangs:
+                self._gangs[k] = self.gang(r.job, r.priority, r.start, r.placement)
+        return [Running(self._gangs[k]) for k in keep]
+
+    def cycle(self, c: Cluster, preemptor: Gang, running: Sequence[Running], now: float
+              ) -> Plan:
+        """The binder's planning cycle for the waiting gang, preemption allowed: it places
+        the gang, or has the planner's victims and the place it will then take in
+        `Plan.preempts`."""
+        at = EPOCH + now * 60
+        states = dict(zip(c.names, c.states, strict=True))
+        return plan_gangs({preemptor.key: preemptor}, Allocation({}), states, self.nodes,
+                          config=self.config, queue=GangQueue(), fit=self.fit, place=self.place,
+                          now=at, preempt=preempter(lambda: running, self.nodes,
+                                                    config=self.config, place=self.place,
+                                                    now=at, fit=self.fit))
+
+    def __call__(self, c: Cluster, job: Job, lower: Sequence[SimRunning], free: int,
+                 now: float) -> Decision | None:
+        plan = self.cycle(c, self.gang(job, HIGH, job.arrival), self.running(lower), now)
+        if plan.places:  # it fits after all (the sim's placement found none)
+            return self.placement(plan.places[0]), []
+        if not plan.preempts:
+            return None
+        by_key = {f"{NAMESPACE}/j{r.job.id}": r for r in lower}
+        return (self.placement(plan.preempts[0].place),
+                [by_key[v.key] for v in plan.preempts[0].victims])
+
+    def placement(self, place: Place) -> Placement:
+        return [(self.index[a.node], tuple(sorted(assigned_indices(a))))
+                for _, a in place.assignments]

@@ -1,0 +1,176 @@
+"""The preemption policies bench/bench_preemption.py compares, each on a small cluster whose
+answer can be checked by hand, and the bench's run on a tiny configuration."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.bench_preemption import Outcome, _Sim, simulate
+from bench.preemption_sim import HIGH, LOW, Running, kai_preempt, kueue, never, volcano
+from bench.topology_sim import Cluster, ClusterSpec, Job, fat_tree, kueue_tas, muster
+from webhook.topology.gpu_choice import TableCache
+
+# 2 blocks x 2 leaves x 2 DGX-1 V100 nodes: nodes 0-1 leaf 0, 2-3 leaf 1 (block 0), 4-7 block 1
+SMALL = ClusterSpec("small", 8, fat_tree(8).topology, 2, 2, False, fat_tree(8).fabric)
+
+
+def job(jid: int, gpus: int, pod: int) -> Job:
+    return Job(jid, gpus, pod, 0.0, 60.0)
+
+
+def run(c: Cluster, jid: int, start: float, *where: tuple[int, tuple[int, ...]]) -> Running:
+    """A low-priority gang running on `where` since `start`."""
+    for i, g in where:
+        c.take(i, g)
+    gpus = sum(len(g) for _, g in where)
+    return Running(Job(jid, gpus, len(where[0][1]), 0.0, 60.0), LOW, list(where), start)
+
+
+ALL = tuple(range(8))
+
+
+def full(c: Cluster) -> list[Running]:
+    """Every node full: one whole-node gang each, started in node order (node 7 the newest)."""
+    return [run(c, 100 + i, float(i), (i, ALL)) for i in range(8)]
+
+
+def test_kueue_evicts_the_newest_first_then_drops_those_it_does_not_need() -> None:
+    c = Cluster(SMALL)
+    lower = full(c)
+    before = list(c.free)
+    placement, victims = kueue(True)(c, job(1, 16, 8), lower, 0, 10.0) or (None, [])
+    # the newest first: nodes 7 and 6 are freed, which is one leaf (3): enough, nothing to drop
+    assert sorted(v.job.id for v in victims) == [106, 107]
+    assert placement is not None and {i for i, _ in placement} == {6, 7}
+    assert c.free == before  # the decision leaves the cluster as it was
+
+
+def test_topology_aware_kueue_frees_a_whole_node_and_quota_kueue_only_a_count() -> None:
+    c = Cluster(SMALL)
+    lower = [run(c, 100 + i, float(i), (i, ALL)) for i in range(6)]
+    # nodes 6 and 7 each run two 4-GPU gangs: a (6, started at 6), b (6, at 8), c (7, at 7),
+    # d (7, at 9); newest first: d, b, c, a
+    a, b = run(c, 1, 6.0, (6, (0, 1, 2, 3))), run(c, 2, 8.0, (6, (4, 5, 6, 7)))
+    cc, d = run(c, 3, 7.0, (7, (0, 1, 2, 3))), run(c, 4, 9.0, (7, (4, 5, 6, 7)))
+    lower += [a, b, cc, d]
+    one_pod = job(9, 8, 8)
+    # by quota, d and b make 8 GPUs: evicted, though no node then holds the pod (it waits)
+    placement, quota = kueue(False)(c, one_pod, lower, 0, 10.0) or (None, [])
+    assert [v.job.id for v in quota] == [4, 2] and placement is None
+    # topology-aware: d, b, then c free node 7; minimised, b is dropped
+    placement, tas = kueue(True)(c, one_pod, lower, 0, 10.0) or (None, [])
+    assert sorted(v.job.id for v in tas) == [3, 4]
+    assert placement is not None and placement[0][0] == 7
+
+
+def test_kai_evicts_only_the_victims_on_the_nodes_it_then_uses() -> None:
+    c = Cluster(SMALL)
+    # node 7's gang is the newest, but one GPU; node 6's the next, 8 GPUs: a 8-GPU pod needs
+    # both tried, and uses node 6 only
+    lower = [run(c, 100 + i, float(i), (i, ALL)) for i in range(7)]
+    lower.append(run(c, 107, 9.0, (7, (0,))))
+    c.take(7, range(1, 8))  # the rest of node 7 held by a high-priority gang
+    placement, victims = kai_preempt(c, job(1, 8, 8), lower, 0, 10.0) or (None, [])
+    assert placement is not None and [i for i, _ in placement] == [6]
+    assert [v.job.id for v in victims] == [106]
+
+
+def test_volcano_decides_per_pod_and_an_evicted_pod_takes_its_gang_down() -> None:
+    c = Cluster(SMALL)
+    # one low gang over nodes 0 and 1 (4 GPUs on each); nodes 2-7 run four 2-GPU gangs each
+    wide = run(c, 100, 0.0, (0, (0, 1, 2, 3)), (1, (0, 1, 2, 3)))
+    lower = [wide] + [run(c, 10 * i + k, 1.0, (i, (2 * k, 2 * k + 1)))
+                      for i in range(2, 8) for k in range(4)]
+    placement, victims = volcano(c, job(1, 8, 4), lower, 8, 10.0) or (None, [])
+    # each pod finds a node with room (node 0's free half, then node 1's): nobody is evicted
+    assert victims == [] and placement is not None and sorted(i for i, _ in placement) == [0, 1]
+    c.take(0, (4, 5, 6, 7))  # now held by a high-priority gang
+    c.take(1, (4, 5, 6, 7))
+    before = list(c.free)
+    placement, victims = volcano(c, job(1, 8, 4), lower, 0, 10.0) or (None, [])
+    # the first pod: node 0 needs one eviction (the wide gang), nodes 2-7 two: node 0, and the
+    # wide gang goes whole, so the second pod takes its half on node 1 with no other eviction
+    assert [v.job.id for v in victims] == [100]
+    assert placement is not None and sorted(i for i, _ in placement) == [0, 1]
+    assert c.free == before
+
+
+def test_no_policy_preempts_for_a_gang_that_still_could_not_fit() -> None:
+    c = Cluster(SMALL)
+    lower = full(c)[:2]  # only two nodes run low-priority gangs; the rest is held
+    for i in range(2, 8):
+        c.take(i, ALL)
+    for preempt in (kueue(True), kueue(False), kai_preempt, volcano, never):
+        assert preempt(c, job(1, 24, 8), lower, 0, 10.0) is None
+
+
+def test_the_bench_preempts_and_cuts_the_high_priority_delay() -> None:
+    from bench.bench_preemption import priorities  # noqa: PLC0415
+    from bench.bench_topology import workload  # noqa: PLC0415
+
+    spec = fat_tree(32)
+    tables, jobs, ideal = workload(spec, 300, 2.0, 7)
+    prio = priorities(jobs, 0.2, 7)
+    none = simulate(_Sim(spec, prio, ideal, tables, Outcome("none")), jobs, muster(tables), never)
+    tas = simulate(_Sim(spec, prio, ideal, tables, Outcome("tas")), jobs, kueue_tas,
+                   kueue(True))
+    assert none.evicted == 0 and none.lost_gpu_hours == 0
+    assert tas.evicted > 0 and tas.lost_gpu_hours > 0
+    high = sum(p == HIGH for p in prio.values())
+    assert len(tas.high_delay) == len(tas.high_jct) == high  # every job ran, each once counted
+    assert len(tas.low_jct) == len(jobs) - high
+    assert tas.metrics()["high delay mean"] < none.metrics()["high delay mean"]
+
+
+def test_a_run_where_a_preempting_policy_evicted_nothing_fails() -> None:
+    from bench.bench_preemption import compare  # noqa: PLC0415
+
+    with pytest.raises(SystemExit, match="evicted no gang"):
+        compare(fat_tree(32), 20, 0.05, 0.2, 7)
+
+
+def test_the_goals_need_a_tenth_of_the_delay_and_fewer_gpu_hours_lost_at_the_same_delay() -> None:
+    from bench.bench_preemption import goals  # noqa: PLC0415
+
+    def row(delay: float, lost: float) -> dict[str, float]:
+        return {"high delay p95": delay, "GPU-h lost": lost}
+
+    rows = {"no preemption": row(20.0, 0.0), "Muster": row(1.0, 100.0),
+            "KAI": row(1.0, 150.0), "Volcano": row(0.6, 300.0)}
+    assert goals(rows)  # 20x lower; fewer lost than both, at KAI's delay and within 0.5 min
+    assert not goals({**rows, "KAI": row(1.0, 90.0)})  # KAI loses fewer at the same delay
+    assert not goals({**rows, "no preemption": row(9.0, 0.0)})  # only 9x lower
+    # a baseline that waits far longer and loses fewer is not at the same delay: not met
+    assert not goals({**rows, "Kueue": row(5.0, 50.0)})
+
+
+def test_muster_asks_the_binders_planner_and_frees_one_leaf_of_whole_gangs() -> None:
+    from bench.preemption_muster import MusterPreemption  # noqa: PLC0415
+
+    c = Cluster(SMALL)
+    # whole-node gangs; those of leaf 1 (nodes 2, 3) started last: the least work lost
+    lower = [run(c, 100 + i, 50.0 if i in (2, 3) else 0.0, (i, ALL)) for i in range(8)]
+    before = list(c.free)
+    got = MusterPreemption(SMALL, TableCache(warm=False))(c, job(1, 16, 8), lower, 0, 60.0)
+    assert got is not None
+    placement, victims = got
+    assert sorted(v.job.id for v in victims) == [102, 103]
+    assert placement is not None and sorted(i for i, _ in placement) == [2, 3]
+    assert all(g == ALL for _, g in placement)
+    assert c.free == before
+    # nothing lower to evict: it waits
+    assert MusterPreemption(SMALL, TableCache(warm=False))(c, job(1, 16, 8), [], 0, 60.0) is None
+
+
+def test_the_latency_cluster_is_every_gpu_of_4096_nodes_held_by_2000_gangs() -> None:
+    import random  # noqa: PLC0415
+
+    from bench.bench_preemption import LATENCY_GANGS, _filled  # noqa: PLC0415
+
+    c = Cluster(fat_tree(4096))
+    lower = _filled(c, random.Random(7))
+    assert len(lower) == LATENCY_GANGS == 2000 and not any(c.leaf_free)
+    assert len({r.job.id for r in lower}) == 2000
+    # some whole-node gangs straddle two leaves, as a busy cluster's do
+    assert any(len({c.leaf_of[i] for i, _ in r.placement}) > 1 for r in lower)
+    assert all(r.priority == LOW and r.start <= 0 for r in lower)
