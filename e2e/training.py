@@ -11,6 +11,7 @@ the shipped example policies' namespace for a kind and a backend.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from e2e.node.train_image import PROGRAMS, TRAIN_IMAGE
@@ -106,3 +107,29 @@ def pytorchjob(name: str, ns: str, *, workers: int, gpus_per_worker: int = 1, st
             "metadata": {"name": name, "namespace": ns},
             "spec": {"runPolicy": {"cleanPodPolicy": "None"},
                      "pytorchReplicaSpecs": {"Master": replicas(1), "Worker": replicas(workers)}}}
+
+
+#: the training operator's init container for a PyTorchJob's workers (its
+#: `--pytorch-init-container-template-file`, with `--pytorch-init-container-image=TRAIN_IMAGE`):
+#: it waits for the master's name as its default does, with `getent` of the training image
+#: instead of `nslookup` in `alpine:3.10`, which a cluster without a registry cannot pull
+PYTORCH_INIT_TEMPLATE = """
+- name: init-pytorch
+  image: {{.InitContainerImage}}
+  imagePullPolicy: IfNotPresent
+  resources:
+    limits: {cpu: 100m, memory: 20Mi}
+    requests: {cpu: 50m, memory: 10Mi}
+  command:
+  - sh
+  - -c
+  - for i in $(seq {{.MaxTries}}); do getent hosts {{.MasterAddr}} && exit 0;
+    echo waiting for master; sleep 2; done; exit 1
+"""
+
+
+def pytorch_operator_flags(template: Path) -> list[str]:
+    """The training operator's flags for PyTorchJobs on the training image, `template` the file
+    `PYTORCH_INIT_TEMPLATE` was written to."""
+    return [f"--pytorch-init-container-image={TRAIN_IMAGE}",
+            f"--pytorch-init-container-template-file={template}"]

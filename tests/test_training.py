@@ -114,3 +114,18 @@ def test_shipped_namespace_is_where_a_shipped_policy_gives_the_kind_to_the_backe
 def test_no_shipped_namespace_for_a_backend_no_policy_names() -> None:
     with pytest.raises(ValueError, match="PyTorchJob to muster"):
         training.shipped_namespace("PyTorchJob", "muster")
+
+
+def test_the_pytorch_init_container_waits_for_the_master_with_the_training_image(
+        tmp_path: Any) -> None:
+    """The training operator's default init container pulls alpine:3.10 (no registry here);
+    ours, rendered as its Go template is, runs `getent` of the training image."""
+    rendered = training.PYTORCH_INIT_TEMPLATE.replace(
+        "{{.InitContainerImage}}", training.TRAIN_IMAGE).replace(
+        "{{.MaxTries}}", "100").replace("{{.MasterAddr}}", "ddp-master-0")
+    [container] = yaml.safe_load(rendered)
+    assert container["image"] == training.TRAIN_IMAGE
+    assert container["command"][:2] == ["sh", "-c"]
+    assert "getent hosts ddp-master-0 && exit 0" in container["command"][2]
+    flags = training.pytorch_operator_flags(tmp_path / "t.yaml")
+    assert f"--pytorch-init-container-image={training.TRAIN_IMAGE}" in flags

@@ -41,13 +41,24 @@ TRAIN_NS = "train-rack"
 WORKERS = 2
 
 
+#: a pod in one of these states will not run by itself: its job fails at once, saying why
+HOPELESS = {"UnexpectedAdmissionError", "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"}
+
+
+def waiting_reasons(pod: dict[str, Any]) -> list[str]:
+    status = pod.get("status") or {}
+    return [status.get("reason", "")] + [
+        (c.get("state") or {}).get("waiting", {}).get("reason", "")
+        for c in status.get("initContainerStatuses", []) + status.get("containerStatuses", [])]
+
+
 async def finished(kube: KubeApi, resource: Resource, name: str, ns: str,
                    within: float = 600) -> str:
     """The job's end: "Succeeded" or "Failed"."""
     async def ended() -> str | None:
-        refused = [p["status"] for p in await pods_of(kube, ns, name)
-                   if p["status"].get("reason") == "UnexpectedAdmissionError"]
-        assert not refused, f"the kubelet refused a pod of {ns}/{name}: {refused}"
+        stuck = [(p["metadata"]["name"], why) for p in await pods_of(kube, ns, name)
+                 for why in waiting_reasons(p) if why in HOPELESS]
+        assert not stuck, f"a pod of {ns}/{name} cannot run: {stuck}"
         job = await kube.get(resource, name, namespace=ns)
         for cond in (job.get("status") or {}).get("conditions") or []:
             if cond.get("type") in ("Succeeded", "Failed") and cond.get("status") == "True":
@@ -133,7 +144,10 @@ async def run_pytorchjob(kube: KubeApi, cluster: NodeCluster, ns: str, name: str
     """A master and a worker, 8 GPUs each, DDP with gloo to Succeeded: the pods and the GPUs
     each rank saw."""
     await delete_all(kube, PYTORCHJOBS, ns)
-    with _training_operator(cluster, operator_dir, f"--namespace={ns}"):
+    template = operator_dir / "init-container.yaml"
+    template.write_text(training.PYTORCH_INIT_TEMPLATE)
+    with _training_operator(cluster, operator_dir, f"--namespace={ns}",
+                            *training.pytorch_operator_flags(template)):
         await kube.create(PYTORCHJOBS, training.pytorchjob(
             name, ns, workers=1, gpus_per_worker=GPUS_PER_NODE), namespace=ns)
         try:
