@@ -3,6 +3,7 @@ without starting anything."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -31,3 +32,20 @@ def test_the_images_and_the_sandbox_are_where_containerd_2_looks(tmp_path: Path)
     assert images["snapshotter"] == SNAPSHOTTER
     assert images["pinned_images"]["sandbox"] == "registry.k8s.io/pause:3.10"
     assert config["grpc"]["address"] == f"{tmp_path}/containerd.sock"
+
+
+def test_each_node_of_each_cluster_has_cgroups_of_its_own(tmp_path: Path) -> None:
+    """cgroup v1 is not namespaced: two kubelets on one root would share QoS trees, and a
+    cluster stopping beside another would remove the other's (seen: a node of the same name
+    lost its root while starting)."""
+    from e2e.node.kubenode import NodeSpec, write_configs  # noqa: PLC0415
+
+    first = [NodeSpec.numbered(i, n, {}, "muster-k8s-aaaa") for i, n in enumerate("xy", 1)]
+    again = NodeSpec.numbered(1, "x", {}, "muster-k8s-bbbb")
+    roots = {n.cgroup_root for n in first} | {again.cgroup_root}
+    assert len(roots) == 3 and "/" not in roots
+    assert [n.ip for n in first] == ["10.255.0.11", "10.255.0.12"]
+    write_configs(tmp_path, first[0], "registry.k8s.io/pause:3.10", cluster_dns="10.255.0.1")
+    kubelet = json.loads((tmp_path / "kubelet.yaml").read_text())
+    assert kubelet["cgroupRoot"] == "/muster-k8s-aaaa-x"
+    assert kubelet["clusterDNS"] == ["10.255.0.1"] and kubelet["podCIDR"] == "10.244.1.0/24"

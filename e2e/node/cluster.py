@@ -100,7 +100,7 @@ class NodeCluster:
         self.runtime_config = tuple(runtime_config)
         #: (name, labels) of each node of a multi-node cluster, each in namespaces of its own
         #: (`e2e.node.kubenode`); none: one node, `NODE_NAME`, beside the control plane
-        self.nodes = [NodeSpec.numbered(i, name, dict(labels))
+        self.nodes = [NodeSpec.numbered(i, name, dict(labels), self.dir.name)
                       for i, (name, labels) in enumerate(nodes, start=1)]
         self.kubeconfig = self.dir / "admin.kubeconfig"
         self.token = secrets.token_hex(16)

@@ -11,8 +11,9 @@ end of a veth pair into the node's network namespace (the other end on the clust
   and plain routes do on a flat network;
 - a tmpfs of its own over every host path a kubelet, containerd or CNI writes to no matter
   their flags (`PRIVATE_DIRS`): each node has its own device-plugin sockets, CDI specs, pod logs;
-- its kubelet's cgroups below a root of its own (`/muster-<name>`), so the kubelets' QoS trees
-  do not meet.
+- its kubelet's cgroups below a root of its own (`/<cluster>-<name>`, the cluster's directory
+  name first), so the kubelets' QoS trees do not meet, nor those of another cluster's node of
+  the same name, starting or stopping beside it.
 
 The node writes `ready` in its directory once its kubelet and kube-proxy run and the images are
 imported. A line in its `control` file stops (`kubelet stop`) or starts again (`kubelet start`)
@@ -64,11 +65,12 @@ class NodeSpec:
     cgroup_root: str = "/"
 
     @classmethod
-    def numbered(cls, index: int, name: str, labels: dict[str, str]) -> NodeSpec:
-        """Node `index` (1-based) of a multi-node cluster: 10.255.0.(10 + index), pods in
-        10.244.<index>.0/24."""
+    def numbered(cls, index: int, name: str, labels: dict[str, str], cluster: str) -> NodeSpec:
+        """Node `index` (1-based) of multi-node cluster `cluster` (a name no other cluster on
+        the machine has: its cgroups are the host's): 10.255.0.(10 + index), pods in
+        10.244.<index>.0/24, cgroups under /<cluster>-<name>."""
         return cls(name, f"10.255.0.{10 + index}", f"10.244.{index}.0/24", dict(labels),
-                   f"/muster-{name}")
+                   f"/{cluster}-{name}")
 
 
 def write_configs(work: Path, node: NodeSpec, pause_image: str, *,
