@@ -114,12 +114,32 @@ def abuse(doc: dict[str, Any]) -> Figure:
     return fig
 
 
+def multinode(doc: dict[str, Any]) -> Figure:
+    """Each round's submit -> all ranks Running and -> first allreduce, per scheduler."""
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    backends = list(doc["medians"])
+    for phase, label, marker in (("running_s", "all ranks Running", "o"),
+                                 ("allreduce_s", "first allreduce done", "^")):
+        for i, backend in enumerate(backends):
+            times = [r[phase] for r in doc["rounds"] if r["backend"] == backend]
+            ax.scatter([i] * len(times), times, marker=marker,
+                       label=label if i == 0 else None,
+                       color="tab:blue" if phase == "running_s" else "tab:orange")
+    ax.set_xticks(range(len(backends)), backends)
+    ax.set(ylabel="seconds after submit", ylim=(0, None))
+    ax.legend(fontsize=7)
+    fig.suptitle(title(doc, "one MPIJob on two real nodes, each round, by scheduler"),
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def _phase_ticks(ax: Axes, names: list[str]) -> None:
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
 
 
 PLOTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
-    "placement": placement, "topology": topology, "abuse": abuse}
+    "placement": placement, "topology": topology, "abuse": abuse, "multinode": multinode}
 
 
 def draw(source: Path, out: Path) -> Path:
