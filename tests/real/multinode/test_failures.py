@@ -214,7 +214,13 @@ async def test_the_binder_leader_deleted_mid_bind_binds_the_gang_whole_in_one_ra
         assert len({p["spec"]["nodeName"] for p in pods}) == 2
         assert len({RACKS[p["spec"]["nodeName"]] for p in pods}) == 1
         check_assignments(pods, await seen_by_ranks(node_cluster, pods))
-        after = await kube.get(LEASES, "muster-binder", namespace=NAMESPACE)
-        assert after["spec"]["holderIdentity"].rsplit("_", 1)[0] != leader
+        # The old leader may finish the bind while it stops, then release the lease (no
+        # holder) before a standby takes it: wait for the standby rather than read it once.
+        async def next_leader() -> bool:
+            lease = await kube.get(LEASES, "muster-binder", namespace=NAMESPACE)
+            holder = (lease["spec"].get("holderIdentity") or "").rsplit("_", 1)[0]
+            return holder not in ("", leader)
+        await eventually(next_leader, within=60, interval=0.5,
+                         what="another binder pod holding the lease")
     finally:
         await clear(kube, RACK_NS, JOBS, name)
