@@ -108,9 +108,28 @@ def test_only_muster_s_events_on_the_job_s_objects_are_shown_latest_last() -> No
               for i in range(EVENTS_SHOWN + 2)]
     events += [event(mine, "Scheduled", "kube", component="default-scheduler"),
                event(other, "Scheduled", "elsewhere")]
-    shown = events_of(events, {mine["metadata"]["uid"]}, NOW)
+    shown = events_of(events, {("Pod", "train-worker-0")}, (), NOW)
     assert [e.message for e in shown] == [f"#{i}" for i in range(2, EVENTS_SHOWN + 2)]
     assert shown[-1].time == "49m"  # 11:11 to 12:00
+
+
+def test_the_binder_s_events_on_a_gang_s_pods_that_are_gone_and_its_podgroup_are_shown() -> None:
+    """A preempted gang's pods are evicted (their Events stay, naming the gang); the binder
+    names a coscheduling PodGroup without its uid."""
+    gone = pod("train-worker-7", uid="u-old")
+    preempted = event(gone, "GangPreempted", "preempted by gang team-a/urgent of priority 9: "
+                      "gang team-a/train (priority 0) is evicted whole")
+    preemptor = event(pod("urgent-0", uid="u-u"), "GangPreempting", "gang team-a/urgent of "
+                      "priority 9 preempts 1 gang(s) of lower priority (team-a/train; 8 GPUs)")
+    group = event(podgroup(api="scheduling.x-k8s.io/v1alpha1"), "GangPreempted", "on the group")
+    del group["involvedObject"]["uid"]
+    similar = event(pod("t2", uid="u-t2"), "Scheduled", "as part of gang team-a/train-2")
+    shown = events_of([preempted, preemptor, group, similar], {("PodGroup", "train")},
+                      ["team-a/train"], NOW)
+    assert [(e.reason, e.object) for e in shown] == [
+        ("GangPreempted", "pod/train-worker-7"), ("GangPreempted", "podgroup/train")]
+    assert [e.object for e in events_of([preempted, preemptor], set(), ["team-a/urgent"],
+                                        NOW)] == ["pod/urgent-0"]
 
 
 def test_a_job_s_pods_are_those_with_its_name_up_their_owners() -> None:
@@ -229,6 +248,7 @@ async def test_the_commands_print_json_and_filter_by_namespace_and_state(
             ("gangs", "-A", "-o", "json"), ("gangs", "-n", "team-v", "-o", "json"),
             ("gangs", "-A", "--state", "running", "-o", "json"),
             ("explain", "job", "team-a/train", "-o", "json"))]
+        none = await _cli(api, tmp_path, "gangs", "-n", "team-v", "--state", "finished")
         missing = await _cli(api, tmp_path, "explain", "job", "team-a/nothing")
         bad = await _cli(api, tmp_path, "explain", "pod", "no-namespace")
     out = capsys.readouterr()
@@ -238,7 +258,8 @@ async def test_the_commands_print_json_and_filter_by_namespace_and_state(
         ("team-a", "MPIJob/train", "Pending"), ("team-v", "MPIJob/train", "Pending")]
     assert [g["backend"] for g in team_v] == ["volcano"] and running == []
     assert explained["gangs"][0]["gang"]["waiting_kind"] == "members"
-    assert (missing, bad) == (1, 2)
+    assert (none, missing, bad) == (0, 1, 2)
+    assert "no gang Finished in namespace team-v" in out.err
     assert "no pod and no gang of a job named nothing in namespace team-a" in out.err
     assert "'no-namespace': give NAMESPACE/NAME" in out.err
 

@@ -8,6 +8,7 @@ for come from `webhook.analyze.gangstate`, as `muster gangs` and `muster analyze
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -119,13 +120,14 @@ def explain_pods(scope: Scope, pods: Sequence[Obj], chains: Mapping[str, Sequenc
     gangs = [g for g in assemble(scope.pods, scope.groups)
              if uids & {_uid(p) for p in g.pods} or _owned_by(g, job, job_name)]
     reports = tuple(_report(g, release_namespace) for g in gangs)
-    related = uids | {_uid(g.group) for g in gangs if g.group is not None} | {
-        _uid(o) for p in pods for o in chains.get(_uid(p), ())}
+    related = {_ref(o) for o in [*pods, *(g.group for g in gangs if g.group is not None),
+                                 *(o for p in pods for o in chains.get(_uid(p), ()))]}
+    keys_ = {f"{g.ref.namespace}/{g.ref.name}" for g in gangs}
     return Explanation(
         target=target, job=_kind_name(job) if job is not None else "", pods=len(pods),
         policy_source=scope.policy_source, policies=verdicts,
         applied=tuple(sorted({n for p in pods for n in _applied(p)})), notes=tuple(notes),
-        gangs=reports, events=events_of(scope.events, related, now))
+        gangs=reports, events=events_of(scope.events, related, keys_, now))
 
 
 def _owned_by(g: GangObjects, job: Obj | None, name: str) -> bool:
@@ -196,17 +198,33 @@ def _report(g: GangObjects, release_namespace: str) -> GangReport:
                       if state.state == "Pending" else "")
 
 
-def events_of(events: Iterable[Obj], uids: set[str], now: dt.datetime) -> tuple[EventLine, ...]:
-    """Muster's latest Events about the objects of `uids`, oldest first."""
-    ours = [e for e in events if _uid_of(e) in uids and _component(e).startswith(_OURS)]
+def events_of(events: Iterable[Obj], objects: set[tuple[str, str]], gangs: Iterable[str],
+              now: dt.datetime) -> tuple[EventLine, ...]:
+    """Muster's latest Events, oldest first, of one namespace: about `objects` ((kind, name):
+    the binder names a PodGroup without its uid, and a pod made again keeps its name), or
+    about one of `gangs` ("namespace/name") in the binder's words, on pods that may be gone
+    (a preempted gang's)."""
+    about = _about(gangs)
+    ours = [e for e in events if _component(e).startswith(_OURS) and (
+        _ref(e.get("involvedObject") or {}, nested=False) in objects
+        or (about is not None and about.search(str(e.get("message") or ""))))]
     ours.sort(key=_when)
     return tuple(EventLine(age(_when(e), now) if _when(e) else "?", str(e.get("type") or ""),
                            str(e.get("reason") or ""), _involved(e), str(e.get("message") or ""),
                            int(e.get("count") or 1)) for e in ours[-EVENTS_SHOWN:])
 
 
-def _uid_of(event: Obj) -> str:
-    return str((event.get("involvedObject") or {}).get("uid") or "")
+def _ref(obj: Obj, nested: bool = True) -> tuple[str, str]:
+    """(kind, name) of an object (`nested`), or of an object reference."""
+    return str(obj.get("kind") or ""), str((_meta(obj) if nested else obj).get("name") or "")
+
+
+def _about(gangs: Iterable[str]) -> re.Pattern[str] | None:
+    """How the binder names a gang in what it says of the gang itself ("gang NS/NAME cannot be
+    placed", "as part of gang NS/NAME", "gang NS/NAME (priority" when preempted), and not the
+    gang that preempted it ("preempted by gang NS/NAME")."""
+    names = "|".join(re.escape(g) for g in sorted(gangs))
+    return re.compile(rf"(?<!preempted by )gang (?:{names})(?![\w.-])") if names else None
 
 
 def _component(event: Obj) -> str:

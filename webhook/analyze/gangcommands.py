@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import datetime as dt
 import json
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -55,8 +56,11 @@ def gangs(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps([{**dataclasses.asdict(s), "age": age(s.created, now)} for s in states],
                          indent=2))
-    else:
+    elif states:
         print("\n".join(gang_table(states, now)))
+    else:  # as kubectl says it: on stderr, so that a pipe reads no table
+        where = "any namespace" if namespace is None else f"namespace {namespace}"
+        print(f"no gang{' ' + args.state if args.state else ''} in {where}", file=sys.stderr)
     return 0
 
 
