@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from gang_objects import MPI_POLICY, mpijob, owned, pod, podgroup
 
-from webhook.analyze.clusterread import Scope, Served, read_gangs
+from webhook.analyze.clusterread import Scope, Served, read_gangs, read_policies
 from webhook.analyze.explaining import (
     EVENTS_SHOWN,
     events_of,
@@ -27,7 +27,7 @@ from webhook.analyze.gangcommands import explain_job, explain_pod, gang_table
 from webhook.analyze.gangstate import assemble, decide
 from webhook.cli import main
 from webhook.doubles.emulator import ApiServerEmulator
-from webhook.kube import KubeApi, Resource, make_api_client
+from webhook.kube import ApiError, KubeApi, Resource, make_api_client
 from webhook.policy import load_policy_texts
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
@@ -151,6 +151,21 @@ def test_the_gangs_table_has_a_row_a_gang() -> None:
         "NAMESPACE   JOB            BACKEND   PRESENT/BOUND/MIN   STATE     AGE   WAITING FOR",
         "team-a      MPIJob/train   muster    2/1/3               Pending   30m   waiting for "
         "members: 2 of minMember 3 exist"]
+
+
+class _Refusing:
+    """A reader the API server refuses (RBAC: no get on the policies ConfigMap)."""
+
+    async def get(self, resource: Resource, name: str, namespace: str | None = None,
+                  subresource: str | None = None) -> dict[str, Any]:
+        raise ApiError(403, "Forbidden", f"{resource.plural} {name!r} is forbidden")
+
+
+async def test_policies_the_user_may_not_read_are_said_so_and_the_rest_goes_on() -> None:
+    policies, said = await read_policies(_Refusing(), "muster-system", "muster")  # type: ignore[arg-type]
+    assert policies is None
+    assert said == ("ConfigMap muster-system/muster-policies may not be read by this user: the "
+                    "rest is shown without it")
 
 
 # --- against the emulator -------------------------------------------------------------------

@@ -122,7 +122,12 @@ async def read_policies(api: Reader, namespace: str, release: str
     """The policies of the release's ConfigMap, as the webhook loads them, and where they are
     from (or why there are none)."""
     where = f"ConfigMap {namespace}/{release}-policies"
-    config = await _get(api, CONFIGMAPS, f"{release}-policies", namespace)
+    try:
+        config = await _get(api, CONFIGMAPS, f"{release}-policies", namespace)
+    except ApiError as exc:
+        if exc.status != 403:
+            raise
+        return None, f"{where} may not be read by this user: the rest is shown without it"
     if config is None:
         return None, (f"no {where}: is Muster installed there? (--release-namespace, "
                       "--release)")
