@@ -192,3 +192,15 @@ def test_cli_without_the_emulator_says_how_to_run_it() -> None:
                           timeout=60, check=False)
     assert proc.returncode == 1, proc.stderr
     assert "pip install . && muster demo" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_step_cancelled_by_ctrl_c_says_interrupted_not_failed() -> None:
+    lines: list[str] = []
+
+    async def cut_short() -> None:
+        async with Progress(lines.append, tty=False).step("binder"):
+            raise asyncio.CancelledError  # what asyncio.run does to the demo on Ctrl-C
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(cut_short())
+    assert lines[-1].startswith("\r  [1] binder ... interrupted (")

@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 
 from webhook import keys
-from webhook.failures import UsageError
+from webhook.failures import UsageError, check_port
 from webhook.topology.network import Levels, LevelsError, parse_levels, parse_levels_flag
 from webhook.yamlpos import YamlProblem, load_all, read
 
@@ -93,7 +93,9 @@ def network_levels(value: str | None) -> Levels:
         return parse_levels(docs[0] if len(docs) == 1 else None)
     except YamlProblem as exc:
         raise UsageError(f"--network-levels {exc.at(value[1:])}") from exc
-    except (OSError, LevelsError) as exc:
+    except OSError as exc:
+        raise UsageError(f"--network-levels {value}: {exc.strerror or exc}") from exc
+    except LevelsError as exc:
         raise UsageError(f"--network-levels {value}: {exc}") from exc
 
 
@@ -103,6 +105,7 @@ def _run(args: argparse.Namespace) -> int:
     from webhook.binder.service import ServiceConfig, serve  # noqa: PLC0415
     from webhook.kube.leader import LeaseConfig  # noqa: PLC0415
 
+    check_port("--metrics-port", args.metrics_port)
     levels = network_levels(args.network_levels)
     lease = None
     if args.leader_elect:
