@@ -143,6 +143,24 @@ spec:
     assert "podGroup spec.minMember: expected 4, found 5" in out
 
 
+def test_an_empty_warnings_list_expects_no_warning(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    objects = EXAMPLE_POLICIES / "tests/objects"
+    (tmp_path / "t.yaml").write_text(f"""
+apiVersion: muster.io/v1alpha1
+kind: PolicyTest
+metadata: {{name: quiet}}
+spec:
+  podFile: {objects}/worker-team-a.yaml
+  expect: {{warnings: []}}
+""")
+    code, out = run(["policy", "test", "-p", str(EXAMPLE_POLICIES), str(tmp_path)], capsys)
+    assert code == 1 and "FAIL  quiet" in out
+    # the owners were not given
+    assert 'warnings: expected none, got ["owner kubeflow.org/MPIJob tensorflow-topo-4-vgg16 not ' \
+           'available' in out
+
+
 def test_pod_mode_prints_decision_patch_and_mutated_pod(
         shared_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     objects = EXAMPLE_POLICIES / "tests/objects"

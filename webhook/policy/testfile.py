@@ -192,6 +192,8 @@ def run_case(test: PolicyTest, base: Path, policies: PolicySet) -> CaseResult:
             else:
                 result.failures.extend(f"podGroup {d}"
                                        for d in subset_diff(expect.podGroup, actual_pg))
+    if expect.warnings == [] and decision.warnings:
+        result.failures.append(f"warnings: expected none, got {list(decision.warnings)}")
     for want in expect.warnings or ():
         if not any(want in w for w in decision.warnings):
             result.failures.append(f"warning containing {want!r} expected, got "
