@@ -20,11 +20,19 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
+def test_the_admins_folder_is_the_packages_examples() -> None:
+    """policies/ at the top (where admins edit) and the package's copy (what an installed
+    `muster demo` reads) are one folder: a link, so they cannot drift."""
+    assert (REPO / "policies").is_symlink()
+    assert (REPO / "policies").resolve() == EXAMPLE_POLICIES
+
+
 def test_readme_command_passes(capsys: pytest.CaptureFixture[str],
                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
-    code, out = run(["policy", "test", "-p", "webhook/demo/policies/",
-                     "webhook/demo/policies/tests/"], capsys)
+    code, out = run(["policy", "check", "policies/"], capsys)
+    assert code == 0 and "14 policies valid" in out
+    code, out = run(["policy", "test", "-p", "policies/", "policies/tests/"], capsys)
     assert code == 0, out
     cases = sum(text.count("kind: PolicyTest")
                 for text in map(Path.read_text, (EXAMPLE_POLICIES / "tests").glob("*.yaml")))

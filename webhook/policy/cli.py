@@ -12,11 +12,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check = sub.add_parser(
         "check", help="validate policy files or directories (exit 1 on errors)",
         description="Reports every problem of every document of every file in one run, one "
-        "line each: FILE:LINE:COLUMN: FIELD: MESSAGE. Exit 1 when there is any, 2 when a PATH "
+        "line each: FILE:LINE:COLUMN: FIELD: MESSAGE. A FILE may also be what the chart takes "
+        "or renders: a Helm values file with `policies:` (muster policy pack's output), or "
+        "`helm template`'s output (its policies ConfigMap); their policy files are named "
+        "FILE[NAME], with NAME's own lines. Exit 1 when there is any problem, 2 when a PATH "
         "does not exist.")
     check.add_argument("paths", nargs="+", metavar="PATH",
                        help="policy file or directory, or - for stdin (named <stdin>)")
     check.set_defaults(func=_check)
+
+    pack = sub.add_parser(
+        "pack", help="write policy files as a Helm values file for the chart (stdout)",
+        description="Checks the policies as `check` does, then writes a values file whose "
+        "`policies:` holds each file by name: `muster policy pack policies/ > "
+        "values-policies.yaml`, then `helm upgrade --install muster charts/muster -f "
+        "values-policies.yaml`. Exit 1 (nothing written) when the policies have problems.")
+    pack.add_argument("paths", nargs="+", metavar="PATH", help="policy file or directory")
+    pack.set_defaults(func=_pack)
 
     def context(p: argparse.ArgumentParser) -> None:
         p.add_argument("-p", "--policies", action="append", required=True, metavar="PATH",
@@ -50,6 +62,12 @@ def _check(args: argparse.Namespace) -> int:
     from webhook.policy import commands  # noqa: PLC0415 (keep the CLI light)
 
     return commands.check(args)
+
+
+def _pack(args: argparse.Namespace) -> int:
+    from webhook.policy import commands  # noqa: PLC0415
+
+    return commands.pack(args)
 
 
 def _test(args: argparse.Namespace) -> int:

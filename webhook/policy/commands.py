@@ -12,11 +12,11 @@ from typing import Any
 import yaml
 
 from webhook.failures import UsageError
-from webhook.policy import native, operators
+from webhook.policy import chart, native, operators
 from webhook.policy.decision import Decision, PolicyAudit
 from webhook.policy.engine import evaluate, explain
 from webhook.policy.errors import PolicyError, PolicyIssue
-from webhook.policy.loader import STDIN, load_policies
+from webhook.policy.loader import STDIN, load_policies, policy_files
 from webhook.policy.podgroup import gang_objects
 from webhook.policy.policyset import PolicySet
 from webhook.policy.queues import describe
@@ -47,7 +47,7 @@ def check(args: argparse.Namespace) -> int:
     usage error (exit 2)."""
     _must_exist(args.paths, "")
     try:
-        policies = load_policies(args.paths, stdin=_stdin(args.paths))
+        policies = load_policies(args.paths, stdin=_stdin(args.paths), chart=True)
     except PolicyError as exc:
         print(exc)
         files = len({issue.file for issue in exc.problems})
@@ -62,6 +62,39 @@ def check(args: argparse.Namespace) -> int:
     print(f"{len(policies)} policies valid{_and_warnings(policies.warnings)}, "
           f"digest {policies.digest[:12]}")
     return 0
+
+
+def pack(args: argparse.Namespace) -> int:
+    """The policy files as a Helm values file on stdout, once they load; their problems go to
+    stderr (exit 1) and nothing to stdout."""
+    if STDIN in args.paths:
+        raise UsageError("pack reads files, not stdin: the chart keys each policy by its file "
+                         "name")
+    _must_exist(args.paths, "")
+    try:
+        policies = load_policies(args.paths)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        print(f"{_count(exc.problem_count, 'problem')}; nothing packed", file=sys.stderr)
+        return 1
+    for warning in policies.warnings:
+        print(warning, file=sys.stderr)
+    print(chart.pack(_chart_files(args.paths), args.paths), end="")
+    return 0
+
+
+def _chart_files(paths: list[str]) -> list[tuple[str, str]]:
+    """(file name, text) of each policy file, under the names the chart takes."""
+    files: dict[str, Path] = {}
+    for file in (f for p in paths for f in policy_files(Path(p))):
+        if not chart.CHART_FILE_NAME.match(file.name):
+            raise UsageError(f"{file}: the chart takes file names of letters, digits, '-', '_' "
+                             "and '.', ending in .yaml or .yml: rename it")
+        if file.name in files:
+            raise UsageError(f"{files[file.name]} and {file}: the chart keys policies by file "
+                             "name, and both have this one: rename one")
+        files[file.name] = file
+    return [(name, file.read_text(encoding="utf-8-sig")) for name, file in files.items()]
 
 
 def _count(n: int, what: str) -> str:
@@ -91,7 +124,7 @@ def _load(args: argparse.Namespace) -> PolicySet:
     lists them all)."""
     _must_exist(args.policies, "--policies")
     try:
-        return load_policies(args.policies, stdin=_stdin(args.policies))
+        return load_policies(args.policies, stdin=_stdin(args.policies), chart=True)
     except PolicyError as exc:
         more = exc.problem_count - 1
         raise UsageError(
