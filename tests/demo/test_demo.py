@@ -205,3 +205,13 @@ def test_a_step_cancelled_by_ctrl_c_says_interrupted_not_failed() -> None:
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(cut_short())
     assert lines[-1].startswith("\r  [1] binder ... interrupted (")
+
+
+def test_cli_warns_when_it_runs_with_no_policies(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "webhook", "demo", "--policies", str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith(
+        f"muster demo: {tmp_path}: warning: no policy files (.yaml, .yml, .json) in this "
+        "directory\nmuster demo: warning: no policies: the webhook would admit every pod "
+        "unchanged (no gang, no Istio opt-out, nothing for the binder)\n")

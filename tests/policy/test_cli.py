@@ -103,6 +103,37 @@ def test_check_warns_of_an_owner_kind_without_its_group(
     assert code == 1 and out.splitlines()[-1] == "1 problem in 1 file (3 warnings); nothing loaded"
 
 
+def test_check_warns_of_an_owner_kind_in_another_case(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\n"
+                      "metadata: {name: a}\nspec:\n  match:\n    ownerKinds: [kubeflow.org/MpiJob, "
+                      "apps/Statefulset, apps/StatefulSet, example.com/Mine]\n")
+    code, out = run(["policy", "check", str(policy)], capsys)
+    exact = "matches no pod: groups and kinds are compared exactly, case included; did you mean"
+    assert code == 0 and out.splitlines()[:2] == [
+        f"{policy}:6:18: warning: spec.match.ownerKinds.0: 'kubeflow.org/MpiJob' {exact} "
+        "kubeflow.org/MPIJob? (document 1, policy a)",
+        f"{policy}:6:39: warning: spec.match.ownerKinds.1: 'apps/Statefulset' {exact} "
+        "apps/StatefulSet? (document 1, policy a)"]
+    assert "1 policies valid (2 warnings)" in out  # a kind Muster does not know is no mistake
+
+
+def test_check_warns_of_an_empty_file_and_an_empty_set(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty.yaml").write_text("# nothing yet\n")
+    (tmp_path / "dir").mkdir()
+    code, out = run(["policy", "check", str(tmp_path / "empty.yaml"), str(tmp_path / "dir")],
+                    capsys)
+    assert code == 0
+    assert out.splitlines()[:3] == [
+        f"{tmp_path}/dir: warning: no policy files (.yaml, .yml, .json) in this directory",
+        f"{tmp_path}/empty.yaml: warning: holds no policy (empty, or comments only)",
+        "warning: no policies: the webhook would admit every pod unchanged (no gang, no Istio "
+        "opt-out, nothing for the binder)"]
+    assert out.splitlines()[3].startswith("0 policies valid (3 warnings), digest ")
+
+
 def test_check_reads_stdin_for_a_dash(monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     """As the topology commands do; problems there are named <stdin>."""

@@ -31,6 +31,10 @@ from webhook.policy.testfile import (
 )
 from webhook.yamlpos import MAX_BYTES, YamlProblem, load_all, read
 
+#: what an empty policy set does, said wherever one is loaded for use
+NO_POLICIES = ("no policies: the webhook would admit every pod unchanged (no gang, no Istio "
+               "opt-out, nothing for the binder)")
+
 
 def _labels(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
@@ -59,8 +63,10 @@ def check(args: argparse.Namespace) -> int:
     for policy, origin in zip(policies.policies, policies.origins, strict=True):
         print(f"ok  {policy.name:<32} priority {policy.spec.priority:<4} {origin}"
               + _mode(policy.spec.enforcement))
-    print(f"{len(policies)} policies valid{_and_warnings(policies.warnings)}, "
-          f"digest {policies.digest[:12]}")
+    if not policies:
+        print(f"warning: {NO_POLICIES}")
+    print(f"{len(policies)} policies valid{_and_warnings(policies.warnings, int(not policies))}"
+          f", digest {policies.digest[:12]}")
     return 0
 
 

@@ -63,7 +63,11 @@ def load_policies(paths: Sequence[str | FsPath], *, stdin: bytes | None = None,
             sources.extend(_unpacked(STDIN_NAME, stdin, chart, issues))
             continue
         try:
-            for file in policy_files(path):
+            files = policy_files(path)
+            if not files:
+                issues.append(PolicyIssue(str(path), 0, 0, 0, "", "no policy files (.yaml, "
+                                          ".yml, .json) in this directory", warning=True))
+            for file in files:
                 if sum(len(b) for _, b in sources) > MAX_SET_BYTES:
                     break  # (refused below) reading on would only cost memory
                 sources.extend(_unpacked(str(file), read(file), chart, issues))
@@ -200,11 +204,16 @@ def _parse_source(name: str, raw: bytes, budget: NodeBudget,
         issues.append(PolicyIssue(name, exc.document, exc.line, exc.column, "", exc.message))
         return []
     out: list[_Read] = []
+    read_any = False
     for doc in documents(text, budget):
+        read_any = True
         if isinstance(doc, YamlProblem):
             issues.append(PolicyIssue(name, doc.document, doc.line, doc.column, "", doc.message))
         elif (checked := _check(name, doc, issues)) is not None:
             out.append(checked)
+    if not read_any:
+        issues.append(PolicyIssue(name, 0, 0, 0, "", "holds no policy (empty, or comments "
+                                  "only)", warning=True))
     return out
 
 
