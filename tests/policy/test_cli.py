@@ -311,8 +311,8 @@ def test_a_policytest_typo_reads_as_a_policy_typo(
         f"ERROR {t}:3:1: metadata.name: required field is missing (document 1)",
         f"ERROR {t}:3:12: metadata.nme: unknown field (allowed: name) (document 1)",
         f"ERROR {t}:4:17: spec.namespaceLabel: unknown field (allowed: pod, podFile, "
-        "namespaceLabels, owners, ownerFiles, expect) (document 1)",
-        f"ERROR {t}:9:7: spec: give exactly one of pod and podFile (document 2)"]
+        "jobFile, jobPod, namespaceLabels, owners, ownerFiles, expect) (document 1)",
+        f"ERROR {t}:9:7: spec: give exactly one of pod, podFile and jobFile (document 2)"]
 
 
 def test_check_and_test_refuse_aliases_at_their_place(
@@ -404,3 +404,80 @@ def test_policy_test_on_a_job_tests_each_pod(capsys: pytest.CaptureFixture[str],
     assert out.count("match pytorchjob-volcano") == 4
     assert out.count("  minMember: 2\n") == 4  # the elastic minimum, in each pod's PodGroup
     assert out.count("idempotent: evaluating the mutated pod again gives an empty patch") == 4
+
+
+NAMESPACE_A = ("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-a\n"
+               "  labels: {muster.io/gpu-topology: enabled}\n")
+DEPLOYMENT = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: team-a}\n"
+KNOWN = "give a Pod, or a job of a kind Muster knows (MPIJob, PyTorchJob, TFJob, Job, JobSet, " \
+        "TrainJob, LeaderWorkerSet)"
+
+
+def test_every_document_of_a_manifest_is_read(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`kubectl apply -f` files: the Namespace gives its labels to the job's pods, the job is
+    explained, a kind Muster does not know is named and skipped."""
+    job = (EXAMPLE_POLICIES / "tests/objects/mpijob-team-a.yaml").read_text()
+    manifest = tmp_path / "all.yaml"
+    manifest.write_text(f"{NAMESPACE_A}---\n{job}---\n{DEPLOYMENT}")
+    for command in ("explain", "test"):
+        code, out = run(["policy", command, "-p", str(EXAMPLE_POLICIES), str(manifest)], capsys)
+        assert code == 0, out
+        lead = "# " if command == "test" else ""
+        assert out.startswith(f"{lead}{manifest}: skipped document 3: apps/Deployment web is "
+                              f"not supported: {KNOWN}\n")
+        assert out.count(f"{manifest}: pod team-a/tensorflow-topo-4-vgg16-") == 5
+    # the Namespace's label selects mpi-topology (the binder) over mpi-volcano
+    assert "  MATCH  mpi-topology\n         ✓ namespaceSelector: matches" in \
+        run(["policy", "explain", "-p", str(EXAMPLE_POLICIES), str(manifest)], capsys)[1]
+    manifest.write_text(job)
+    assert "MATCH  mpi-topology" not in \
+        run(["policy", "explain", "-p", str(EXAMPLE_POLICIES), str(manifest)], capsys)[1]
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("apiVersion: ray.io/v1\nkind: RayJob\nmetadata: {name: r}\n",
+     f"r.yaml: ray.io/RayJob r is not supported: {KNOWN}"),
+    (DEPLOYMENT, f"r.yaml: apps/Deployment web is not supported: {KNOWN}"),
+    (f"{NAMESPACE_A}---\n{DEPLOYMENT}", "r.yaml: nothing to explain: document 2: apps/Deployment "
+     f"web is not supported: {KNOWN}"),
+    ("metadata: {name: p}\nspec: {containers: []}\n", "r.yaml: not a Kubernetes object (no kind)"),
+])
+def test_a_kind_muster_does_not_know_is_never_taken_for_a_pod(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, says: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("r.yaml").write_text(text)
+    for command in ("explain", "test"):
+        assert main(["policy", command, "-p", str(EXAMPLE_POLICIES), "r.yaml"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == f"muster policy: {says}\n"
+
+
+def test_a_policytest_job_file_names_each_failing_pod(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    objects = EXAMPLE_POLICIES / "tests/objects"
+    name = "tensorflow-topo-4-vgg16"
+    case = ("apiVersion: muster.io/v1alpha1\nkind: PolicyTest\nmetadata: {{name: {n}}}\n"
+            "spec:\n  jobFile: {job}\n{more}  expect: {{policies: [istio-optout-mpi-jobs, "
+            "mpi-volcano]}}\n")
+    (tmp_path / "ray.yaml").write_text("apiVersion: ray.io/v1\nkind: RayJob\nmetadata: {name: r}\n")
+    job = objects / "mpijob-team-a.yaml"
+    (tmp_path / "t.yaml").write_text("---\n".join([
+        case.format(n="all", job=job, more=""),
+        case.format(n="one", job=job, more=f"  jobPod: {name}-worker-3\n"),
+        case.format(n="none", job=job, more="  jobPod: nope\n"),
+        case.format(n="ray", job="ray.yaml", more="")]))
+    code, out = run(["policy", "test", "-p", str(EXAMPLE_POLICIES), str(tmp_path / "t.yaml")],
+                    capsys)
+    assert code == 1
+    # the launcher is a batch Job's pod too: only it fails
+    assert (f"      pod {name}-launcher-*: policies: expected ['istio-optout-mpi-jobs', "
+            "'mpi-volcano'], applied ['istio-optout-mpi-jobs', 'istio-optout-batch-jobs', "
+            "'mpi-volcano']\n") in out
+    assert out.count("policies: expected") == 1 and "PASS  one " in out
+    assert (f"      cannot read test input: jobPod nope: the job creates no such pod (its pods: "
+            f"{name}-launcher-*, {name}-worker-0, {name}-worker-1, {name}-worker-2, "
+            f"{name}-worker-3)\n") in out
+    assert (f"      cannot read test input: jobFile ray.yaml: ray.io/RayJob r is not supported: "
+            f"{KNOWN}\n") in out

@@ -43,8 +43,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="TARGET is a Pod manifest (or a captured AdmissionReview): prints the "
         "decision, the JSON Patch and the mutated pod. A job manifest (MPIJob, PyTorchJob, "
         "TFJob, JobSet, TrainJob, LeaderWorkerSet, Job): the same for each pod its operator "
-        "creates. Or a PolicyTest file or directory: runs every case. Exit 1 on any failure, "
-        "including a patch that is not idempotent.")
+        "creates. Every document of a file is read: a Namespace gives its labels to the pods "
+        "in it, another kind is named and skipped (a file of nothing else: exit 2). Or a "
+        "PolicyTest file or directory: runs every case. Exit 1 on any failure, including a "
+        "patch that is not idempotent.")
     context(test)
     test.add_argument("targets", nargs="+", metavar="TARGET")
     test.set_defaults(func=_test)
@@ -52,7 +54,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     explain = sub.add_parser(
         "explain", help="show, per policy, why it matches a pod or not",
         description="POD.yaml is a Pod manifest, or a job manifest (MPIJob, PyTorchJob, TFJob, "
-        "JobSet, TrainJob, LeaderWorkerSet, Job): then each pod its operator creates.")
+        "JobSet, TrainJob, LeaderWorkerSet, Job): then each pod its operator creates. Every "
+        "document of a file is read: a Namespace gives its labels to the pods in it, another "
+        "kind is named and skipped (a file of nothing else: exit 2).")
     context(explain)
     explain.add_argument("pods", nargs="+", metavar="POD.yaml")
     explain.set_defaults(func=_explain)
