@@ -481,3 +481,37 @@ def test_a_policytest_job_file_names_each_failing_pod(
             f"{name}-worker-3)\n") in out
     assert (f"      cannot read test input: jobFile ray.yaml: ray.io/RayJob r is not supported: "
             f"{KNOWN}\n") in out
+
+
+def test_check_warns_of_a_network_level_the_binder_does_not_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\n"
+                      "metadata: {name: a}\nspec:\n  gang: {backend: muster}\n"
+                      "  topology:\n    mode: required\n    network: {required: rack, "
+                      "preferred: kubernetes.io/hostname,\n      slice: {level: example.com/nvl, "
+                      "size: 4}}\n")
+    levels = "example.com/block,example.com/rack,nvl=example.com/nvlink"
+    code, out = run(["policy", "check", str(policy), "--network-levels", levels], capsys)
+    known = "example.com/block, example.com/rack, example.com/nvlink, nvl"
+    assert code == 0 and out.splitlines()[:2] == [
+        f"{policy}:1: warning: spec.topology.network.required: 'rack' is no level of the "
+        f"binder's ({known}): a gang is placed by a node label 'rack' alone; did you mean "
+        "example.com/rack? (policy a)",
+        f"{policy}:1: warning: spec.topology.network.slice.level: 'example.com/nvl' is no level "
+        f"of the binder's ({known}): a gang is placed by a node label 'example.com/nvl' alone; "
+        "did you mean nvl? (policy a)"]
+    assert "1 policies valid (2 warnings)" in out  # the node is always a level
+    # the alias, the label: nothing to say; the levels the cluster holds are not known here
+    for fine in ("rack=example.com/rack,example.com/nvl", "topograph", "kueue:default"):
+        code, out = run(["policy", "check", str(policy), "--network-levels", fine], capsys)
+        assert code == 0 and "warning" not in out, (fine, out)
+
+
+def test_the_shipped_network_policies_name_the_levels_their_comments_give(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    levels = ("network.topology.nvidia.com/spine,network.topology.nvidia.com/leaf,"
+              "nvidia.com/gpu.clique")
+    code, out = run(["policy", "check", str(EXAMPLE_POLICIES), "--network-levels", levels],
+                    capsys)
+    assert code == 0 and "warning" not in out

@@ -19,6 +19,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "does not exist.")
     check.add_argument("paths", nargs="+", metavar="PATH",
                        help="policy file or directory, or - for stdin (named <stdin>)")
+    check.add_argument("--network-levels", metavar="LEVELS",
+                       help="the binder's --network-levels (the chart's binder.networkLevels): "
+                       "warn of a level a policy names that is none of them")
     check.set_defaults(func=_check)
 
     pack = sub.add_parser(

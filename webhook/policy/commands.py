@@ -16,6 +16,7 @@ from webhook.policy import chart, native
 from webhook.policy.decision import Decision, PolicyAudit
 from webhook.policy.engine import evaluate, explain
 from webhook.policy.errors import PolicyError, PolicyIssue
+from webhook.policy.levelcheck import binder_levels, unnamed_levels
 from webhook.policy.loader import STDIN, load_policies, policy_files
 from webhook.policy.manifests import Manifest, name_of, object_of, read_manifest, unsupported
 from webhook.policy.podgroup import gang_objects
@@ -53,6 +54,7 @@ def check(args: argparse.Namespace) -> int:
     """Every problem of every file, one line each (exit 1); a PATH that does not exist is a
     usage error (exit 2)."""
     _must_exist(args.paths, "")
+    levels = binder_levels(args.network_levels) if args.network_levels else None
     try:
         policies = load_policies(args.paths, stdin=_stdin(args.paths), chart=True)
     except PolicyError as exc:
@@ -61,14 +63,14 @@ def check(args: argparse.Namespace) -> int:
         print(f"{_count(exc.problem_count, 'problem')} in {files} file{'s' if files > 1 else ''}"
               f"{_and_warnings(exc.issues, exc.more_warnings)}; nothing loaded")
         return 1
-    for warning in policies.warnings:
+    more = [*(unnamed_levels(policies, levels) if levels else ()),
+            *((f"warning: {NO_POLICIES}",) if not policies else ())]
+    for warning in [*map(str, policies.warnings), *more]:
         print(warning)
     for policy, origin in zip(policies.policies, policies.origins, strict=True):
         print(f"ok  {policy.name:<32} priority {policy.spec.priority:<4} {origin}"
               + _mode(policy.spec.enforcement))
-    if not policies:
-        print(f"warning: {NO_POLICIES}")
-    print(f"{len(policies)} policies valid{_and_warnings(policies.warnings, int(not policies))}"
+    print(f"{len(policies)} policies valid{_and_warnings(policies.warnings, len(more))}"
           f", digest {policies.digest[:12]}")
     return 0
 
