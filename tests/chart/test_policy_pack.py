@@ -107,8 +107,9 @@ def test_pack_writes_nothing_for_policies_with_problems(
                 '"metadata": {"name": "a"}, "spec": {}}'},
      "a.json: the chart takes file names of letters, digits, '-', '_' and '.', ending in .yaml "
      "or .yml: rename it"),
-    ({"a.yaml": "", "sub/a.yaml": ""}, "the chart keys policies by file name, and both have "
-     "this one: rename one"),
+    ({"a.yaml": BAD.replace("slurm", "muster"),
+      "sub/a.yaml": BAD.replace("slurm", "muster").replace("{name: a}", "{name: b}")},
+     "the chart keys policies by file name, and both have this one: rename one"),
 ])
 def test_pack_refuses_what_the_chart_cannot_key(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], files: dict[str, str],
