@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from webhook import cli
 from webhook.certs import generate_ca, issue_serving_cert, write_pair
 from webhook.cli import build_parser, main
 from webhook.demo import EXAMPLE_POLICIES
@@ -151,6 +152,29 @@ CASES = [
     (["certs", "ensure", "--kubeconfig", "notkc", "--namespace", "x", "--service-name", "y"],
      2, "kubeconfig notkc is not a kubeconfig"),
     (["demo", "--policies", "missing"], 2, "missing"),
+    # ports and addresses: checked or explained before anything listens
+    (["serve", "--policies", POLICIES, "--self-signed", "--port", "99999"], 2,
+     "--port 99999: a port is 0 to 65535 (0: any free port)"),
+    (["serve", "--policies", POLICIES, "--self-signed", "--port", "-1"], 2,
+     "--port -1: a port is 0 to 65535"),
+    (["serve", "--policies", POLICIES, "--self-signed", "--metrics-port", "70000"], 2,
+     "--metrics-port 70000: a port is 0 to 65535"),
+    (["bind", "--metrics-port", "70000"], 2, "--metrics-port 70000: a port is 0 to 65535"),
+    (["agent", "--node-name", "n", "--node-type", "dgx1-v100", "--metrics-port", "-5"], 2,
+     "--metrics-port -5: a port is 0 to 65535"),
+    # TEST-NET-1 (RFC 5737): no interface has it, so binding fails before anything is sent
+    (["serve", "--policies", POLICIES, "--self-signed", "--host", "192.0.2.1", "--port", "0"],
+     2, "no interface of this machine has that address; give --host"),
+    (["serve", "--policies", POLICIES, "--self-signed", "--self-signed-dir", "empty.yaml"], 2,
+     "--self-signed-dir empty.yaml: is a file, not a directory"),
+    (["certs", "init", "--out", "empty.yaml"], 2,
+     "--out empty.yaml: is a file, not a directory"),
+    (["bind", "--network-levels", "@missing"], 2,
+     "--network-levels @missing: No such file or directory"),
+    (["bind", "--network-levels", "@notyaml"], 2,
+     "--network-levels notyaml:1:11: '[' opened here is not closed"),
+    (["bind", "--network-levels", "@badpolicy.yaml"], 2, "--network-levels @badpolicy.yaml: "
+     "expected a Kueue (kueue.x-k8s.io/v1beta2) or KAI (kai.scheduler/v1) Topology"),
 ]
 
 
@@ -173,6 +197,26 @@ def test_a_wrong_input_gets_one_line_and_the_right_exit_code(
     assert len(lines) == 1, err
     assert lines[0].startswith(f"muster {argv[0]}"), lines[0]
     assert says in lines[0], lines[0]
+
+
+def test_the_self_signed_key_is_removed_when_the_server_fails_to_start(
+        inputs: dict[str, str], tmp_path: Path) -> None:
+    """`serve --self-signed` keeps its key in a temporary directory only while it runs."""
+    argv = ["serve", "--policies", POLICIES, "--self-signed", "--host", "192.0.2.1"]
+    assert main(argv) == 2
+    assert not list(tmp_path.glob("muster-serve-*"))
+
+
+def test_ctrl_c_while_the_commands_load_ends_quietly(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`muster demo` then Ctrl-C at once: the interrupt meets the imports of build_parser."""
+    def interrupted(name: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.importlib, "import_module", interrupted)
+    assert main(["demo"]) == 130
+    captured = capsys.readouterr()
+    assert captured.out == captured.err == ""
 
 
 def test_debug_keeps_the_traceback(inputs: dict[str, str]) -> None:

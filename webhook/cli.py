@@ -62,8 +62,11 @@ class _Version(argparse.Action):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        # every command's module loads here: a Ctrl-C while they do ends quietly too
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        return 130
     log.setup(args.log_level, args.log_json)
     func: Callable[[argparse.Namespace], int] = args.func
     try:

@@ -10,10 +10,12 @@ everything under `--log-level debug`.
 from __future__ import annotations
 
 import errno
+from pathlib import Path
 from typing import Any
 
 USAGE = 2
 RUNTIME = 1
+MAX_PORT = 65535
 
 
 class UsageError(Exception):
@@ -22,6 +24,20 @@ class UsageError(Exception):
 
 class CommandFailed(Exception):
     """The command could not do its work: the message says why and what to check."""
+
+
+def check_port(flag: str, port: int | None) -> None:
+    """A TCP port given on the command line: 0 (any free one) to 65535, else a UsageError
+    (checked before anything starts, rather than met as the socket's OverflowError)."""
+    if port is not None and not 0 <= port <= MAX_PORT:
+        raise UsageError(f"{flag} {port}: a port is 0 to {MAX_PORT} (0: any free port)")
+
+
+def check_directory(flag: str, path: Path | None) -> None:
+    """A directory a command writes into may be missing (it is made) but not another file."""
+    if path is not None and path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path}: is a file, not a directory: give a directory "
+                         "(made if missing)")
 
 
 _FILE_ERRORS = {
@@ -53,6 +69,9 @@ def _os_error(exc: OSError) -> tuple[int, str] | None:
     if exc.errno == errno.EADDRINUSE:
         return RUNTIME, (f"the address is already in use ({exc.strerror}): another process "
                          "listens there; stop it or choose another --port / --host")
+    if exc.errno == errno.EADDRNOTAVAIL:  # asyncio's message names the address
+        return USAGE, (f"{exc.strerror}: no interface of this machine has that address; give "
+                       "--host (or --metrics-host) one it has, such as 0.0.0.0 or 127.0.0.1")
     what = _FILE_ERRORS.get(exc.errno or 0)
     if what is not None and exc.filename:
         return USAGE, f"{exc.filename}: {what}"

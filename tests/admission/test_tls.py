@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import ssl
+import tempfile
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 
 from webhook.admission.metrics import Metrics
+from webhook.admission.server import ServeOptions, WebhookServer
 from webhook.admission.tls import CertReloader
 from webhook.certs import generate_ca, issue_serving_cert, load_certificate, not_after, write_pair
+from webhook.demo import EXAMPLE_POLICIES
 from webhook.failures import UsageError
 
 
@@ -105,3 +108,19 @@ def test_start_refuses_an_expired_pair(tmp_path: Path) -> None:
     write_pair(expired, cert, key)
     with pytest.raises(UsageError, match=r"tls\.crt expired at"):
         CertReloader(cert, key, Metrics())
+
+
+async def test_self_signed_files_live_only_while_the_server_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --self-signed-dir the key goes to a temporary directory the server removes."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    opts = ServeOptions(policies=[EXAMPLE_POLICIES], self_signed=True, host="127.0.0.1", port=0)
+    async with WebhookServer(opts):
+        written = _listing(tmp_path)
+    assert [p.name for p in written] == ["ca.crt", "tls.crt", "tls.key"]
+    assert _listing(tmp_path) == []
+
+
+def _listing(tmp: Path) -> list[Path]:
+    """The files of the server's temporary directories under `tmp`."""
+    return sorted(p for d in tmp.glob("muster-serve-*") for p in d.iterdir())

@@ -19,7 +19,11 @@ def test_cli_init_writes_a_verifiable_pair(
     out = tmp_path / "certs"
     args = ["certs", "init", "--out", str(out), "--namespace", "ns", "--service"]
     assert main([*args, "mw"]) == 0
-    assert "ca, serving written" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "ca, serving written" in said
+    # the next command as given works from a checkout's top: serve needs its policies
+    assert (f"serve with: muster serve --policies policies/ --tls-cert-file {out / 'tls.crt'} "
+            f"--tls-key-file {out / 'tls.key'}\n") in said
     ca, crt, key = (out / n for n in ("ca.crt", "tls.crt", "tls.key"))
     assert pki.signed_by(crt.read_bytes(), ca.read_bytes())
     assert pki.key_matches(crt.read_bytes(), key.read_bytes())

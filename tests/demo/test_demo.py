@@ -133,7 +133,8 @@ def test_a_policy_that_loses_a_field_says_to_whom(default: Run) -> None:
     # the batch-Job opt-out matches only the launcher (a Job's pod) and loses there
     assert ("    istio-optout-batch-jobs: istio.optOut overridden by istio-optout-mpi-jobs (higher"
             " precedence) [launcher only]\n") in text
-    assert "    warning: gang.queue of policy mpi-volcano ignored: backend is muster\n" in text
+    # the shipped policies warn no one (their override is no mistake)
+    assert "warning" not in text
 
 
 def test_a_policy_set_without_topology_skips_the_binder_and_shows_volcano(
@@ -192,3 +193,25 @@ def test_cli_without_the_emulator_says_how_to_run_it() -> None:
                           timeout=60, check=False)
     assert proc.returncode == 1, proc.stderr
     assert "pip install . && muster demo" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_step_cancelled_by_ctrl_c_says_interrupted_not_failed() -> None:
+    lines: list[str] = []
+
+    async def cut_short() -> None:
+        async with Progress(lines.append, tty=False).step("binder"):
+            raise asyncio.CancelledError  # what asyncio.run does to the demo on Ctrl-C
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(cut_short())
+    assert lines[-1].startswith("\r  [1] binder ... interrupted (")
+
+
+def test_cli_warns_when_it_runs_with_no_policies(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "webhook", "demo", "--policies", str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith(
+        f"muster demo: {tmp_path}: warning: no policy files (.yaml, .yml, .json) in this "
+        "directory\nmuster demo: warning: no policies: the webhook would admit every pod "
+        "unchanged (no gang, no Istio opt-out, nothing for the binder)\n")

@@ -20,11 +20,19 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
+def test_the_admins_folder_is_the_packages_examples() -> None:
+    """policies/ at the top (where admins edit) and the package's copy (what an installed
+    `muster demo` reads) are one folder: a link, so they cannot drift."""
+    assert (REPO / "policies").is_symlink()
+    assert (REPO / "policies").resolve() == EXAMPLE_POLICIES
+
+
 def test_readme_command_passes(capsys: pytest.CaptureFixture[str],
                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
-    code, out = run(["policy", "test", "-p", "webhook/demo/policies/",
-                     "webhook/demo/policies/tests/"], capsys)
+    code, out = run(["policy", "check", "policies/"], capsys)
+    assert code == 0 and "14 policies valid" in out
+    code, out = run(["policy", "test", "-p", "policies/", "policies/tests/"], capsys)
     assert code == 0, out
     cases = sum(text.count("kind: PolicyTest")
                 for text in map(Path.read_text, (EXAMPLE_POLICIES / "tests").glob("*.yaml")))
@@ -95,6 +103,37 @@ def test_check_warns_of_an_owner_kind_without_its_group(
     assert code == 1 and out.splitlines()[-1] == "1 problem in 1 file (3 warnings); nothing loaded"
 
 
+def test_check_warns_of_an_owner_kind_in_another_case(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\n"
+                      "metadata: {name: a}\nspec:\n  match:\n    ownerKinds: [kubeflow.org/MpiJob, "
+                      "apps/Statefulset, apps/StatefulSet, example.com/Mine]\n")
+    code, out = run(["policy", "check", str(policy)], capsys)
+    exact = "matches no pod: groups and kinds are compared exactly, case included; did you mean"
+    assert code == 0 and out.splitlines()[:2] == [
+        f"{policy}:6:18: warning: spec.match.ownerKinds.0: 'kubeflow.org/MpiJob' {exact} "
+        "kubeflow.org/MPIJob? (document 1, policy a)",
+        f"{policy}:6:39: warning: spec.match.ownerKinds.1: 'apps/Statefulset' {exact} "
+        "apps/StatefulSet? (document 1, policy a)"]
+    assert "1 policies valid (2 warnings)" in out  # a kind Muster does not know is no mistake
+
+
+def test_check_warns_of_an_empty_file_and_an_empty_set(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty.yaml").write_text("# nothing yet\n")
+    (tmp_path / "dir").mkdir()
+    code, out = run(["policy", "check", str(tmp_path / "empty.yaml"), str(tmp_path / "dir")],
+                    capsys)
+    assert code == 0
+    assert out.splitlines()[:3] == [
+        f"{tmp_path}/dir: warning: no policy files (.yaml, .yml, .json) in this directory",
+        f"{tmp_path}/empty.yaml: warning: holds no policy (empty, or comments only)",
+        "warning: no policies: the webhook would admit every pod unchanged (no gang, no Istio "
+        "opt-out, nothing for the binder)"]
+    assert out.splitlines()[3].startswith("0 policies valid (3 warnings), digest ")
+
+
 def test_check_reads_stdin_for_a_dash(monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     """As the topology commands do; problems there are named <stdin>."""
@@ -141,6 +180,24 @@ spec:
     assert ('pod metadata.annotations.scheduling.volcano.sh/queue-name: expected "training", '
             'found "research"') in out
     assert "podGroup spec.minMember: expected 4, found 5" in out
+
+
+def test_an_empty_warnings_list_expects_no_warning(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    objects = EXAMPLE_POLICIES / "tests/objects"
+    (tmp_path / "t.yaml").write_text(f"""
+apiVersion: muster.io/v1alpha1
+kind: PolicyTest
+metadata: {{name: quiet}}
+spec:
+  podFile: {objects}/worker-team-a.yaml
+  expect: {{warnings: []}}
+""")
+    code, out = run(["policy", "test", "-p", str(EXAMPLE_POLICIES), str(tmp_path)], capsys)
+    assert code == 1 and "FAIL  quiet" in out
+    # the owners were not given
+    assert 'warnings: expected none, got ["owner kubeflow.org/MPIJob tensorflow-topo-4-vgg16 not ' \
+           'available' in out
 
 
 def test_pod_mode_prints_decision_patch_and_mutated_pod(
@@ -254,8 +311,8 @@ def test_a_policytest_typo_reads_as_a_policy_typo(
         f"ERROR {t}:3:1: metadata.name: required field is missing (document 1)",
         f"ERROR {t}:3:12: metadata.nme: unknown field (allowed: name) (document 1)",
         f"ERROR {t}:4:17: spec.namespaceLabel: unknown field (allowed: pod, podFile, "
-        "namespaceLabels, owners, ownerFiles, expect) (document 1)",
-        f"ERROR {t}:9:7: spec: give exactly one of pod and podFile (document 2)"]
+        "jobFile, jobPod, namespaceLabels, owners, ownerFiles, expect) (document 1)",
+        f"ERROR {t}:9:7: spec: give exactly one of pod, podFile and jobFile (document 2)"]
 
 
 def test_check_and_test_refuse_aliases_at_their_place(
@@ -347,3 +404,114 @@ def test_policy_test_on_a_job_tests_each_pod(capsys: pytest.CaptureFixture[str],
     assert out.count("match pytorchjob-volcano") == 4
     assert out.count("  minMember: 2\n") == 4  # the elastic minimum, in each pod's PodGroup
     assert out.count("idempotent: evaluating the mutated pod again gives an empty patch") == 4
+
+
+NAMESPACE_A = ("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-a\n"
+               "  labels: {muster.io/gpu-topology: enabled}\n")
+DEPLOYMENT = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: team-a}\n"
+KNOWN = "give a Pod, or a job of a kind Muster knows (MPIJob, PyTorchJob, TFJob, Job, JobSet, " \
+        "TrainJob, LeaderWorkerSet)"
+
+
+def test_every_document_of_a_manifest_is_read(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`kubectl apply -f` files: the Namespace gives its labels to the job's pods, the job is
+    explained, a kind Muster does not know is named and skipped."""
+    job = (EXAMPLE_POLICIES / "tests/objects/mpijob-team-a.yaml").read_text()
+    manifest = tmp_path / "all.yaml"
+    manifest.write_text(f"{NAMESPACE_A}---\n{job}---\n{DEPLOYMENT}")
+    for command in ("explain", "test"):
+        code, out = run(["policy", command, "-p", str(EXAMPLE_POLICIES), str(manifest)], capsys)
+        assert code == 0, out
+        lead = "# " if command == "test" else ""
+        assert out.startswith(f"{lead}{manifest}: skipped document 3: apps/Deployment web is "
+                              f"not supported: {KNOWN}\n")
+        assert out.count(f"{manifest}: pod team-a/tensorflow-topo-4-vgg16-") == 5
+    # the Namespace's label selects mpi-topology (the binder) over mpi-volcano
+    assert "  MATCH  mpi-topology\n         ✓ namespaceSelector: matches" in \
+        run(["policy", "explain", "-p", str(EXAMPLE_POLICIES), str(manifest)], capsys)[1]
+    manifest.write_text(job)
+    assert "MATCH  mpi-topology" not in \
+        run(["policy", "explain", "-p", str(EXAMPLE_POLICIES), str(manifest)], capsys)[1]
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("apiVersion: ray.io/v1\nkind: RayJob\nmetadata: {name: r}\n",
+     f"r.yaml: ray.io/RayJob r is not supported: {KNOWN}"),
+    (DEPLOYMENT, f"r.yaml: apps/Deployment web is not supported: {KNOWN}"),
+    (f"{NAMESPACE_A}---\n{DEPLOYMENT}", "r.yaml: nothing to explain: document 2: apps/Deployment "
+     f"web is not supported: {KNOWN}"),
+    ("metadata: {name: p}\nspec: {containers: []}\n", "r.yaml: not a Kubernetes object (no kind)"),
+])
+def test_a_kind_muster_does_not_know_is_never_taken_for_a_pod(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, says: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("r.yaml").write_text(text)
+    for command in ("explain", "test"):
+        assert main(["policy", command, "-p", str(EXAMPLE_POLICIES), "r.yaml"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == f"muster policy: {says}\n"
+
+
+def test_a_policytest_job_file_names_each_failing_pod(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    objects = EXAMPLE_POLICIES / "tests/objects"
+    name = "tensorflow-topo-4-vgg16"
+    case = ("apiVersion: muster.io/v1alpha1\nkind: PolicyTest\nmetadata: {{name: {n}}}\n"
+            "spec:\n  jobFile: {job}\n{more}  expect: {{policies: [istio-optout-mpi-jobs, "
+            "mpi-volcano]}}\n")
+    (tmp_path / "ray.yaml").write_text("apiVersion: ray.io/v1\nkind: RayJob\nmetadata: {name: r}\n")
+    job = objects / "mpijob-team-a.yaml"
+    (tmp_path / "t.yaml").write_text("---\n".join([
+        case.format(n="all", job=job, more=""),
+        case.format(n="one", job=job, more=f"  jobPod: {name}-worker-3\n"),
+        case.format(n="none", job=job, more="  jobPod: nope\n"),
+        case.format(n="ray", job="ray.yaml", more="")]))
+    code, out = run(["policy", "test", "-p", str(EXAMPLE_POLICIES), str(tmp_path / "t.yaml")],
+                    capsys)
+    assert code == 1
+    # the launcher is a batch Job's pod too: only it fails
+    assert (f"      pod {name}-launcher-*: policies: expected ['istio-optout-mpi-jobs', "
+            "'mpi-volcano'], applied ['istio-optout-mpi-jobs', 'istio-optout-batch-jobs', "
+            "'mpi-volcano']\n") in out
+    assert out.count("policies: expected") == 1 and "PASS  one " in out
+    assert (f"      cannot read test input: jobPod nope: the job creates no such pod (its pods: "
+            f"{name}-launcher-*, {name}-worker-0, {name}-worker-1, {name}-worker-2, "
+            f"{name}-worker-3)\n") in out
+    assert (f"      cannot read test input: jobFile ray.yaml: ray.io/RayJob r is not supported: "
+            f"{KNOWN}\n") in out
+
+
+def test_check_warns_of_a_network_level_the_binder_does_not_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\n"
+                      "metadata: {name: a}\nspec:\n  gang: {backend: muster}\n"
+                      "  topology:\n    mode: required\n    network: {required: rack, "
+                      "preferred: kubernetes.io/hostname,\n      slice: {level: example.com/nvl, "
+                      "size: 4}}\n")
+    levels = "example.com/block,example.com/rack,nvl=example.com/nvlink"
+    code, out = run(["policy", "check", str(policy), "--network-levels", levels], capsys)
+    known = "example.com/block, example.com/rack, example.com/nvlink, nvl"
+    assert code == 0 and out.splitlines()[:2] == [
+        f"{policy}:1: warning: spec.topology.network.required: 'rack' is no level of the "
+        f"binder's ({known}): a gang is placed by a node label 'rack' alone; did you mean "
+        "example.com/rack? (policy a)",
+        f"{policy}:1: warning: spec.topology.network.slice.level: 'example.com/nvl' is no level "
+        f"of the binder's ({known}): a gang is placed by a node label 'example.com/nvl' alone; "
+        "did you mean nvl? (policy a)"]
+    assert "1 policies valid (2 warnings)" in out  # the node is always a level
+    # the alias, the label: nothing to say; the levels the cluster holds are not known here
+    for fine in ("rack=example.com/rack,example.com/nvl", "topograph", "kueue:default"):
+        code, out = run(["policy", "check", str(policy), "--network-levels", fine], capsys)
+        assert code == 0 and "warning" not in out, (fine, out)
+
+
+def test_the_shipped_network_policies_name_the_levels_their_comments_give(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    levels = ("network.topology.nvidia.com/spine,network.topology.nvidia.com/leaf,"
+              "nvidia.com/gpu.clique")
+    code, out = run(["policy", "check", str(EXAMPLE_POLICIES), "--network-levels", levels],
+                    capsys)
+    assert code == 0 and "warning" not in out

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from webhook.failures import UsageError
+from webhook.failures import UsageError, check_directory, check_port
 
 MiB = 1024 * 1024
 N = TypeVar("N", int, float)
@@ -54,7 +54,7 @@ def _certificate_args(p: argparse.ArgumentParser) -> None:
                    help="generate a CA and serving certificate at start (local use)")
     p.add_argument("--self-signed-dir", type=Path,
                    help="where --self-signed writes ca.crt, tls.crt, tls.key (default: a "
-                        "temporary directory, logged)")
+                        "temporary directory, logged and removed when the server stops)")
     p.add_argument("--kubeconfig", help="kubeconfig file; default: in-cluster config when "
                    "running in a pod, else no cluster context")
     p.add_argument("--cert-mode", choices=["files", "self"], default="files",
@@ -145,6 +145,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     if not args.self_signed and not (args.tls_cert_file and args.tls_key_file):
         raise UsageError("give --tls-cert-file and --tls-key-file, or --self-signed")
+    check_port("--port", args.port)
+    check_port("--metrics-port", args.metrics_port)
+    check_directory("--self-signed-dir", args.self_signed_dir)
     # the inputs that must exist now (in self mode the Secret may reach its volume later)
     for flag, path in (("--tls-cert-file", args.tls_cert_file),
                        ("--tls-key-file", args.tls_key_file)):

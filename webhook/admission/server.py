@@ -7,6 +7,7 @@ import contextlib
 import gc
 import logging
 import os
+import shutil
 import signal
 import tempfile
 from collections.abc import Coroutine
@@ -104,9 +105,8 @@ def policy_problems(exc: Exception) -> int:
     return exc.problem_count if isinstance(exc, PolicyError) else len(str(exc).splitlines())
 
 
-def _self_signed_pair(opts: ServeOptions) -> tuple[Path, Path]:
+def _self_signed_pair(opts: ServeOptions, out: Path) -> tuple[Path, Path]:
     """A fresh CA and serving certificate for local use; ca.crt is written for clients."""
-    out = opts.self_signed_dir or Path(tempfile.mkdtemp(prefix="muster-serve-"))
     ca = generate_ca("muster-webhook-ca", days=365)
     pair = issue_serving_cert(ca, service_dns_names(opts.service_name, opts.namespace),
                               LOCAL_IPS, days=365)
@@ -136,6 +136,8 @@ class WebhookServer:
             count=len, on_refused=self._policy_refused, problems=policy_problems)
         self._events: EventRecorder | None = None
         self._admitter: Admitter | None = None
+        #: the temporary directory of --self-signed's files, when the server made one
+        self._scratch: Path | None = None
 
     @property
     def admitter(self) -> Admitter:
@@ -169,7 +171,10 @@ class WebhookServer:
     async def _tls(self) -> CertReloader:
         opts = self.opts
         if opts.self_signed:
-            cert, key = await asyncio.to_thread(_self_signed_pair, opts)
+            out = opts.self_signed_dir
+            if out is None:  # stop() removes it: the key must not outlive the server in /tmp
+                out = self._scratch = Path(tempfile.mkdtemp(prefix="muster-serve-"))
+            cert, key = await asyncio.to_thread(_self_signed_pair, opts, out)
         elif opts.tls_cert_file and opts.tls_key_file:
             cert, key = opts.tls_cert_file, opts.tls_key_file
         else:
@@ -306,6 +311,9 @@ class WebhookServer:
         if self._client is not None:
             await self._client.close()
             self._client = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     async def __aenter__(self) -> WebhookServer:
         await self.start()
@@ -321,7 +329,11 @@ async def run(opts: ServeOptions) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await server.start()
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop()  # what it started, and the files it wrote, go
+        raise
     freeze = asyncio.create_task(_freeze_when_ready(server.admitter))
     try:
         await stop.wait()

@@ -17,7 +17,7 @@ from webhook.agent.nvml import Nvml, RealNvml
 from webhook.agent.nvmlrecord import record_nvml
 from webhook.agent.publisher import identify
 from webhook.agent.runner import Agent, AgentConfig, Discoverer
-from webhook.failures import CommandFailed, UsageError
+from webhook.failures import CommandFailed, UsageError, check_port
 from webhook.kube.api import KubeApi
 from webhook.kube.client import make_api_client
 from webhook.signals import until_signalled
@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not (args.device_plugin or args.dra):
         raise UsageError("--no-device-plugin without --dra serves no GPU: give --dra")
+    check_port("--metrics-port", args.metrics_port)
     discoverer, events_nvml = _sources(args)
     dra = (DraConfig(node=args.node_name, registry_dir=Path(args.dra_registry_dir),
                      plugin_dir=Path(args.dra_plugin_dir), cdi_dir=Path(args.cdi_dir))

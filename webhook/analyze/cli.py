@@ -1,4 +1,5 @@
-"""`muster analyze`: read a cluster (read-only) and name what is misconfigured."""
+"""`muster analyze`: read a cluster (read-only) and name what is misconfigured; `muster gangs`
+and `muster explain job|pod`: what Muster's gangs are doing and why (read-only too)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,59 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="a coscheduling pod unbound this long with no PodScheduled condition "
                         "means its scheduler is not running (default 120)")
     p.set_defaults(func=_run)
+    _register_gangs(subparsers)
+    _register_explain(subparsers)
+
+
+def _cluster(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+
+
+def _register_gangs(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "gangs", help="list the gangs Muster made or places, and what each waits for",
+        description="Reads pods and PodGroups/Workloads with get and list only. STATE is "
+                    "Running (at least minimum members bound), Pending (with what it waits "
+                    "for) or Finished.")
+    _cluster(p)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("-n", "--namespace", default="default",
+                       help="the jobs' namespace (default: default)")
+    where.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    p.add_argument("--state", type=str.capitalize, choices=["Running", "Pending", "Finished"],
+                   help="only the gangs in this state")
+    p.set_defaults(func=_gangs)
+
+
+def _register_explain(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
+                      ) -> None:
+    p = subparsers.add_parser(
+        "explain", help="why a job or pod in the cluster is where it is (read-only)",
+        description="Which policy matches (re-evaluated with the webhook's engine on the pods "
+                    "as stored), the PodGroup or Workload Muster made and its phase, the gang's "
+                    "members present/bound/minimum and what it waits for, and Muster's recent "
+                    "Events on its pods and gang object. Reads with get and list only.")
+    p.add_argument("what", choices=["job", "pod"], help="job: every pod of the job (an owner "
+                   "named NAME up the pods' controller chain); pod: one pod")
+    p.add_argument("target", metavar="NAMESPACE/NAME")
+    _cluster(p)
+    p.add_argument("--release-namespace", default="muster-system",
+                   help="Muster's release namespace, where its policies ConfigMap is")
+    p.add_argument("--release", default="muster", help="the Helm release name")
+    p.set_defaults(func=_explain)
+
+
+def _gangs(args: argparse.Namespace) -> int:
+    from webhook.analyze import gangcommands  # noqa: PLC0415 (keep the CLI light)
+
+    return gangcommands.gangs(args)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from webhook.analyze import gangcommands  # noqa: PLC0415
+
+    return gangcommands.explain(args)
 
 
 def _run(args: argparse.Namespace) -> int:

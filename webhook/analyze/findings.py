@@ -17,10 +17,10 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from webhook import keys
+from webhook.analyze.gangstate import advice, scheduled_message, wait_kind
 from webhook.binder.evict import PREEMPTED, PREEMPTING
 from webhook.binder.hypernodes import TIER_LABEL_PREFIX, HyperNodeView, Tiers
 from webhook.binder.nodes import parse_node
-from webhook.binder.planner import BLOCKED_WAIT, MEMBERS_WAIT, PREEMPTING_WAIT
 from webhook.binder.topologies import TopologyView
 from webhook.kube.owners import controller_ref
 from webhook.policy import native
@@ -506,32 +506,12 @@ def _waiting(s: Snapshot, now: dt.datetime) -> Iterator[Finding]:
             continue
         if not timeout or (now - created).total_seconds() <= timeout:
             continue
-        said = next((str(c.get("message") or "") for c in
-                     (pod.get("status") or {}).get("conditions") or ()
-                     if c.get("type") == "PodScheduled" and c.get("status") == "False"), "")
+        said = scheduled_message(pod)
         yield Finding("warning", "GangWaiting", _name(pod),
                       f"gang {ann.get(keys.ANN_GANG_NAME)} has waited "
                       f"{int((now - created).total_seconds())} s, past its {timeout} s timeout: "
                       f"{said or 'the binder has not said why (is it running?)'}",
-                      _waiting_fix(said, s.namespace))
-
-
-def _waiting_fix(said: str, namespace: str) -> str:
-    """What to do for a gang the binder says (its PodScheduled message) waits for this."""
-    if not said:
-        return (f"kubectl -n {namespace} get pods -l app.kubernetes.io/component=binder; and is "
-                "the pod's spec.schedulerName the binder's?")
-    if f": {MEMBERS_WAIT}:" in said:
-        return ("its other pods do not exist: see what its workload's controller says "
-                "(kubectl describe on the job: quota, admission, a failed pod), or lower its "
-                "minMember")
-    if f"; {PREEMPTING_WAIT} " in said:
-        return ("it preempted gangs of lower priority and waits for their pods to go (their "
-                "termination grace); see its GangPreempting Event")
-    if f": {BLOCKED_WAIT} " in said:
-        return ("an older gang holds the room back until it is placed: that gang's own finding "
-                "says what it needs; the binder's --starvation-seconds sets when a gang does this")
-    return "free the resources it needs, or lower its minMember"
+                      advice(wait_kind(said), s.namespace))
 
 
 def _preemptions(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:

@@ -6,12 +6,10 @@ import argparse
 import asyncio
 import os
 import socket
-from pathlib import Path
 
 from webhook import keys
-from webhook.failures import UsageError
-from webhook.topology.network import Levels, LevelsError, parse_levels, parse_levels_flag
-from webhook.yamlpos import YamlProblem, load_all, read
+from webhook.failures import UsageError, check_port
+from webhook.topology.network import Levels, LevelsError, read_levels
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -87,14 +85,9 @@ def network_levels(value: str | None) -> Levels:
     if not value:
         return Levels()
     try:
-        if not value.startswith("@"):
-            return parse_levels_flag(value)
-        docs = load_all(read(Path(value[1:])))
-        return parse_levels(docs[0] if len(docs) == 1 else None)
-    except YamlProblem as exc:
-        raise UsageError(f"--network-levels {exc.at(value[1:])}") from exc
-    except (OSError, LevelsError) as exc:
-        raise UsageError(f"--network-levels {value}: {exc}") from exc
+        return read_levels(value)
+    except LevelsError as exc:
+        raise UsageError(f"--network-levels {exc}") from exc
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -103,6 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     from webhook.binder.service import ServiceConfig, serve  # noqa: PLC0415
     from webhook.kube.leader import LeaseConfig  # noqa: PLC0415
 
+    check_port("--metrics-port", args.metrics_port)
     levels = network_levels(args.network_levels)
     lease = None
     if args.leader_elect:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from webhook.certs.options import add_self_cert_arguments, self_cert_config
+from webhook.failures import check_directory
 from webhook.signals import until_signalled
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ def _init(args: argparse.Namespace) -> int:
     from webhook.certs.local import init_local  # noqa: PLC0415 (keep the CLI light)
     from webhook.certs.pki import PkiError  # noqa: PLC0415
 
+    check_directory("--out", args.out)
     try:
         files, written = init_local(
             args.out, args.service, args.namespace,
@@ -97,7 +99,9 @@ def _init(args: argparse.Namespace) -> int:
         return 2
     state = ", ".join(written) + " written" if written else "existing files still valid"
     print(f"{state}: {files.ca_cert} {files.cert} {files.key}")
-    print(f"serve with: muster serve --tls-cert-file {files.cert} --tls-key-file {files.key}")
+    # policies/: the admins' folder at the top of a checkout (give your own elsewhere)
+    print(f"serve with: muster serve --policies policies/ --tls-cert-file {files.cert} "
+          f"--tls-key-file {files.key}")
     return 0
 
 

@@ -52,15 +52,20 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check_policies(paths: list[Path]) -> None:
     """The policies load, or a UsageError says why in one line (the webhook would start with
-    none of them)."""
+    none of them); their warnings, and an empty set, are said on stderr."""
     from webhook.policy import PolicyError, load_policies  # noqa: PLC0415
+    from webhook.policy.commands import NO_POLICIES  # noqa: PLC0415
 
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise UsageError(f"no such policy path: {', '.join(missing)}")
     try:
-        load_policies(paths)
+        policies = load_policies(paths)
     except PolicyError as exc:
         more = len(exc.issues) + exc.more + exc.more_warnings - 1
         raise UsageError(f"{exc.issues[0]}" + (f" (and {more} more: `muster policy check` "
                                                 "lists them)" if more else "")) from exc
+    for warning in policies.warnings:
+        print(f"muster demo: {warning}", file=sys.stderr)
+    if not policies:
+        print(f"muster demo: warning: {NO_POLICIES}", file=sys.stderr)

@@ -106,16 +106,18 @@ class Progress:
         self.n += 1
         start = time.monotonic()
         spinner = asyncio.create_task(self._spin(title)) if self.tty else None
-        ok = False
+        mark = "FAILED"
         try:
             yield
-            ok = True
+            mark = "ok"
+        except asyncio.CancelledError:
+            mark = "interrupted"  # Ctrl-C: asyncio.run cancels the demo, nothing failed
+            raise
         finally:
             if spinner is not None:
                 spinner.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await spinner
-            mark = "ok" if ok else "FAILED"
             self.write(f"\r  [{self.n}] {title} ... {mark} ({time.monotonic() - start:.2f} s)\n")
 
     def skip(self, component: str, why: str) -> None:

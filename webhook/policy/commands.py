@@ -5,18 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from webhook.failures import UsageError
-from webhook.policy import native, operators
+from webhook.policy import chart, native
 from webhook.policy.decision import Decision, PolicyAudit
 from webhook.policy.engine import evaluate, explain
 from webhook.policy.errors import PolicyError, PolicyIssue
-from webhook.policy.loader import STDIN, load_policies
+from webhook.policy.levelcheck import binder_levels, unnamed_levels
+from webhook.policy.loader import STDIN, load_policies, policy_files
+from webhook.policy.manifests import Manifest, name_of, object_of, read_manifest, unsupported
 from webhook.policy.podgroup import gang_objects
 from webhook.policy.policyset import PolicySet
 from webhook.policy.queues import describe
@@ -27,9 +29,15 @@ from webhook.policy.testfile import (
     load_tests,
     mutate,
     read_object,
+    read_objects,
     run_case,
 )
 from webhook.yamlpos import MAX_BYTES, YamlProblem, load_all, read
+
+T = TypeVar("T")
+#: what an empty policy set does, said wherever one is loaded for use
+NO_POLICIES = ("no policies: the webhook would admit every pod unchanged (no gang, no Istio "
+               "opt-out, nothing for the binder)")
 
 
 def _labels(text: str) -> dict[str, str]:
@@ -46,22 +54,58 @@ def check(args: argparse.Namespace) -> int:
     """Every problem of every file, one line each (exit 1); a PATH that does not exist is a
     usage error (exit 2)."""
     _must_exist(args.paths, "")
+    levels = binder_levels(args.network_levels) if args.network_levels else None
     try:
-        policies = load_policies(args.paths, stdin=_stdin(args.paths))
+        policies = load_policies(args.paths, stdin=_stdin(args.paths), chart=True)
     except PolicyError as exc:
         print(exc)
         files = len({issue.file for issue in exc.problems})
         print(f"{_count(exc.problem_count, 'problem')} in {files} file{'s' if files > 1 else ''}"
               f"{_and_warnings(exc.issues, exc.more_warnings)}; nothing loaded")
         return 1
-    for warning in policies.warnings:
+    more = [*(unnamed_levels(policies, levels) if levels else ()),
+            *((f"warning: {NO_POLICIES}",) if not policies else ())]
+    for warning in [*map(str, policies.warnings), *more]:
         print(warning)
     for policy, origin in zip(policies.policies, policies.origins, strict=True):
         print(f"ok  {policy.name:<32} priority {policy.spec.priority:<4} {origin}"
               + _mode(policy.spec.enforcement))
-    print(f"{len(policies)} policies valid{_and_warnings(policies.warnings)}, "
-          f"digest {policies.digest[:12]}")
+    print(f"{len(policies)} policies valid{_and_warnings(policies.warnings, len(more))}"
+          f", digest {policies.digest[:12]}")
     return 0
+
+
+def pack(args: argparse.Namespace) -> int:
+    """The policy files as a Helm values file on stdout, once they load; their problems go to
+    stderr (exit 1) and nothing to stdout."""
+    if STDIN in args.paths:
+        raise UsageError("pack reads files, not stdin: the chart keys each policy by its file "
+                         "name")
+    _must_exist(args.paths, "")
+    try:
+        policies = load_policies(args.paths)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        print(f"{_count(exc.problem_count, 'problem')}; nothing packed", file=sys.stderr)
+        return 1
+    for warning in policies.warnings:
+        print(warning, file=sys.stderr)
+    print(chart.pack(_chart_files(args.paths), args.paths), end="")
+    return 0
+
+
+def _chart_files(paths: list[str]) -> list[tuple[str, str]]:
+    """(file name, text) of each policy file, under the names the chart takes."""
+    files: dict[str, Path] = {}
+    for file in (f for p in paths for f in policy_files(Path(p))):
+        if not chart.CHART_FILE_NAME.match(file.name):
+            raise UsageError(f"{file}: the chart takes file names of letters, digits, '-', '_' "
+                             "and '.', ending in .yaml or .yml: rename it")
+        if file.name in files:
+            raise UsageError(f"{files[file.name]} and {file}: the chart keys policies by file "
+                             "name, and both have this one: rename one")
+        files[file.name] = file
+    return [(name, file.read_text(encoding="utf-8-sig")) for name, file in files.items()]
 
 
 def _count(n: int, what: str) -> str:
@@ -91,7 +135,7 @@ def _load(args: argparse.Namespace) -> PolicySet:
     lists them all)."""
     _must_exist(args.policies, "--policies")
     try:
-        return load_policies(args.policies, stdin=_stdin(args.policies))
+        return load_policies(args.policies, stdin=_stdin(args.policies), chart=True)
     except PolicyError as exc:
         more = exc.problem_count - 1
         raise UsageError(
@@ -151,9 +195,12 @@ def _run_tests(tests: list[tuple[PolicyTest, Path]], policies: PolicySet) -> int
 def _pod_mode(target: Path, labels: dict[str, str], owners: list[dict[str, Any]],
               policies: PolicySet) -> int:
     failed = 0
-    for pod, chain, made in _pods(target, owners):
+    pods, skipped = _pods(target, owners, labels)
+    for line in skipped:
+        print(f"# {target}: skipped {line}")
+    for pod, chain, made, ns_labels in pods:
         heading = f"# {target}: pod {_pod_name(pod)}{_made_by(made)}" if made else f"# {target}"
-        failed += _test_pod(pod, chain, heading, labels, policies)
+        failed += _test_pod(pod, chain, heading, ns_labels, policies)
     return failed
 
 
@@ -197,23 +244,30 @@ def explain_pods(args: argparse.Namespace) -> int:
     labels = _labels(args.namespace_labels)
     owners = _owners(args)
     policies = _load(args)
-    modes = {p.name: p.spec.enforcement for p in policies}
     for path in map(Path, args.pods):
-        for pod, chain, made in _pods(path, owners):
+        pods, skipped = _pods(path, owners, labels)
+        for line in skipped:
+            print(f"{path}: skipped {line}")
+        for pod, chain, made, ns_labels in pods:
             print(f"{path}: pod {_pod_name(pod)}{_made_by(made)}")
-            decision = evaluate(pod, namespace_labels=labels, owners=chain, policies=policies)
-            # what admission's decision records of the policies in audit or warn mode
-            audits = {a.policy: a for a in decision.audits}
-            for m in explain(pod, namespace_labels=labels, owners=chain, policies=policies):
-                print(f"  {'MATCH' if m.matched else 'no   '}  {m.policy}"
-                      f"{_mode(modes[m.policy])}")
-                for reason in m.reasons:
-                    print(f"         {reason}")
-                for line in _audit_lines(audits[m.policy]) if m.policy in audits else ():
-                    print(f"         {line}")
-            for line in _decision_lines(decision):
-                print(f"  {line}")
+            _explain_pod(pod, chain, ns_labels, policies)
     return 0
+
+
+def _explain_pod(pod: dict[str, Any], owners: list[dict[str, Any]], labels: dict[str, str],
+                 policies: PolicySet) -> None:
+    modes = {p.name: p.spec.enforcement for p in policies}
+    decision = evaluate(pod, namespace_labels=labels, owners=owners, policies=policies)
+    # what admission's decision records of the policies in audit or warn mode
+    audits = {a.policy: a for a in decision.audits}
+    for m in explain(pod, namespace_labels=labels, owners=owners, policies=policies):
+        print(f"  {'MATCH' if m.matched else 'no   '}  {m.policy}{_mode(modes[m.policy])}")
+        for reason in m.reasons:
+            print(f"         {reason}")
+        for line in _audit_lines(audits[m.policy]) if m.policy in audits else ():
+            print(f"         {line}")
+    for line in _decision_lines(decision):
+        print(f"  {line}")
 
 
 def _mode(enforcement: str) -> str:
@@ -230,46 +284,56 @@ def _audit_lines(audit: PolicyAudit) -> list[str]:
                                                                   audit.changes)]
 
 
-def _pods(path: Path, owners: list[dict[str, Any]]
-          ) -> list[tuple[dict[str, Any], list[dict[str, Any]], tuple[dict[str, Any], ...]]]:
-    """(pod, its owners, the owners made for it) for a pod file (none made), or for each pod a
-    job's operator creates from a job manifest (--owner objects come after those made, above
-    the job)."""
-    obj = _read(path, "pod")
-    if not operators.is_job(obj):
-        return [(obj, owners, ())]
+#: a pod to evaluate: the pod, its owners, the owners made for it (by a job's operator), the
+#: labels of its namespace
+_Pod = tuple[dict[str, Any], list[dict[str, Any]], tuple[dict[str, Any], ...], dict[str, str]]
+
+
+def _pods(path: Path, owners: list[dict[str, Any]], labels: dict[str, str]
+          ) -> tuple[list[_Pod], list[str]]:
+    """Each pod of the manifest's documents: a Pod as it is, each pod a job's operator creates
+    (the --owner objects come after those made, above the job), in the namespace labels given,
+    else those of its Namespace in the manifest; and a line for each document skipped."""
+    found = _manifest(path)
+    pods = [(t.pod, [*t.made, *owners], t.made, labels or found.namespace_labels(t.pod))
+            for t in found.targets]
+    return pods, found.skipped
+
+
+def _manifest(path: Path) -> Manifest:
+    """Every document of a manifest file read; a UsageError when none can be explained."""
+    docs = _read(path, "pod", read_objects)
     try:
-        made = operators.expand(obj)
+        found = read_manifest(docs)
     except ValueError as exc:
         raise UsageError(f"{path}: {exc}") from exc
-    if not made:
-        raise UsageError(f"{path}: the {obj.get('kind')} {_name(obj)} creates no pods")
-    return [(p.pod, [*p.owners, *owners], p.owners) for p in made]
-
-
-def _name(obj: dict[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("name") or str(meta.get("generateName", "")) + "*")
+    if found.targets:
+        return found
+    if not docs:
+        raise UsageError(f"pod {path}: expected a Kubernetes object, got nothing")
+    if len(docs) == 1:
+        raise UsageError(f"{path}: {unsupported(object_of(docs[0]))}")
+    raise UsageError(f"{path}: nothing to explain: {'; '.join(found.skipped)}")
 
 
 def _pod_name(pod: dict[str, Any]) -> str:
-    return f"{(pod.get('metadata') or {}).get('namespace', '')}/{_name(pod)}"
+    return f"{(pod.get('metadata') or {}).get('namespace', '')}/{name_of(pod)}"
 
 
 def _made_by(owners: tuple[dict[str, Any], ...]) -> str:
     if not owners:
         return ""
-    return " (owned by " + ", ".join(f"{o.get('kind')} {_name(o)}" for o in owners) + ")"
+    return " (owned by " + ", ".join(f"{o.get('kind')} {name_of(o)}" for o in owners) + ")"
 
 
 def _owners(args: argparse.Namespace) -> list[dict[str, Any]]:
-    return [_read(Path(p), "--owner") for p in args.owner]
+    return [_read(Path(p), "--owner", read_object) for p in args.owner]
 
 
-def _read(path: Path, what: str) -> dict[str, Any]:
-    """An object file, or a UsageError that names it (missing, a directory, not YAML, empty)."""
+def _read(path: Path, what: str, reader: Callable[[Path], T]) -> T:
+    """A file's object(s), or a UsageError that names it (missing, a directory, not YAML)."""
     try:
-        return read_object(path)
+        return reader(path)
     except OSError as exc:
         raise UsageError(f"{what} {path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:

@@ -36,11 +36,6 @@ _DEFAULT_SCHEDULER: dict[str, str | None] = {
     # coscheduling usually runs inside the default scheduler: leave schedulerName alone
     "volcano": "volcano", "coscheduling": None, "muster": keys.DEFAULT_BINDER_SCHEDULER_NAME,
     "kubernetes": None}
-#: gang fields that only some backends use
-_BACKEND_FIELDS = (("gang.queue", ("volcano",)), ("gang.priorityClass", ("volcano",)),
-                   ("gang.unavailableQueue", ("volcano",)), ("gang.fallbackQueue", ("volcano",)),
-                   ("gang.scheduleTimeoutSeconds", ("coscheduling", "muster")),
-                   ("gang.unavailableApi", ("kubernetes",)), ("gang.preemption", ("muster",)))
 _GROUP_KEYS = (  # (where, key, backend) of every key that puts a pod into a gang
     ("annotation", keys.VOLCANO_GROUP_ANNOTATION, "volcano"),
     ("label", keys.COSCHEDULING_GROUP_LABEL, "coscheduling"),
@@ -88,16 +83,7 @@ class _Writes:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     policy_annotation: str
-    #: the warning for each gang field written that the gang's backend does not use
-    ignored: tuple[str, ...]
     overrides: tuple[Override, ...]
-
-
-def _ignored_fields(merged: Mapping[str, tuple[Any, str]]) -> tuple[str, ...]:
-    backend = merged.get("gang.backend", (None, ""))[0]
-    return tuple(f"{written} of policy {merged[written][1]} ignored: backend is {backend}"
-                 for written, only in _BACKEND_FIELDS
-                 if written in merged and backend not in only)
 
 
 def _writes(policies: PolicySet, matched: list[CompiledPolicy]) -> _Writes:
@@ -115,8 +101,7 @@ def _writes(policies: PolicySet, matched: list[CompiledPolicy]) -> _Writes:
             annotations.update(compiled.annotations)
         names = tuple(c.policy.name for c in matched)
         found = _Writes(merged, {k: v for k, (v, _) in merged.items()}, names, labels,
-                        annotations, ",".join(names), _ignored_fields(merged),
-                        _overrides(matched))
+                        annotations, ",".join(names), _overrides(matched))
         memo.put(key, found)
     return found
 
@@ -367,7 +352,6 @@ def _gang(backend: Backend, writes: _Writes, work: Workload, *, namespace: str,
     # a native gang's minCount must be positive
     if min_member < 1 and not (job_min == 0 and backend not in ("muster", "kubernetes")):
         return None, f"the {work.kind} has no pods to gang"
-    warnings.extend(writes.ignored)
     queue, priority_class, fallback = _volcano_fields(backend, value, work)
     return PodGroupSpec(backend=backend, name=name, namespace=namespace, min_member=min_member,
                         min_resources=_min_resources(backend, value, work, min_member,

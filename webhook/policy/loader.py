@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from webhook.policy.chart import unpack
 from webhook.policy.errors import MAX_LISTED, PolicyError, PolicyIssue
 from webhook.policy.jsonshape import as_list, as_map
 from webhook.policy.policyset import PolicySet, find_conflicts
@@ -47,29 +48,44 @@ STDIN = "-"
 STDIN_NAME = "<stdin>"
 
 
-def load_policies(paths: Sequence[str | FsPath], *, stdin: bytes | None = None) -> PolicySet:
+def load_policies(paths: Sequence[str | FsPath], *, stdin: bytes | None = None,
+                  chart: bool = False) -> PolicySet:
     """Policies from files and directories. Directories are read one level deep, skipping hidden
     entries (a ConfigMap volume's `..data` and timestamped dot-directories) and files that do
     not end in .yaml, .yml or .json. `stdin`: what a path `-` stands for, named `<stdin>` (the
-    server never gives it: there `-` is a file)."""
+    server never gives it: there `-` is a file). `chart`: a file may also be a Helm values file
+    or `helm template`'s output, whose policy files are read (`webhook.policy.chart`)."""
     sources: list[tuple[str, bytes]] = []
     issues: list[PolicyIssue] = []
     for raw in paths:
         path = FsPath(raw)
         if stdin is not None and str(raw) == STDIN:
-            sources.append((STDIN_NAME, stdin))
+            sources.extend(_unpacked(STDIN_NAME, stdin, chart, issues))
             continue
         try:
-            for file in _files(path):
+            files = policy_files(path)
+            if not files:
+                issues.append(PolicyIssue(str(path), 0, 0, 0, "", "no policy files (.yaml, "
+                                          ".yml, .json) in this directory", warning=True))
+            for file in files:
                 if sum(len(b) for _, b in sources) > MAX_SET_BYTES:
                     break  # (refused below) reading on would only cost memory
-                sources.append((str(file), read(file)))
+                sources.extend(_unpacked(str(file), read(file), chart, issues))
         except OSError as exc:
             issues.append(PolicyIssue(str(path), 0, 0, 0, "", exc.strerror or str(exc)))
     return _build(sources, issues)
 
 
-def _files(path: FsPath) -> list[FsPath]:
+def _unpacked(name: str, raw: bytes, chart: bool, issues: list[PolicyIssue]
+              ) -> list[tuple[str, bytes]]:
+    """The file as it is, or (`chart`) the policy files of the values file or rendered
+    ConfigMap it is."""
+    found = unpack(name, raw, issues) if chart else None
+    return [(name, raw)] if found is None else found
+
+
+def policy_files(path: FsPath) -> list[FsPath]:
+    """The policy files a path names: itself, or a directory's (one level deep)."""
     if not path.is_dir():
         return [path]
     return [entry for entry in sorted(path.iterdir()) if not entry.name.startswith(".")
@@ -188,11 +204,16 @@ def _parse_source(name: str, raw: bytes, budget: NodeBudget,
         issues.append(PolicyIssue(name, exc.document, exc.line, exc.column, "", exc.message))
         return []
     out: list[_Read] = []
+    read_any = False
     for doc in documents(text, budget):
+        read_any = True
         if isinstance(doc, YamlProblem):
             issues.append(PolicyIssue(name, doc.document, doc.line, doc.column, "", doc.message))
         elif (checked := _check(name, doc, issues)) is not None:
             out.append(checked)
+    if not read_any:
+        issues.append(PolicyIssue(name, 0, 0, 0, "", "holds no policy (empty, or comments "
+                                  "only)", warning=True))
     return out
 
 

@@ -355,3 +355,5 @@ def _kubeflow(job: dict[str, Any]) -> list[JobPod]:
 
 _EXPANDS = {MPIJOB: _mpijob, PYTORCHJOB: _kubeflow, TFJOB: _kubeflow, BATCH_JOB: _batch_job,
             JOBSET: _jobset, TRAINJOB: _trainjob, LEADERWORKERSET: _leaderworkerset}
+#: the job kinds `expand` knows, as group/Kind
+JOB_KINDS = tuple(_EXPANDS)

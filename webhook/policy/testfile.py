@@ -19,9 +19,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from webhook.jsonpatch import JsonPatchError, apply_patch
+from webhook.policy import operators
 from webhook.policy.decision import Decision
 from webhook.policy.engine import evaluate
 from webhook.policy.loader import field_message
+from webhook.policy.manifests import job_targets, name_of, object_of, unsupported
 from webhook.policy.patch import render_patch
 from webhook.policy.podgroup import podgroup_manifest
 from webhook.policy.policyset import PolicySet
@@ -46,6 +48,11 @@ class Expect(_Model):
 class TestSpec(_Model):
     pod: dict[str, Any] | None = None
     podFile: str | None = None
+    #: a job manifest: the pods its operator creates, each with the owners made for it
+    jobFile: str | None = None
+    #: the one pod of jobFile to test, by name as `explain` prints it (`<job>-worker-0`,
+    #: `<job>-launcher-*`); every pod the job creates when absent
+    jobPod: str | None = None
     namespaceLabels: dict[str, str] = Field(default_factory=dict)
     owners: list[dict[str, Any]] = Field(default_factory=list)
     ownerFiles: list[str] = Field(default_factory=list)
@@ -53,8 +60,10 @@ class TestSpec(_Model):
 
     @model_validator(mode="after")
     def _one_pod(self) -> TestSpec:
-        if (self.pod is None) == (self.podFile is None):
-            raise ValueError("give exactly one of pod and podFile")
+        if [self.pod, self.podFile, self.jobFile].count(None) != 2:
+            raise ValueError("give exactly one of pod, podFile and jobFile")
+        if self.jobPod is not None and self.jobFile is None:
+            raise ValueError("jobPod names a pod of jobFile: give jobFile too")
         return self
 
 
@@ -81,27 +90,26 @@ class CaseResult:
         return not self.failures
 
 
+def read_objects(path: Path) -> list[Any]:
+    """Every document of a YAML/JSON file; ValueError, naming the file, when it is not YAML."""
+    try:
+        return load_all(read(path))
+    except YamlProblem as exc:
+        raise ValueError(f"{path} is not valid YAML: {exc.at(str(path))}") from exc
+
+
 def read_object(path: Path) -> dict[str, Any]:
     """A Kubernetes object from YAML/JSON; an AdmissionReview gives its request.object (with the
     request's namespace filled in, as the API server would)."""
-    try:
-        docs = load_all(read(path))
-    except YamlProblem as exc:
-        raise ValueError(f"{path} is not valid YAML: {exc.at(str(path))}") from exc
+    docs = read_objects(path)
     if len(docs) > 1:
         raise ValueError(f"{path}: expected one Kubernetes object, got {len(docs)} documents")
-    data = docs[0] if docs else None
+    try:
+        data = object_of(docs[0] if docs else None)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a Kubernetes object, got {type(data).__name__}")
-    if data.get("kind") == "AdmissionReview":
-        request = data.get("request") or {}
-        obj = request.get("object")
-        if not isinstance(obj, dict):
-            raise ValueError(f"{path}: AdmissionReview without request.object")
-        meta = obj.setdefault("metadata", {})
-        if request.get("namespace") and not meta.get("namespace"):
-            meta["namespace"] = request["namespace"]
-        return obj
     return data
 
 
@@ -147,56 +155,85 @@ def full_diff(expected: Any, actual: Any) -> list[str]:
 
 
 def run_case(test: PolicyTest, base: Path, policies: PolicySet) -> CaseResult:
+    """Every pod of the case checked against its expectations (with jobFile and no jobPod,
+    each pod the job creates, its failures named by the pod)."""
     result = CaseResult(test.metadata.name, str(base))
     spec = test.spec
     try:
-        pod = spec.pod if spec.pod is not None else read_object(base.parent / str(spec.podFile))
-        owners: list[Mapping[str, Any]] = [*spec.owners,
-                                           *(read_object(base.parent / f) for f in spec.ownerFiles)]
+        cases = _cases(spec, base)
         expected_pod = spec.expect.patchedPod
         if spec.expect.patchedPodFile:
             expected_pod = read_object(base.parent / spec.expect.patchedPodFile)
     except (OSError, ValueError) as exc:
         result.failures.append(f"cannot read test input: {exc}")
         return result
+    for name, pod, owners in cases:
+        decision, failures = _check_pod(spec, pod, owners, expected_pod, policies)
+        result.decision = result.decision or decision
+        result.failures.extend(f"pod {name}: {f}" if len(cases) > 1 else f for f in failures)
+    return result
 
+
+def _cases(spec: TestSpec, base: Path) -> list[tuple[str, Any, list[Mapping[str, Any]]]]:
+    """(pod name, pod, owners) of each pod the case tests."""
+    owners: list[Mapping[str, Any]] = [*spec.owners,
+                                       *(read_object(base.parent / f) for f in spec.ownerFiles)]
+    if spec.jobFile is None:
+        pod = spec.pod if spec.pod is not None else read_object(base.parent / str(spec.podFile))
+        return [("", pod, owners)]
+    job = read_object(base.parent / spec.jobFile)
+    if not operators.is_job(job):
+        raise ValueError(f"jobFile {spec.jobFile}: {unsupported(job)}")
+    made = [(name_of(t.pod), t.pod, [*t.made, *owners]) for t in job_targets(job)]
+    chosen = [case for case in made if spec.jobPod in (None, case[0])]
+    if not chosen:
+        raise ValueError(f"jobPod {spec.jobPod}: the job creates no such pod (its pods: "
+                         f"{', '.join(name for name, _, _ in made)})")
+    return chosen
+
+
+def _check_pod(spec: TestSpec, pod: Any, owners: list[Mapping[str, Any]], expected_pod: Any,
+               policies: PolicySet) -> tuple[Decision, list[str]]:
     decision = evaluate(pod, namespace_labels=spec.namespaceLabels, owners=owners,
                         policies=policies)
-    result.decision = decision
     try:
         _, mutated = mutate(pod, decision)
     except JsonPatchError as exc:
-        result.failures.append(f"the patch does not apply to the pod: {exc}")
-        return result
+        return decision, [f"the patch does not apply to the pod: {exc}"]
     problem = idempotency_failure(mutated, decision, namespace_labels=spec.namespaceLabels,
                                   owners=owners, policies=policies)
-    if problem:
-        result.failures.append(problem)
+    failures = [problem] if problem else []
+    return decision, failures + _unmet(spec.expect, decision, mutated, expected_pod)
 
-    expect = spec.expect
+
+def _unmet(expect: Expect, decision: Decision, mutated: Any, expected_pod: Any) -> list[str]:
+    """What the decision and the patched pod do not meet of the expectations."""
+    failures: list[str] = []
     if expect.policies is not None and list(decision.policies) != expect.policies:
-        result.failures.append(f"policies: expected {expect.policies}, "
-                               f"applied {list(decision.policies)}")
+        failures.append(f"policies: expected {expect.policies}, "
+                        f"applied {list(decision.policies)}")
     if expect.podContains is not None:
-        result.failures.extend(f"pod {d}" for d in subset_diff(expect.podContains, mutated))
+        failures.extend(f"pod {d}" for d in subset_diff(expect.podContains, mutated))
     if expected_pod is not None and expected_pod != mutated:
-        result.failures.append("patched pod differs:\n" + "\n".join(full_diff(expected_pod,
-                                                                                mutated)))
+        failures.append("patched pod differs:\n" + "\n".join(full_diff(expected_pod, mutated)))
     if "podGroup" in expect.model_fields_set:
-        actual_pg = podgroup_manifest(decision.pod_group) if decision.pod_group else None
-        if expect.podGroup is None and actual_pg is not None:
-            result.failures.append(f"podGroup: expected none, got {json.dumps(actual_pg)}")
-        elif expect.podGroup is not None:
-            if actual_pg is None:
-                result.failures.append("podGroup: expected one, none decided")
-            else:
-                result.failures.extend(f"podGroup {d}"
-                                       for d in subset_diff(expect.podGroup, actual_pg))
+        failures.extend(_podgroup_unmet(expect.podGroup, decision))
+    if expect.warnings == [] and decision.warnings:
+        failures.append(f"warnings: expected none, got {list(decision.warnings)}")
     for want in expect.warnings or ():
         if not any(want in w for w in decision.warnings):
-            result.failures.append(f"warning containing {want!r} expected, got "
-                                   f"{list(decision.warnings)}")
-    return result
+            failures.append(f"warning containing {want!r} expected, got "
+                            f"{list(decision.warnings)}")
+    return failures
+
+
+def _podgroup_unmet(expected: dict[str, Any] | None, decision: Decision) -> list[str]:
+    actual = podgroup_manifest(decision.pod_group) if decision.pod_group else None
+    if expected is None:
+        return [f"podGroup: expected none, got {json.dumps(actual)}"] if actual else []
+    if actual is None:
+        return ["podGroup: expected one, none decided"]
+    return [f"podGroup {d}" for d in subset_diff(expected, actual)]
 
 
 def load_tests(path: Path) -> tuple[list[tuple[PolicyTest, Path]], list[str]]:

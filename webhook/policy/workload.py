@@ -61,11 +61,24 @@ _STR_OR_NONE = frozenset({str, type(None)})
 _CORE_POD_OWNERS = frozenset({POD, "ReplicationController", "Node"})
 
 
+#: owner kinds as `ownerKinds` names them whose spelling is known: the job kinds, the core
+#: owners and Kubernetes' own workload controllers
+_KNOWN_OWNERS = frozenset({*_JOB_KINDS, *_CORE_POD_OWNERS, "apps/ReplicaSet", "apps/Deployment",
+                           "apps/StatefulSet", "apps/DaemonSet", "batch/CronJob"})
+
+
 def unmatched_owner_kind(kind: str) -> str | None:
-    """Why an `ownerKinds` entry matches no pod, when it certainly does not: a Kind without its
-    group names a core-group kind, and none of that name owns pods (`PyTorchJob` for
-    `kubeflow.org/PyTorchJob`). Names the job kind Muster knows that was most likely meant."""
-    if "/" in kind or kind in _CORE_POD_OWNERS:
+    """Why an `ownerKinds` entry matches no pod, when it certainly does not: a known kind
+    written in another case (`kubeflow.org/MpiJob`: kinds are compared exactly), or a Kind
+    without its group, which names a core-group kind, and none of that name owns pods
+    (`PyTorchJob` for `kubeflow.org/PyTorchJob`). Names the kind most likely meant."""
+    if kind in _KNOWN_OWNERS:
+        return None
+    cased = next((k for k in sorted(_KNOWN_OWNERS) if k.lower() == kind.lower()), None)
+    if cased is not None:
+        return (f"{kind!r} matches no pod: groups and kinds are compared exactly, case "
+                f"included; did you mean {cased}?")
+    if "/" in kind:
         return None
     known = {k.rpartition("/")[2].lower(): k for k in sorted(_JOB_KINDS)}
     close = difflib.get_close_matches(kind.lower(), known, n=1, cutoff=0.75)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path as FsPath
 from typing import Any
 
 from webhook.keys import (
@@ -36,6 +37,7 @@ from webhook.keys import (
     topology_object,
 )
 from webhook.topology.model import NetworkRequest
+from webhook.yamlpos import YamlProblem, load_all, read
 
 HOSTNAME = HOSTNAME_LABEL
 CLIQUE = "nvidia.com/gpu.clique"
@@ -244,6 +246,24 @@ def parse_levels_flag(text: str) -> Levels:
         alias, eq, label = (t.strip() for t in part.partition("="))
         return {"nodeLabel": label, "alias": alias} if eq else alias
     return parse_levels([entry(p) for p in text.split(",")])
+
+
+def read_levels(value: str) -> Levels:
+    """`--network-levels` as given: written out (`parse_levels_flag`), or `@FILE`, a list or a
+    Kueue or KAI Topology read from that file. LevelsError, naming the file and the place in it,
+    when they cannot be used."""
+    if not value.startswith("@"):
+        return parse_levels_flag(value)
+    try:
+        docs = load_all(read(FsPath(value[1:])))
+    except YamlProblem as exc:
+        raise LevelsError(exc.at(value[1:])) from exc
+    except OSError as exc:
+        raise LevelsError(f"{value}: {exc.strerror or exc}") from exc
+    try:
+        return parse_levels(docs[0] if len(docs) == 1 else None)
+    except LevelsError as exc:
+        raise LevelsError(f"{value}: {exc}") from exc
 
 
 def topology_ref(text: str) -> TopologyRef | None:
