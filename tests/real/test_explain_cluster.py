@@ -69,6 +69,8 @@ def reader(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
     with node_cluster.netns():
         with_api(node_cluster, lambda kube: delete_jobs(kube, TOPO, ["short", "whole"]))
         with_api(node_cluster, lambda kube: delete_jobs(kube, COSCHED, ["idle"]))
+        # Cluster-wide and named muster-*: left, they read as the chart's after its uninstall.
+        kubectl(node_cluster, "delete", "--ignore-not-found", "-f", str(work / "rbac.json"))
 
 
 def _muster(*argv: str) -> tuple[int, Any]:
