@@ -34,23 +34,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 from neighbours import KUEUE_PODS_READY_TIMEOUT
 from operator_runs import module_controller
 from real_helpers import (
-    crd_documents,
     diagnostics,
+    installed,
     kubectl,
     release_values,
-    run_helm,
     wait_established,
-    with_api,
 )
 
-from e2e.cluster import NAMESPACE, RELEASE, helm
+from e2e.cluster import helm
 from e2e.node import image, operators, schedulers, versions
-from e2e.node.assets import REPO, ensure_debian_packages, missing_prerequisites
+from e2e.node.assets import ensure_debian_packages, missing_prerequisites
 from e2e.node.cluster import NodeCluster
 from e2e.node.kubectl import write_list
 from e2e.node.launcher import NODE_IP
 from e2e.node.yamldocs import documents
-from e2e.probes import open_volcano_queues
 from webhook import keys
 from webhook.certs import pki
 from webhook.kube import KubeApi, make_api_client
@@ -140,27 +137,9 @@ def node_cluster(images: image.Images, tmp_path_factory: pytest.TempPathFactory
     gates, runtime_config = versions.native_gangs(versions.kubernetes())
     cluster = NodeCluster(images, {keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED},
                           feature_gates=gates, runtime_config=runtime_config)
-    try:
-        cluster.start()
-        with cluster.netns():
-            crds = write_list(tmp_path_factory.mktemp("crds") / "crds.json", crd_documents())
-            kubectl(cluster, "apply", "--server-side", "-f", str(crds))
-            wait_established(cluster)
-            with_api(cluster, open_volcano_queues)
-            values = tmp_path_factory.mktemp("values") / "values.yaml"
-            values.write_text(yaml.safe_dump(release_values(cluster)))
-            run_helm(cluster, "install", RELEASE, str(REPO / "charts" / "muster"),
-                     "--namespace", NAMESPACE, "--create-namespace", "--values", str(values),
-                     "--wait", "--timeout", "3m")
-    except BaseException:
-        print(cluster.logs())
-        if cluster.alive() is None:
-            with cluster.netns():
-                print(diagnostics(cluster))
-        cluster.stop()
-        raise
-    yield cluster
-    cluster.stop()
+    with installed(cluster, release_values(cluster), tmp_path_factory.mktemp("install"),
+                   within=240, helm_timeout="3m"):
+        yield cluster
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ import contextlib
 import json
 import re
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,8 @@ from e2e.cluster import NAMESPACE, RELEASE, chart_values, helm, render_chart
 from e2e.node import image
 from e2e.node.assets import REPO
 from e2e.node.cluster import NodeCluster
-from e2e.node.kubectl import crd_documents, kubectl, wait_established
-from e2e.probes import eventually
+from e2e.node.kubectl import crd_documents, kubectl, wait_established, write_list
+from e2e.probes import eventually, open_volcano_queues
 from webhook import keys
 from webhook.binder.controller import Binder, BinderConfig
 from webhook.demo import EXAMPLE_POLICIES
@@ -161,6 +161,36 @@ def release_values(cluster: NodeCluster) -> dict[str, Any]:
         {"nodeLabel": label, "alias": _NETWORK_ALIASES[label]} if label in _NETWORK_ALIASES
         else label for label in NETWORK_LEVELS]}
     return values
+
+
+@contextlib.contextmanager
+def installed(cluster: NodeCluster, values: dict[str, Any], work: Path, *, within: float,
+              helm_timeout: str) -> Iterator[NodeCluster]:
+    """The cluster started, the CRDs applied, Volcano's queues open and Muster installed by
+    `helm install` with `values`, stopped after; a step that fails prints the cluster's logs and
+    diagnostics, and stops it."""
+    try:
+        cluster.start(within=within)
+        with cluster.netns():
+            crds = write_list(work / "crds.json", crd_documents())
+            kubectl(cluster, "apply", "--server-side", "-f", str(crds))
+            wait_established(cluster)
+            with_api(cluster, open_volcano_queues)
+            (work / "values.yaml").write_text(yaml.safe_dump(values))
+            run_helm(cluster, "install", RELEASE, str(REPO / "charts" / "muster"),
+                     "--namespace", NAMESPACE, "--create-namespace",
+                     "--values", str(work / "values.yaml"), "--wait", "--timeout", helm_timeout)
+    except BaseException:
+        print(cluster.logs())
+        if cluster.alive() is None:
+            with cluster.netns():
+                print(diagnostics(cluster))
+        cluster.stop()
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def diagnostics(cluster: NodeCluster) -> str:

@@ -26,21 +26,12 @@ import pytest
 import yaml
 from operator_runs import install_crds, operator
 from real_helpers import (
-    crd_documents,
-    diagnostics,
-    kubectl,
+    installed,
     release_values,
-    run_helm,
-    wait_established,
-    with_api,
 )
 
-from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node import image, operators, train_image, versions
-from e2e.node.assets import REPO
 from e2e.node.cluster import NodeCluster
-from e2e.node.kubectl import write_list
-from e2e.probes import open_volcano_queues
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -74,27 +65,9 @@ def node_cluster(images: image.Images, tmp_path_factory: pytest.TempPathFactory
     cluster = NodeCluster(images, {}, release, feature_gates=gates,
                           runtime_config=runtime_config,
                           nodes=[(name, node_labels(rack)) for name, rack in RACKS.items()])
-    try:
-        cluster.start(within=600)
-        with cluster.netns():
-            crds = write_list(tmp_path_factory.mktemp("crds") / "crds.json", crd_documents())
-            kubectl(cluster, "apply", "--server-side", "-f", str(crds))
-            wait_established(cluster)
-            with_api(cluster, open_volcano_queues)
-            values = tmp_path_factory.mktemp("values") / "values.yaml"
-            values.write_text(yaml.safe_dump(multinode_values(cluster)))
-            run_helm(cluster, "install", RELEASE, str(REPO / "charts" / "muster"),
-                     "--namespace", NAMESPACE, "--create-namespace", "--values", str(values),
-                     "--wait", "--timeout", "5m")
-    except BaseException:
-        print(cluster.logs())
-        if cluster.alive() is None:
-            with cluster.netns():
-                print(diagnostics(cluster))
-        cluster.stop()
-        raise
-    yield cluster
-    cluster.stop()
+    with installed(cluster, multinode_values(cluster), tmp_path_factory.mktemp("install"),
+                   within=600, helm_timeout="5m"):
+        yield cluster
 
 
 @pytest.fixture(scope="module")
