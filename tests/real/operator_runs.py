@@ -3,6 +3,9 @@ the one it needs, inside the cluster's network namespace, and it stops when the 
 
 from __future__ import annotations
 
+import base64
+import json
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -11,9 +14,11 @@ from typing import Any
 import yaml
 from real_helpers import kubectl
 
+from e2e import jobkind_scenarios as scenarios
 from e2e.node import operators
 from e2e.node.cluster import NodeCluster
 from e2e.node.kubectl import write_list
+from e2e.node.launcher import NODE_IP
 from e2e.probes import eventually
 from webhook.kube import ApiError, KubeApi, Resource
 
@@ -124,3 +129,79 @@ async def delete_all(kube: KubeApi, resource: Resource, ns: str) -> None:
     reconciles only this test's."""
     for obj in (await kube.list(resource, namespace=ns))["items"]:
         await delete_and_wait(kube, resource, obj["metadata"]["name"], ns)
+
+
+# --- the training operator (v1): PyTorchJob, elastic too ---------------------------------------
+
+#: where the training operator's certificate rotation keeps its Secret, and the Service it signs
+#: for (training-operator.<ns>.svc); the operator itself runs beside the API server, so the
+#: Service's endpoint is the node's address, where it serves its webhooks
+TRAINING_NS = "training-operator-system"
+TRAINING_WEBHOOK_PORT = 9443
+TRAINING_CERTS = "/tmp/k8s-webhook-server"  # fixed in the operator (its cert-controller)
+
+
+def _training_objects(ns: str) -> list[dict[str, Any]]:
+    """What its manifests deploy beside it, less the Deployment: the (empty) Secret its
+    cert-controller fills, the Service the webhook configuration names, and that Service's
+    endpoint (the operator's process, on the node's address)."""
+    meta = {"name": "training-operator", "namespace": ns}
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+         "metadata": {"name": "training-operator-webhook-cert", "namespace": ns}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": meta,
+         "spec": {"ports": [{"name": "webhook-server", "port": 443,
+                             "targetPort": TRAINING_WEBHOOK_PORT}]}},
+        {"apiVersion": "v1", "kind": "Endpoints", "metadata": meta,
+         "subsets": [{"addresses": [{"ip": NODE_IP}],
+                      "ports": [{"name": "webhook-server", "port": TRAINING_WEBHOOK_PORT}]}]}]
+
+
+def _mount_certs(cluster: NodeCluster, certs: Path, ns: str) -> None:
+    """Copy the certificate its rotation wrote into its Secret to the folder it reads, as the
+    kubelet's Secret volume would in its pod."""
+    deadline = time.monotonic() + 60
+    while True:
+        secret = json.loads(kubectl(cluster, "get", "secret", "-n", ns,
+                                    "training-operator-webhook-cert", "-o", "json").stdout)
+        data = secret.get("data") or {}
+        if "tls.crt" in data and "tls.key" in data:
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError("the training operator wrote no certificate into its Secret")
+        time.sleep(0.5)
+    certs.mkdir(parents=True, exist_ok=True)
+    for key in ("tls.crt", "tls.key"):
+        (certs / key).write_bytes(base64.b64decode(data[key]))
+
+
+@contextmanager
+def training_operator_running(cluster: NodeCluster, tmp: Path, *flags: str) -> Iterator[None]:
+    """The training operator (PyTorchJobs of the Volcano tests' namespace, and any `flags`
+    add) beside the API server, its validating webhook served and configured; the webhook
+    configuration gone after the block."""
+    op = operators.TRAINING_OPERATOR
+    objects, hooks = tmp / "objects.yaml", tmp / "webhooks.yaml"
+    objects.write_text(yaml.safe_dump_all(_training_objects(TRAINING_NS)))
+    hooks.write_text(yaml.safe_dump(operators.service_webhook_configuration(
+        op, operators.module_dir(op), "validator.training-operator.kubeflow.org",
+        (TRAINING_NS, "training-operator", 443), keep="pytorchjob")))
+    kubectl(cluster, "apply", "-f", str(objects))
+    kubectl(cluster, "apply", "-f", str(hooks))
+    log = cluster.dir / "logs" / "training-operator.log"
+    binary = operators.build(op)
+    try:
+        with operators.running(
+                binary,
+                ["--enable-scheme=pytorchjob", f"--namespace={scenarios.VOLCANO_NS}",
+                 f"--webhook-server-port={TRAINING_WEBHOOK_PORT}", "--metrics-bind-address=0",
+                 "--health-probe-bind-address=127.0.0.1:18081", *flags],
+                log, env={"KUBECONFIG": str(cluster.kubeconfig), "MY_POD_NAMESPACE": TRAINING_NS},
+                private_dir=TRAINING_CERTS) as proc:
+            _mount_certs(cluster, operators.private_path(
+                proc, binary, f"{TRAINING_CERTS}/serving-certs"), TRAINING_NS)
+            operators.wait_ready(proc, log, ("Starting workers", "Serving webhook server"))
+            yield
+    finally:
+        kubectl(cluster, "delete", "--ignore-not-found", "-f", str(hooks))

@@ -17,17 +17,13 @@ operator's and Trainer's own gang options get no second PodGroup.
 
 from __future__ import annotations
 
-import base64
 import copy
-import json
-import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from jobs import ensure_namespace
 from operator_runs import (
     condition,
@@ -36,6 +32,7 @@ from operator_runs import (
     install_crds,
     module_controller,
     operator,
+    training_operator_running,
 )
 from real_helpers import kubectl
 
@@ -44,7 +41,6 @@ from e2e import jobkinds
 from e2e.jobkinds import Replicated
 from e2e.node import image, operators
 from e2e.node.cluster import NODE_NAME, NodeCluster
-from e2e.node.launcher import NODE_IP
 from e2e.probes import eventually, pods_of
 from webhook import keys
 from webhook.kube import (
@@ -275,77 +271,6 @@ async def test_lws_controller_each_group_is_one_gang_and_they_go_with_it(
 
 # --- the training operator (v1): PyTorchJob, elastic too ---------------------------------------
 
-#: where the training operator's certificate rotation keeps its Secret, and the Service it signs
-#: for (training-operator.<ns>.svc); the operator itself runs beside the API server, so the
-#: Service's endpoint is the node's address, where it serves its webhooks
-TRAINING_NS = "training-operator-system"
-TRAINING_WEBHOOK_PORT = 9443
-TRAINING_CERTS = "/tmp/k8s-webhook-server"  # fixed in the operator (its cert-controller)
-
-
-def _training_objects(ns: str) -> list[dict[str, Any]]:
-    """What its manifests deploy beside it, less the Deployment: the (empty) Secret its
-    cert-controller fills, the Service the webhook configuration names, and that Service's
-    endpoint (the operator's process, on the node's address)."""
-    meta = {"name": "training-operator", "namespace": ns}
-    return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-         "metadata": {"name": "training-operator-webhook-cert", "namespace": ns}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": meta,
-         "spec": {"ports": [{"name": "webhook-server", "port": 443,
-                             "targetPort": TRAINING_WEBHOOK_PORT}]}},
-        {"apiVersion": "v1", "kind": "Endpoints", "metadata": meta,
-         "subsets": [{"addresses": [{"ip": NODE_IP}],
-                      "ports": [{"name": "webhook-server", "port": TRAINING_WEBHOOK_PORT}]}]}]
-
-
-def _mount_certs(cluster: NodeCluster, certs: Path, ns: str) -> None:
-    """Copy the certificate its rotation wrote into its Secret to the folder it reads, as the
-    kubelet's Secret volume would in its pod."""
-    deadline = time.monotonic() + 60
-    while True:
-        secret = json.loads(kubectl(cluster, "get", "secret", "-n", ns,
-                                    "training-operator-webhook-cert", "-o", "json").stdout)
-        data = secret.get("data") or {}
-        if "tls.crt" in data and "tls.key" in data:
-            break
-        if time.monotonic() > deadline:
-            raise AssertionError("the training operator wrote no certificate into its Secret")
-        time.sleep(0.5)
-    certs.mkdir(parents=True, exist_ok=True)
-    for key in ("tls.crt", "tls.key"):
-        (certs / key).write_bytes(base64.b64decode(data[key]))
-
-
-@contextmanager
-def _training_operator(cluster: NodeCluster, tmp: Path, *flags: str) -> Iterator[None]:
-    op = operators.TRAINING_OPERATOR
-    objects, hooks = tmp / "objects.yaml", tmp / "webhooks.yaml"
-    objects.write_text(yaml.safe_dump_all(_training_objects(TRAINING_NS)))
-    hooks.write_text(yaml.safe_dump(operators.service_webhook_configuration(
-        op, operators.module_dir(op), "validator.training-operator.kubeflow.org",
-        (TRAINING_NS, "training-operator", 443), keep="pytorchjob")))
-    kubectl(cluster, "apply", "-f", str(objects))
-    kubectl(cluster, "apply", "-f", str(hooks))
-    log = cluster.dir / "logs" / "training-operator.log"
-    binary = operators.build(op)
-    try:
-        with operators.running(
-                binary,
-                ["--enable-scheme=pytorchjob", f"--namespace={scenarios.VOLCANO_NS}",
-                 f"--webhook-server-port={TRAINING_WEBHOOK_PORT}", "--metrics-bind-address=0",
-                 "--health-probe-bind-address=127.0.0.1:18081", *flags],
-                log, env={"KUBECONFIG": str(cluster.kubeconfig), "MY_POD_NAMESPACE": TRAINING_NS},
-                private_dir=TRAINING_CERTS) as proc:
-            _mount_certs(cluster, operators.private_path(
-                proc, binary, f"{TRAINING_CERTS}/serving-certs"), TRAINING_NS)
-            operators.wait_ready(proc, log, ("Starting workers", "Serving webhook server"))
-            yield
-    finally:
-        kubectl(cluster, "delete", "--ignore-not-found", "-f", str(hooks))
-
-
 @pytest.fixture(scope="module")
 def training_operator(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
                       ) -> Path:
@@ -378,7 +303,7 @@ async def test_training_operator_pytorchjobs_are_one_gang_each_and_go_with_them(
         kube: KubeApi, node_cluster: NodeCluster, training_operator: Path) -> None:
     ns = await ensure_namespace(kube, scenarios.VOLCANO_NS)  # policy pytorchjob-volcano
     await delete_all(kube, scenarios.PYTORCHJOBS, ns)
-    with _training_operator(node_cluster, training_operator):
+    with training_operator_running(node_cluster, training_operator):
         await kube.create(scenarios.PYTORCHJOBS, pytorchjob("pt-real", ns, master=True,
                                                             workers=2), namespace=ns)
         await kube.create(scenarios.PYTORCHJOBS, pytorchjob("pt-elastic", ns, master=False,
@@ -399,7 +324,7 @@ async def test_training_operator_own_gang_scheduling_gets_no_second_podgroup(
     ns = await ensure_namespace(kube, scenarios.VOLCANO_NS)
     await delete_all(kube, scenarios.PYTORCHJOBS, ns)
     spec = pytorchjob("pt-same", ns, master=True, workers=2, queue="training")
-    with _training_operator(node_cluster, training_operator):  # Muster's gang
+    with training_operator_running(node_cluster, training_operator):  # Muster's gang
         await kube.create(scenarios.PYTORCHJOBS, copy.deepcopy(spec), namespace=ns)
         muster = await scenarios.check(kube, ns, scenarios.Gang(
             VOLCANO_PODGROUPS, "pt-same", 3, 3, f"{JOB_NAME_LABEL}=pt-same"))
@@ -408,7 +333,7 @@ async def test_training_operator_own_gang_scheduling_gets_no_second_podgroup(
                               (VOLCANO_PODGROUPS, "pt-same"))
     # its own coscheduling gang (with volcano it creates no pod until Volcano, which the proxy
     # does not serve, moves the PodGroup to Inqueue)
-    with _training_operator(node_cluster, training_operator,
+    with training_operator_running(node_cluster, training_operator,
                             "--gang-scheduler-name=scheduler-plugins"):
         made = await kube.create(scenarios.PYTORCHJOBS, copy.deepcopy(spec), namespace=ns)
         own = await scenarios.check(kube, ns, scenarios.Gang(

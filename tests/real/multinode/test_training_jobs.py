@@ -24,9 +24,8 @@ from typing import Any
 import pytest
 from jobs import ensure_namespace
 from layout import GPUS_PER_NODE, RACKS, TRAINING_LABEL
-from operator_runs import delete_all, delete_and_wait
+from operator_runs import delete_all, delete_and_wait, training_operator_running
 from ranks import check_assignments, check_sums, printed, visible
-from test_job_operators import _training_operator
 
 from e2e import training
 from e2e.jobkind_scenarios import PYTORCHJOBS
@@ -146,7 +145,7 @@ async def run_pytorchjob(kube: KubeApi, cluster: NodeCluster, ns: str, name: str
     await delete_all(kube, PYTORCHJOBS, ns)
     template = operator_dir / "init-container.yaml"
     template.write_text(training.PYTORCH_INIT_TEMPLATE)
-    with _training_operator(cluster, operator_dir, f"--namespace={ns}",
+    with training_operator_running(cluster, operator_dir, f"--namespace={ns}",
                             *training.pytorch_operator_flags(template)):
         await kube.create(PYTORCHJOBS, training.pytorchjob(
             name, ns, workers=1, gpus_per_worker=GPUS_PER_NODE), namespace=ns)
