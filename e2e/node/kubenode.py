@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,7 +218,7 @@ class NodeRunner(Supervisor):
             Path(d).mkdir(parents=True, exist_ok=True)
             self.run("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", d)
 
-    def follow_control(self) -> None:
+    def tick(self) -> None:
         """Acts on each new line of `control` (`kubelet stop|start`)."""
         control, ack = self.dir / "control", self.dir / "control.ack"
         done = ack.read_text().splitlines() if ack.exists() else []
@@ -234,30 +232,14 @@ class NodeRunner(Supervisor):
             with ack.open("a") as f:
                 f.write(line + "\n")
 
-    def main(self) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
-        try:
-            self.network()
-            write_configs(self.dir, self.node, self.plan["pause_image"],
-                          cluster_dns=self.plan.get("cluster_dns"))
-            self.processes.start()
-            (self.dir / "ready").write_text("ok\n")
-            self.log("ready")
-            while True:
-                self.reap()
-                self.follow_control()
-                time.sleep(0.5)
-        except SystemExit:
-            pass
-        except BaseException as exc:
-            self.log(f"failed: {exc!r}")
-            (self.dir / "failed").write_text(f"{self.node.name}: {exc}\n")
-        finally:
-            self.stopping = True
-            for pid in reversed(self.order):
-                if pid in self.procs:
-                    self.terminate(pid)
+    def setup(self) -> None:
+        self.network()
+        write_configs(self.dir, self.node, self.plan["pause_image"],
+                      cluster_dns=self.plan.get("cluster_dns"))
+        self.processes.start()
+
+    def failure(self, exc: BaseException) -> str:
+        return f"{self.node.name}: {exc}"
 
 
 def node_specs(plan: dict[str, Any]) -> list[NodeSpec]:

@@ -205,27 +205,12 @@ class Launcher(Supervisor):
         remove_kubepods_cgroups(self.log, roots)
         self.log("stopped")
 
-    def main(self) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
-        try:
-            self.network()
-            if not self.nodes:
-                self.write_configs()
-            self.control_plane()
-            self.node_components()
-            (self.dir / "ready").write_text("ok\n")
-            self.log("ready")
-            while True:
-                self.reap()
-                time.sleep(0.5)
-        except SystemExit:
-            pass
-        except BaseException as exc:
-            self.log(f"failed: {exc!r}")
-            (self.dir / "failed").write_text(f"{exc}\n")
-        finally:
-            self.stop()
+    def setup(self) -> None:
+        self.network()
+        if not self.nodes:
+            self.write_configs()
+        self.control_plane()
+        self.node_components()
 
 
 def _v1_hierarchies() -> list[Path]:

@@ -4,6 +4,7 @@ and of each node's own (`e2e.node.kubenode`)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -82,3 +83,42 @@ class Supervisor:
             time.sleep(0.1)
         os.kill(pid, 9)
         os.waitpid(pid, 0)
+
+    def setup(self) -> None:
+        """Starts what it supervises; `ready` is written once it returns."""
+        raise NotImplementedError
+
+    def tick(self) -> None:
+        """Called every half second once ready, after reaping."""
+
+    def failure(self, exc: BaseException) -> str:
+        """What `failed` says when `setup` or `tick` raised."""
+        return str(exc)
+
+    def stop(self) -> None:
+        """Stops its processes, the last started first."""
+        self.stopping = True
+        for pid in reversed(self.order):
+            if pid in self.procs:
+                self.terminate(pid)
+
+    def main(self) -> None:
+        """Sets up, writes `ready`, then reaps until SIGTERM; a failure writes `failed`; stops
+        either way."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
+        try:
+            self.setup()
+            (self.dir / "ready").write_text("ok\n")
+            self.log("ready")
+            while True:
+                self.reap()
+                self.tick()
+                time.sleep(0.5)
+        except SystemExit:
+            pass
+        except BaseException as exc:
+            self.log(f"failed: {exc!r}")
+            (self.dir / "failed").write_text(f"{self.failure(exc)}\n")
+        finally:
+            self.stop()
