@@ -201,10 +201,6 @@ class NodeCluster:
             return
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    @property
-    def node_names(self) -> list[str]:
-        return [n.name for n in self.nodes] or [NODE_NAME]
-
     def kubelet(self, node: str, action: str, within: float = 30.0) -> None:
         """Stops (`stop`: a crashed kubelet, its containers still running) or starts again
         (`start`) the kubelet of `node` of a multi-node cluster."""
