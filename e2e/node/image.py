@@ -42,7 +42,7 @@ class Images:
     extra: tuple[Path, ...] = ()
 
 
-def _buildah(store: Path, *args: str, timeout: float = 900) -> str:
+def buildah(store: Path, *args: str, timeout: float = 900) -> str:
     out = subprocess.run(
         ["buildah", "--root", str(store / "root"), "--runroot", str(store / "run"),
          "--storage-driver", "vfs", *args], capture_output=True, text=True, timeout=timeout,
@@ -67,21 +67,28 @@ def _source_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def _base(store: Path, out: Path) -> None:
-    """The Debian root filesystem as a base image, and the pause image on it."""
-    rootfs = out / f"rootfs-{_base_digest()}.tar"
+def debian_rootfs(rootfs: Path, packages: str, *, within: float) -> Path:
+    """A Debian bookworm root filesystem of `packages` (mmdebstrap's essential variant) as a
+    tar at `rootfs`, unless one is there: written aside and renamed, so a cut build leaves
+    none."""
     if not rootfs.exists():
         tmp = rootfs.with_suffix(".tmp")
         subprocess.run(["mmdebstrap", "--variant=essential", "--format=tar", "--quiet",
-                        f"--include={BASE_PACKAGES}", "bookworm", str(tmp)],
-                       check=True, capture_output=True, timeout=900)
+                        f"--include={packages}", "bookworm", str(tmp)],
+                       check=True, capture_output=True, timeout=within)
         tmp.rename(rootfs)
+    return rootfs
+
+
+def _base(store: Path, out: Path) -> None:
+    """The Debian root filesystem as a base image, and the pause image on it."""
+    rootfs = debian_rootfs(out / f"rootfs-{_base_digest()}.tar", BASE_PACKAGES, within=900)
     for name, entry in ((BASE, None), (PAUSE, '["/bin/sleep", "infinity"]')):
-        ctr = _buildah(store, "from", "scratch")
-        _buildah(store, "add", ctr, str(rootfs), "/")
+        ctr = buildah(store, "from", "scratch")
+        buildah(store, "add", ctr, str(rootfs), "/")
         if entry:
-            _buildah(store, "config", "--entrypoint", entry, ctr)
-        _buildah(store, "commit", "--rm", ctr, name)
+            buildah(store, "config", "--entrypoint", entry, ctr)
+        buildah(store, "commit", "--rm", ctr, name)
 
 
 def build() -> Images:
@@ -98,21 +105,21 @@ def build() -> Images:
     started = time.monotonic()
     if not pause.exists():
         _base(store, out)
-        _buildah(store, "push", PAUSE, f"docker-archive:{out / 'pause.tmp'}:{PAUSE}")
+        buildah(store, "push", PAUSE, f"docker-archive:{out / 'pause.tmp'}:{PAUSE}")
         (out / "pause.tmp").rename(pause)
-    elif BASE not in _buildah(store, "images", "--format", "{{.Name}}:{{.Tag}}"):
+    elif BASE not in buildah(store, "images", "--format", "{{.Name}}:{{.Tag}}"):
         _base(store, out)
     args = ["bud", "--isolation", "chroot", "--layers=false",
             "--build-arg", f"PYTHON={BASE}", "-t", f"{IMAGE_REPOSITORY}:{IMAGE_TAG}"]
     if HOST_CA.exists():
         args += ["-v", f"{HOST_CA}:/etc/host-ca.crt:ro", "--build-arg", "PIP_CERT=/etc/host-ca.crt"]
-    _buildah(store, *args, str(REPO))
+    buildah(store, *args, str(REPO))
     build_seconds = time.monotonic() - started
     tmp = out / "muster.tmp"
     tmp.unlink(missing_ok=True)
-    _buildah(store, "push", f"{IMAGE_REPOSITORY}:{IMAGE_TAG}",
+    buildah(store, "push", f"{IMAGE_REPOSITORY}:{IMAGE_TAG}",
              f"docker-archive:{tmp}:{IMAGE_REPOSITORY}:{IMAGE_TAG}")
-    size = int(json.loads(_buildah(store, "inspect", "--type", "image",
+    size = int(json.loads(buildah(store, "inspect", "--type", "image",
                                    f"{IMAGE_REPOSITORY}:{IMAGE_TAG}"))
                .get("ImageSize", 0) or os.path.getsize(tmp))
     for old in out.glob("muster-*.tar"):

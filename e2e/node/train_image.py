@@ -22,7 +22,7 @@ from pathlib import Path
 
 from e2e.node.assets import CACHE, REPO
 from e2e.node.gobuild import cache_root
-from e2e.node.image import _buildah
+from e2e.node.image import buildah, debian_rootfs
 
 TRAIN_IMAGE = "localhost/muster-train:bookworm"
 PACKAGES = ("python3,python3-numpy,python3-mpi4py,python3-torch,openmpi-bin,openssh-server,"
@@ -68,26 +68,20 @@ def _programs() -> list[Path]:
 
 
 def _rootfs(out: Path) -> Path:
-    rootfs = out / f"train-rootfs-{_digest(PACKAGES)[:8]}.tar"
-    if not rootfs.exists():
-        tmp = rootfs.with_suffix(".tmp")
-        subprocess.run(["mmdebstrap", "--variant=essential", "--format=tar", "--quiet",
-                        f"--include={PACKAGES}", "bookworm", str(tmp)],
-                       check=True, capture_output=True, timeout=1800)
-        tmp.rename(rootfs)
-    return rootfs
+    return debian_rootfs(out / f"train-rootfs-{_digest(PACKAGES)[:8]}.tar", PACKAGES,
+                         within=1800)
 
 
 def _commit(store: Path, rootfs: Path) -> None:
-    ctr = _buildah(store, "from", "scratch")
+    ctr = buildah(store, "from", "scratch")
     try:
-        _buildah(store, "add", ctr, str(rootfs), "/")
-        _buildah(store, "run", "--isolation", "chroot", ctr, "--", "/bin/sh", "-c",
+        buildah(store, "add", ctr, str(rootfs), "/")
+        buildah(store, "run", "--isolation", "chroot", ctr, "--", "/bin/sh", "-c",
                  f"{SSH_SETUP} && rm -rf {TRIM}")
-        _buildah(store, "add", ctr, *map(str, _programs()), f"{PROGRAMS}/")
-        _buildah(store, "config", "--env", f"PYTHONPATH={PROGRAMS}", "--workingdir", PROGRAMS,
+        buildah(store, "add", ctr, *map(str, _programs()), f"{PROGRAMS}/")
+        buildah(store, "config", "--env", f"PYTHONPATH={PROGRAMS}", "--workingdir", PROGRAMS,
                  "--cmd", "/bin/sh", ctr)
-        _buildah(store, "commit", "--rm", ctr, TRAIN_IMAGE)
+        buildah(store, "commit", "--rm", ctr, TRAIN_IMAGE)
     except BaseException:
         subprocess.run(["buildah", "--root", str(store / "root"), "--runroot",
                         str(store / "run"), "--storage-driver", "vfs", "rm", ctr],
@@ -111,9 +105,9 @@ def build() -> TrainImage:
     _commit(store, _rootfs(out))
     tmp = out / "train.tmp"
     tmp.unlink(missing_ok=True)
-    _buildah(store, "push", TRAIN_IMAGE, f"docker-archive:{tmp}:{TRAIN_IMAGE}")
+    buildah(store, "push", TRAIN_IMAGE, f"docker-archive:{tmp}:{TRAIN_IMAGE}")
     build_seconds = time.monotonic() - started
-    size = int(json.loads(_buildah(store, "inspect", "--type", "image", TRAIN_IMAGE))
+    size = int(json.loads(buildah(store, "inspect", "--type", "image", TRAIN_IMAGE))
                .get("ImageSize", 0) or tmp.stat().st_size)
     for old in out.glob("train-*.tar"):
         if not old.name.startswith("train-rootfs-"):
