@@ -21,7 +21,7 @@ from typing import Any
 from jobs import ensure_namespace
 from layout import GPUS_PER_NODE, RACKS, TRAINING_LABEL
 from ranks import check_assignments, printed, visible
-from real_helpers import assigned_uuids
+from real_helpers import assigned_uuids, pod_ready
 from workloads import FAST_FAILOVER, HOLD, indexed_job
 
 from e2e import jobkind_scenarios as scenarios
@@ -131,10 +131,13 @@ async def stuck(kube: KubeApi, ns: str, pod: dict[str, Any]) -> bool:
     return bool(got["metadata"].get("deletionTimestamp"))
 
 
-async def node_ready(kube: KubeApi, node: str) -> bool:
-    got = await kube.get(NODES, node)
+def is_ready(node: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True"
-               for c in got["status"].get("conditions", []))
+               for c in node["status"].get("conditions", []))
+
+
+async def node_ready(kube: KubeApi, node: str) -> bool:
+    return is_ready(await kube.get(NODES, node))
 
 
 async def test_a_dead_kubelet_restarts_the_gang_whole_in_a_healthy_rack(
@@ -183,6 +186,24 @@ async def test_a_dead_kubelet_restarts_the_gang_whole_in_a_healthy_rack(
         await clear(kube, ns, scenarios.JOBSETS, name)
 
 
+async def settled(kube: KubeApi) -> None:
+    """Every node Ready and untainted, with a ready agent pod of its own: an earlier test's
+    node comes back with a new agent, whose device plugin the kubelet may still be replacing
+    (an Allocate on the old one's socket fails the pod, UnexpectedAdmissionError)."""
+    async def ready() -> bool:
+        nodes = (await kube.list(NODES))["items"]
+        agents = live((await kube.list(PODS, namespace=NAMESPACE,
+                                       label_selector="app.kubernetes.io/component=agent")
+                       )["items"])
+        serving = {p["spec"].get("nodeName") for p in agents if pod_ready(p)}
+        return len(nodes) == len(agents) == len(RACKS) and all(
+            is_ready(n) and n["metadata"]["name"] in serving
+            and not any(t["key"].startswith("node.kubernetes.io/")
+                        for t in n["spec"].get("taints") or ()) for n in nodes)
+    await eventually(ready, within=180, interval=1,
+                     what="every node Ready with its agent serving")
+
+
 async def live_leader(kube: KubeApi) -> str | None:
     """The binder pod holding the lease, once it runs (an earlier test's dead node may have
     taken the last holder, whose lease then runs out)."""
@@ -198,6 +219,7 @@ async def test_the_binder_leader_deleted_mid_bind_binds_the_gang_whole_in_one_ra
         kube: KubeApi, node_cluster: NodeCluster) -> None:
     await ensure_namespace(kube, RACK_NS, {"muster.io/network": "rack"})
     name = "mid-bind"
+    await settled(kube)
     leader = await eventually(lambda: live_leader(kube), within=120, interval=1,
                               what="a running binder pod holding the lease")
     service, job = indexed_job(RACK_NS, name, 2, GPUS_PER_NODE, HOLD)

@@ -33,7 +33,14 @@ from e2e.node import schedulers
 from e2e.node.cluster import NodeCluster
 from e2e.probes import eventually, pods_of
 from webhook import keys
-from webhook.kube import COSCHEDULING_PODGROUPS, MPIJOBS, VOLCANO_PODGROUPS, KubeApi, Resource
+from webhook.kube import (
+    COSCHEDULING_PODGROUPS,
+    MPIJOBS,
+    VOLCANO_PODGROUPS,
+    ApiError,
+    KubeApi,
+    Resource,
+)
 from webhook.policy.operators import JOB_ROLE_LABEL
 
 TRAIN_NS = "train-rack"
@@ -73,15 +80,33 @@ def role(pods: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
                   key=lambda p: p["metadata"]["name"])
 
 
-async def run_mpijob(kube: KubeApi, cluster: NodeCluster, ns: str, name: str
-                     ) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
-    """The MPIJob run to Succeeded across two whole nodes: its worker pods, and the GPUs each
-    worker's rank saw (its line, through mpirun, in the launcher's log). The job goes after,
-    whatever happened: its workers hold two nodes' GPUs."""
+async def made(kube: KubeApi, resource: Resource, name: str, ns: str) -> dict[str, Any]:
+    """The object once it exists (the webhook makes a PodGroup before it answers the first pod)."""
+    async def get() -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = await kube.get(resource, name, namespace=ns)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return found
+    got: dict[str, Any] = await eventually(get, within=120, interval=0.5,
+                                           what=f"{resource.kind} {ns}/{name}")
+    return got
+
+
+async def run_mpijob(kube: KubeApi, cluster: NodeCluster, ns: str, name: str,
+                     podgroups: Resource | None = None
+                     ) -> tuple[list[dict[str, Any]], dict[str, list[str]], dict[str, Any]]:
+    """The MPIJob run to Succeeded across two whole nodes: its worker pods, the GPUs each
+    worker's rank saw (its line, through mpirun, in the launcher's log) and its PodGroup of
+    `podgroups`, read while it runs (it goes with the job). The job goes after, whatever
+    happened: its workers hold two nodes' GPUs."""
     await delete_all(kube, MPIJOBS, ns)
     await kube.create(MPIJOBS, training.mpijob(name, ns, workers=WORKERS,
                                                gpus_per_worker=GPUS_PER_NODE), namespace=ns)
     try:
+        group = await made(kube, podgroups, name, ns) if podgroups else {}
         ended = await finished(kube, MPIJOBS, name, ns)
         pods = await pods_of(kube, ns, name)
         (launcher,) = role(pods, "launcher")
@@ -96,7 +121,7 @@ async def run_mpijob(kube: KubeApi, cluster: NodeCluster, ns: str, name: str
         assert by_host[pod["metadata"]["name"]]["node"] == pod["spec"]["nodeName"], by_host
     assert len({p["spec"]["nodeName"] for p in workers}) == WORKERS, "two nodes"
     return workers, {p["metadata"]["name"]: visible(by_host[p["metadata"]["name"]])
-                     for p in workers}
+                     for p in workers}, group
 
 
 def own_gpus_each(seen: dict[str, list[str]]) -> None:
@@ -109,7 +134,7 @@ def own_gpus_each(seen: dict[str, list[str]]) -> None:
 async def test_an_mpijob_allreduces_across_two_nodes_of_one_rack_on_the_binders_gpus(
         kube: KubeApi, node_cluster: NodeCluster, mpi_operator: None) -> None:
     ns = await ensure_namespace(kube, TRAIN_NS, TRAINING_LABEL)
-    workers, seen = await run_mpijob(kube, node_cluster, ns, "allreduce")
+    workers, seen, _ = await run_mpijob(kube, node_cluster, ns, "allreduce")
     assert len({RACKS[p["spec"]["nodeName"]] for p in workers}) == 1, "required rack"
     assert {p["metadata"]["annotations"][keys.ANN_GANG_NAME] for p in workers} == {"allreduce"}
     check_assignments(workers, seen)
@@ -119,8 +144,8 @@ async def test_an_mpijob_allreduces_across_two_nodes_of_one_rack_on_the_binders_
 async def test_the_same_mpijob_under_volcano(
         kube: KubeApi, node_cluster: NodeCluster, volcano: Any, mpi_operator: None) -> None:
     ns = await ensure_namespace(kube, "team-a")  # mpi-volcano
-    workers, seen = await run_mpijob(kube, node_cluster, ns, "allreduce-vc")
-    group = await kube.get(VOLCANO_PODGROUPS, "allreduce-vc", namespace=ns)
+    workers, seen, group = await run_mpijob(kube, node_cluster, ns, "allreduce-vc",
+                                            VOLCANO_PODGROUPS)
     assert group["spec"]["minMember"] == WORKERS + 1
     assert {p["spec"]["schedulerName"] for p in workers} == {"volcano"}
     own_gpus_each(seen)
@@ -131,8 +156,8 @@ async def test_the_same_mpijob_under_coscheduling(
         kube: KubeApi, node_cluster: NodeCluster, coscheduling: Any, mpi_operator: None
         ) -> None:
     ns = await ensure_namespace(kube, "team-b")  # mpi-coscheduling
-    workers, seen = await run_mpijob(kube, node_cluster, ns, "allreduce-co")
-    group = await kube.get(COSCHEDULING_PODGROUPS, "allreduce-co", namespace=ns)
+    workers, seen, group = await run_mpijob(kube, node_cluster, ns, "allreduce-co",
+                                            COSCHEDULING_PODGROUPS)
     assert group["spec"]["minMember"] == WORKERS + 1
     assert {p["spec"]["schedulerName"] for p in workers} == {schedulers.COSCHEDULING_NAME}
     own_gpus_each(seen)
