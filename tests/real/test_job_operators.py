@@ -334,7 +334,7 @@ async def test_training_operator_own_gang_scheduling_gets_no_second_podgroup(
     # its own coscheduling gang (with volcano it creates no pod until Volcano, which the proxy
     # does not serve, moves the PodGroup to Inqueue)
     with training_operator_running(node_cluster, training_operator,
-                            "--gang-scheduler-name=scheduler-plugins"):
+                                   "--gang-scheduler-name=scheduler-plugins"):
         made = await kube.create(scenarios.PYTORCHJOBS, copy.deepcopy(spec), namespace=ns)
         own = await scenarios.check(kube, ns, scenarios.Gang(
             COSCHEDULING_PODGROUPS, "pt-same", 3, 3, f"{JOB_NAME_LABEL}=pt-same"))

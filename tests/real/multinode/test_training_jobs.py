@@ -171,7 +171,7 @@ async def run_pytorchjob(kube: KubeApi, cluster: NodeCluster, ns: str, name: str
     template = operator_dir / "init-container.yaml"
     template.write_text(training.PYTORCH_INIT_TEMPLATE)
     with training_operator_running(cluster, operator_dir, f"--namespace={ns}",
-                            *training.pytorch_operator_flags(template)):
+                                   *training.pytorch_operator_flags(template)):
         await kube.create(PYTORCHJOBS, training.pytorchjob(
             name, ns, workers=1, gpus_per_worker=GPUS_PER_NODE), namespace=ns)
         try:
