@@ -281,3 +281,18 @@ def test_bind_flags_default_to_the_binders_own_defaults() -> None:
     given = build_parser().parse_args(["bind", "--event-interval", "5",
                                        "--members-event-after", "2"])
     assert (given.event_interval, given.members_event_after) == (5.0, 2.0)
+
+
+#: what only running the webhook, the binder or the agent needs: never loaded to parse a command
+CLUSTER_CLIENTS = ("kubernetes_asyncio", "aiohttp", "grpc", "prometheus_client")
+
+
+def test_policy_check_loads_no_cluster_client() -> None:
+    # a fresh interpreter: this one has loaded them all already
+    code = ("import sys\nfrom webhook.cli import main\n"
+            f"rc = main(['policy', 'check', {POLICIES!r}])\n"
+            f"print(rc, *sorted(m for m in {CLUSTER_CLIENTS!r} if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "0"
