@@ -283,8 +283,10 @@ def test_bind_flags_default_to_the_binders_own_defaults() -> None:
     assert (given.event_interval, given.members_event_after) == (5.0, 2.0)
 
 
-#: what only running the webhook, the binder or the agent needs: never loaded to parse a command
-CLUSTER_CLIENTS = ("kubernetes_asyncio", "aiohttp", "grpc", "prometheus_client")
+#: what only the webhook, the binder, the agent or `muster certs` need: never loaded to parse a
+#: command, nor by `muster policy`
+CLUSTER_CLIENTS = ("kubernetes_asyncio", "aiohttp", "grpc", "prometheus_client", "pynvml",
+                   "cryptography")
 
 
 def test_policy_check_loads_no_cluster_client() -> None:
