@@ -4,11 +4,14 @@ the input, exit 2 for usage and 1 for runtime, no traceback (unless --log-level 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
+import pkgutil
 import socket
 import subprocess
 import sys
 import tempfile
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -281,3 +284,45 @@ def test_bind_flags_default_to_the_binders_own_defaults() -> None:
     given = build_parser().parse_args(["bind", "--event-interval", "5",
                                        "--members-event-after", "2"])
     assert (given.event_interval, given.members_event_after) == (5.0, 2.0)
+
+
+#: what only the webhook, the binder, the agent or `muster certs` need: never loaded to parse a
+#: command, nor by `muster policy`
+CLUSTER_CLIENTS = ("kubernetes_asyncio", "aiohttp", "grpc", "prometheus_client", "pynvml",
+                   "cryptography")
+
+
+def test_policy_check_loads_no_cluster_client() -> None:
+    # a fresh interpreter: this one has loaded them all already
+    code = ("import sys\nfrom webhook.cli import main\n"
+            f"rc = main(['policy', 'check', {POLICIES!r}])\n"
+            f"print(rc, *sorted(m for m in {CLUSTER_CLIENTS!r} if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "0"
+
+
+@pytest.mark.parametrize("package", ["webhook.admission", "webhook.agent", "webhook.binder",
+                                     "webhook.certs", "webhook.policy", "webhook.topology"])
+def test_a_lazy_package_gives_every_name_it_exports(package: str) -> None:
+    module = importlib.import_module(package)
+    for sub in pkgutil.iter_modules(module.__path__):  # each sets its name on the package
+        importlib.import_module(f"{package}.{sub.name}")
+    for name in module.__all__:  # a name mapped to the wrong module raises AttributeError
+        assert not isinstance(getattr(module, name), types.ModuleType), name
+    with pytest.raises(AttributeError):
+        module.nothing_of_that_name  # noqa: B018
+
+
+#: what the commands load when they run, never to build the parser (`muster --help`)
+ENGINES = ("pydantic", "webhook.policy.engine", "webhook.topology.hierarchy")
+
+
+def test_the_parser_loads_no_engine_nor_client() -> None:
+    code = ("import sys\nfrom webhook.cli import build_parser\nbuild_parser()\n"
+            f"print(*sorted(m for m in {(*CLUSTER_CLIENTS, *ENGINES)!r} if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "\n"

@@ -86,15 +86,17 @@ def problem_of(exc: yaml.YAMLError, text: str) -> YamlProblem:
     return YamlProblem(0, 0, f"cannot read YAML: {exc}")
 
 
-def read(path: FsPath) -> bytes:
-    """The file's bytes, no more than one past MAX_BYTES (which `decode` refuses)."""
+def read(path: FsPath, limit: int = MAX_BYTES) -> bytes:
+    """The file's bytes, no more than one past `limit` (which `decode` refuses)."""
     with path.open("rb") as f:
-        return f.read(MAX_BYTES + 1)
+        return f.read(limit + 1)
 
 
-def decode(raw: bytes) -> str:
-    if len(raw) > MAX_BYTES:
-        raise YamlProblem(0, 0, f"larger than {MAX_BYTES // 1024} KiB, the most a file may hold")
+def decode(raw: bytes, limit: int = MAX_BYTES) -> str:
+    """The text of `raw`; more than `limit` bytes, or bytes that are not UTF-8, are a
+    YamlProblem."""
+    if len(raw) > limit:
+        raise YamlProblem(0, 0, f"larger than {limit // 1024} KiB, the most a file may hold")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -13,7 +13,10 @@ import yaml
 from chart_helpers import CHART, NAMESPACE, REPO, one, run_helm
 
 from webhook.cli import main
-from webhook.policy import load_policies
+from webhook.policy import chart, load_policies
+from webhook.policy.chart import MAX_CHART_BYTES
+from webhook.policy.loader import MAX_SET_BYTES
+from webhook.yamlpos import MAX_BYTES
 
 POLICIES = REPO / "policies"
 BAD = ("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: a}\n"
@@ -121,3 +124,147 @@ def test_pack_refuses_what_the_chart_cannot_key(
     assert main(["policy", "pack", *paths]) == 2
     err = capsys.readouterr().err
     assert err.startswith("muster policy: ") and says in err and len(err.splitlines()) == 1
+
+
+#: a policy naming the level `rack`: a level of the binder's only as an alias
+RACK = ("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: a}\n"
+        "spec:\n  match: {ownerKinds: [batch/Job]}\n  gang: {backend: muster}\n"
+        "  topology: {mode: preferred, network: {required: rack}}\n")
+LEVELS = [{"nodeLabel": "example.com/block"}, {"nodeLabel": "example.com/rack", "alias": "rk"}]
+KNOWN = "example.com/block, example.com/rack, rk"
+
+
+def _level_warnings(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
+    assert main(["policy", "check", *args]) == 0
+    return [line for line in capsys.readouterr().out.splitlines() if ": warning: " in line]
+
+
+def _rack_warning(policy_at: str, source: str) -> list[str]:
+    return [f"{policy_at}:1: warning: spec.topology.network.required: 'rack' is no level of the "
+            f"binder's ({KNOWN}; from {source}): a gang is placed by a node label 'rack' alone; "
+            "did you mean example.com/rack? (policy a)"]
+
+
+@pytest.mark.parametrize("binder", [
+    {"networkLevels": LEVELS},
+    # rendered after networkLevels, so the binder's parser keeps this one
+    {"networkLevels": ["x.io/zone"], "extraArgs": ["--network-levels=example.com/block,"
+                                                   "rk=example.com/rack"]},
+])
+def test_check_warns_of_levels_by_the_binders_levels_in_the_values_and_what_helm_renders(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], binder: dict[str, object]) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"binder": binder, "policies": {"a.yaml": RACK}}))
+    field = "extraArgs" if "extraArgs" in binder else "networkLevels"
+    assert _level_warnings(capsys, str(values)) == _rack_warning(
+        f"{values}[a.yaml]", f"{values} binder.{field}")
+    rendered = _render(tmp_path, values)
+    assert _level_warnings(capsys, str(rendered)) == _rack_warning(
+        f"{rendered}[ConfigMap muster-policies/a.yaml]",
+        f"{rendered}[Deployment muster-binder] --network-levels")
+    for path in (values, rendered):  # --network-levels beats both
+        assert _level_warnings(capsys, str(path), "--network-levels",
+                               "rack=example.com/rack") == []
+
+
+def test_without_levels_check_takes_the_charts_default_none(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The chart ships no levels: its binder then places a gang by the label a policy names,
+    so no level is unknown to it and check says nothing."""
+    shipped = yaml.safe_load((CHART / "values.yaml").read_text())["binder"]["networkLevels"]
+    assert list(chart.DEFAULT_NETWORK_LEVELS) == shipped
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"policies": {"a.yaml": RACK}}))
+    rendered = _render(tmp_path, values)
+    assert "--network-levels" not in rendered.read_text()
+    for path in (values, rendered):
+        assert _level_warnings(capsys, str(path)) == []
+    given = chart.binder_levels(str(values), values.read_bytes())
+    assert given == chart.BinderLevels(None, f"{values} binder.networkLevels (the chart's "
+                                       "default)", explicit=False)
+
+
+def test_levels_in_the_values_that_the_binder_refuses_are_a_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"binder": {"networkLevels": [
+        {"nodeLabel": "example.com/rack", "alias": "example.com/rack"}]},
+        "policies": {"a.yaml": RACK}}))
+    assert _level_warnings(capsys, str(values)) == [
+        f"{values} binder.networkLevels: warning: level 1: alias example.com/rack is a level's "
+        "node label: the binder refuses these levels (it would not start)"]
+
+
+def _sized(total: int, count: int = 5) -> list[tuple[str, str]]:
+    """`count` policy files, each within a file's limit, whose texts hold `total` bytes together
+    (padded with comment lines)."""
+    files = []
+    for i in range(count):
+        text = BAD.replace("slurm", "volcano").replace("{name: a}", f"{{name: p{i}}}")
+        lines, rest = divmod(total // count + (total % count) * (i == count - 1) - len(text), 64)
+        if rest == 1:  # a line of one byte would be an empty line: one longer line instead
+            lines, rest = lines - 1, 65
+        text += ("#" * 63 + "\n") * lines + ("#" * (rest - 1) + "\n") * (rest > 0)
+        files.append((f"p{i}.yaml", text))
+    assert sum(len(t) for _, t in files) == total and max(len(t) for _, t in files) <= MAX_BYTES
+    return files
+
+
+def test_a_values_file_holds_a_set_up_to_what_a_configmap_takes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """1 MiB of policies (a ConfigMap's data) make a larger values file: pack indents them."""
+    values = tmp_path / "values.yaml"
+    values.write_text(chart.pack(_sized(MAX_SET_BYTES), ["p/"]))
+    assert values.stat().st_size > MAX_SET_BYTES
+    assert main(["policy", "check", str(values)]) == 0
+    assert "5 policies valid" in capsys.readouterr().out
+    values.write_text(chart.pack(_sized(MAX_SET_BYTES + 1), ["p/"]))
+    assert main(["policy", "check", str(values)]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"{values}[p4.yaml]: the files of the set hold more than 1024 KiB, the most a policy set "
+        "may hold; nothing was checked")
+
+
+def test_a_chart_file_is_read_up_to_its_limit_a_policy_file_up_to_its_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    values = tmp_path / "values.yaml"
+    packed = chart.pack(_sized(100_000, count=1), ["p/"])
+    pad = MAX_CHART_BYTES - len(packed)  # comment lines outside the policies
+    values.write_text(packed + ("#" * 99 + "\n") * (pad // 100) + "#" * (pad % 100 - 1) + "\n")
+    assert values.stat().st_size == MAX_CHART_BYTES
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(values.read_bytes())))
+    assert main(["policy", "check", str(values), "-"]) == 1  # one policy, twice: read whole
+    assert "duplicate policy name 'p0'" in capsys.readouterr().out
+    too_large = (f"larger than {MAX_BYTES // 1024} KiB, the most a policy file may hold (a "
+                 f"values file or helm template's output: {MAX_CHART_BYTES // 1024} KiB)")
+    values.write_text(values.read_text() + "#\n")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(BAD.replace("slurm", "volcano") + "#" * MAX_BYTES + "\n")
+    for path in (values, plain):
+        assert main(["policy", "check", str(path)]) == 1
+        assert capsys.readouterr().out.splitlines()[0] == f"{path}: {too_large}"
+    # inside a values file, each policy file keeps its own limit (the webhook's)
+    values.write_text(chart.pack([("big.yaml", plain.read_text())], ["p/"]))
+    assert main(["policy", "check", str(values)]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"{values}[big.yaml]: larger than {MAX_BYTES // 1024} KiB, the most a file may hold")
+
+
+def test_what_helm_renders_of_a_full_set_is_read_whole(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The rendered set is written twice (the ConfigMap, the check hook's copy), indented: more
+    than 2 MiB for the 1 MiB the ConfigMap takes, which then has no room for the chart's own
+    `helm test` policy."""
+    values = tmp_path / "values.yaml"
+    values.write_text(chart.pack(_sized(MAX_SET_BYTES), ["p/"]))
+    rendered = _render(tmp_path, values)
+    assert rendered.stat().st_size > 2 * MAX_SET_BYTES
+    assert main(["policy", "check", str(rendered)]) == 1
+    assert "the files of the set hold more than 1024 KiB" in capsys.readouterr().out
+    proc = run_helm("template", "muster", str(CHART), "--namespace", NAMESPACE, "-f",
+                    str(values), "--set", "tests.selftestPolicy=false")
+    assert proc.returncode == 0, proc.stderr
+    rendered.write_text(proc.stdout)
+    assert main(["policy", "check", str(rendered)]) == 0
+    assert "5 policies valid" in capsys.readouterr().out

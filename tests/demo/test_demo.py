@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -205,6 +208,33 @@ def test_a_step_cancelled_by_ctrl_c_says_interrupted_not_failed() -> None:
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(cut_short())
     assert lines[-1].startswith("\r  [1] binder ... interrupted (")
+
+
+@pytest.mark.parametrize("after", [
+    "muster demo: starting the components",
+    "[2] node agents: NVML discovery, device plugins registered ... ok",
+    "[4] binder: waiting for gangs ... ok",
+    "[6] binder: 2 gangs placed and bound (10 pods) ... ok",
+    # then the demo reads what happened and stops what it started (gRPC servers, the webhook)
+    "[7] kubelets start the 8 bound GPU pods: device plugin Allocate ... ok",
+])
+def test_ctrl_c_at_any_point_ends_the_demo_with_one_line(after: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "webhook", "demo"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    before = b""
+    while after.encode() not in before or not before.endswith(b"\n"):
+        chunk = os.read(proc.stderr.fileno(), 65536)
+        assert chunk, f"the demo ended before {after!r}: {before.decode()}"
+        before += chunk
+    proc.send_signal(signal.SIGINT)
+    out, rest = proc.communicate(timeout=60)
+    said = rest.decode().replace("\r", "").splitlines()  # a step's line starts with \r
+    assert proc.returncode == 130 and out == b"", (before + rest).decode()
+    # the step cut short says so, or the command does when it was between steps
+    assert len(said) == 1 and (said[0] == "muster demo: interrupted" or re.fullmatch(
+        r"  \[\d\] .* \.\.\. interrupted \(\d+\.\d\d s\)", said[0])), said
+    assert "Error in sys.excepthook" not in rest.decode() and b"Traceback" not in rest
 
 
 def test_cli_warns_when_it_runs_with_no_policies(tmp_path: Path) -> None:

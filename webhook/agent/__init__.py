@@ -1,14 +1,36 @@
 """Node agent: NVML discovery, Node publisher, kubelet device plugin.
 
-Only the light, pure parts are re-exported here: `webhook.agent.cli` is imported by every `muster`
-command, so gRPC and the Kubernetes client load only with `webhook.agent.runner`,
-`webhook.agent.publisher` and `webhook.agent.deviceplugin`. The fake NVML and the fake kubelet are
-test doubles, in `webhook.doubles`.
+Loaded lazily: `webhook.agent.cli` is imported by every `muster` command, so NVML's bindings load
+only with a command that uses them, and gRPC and the Kubernetes client only with
+`webhook.agent.runner`, `webhook.agent.publisher` and `webhook.agent.deviceplugin`. The fake NVML
+and the fake kubelet are test doubles, in `webhook.doubles`.
 """
 
-from webhook.agent.discovery import Degradation, Discovery, discover
-from webhook.agent.nvml import Nvml, RealNvml
-from webhook.agent.nvmlrecord import NvmlRecord, record_nvml
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from webhook.agent.discovery import Degradation, Discovery, discover
+    from webhook.agent.nvml import Nvml, RealNvml
+    from webhook.agent.nvmlrecord import NvmlRecord, record_nvml
+
+_EXPORTS = {
+    "Degradation": "webhook.agent.discovery",
+    "Discovery": "webhook.agent.discovery",
+    "discover": "webhook.agent.discovery",
+    "Nvml": "webhook.agent.nvml",
+    "RealNvml": "webhook.agent.nvml",
+    "NvmlRecord": "webhook.agent.nvmlrecord",
+    "record_nvml": "webhook.agent.nvmlrecord",
+}
 
 __all__ = ["Degradation", "Discovery", "Nvml", "NvmlRecord", "RealNvml", "discover",
            "record_nvml"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'webhook.agent' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

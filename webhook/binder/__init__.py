@@ -1,10 +1,39 @@
 """The gang binder (`muster bind`): places whole gangs on nodes and concrete GPU sets, writes
-muster.io/gpu-assignment, then binds. The cycle's rules are a pure function (planner.plan)."""
+muster.io/gpu-assignment, then binds. The cycle's rules are a pure function (planner.plan).
 
-from webhook.binder.assignment import build_assignment, decode_assignment, encode_assignment
-from webhook.binder.controller import Binder, BinderConfig
-from webhook.binder.planner import Plan, PlanConfig, plan
-from webhook.binder.service import BinderService, ServiceConfig
+Public API: `Binder`/`BinderConfig` (the controller), `BinderService`/`ServiceConfig` (leader
+election, metrics), `plan`/`Plan`/`PlanConfig`, and the assignment codec. Loaded lazily:
+`webhook.binder.cli` is imported by every `muster` command, so the Kubernetes client loads only
+when a command uses the binder.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from webhook.binder.assignment import (
+        build_assignment,
+        decode_assignment,
+        encode_assignment,
+    )
+    from webhook.binder.controller import Binder, BinderConfig
+    from webhook.binder.planner import Plan, PlanConfig, plan
+    from webhook.binder.service import BinderService, ServiceConfig
+
+_EXPORTS = {
+    "build_assignment": "webhook.binder.assignment",
+    "decode_assignment": "webhook.binder.assignment",
+    "encode_assignment": "webhook.binder.assignment",
+    "Binder": "webhook.binder.controller",
+    "BinderConfig": "webhook.binder.controller",
+    "Plan": "webhook.binder.planner",
+    "PlanConfig": "webhook.binder.planner",
+    "plan": "webhook.binder.planner",
+    "BinderService": "webhook.binder.service",
+    "ServiceConfig": "webhook.binder.service",
+}
 
 __all__ = [
     "Binder",
@@ -18,3 +47,9 @@ __all__ = [
     "encode_assignment",
     "plan",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'webhook.binder' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

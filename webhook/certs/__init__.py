@@ -1,22 +1,32 @@
-"""Certificates: CA and serving certificates (`pki`), the `self` manager, `muster certs ...`."""
+"""Certificates: CA and serving certificates (`pki`), the `self` manager, `muster certs ...`.
 
-from webhook.certs.pki import (
-    KeyPair,
-    PkiError,
-    bundle,
-    generate_ca,
-    issue_for_service,
-    issue_serving_cert,
-    key_matches,
-    load_certificate,
-    load_certificates,
-    not_after,
-    pair_problem,
-    service_dns_names,
-    signed_by,
-    validity_problem,
-    write_pair,
-)
+Loaded lazily: `webhook.certs.cli` is imported by every `muster` command, so the cryptography
+library loads only with a command that uses it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from webhook.certs.pki import (
+        KeyPair,
+        PkiError,
+        bundle,
+        generate_ca,
+        issue_for_service,
+        issue_serving_cert,
+        key_matches,
+        load_certificate,
+        load_certificates,
+        not_after,
+        pair_problem,
+        service_dns_names,
+        signed_by,
+        validity_problem,
+        write_pair,
+    )
 
 __all__ = [
     "KeyPair",
@@ -35,3 +45,9 @@ __all__ = [
     "validity_problem",
     "write_pair",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module 'webhook.certs' has no attribute {name!r}")
+    return getattr(importlib.import_module("webhook.certs.pki"), name)

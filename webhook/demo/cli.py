@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from webhook.demo import EXAMPLE_POLICIES
 from webhook.failures import CommandFailed, UsageError
+from webhook.signals import run_interruptible
+
+if TYPE_CHECKING:
+    from webhook.demo.run import Progress
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,6 +32,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """The demo; Ctrl-C at any point ends it with one line (the step's own "interrupted", or
+    this command's) and exit 130, once what it started has stopped."""
+    steps: list[Progress] = []
+    try:
+        return _demo(args, steps)
+    except KeyboardInterrupt:
+        if not any(p.interrupted for p in steps):
+            print("muster demo: interrupted", file=sys.stderr)
+        return 130
+
+
+def _demo(args: argparse.Namespace, steps: list[Progress]) -> int:
+    """Runs the demo; the Progress that reports its steps is added to `steps`."""
     try:
         from webhook.demo.report import as_json, format_result  # noqa: PLC0415 (CLI kept light)
         from webhook.demo.run import Progress, run_demo  # noqa: PLC0415
@@ -44,8 +61,9 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger().setLevel(logging.WARNING)
     progress = Progress(lambda text: print(text, end="", file=sys.stderr, flush=True),
                         sys.stderr.isatty())
+    steps.append(progress)
     print("muster demo: starting the components", file=sys.stderr)
-    result = asyncio.run(run_demo(list(args.policies), progress))
+    result = run_interruptible(lambda: run_demo(list(args.policies), progress))
     print(as_json(result) if args.json else format_result(result))
     return 0
 

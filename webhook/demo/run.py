@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubernetes_asyncio.client import ApiClient
+
 from webhook import keys
 from webhook.admission import ServeOptions, WebhookServer
 from webhook.agent.deviceplugin.plugin import PluginConfig
@@ -100,6 +102,8 @@ class Progress:
     def __init__(self, write: Callable[[str], None], tty: bool) -> None:
         self.write, self.tty, self.n = write, tty, 0
         self.skipped: list[str] = []
+        #: a step's line said "interrupted" (Ctrl-C): the one line the interruption needs
+        self.interrupted = False
 
     @contextlib.asynccontextmanager
     async def step(self, title: str) -> AsyncIterator[None]:
@@ -112,6 +116,7 @@ class Progress:
             mark = "ok"
         except asyncio.CancelledError:
             mark = "interrupted"  # Ctrl-C: asyncio.run cancels the demo, nothing failed
+            self.interrupted = True
             raise
         finally:
             if spinner is not None:
@@ -185,14 +190,31 @@ async def _running(api: ApiServerEmulator, tmp: Path, policies: list[Path]
     try:
         yield demo
     finally:
-        for task in demo.background:
-            task.cancel()
-        await asyncio.gather(*demo.background, return_exceptions=True)
-        if demo.server is not None:
-            await demo.server.stop()
-        for kubelet in demo.kubelets.values():
-            await kubelet.stop()
-        await client.close()
+        await _to_the_end(_stop(demo, client))
+
+
+async def _stop(demo: _Demo, client: ApiClient) -> None:
+    for task in demo.background:
+        task.cancel()
+    await asyncio.gather(*demo.background, return_exceptions=True)
+    if demo.server is not None:
+        await demo.server.stop()
+    for kubelet in demo.kubelets.values():
+        await kubelet.stop()
+    await client.close()
+
+
+async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
+    """`work` run to its end even when Ctrl-C cancels the demo meanwhile, then the cancellation
+    goes on: a teardown cut short leaves the gRPC servers of the agents and kubelets running,
+    and the emulator gone under the webhook (which then cannot release its Lease); they die
+    with the interpreter, printing "Error in sys.excepthook" once per server."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
 
 
 async def _until(what: str, check: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:

@@ -16,8 +16,8 @@ from webhook.policy import chart, native
 from webhook.policy.decision import Decision, PolicyAudit
 from webhook.policy.engine import evaluate, explain
 from webhook.policy.errors import PolicyError, PolicyIssue
-from webhook.policy.levelcheck import binder_levels, unnamed_levels
-from webhook.policy.loader import STDIN, load_policies, policy_files
+from webhook.policy.levelcheck import binder_levels, level_warnings
+from webhook.policy.loader import STDIN, STDIN_NAME, load_policies, policy_files
 from webhook.policy.manifests import Manifest, name_of, object_of, read_manifest, unsupported
 from webhook.policy.podgroup import gang_objects
 from webhook.policy.policyset import PolicySet
@@ -32,7 +32,7 @@ from webhook.policy.testfile import (
     read_objects,
     run_case,
 )
-from webhook.yamlpos import MAX_BYTES, YamlProblem, load_all, read
+from webhook.yamlpos import YamlProblem, load_all, read
 
 T = TypeVar("T")
 #: what an empty policy set does, said wherever one is loaded for use
@@ -54,16 +54,19 @@ def check(args: argparse.Namespace) -> int:
     """Every problem of every file, one line each (exit 1); a PATH that does not exist is a
     usage error (exit 2)."""
     _must_exist(args.paths, "")
-    levels = binder_levels(args.network_levels) if args.network_levels else None
+    stdin = _stdin(args.paths)
+    # --network-levels, a usage error before anything is read, beats the chart's
+    flag = binder_levels(args.network_levels) if args.network_levels else None
+    given = None if flag else _chart_levels(args.paths, stdin)
     try:
-        policies = load_policies(args.paths, stdin=_stdin(args.paths), chart=True)
+        policies = load_policies(args.paths, stdin=stdin, chart=True)
     except PolicyError as exc:
         print(exc)
         files = len({issue.file for issue in exc.problems})
         print(f"{_count(exc.problem_count, 'problem')} in {files} file{'s' if files > 1 else ''}"
               f"{_and_warnings(exc.issues, exc.more_warnings)}; nothing loaded")
         return 1
-    more = [*(unnamed_levels(policies, levels) if levels else ()),
+    more = [*level_warnings(policies, flag, given),
             *((f"warning: {NO_POLICIES}",) if not policies else ())]
     for warning in [*map(str, policies.warnings), *more]:
         print(warning)
@@ -73,6 +76,21 @@ def check(args: argparse.Namespace) -> int:
     print(f"{len(policies)} policies valid{_and_warnings(policies.warnings, len(more))}"
           f", digest {policies.digest[:12]}")
     return 0
+
+
+def _chart_levels(paths: list[str], stdin: bytes | None) -> chart.BinderLevels | None:
+    """The binder's levels as the values files and `helm template` outputs among `paths` give
+    them: the last that sets them (as `helm -f` takes the last), else the chart's default; None
+    when no path is either."""
+    found: list[chart.BinderLevels] = []
+    for path in paths:
+        try:
+            files = [(STDIN_NAME, stdin or b"")] if path == STDIN else [
+                (str(f), read(f, chart.MAX_CHART_BYTES)) for f in policy_files(Path(path))]
+        except OSError:
+            continue  # the loader says why
+        found.extend(filter(None, (chart.binder_levels(name, raw) for name, raw in files)))
+    return next((g for g in reversed(found) if g.explicit), found[-1] if found else None)
 
 
 def pack(args: argparse.Namespace) -> int:
@@ -126,8 +144,9 @@ def _must_exist(paths: list[str], flag: str) -> None:
 
 
 def _stdin(paths: list[str]) -> bytes | None:
-    """Standard input when a path is `-` (read within the size limit of a policy file)."""
-    return sys.stdin.buffer.read(MAX_BYTES + 1) if STDIN in paths else None
+    """Standard input when a path is `-` (read within the size limit of a values file or `helm
+    template`'s output, which it may be)."""
+    return sys.stdin.buffer.read(chart.MAX_CHART_BYTES + 1) if STDIN in paths else None
 
 
 def _load(args: argparse.Namespace) -> PolicySet:

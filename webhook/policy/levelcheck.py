@@ -1,7 +1,8 @@
-"""`muster policy check --network-levels`: the network levels policies name that none of the
-binder's levels is (docs/topology.md, "Network levels"). The binder places a gang that names
-such a level by a node label of that name alone, so `rack` beside the binder's
-`example.com/rack` (without the alias `rack`) is very likely a mistake.
+"""`muster policy check`: the network levels policies name that none of the binder's levels is
+(docs/topology.md, "Network levels"), the levels being --network-levels, or those a values file
+or `helm template`'s output gives the binder. The binder places a gang that names such a level
+by a node label of that name alone, so `rack` beside the binder's `example.com/rack` (without
+the alias `rack`) is very likely a mistake.
 
 The binder's levels are read by the binder's own parser (`webhook.topology.network`); this is
 the one place the policy commands read them (.importlinter says so).
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 
 from webhook.failures import UsageError
 from webhook.keys import HOSTNAME_LABEL
+from webhook.policy.chart import BinderLevels
 from webhook.policy.policyset import PolicySet
 from webhook.policy.schema import Network
 from webhook.topology.network import Levels, LevelsError, read_levels
@@ -27,12 +29,38 @@ def binder_levels(value: str) -> Levels:
         raise UsageError(f"--network-levels {exc}") from exc
 
 
-def unnamed_levels(policies: PolicySet, levels: Levels) -> list[str]:
+def level_warnings(policies: PolicySet, flag: Levels | None, given: BinderLevels | None
+                   ) -> list[str]:
+    """The warnings of `unnamed_levels` for --network-levels (`flag`), else for the levels a
+    chart file gives the binder."""
+    if flag is not None:
+        return unnamed_levels(policies, flag)
+    if given is None:
+        return []
+    levels, said = _levels_of(given)
+    return [*said, *(unnamed_levels(policies, levels, given.source) if levels else ())]
+
+
+def _levels_of(given: BinderLevels) -> tuple[Levels | None, list[str]]:
+    """The levels a chart file gives the binder (none when it runs without, or reads them from
+    a file in its pod: `@FILE`), or a warning when the binder would refuse them."""
+    if given.value is None or given.value.startswith("@"):
+        return None, []
+    try:
+        return read_levels(given.value), []
+    except LevelsError as exc:
+        return None, [f"{given.source}: warning: {exc}: the binder refuses these levels (it "
+                      "would not start)"]
+
+
+def unnamed_levels(policies: PolicySet, levels: Levels, source: str = "") -> list[str]:
     """A warning line for each level a policy's topology.network names that is neither a level
-    nor an alias of `levels`, nor the node itself; none where the levels are only known in the
-    cluster (Topograph's labels, Volcano's HyperNodes, a Topology object)."""
+    nor an alias of `levels` (read from `source`, when not --network-levels), nor the node
+    itself; none where the levels are only known in the cluster (Topograph's labels, Volcano's
+    HyperNodes, a Topology object)."""
     if not levels.labels:
         return []
+    whose = f"; from {source}" if source else ""
     known = [*levels.labels, *(alias for alias, _ in levels.aliases)]
     out = []
     for policy, origin in zip(policies.policies, policies.origins, strict=True):
@@ -40,8 +68,8 @@ def unnamed_levels(policies: PolicySet, levels: Levels) -> list[str]:
         for field, name in _named(network):
             if name not in known and name != HOSTNAME_LABEL:
                 out.append(f"{origin}: warning: spec.topology.network.{field}: {name!r} is no "
-                           f"level of the binder's ({', '.join(known)}): a gang is placed by a "
-                           f"node label {name!r} alone{_meant(name, known)} (policy "
+                           f"level of the binder's ({', '.join(known)}{whose}): a gang is "
+                           f"placed by a node label {name!r} alone{_meant(name, known)} (policy "
                            f"{policy.name})")
     return out
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from webhook.policy.chart import unpack
+from webhook.policy.chart import MAX_CHART_BYTES, unpack
 from webhook.policy.errors import MAX_LISTED, PolicyError, PolicyIssue
 from webhook.policy.jsonshape import as_list, as_map
 from webhook.policy.policyset import PolicySet, find_conflicts
@@ -32,7 +32,15 @@ from webhook.policy.schema import (
     parts_of,
 )
 from webhook.policy.workload import unmatched_owner_kind
-from webhook.yamlpos import Document, NodeBudget, YamlProblem, decode, documents, read
+from webhook.yamlpos import (
+    MAX_BYTES,
+    Document,
+    NodeBudget,
+    YamlProblem,
+    decode,
+    documents,
+    read,
+)
 
 POLICY_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -70,7 +78,8 @@ def load_policies(paths: Sequence[str | FsPath], *, stdin: bytes | None = None,
             for file in files:
                 if sum(len(b) for _, b in sources) > MAX_SET_BYTES:
                     break  # (refused below) reading on would only cost memory
-                sources.extend(_unpacked(str(file), read(file), chart, issues))
+                data = read(file, MAX_CHART_BYTES if chart else MAX_BYTES)
+                sources.extend(_unpacked(str(file), data, chart, issues))
         except OSError as exc:
             issues.append(PolicyIssue(str(path), 0, 0, 0, "", exc.strerror or str(exc)))
     return _build(sources, issues)
@@ -81,6 +90,11 @@ def _unpacked(name: str, raw: bytes, chart: bool, issues: list[PolicyIssue]
     """The file as it is, or (`chart`) the policy files of the values file or rendered
     ConfigMap it is."""
     found = unpack(name, raw, issues) if chart else None
+    if found is None and chart and len(raw) > MAX_BYTES:  # read for a chart file, and not one
+        issues.append(PolicyIssue(name, 0, 0, 0, "", f"larger than {MAX_BYTES // 1024} KiB, "
+                                  "the most a policy file may hold (a values file or helm "
+                                  f"template's output: {MAX_CHART_BYTES // 1024} KiB)"))
+        return []
     return [(name, raw)] if found is None else found
 
 
