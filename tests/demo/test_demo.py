@@ -219,6 +219,23 @@ def test_a_step_cancelled_by_ctrl_c_says_interrupted_not_failed() -> None:
     "[7] kubelets start the 8 bound GPU pods: device plugin Allocate ... ok",
 ])
 def test_ctrl_c_at_any_point_ends_the_demo_with_one_line(after: str) -> None:
+    # after step 7 the demo has about 0.4 s left: a signal sent from a descheduled test can
+    # land after its end (exit 0), so that run is tried again rather than judged
+    for _ in range(3):
+        code, out, said = _interrupted_after(after)
+        if code != 0:
+            break
+    assert code == 130 and out == b"", said
+    lines = said.replace("\r", "").splitlines()  # a step's line starts with \r
+    # the step cut short says so, or the command does when it was between steps
+    assert len(lines) == 1 and (lines[0] == "muster demo: interrupted" or re.fullmatch(
+        r"  \[\d\] .* \.\.\. interrupted \(\d+\.\d\d s\)", lines[0])), lines
+    assert "Error in sys.excepthook" not in said and "Traceback" not in said
+
+
+def _interrupted_after(after: str) -> tuple[int, bytes, str]:
+    """SIGINT to a real `muster demo` once `after` is on its stderr: its exit code, its stdout
+    and what its stderr said after that line."""
     proc = subprocess.Popen([sys.executable, "-m", "webhook", "demo"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stderr is not None
@@ -229,12 +246,7 @@ def test_ctrl_c_at_any_point_ends_the_demo_with_one_line(after: str) -> None:
         before += chunk
     proc.send_signal(signal.SIGINT)
     out, rest = proc.communicate(timeout=60)
-    said = rest.decode().replace("\r", "").splitlines()  # a step's line starts with \r
-    assert proc.returncode == 130 and out == b"", (before + rest).decode()
-    # the step cut short says so, or the command does when it was between steps
-    assert len(said) == 1 and (said[0] == "muster demo: interrupted" or re.fullmatch(
-        r"  \[\d\] .* \.\.\. interrupted \(\d+\.\d\d s\)", said[0])), said
-    assert "Error in sys.excepthook" not in rest.decode() and b"Traceback" not in rest
+    return proc.returncode, out, rest.decode()
 
 
 def test_cli_warns_when_it_runs_with_no_policies(tmp_path: Path) -> None:
