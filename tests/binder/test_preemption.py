@@ -277,7 +277,7 @@ def test_one_young_whole_gang_goes_before_many_older_small_ones() -> None:
 
 def test_a_preferred_rack_gives_way_when_scattered_gangs_lose_much_less_work() -> None:
     # the two youngest gangs, in two racks, ran 5 minutes; every rack's ran an hour: 12x the
-    # work lost (the rack is worth 3x); a required rack still gets one freed
+    # work lost (the rack is worth 2x); a required rack still gets one freed
     pods = [p for n in racked_nodes() for name in [n["metadata"]["name"]]
             for p in running(f"low-{name}", name, range(8),
                              created="2026-11-21T04:55:00Z" if name in ("b0-r0-n0", "b1-r1-n1")

@@ -59,7 +59,7 @@ MAX_DOMAINS = 4
 MAX_TRIALS = 24
 #: a gang's preferred (not required) level is worth this many times the work lost: one of
 #: its domains is freed unless the whole cluster's victims lose this many times less
-LOCALITY_WORTH = 3
+LOCALITY_WORTH = 2
 
 Cost = tuple[int, float, int, int]
 
