@@ -30,7 +30,7 @@ The search, cheap before it is exact:
    cluster then reads what can change, not every node.
 5. Narrow domains against the whole cluster: a gang that prefers a level gets one of its
    domains freed (prefer one rack over scattered GPUs in many) unless the whole cluster's set
-   loses `LOCALITY_WORTH` times less work; the whole cluster when no domain of it can be freed.
+   loses less than 1/`LOCALITY_WORTH` of the domain's; the whole cluster when none can be.
 The cost of a set: (its highest priority, GPU-seconds lost, GPUs, gangs), compared in order.
 """
 
@@ -58,7 +58,7 @@ MAX_DOMAINS = 4
 #: planning trials at most, per decision (a bound on its latency)
 MAX_TRIALS = 24
 #: a gang's preferred (not required) level is worth this many times the work lost: one of
-#: its domains is freed unless the whole cluster's victims lose this many times less
+#: its domains is freed unless the whole cluster's victims lose less than 1/this of that
 LOCALITY_WORTH = 2
 
 Cost = tuple[int, float, int, int]
@@ -305,8 +305,8 @@ class _Search:
 
     def run(self) -> Preemption | None:
         """The best set of the narrow domains; of the whole cluster when none has one, or
-        when its set loses `LOCALITY_WORTH` times less work (a gang that prefers a level is
-        given a domain of it unless that costs much more)."""
+        when its set loses less than 1/`LOCALITY_WORTH` of the narrow one's work (a gang that
+        prefers a level is given a domain of it unless that costs much more)."""
         narrow = self._best([d for d in self.domains if d.name])
         wide = self._best([d for d in self.domains if not d.name])
         if narrow is None or wide is None:
