@@ -210,6 +210,8 @@ class _Victim:
     held: dict[str, list[PodInfo]]
     #: (priority, GPU-seconds lost, GPUs) were it evicted
     cost: tuple[int, float, int]
+    #: (priority, seconds lost per GPU): the order victims are taken in, cheapest first
+    rank: tuple[int, float]
 
 
 @dataclass(slots=True)
@@ -266,7 +268,8 @@ class _Search:
                 if node is not None:
                     held.setdefault(node, []).append(pod)
                     gpus += pod.gpus
-            v = _Victim(r, held, (priority, gpus * (self.now - created), gpus))
+            age = self.now - created
+            v = _Victim(r, held, (priority, gpus * age, gpus), (priority, age if gpus else 0.0))
             for node, pods in held.items():
                 on.setdefault(node, []).append(
                     (v, pods[0].gpus if len(pods) == 1 else sum(p.gpus for p in pods)))
@@ -275,20 +278,24 @@ class _Search:
         """Keep the domain if all its victims would give it room enough, with its estimate.
         Room is counted in members, whole pods per node (`_members`): GPUs scattered over
         nodes, a few per node, hold no pod."""
-        free: dict[str, int] = {}
+        unit, need = self._members
+        room = 0
+        free: dict[str, int] = {}  # of its nodes that victims hold something on
         freed: dict[int, int] = defaultdict(int)
         touching: dict[int, _Victim] = {}
         for n in members:
             state = self.states.get(n)
-            free[n] = 0 if state is None else len(state.free_gpus)
-            for v, gpus in self._on.get(n, ()):
-                freed[id(v)] += gpus
-                touching[id(v)] = v
+            gpus = 0 if state is None else len(state.free_gpus)
+            room += gpus // unit
+            on = self._on.get(n)
+            if on:
+                free[n] = gpus
+                for v, held in on:
+                    freed[id(v)] += held
+                    touching[id(v)] = v
         order = sorted(touching.values(),
-                       key=lambda v: (v.cost[0], v.cost[1] / max(v.cost[2], 1), -freed[id(v)],
-                                      v.running.gang.key))
-        unit, need = self._members
-        room, prefix = sum(f // unit for f in free.values()), 0
+                       key=lambda v: (v.rank, -freed[id(v)], v.running.gang.key))
+        prefix = 0
         for v in order:
             if room >= need and prefix:
                 break
