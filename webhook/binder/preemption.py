@@ -251,9 +251,13 @@ class _Search:
     #: free // unit of its members (no fewer than any mix of its pods' sizes)
     _members: tuple[int, int] = (1, 0)
 
+    #: free GPUs per node that has some
+    _free: dict[str, int] = field(default_factory=dict)
+
     def __post_init__(self) -> None:
         sizes = [p.gpus for p in self.preemptor.pending if p.gpus > 0]
         self._members = (min(sizes, default=1), len(sizes))
+        self._free = {n: len(s.free_gpus) for n, s in self.states.items() if s.free_gpus}
 
     def index(self, eligible: Sequence[Running]) -> None:
         """Each eligible victim's pods by node, and its cost."""
@@ -283,11 +287,11 @@ class _Search:
         free: dict[str, int] = {}  # of its nodes that victims hold something on
         freed: dict[int, int] = defaultdict(int)
         touching: dict[int, _Victim] = {}
+        free_on, victims_on = self._free.get, self._on.get  # (a loop over every node)
         for n in members:
-            state = self.states.get(n)
-            gpus = 0 if state is None else len(state.free_gpus)
+            gpus = free_on(n, 0)
             room += gpus // unit
-            on = self._on.get(n)
+            on = victims_on(n)
             if on:
                 free[n] = gpus
                 for v, held in on:
