@@ -223,3 +223,71 @@ def test_a_gang_that_prefers_a_rack_gets_one_freed_though_scattered_gangs_cost_l
     loose = job("high", workers=2, gpus=8, priority=1000, topology=None,
                 created="2026-11-21T05:00:00Z")
     assert victims(decide([*pods, *loose], "high")) == {"low-b0-r0-n0", "low-b1-r1-n1"}
+
+
+def small(name: str, node_name: str, gpus: Sequence[int], created: str) -> list[dict[str, Any]]:
+    return running(name, node_name, gpus, created=created)
+
+
+OLD, VERY_OLD = "2026-11-21T00:00:00Z", "2026-11-20T20:00:00Z"
+
+
+def test_a_victim_with_no_pod_where_the_gang_goes_is_dropped_without_a_trial(
+        monkeypatch: Any) -> None:
+    # b0-r1: n0 half held by the youngest gang (it frees no whole pod), n1 by one older gang;
+    # one trial only, so the minimising pass cannot drop the young one
+    monkeypatch.setattr("webhook.binder.preemption.MAX_TRIALS", 1)
+    pods = [p for p in full(young="b0-r1") if not p["metadata"]["name"].startswith("low-b0-r1")]
+    pods += [*small("young", "b0-r1-n0", range(4), "2026-11-21T04:55:00Z"),
+             *small("old", "b0-r1-n0", range(4, 8), VERY_OLD),
+             *small("mid", "b0-r1-n1", range(8), "2026-11-21T04:30:00Z")]
+    one = job("one", workers=1, gpus=8, priority=1000, topology=topo(RACK),
+              created="2026-11-21T05:00:00Z")
+    assert victims(decide([*pods, *one], "one")) == {"mid"}
+
+
+def test_a_domains_room_is_counted_in_whole_pods(monkeypatch: Any) -> None:
+    # b0-r0 has 8 free GPUs, 4 on each node: no 8-GPU pod; young 2-GPU gangs there look
+    # cheapest by GPU count but free a node only with an old one; b0-r1 frees a node by
+    # evicting one gang of an hour. Counted in pods, b0-r1 is tried first (one trial here)
+    monkeypatch.setattr("webhook.binder.preemption.MAX_TRIALS", 1)
+    pods = [p for n in racked_nodes() if n["metadata"]["name"].startswith("b1")
+            for p in running(f"low-{n['metadata']['name']}", n["metadata"]["name"], range(8),
+                             created=VERY_OLD)]
+    for i in range(2):
+        pods += [*small(f"young{i}", f"b0-r0-n{i}", range(2), "2026-11-21T04:50:00Z"),
+                 *small(f"old{i}", f"b0-r0-n{i}", range(2, 4), OLD)]
+    pods += [*small("hour", "b0-r1-n0", range(8), "2026-11-21T04:00:00Z"),
+             *small("older", "b0-r1-n1", range(8), VERY_OLD)]
+    one = job("one", workers=1, gpus=8, priority=1000, topology=topo(RACK),
+              created="2026-11-21T05:00:00Z")
+    assert victims(decide([*pods, *one], "one")) == {"hour"}
+
+
+def test_one_young_whole_gang_goes_before_many_older_small_ones() -> None:
+    # b0-r0-n0: eight 1-GPU gangs of an hour (8 GPU-hours); b0-r0-n1: one 8-GPU gang of half
+    # an hour (4 GPU-hours), though each small gang alone loses less
+    pods = [p for p in full() if not p["spec"]["nodeName"].startswith("b0-r0")]
+    pods += [p for i in range(8) for p in small(f"s{i}", "b0-r0-n0", [i], "2026-11-21T04:00:00Z")]
+    pods += small("whole", "b0-r0-n1", range(8), "2026-11-21T04:30:00Z")
+    loose = job("loose", workers=1, gpus=8, priority=1000, topology=None,
+                created="2026-11-21T05:00:00Z")
+    assert victims(decide([*pods, *loose], "loose")) == {"whole"}
+
+
+def test_a_preferred_rack_gives_way_when_scattered_gangs_lose_much_less_work() -> None:
+    # the two youngest gangs, in two racks, ran 5 minutes; every rack's ran an hour: 12x the
+    # work lost (the rack is worth 2x); a required rack still gets one freed
+    pods = [p for n in racked_nodes() for name in [n["metadata"]["name"]]
+            for p in running(f"low-{name}", name, range(8),
+                             created="2026-11-21T04:55:00Z" if name in ("b0-r0-n0", "b1-r1-n1")
+                             else "2026-11-21T04:00:00Z")]
+    prefers = job("high", workers=2, gpus=8, priority=1000, topology=topo(RACK, "preferred"),
+                  created="2026-11-21T05:00:00Z")
+    p = decide([*pods, *prefers], "high")
+    assert p is not None and p.domain == ""
+    assert victims(p) == {"low-b0-r0-n0", "low-b1-r1-n1"}
+    requires = job("high", workers=2, gpus=8, priority=1000, topology=topo(RACK),
+                   created="2026-11-21T05:00:00Z")
+    required = decide([*pods, *requires], "high")
+    assert required is not None and required.domain

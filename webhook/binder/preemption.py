@@ -12,20 +12,25 @@ The search, cheap before it is exact:
    be evicted now (no PodDisruptionBudget forbids it), not admitted by Kueue (Kueue's to
    preempt), none of their pods being deleted; never part of a gang.
 2. Domains: where the gang must or should be, one domain at a time: each domain of its
-   network level (required: only those; preferred: those, and the whole cluster only when no
-   one of them can be freed), each node for a single-node gang (preferred: likewise), else the
-   whole cluster. Freeing one rack is thus preferred over scattered GPUs in many.
-3. Per domain, the victims touching it, cheapest first (lowest priority, then the least work
-   lost: GPUs x seconds run, then fewest GPUs); a domain whose free GPUs plus all its victims'
-   cannot hold the gang is skipped unseen, and the prefix of victims that gives it enough GPUs
-   is its estimate (no fit tested yet).
+   network level (required: only those; preferred: those, and the whole cluster), each node
+   for a single-node gang (preferred: likewise), else the whole cluster.
+3. Per domain, the victims touching it, cheapest per GPU first (lowest priority, then the
+   least work lost per GPU it frees: the youngest; then the most GPUs freed there); a domain
+   whose room with all its victims gone cannot hold the gang is skipped unseen, and the
+   prefix of victims that gives it room enough is its estimate (no fit tested yet). Room is
+   counted in members, whole pods per node: GPUs a few here and there hold no pod.
 4. Domains in order of estimate (at equal estimates, in the order of preference): victims
-   are added from that prefix on until the gang fits, then each is dropped again if it still
-   fits without it (a minimal set). The search stops at the first domain whose set costs no
-   more than the next domain's estimate, or after `MAX_DOMAINS` domains were tested. A trial
-   places on the domain's nodes with a free GPU once the victims are gone, and its nodes
-   without GPUs (where a launcher may go): a GPU node left full serves no member here, and a
-   trial over the whole cluster then reads what can change, not every node.
+   are added from that prefix on until the gang fits; then every victim with no pod on the
+   nodes the placement uses is dropped (it freed nothing the placement takes: no trial
+   needed), and each other one is dropped if the gang still fits without it (a minimal set).
+   The search stops at the first domain whose set costs no more than the next domain's
+   estimate, or after `MAX_DOMAINS` domains were tested. A trial places on the domain's
+   nodes with a free GPU once the victims are gone, and its nodes without GPUs (where a
+   launcher may go): a GPU node left full serves no member here, and a trial over the whole
+   cluster then reads what can change, not every node.
+5. Narrow domains against the whole cluster: a gang that prefers a level gets one of its
+   domains freed (prefer one rack over scattered GPUs in many) unless the whole cluster's set
+   loses less than 1/`LOCALITY_WORTH` of the domain's; the whole cluster when none can be.
 The cost of a set: (its highest priority, GPU-seconds lost, GPUs, gangs), compared in order.
 """
 
@@ -52,6 +57,9 @@ from webhook.topology.network import HOSTNAME, resolved
 MAX_DOMAINS = 4
 #: planning trials at most, per decision (a bound on its latency)
 MAX_TRIALS = 24
+#: a gang's preferred (not required) level is worth this many times the work lost: one of
+#: its domains is freed unless the whole cluster's victims lose less than 1/this of that
+LOCALITY_WORTH = 2
 
 Cost = tuple[int, float, int, int]
 
@@ -202,6 +210,8 @@ class _Victim:
     held: dict[str, list[PodInfo]]
     #: (priority, GPU-seconds lost, GPUs) were it evicted
     cost: tuple[int, float, int]
+    #: (priority, seconds lost per GPU): the order victims are taken in, cheapest first
+    rank: tuple[int, float]
 
 
 @dataclass(slots=True)
@@ -237,10 +247,17 @@ class _Search:
     trials: int = 0
     #: per node, the victims holding resources there and the GPUs they hold there
     _on: dict[str, list[tuple[_Victim, int]]] = field(default_factory=dict)
-    need: int = 0
+    #: (GPUs of its smallest GPU pod, how many GPU pods it places): a node holds
+    #: free // unit of its members (no fewer than any mix of its pods' sizes)
+    _members: tuple[int, int] = (1, 0)
+
+    #: free GPUs per node that has some
+    _free: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.need = sum(p.gpus for p in self.preemptor.pending)
+        sizes = [p.gpus for p in self.preemptor.pending if p.gpus > 0]
+        self._members = (min(sizes, default=1), len(sizes))
+        self._free = {n: len(s.free_gpus) for n, s in self.states.items() if s.free_gpus}
 
     def index(self, eligible: Sequence[Running]) -> None:
         """Each eligible victim's pods by node, and its cost."""
@@ -255,42 +272,61 @@ class _Search:
                 if node is not None:
                     held.setdefault(node, []).append(pod)
                     gpus += pod.gpus
-            v = _Victim(r, held, (priority, gpus * (self.now - created), gpus))
+            age = self.now - created
+            v = _Victim(r, held, (priority, gpus * age, gpus), (priority, age if gpus else 0.0))
             for node, pods in held.items():
                 on.setdefault(node, []).append(
                     (v, pods[0].gpus if len(pods) == 1 else sum(p.gpus for p in pods)))
 
     def add_domain(self, name: str, members: frozenset[str]) -> None:
-        """Keep the domain if all its victims would give it room enough, with its estimate."""
-        free = 0
+        """Keep the domain if all its victims would give it room enough, with its estimate.
+        Room is counted in members, whole pods per node (`_members`): GPUs scattered over
+        nodes, a few per node, hold no pod."""
+        unit, need = self._members
+        room = 0
+        free: dict[str, int] = {}  # of its nodes that victims hold something on
         freed: dict[int, int] = defaultdict(int)
         touching: dict[int, _Victim] = {}
+        free_on, victims_on = self._free.get, self._on.get  # (a loop over every node)
         for n in members:
-            state = self.states.get(n)
-            if state is not None:
-                free += len(state.free_gpus)
-            for v, gpus in self._on.get(n, ()):
-                freed[id(v)] += gpus
-                touching[id(v)] = v
+            gpus = free_on(n, 0)
+            room += gpus // unit
+            on = victims_on(n)
+            if on:
+                free[n] = gpus
+                for v, held in on:
+                    freed[id(v)] += held
+                    touching[id(v)] = v
         order = sorted(touching.values(),
-                       key=lambda v: (v.cost[:2], -freed[id(v)], v.running.gang.key))
-        room, prefix = free, 0
+                       key=lambda v: (v.rank, -freed[id(v)], v.running.gang.key))
+        prefix = 0
         for v in order:
-            if room >= self.need and prefix:
+            if room >= need and prefix:
                 break
-            room, prefix = room + freed[id(v)], prefix + 1
-        if room < self.need or not order:
+            for node, pods in v.held.items():
+                if node in free:
+                    before = free[node]
+                    free[node] = before + sum(p.gpus for p in pods)
+                    room += free[node] // unit - before // unit
+            prefix += 1
+        if room < need or not order:
             return
         self.domains.append(_Domain(name, members, order, prefix, _cost(order[:prefix]),
                                     len(self.domains)))
 
     def run(self) -> Preemption | None:
-        """The best set of the narrow domains; of the whole cluster only when none has one
-        (a gang that prefers a level is given a domain of it whenever preemption can)."""
-        narrow = [d for d in self.domains if d.name]
-        return self._best(narrow) or self._best([d for d in self.domains if not d.name])
+        """The best set of the narrow domains; of the whole cluster when none has one, or
+        when its set loses less than 1/`LOCALITY_WORTH` of the narrow one's work (a gang that
+        prefers a level is given a domain of it unless that costs much more)."""
+        narrow = self._best([d for d in self.domains if d.name])
+        wide = self._best([d for d in self.domains if not d.name])
+        if narrow is None or wide is None:
+            found = narrow or wide
+            return None if found is None else found[1]
+        (n, near), (w, far) = narrow, wide
+        return far if (w[0], w[1] * LOCALITY_WORTH, w[2], w[3]) < n else near
 
-    def _best(self, domains: list[_Domain]) -> Preemption | None:
+    def _best(self, domains: list[_Domain]) -> tuple[Cost, Preemption] | None:
         best: tuple[Cost, Preemption] | None = None
         for domain in sorted(domains, key=lambda d: (d.estimate, d.rank))[:MAX_DOMAINS]:
             if best is not None and best[0] <= domain.estimate:
@@ -300,7 +336,7 @@ class _Search:
                 best = found
             if self.trials >= MAX_TRIALS:
                 break
-        return None if best is None else best[1]
+        return best
 
     def _in(self, domain: _Domain) -> tuple[Cost, Preemption] | None:
         """The minimal set of `domain`'s victims that lets the gang fit there, if any."""
@@ -313,13 +349,16 @@ class _Search:
             placed = self._fits(domain, chosen)
         if placed is None:
             return None
+        chosen = _on_used(chosen, placed)
         for v in sorted(chosen, key=lambda v: v.cost, reverse=True):
             if len(chosen) == 1 or self.trials >= MAX_TRIALS:
                 break
+            if all(c is not v for c in chosen):
+                continue  # (dropped with a placement that no longer used its nodes)
             fewer = [c for c in chosen if c is not v]
             again = self._fits(domain, fewer)
             if again is not None:
-                chosen, placed = fewer, again
+                chosen, placed = _on_used(fewer, again), again
         return _cost(chosen), Preemption(tuple(v.running for v in chosen), placed, domain.name)
 
     def _fits(self, domain: _Domain, victims: Sequence[_Victim]) -> Place | None:
@@ -339,6 +378,13 @@ class _Search:
                           {n: states[n] for n in nodes}, nodes, config=self.config,
                           queue=GangQueue(), fit=FitCache(), place=self.place, now=self.now)
         return next((p for p in plan.places if p.gang.key == self.preemptor.key), None)
+
+
+def _on_used(victims: list[_Victim], placed: Place) -> list[_Victim]:
+    """The victims with a pod on a node the placement uses: the others free nothing it uses,
+    so it holds without them (no trial needed)."""
+    used = {a.node for _, a in placed.assignments}
+    return [v for v in victims if not used.isdisjoint(v.held)]
 
 
 def _given_back(state: NodeState, pods: Sequence[PodInfo]) -> NodeState:
