@@ -210,11 +210,17 @@ def test_two_preemptors_of_one_cycle_never_share_a_victim() -> None:
     assert len({v.name.rsplit("-", 1)[0] for v in second.victims}) == 1  # a rack of its own
 
 
-def test_a_gang_that_prefers_a_rack_gets_one_freed_though_scattered_gangs_cost_less() -> None:
-    pods = [p for n in racked_nodes() for name in [n["metadata"]["name"]]
+def gang_per_node(young_since: str) -> list[dict[str, Any]]:
+    """A whole-node gang `low-<node>` on every node, running since 04:00, but the two in
+    different racks (b0-r0-n0, b1-r1-n1) since `young_since`."""
+    return [p for n in racked_nodes() for name in [n["metadata"]["name"]]
             for p in running(f"low-{name}", name, range(8),
-                             created="2026-11-21T04:30:00Z" if name in ("b0-r0-n0", "b1-r1-n1")
+                             created=young_since if name in ("b0-r0-n0", "b1-r1-n1")
                              else "2026-11-21T04:00:00Z")]
+
+
+def test_a_gang_that_prefers_a_rack_gets_one_freed_though_scattered_gangs_cost_less() -> None:
+    pods = gang_per_node("2026-11-21T04:30:00Z")
     prefers = job("high", workers=2, gpus=8, priority=1000, topology=topo(RACK, "preferred"),
                   created="2026-11-21T05:00:00Z")
     p = decide([*pods, *prefers], "high")
@@ -278,10 +284,7 @@ def test_one_young_whole_gang_goes_before_many_older_small_ones() -> None:
 def test_a_preferred_rack_gives_way_when_scattered_gangs_lose_much_less_work() -> None:
     # the two youngest gangs, in two racks, ran 5 minutes; every rack's ran an hour: 12x the
     # work lost (the rack is worth 2x); a required rack still gets one freed
-    pods = [p for n in racked_nodes() for name in [n["metadata"]["name"]]
-            for p in running(f"low-{name}", name, range(8),
-                             created="2026-11-21T04:55:00Z" if name in ("b0-r0-n0", "b1-r1-n1")
-                             else "2026-11-21T04:00:00Z")]
+    pods = gang_per_node("2026-11-21T04:55:00Z")
     prefers = job("high", workers=2, gpus=8, priority=1000, topology=topo(RACK, "preferred"),
                   created="2026-11-21T05:00:00Z")
     p = decide([*pods, *prefers], "high")
