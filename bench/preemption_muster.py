@@ -4,7 +4,8 @@ fit with that cycle and the binder's placement function; the binder's `--preempt
 LowerPriority`) on the pods, nodes and node states the binder would read: Node objects with the
 network labels and topology annotation, pods as the webhook annotates them, running ones bound
 with their GPU assignment (imported by bench/bench_preemption.py and
-tests/topology/test_preemption_sim.py; no timing here)."""
+tests/topology/test_preemption_sim.py; no timing here). `BinderCycle` is the controller's own
+cycle on those pods: its Snapshot, Preemptions and node groups kept from cycle to cycle."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import functools
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from bench.bench_topology import node_object
 from bench.preemption_sim import HIGH, Decision
@@ -21,15 +22,22 @@ from bench.topology_sim import Cluster, ClusterSpec, Job, Placement, node_name
 from webhook import keys
 from webhook.binder.allocation import Allocation
 from webhook.binder.assignment import assigned_indices, build_assignment, encode_assignment
+from webhook.binder.evict import Evictor
 from webhook.binder.fit import FitCache
 from webhook.binder.gangs import Gang, assemble
+from webhook.binder.metrics import Metrics
 from webhook.binder.nodes import NodeInfo, parse_node
 from webhook.binder.planner import Place, Plan, PlanConfig, plan_gangs
 from webhook.binder.pods import parse_pod
+from webhook.binder.preempting import Preemptions
 from webhook.binder.preemption import Running, preempter
 from webhook.binder.queue import GangQueue
+from webhook.binder.snapshot import Snapshot
+from webhook.kube.api import KubeApi
+from webhook.kube.events import EventRecorder
 from webhook.topology import codec
 from webhook.topology.gpu_choice import TableCache
+from webhook.topology.groups import NodeGroups
 from webhook.topology.hierarchy import place_gang
 from webhook.topology.network import Levels
 
@@ -141,3 +149,37 @@ class MusterPreemption:
     def placement(self, place: Place) -> Placement:
         return [(self.index[a.node], tuple(sorted(assigned_indices(a))))
                 for _, a in place.assignments]
+
+
+class BinderCycle:
+    """`Controller.cycle`'s planning on pods the binder's informer would hold (the running
+    gangs' and the preemptor's): the open gangs and node states from its Snapshot, the
+    candidates from its Preemptions (`Snapshot.running_gangs`, every running gang), its node
+    groups and FitCache kept across cycles. Nothing is written: the plan is returned."""
+
+    def __init__(self, mp: MusterPreemption, running: Sequence[Running], preemptor: Gang
+                 ) -> None:
+        self.mp = mp
+        self.snapshot = Snapshot(mp.config.scheduler_name)
+        for r in running:
+            for pod in r.gang.members:
+                self.snapshot.put(pod)
+        for pod in preemptor.members:
+            self.snapshot.put(pod)
+        # the bench evicts nothing: no API behind the evictor (Preemptions reads its refusals)
+        self.preemptions = Preemptions(
+            Evictor(cast(KubeApi, None), cast(EventRecorder, None), Metrics(),
+                    lambda _pod: None, lambda: None), self.snapshot)
+        self.groups = NodeGroups()
+
+    def __call__(self, now: float) -> Plan:
+        mp, snap, at = self.mp, self.snapshot, EPOCH + now * 60
+        gangs = snap.open_gangs(None, mp.config.podgroup_default_timeout)
+        return plan_gangs(gangs, snap.allocation, snap.node_states(mp.nodes), mp.nodes,
+                          config=mp.config, queue=GangQueue(), fit=mp.fit, place=mp.place,
+                          now=at, neighbours=snap.neighbours(mp.nodes, mp.fit.labels(mp.nodes)),
+                          groups=self.groups,
+                          preempt=self.preemptions.planner(mp.nodes, config=mp.config,
+                                                           place=mp.place, fit=mp.fit, now=at,
+                                                           pod_groups=None),
+                          reserved=self.preemptions.reserved)

@@ -168,3 +168,11 @@ def resource_slice(node_name: str, gpus: Iterable[int]) -> dict[str, Any]:
             "spec": {"driver": keys.DRA_DRIVER, "nodeName": node_name,
                      "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
                      "devices": [{"name": keys.dra_device_name(i)} for i in gpus]}}
+
+
+def budget(app: str, allowed: int) -> dict[str, Any]:
+    """A PodDisruptionBudget of team-a over the pods labelled app=`app`."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": f"pdb-{app}", "namespace": "team-a", "generation": 1},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}},
+            "status": {"observedGeneration": 1, "disruptionsAllowed": allowed}}

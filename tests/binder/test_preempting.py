@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import pytest
-from binder_objects import BLOCK, RACK, job, pod, racked_nodes
+from binder_objects import BLOCK, RACK, budget, job, pod, racked_nodes
 from binder_run import serving
 
 from e2e.probes import eventually
@@ -43,13 +43,6 @@ def high(preemption: str | None) -> list[dict[str, Any]]:
         if preemption is not None:
             p["metadata"]["annotations"][keys.ANN_GANG_PREEMPTION] = preemption
     return pods
-
-
-def budget(app: str, allowed: int) -> dict[str, Any]:
-    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": f"pdb-{app}", "namespace": "team-a", "generation": 1},
-            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}},
-            "status": {"observedGeneration": 1, "disruptionsAllowed": allowed}}
 
 
 def events(api: ApiServerEmulator, reason: str) -> list[dict[str, Any]]:

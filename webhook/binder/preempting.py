@@ -30,6 +30,9 @@ class Preemptions:
         self.reserved: dict[str, Reservation] = {}
         #: the PodDisruptionBudgets, by "namespace/name"
         self.budgets: dict[str, PdbInfo] = {}
+        #: the candidates as last made, by gang key: kept while the snapshot gives the same
+        #: Gang and its flags hold (a Running reads its members once)
+        self._candidates: dict[str, Running] = {}
 
     def on_pdb(self, event: str, obj: dict[str, Any], _old: dict[str, Any] | None) -> None:
         pdb = parse_pdb(obj)
@@ -56,8 +59,15 @@ class Preemptions:
         (their evictions may still be under way)."""
         gangs = self.snapshot.running_gangs(pod_groups, timeout)
         chosen = {v for held in self.reserved.values() for v in held.victims}
-        return [Running(g, evictable=self._evictable(g), kueue_admitted=kueue_admitted(g))
-                for key, g in gangs.items() if key not in chosen]
+        kept, made = self._candidates, {}
+        for key, g in gangs.items():
+            hit = kept.get(key)
+            evictable = self._evictable(g)
+            if hit is None or hit.gang is not g or hit.evictable != evictable:
+                hit = Running(g, evictable=evictable, kueue_admitted=kueue_admitted(g))
+            made[key] = hit
+        self._candidates = made
+        return [r for key, r in made.items() if key not in chosen]
 
     def _evictable(self, gang: Gang) -> bool:
         if gang.key in self.evictor.refused:

@@ -65,17 +65,52 @@ Cost = tuple[int, float, int, int]
 
 
 @dataclass(frozen=True, slots=True)
+class Held:
+    """What a running gang holds, read from its members once (a `Running` is kept from cycle
+    to cycle while its gang is unchanged; a decision reads these for every candidate)."""
+
+    #: its pods by the node they hold resources on, and the GPUs they hold there
+    on: dict[str, list[PodInfo]]
+    gpus_on: dict[str, int]
+    gpus: int
+    #: its earliest member's creation time and highest priority (the gang's own)
+    created: float
+    priority: int
+    #: the schedulers its pods name; whether one of them is being deleted or has ended
+    schedulers: frozenset[str]
+    going: bool
+
+
+def held(gang: Gang) -> Held:
+    on: dict[str, list[PodInfo]] = {}
+    gpus_on: dict[str, int] = {}
+    going = False
+    for pod in gang.members:
+        going = going or pod.deleting or pod.terminated
+        node = holding_node(pod)
+        if node is not None:
+            on.setdefault(node, []).append(pod)
+            gpus_on[node] = gpus_on.get(node, 0) + pod.gpus
+    return Held(on, gpus_on, sum(gpus_on.values()), gang.created, gang.priority,
+                frozenset(p.scheduler_name for p in gang.members), going)
+
+
+@dataclass(frozen=True, slots=True)
 class Running:
     """A running gang of this binder, as a victim candidate.
 
     `gang`: its members (as `gangs.assemble` makes them; the bound ones hold resources);
     `evictable`: every PodDisruptionBudget covering its pods allows evicting all of them now
     (the Eviction API would not answer 429); `kueue_admitted`: Kueue admitted its workload
-    (Kueue preempts it, not Muster)."""
+    (Kueue preempts it, not Muster); `held`: what it holds (`held(gang)`, made here)."""
 
     gang: Gang
     evictable: bool = True
     kueue_admitted: bool = False
+    held: Held = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "held", held(self.gang))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,24 +132,21 @@ def victim_problem(preemptor: Gang, candidate: Running, scheduler_name: str,
                    priority: int | None = None) -> str | None:
     """Why `candidate` may not be evicted for `preemptor` (of `priority`: its own when None),
     or None when it may."""
-    gang = candidate.gang
+    gang, facts = candidate.gang, candidate.held
     above = preemptor.priority if priority is None else priority
     if gang.key == preemptor.key:
         return "it is the preemptor"
-    if gang.priority >= above:
-        return f"its priority {gang.priority} is not lower than {above}"
+    if facts.priority >= above:
+        return f"its priority {facts.priority} is not lower than {above}"
     if candidate.kueue_admitted:
         return "Kueue admitted it (Kueue preempts its workloads)"
     if not candidate.evictable:
         return "a PodDisruptionBudget forbids evicting it now"
-    holds = False
-    for p in gang.members:
-        if p.scheduler_name != scheduler_name:
-            return "some of its pods are another scheduler's"
-        if p.deleting or p.terminated:
-            return "it is already going"
-        holds = holds or p.node_name is not None or p.assignment is not None
-    return None if holds else "it holds nothing"
+    if facts.schedulers - {scheduler_name}:
+        return "some of its pods are another scheduler's"
+    if facts.going:
+        return "it is already going"
+    return None if facts.on else "it holds nothing"
 
 
 def plan_preemption(preemptor: Gang, running: Sequence[Running], nodes: Mapping[str, NodeInfo],
@@ -253,6 +285,10 @@ class _Search:
 
     #: free GPUs per node that has some
     _free: dict[str, int] = field(default_factory=dict)
+    #: the victims holding resources on some node of `nodes`, and the GPUs they hold there
+    #: (by id): the whole cluster's victims
+    _victims: list[_Victim] = field(default_factory=list)
+    _whole: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         sizes = [p.gpus for p in self.preemptor.pending if p.gpus > 0]
@@ -260,59 +296,67 @@ class _Search:
         self._free = {n: len(s.free_gpus) for n, s in self.states.items() if s.free_gpus}
 
     def index(self, eligible: Sequence[Running]) -> None:
-        """Each eligible victim's pods by node, and its cost."""
-        on = self._on
+        """Each eligible victim's cost, and the victims by node."""
+        on, now, nodes = self._on, self.now, self.nodes
         for r in eligible:
-            held: dict[str, list[PodInfo]] = {}
-            created, gpus, priority = self.now, 0, -2**31  # (Gang's properties, in one pass)
-            for pod in r.gang.members:
-                created = pod.created if pod.created < created else created
-                priority = pod.priority if pod.priority > priority else priority
-                node = holding_node(pod)
-                if node is not None:
-                    held.setdefault(node, []).append(pod)
-                    gpus += pod.gpus
-            age = self.now - created
-            v = _Victim(r, held, (priority, gpus * age, gpus), (priority, age if gpus else 0.0))
-            for node, pods in held.items():
-                on.setdefault(node, []).append(
-                    (v, pods[0].gpus if len(pods) == 1 else sum(p.gpus for p in pods)))
+            h = r.held
+            age = now - h.created if h.created < now else 0.0
+            v = _Victim(r, h.on, (h.priority, h.gpus * age, h.gpus),
+                        (h.priority, age if h.gpus else 0.0))
+            inside = 0
+            for node, gpus in h.gpus_on.items():
+                if node in nodes:
+                    on.setdefault(node, []).append((v, gpus))
+                    inside += gpus
+            if inside:
+                self._victims.append(v)
+                self._whole[id(v)] = inside
 
     def add_domain(self, name: str, members: frozenset[str]) -> None:
         """Keep the domain if all its victims would give it room enough, with its estimate.
         Room is counted in members, whole pods per node (`_members`): GPUs scattered over
         nodes, a few per node, hold no pod."""
         unit, need = self._members
-        room = 0
-        free: dict[str, int] = {}  # of its nodes that victims hold something on
-        freed: dict[int, int] = defaultdict(int)
-        touching: dict[int, _Victim] = {}
-        free_on, victims_on = self._free.get, self._on.get  # (a loop over every node)
-        for n in members:
-            gpus = free_on(n, 0)
-            room += gpus // unit
-            on = victims_on(n)
-            if on:
-                free[n] = gpus
-                for v, held in on:
-                    freed[id(v)] += held
-                    touching[id(v)] = v
-        order = sorted(touching.values(),
-                       key=lambda v: (v.rank, -freed[id(v)], v.running.gang.key))
+        if len(members) == len(self.nodes):  # the whole cluster: every victim, all it holds
+            room = sum(gpus // unit for n, gpus in self._free.items() if n in members)
+            freed, touching = self._whole, self._victims
+        else:
+            room, freed, touching = self._touching(members)
+        order = sorted(touching, key=lambda v: (v.rank, -freed[id(v)], v.running.gang.key))
+        free: dict[str, int] = {}  # of its nodes the victims so far give back to
         prefix = 0
         for v in order:
             if room >= need and prefix:
                 break
-            for node, pods in v.held.items():
-                if node in free:
-                    before = free[node]
-                    free[node] = before + sum(p.gpus for p in pods)
-                    room += free[node] // unit - before // unit
+            for node, gpus in v.running.held.gpus_on.items():
+                if node in members:
+                    before = free.get(node)
+                    if before is None:
+                        before = self._free.get(node, 0)
+                    free[node] = before + gpus
+                    room += (before + gpus) // unit - before // unit
             prefix += 1
         if room < need or not order:
             return
         self.domains.append(_Domain(name, members, order, prefix, _cost(order[:prefix]),
                                     len(self.domains)))
+
+    def _touching(self, members: frozenset[str]) -> tuple[int, dict[int, int], list[_Victim]]:
+        """The domain's room before any victim goes, the GPUs each victim touching it holds
+        there (by id), and those victims."""
+        unit = self._members[0]
+        room = 0
+        freed: dict[int, int] = defaultdict(int)
+        touching: dict[int, _Victim] = {}
+        free_on, victims_on = self._free.get, self._on.get  # (a loop over every node)
+        for n in members:
+            room += free_on(n, 0) // unit
+            on = victims_on(n)
+            if on:
+                for v, held in on:
+                    freed[id(v)] += held
+                    touching[id(v)] = v
+        return room, freed, list(touching.values())
 
     def run(self) -> Preemption | None:
         """The best set of the narrow domains; of the whole cluster when none has one, or

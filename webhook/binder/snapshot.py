@@ -7,6 +7,8 @@ informer events. The snapshot owns three caches, each keyed on what its reader r
   `add_claim` / `remove_claim` as each ResourceClaim does;
 - the members of every gang that still has an unbound member (the only gangs a plan can act
   on), so that assembling gangs costs only theirs;
+- every gang whose members are all bound, as assembled when preemption last asked (kept until
+  a member or its PodGroup changes: 2,000 running gangs cost ~5 ms to assemble afresh);
 - each node's NodeState, recomputed when the node's usage or its NodeInfo object changes;
 - the pods with podAntiAffinity terms, which every gang's placement must respect.
 `planner.plan` computes the same from scratch; tests/binder/test_snapshot.py holds them equal.
@@ -42,6 +44,9 @@ class Snapshot:
         self._states: dict[str, tuple[NodeInfo, NodeState]] = {}
         self._stale: set[str] = set()  # nodes whose usage changed since their state was made
         self._holders: dict[str, PodInfo] = {}  # pods with podAntiAffinity terms
+        #: gang key -> (its PodGroup as read: None when the CRD is absent, False when there is
+        #: no such PodGroup; the default timeout; the gang assembled from them)
+        self._running: dict[str, tuple[PodGroupInfo | bool | None, int, Gang]] = {}
 
     def put(self, pod: PodInfo) -> bool:
         """The pod as the planner is to see it now (added or replaced). False when a plan
@@ -59,6 +64,7 @@ class Snapshot:
         self._touch(self.allocation.add(pod))
         gang = _member_of(pod, self.scheduler_name)
         if gang is not None:
+            self._running.pop(gang, None)
             self._members.setdefault(gang, {})[pod.key] = pod
             if not pod.bound:
                 self._unbound.setdefault(gang, set()).add(pod.key)
@@ -91,6 +97,7 @@ class Snapshot:
         gang = _member_of(pod, self.scheduler_name)
         if gang is None:
             return
+        self._running.pop(gang, None)
         members = self._members[gang]
         del members[pod.key]
         if not members:
@@ -114,10 +121,24 @@ class Snapshot:
     def running_gangs(self, pod_groups: Mapping[str, PodGroupInfo] | None,
                       podgroup_default_timeout: int) -> dict[str, Gang]:
         """The gangs whose members are all bound (preemption's candidates), as `assemble`
-        makes them from every pod."""
-        return assemble((p for g, members in self._members.items() if g not in self._unbound
-                         for p in members.values()),
-                        self.scheduler_name, pod_groups, podgroup_default_timeout)
+        makes them from every pod: the same Gang objects from cycle to cycle while their
+        members and PodGroup are unchanged (so that what preemption derives from a gang may be
+        kept by it)."""
+        out: dict[str, Gang] = {}
+        cached = self._running
+        for key, members in self._members.items():
+            if key in self._unbound:
+                continue
+            group = None if pod_groups is None else pod_groups.get(key, False)
+            hit = cached.get(key)
+            if hit is None or hit[0] != group or hit[1] != podgroup_default_timeout:
+                made = assemble(members.values(), self.scheduler_name, pod_groups,
+                                podgroup_default_timeout)[key]
+                hit = cached[key] = (group, podgroup_default_timeout, made)
+            out[key] = hit[2]
+        for key in cached.keys() - out.keys():
+            del cached[key]  # (a member unbound: an open gang now)
+        return out
 
     def holds(self, key: str) -> bool:
         """Whether the pod `key` still holds resources (not gone, not ended)."""
