@@ -458,6 +458,17 @@ def trusted_annotations(ann: Mapping[str, str], spec: Mapping[str, Any], schedul
     return assignment, raw, placement
 
 
+def _topology(ann: Mapping[str, str], problems: list[str]) -> TopologyRequest | None:
+    """The pod's GPU topology request, if it has one that parses."""
+    if keys.ANN_GPU_TOPOLOGY not in ann:
+        return None
+    try:
+        return parse_topology_request(ann[keys.ANN_GPU_TOPOLOGY])
+    except ValueError as exc:
+        problems.append(str(exc))
+        return None
+
+
 def parse_pod(obj: Mapping[str, Any],
               scheduler_name: str = keys.DEFAULT_BINDER_SCHEDULER_NAME) -> PodInfo:
     """The pod as the binder `scheduler_name` sees it. Never raises for bad user input:
@@ -479,16 +490,10 @@ def parse_pod(obj: Mapping[str, Any],
     asks = gpu_asks(spec)
     min_member, timeout = _gang_annotations(ann, problems)
     preemption = _preemption(ann, problems)
-    topology = None
-    if keys.ANN_GPU_TOPOLOGY in ann:
-        try:
-            topology = parse_topology_request(ann[keys.ANN_GPU_TOPOLOGY])
-        except ValueError as exc:
-            problems.append(str(exc))
+    topology = _topology(ann, problems)
     assignment, raw, placement = trusted_annotations(ann, spec, scheduler_name)
     if claims is not None:
         assignment, raw = None, None  # its claims are the record (webhook.binder.dra)
-
     pod_affinity = parse_pod_affinity(spec, ns, problems)
     spread = parse_spread(spec, labels, problems)
     priority = spec.get("priority")
