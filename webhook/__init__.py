@@ -11,8 +11,9 @@ server, binder, node agent, emulator) is run through the `muster` CLI. Names loa
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from webhook.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from webhook.policy import (
@@ -52,9 +53,6 @@ __all__ = [
 _POLICY = {"Decision", "PodGroupSpec", "PolicyError", "PolicySet", "evaluate", "load_policies",
            "load_policy_texts", "podgroup_manifest", "render_patch"}
 
+_EXPORTS = {name: "webhook.policy" if name in _POLICY else "webhook.topology" for name in __all__}
 
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module 'webhook' has no attribute {name!r}")
-    module = "webhook.policy" if name in _POLICY else "webhook.topology"
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

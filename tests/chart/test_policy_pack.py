@@ -5,6 +5,7 @@ renders from it, so a broken policy fails before install, offline (helm itself r
 from __future__ import annotations
 
 import io
+import json
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import yaml
 from chart_helpers import CHART, NAMESPACE, REPO, one, run_helm
 
 from webhook.cli import main
-from webhook.policy import chart, load_policies
+from webhook.policy import chart, helmvalues, load_policies
 from webhook.policy.chart import MAX_CHART_BYTES
 from webhook.policy.loader import MAX_SET_BYTES
 from webhook.yamlpos import MAX_BYTES
@@ -179,7 +180,7 @@ def test_without_levels_check_takes_the_charts_default_none(
     assert "--network-levels" not in rendered.read_text()
     for path in (values, rendered):
         assert _level_warnings(capsys, str(path)) == []
-    given = chart.binder_levels(str(values), values.read_bytes())
+    given = chart.binder_levels([(str(values), values.read_bytes())])
     assert given == chart.BinderLevels(None, f"{values} binder.networkLevels (the chart's "
                                        "default)", explicit=False)
 
@@ -234,8 +235,8 @@ def test_a_chart_file_is_read_up_to_its_limit_a_policy_file_up_to_its_own(
     values.write_text(packed + ("#" * 99 + "\n") * (pad // 100) + "#" * (pad % 100 - 1) + "\n")
     assert values.stat().st_size == MAX_CHART_BYTES
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(values.read_bytes())))
-    assert main(["policy", "check", str(values), "-"]) == 1  # one policy, twice: read whole
-    assert "duplicate policy name 'p0'" in capsys.readouterr().out
+    assert main(["policy", "check", str(values), "-"]) == 0  # both read whole: the last wins
+    assert "<stdin>[p0.yaml]:" in capsys.readouterr().out
     too_large = (f"larger than {MAX_BYTES // 1024} KiB, the most a policy file may hold (a "
                  f"values file or helm template's output: {MAX_CHART_BYTES // 1024} KiB)")
     values.write_text(values.read_text() + "#\n")
@@ -268,3 +269,105 @@ def test_what_helm_renders_of_a_full_set_is_read_whole(
     rendered.write_text(proc.stdout)
     assert main(["policy", "check", str(rendered)]) == 0
     assert "5 policies valid" in capsys.readouterr().out
+
+
+def _values(tmp: Path, name: str, values: object) -> Path:
+    path = tmp / name
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def _render_all(tmp: Path, *values: Path) -> Path:
+    """`helm template` with `-f` for each values file, in order."""
+    proc = run_helm("template", "muster", str(CHART), "--namespace", NAMESPACE,
+                    *(arg for v in values for arg in ("-f", str(v))))
+    assert proc.returncode == 0, proc.stderr
+    out = tmp / "rendered.yaml"
+    out.write_text(proc.stdout)
+    return out
+
+
+def _ok_lines(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
+    assert main(["policy", "check", *args]) == 0
+    return [line.split()[1] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("ok  ")]
+
+
+#: RACK naming the binder's label itself: no warning by any levels that hold it
+RACK_LABEL = RACK.replace("required: rack", "required: example.com/rack")
+OTHER = RACK_LABEL.replace("{name: a}", "{name: b}")
+
+
+def test_values_files_merge_their_policies_as_helm_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`helm -f base.yaml -f team.yaml`: a later file's entry replaces the earlier one of that
+    name, the others stay; each is named by the file that set it."""
+    base = _values(tmp_path, "base.yaml", {"binder": {"networkLevels": LEVELS},
+                                           "policies": {"a.yaml": RACK, "b.yaml": OTHER}})
+    team = _values(tmp_path, "team.yaml", {"policies": {"a.yaml": RACK_LABEL}})
+    assert main(["policy", "check", str(base), str(team)]) == 0
+    out = capsys.readouterr().out
+    assert f"{team}[a.yaml]:1" in out and f"{base}[b.yaml]:1" in out
+    assert "2 policies valid, digest" in out  # the rack warning went with base's a.yaml
+    rendered = _render_all(tmp_path, base, team)
+    assert sorted(_ok_lines(capsys, str(base), str(team))) == \
+        sorted(n for n in _ok_lines(capsys, str(rendered)) if n != "muster-selftest")
+    # `policies: null` clears them, as Helm's null removes a value
+    cleared = _values(tmp_path, "cleared.yaml", {"policies": None})
+    assert _ok_lines(capsys, str(base), str(cleared)) == []
+
+
+def test_a_later_values_file_sets_the_binders_levels_without_policies(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = _values(tmp_path, "base.yaml", {"binder": {"networkLevels": LEVELS},
+                                           "policies": {"a.yaml": RACK}})
+    rack = [{"nodeLabel": "example.com/rack", "alias": "rack"}]
+    levels = _values(tmp_path, "levels.yaml", {"binder": {"networkLevels": rack}})
+    assert _level_warnings(capsys, str(base), str(levels)) == []
+    assert _level_warnings(capsys, str(_render_all(tmp_path, base, levels))) == []
+    # the other way round, base's levels win
+    assert _level_warnings(capsys, str(levels), str(base)) == _rack_warning(
+        f"{base}[a.yaml]", f"{base} binder.networkLevels")
+    # a values file of other values changes nothing of them
+    other = _values(tmp_path, "other.yaml", {"webhook": {"replicas": 3}})
+    assert _level_warnings(capsys, str(base), str(other)) == _rack_warning(
+        f"{base}[a.yaml]", f"{base} binder.networkLevels")
+
+
+def test_a_later_values_files_list_replaces_the_earlier_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """binder.extraArgs is a list: a later file's replaces it whole, so the --network-levels
+    of base's extraArgs go and base's networkLevels (merged into binder) apply."""
+    base = _values(tmp_path, "base.yaml", {"binder": {
+        "networkLevels": LEVELS, "extraArgs": ["--network-levels=rack=example.com/rack"]},
+        "policies": {"a.yaml": RACK}})
+    assert _level_warnings(capsys, str(base)) == []
+    no_args = _values(tmp_path, "no-args.yaml", {"binder": {"extraArgs": []}})
+    rendered = _render_all(tmp_path, base, no_args)
+    assert _level_warnings(capsys, str(rendered)) == _rack_warning(
+        f"{rendered}[ConfigMap muster-policies/a.yaml]",
+        f"{rendered}[Deployment muster-binder] --network-levels")
+    assert _level_warnings(capsys, str(base), str(no_args)) == _rack_warning(
+        f"{base}[a.yaml]", f"{base} binder.networkLevels")
+
+
+def test_a_values_file_that_is_no_map_is_a_problem(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = _values(tmp_path, "base.yaml", {"policies": {"a.yaml": RACK}})
+    listed = _values(tmp_path, "listed.yaml", {"policies": ["a.yaml"]})
+    whole = tmp_path / "whole.yaml"
+    whole.write_text("- policies\n")
+    assert main(["policy", "check", str(base), str(listed)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"{listed}:2:1: policies: must be a map of file names to policy texts, got a list "
+        "(document 1)", "1 problem in 1 file; nothing loaded"]
+    assert main(["policy", "check", str(base), str(whole)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"{whole}:1:1: a Helm values file or a policy document must be a mapping, got a list "
+        "(document 1)", "1 problem in 1 file; nothing loaded"]
+
+
+def test_a_values_file_is_told_by_the_values_the_chart_takes() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(schema["properties"]) == helmvalues.VALUE_KEYS
+    assert schema["additionalProperties"] is False  # so a values file sets only these

@@ -7,8 +7,9 @@ path without HTTP). Loaded lazily so that `muster --help` does not import the se
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from webhook.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from webhook.admission.admit import AdmissionConfig, Admitter
@@ -37,8 +38,4 @@ __all__ = [
     "run",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'webhook.admission' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -8,8 +8,9 @@ and the fake kubelet are test doubles, in `webhook.doubles`.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from webhook.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from webhook.agent.discovery import Degradation, Discovery, discover
@@ -29,8 +30,4 @@ _EXPORTS = {
 __all__ = ["Degradation", "Discovery", "Nvml", "NvmlRecord", "RealNvml", "discover",
            "record_nvml"]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'webhook.agent' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -9,8 +9,9 @@ when a command uses the binder.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from webhook.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from webhook.binder.assignment import (
@@ -48,8 +49,4 @@ __all__ = [
     "plan",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'webhook.binder' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

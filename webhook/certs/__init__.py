@@ -6,8 +6,9 @@ library loads only with a command that uses it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from webhook.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from webhook.certs.pki import (
@@ -46,8 +47,4 @@ __all__ = [
     "write_pair",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module 'webhook.certs' has no attribute {name!r}")
-    return getattr(importlib.import_module("webhook.certs.pki"), name)
+__getattr__ = lazy_getattr(__name__, dict.fromkeys(__all__, "webhook.certs.pki"))

@@ -6,8 +6,9 @@ engine (pydantic) load only with a command that uses them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from webhook.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from webhook.policy.decision import Decision, Override, OwnerRef, PodGroupSpec, PolicyMatch
@@ -55,8 +56,4 @@ __all__ = [
     "render_patch",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'webhook.policy' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

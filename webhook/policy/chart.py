@@ -1,7 +1,7 @@
-"""A policy set in the chart's shapes (charts/muster): a Helm values file whose `policies:` maps
-file names to policy texts (what `muster policy pack` writes and `helm upgrade -f` takes), and
-the policies ConfigMap the chart renders (`helm template`). `muster policy check` reads both, so
-a broken policy fails before install, offline.
+"""A policy set in the chart's shapes (charts/muster): Helm values files whose `policies:` maps
+file names to policy texts (what `muster policy pack` writes and `helm upgrade -f` takes), merged
+as `helm -f a.yaml -f b.yaml` merges them, and the policies ConfigMap the chart renders (`helm
+template`). `muster policy check` reads both, so a broken policy fails before install, offline.
 
 Each policy file found keeps its name, so a problem's line is the line in the admin's own file
 (`policies/mpi-volcano.yaml` packed is `values.yaml[mpi-volcano.yaml]`, line for line).
@@ -10,14 +10,15 @@ Each policy file found keeps its name, so a problem's line is the line in the ad
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from webhook.policy.errors import PolicyIssue
-from webhook.policy.jsonshape import as_list, as_map
+from webhook.policy.helmvalues import ValuesFile, is_values, merged, setter
+from webhook.policy.jsonshape import as_list, as_map, type_name
 from webhook.yamlpos import Document, YamlProblem, decode, documents
 
 #: the label the chart puts on the policies ConfigMap the webhook mounts and validates (the
@@ -43,20 +44,57 @@ _HEADER = """\
 """
 
 
-def unpack(name: str, raw: bytes, issues: list[PolicyIssue]) -> list[tuple[str, bytes]] | None:
-    """The policy files that a values file or a rendered manifest stream holds, each named
-    `NAME[FILE]`, or `NAME[ConfigMap CM/FILE]`; None when `raw` is neither (policy YAML itself,
-    or YAML that does not read: the loader reports it). A file the chart would refuse is added
-    to `issues`."""
+def unpack(name: str, raw: bytes, issues: list[PolicyIssue]
+           ) -> ValuesFile | list[tuple[str, bytes]] | None:
+    """A values file (its policies come from `values_policies`, once all are read), or the
+    policy files of a rendered manifest stream, each named `NAME[ConfigMap CM/FILE]`; None when
+    `raw` is neither (policy YAML itself, or YAML that does not read: the loader reports it).
+    A file the chart would refuse is added to `issues`."""
     docs = _documents(raw)
     if docs is None:
         return None
-    if len(docs) == 1 and _is_values(docs[0].data):
-        return _files(name, "", docs[0], "policies", issues)
+    if len(docs) == 1 and is_values(docs[0].data):
+        return ValuesFile(name, docs[0])
+    if len(docs) == 1 and not isinstance(docs[0].data, dict | None):
+        issues.append(PolicyIssue(name, docs[0].index, *docs[0].position(()), "",
+                                  "a Helm values file or a policy document must be a mapping, "
+                                  f"got {type_name(docs[0].data)}"))
+        return []
     maps = [d for d in docs if _is_policies_configmap(d.data)]
     return [file for d in maps for file in _files(
         name, f"ConfigMap {d.data['metadata'].get('name')}/", d, "data", issues)] \
         if maps else None
+
+
+def values_policies(files: Sequence[ValuesFile], issues: list[PolicyIssue]
+                    ) -> list[tuple[str, bytes]]:
+    """The policy files of the values files' `policies` merged, each named `NAME[FILE]` by the
+    file that set it; a `policies` that is no map is an issue where it was set."""
+    policies = merged(files).get("policies") if files else None
+    if isinstance(policies, dict):
+        return [*_values_entries(files, policies, issues)]
+    if policies is not None:
+        file = setter(files, ("policies",))
+        issues.append(PolicyIssue(
+            file.name, file.doc.index, *file.doc.position(("policies",)), "policies",
+            f"must be a map of file names to policy texts, got {type_name(policies)}"))
+    return []
+
+
+def _values_entries(files: Sequence[ValuesFile], policies: dict[Any, Any],
+                    issues: list[PolicyIssue]) -> Iterator[tuple[str, bytes]]:
+    for key, text in policies.items():
+        file = setter(files, ("policies", key))
+        entry = _entry(file.name, "", file.doc, ("policies", key), text, issues=issues)
+        if entry is not None:
+            yield entry
+
+
+def values_size(file: ValuesFile) -> int:
+    """The characters of the file's policy texts: at most what it adds to the set."""
+    policies = file.doc.data.get("policies")
+    texts = policies.values() if isinstance(policies, dict) else ()
+    return sum(len(text) for text in texts if isinstance(text, str))
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,33 +109,43 @@ class BinderLevels:
     explicit: bool = True
 
 
-def binder_levels(name: str, raw: bytes) -> BinderLevels | None:
-    """The `--network-levels` the binder gets from a values file with `policies:` (its
-    binder.networkLevels and binder.extraArgs, rendered as the chart does), or from `helm
-    template`'s output (its binder Deployment's args); None when `raw` is neither."""
-    if b"policies" not in raw:  # neither can be without it: a policy file is not parsed again
-        return None
-    docs = _documents(raw)
-    if docs is None:
-        return None
-    if len(docs) == 1 and _is_values(docs[0].data):
-        return _values_levels(name, docs[0].data)
-    if any(_is_policies_configmap(d.data) for d in docs):
-        return _rendered_levels(name, [d.data for d in docs])
-    return None
+def binder_levels(files: Iterable[tuple[str, bytes]]) -> BinderLevels | None:
+    """The `--network-levels` the binder gets from the chart files among `files`: from the
+    values files merged (binder.networkLevels and binder.extraArgs, rendered as the chart
+    does), or from a `helm template` output (its binder Deployment's args). The last file that
+    sets them wins, as `helm -f` takes the last, else the chart's default; None when no file is
+    a chart file."""
+    found: list[BinderLevels] = []
+    values: list[ValuesFile] = []
+    at = 0  # the merged values stand where the last values file does
+    for name, raw in files:
+        # a policy file (apiVersion, no policies) is not parsed again
+        docs = None if b"apiVersion" in raw and b"policies" not in raw else _documents(raw)
+        if docs and len(docs) == 1 and is_values(docs[0].data):
+            values.append(ValuesFile(name, docs[0]))
+            at = len(found)
+        elif docs and any(_is_policies_configmap(d.data) for d in docs):
+            found.append(_rendered_levels(name, [d.data for d in docs]))
+    if values:
+        found.insert(at, _values_levels(values))
+    return next((g for g in reversed(found) if g.explicit), found[-1] if found else None)
 
 
-def _values_levels(name: str, values: dict[str, Any]) -> BinderLevels:
-    binder = as_map(values.get("binder"))
+def _values_levels(files: Sequence[ValuesFile]) -> BinderLevels:
+    binder = as_map(merged(files).get("binder"))
+
+    def source(key: str) -> str:
+        return f"{setter(files, ('binder', key)).name} binder.{key}"
+
     if binder.get("enabled") is False:
-        return BinderLevels(None, f"{name} binder.enabled false")
-    levels = binder.get("networkLevels", DEFAULT_NETWORK_LEVELS)
+        return BinderLevels(None, f"{source('enabled')} false")
     from_extra = _flag_value([str(a) for a in as_list(binder.get("extraArgs"))])
     if from_extra is not None:  # rendered after networkLevels': the binder's parser takes it
-        return BinderLevels(from_extra or None, f"{name} binder.extraArgs")
-    return BinderLevels(_levels_flag(levels), f"{name} binder.networkLevels"
-                        + ("" if "networkLevels" in binder else " (the chart's default)"),
-                        explicit="networkLevels" in binder)
+        return BinderLevels(from_extra or None, source("extraArgs"))
+    if "networkLevels" in binder:
+        return BinderLevels(_levels_flag(binder["networkLevels"]), source("networkLevels"))
+    return BinderLevels(_levels_flag(DEFAULT_NETWORK_LEVELS), f"{files[-1].name} "
+                        "binder.networkLevels (the chart's default)", explicit=False)
 
 
 def _levels_flag(levels: Any) -> str | None:
@@ -151,11 +199,6 @@ def _documents(raw: bytes) -> list[Document] | None:
         return None
 
 
-def _is_values(data: Any) -> bool:
-    return isinstance(data, dict) and "kind" not in data and isinstance(data.get("policies"),
-                                                                         dict)
-
-
 def _is_policies_configmap(data: Any) -> bool:
     if not (isinstance(data, dict) and data.get("kind") == "ConfigMap"):
         return False
@@ -169,15 +212,21 @@ def _files(name: str, prefix: str, doc: Document, field: str, issues: list[Polic
     """The (name, text) of each entry of the document's `field`; an entry the chart would
     refuse is an issue at its place."""
     entries = doc.data.get(field) or {}
-    out: list[tuple[str, bytes]] = []
-    for key, text in entries.items() if isinstance(entries, dict) else ():
-        problem = _entry_problem(key, text)
-        if problem is not None:
-            line, col = doc.position((field, key))
-            issues.append(PolicyIssue(name, doc.index, line, col, f"{field}.{key}", problem))
-            continue
-        out.append((f"{name}[{prefix}{key}]", text.encode("utf-8", "surrogatepass")))
-    return out
+    found = (_entry(name, prefix, doc, (field, key), text, issues=issues)
+             for key, text in (entries.items() if isinstance(entries, dict) else ()))
+    return [entry for entry in found if entry is not None]
+
+
+def _entry(name: str, prefix: str, doc: Document, path: tuple[str, Any], text: Any, *,
+           issues: list[PolicyIssue]) -> tuple[str, bytes] | None:
+    """(name, text) of the policy file at `path` (field, key); None, and an issue at its place,
+    when the chart would refuse it."""
+    problem = _entry_problem(path[1], text)
+    if problem is not None:
+        line, col = doc.position(path)
+        issues.append(PolicyIssue(name, doc.index, line, col, f"{path[0]}.{path[1]}", problem))
+        return None
+    return (f"{name}[{prefix}{path[1]}]", text.encode("utf-8", "surrogatepass"))
 
 
 def _entry_problem(key: Any, text: Any) -> str | None:

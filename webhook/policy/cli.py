@@ -15,15 +15,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "line each: FILE:LINE:COLUMN: FIELD: MESSAGE. A FILE may also be what the chart takes "
         "or renders: a Helm values file with `policies:` (muster policy pack's output), or "
         "`helm template`'s output (its policies ConfigMap); their policy files are named "
-        "FILE[NAME], with NAME's own lines; such a file may hold 4 MiB. Exit 1 when there is any "
-        "problem, 2 when a PATH does not exist.")
+        "FILE[NAME], with NAME's own lines; such a file may hold 4 MiB. Several values files "
+        "are merged as `helm -f` merges them, in the order given: later files win, maps merge "
+        "deeply, lists are replaced. Exit 1 when there is any problem, 2 when a PATH does not "
+        "exist.")
     check.add_argument("paths", nargs="+", metavar="PATH",
                        help="policy file or directory, or - for stdin (named <stdin>)")
     check.add_argument("--network-levels", metavar="LEVELS",
                        help="the binder's --network-levels (the chart's binder.networkLevels): "
                        "warn of a level a policy names that is none of them (default: the levels "
-                       "a values file or helm template output among the PATHs gives the binder, "
-                       "else the chart's, none)")
+                       "the values files (merged) or helm template output among the PATHs give "
+                       "the binder, else the chart's, none)")
     check.set_defaults(func=_check)
 
     pack = sub.add_parser(

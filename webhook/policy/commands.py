@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -79,18 +79,23 @@ def check(args: argparse.Namespace) -> int:
 
 
 def _chart_levels(paths: list[str], stdin: bytes | None) -> chart.BinderLevels | None:
-    """The binder's levels as the values files and `helm template` outputs among `paths` give
-    them: the last that sets them (as `helm -f` takes the last), else the chart's default; None
-    when no path is either."""
-    found: list[chart.BinderLevels] = []
+    """The binder's levels as the values files (merged as `helm -f` merges them) and `helm
+    template` outputs among `paths` give them; None when no path is either."""
+    return chart.binder_levels(_read_all(paths, stdin))
+
+
+def _read_all(paths: list[str], stdin: bytes | None) -> Iterator[tuple[str, bytes]]:
+    """(name, bytes) of each file of `paths`, one at a time; those that do not read are left
+    out (the loader says why)."""
     for path in paths:
+        if path == STDIN:
+            yield STDIN_NAME, stdin or b""
+            continue
         try:
-            files = [(STDIN_NAME, stdin or b"")] if path == STDIN else [
-                (str(f), read(f, chart.MAX_CHART_BYTES)) for f in policy_files(Path(path))]
+            for file in policy_files(Path(path)):
+                yield str(file), read(file, chart.MAX_CHART_BYTES)
         except OSError:
-            continue  # the loader says why
-        found.extend(filter(None, (chart.binder_levels(name, raw) for name, raw in files)))
-    return next((g for g in reversed(found) if g.explicit), found[-1] if found else None)
+            continue
 
 
 def pack(args: argparse.Namespace) -> int:

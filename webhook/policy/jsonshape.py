@@ -24,3 +24,9 @@ def as_str(value: Any) -> str | None:
 
 def as_int(value: Any, default: int | None = None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def type_name(value: object) -> str:
+    """What a value is, for a message: `got a list`."""
+    names = {"dict": "a mapping", "list": "a list", "str": "a string"}
+    return names.get(type(value).__name__, type(value).__name__)

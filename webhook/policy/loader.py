@@ -12,15 +12,16 @@ import itertools
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from webhook.policy.chart import MAX_CHART_BYTES, unpack
+from webhook.policy.chart import MAX_CHART_BYTES, unpack, values_policies, values_size
 from webhook.policy.errors import MAX_LISTED, PolicyError, PolicyIssue
-from webhook.policy.jsonshape import as_list, as_map
+from webhook.policy.helmvalues import ValuesFile
+from webhook.policy.jsonshape import as_list, as_map, type_name
 from webhook.policy.policyset import PolicySet, find_conflicts
 from webhook.policy.schema import (
     API_VERSION,
@@ -63,12 +64,12 @@ def load_policies(paths: Sequence[str | FsPath], *, stdin: bytes | None = None,
     not end in .yaml, .yml or .json. `stdin`: what a path `-` stands for, named `<stdin>` (the
     server never gives it: there `-` is a file). `chart`: a file may also be a Helm values file
     or `helm template`'s output, whose policy files are read (`webhook.policy.chart`)."""
-    sources: list[tuple[str, bytes]] = []
+    sources = _Sources(chart)
     issues: list[PolicyIssue] = []
     for raw in paths:
         path = FsPath(raw)
         if stdin is not None and str(raw) == STDIN:
-            sources.extend(_unpacked(STDIN_NAME, stdin, chart, issues))
+            sources.add(STDIN_NAME, stdin, issues)
             continue
         try:
             files = policy_files(path)
@@ -76,26 +77,48 @@ def load_policies(paths: Sequence[str | FsPath], *, stdin: bytes | None = None,
                 issues.append(PolicyIssue(str(path), 0, 0, 0, "", "no policy files (.yaml, "
                                           ".yml, .json) in this directory", warning=True))
             for file in files:
-                if sum(len(b) for _, b in sources) > MAX_SET_BYTES:
+                if sources.size() > MAX_SET_BYTES:
                     break  # (refused below) reading on would only cost memory
-                data = read(file, MAX_CHART_BYTES if chart else MAX_BYTES)
-                sources.extend(_unpacked(str(file), data, chart, issues))
+                sources.add(str(file), read(file, MAX_CHART_BYTES if chart else MAX_BYTES),
+                            issues)
         except OSError as exc:
             issues.append(PolicyIssue(str(path), 0, 0, 0, "", exc.strerror or str(exc)))
-    return _build(sources, issues)
+    return _build(sources.files(issues), issues)
 
 
-def _unpacked(name: str, raw: bytes, chart: bool, issues: list[PolicyIssue]
-              ) -> list[tuple[str, bytes]]:
-    """The file as it is, or (`chart`) the policy files of the values file or rendered
-    ConfigMap it is."""
-    found = unpack(name, raw, issues) if chart else None
-    if found is None and chart and len(raw) > MAX_BYTES:  # read for a chart file, and not one
-        issues.append(PolicyIssue(name, 0, 0, 0, "", f"larger than {MAX_BYTES // 1024} KiB, "
-                                  "the most a policy file may hold (a values file or helm "
-                                  f"template's output: {MAX_CHART_BYTES // 1024} KiB)"))
-        return []
-    return [(name, raw)] if found is None else found
+@dataclass
+class _Sources:
+    """The policy files read, in order. With `chart`, the Helm values files among them are kept
+    apart until all are read, then merged as `helm -f` merges them; their policies stand where
+    the first values file did."""
+
+    chart: bool
+    read: list[tuple[str, bytes]] = field(default_factory=list)
+    values: list[ValuesFile] = field(default_factory=list)
+    values_at: int = 0
+
+    def add(self, name: str, raw: bytes, issues: list[PolicyIssue]) -> None:
+        """The file as it is, or (`chart`) the values file or the rendered ConfigMap's policy
+        files it is."""
+        found = unpack(name, raw, issues) if self.chart else None
+        if isinstance(found, ValuesFile):
+            self.values_at = self.values_at if self.values else len(self.read)
+            self.values.append(found)
+        elif found is None and self.chart and len(raw) > MAX_BYTES:  # read for a chart file
+            issues.append(PolicyIssue(name, 0, 0, 0, "", f"larger than {MAX_BYTES // 1024} "
+                                      "KiB, the most a policy file may hold (a values file or "
+                                      f"helm template's output: {MAX_CHART_BYTES // 1024} KiB)"))
+        else:
+            self.read.extend([(name, raw)] if found is None else found)
+
+    def size(self) -> int:
+        """The bytes read so far, the values files' policies counted each."""
+        return sum(len(b) for _, b in self.read) + sum(map(values_size, self.values))
+
+    def files(self, issues: list[PolicyIssue]) -> list[tuple[str, bytes]]:
+        """Every policy file, the values files' merged policies among them."""
+        at = self.values_at
+        return [*self.read[:at], *values_policies(self.values, issues), *self.read[at:]]
 
 
 def policy_files(path: FsPath) -> list[FsPath]:
@@ -237,7 +260,7 @@ def _check(file: str, doc: Document, issues: list[PolicyIssue]) -> _Read | None:
     if not isinstance(data, dict):
         line, col = doc.position(())
         issues.append(PolicyIssue(file, doc.index, line, col, "",
-                                  f"a policy document must be a mapping, got {_type(data)}"))
+                                  f"a policy document must be a mapping, got {type_name(data)}"))
         return None
     meta = data.get("metadata")
     name = meta.get("name") if isinstance(meta, dict) else None
@@ -334,8 +357,3 @@ def _model_in(annotation: Any) -> Any:
 
 def _dotted(path: Sequence[str | int]) -> str:
     return ".".join(str(p) for p in path)
-
-
-def _type(value: object) -> str:
-    names = {"dict": "a mapping", "list": "a list", "str": "a string"}
-    return names.get(type(value).__name__, type(value).__name__)

@@ -6,8 +6,9 @@ command, so the model, the codec and the placement code load only with a command
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from webhook.lazy import lazy_getattr
 
 # eager: `builtin` is also its module's name, which the import system sets on this package
 # once any code imports the module, hiding a lazy `builtin`
@@ -102,8 +103,4 @@ __all__ = [
     "topology_class",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'webhook.topology' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
