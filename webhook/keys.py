@@ -65,6 +65,11 @@ LABEL_GPU_DEGRADED = "muster.io/gpu-degraded"
 #: node label "true": the node's agent writes muster.io/gpu-allocated on each pod it served,
 #: so the binder hands that node one GPU pod at a time (webhook.binder.gate)
 LABEL_GPU_ALLOCATION_ACK = "muster.io/gpu-allocation-ack"
+#: node annotation "<namespace>/<pod name>/<pod uid>": the agent pod whose device plugin last
+#: registered with the node's kubelet, written at each registration and kept when it stops.
+#: While that pod is gone, being deleted or not Ready, the binder places no GPU pod on the node
+#: (webhook.binder.agents): the kubelet may still call the old agent's plugin
+ANN_GPU_AGENT = "muster.io/gpu-agent"
 
 #: the node label every kubelet sets to the node's name: the narrowest network level
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -170,6 +175,20 @@ def user_may_create_with(key: str) -> bool:
     """Whether a pod may be created carrying annotation `key`: any key outside muster.io/, and
     the muster.io/ keys the webhook itself writes."""
     return not key.startswith(ANNOTATION_PREFIX) or key in WEBHOOK_ANNOTATIONS
+
+def gpu_agent(namespace: str, name: str, uid: str) -> str:
+    """The value of ANN_GPU_AGENT naming a pod."""
+    return f"{namespace}/{name}/{uid}"
+
+
+def parse_gpu_agent(text: str) -> tuple[str, str, str] | None:
+    """(namespace, name, uid) that an ANN_GPU_AGENT value names; None when it names no pod."""
+    parts = text.split("/")
+    if len(parts) != 3 or not all(parts) or not all(map(is_dns_subdomain, parts[:2])):
+        return None
+    namespace, name, uid = parts
+    return namespace, name, uid
+
 
 # DRA (resource.k8s.io/v1): the agent's driver name, its ResourceSlices' driver and pools, the
 # DeviceClass selector; and the CDI kind (vendor/class) of the devices it prepares

@@ -13,10 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 from agent_helpers import NODE, make_pod
 
+from e2e.cluster import free_port
 from e2e.probes import eventually
 from webhook import keys
 from webhook.agent.deviceplugin.plugin import PluginConfig
@@ -285,6 +287,69 @@ async def test_a_label_left_by_a_crashed_agent_goes_when_no_kubelet_takes_the_pl
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
+
+
+POD = keys.gpu_agent("muster", "agent-new", "uid-new")
+
+
+async def _readyz(http: aiohttp.ClientSession, port: int) -> int:
+    async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
+        return response.status
+
+
+def _record(cluster: ApiServerEmulator) -> str | None:
+    return node_meta(cluster)[1].get(keys.ANN_GPU_AGENT)
+
+
+async def test_the_agent_records_its_pod_and_is_ready_while_its_plugin_is_registered(
+        cluster: ApiServerEmulator, kube: KubeApi, sock_dir: Path) -> None:
+    """The binder places GPU pods on a node only while the agent pod its record names is Ready:
+    a new agent replaces the old one's record once the kubelet took its plugin, is Ready only
+    while it is registered, and leaves its record when it stops (the next agent replaces it)."""
+    old = keys.gpu_agent("muster", "agent-old", "uid-old")
+    await kube.patch(NODES, NODE, {"metadata": {"annotations": {keys.ANN_GPU_AGENT: old}}},
+                     patch_type="merge")
+    port = free_port()
+    config = dataclasses.replace(agent_config(sock_dir), ack_grace_s=0.3, pod=POD,
+                                 metrics_port=port, metrics_host="127.0.0.1")
+    run = asyncio.create_task(Agent(config, static_discoverer(node_type="dgx1-v100"),
+                                    kube).run())
+    kubelet = FakeKubelet(sock_dir)
+    async with aiohttp.ClientSession() as http:
+        try:
+            await eventually(lambda: node_meta(cluster)[1].get(keys.ANN_NODE_TOPOLOGY),
+                             within=5, what="the topology published")
+            assert await _readyz(http, port) == 503 and _record(cluster) == old
+            await kubelet.start()
+            await kubelet.wait_for("nvidia.com/gpu", count=8, within=10)
+            await eventually(lambda: _record(cluster) == POD, within=5, what="its record")
+            assert await _readyz(http, port) == 200
+            await kubelet.stop()
+            await eventually(lambda: _not_ready(http, port), within=5,
+                             what="not ready without a kubelet")
+        finally:
+            run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run
+            await kubelet.stop()
+    assert _ack(cluster) is None and _record(cluster) == POD
+
+
+async def _not_ready(http: aiohttp.ClientSession, port: int) -> bool:
+    return await _readyz(http, port) == 503
+
+
+@pytest.mark.parametrize(("serving", "record"), [(None, "kept"), (False, "kept"), (True, POD)])
+def test_node_patch_records_the_agent_only_while_it_serves(serving: bool | None,
+                                                           record: str) -> None:
+    found = discover(FakeNvml.profile("dgx1-v100"))
+    node = {"metadata": {"name": NODE, "annotations": {keys.ANN_GPU_AGENT: "kept"}}}
+    patch = node_patch(found, node, serving, POD)
+    assert patch is not None
+    assert patch["metadata"]["annotations"].get(keys.ANN_GPU_AGENT, "kept") == record
+    # an agent that cannot name its pod leaves no record naming another in place
+    gone = node_patch(found, node, True, None)
+    assert gone is not None and gone["metadata"]["annotations"][keys.ANN_GPU_AGENT] is None
 
 
 @pytest.mark.parametrize(("serving", "label"), [(None, "kept"), (True, "true"), (False, None)])

@@ -14,7 +14,7 @@ from agent_helpers import NODE, ListedPods, make_pod
 
 from webhook.agent.deviceplugin.plugin import GpuDevicePlugin, PluginConfig
 from webhook.agent.nvmlrecord import NvmlRecord
-from webhook.cli import main
+from webhook.cli import build_parser, main
 from webhook.topology import builtin, topology_class
 from webhook.topology.model import Topology
 
@@ -160,3 +160,17 @@ def test_agent_with_an_unreadable_dra_checkpoint_stops(
                  "--dra-registry-dir", str(tmp_path / "reg")]) == 1
     err = capsys.readouterr().err
     assert "checkpoint.json is unreadable" in err and "which GPUs it prepared" in err
+
+
+def test_agent_names_its_pod_from_the_downward_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart's POD_NAMESPACE, POD_NAME and POD_UID make the record the binder waits on."""
+    for name, value in (("POD_NAMESPACE", "muster"), ("POD_NAME", "agent-x"), ("POD_UID", "u1")):
+        monkeypatch.setenv(name, value)
+    assert build_parser().parse_args(["agent"]).pod == "muster/agent-x/u1"
+    monkeypatch.delenv("POD_UID")
+    assert build_parser().parse_args(["agent"]).pod is None  # not all set: no record
+
+
+def test_agent_refuses_a_pod_it_cannot_record(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agent", "--node-name", NODE, "--fake-nvml", "--pod", "agent-x"]) == 2
+    assert "--pod 'agent-x': give NAMESPACE/NAME/UID" in capsys.readouterr().err

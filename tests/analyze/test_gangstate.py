@@ -22,6 +22,7 @@ from webhook.analyze.gangstate import (
     pod_gang,
     wait_kind,
 )
+from webhook.binder.agents import AGENT_WAIT
 from webhook.binder.planner import BLOCKED_WAIT, MEMBERS_WAIT, PREEMPTING_WAIT
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
@@ -67,6 +68,10 @@ def test_a_gang_short_of_members_waits_for_them() -> None:
     (f"{BLOCKED_WAIT} team-a/big, which has waited longer than 300s for resources", "blocked"),
     (f"{CAPACITY}; {PREEMPTING_WAIT} of lower priority (team-b/low) to go: it fits", "preempting"),
     (f"{MEMBERS_WAIT}: 2 of minMember 3 exist", "members"),
+    (f"{CAPACITY} (node n1: {AGENT_WAIT}: agent pod muster/muster-agent-x is not Ready)",
+     "agent"),
+    (f"pod w-0: 0/1 nodes are eligible (1 node(s): {AGENT_WAIT}; node n1: agent pod "
+     "muster/muster-agent-x is being deleted)", "agent"),
 ])
 def test_a_binder_gang_waits_for_what_the_binder_says(said: str, kind: str) -> None:
     pods = [pod(f"w-{i}", said=f"gang team-a/train cannot be placed: {said}") for i in range(3)]
@@ -145,6 +150,12 @@ def test_analyze_says_what_explain_says_of_a_waiting_binder_gang() -> None:
     state = _one(waiting)
     assert finding.fix == advice(state.waiting_kind, "muster-system")
     assert wait_kind(said) == state.waiting_kind == "blocked"
+
+
+def test_a_gang_waiting_for_a_nodes_agent_is_told_to_wait_for_it() -> None:
+    assert "GPU agent restarting" in advice("agent", "muster-system")
+    assert "kubectl -n muster-system get pods -l app.kubernetes.io/component=agent" in \
+        advice("agent", "muster-system")
 
 
 def test_age_reads_as_kubectl_shows_it() -> None:

@@ -188,6 +188,8 @@ def test_the_agent_publishes_on_its_own_node(policies: dict[str, Policy]) -> Non
     new = _with(_with(old, "labels", keys.LABEL_GPU_ALLOCATION_ACK, "true"),
                 "annotations", keys.ANN_NODE_TOPOLOGY, '{"v":1}')
     assert _node_write(policies, OWN, new, old) == Verdict(True)
+    recorded = _with(new, "annotations", keys.ANN_GPU_AGENT, "muster/muster-agent-x/u1")
+    assert _node_write(policies, OWN, recorded, new) == Verdict(True)
     # and removes its labels again (a label going)
     assert _node_write(policies, OWN, old, new) == Verdict(True)
 

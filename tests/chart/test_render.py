@@ -537,6 +537,13 @@ def test_agent_daemonset(helm_template: Render) -> None:
     assert "--scheduler-name=gangs" in c2["args"]
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # the pod the agent records on its Node, and Ready only while its plugin is registered:
+    # the binder places GPU pods on the node while the pod recorded there is Ready
+    assert {n: env[n]["valueFrom"]["fieldRef"]["fieldPath"]
+            for n in ("POD_NAMESPACE", "POD_NAME", "POD_UID")} == {
+        "POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name",
+        "POD_UID": "metadata.uid"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     hps = {v["hostPath"]["path"]: v["name"] for v in pod["volumes"] if "hostPath" in v}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert set(hps) == {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"}

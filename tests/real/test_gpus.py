@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 from jobs import delete_jobs, ensure_namespace, mpijob, submit
-from real_helpers import assigned_indices, assigned_uuids, kubectl, with_api
+from real_helpers import assigned_indices, assigned_uuids, kubectl, pod_ready, with_api
 
+from e2e.cluster import NAMESPACE
 from e2e.node.cluster import NODE_NAME, NodeCluster
 from e2e.probes import eventually, pods_of
 from webhook import keys
-from webhook.kube import NODES, KubeApi
+from webhook.kube import NODES, PODS, KubeApi
 from webhook.policy import operators
 from webhook.topology import builtin, set_score
 
@@ -63,6 +64,17 @@ async def test_device_plugin_registers_with_the_kubelet(kube: KubeApi) -> None:
     node = await kube.get(NODES, NODE_NAME)
     assert node["status"]["allocatable"][keys.GPU_RESOURCE] == "8"
     assert keys.ANN_NODE_TOPOLOGY in node["metadata"]["annotations"]  # the agent published it
+
+    async def recorded() -> bool:
+        """The node records its live agent pod, which is Ready once the kubelet took its plugin:
+        what the binder waits for before it places GPU pods there."""
+        node = await kube.get(NODES, NODE_NAME)
+        pods = (await kube.list(PODS, namespace=NAMESPACE,
+                                label_selector="app.kubernetes.io/component=agent"))["items"]
+        return any(node["metadata"]["annotations"].get(keys.ANN_GPU_AGENT) == keys.gpu_agent(
+            NAMESPACE, p["metadata"]["name"], p["metadata"]["uid"]) and pod_ready(p)
+            for p in pods if not p["metadata"].get("deletionTimestamp"))
+    await eventually(recorded, within=60, what="the node to record its Ready agent pod")
 
 
 async def _run_two_jobs(kube: KubeApi, cluster: NodeCluster

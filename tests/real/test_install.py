@@ -8,6 +8,7 @@ from real_helpers import kubectl, pod_ready, run_helm
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node.cluster import NodeCluster
+from e2e.probes import eventually
 from webhook.certs.manager import CA_CERT_KEY
 from webhook.kube import (
     EVENTS,
@@ -67,7 +68,13 @@ async def test_binder_holds_its_lease_and_agent_runs_on_the_node(kube: KubeApi) 
     assert holder and any(holder.startswith(p["metadata"]["name"]) for p in binders), holder
     agent = await kube.get(DAEMONSETS, f"{RELEASE}-agent", namespace=NAMESPACE)
     assert agent["status"]["desiredNumberScheduled"] == 1
-    assert agent["status"]["numberReady"] == 1
+
+    async def ready() -> bool:
+        """The agent is Ready once the kubelet took its device plugin: `helm install --wait`
+        waits for none on one node (the DaemonSet's maxUnavailable is 1)."""
+        got = await kube.get(DAEMONSETS, f"{RELEASE}-agent", namespace=NAMESPACE)
+        return bool(got["status"].get("numberReady") == 1)
+    await eventually(ready, within=60, what="the agent pod Ready")
 
 
 def test_helm_test_passes(node_cluster: NodeCluster) -> None:

@@ -23,6 +23,12 @@ def _source_args(parser: argparse.ArgumentParser, *, sub: bool = False) -> None:
                         help="built-in node type (e.g. dgx1-v100) instead of NVML")
 
 
+def _own_pod() -> str | None:
+    """This pod's keys.gpu_agent, from the downward API's variables, if all are set."""
+    parts = [os.environ.get(n, "") for n in ("POD_NAMESPACE", "POD_NAME", "POD_UID")]
+    return keys.gpu_agent(*parts) if all(parts) else None
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     agent = subparsers.add_parser(
         "agent", help="node agent: GPU topology discovery and the kubelet device plugin",
@@ -31,6 +37,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     agent.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
                        help="this node's name (default: $NODE_NAME)")
     agent.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, else $KUBECONFIG)")
+    agent.add_argument("--pod", default=_own_pod(), metavar="NAMESPACE/NAME/UID",
+                       help="this agent's pod, recorded on the Node at each registration: the "
+                            "binder places GPU pods there only while it is Ready (default: "
+                            "$POD_NAMESPACE/$POD_NAME/$POD_UID where all are set; the chart "
+                            "sets them)")
     _source_args(agent)
     agent.add_argument("--kubelet-dir", default="/var/lib/kubelet/device-plugins",
                        help="the kubelet's device plugin directory")

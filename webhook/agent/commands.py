@@ -10,6 +10,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from webhook import keys
 from webhook.agent import runner
 from webhook.agent.deviceplugin.plugin import PluginConfig
 from webhook.agent.dra.driver import DraConfig
@@ -87,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     if not (args.device_plugin or args.dra):
         raise UsageError("--no-device-plugin without --dra serves no GPU: give --dra")
     check_port("--metrics-port", args.metrics_port)
+    if args.pod is not None and keys.parse_gpu_agent(args.pod) is None:
+        raise UsageError(f"--pod {args.pod!r}: give NAMESPACE/NAME/UID")
     discoverer, events_nvml = _sources(args)
     dra = (DraConfig(node=args.node_name, registry_dir=Path(args.dra_registry_dir),
                      plugin_dir=Path(args.dra_plugin_dir), cdi_dir=Path(args.cdi_dir))
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
                             pod_resources=(Path(args.pod_resources_socket)
                                            if args.pod_resources_socket else None),
                             audit_s=args.audit_seconds),
-        metrics_port=args.metrics_port)
+        metrics_port=args.metrics_port, pod=args.pod)
 
     async def main() -> int:
         client = await make_api_client(args.kubeconfig)  # UsageError names a bad kubeconfig

@@ -10,6 +10,11 @@ change) and only the degraded label is set.
 kubelet and serving, and marks each pod it served": the binder then binds the node's GPU pods
 one at a time, each after the previous one's mark (webhook.binder.gate). The runner says when
 that holds (`serving`); the label is never set before, and goes when it stops holding.
+
+With the label the agent writes `muster.io/gpu-agent`, naming its own pod: the kubelet may
+still call an old agent's plugin while a new one starts, so the binder places GPU pods on the
+node only while the pod named there is Ready (webhook.binder.agents). The record stays when the
+agent stops; the next agent to register replaces it.
 """
 
 from __future__ import annotations
@@ -46,17 +51,20 @@ def gpu_model(topology: Topology) -> str:
     return models.most_common(1)[0][0] if models else ""
 
 
-def desired(found: Discovery, serving: bool | None = None
+def desired(found: Discovery, serving: bool | None = None, agent: str | None = None
             ) -> tuple[dict[str, str | None], dict[str, str | None]]:
     """(labels, annotations) the Node should carry; None values are removed. `serving`: whether
     the device plugin is registered with the kubelet and serving (the acknowledgement label);
-    None leaves that label as it is (not known yet)."""
+    None leaves that label as it is (not known yet). `agent`: this agent's pod, recorded while
+    it serves (None: it cannot name its pod, and a record naming another is not left in place)."""
     labels: dict[str, str | None] = {
         keys.LABEL_GPU_DEGRADED: "true" if found.degraded else None}
+    annotations: dict[str, str | None] = {}
     if serving is not None:
         # the device plugin serves the kubelet and acknowledges each pod it served
         labels[keys.LABEL_GPU_ALLOCATION_ACK] = "true" if serving else None
-    annotations: dict[str, str | None] = {}
+    if serving:
+        annotations[keys.ANN_GPU_AGENT] = agent
     if found.topology is not None:
         topology = identify(found.topology)
         annotations[keys.ANN_NODE_TOPOLOGY] = encode(topology)
@@ -66,12 +74,12 @@ def desired(found: Discovery, serving: bool | None = None
     return labels, annotations
 
 
-def node_patch(found: Discovery, node: Mapping[str, Any], serving: bool | None = None
-               ) -> dict[str, Any] | None:
-    """The JSON merge patch that makes `node` carry `found` (and the acknowledgement label as
-    `serving` says), or None if it already does."""
+def node_patch(found: Discovery, node: Mapping[str, Any], serving: bool | None = None,
+               agent: str | None = None) -> dict[str, Any] | None:
+    """The JSON merge patch that makes `node` carry `found` (and the acknowledgement label and
+    the agent's record as `serving` says), or None if it already does."""
     meta = node.get("metadata") or {}
-    labels, annotations = desired(found, serving)
+    labels, annotations = desired(found, serving, agent)
     have_labels = meta.get("labels") or {}
     have_annotations = meta.get("annotations") or {}
     patch: dict[str, Any] = {}
@@ -87,15 +95,17 @@ def node_patch(found: Discovery, node: Mapping[str, Any], serving: bool | None =
 class NodePublisher:
     """Writes discovery results onto one Node through the API server."""
 
-    def __init__(self, api: KubeApi, node: str) -> None:
+    def __init__(self, api: KubeApi, node: str, agent: str | None = None) -> None:
         self.api = api
         self.node = node
+        #: this agent's pod (keys.gpu_agent), recorded while it serves
+        self.agent = agent
         self.writes = 0
 
     async def publish(self, found: Discovery, serving: bool | None = None) -> bool:
         """Patch the Node if it differs; True when a write was made. Raises ApiError."""
         current = await self.api.get(NODES, self.node)
-        patch = node_patch(found, current, serving)
+        patch = node_patch(found, current, serving, self.agent)
         if patch is None:
             return False
         await self.api.patch(NODES, self.node, patch, patch_type="merge")

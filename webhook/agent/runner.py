@@ -13,6 +13,11 @@ kubelet, a kubelet gone or refusing it) and when the agent stops. The grace ride
 restart (it deletes every socket; the plugin registers again within a second or so of the new
 kubelet.sock): while the label is gone the binder no longer binds the node's GPU pods one at a
 time, and pods that reach a restarted kubelet together are the case the label exists for.
+
+Each registration also records this agent's pod on the Node (`muster.io/gpu-agent`), and
+`/readyz` answers 200 only while the plugin is registered: the binder places GPU pods on the
+node only while the pod recorded there is Ready, so not while a new agent replaces an old one
+whose plugin the kubelet may still call.
 """
 
 from __future__ import annotations
@@ -116,6 +121,9 @@ class AgentConfig:
     #: /metrics (the device plugin's holding checks) and /healthz; None: not served
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"  # scraped from other pods
+    #: this agent's pod (keys.gpu_agent: from the downward API), recorded on the Node at each
+    #: registration; None: not recorded
+    pod: str | None = None
 
 
 class Agent:
@@ -127,7 +135,7 @@ class Agent:
         self.config = config
         self.discoverer = discoverer
         self.events_nvml = events_nvml
-        self.publisher = NodePublisher(api, config.node)
+        self.publisher = NodePublisher(api, config.node, config.pod)
         self.pods = NodePods(api, config.node)
         self.plugin: GpuDevicePlugin | None = None
         self.dra = DraDriver(config.dra, KubeClaims(api)) if config.dra is not None else None
@@ -243,8 +251,15 @@ class Agent:
             log.warning("could not remove the acknowledgement label in time",
                         extra={"node": self.config.node})
 
+    @property
+    def ready(self) -> bool:
+        """The pod's readiness: its device plugin is registered with the kubelet (an agent that
+        serves only DRA is ready once it runs)."""
+        return bool(self.serving) or not self.config.device_plugin
+
     async def _serve_metrics(self, port: int) -> web.AppRunner:
-        """/metrics: the device plugin's holding checks (none before it exists)."""
+        """/metrics: the device plugin's holding checks (none before it exists); /healthz;
+        /readyz: `ready`."""
         async def metrics(_: web.Request) -> web.Response:
             body = generate_latest(self.plugin.metrics) if self.plugin is not None else b""
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -252,9 +267,15 @@ class Agent:
         async def healthz(_: web.Request) -> web.Response:
             return web.Response(text="ok")
 
+        async def readyz(_: web.Request) -> web.Response:
+            if self.ready:
+                return web.Response(text="ok")
+            return web.Response(status=503, text="the device plugin is not registered")
+
         app = web.Application()
         app.router.add_get("/metrics", metrics)
         app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, self.config.metrics_host, port).start()

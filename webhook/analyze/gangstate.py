@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from webhook import keys
+from webhook.binder.agents import AGENT_WAIT
 from webhook.binder.planner import BLOCKED_WAIT, MEMBERS_WAIT, PREEMPTING_WAIT
 from webhook.kube.owners import controller_ref
 from webhook.policy import native
@@ -25,9 +26,9 @@ Obj = Mapping[str, Any]
 State = Literal["Running", "Pending", "Finished"]
 STATES: tuple[State, ...] = ("Running", "Pending", "Finished")
 #: what a pending gang waits for: its members, room (the binder names the network level), a
-#: reserving gang ahead of it, the gangs it preempted to go, the words of another scheduler,
-#: no scheduler at all, or nothing said yet
-WaitKind = Literal["members", "capacity", "blocked", "preempting", "scheduler",
+#: reserving gang ahead of it, the gangs it preempted to go, a node's GPU agent restarting, the
+#: words of another scheduler, no scheduler at all, or nothing said yet
+WaitKind = Literal["members", "capacity", "blocked", "preempting", "agent", "scheduler",
                    "no-scheduler", "unknown", ""]
 #: the backend of a gang object, by its API group
 _BACKENDS = {keys.VOLCANO_API[0]: "volcano", keys.COSCHEDULING_API[0]: "coscheduling",
@@ -243,6 +244,8 @@ def wait_kind(said: str) -> WaitKind:
         return "preempting"
     if f"{BLOCKED_WAIT} " in said:
         return "blocked"
+    if AGENT_WAIT in said:
+        return "agent"
     return "capacity"
 
 
@@ -259,6 +262,11 @@ def advice(kind: WaitKind, namespace: str) -> str:
         "blocked": "an older gang holds the room back until it is placed: that gang's own "
                    "entry (muster gangs, muster analyze) says what it needs; the binder's "
                    "--starvation-seconds sets when a gang does this",
+        "agent": "a node it could use has its GPU agent restarting (a DaemonSet rollout, the "
+                 "node back from a failure): the binder places GPU pods there once the agent "
+                 "pod its muster.io/gpu-agent annotation names is Ready again; if that takes "
+                 f"long, kubectl -n {namespace} get pods -l app.kubernetes.io/component=agent "
+                 "-o wide",
         "capacity": "free the resources it needs, or lower its minMember",
         "scheduler": "its scheduler's words above say what it lacks: free that, or lower its "
                      "minMember",

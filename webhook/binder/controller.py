@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhook import keys
+from webhook.binder.agents import AgentIndex, AgentPod, agent_wait
 from webhook.binder.assignment import RECORD_LIMIT, Record, encode_assignment, encode_record
 from webhook.binder.claimstate import ClaimState
 from webhook.binder.dra import claim_devices
@@ -127,6 +128,8 @@ class Binder:
         self.synced = asyncio.Event()
         self.last_plan: Plan | None = None
         self._nodes: dict[str, NodeInfo] = {}
+        #: the nodes whose record names each agent pod (webhook.binder.agents)
+        self._agents = AgentIndex()
         self._pod_groups: dict[str, PodGroupInfo] | None = None
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._generation = 0
@@ -158,6 +161,7 @@ class Binder:
             self._pods.remove(key)
             self._dra.index_claims(key, None)
             self.gate.release(key)
+            self._agent_changed(key)
             self._changed()
             return
         prev = self._pods.get(key)
@@ -165,6 +169,7 @@ class Binder:
         self._dra.index_claims(key, pod)
         self.gate.observe(pod)
         seen_new = self._pods.observe(key, obj, pod)
+        self._agent_changed(key)
         freed = _frees(prev, pod)
         if freed:
             self._freed()
@@ -173,6 +178,33 @@ class Binder:
         if (prev is None or freed or pod.node_name != prev.node_name
                 or (pod.scheduler_name == self.config.scheduler_name and seen_new)):
             self._dirty.set()
+
+    def _agent_changed(self, key: str) -> None:
+        """The pod `key` changed: re-decide whether the nodes whose record names it as their
+        GPU agent serve GPU pods."""
+        for name in self._agents.naming(key):
+            node = self._nodes[name]  # (the index holds only nodes the binder has)
+            updated = self._with_agent(node)
+            if updated != node:
+                self._nodes[name] = updated
+                self._say_agent(updated)
+                self._nodes_changed()
+
+    def _with_agent(self, node: NodeInfo) -> NodeInfo:
+        """The node with whether its GPU pods wait for its agent decided."""
+        record = node.agent
+        pod = self._pods.get(record.key) if isinstance(record, AgentPod) else None
+        return replace(node, agent_wait=agent_wait(record, pod))
+
+    def _say_agent(self, node: NodeInfo) -> None:
+        """Log a node's agent coming and going (not while the informers fill up)."""
+        if not self.synced.is_set():
+            return
+        if node.agent_wait is None:
+            log.info("node's GPU agent serves: placing GPU pods there", extra={"node": node.name})
+        else:
+            log.info("node's GPU agent is restarting: no GPU pods placed there",
+                     extra={"node": node.name, "why": node.agent_wait})
 
     def _acks_allocation(self, node: str) -> bool:
         """Its agent's device plugin serves the kubelet and marks the pods it served (label)."""
@@ -184,13 +216,17 @@ class Binder:
         before = self._nodes.get(name)
         if event == "DELETED":
             self._nodes.pop(name, None)
+            self._agents.put(name, None)
             self.gate.release_node(name)
             node = None
         else:
-            node = replace(parse_node(obj), dra_gpus=self._dra.gpus_on(name))
+            node = self._with_agent(replace(parse_node(obj), dra_gpus=self._dra.gpus_on(name)))
             if before == node:
                 return  # heartbeat-only change: nothing the binder reads
             self._nodes[name] = node
+            self._agents.put(name, node.agent)
+            if before is not None and before.agent_wait != node.agent_wait:
+                self._say_agent(node)
             if before is not None and before.acks_allocation and not node.acks_allocation:
                 # its agent's plugin is no longer registered: no acknowledgement will come
                 self.gate.release_node(name)

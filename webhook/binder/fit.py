@@ -6,9 +6,10 @@ amounts; this module decides MemberRequest.eligible_nodes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
+from webhook.binder.agents import AGENT_WAIT
 from webhook.binder.claims import DEVICE_CLASS
 from webhook.binder.interpod import LabelIndex
 from webhook.binder.nodes import NodeInfo, Taint, tolerates
@@ -116,10 +117,11 @@ def extended_on(pod: PodInfo, node: NodeInfo) -> bool:
 def serves(node: NodeInfo, serving: Serving) -> bool:
     """GPU pods need a node with published topology: the binder always hands out a concrete GPU
     set, which an unknown node cannot honour; DRA pods a node whose driver publishes its GPUs,
-    others one whose device plugin advertises some (a DRA-only node's kubelet has none)."""
+    others one whose device plugin advertises some (a DRA-only node's kubelet has none); and
+    none while its GPU agent restarts (webhook.binder.agents)."""
     if serving == "none":
         return True
-    if node.topology is None:
+    if node.topology is None or node.agent_wait is not None:
         return False
     if serving == "either":
         return bool(node.gpus or node.dra_gpus)
@@ -130,6 +132,22 @@ def eligible_nodes(c: Constraints, nodes: Iterable[NodeInfo], serving: Serving
                    ) -> frozenset[str]:
     """Names of nodes the pod may use."""
     return frozenset(n.name for n in nodes if serves(n, serving) and why_not(c, n) is None)
+
+
+def agent_details(restarting: Sequence[NodeInfo], lead: str = "") -> str:
+    """Each node's (at most 3) agent pod and what it is waited for."""
+    named = "; ".join(f"node {n.name}: {lead}{n.agent_wait}" for n in restarting[:3])
+    more = f"; and {len(restarting) - 3} more node(s)" if len(restarting) > 3 else ""
+    return named + more
+
+
+def agent_note(pods: Iterable[PodInfo], restarting: Iterable[NodeInfo]) -> str:
+    """For the wait of a gang that did not fit: the nodes some GPU pod of `pods` could use but
+    for their GPU agent restarting ("" when none)."""
+    gpu = [p for p in pods if p.gpus]
+    left = [n for n in restarting if n.topology is not None
+            and any(why_not(p.constraints, n) is None for p in gpu)]
+    return f" ({agent_details(left, f'{AGENT_WAIT}: ')})" if left else ""
 
 
 #: the most networks kept for one node set: the binder's levels and the few Topologies gangs
@@ -150,12 +168,20 @@ class FitCache:
         self._network: Network | None = None
         self._domains: Mapping[str, Mapping[str, str]] | None = None
         self._labels: LabelIndex | None = None
+        self._restarting: tuple[NodeInfo, ...] | None = None
 
     def clear(self) -> None:
         self._cache.clear()
         self._networks.clear()
         self._network = None
         self._labels = None
+        self._restarting = None
+
+    def restarting(self, nodes: Mapping[str, NodeInfo]) -> tuple[NodeInfo, ...]:
+        """The nodes whose GPU agent restarts (made once per node set)."""
+        if self._restarting is None:
+            self._restarting = tuple(n for n in nodes.values() if n.agent_wait is not None)
+        return self._restarting
 
     def labels(self, nodes: Mapping[str, NodeInfo]) -> LabelIndex:
         """The nodes by label value, for inter-pod terms (made once per node set)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook import keys
+from webhook.binder.agents import AgentPod, parse_agent
 from webhook.binder.pods import Toleration
 from webhook.quantity import QuantityError, cpu_milli, whole
 from webhook.topology.codec import decode
@@ -40,6 +41,11 @@ class NodeInfo:
     acks_allocation: bool = False
     #: the GPU indices its ResourceSlice of our driver publishes (empty: it serves no DRA)
     dra_gpus: frozenset[int] = frozenset()
+    #: the agent pod its record names (muster.io/gpu-agent; the text when it names none)
+    agent: AgentPod | str | None = None
+    #: why its GPU pods wait for its agent (webhook.binder.agents; set by the controller from
+    #: the pod `agent` names): None when they need not
+    agent_wait: str | None = None
 
     @property
     def gpu_capacity(self) -> int:
@@ -97,6 +103,7 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
         topology=topology,
         topology_error=error,
         acks_allocation=(meta.get("labels") or {}).get(keys.LABEL_GPU_ALLOCATION_ACK) == "true",
+        agent=parse_agent((meta.get("annotations") or {}).get(keys.ANN_GPU_AGENT)),
     )
 
 

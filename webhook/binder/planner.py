@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from webhook import keys
+from webhook.binder.agents import AGENT_WAIT
 from webhook.binder.allocation import Allocation
 from webhook.binder.assignment import (
     Assigner,
@@ -41,7 +42,15 @@ from webhook.binder.assignment import (
     uuids_of,
 )
 from webhook.binder.claims import DEVICE_CLASS, ClaimInfo
-from webhook.binder.fit import FitCache, extended_on, gpu_serving, serves, why_not
+from webhook.binder.fit import (
+    FitCache,
+    agent_details,
+    agent_note,
+    extended_on,
+    gpu_serving,
+    serves,
+    why_not,
+)
 from webhook.binder.gangs import Gang, PodGroupInfo, assemble
 from webhook.binder.interpod import Neighbours, one_per_node, rules, violation
 from webhook.binder.nodes import NodeInfo
@@ -361,18 +370,23 @@ def _no_node_reason(pod: PodInfo, nodes: Mapping[str, NodeInfo]) -> str:
     if not nodes:
         return "no nodes in the cluster"
     reasons: dict[str, int] = {}
+    restarting: list[NodeInfo] = []
     for node in nodes.values():
         r = why_not(pod.constraints, node)
         if r is None and pod.gpus:
             r = ("unreadable GPU topology annotation" if node.topology_error
                  else "no published GPU topology") if node.topology is None else None
+        if r is None and pod.gpus and node.agent_wait is not None:
+            r = AGENT_WAIT
+            restarting.append(node)
         if r is None and pod.gpus and not serves(node, gpu_serving(pod)):
             r = _serving_reason(pod, node)
         if r is not None:
             reasons[r] = reasons.get(r, 0) + 1
     detail = ", ".join(f"{n} node(s): {r}" for r, n in sorted(reasons.items(),
                                                                 key=lambda kv: -kv[1])[:3])
-    return f"pod {pod.name}: 0/{len(nodes)} nodes are eligible ({detail})"
+    agents = f"; {agent_details(restarting)}" if restarting else ""
+    return f"pod {pod.name}: 0/{len(nodes)} nodes are eligible ({detail}{agents})"
 
 
 def plan(pods: Sequence[PodInfo], nodes: Mapping[str, NodeInfo],
@@ -617,6 +631,7 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
     else:
         result = place(list(r.states.values()), request, network=network, groups=r.groups)
     if isinstance(result, Unplaceable):
+        note += agent_note(pending, fit.restarting(r.nodes))
         if _preempting(r, gang, result.reason + note):
             return
         since = queue.waiting_since(gang.key)

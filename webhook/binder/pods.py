@@ -151,6 +151,8 @@ class PodInfo:
     pending: bool = True
     #: the node agent served every GPU container (muster.io/gpu-allocated)
     allocated: bool = False
+    #: its Ready condition is True (read of the node agents' pods: webhook.binder.agents)
+    ready: bool = False
     #: its spec.resourceClaims (None: none)
     claims: PodClaims | None = None
     #: its GPUs come from its claims (webhook.binder.dra.resolve, or the special claim its
@@ -535,6 +537,8 @@ def parse_pod(obj: Mapping[str, Any],
         problems=tuple(problems),
         pending=status.get("phase", "Pending") == "Pending",
         allocated=keys.ANN_GPU_ALLOCATED in ann,
+        ready=any(c.get("type") == "Ready" and c.get("status") == "True"
+                  for c in status.get("conditions") or ()),
         claims=claims,
         dra=special is not None,
         extended=extended_requests(spec) if gpus else (),
