@@ -352,6 +352,19 @@ def test_node_patch_records_the_agent_only_while_it_serves(serving: bool | None,
     assert gone is not None and gone["metadata"]["annotations"][keys.ANN_GPU_AGENT] is None
 
 
+def test_an_agent_without_a_device_plugin_keeps_no_record_nor_label() -> None:
+    """Switched to DRA only: the record the device-plugin agent left would keep GPU pods off
+    the node for good (no plugin will register to replace it)."""
+    found = discover(FakeNvml.profile("dgx1-v100"))
+    node = {"metadata": {"name": NODE, "annotations": {keys.ANN_GPU_AGENT: "old"},
+                         "labels": {keys.LABEL_GPU_ALLOCATION_ACK: "true"}}}
+    patch = node_patch(found, node, None, POD, plugin=False)
+    assert patch is not None and patch["metadata"]["annotations"][keys.ANN_GPU_AGENT] is None
+    assert patch["metadata"]["labels"][keys.LABEL_GPU_ALLOCATION_ACK] is None
+    assert node_patch(found, node, None, POD)["metadata"]["annotations"].get(
+        keys.ANN_GPU_AGENT, "kept") == "kept"  # (with a plugin not yet serving: kept)
+
+
 @pytest.mark.parametrize(("serving", "label"), [(None, "kept"), (True, "true"), (False, None)])
 def test_node_patch_sets_the_ack_label_only_as_told(serving: bool | None,
                                                     label: str | None) -> None:

@@ -14,7 +14,9 @@ that holds (`serving`); the label is never set before, and goes when it stops ho
 With the label the agent writes `muster.io/gpu-agent`, naming its own pod: the kubelet may
 still call an old agent's plugin while a new one starts, so the binder places GPU pods on the
 node only while the pod named there is Ready (webhook.binder.agents). The record stays when the
-agent stops; the next agent to register replaces it.
+agent stops; the next agent to register replaces it. An agent without a device plugin (it
+serves GPUs through DRA only) removes it: no plugin of this node's is for the binder to wait on,
+and a record left by the device-plugin agent before it would keep GPU pods off the node.
 """
 
 from __future__ import annotations
@@ -51,20 +53,26 @@ def gpu_model(topology: Topology) -> str:
     return models.most_common(1)[0][0] if models else ""
 
 
-def desired(found: Discovery, serving: bool | None = None, agent: str | None = None
-            ) -> tuple[dict[str, str | None], dict[str, str | None]]:
+def desired(found: Discovery, serving: bool | None = None, agent: str | None = None, *,
+            plugin: bool = True) -> tuple[dict[str, str | None], dict[str, str | None]]:
     """(labels, annotations) the Node should carry; None values are removed. `serving`: whether
     the device plugin is registered with the kubelet and serving (the acknowledgement label);
     None leaves that label as it is (not known yet). `agent`: this agent's pod, recorded while
-    it serves (None: it cannot name its pod, and a record naming another is not left in place)."""
+    it serves (None: it cannot name its pod, and a record naming another is not left in place).
+    `plugin`: whether this agent has a device plugin at all; without one neither the label nor
+    the record is kept."""
     labels: dict[str, str | None] = {
         keys.LABEL_GPU_DEGRADED: "true" if found.degraded else None}
     annotations: dict[str, str | None] = {}
     if serving is not None:
         # the device plugin serves the kubelet and acknowledges each pod it served
         labels[keys.LABEL_GPU_ALLOCATION_ACK] = "true" if serving else None
+    elif not plugin:
+        labels[keys.LABEL_GPU_ALLOCATION_ACK] = None  # (one a killed plugin agent left)
     if serving:
         annotations[keys.ANN_GPU_AGENT] = agent
+    elif not plugin:
+        annotations[keys.ANN_GPU_AGENT] = None
     if found.topology is not None:
         topology = identify(found.topology)
         annotations[keys.ANN_NODE_TOPOLOGY] = encode(topology)
@@ -75,11 +83,11 @@ def desired(found: Discovery, serving: bool | None = None, agent: str | None = N
 
 
 def node_patch(found: Discovery, node: Mapping[str, Any], serving: bool | None = None,
-               agent: str | None = None) -> dict[str, Any] | None:
+               agent: str | None = None, *, plugin: bool = True) -> dict[str, Any] | None:
     """The JSON merge patch that makes `node` carry `found` (and the acknowledgement label and
-    the agent's record as `serving` says), or None if it already does."""
+    the agent's record as `serving` and `plugin` say), or None if it already does."""
     meta = node.get("metadata") or {}
-    labels, annotations = desired(found, serving, agent)
+    labels, annotations = desired(found, serving, agent, plugin=plugin)
     have_labels = meta.get("labels") or {}
     have_annotations = meta.get("annotations") or {}
     patch: dict[str, Any] = {}
@@ -95,17 +103,20 @@ def node_patch(found: Discovery, node: Mapping[str, Any], serving: bool | None =
 class NodePublisher:
     """Writes discovery results onto one Node through the API server."""
 
-    def __init__(self, api: KubeApi, node: str, agent: str | None = None) -> None:
+    def __init__(self, api: KubeApi, node: str, agent: str | None = None, *,
+                 plugin: bool = True) -> None:
         self.api = api
         self.node = node
         #: this agent's pod (keys.gpu_agent), recorded while it serves
         self.agent = agent
+        #: whether the agent has a device plugin (without one, no record is kept)
+        self.plugin = plugin
         self.writes = 0
 
     async def publish(self, found: Discovery, serving: bool | None = None) -> bool:
         """Patch the Node if it differs; True when a write was made. Raises ApiError."""
         current = await self.api.get(NODES, self.node)
-        patch = node_patch(found, current, serving, self.agent)
+        patch = node_patch(found, current, serving, self.agent, plugin=self.plugin)
         if patch is None:
             return False
         await self.api.patch(NODES, self.node, patch, patch_type="merge")

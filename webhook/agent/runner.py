@@ -135,7 +135,7 @@ class Agent:
         self.config = config
         self.discoverer = discoverer
         self.events_nvml = events_nvml
-        self.publisher = NodePublisher(api, config.node, config.pod)
+        self.publisher = NodePublisher(api, config.node, config.pod, plugin=config.device_plugin)
         self.pods = NodePods(api, config.node)
         self.plugin: GpuDevicePlugin | None = None
         self.dra = DraDriver(config.dra, KubeClaims(api)) if config.dra is not None else None
