@@ -44,8 +44,10 @@ KUBELET_ROOT = "/var/lib/kubelet"
 CDI_DIR = "/var/run/cdi"
 #: host paths the kubelet, containerd and CNI write to no matter their flags: a tmpfs over each,
 #: visible in the node's mount namespace only, so nothing is left on the host
+#: (/run/nri: each containerd binds its NRI socket there; shared, the nodes' containerds raced
+#: for one path and one exited "bind: address already in use")
 PRIVATE_DIRS = ("/var/log/pods", "/var/log/containers", "/var/lib/cni", "/run/netns",
-                "/run/containerd", "/var/lib/kubelet", "/etc/cni/net.d", CDI_DIR)
+                "/run/containerd", "/run/nri", "/var/lib/kubelet", "/etc/cni/net.d", CDI_DIR)
 CLUSTER_CIDR = "10.244.0.0/16"
 #: the cluster's own address on its bridge: API server, DNS, the nodes' default gateway
 CLUSTER_IP = "10.255.0.1"
