@@ -237,9 +237,7 @@ def _gpus(gang: Gang) -> int:
 
 @dataclass(slots=True)
 class _Victim:
-    running: Running
-    #: its pods by the node they hold resources on
-    held: dict[str, list[PodInfo]]
+    running: Running  # (what it holds: `running.held`)
     #: (priority, GPU-seconds lost, GPUs) were it evicted
     cost: tuple[int, float, int]
     #: (priority, seconds lost per GPU): the order victims are taken in, cheapest first
@@ -301,7 +299,7 @@ class _Search:
         for r in eligible:
             h = r.held
             age = now - h.created if h.created < now else 0.0
-            v = _Victim(r, h.on, (h.priority, h.gpus * age, h.gpus),
+            v = _Victim(r, (h.priority, h.gpus * age, h.gpus),
                         (h.priority, age if h.gpus else 0.0))
             inside = 0
             for node, gpus in h.gpus_on.items():
@@ -414,7 +412,7 @@ class _Search:
                            and (s.free_gpus or self.nodes[n].topology is None)}
         states = dict(domain.base)
         for v in victims:
-            for node, pods in v.held.items():
+            for node, pods in v.running.held.on.items():
                 if node in domain.nodes and node in self.states:
                     states[node] = _given_back(states.get(node, self.states[node]), pods)
         nodes = {n: self.nodes[n] for n in sorted(states)}
@@ -428,7 +426,7 @@ def _on_used(victims: list[_Victim], placed: Place) -> list[_Victim]:
     """The victims with a pod on a node the placement uses: the others free nothing it uses,
     so it holds without them (no trial needed)."""
     used = {a.node for _, a in placed.assignments}
-    return [v for v in victims if not used.isdisjoint(v.held)]
+    return [v for v in victims if not used.isdisjoint(v.running.held.on)]
 
 
 def _given_back(state: NodeState, pods: Sequence[PodInfo]) -> NodeState:
