@@ -56,6 +56,13 @@ def node_meta(cluster: ApiServerEmulator) -> tuple[dict[str, str], dict[str, str
     return meta.get("labels") or {}, meta.get("annotations") or {}
 
 
+async def stopped(run: asyncio.Task[Any]) -> None:
+    """Cancel an agent's run and wait until it has stopped (its shutdown writes done)."""
+    run.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await run
+
+
 async def test_published_annotation_is_exactly_the_builtin_dgx1_v100(
         cluster: ApiServerEmulator, kube: KubeApi, sock_dir: Path) -> None:
     agent = Agent(agent_config(sock_dir), nvml_discoverer(FakeNvml.profile("dgx1-v100")), kube)
@@ -156,9 +163,7 @@ async def test_allocate_reads_the_assignment_from_the_api(
         assert "ml/no-assignment: no muster.io/gpu-assignment" in (err.value.details() or "")
         assert "worker-x" not in (err.value.details() or "")  # another node's pod
     finally:
-        run.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run
+        await stopped(run)
 
 
 async def test_a_mismatch_is_refused_with_a_warning_event_on_the_pod(
@@ -192,9 +197,7 @@ async def test_a_mismatch_is_refused_with_a_warning_event_on_the_pod(
         assert f"the binder assigned {topo.gpus[0].uuid}" in event["message"]
         assert keys.ANN_GPU_ALLOCATED not in late["metadata"]["annotations"]
     finally:
-        run.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run
+        await stopped(run)
 
 
 async def test_agent_process_end_to_end(cluster: ApiServerEmulator, sock_dir: Path,
@@ -261,9 +264,7 @@ async def test_ack_label_means_registered_with_the_kubelet_and_serving(
         await eventually(lambda: _ack(cluster) == "true", within=5,
                          what="the ack label back with the kubelet")
     finally:
-        run.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run
+        await stopped(run)
         await kubelet.stop()
     assert _ack(cluster) is None  # the agent stopped: nothing acknowledges pods any more
     assert not (sock_dir / "muster-gpu.sock").exists()
@@ -284,9 +285,7 @@ async def test_a_label_left_by_a_crashed_agent_goes_when_no_kubelet_takes_the_pl
         await eventually(lambda: _ack(cluster) is None, within=5,
                          what="the stale ack label to go")
     finally:
-        run.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run
+        await stopped(run)
 
 
 POD = keys.gpu_agent("muster", "agent-new", "uid-new")
@@ -328,9 +327,7 @@ async def test_the_agent_records_its_pod_and_is_ready_while_its_plugin_is_regist
             await eventually(lambda: _not_ready(http, port), within=5,
                              what="not ready without a kubelet")
         finally:
-            run.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await run
+            await stopped(run)
             await kubelet.stop()
     assert _ack(cluster) is None and _record(cluster) == POD
 
