@@ -2,7 +2,7 @@
 
 Rebuilding them from every pod on every cycle (gangs, allocation, each node's free resources)
 cost about 25 ms at 1,000 pods and 500 nodes, and the controller plans after every burst of
-informer events. The snapshot owns three caches, each keyed on what its reader reads:
+informer events. The snapshot owns these caches, each keyed on what its reader reads:
 - the allocation, updated by `Allocation.add` / `remove` as each pod changes, and by
   `add_claim` / `remove_claim` as each ResourceClaim does;
 - the members of every gang that still has an unbound member (the only gangs a plan can act
