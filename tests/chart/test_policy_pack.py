@@ -92,7 +92,7 @@ def test_values_entries_the_chart_refuses_are_problems_at_their_place(
     assert capsys.readouterr().out.splitlines() == [
         f"{values}:3:18: policies.bad name.yaml: the chart takes file names of letters, digits, "
         "'-', '_' and '.', ending in .yaml or .yml (document 1)",
-        f"{values}:4:11: policies.a.yaml: must be a policy file's text, got dict (document 1)",
+        f"{values}:4:11: policies.a.yaml: must be a policy file's text, got a mapping (document 1)",
         "2 problems in 1 file; nothing loaded"]
 
 

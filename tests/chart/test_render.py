@@ -20,6 +20,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from chart_helpers import CHART, NAMESPACE, Obj, find, hook, one, pod_specs, run_helm
 
 from webhook import keys
+from webhook.cli import main
+from webhook.policy.errors import PolicyError
+from webhook.policy.loader import load_policies
 
 Render = Callable[..., list[Obj]]
 
@@ -967,10 +970,38 @@ def test_a_hook_checks_the_policies_before_install_and_upgrade(helm_template: Re
     pod = job["spec"]["template"]["spec"]
     assert job["spec"]["backoffLimit"] == 0 and pod["automountServiceAccountToken"] is False
     (container,) = pod["containers"]
-    assert container["args"] == ["policy", "check", "/policies"]
+    assert container["args"] == ["policy", "check", "--as-served", "/policies"]
     assert pod["volumes"][0]["configMap"]["name"] == "muster-policy-check"
     assert not find(helm_template({"policyCheck": {"enabled": False}}), "Job",
                     "muster-policy-check")
+
+
+@pytest.mark.parametrize("as_values", [False, True])
+def test_the_hook_refuses_what_the_webhook_would_refuse(
+        helm_template: Render, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        as_values: bool) -> None:
+    """The hook's check, on its ConfigMap's files, passes exactly when `muster serve`'s loader
+    loads them: a values file set as a policy (`--set-file policies.x.yaml=values.yaml`) is
+    refused by both."""
+    shipped = _shipped_policies()
+    name, text = next(iter(shipped.items()))
+    if as_values:
+        shipped[name] = "policies:\n  inner.yaml: |\n" + "".join(
+            f"    {line}\n" for line in text.splitlines())
+    objs = helm_template({"policies": shipped})
+    mounted = tmp_path / "policies"  # (the fixture writes its values files to tmp_path)
+    mounted.mkdir()
+    for file, body in one(objs, "ConfigMap", "muster-policy-check")["data"].items():
+        (mounted / file).write_text(body)
+    args = one(objs, "Job", "muster-policy-check")["spec"]["template"]["spec"]["containers"][0][
+        "args"]
+    hook_rc = main([str(mounted) if a == "/policies" else a for a in args])
+    try:
+        load_policies([str(mounted)])
+        served = True
+    except PolicyError:
+        served = False
+    assert (hook_rc == 0) is served is (not as_values), capsys.readouterr().out
 
 
 # --- exposure: metrics port, NetworkPolicy, priority ---------------------------------------------

@@ -231,7 +231,7 @@ def _entry(name: str, prefix: str, doc: Document, path: tuple[str, Any], text: A
 
 def _entry_problem(key: Any, text: Any) -> str | None:
     if not isinstance(text, str):
-        return f"must be a policy file's text, got {type(text).__name__}"
+        return f"must be a policy file's text, got {type_name(text)}"
     if not (isinstance(key, str) and CHART_FILE_NAME.match(key)):
         return ("the chart takes file names of letters, digits, '-', '_' and '.', ending in "
                 ".yaml or .yml")

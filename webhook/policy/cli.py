@@ -26,6 +26,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        "warn of a level a policy names that is none of them (default: the levels "
                        "the values files (merged) or helm template output among the PATHs give "
                        "the binder, else the chart's, none)")
+    check.add_argument("--as-served", action="store_true",
+                       help="read the PATHs as `muster serve --policies` does: policy files "
+                       "only, a values file or helm template output is a policy document like "
+                       "any other (the chart's pre-install hook checks its ConfigMap this way)")
     check.set_defaults(func=_check)
 
     pack = sub.add_parser(

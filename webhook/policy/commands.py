@@ -57,9 +57,10 @@ def check(args: argparse.Namespace) -> int:
     stdin = _stdin(args.paths)
     # --network-levels, a usage error before anything is read, beats the chart's
     flag = binder_levels(args.network_levels) if args.network_levels else None
-    given = None if flag else _chart_levels(args.paths, stdin)
+    chart_files = not args.as_served
+    given = None if flag or not chart_files else _chart_levels(args.paths, stdin)
     try:
-        policies = load_policies(args.paths, stdin=stdin, chart=True)
+        policies = load_policies(args.paths, stdin=stdin, chart=chart_files)
     except PolicyError as exc:
         print(exc)
         files = len({issue.file for issue in exc.problems})
