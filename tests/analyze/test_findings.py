@@ -56,15 +56,33 @@ def configuration(ca_pem: bytes = CA.cert_pem, failure: str = "Ignore",
                     "values": list(excluded)}]}}]}
 
 
-def gpu_node(name: str, *, published: bool = True, tainted: bool = True) -> dict[str, Any]:
+def gpu_node(name: str, *, published: bool = True, tainted: bool = True,
+             agent: str | None = None) -> dict[str, Any]:
+    """A GPU node; `agent`: the agent pod (in muster-system, uid `uid-NAME`) its record names."""
     node = scenario.node(name)
     if published:
         node["metadata"]["annotations"] = {keys.ANN_NODE_TOPOLOGY: codec.encode(
             builtin("dgx1-v100"))}
+    if agent is not None:
+        node["metadata"].setdefault("annotations", {})[keys.ANN_GPU_AGENT] = keys.gpu_agent(
+            "muster-system", agent, f"uid-{agent}")
     if tainted:
         node["spec"] = {"taints": [{"key": keys.TAINT_GPU_TOPOLOGY, "value": "enabled",
                                     "effect": "NoSchedule"}]}
     return node
+
+
+def agent_pod(name: str, node: str, *, ready: bool = True, uid: str | None = None,
+              deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "muster-system",
+                            "uid": uid or f"uid-{name}",
+                            "labels": {"app.kubernetes.io/component": "agent"}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-23T11:59:00Z"
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "muster:1"}]},
+            "status": {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
 def mpijob(name: str, uid: str, state: str | None = None) -> dict[str, Any]:
@@ -140,7 +158,8 @@ def healthy() -> Snapshot:
         queues={q: scenario.volcano_queue(q) for q in scenario.QUEUES},
         mutating=[configuration()],
         endpoints={"subsets": [{"addresses": [{"ip": "10.0.0.1"}]}]},
-        serving_cert=SERVING.cert_pem, nodes=[gpu_node("gpu-1")],
+        serving_cert=SERVING.cert_pem, nodes=[gpu_node("gpu-1", agent="agent-a")],
+        agent_pods=[agent_pod("agent-a", "gpu-1")],
         podgroups=[("kubeflow.org/MPIJob", podgroup(running))],
         jobs={"uid-running": running},
         namespaces=[{"metadata": {"name": n, "labels": {}}} for n in ("team-a", "muster-system")],
@@ -156,6 +175,12 @@ def test_a_healthy_cluster_has_no_finding() -> None:
 
 def _set(**changes: Any) -> Callable[[Snapshot], Snapshot]:
     return lambda s: dataclasses.replace(s, **changes)
+
+
+def _unreadable_record(s: Snapshot) -> Snapshot:
+    node = gpu_node("gpu-1")
+    node["metadata"]["annotations"][keys.ANN_GPU_AGENT] = "a/b/c/d"
+    return dataclasses.replace(s, nodes=[node])
 
 
 def _gone_job(s: Snapshot) -> Snapshot:
@@ -213,6 +238,21 @@ CASES: list[tuple[str, Callable[[Snapshot], Snapshot], str, str]] = [
      "error"),
     ("no taint", _set(nodes=[gpu_node("gpu-1", tainted=False)]), "TopologyNodeNotTainted",
      "warning"),
+    # the record outlived its agent: nothing will replace it
+    ("agent gone", _set(agent_pods=[]), "GpuAgentGone", "error"),
+    ("agent of another node", _set(agent_pods=[agent_pod("agent-a", "gpu-2")]),
+     "GpuAgentGone", "error"),
+    # a new agent on the node that has not registered yet, the old one going, or not Ready
+    ("agent replaced", _set(agent_pods=[agent_pod("agent-b", "gpu-1")]),
+     "GpuAgentNotServing", "warning"),
+    ("agent restarted", _set(agent_pods=[agent_pod("agent-a", "gpu-1", uid="uid-2")]),
+     "GpuAgentNotServing", "warning"),
+    ("agent going", _set(agent_pods=[agent_pod("agent-a", "gpu-1", deleting=True),
+                                     agent_pod("agent-b", "gpu-1", ready=False)]),
+     "GpuAgentNotServing", "warning"),
+    ("agent not Ready", _set(agent_pods=[agent_pod("agent-a", "gpu-1", ready=False)]),
+     "GpuAgentNotServing", "warning"),
+    ("record names no pod", _unreadable_record, "GpuAgentNotServing", "warning"),
     ("orphaned PodGroup", _gone_job, "PodGroupOrphaned", "warning"),
     ("finished job's PodGroup", _finished_job, "PodGroupOfFinishedJob", "warning"),
     ("no binder leader", _set(leases={}), "BinderNotLeading", "error"),

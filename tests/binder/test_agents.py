@@ -66,13 +66,16 @@ def test_a_record_names_a_pod_by_namespace_name_and_uid() -> None:
      "agent pod muster/agent-a is gone and no new agent has registered"),
     (RECORD, agent_pod(deleting=True), "agent pod muster/agent-a is being deleted"),
     (RECORD, agent_pod(ready=False), "agent pod muster/agent-a is not Ready"),
+    # a Ready agent of another node (a record this node's agent did not write)
+    (RECORD, agent_pod(node_name="dgx-b"),
+     "agent pod muster/agent-a runs on dgx-b, not on this node"),
     ("muster/agent-a", agent_pod(),
      "its muster.io/gpu-agent annotation names no pod ('muster/agent-a')"),
 ])
 def test_gpu_pods_wait_while_the_recorded_agent_pod_is_not_ready(
         record: str | None, seen: dict[str, Any] | None, waits: str | None) -> None:
     found: PodInfo | None = parse_pod(seen) if seen is not None else None
-    assert agent_wait(parse_agent(record), found) == waits
+    assert agent_wait(parse_agent(record), found, "dgx-a") == waits
 
 
 def test_the_index_finds_the_nodes_that_name_a_pod() -> None:

@@ -27,6 +27,10 @@ Render = Callable[..., list[Obj]]
 
 AGENT = f"system:serviceaccount:{NAMESPACE}:muster-agent"
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
+POD_NAME_CLAIM = "authentication.kubernetes.io/pod-name"
+POD_UID_CLAIM = "authentication.kubernetes.io/pod-uid"
+#: the record the agent of the token `_request` makes writes on its Node: its own pod
+OWN_RECORD = keys.gpu_agent(NAMESPACE, "muster-agent-x", "u1")
 OWN, OTHER = "gpu-a", "gpu-b"
 
 
@@ -111,8 +115,8 @@ def _request(op: str, resource: str, name: str, *, namespace: str = "",
     user_info: Obj = {"username": user, "uid": "u-1",
                       "groups": ["system:serviceaccounts", "system:authenticated"]}
     if node is not None:
-        user_info["extra"] = {NODE_CLAIM: [node], "authentication.kubernetes.io/pod-name":
-                              ["muster-agent-x"]}
+        user_info["extra"] = {NODE_CLAIM: [node], POD_NAME_CLAIM: ["muster-agent-x"],
+                              POD_UID_CLAIM: ["u1"]}
     request: Obj = {"uid": "r-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
                     "resource": {"group": "", "version": "v1", "resource": resource},
                     "name": name, "operation": op, "userInfo": user_info, "dryRun": False}
@@ -188,7 +192,7 @@ def test_the_agent_publishes_on_its_own_node(policies: dict[str, Policy]) -> Non
     new = _with(_with(old, "labels", keys.LABEL_GPU_ALLOCATION_ACK, "true"),
                 "annotations", keys.ANN_NODE_TOPOLOGY, '{"v":1}')
     assert _node_write(policies, OWN, new, old) == Verdict(True)
-    recorded = _with(new, "annotations", keys.ANN_GPU_AGENT, "muster/muster-agent-x/u1")
+    recorded = _with(new, "annotations", keys.ANN_GPU_AGENT, OWN_RECORD)
     assert _node_write(policies, OWN, recorded, new) == Verdict(True)
     # and removes its labels again (a label going)
     assert _node_write(policies, OWN, old, new) == Verdict(True)
@@ -230,6 +234,46 @@ def test_a_pod_on_another_node_or_unbound_is_refused(policies: dict[str, Policy]
     assert not verdict.allowed
     assert verdict.message == (f"the muster agent of node {OWN} may write only pods bound to "
                                f"it; ml/w-1 is bound to {bound or 'no node'}")
+
+
+@pytest.mark.parametrize("record", [
+    keys.gpu_agent(NAMESPACE, "muster-agent-y", "u2"),  # another node's agent
+    keys.gpu_agent(NAMESPACE, "muster-agent-x", "u0"),  # the same name, an earlier pod
+    keys.gpu_agent("team-a", "muster-agent-x", "u1"),   # a pod of that name elsewhere
+])
+def test_the_agent_records_no_pod_but_its_own(policies: dict[str, Policy], record: str) -> None:
+    """The binder binds GPU pods to a node only while the agent pod recorded there is Ready:
+    a stolen agent token must not name a Ready pod that does not serve the node."""
+    old = _node(OWN)
+    verdict = _node_write(policies, OWN, _with(old, "annotations", keys.ANN_GPU_AGENT, record),
+                          old)
+    assert verdict == Verdict(False, "the muster agent may record only its own pod in "
+                              f"{keys.ANN_GPU_AGENT} ({OWN_RECORD}), not {record}")
+
+
+def test_the_record_may_stay_go_or_be_replaced_by_its_own(policies: dict[str, Policy]) -> None:
+    """Another pod's record (the agent before this one) stays through the agent's other
+    writes, is replaced by its own, or is removed (an agent without a device plugin)."""
+    before = _with(_node(OWN), "annotations", keys.ANN_GPU_AGENT,
+                   keys.gpu_agent(NAMESPACE, "muster-agent-old", "u0"))
+    acked = _with(before, "labels", keys.LABEL_GPU_ALLOCATION_ACK, "true")
+    assert _node_write(policies, OWN, acked, before) == Verdict(True)
+    own = _with(before, "annotations", keys.ANN_GPU_AGENT, OWN_RECORD)
+    assert _node_write(policies, OWN, own, before) == Verdict(True)
+    assert _node_write(policies, OWN, _with(before, "annotations", keys.ANN_GPU_AGENT, None),
+                       before) == Verdict(True)
+
+
+def test_a_token_bound_to_no_pod_records_nothing(policies: dict[str, Policy]) -> None:
+    old = _node(OWN)
+    request = _request("UPDATE", "nodes", OWN)
+    for claim in (POD_NAME_CLAIM, POD_UID_CLAIM):
+        del request["userInfo"]["extra"][claim]
+    verdict = _nodes(policies).admit(
+        request, _with(old, "annotations", keys.ANN_GPU_AGENT, OWN_RECORD), old)
+    assert verdict == Verdict(False, "the muster agent may record only its own pod in "
+                              f"{keys.ANN_GPU_AGENT} (its token is bound to no pod), not "
+                              f"{OWN_RECORD}")
 
 
 def test_a_token_without_a_node_is_refused(policies: dict[str, Policy]) -> None:

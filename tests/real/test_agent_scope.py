@@ -20,6 +20,7 @@ from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node import image
 from e2e.node.cluster import NODE_NAME, NodeCluster
 from e2e.probes import eventually
+from webhook import keys
 from webhook.kube import NODES, PODS, ApiError, KubeApi, Resource, make_api_client
 
 SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", True, "ServiceAccount")
@@ -39,11 +40,16 @@ def _pod(name: str, node: str) -> dict[str, Any]:
                                                                 "memory": "8Mi"}}}]}}
 
 
-async def _agent_token(kube: KubeApi) -> str:
-    """A token of the agent's ServiceAccount bound to the agent's pod on muster-node."""
+async def _agent_pod(kube: KubeApi) -> dict[str, Any]:
     pods = (await kube.list(PODS, namespace=NAMESPACE,
                             label_selector="app.kubernetes.io/component=agent"))["items"]
     (pod,) = [p for p in pods if p["spec"].get("nodeName") == NODE_NAME]
+    return pod
+
+
+async def _agent_token(kube: KubeApi) -> str:
+    """A token of the agent's ServiceAccount bound to the agent's pod on muster-node."""
+    pod = await _agent_pod(kube)
     answer = await kube.create_subresource(SERVICEACCOUNTS, f"{RELEASE}-agent", "token", {
         "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
         "spec": {"expirationSeconds": 600, "boundObjectRef": {
@@ -117,6 +123,22 @@ async def test_the_agent_writes_only_its_own_node_and_its_pods(kube: KubeApi,
         await _refused(agent.patch(NODES, NODE_NAME, {"spec": {"unschedulable": True}},
                                    patch_type="merge"),
             "may not change a node's spec")
+
+        # the record of the agent's pod on its Node: the running agent wrote its own at
+        # registration (through these policies); another pod's is refused
+        pod = await _agent_pod(kube)
+        own = keys.gpu_agent(NAMESPACE, pod["metadata"]["name"], pod["metadata"]["uid"])
+
+        async def recorded() -> bool:
+            node = await kube.get(NODES, NODE_NAME)
+            return bool(node["metadata"].get("annotations", {}).get(keys.ANN_GPU_AGENT) == own)
+        await eventually(recorded, within=60, interval=1.0,
+                         what="the agent to record its own pod on its Node")
+        await _refused(agent.patch(NODES, NODE_NAME, {"metadata": {"annotations": {
+            keys.ANN_GPU_AGENT: keys.gpu_agent(NAMESPACE, "another-agent", "u-2")}}},
+            patch_type="merge"), f"may record only its own pod in {keys.ANN_GPU_AGENT} ({own})")
+        node = await kube.get(NODES, NODE_NAME)
+        assert node["metadata"]["annotations"][keys.ANN_GPU_AGENT] == own
 
         # pods: the served mark on a pod of its node, as NodePods.acknowledge writes it
         def served(pod: dict[str, Any]) -> list[dict[str, Any]]:

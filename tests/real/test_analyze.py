@@ -46,8 +46,10 @@ async def test_analyze_names_what_is_wrong_on_the_real_node_and_nothing_else(
     # the node is labelled for topology placement without the dedicated taint: true here
     assert ("TopologyNodeNotTainted", f"Node/{NODE_NAME}") in codes
     # what is healthy on this node says nothing: Ready endpoints, a caBundle that verifies
-    # the serving certificate, the backends' CRDs, a binder leader, a published topology
+    # the serving certificate, the backends' CRDs, a binder leader, a published topology, the
+    # Ready agent pod the node's record names
     healthy = {"WebhookNotInstalled", "WebhookNotReady", "CaBundleMismatch",
                "BackendNotInstalled", "BinderNotLeading", "TopologyNotPublished",
-               "WebhookFailsClosed", "SystemNamespacesNotExcluded", "WebhookAfterIstio"}
+               "WebhookFailsClosed", "SystemNamespacesNotExcluded", "WebhookAfterIstio",
+               "GpuAgentGone", "GpuAgentNotServing"}
     assert not healthy & {c for c, _ in codes}, found

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from webhook import keys
@@ -15,6 +15,7 @@ from webhook.analyze.findings import (
     coscheduling_schedulers,
     not_enforced,
 )
+from webhook.binder.agents import AgentPod, parse_agent
 from webhook.binder.evict import PREEMPTED, PREEMPTING
 from webhook.kube import (
     COSCHEDULING_PODGROUPS,
@@ -76,6 +77,25 @@ async def _pods(api: KubeApi, scheduler: str) -> list[dict[str, Any]]:
     """The unbound pods of one scheduler."""
     found: list[dict[str, Any]] = (await api.list(PODS, field_selector=(
         f"spec.schedulerName={scheduler},spec.nodeName=")))["items"]
+    return found
+
+
+async def _agent_pods(api: KubeApi, namespace: str, release: str,
+                      nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The release's agent pods, and the pods the nodes' GPU-agent records name in other
+    namespaces (an agent installed apart), each read once."""
+    found: list[dict[str, Any]] = (await api.list(PODS, namespace, label_selector=(
+        f"app.kubernetes.io/instance={release},app.kubernetes.io/component=agent")))["items"]
+    elsewhere = set()
+    for node in nodes:
+        record = parse_agent(((node.get("metadata") or {}).get("annotations") or {}).get(
+            keys.ANN_GPU_AGENT))
+        if isinstance(record, AgentPod) and record.namespace != namespace:
+            elsewhere.add((record.namespace, record.name))
+    for ns, name in sorted(elsewhere):
+        pod = await _get(api, PODS, name, ns)
+        if pod is not None:
+            found.append(pod)
     return found
 
 
@@ -171,6 +191,7 @@ async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float
     if s.binder_deployed:
         s.preemption_events = [e for reason in (PREEMPTED, PREEMPTING) for e in (
             await api.list(EVENTS, field_selector=f"reason={reason}"))["items"]]
+    s.agent_pods = await _agent_pods(api, namespace, release, s.nodes)
     lease = await _get(api, LEASES, s.binder_lease, namespace)
     s.leases = {s.binder_lease: lease} if lease is not None else {}
     return s

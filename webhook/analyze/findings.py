@@ -18,9 +18,11 @@ from cryptography.exceptions import InvalidSignature
 
 from webhook import keys
 from webhook.analyze.gangstate import advice, scheduled_message, wait_kind
+from webhook.binder.agents import AgentPod, agent_wait, parse_agent
 from webhook.binder.evict import PREEMPTED, PREEMPTING
 from webhook.binder.hypernodes import TIER_LABEL_PREFIX, HyperNodeView, Tiers
 from webhook.binder.nodes import parse_node
+from webhook.binder.pods import parse_pod
 from webhook.binder.topologies import TopologyView
 from webhook.kube.owners import controller_ref
 from webhook.policy import native
@@ -93,6 +95,9 @@ class Snapshot:
     audit_events: Sequence[Obj] = ()
     #: the binder's preemption Events (`GangPreempted`, `GangPreempting`; all namespaces)
     preemption_events: Sequence[Obj] = ()
+    #: the pods the nodes' GPU-agent records name, where they exist, and every Muster agent
+    #: pod of the release (None: not read, no finding about agents)
+    agent_pods: Sequence[Obj] | None = None
 
 
 def _name(obj: Obj) -> str:
@@ -105,7 +110,7 @@ def analyze(s: Snapshot, now: dt.datetime) -> list[Finding]:
     checks = (_backends, _queues, _webhook_order, _webhook_safety, _endpoints, _ca_bundle,
               _gpu_nodes, _network, _podgroups, _binder, _matching,
               _shadowed, _waiting, _schedulers, _not_enforced, _beside_kueue_tas,
-              _preemptions)
+              _preemptions, _gpu_agents)
     out = [f for check in checks for f in check(s, now)]
     rank = {"error": 0, "warning": 1, "info": 2}
     return sorted(out, key=lambda f: (rank[f.severity], f.code, f.object))
@@ -281,6 +286,38 @@ def _gpu_nodes(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
                           "pods spread 4 per node over 500 nodes left no room for an 8-GPU gang)",
                           f"kubectl taint node {meta.get('name')} "
                           f"{keys.TAINT_GPU_TOPOLOGY}=enabled:NoSchedule")
+
+
+def _gpu_agents(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
+    """A node whose GPU-agent record (`muster.io/gpu-agent`) keeps the binder's GPU pods off
+    it, as the binder decides (`agent_wait`): an error when no agent pod runs on the node any
+    more (the record outlived the agent), a warning while one is there but not serving."""
+    if s.agent_pods is None:
+        return
+    pods = {(p["metadata"].get("namespace"), p["metadata"].get("name")): p for p in s.agent_pods}
+    running = {(p.get("spec") or {}).get("nodeName") for p in s.agent_pods
+               if not (p["metadata"].get("deletionTimestamp"))}
+    for node in s.nodes:
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name"))
+        record = parse_agent((meta.get("annotations") or {}).get(keys.ANN_GPU_AGENT))
+        pod = pods.get((record.namespace, record.name)) \
+            if isinstance(record, AgentPod) else None
+        why = agent_wait(record, parse_pod(pod) if pod is not None else None, name)
+        if why is None:
+            continue
+        if name not in running:
+            yield Finding("error", "GpuAgentGone", _name(node),
+                          f"the binder places no GPU pod here: {why}, and no Muster agent pod "
+                          "runs on the node", "if the node still serves GPUs, see why the agent "
+                          "DaemonSet has no pod there (its nodeSelector, tolerations); if it no "
+                          f"longer does, remove the record: kubectl annotate node {name} "
+                          f"{keys.ANN_GPU_AGENT}-")
+        else:
+            yield Finding("warning", "GpuAgentNotServing", _name(node),
+                          f"the binder places no GPU pod here: {why}",
+                          f"kubectl -n {s.namespace} get pods -l app.kubernetes.io/component="
+                          f"agent --field-selector spec.nodeName={name}, and that pod's logs")
 
 
 def _gpu_node_objects(s: Snapshot) -> list[Obj]:

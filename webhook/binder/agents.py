@@ -43,15 +43,17 @@ def parse_agent(text: str | None) -> AgentPod | str | None:
     return AgentPod(*named) if named is not None else text
 
 
-def agent_wait(record: AgentPod | str | None, pod: PodInfo | None) -> str | None:
-    """Why the node's GPU pods must wait for its agent, given the pod its record names as the
-    binder sees it (None: not seen); None when they need not."""
+def agent_wait(record: AgentPod | str | None, pod: PodInfo | None, node: str) -> str | None:
+    """Why the GPU pods of node `node` must wait for its agent, given the pod its record names
+    as the binder sees it (None: not seen); None when they need not."""
     if record is None:
         return None
     if isinstance(record, str):
         return f"its {keys.ANN_GPU_AGENT} annotation names no pod ({record[:80]!r})"
     if pod is None or pod.uid != record.uid:
         return f"agent pod {record.key} is gone and no new agent has registered"
+    if pod.node_name != node:  # a record no agent of this node wrote
+        return f"agent pod {record.key} runs on {pod.node_name or 'no node'}, not on this node"
     if pod.deleting:
         return f"agent pod {record.key} is being deleted"
     if not pod.ready:

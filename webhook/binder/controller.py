@@ -194,7 +194,7 @@ class Binder:
         """The node with whether its GPU pods wait for its agent decided."""
         record = node.agent
         pod = self._pods.get(record.key) if isinstance(record, AgentPod) else None
-        return replace(node, agent_wait=agent_wait(record, pod))
+        return replace(node, agent_wait=agent_wait(record, pod, node.name))
 
     def _say_agent(self, node: NodeInfo) -> None:
         """Log a node's agent coming and going (not while the informers fill up)."""
