@@ -30,7 +30,8 @@ each; none of their code is used):
   minimised by walking it in reverse and dropping each target without which it still fits).
   Two fit checks: by quota alone (the gang's GPUs against the free ones nobody holds: Kueue
   without topology-aware scheduling; the admitted gang then holds that quota and its pods are
-  placed by Kueue TAS's rules once they fit, so it may wait with its victims gone), and
+  placed by Kueue TAS's rules once they fit, so it may wait with its victims gone: the bench
+  counts the free GPUs it holds meanwhile as lost), and
   topology-aware (the fit is Kueue TAS's placement on the cluster without the targets,
   https://kueue.sigs.k8s.io/docs/concepts/topology_aware_scheduling/).
 """
