@@ -29,10 +29,10 @@ preemptor that could not be placed yet).
 
 Metrics: high-priority queueing delay and job completion time (finish - submit; mean, p95,
 minutes), low-priority JCT (mean, p95), GPU-hours lost to preemption (evicted, held, their
-sum), gangs evicted. Goals
-(issue 57), reported: Muster's high-priority p95 delay at least 10x lower than without
-preemption; fewer GPU-hours lost than every baseline at the same high-priority delay (its p95
-no more than 10 % or half a minute over the baseline's). The run fails when a policy that
+sum), gangs evicted. Goals (issue 57), reported: Muster's high-priority p95 delay at least 10x
+lower than without preemption; fewer GPU-hours lost than every baseline at the same
+high-priority delay (its p95 no more than 10 % or half a minute over the baseline's). The run
+fails when a policy that
 preempts evicted nothing or a job never ran.
 """
 

@@ -3,11 +3,14 @@ answer can be checked by hand, and the bench's run on a tiny configuration."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import pytest
 
 from bench.bench_preemption import Outcome, _Sim, simulate
-from bench.preemption_sim import HIGH, LOW, Running, kai_preempt, kueue, never, volcano
-from bench.topology_sim import Cluster, ClusterSpec, Job, fat_tree, kueue_tas, muster
+from bench.preemption_sim import HIGH, LOW, Preempt, Running, kai_preempt, kueue, never, volcano
+from bench.topology_sim import Cluster, ClusterSpec, Job, Placer, fat_tree, kueue_tas, muster
 from webhook.topology.gpu_choice import TableCache
 
 # 2 blocks x 2 leaves x 2 DGX-1 V100 nodes: nodes 0-1 leaf 0, 2-3 leaf 1 (block 0), 4-7 block 1
@@ -104,16 +107,29 @@ def test_no_policy_preempts_for_a_gang_that_still_could_not_fit() -> None:
         assert preempt(c, job(1, 24, 8), lower, 0, 10.0) is None
 
 
-def test_the_bench_preempts_and_cuts_the_high_priority_delay() -> None:
+@functools.cache
+def tiny_bench() -> tuple[ClusterSpec, TableCache, list[Job], dict[int, float], dict[int, int]]:
+    """The bench's arrivals on a 32-node fat tree, 300 at 200 % (seed 7), made once: the
+    cluster, its tables, the jobs, their ideal step times and priorities."""
     from bench.bench_preemption import priorities  # noqa: PLC0415
     from bench.bench_topology import workload  # noqa: PLC0415
 
     spec = fat_tree(32)
     tables, jobs, ideal = workload(spec, 300, 2.0, 7)
-    prio = priorities(jobs, 0.2, 7)
-    none = simulate(_Sim(spec, prio, ideal, tables, Outcome("none")), jobs, muster(tables), never)
-    tas = simulate(_Sim(spec, prio, ideal, tables, Outcome("tas")), jobs, kueue_tas,
-                   kueue(True))
+    return spec, tables, jobs, ideal, priorities(jobs, 0.2, 7)
+
+
+def run_bench(name: str, placer: Callable[[TableCache], Placer], preempt: Preempt
+              ) -> tuple[Outcome, list[Job], dict[int, int]]:
+    """One policy's run on `tiny_bench`: its outcome, the jobs and their priorities."""
+    spec, tables, jobs, ideal, prio = tiny_bench()
+    out = simulate(_Sim(spec, prio, ideal, tables, Outcome(name)), jobs, placer(tables), preempt)
+    return out, jobs, prio
+
+
+def test_the_bench_preempts_and_cuts_the_high_priority_delay() -> None:
+    none, _, _ = run_bench("none", muster, never)
+    tas, jobs, prio = run_bench("tas", lambda _: kueue_tas, kueue(True))
     assert none.evicted == 0 and none.evicted_gpu_hours == none.held_gpu_hours == 0
     assert tas.evicted > 0 and tas.evicted_gpu_hours > 0
     assert tas.held_gpu_hours == 0  # Kueue TAS admits a gang only where it is placed
@@ -139,14 +155,7 @@ def test_free_gpus_a_gang_admitted_by_quota_holds_are_lost_until_it_runs() -> No
 
 
 def test_quota_kueue_loses_what_it_evicts_and_what_it_holds_idle() -> None:
-    from bench.bench_preemption import priorities  # noqa: PLC0415
-    from bench.bench_topology import workload  # noqa: PLC0415
-
-    spec = fat_tree(32)
-    tables, jobs, ideal = workload(spec, 300, 2.0, 7)
-    prio = priorities(jobs, 0.2, 7)
-    out = simulate(_Sim(spec, prio, ideal, tables, Outcome("quota")), jobs, kueue_tas,
-                   kueue(False))
+    out, _, _ = run_bench("quota", lambda _: kueue_tas, kueue(False))
     m = out.metrics()
     assert out.held_gpu_hours > 0 and out.evicted_gpu_hours > 0
     assert m["GPU-h lost"] == pytest.approx(m["GPU-h evicted"] + m["GPU-h held"])
