@@ -92,6 +92,21 @@ def test_a_required_rack_gang_evicts_exactly_one_racks_gangs_the_youngest() -> N
     assert {a.node for _, a in p.place.assignments if a.containers} == {"b0-r1-n0", "b0-r1-n1"}
 
 
+def test_no_victim_is_tried_without_when_too_few_gpus_would_be_left(monkeypatch: Any) -> None:
+    # the rack's two gangs each free one of the two nodes the gang needs: one trial, where
+    # the minimising pass would try each one's absence
+    trials = []
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        trials.append(1)
+        return place_gang(*args, **kw)
+    gangs, nodes, states = cluster([*full(young="b0-r1"), *high()])
+    others = [Running(g) for k, g in gangs.items() if k != "team-a/high"]
+    p = plan_preemption(gangs["team-a/high"], others, nodes, states, config=CFG,
+                        place=counted, now=NOW)
+    assert victims(p) == {"low-b0-r1-n0", "low-b0-r1-n1"} and len(trials) == 1
+
+
 def test_a_pdb_protected_gang_is_never_chosen_another_rack_is() -> None:
     p = decide([*full(young="b0-r1"), *high()], "high", protected=["low-b0-r1-n1"])
     chosen = victims(p)

@@ -632,6 +632,17 @@ def test_missing_labels_are_listed() -> None:
     assert net.missing(RACK) == ["a"] and net.missing(HOSTNAME) == []
 
 
+def test_the_domains_of_a_level_group_the_nodes_that_reach_it_once_per_network() -> None:
+    net = Network(LEVELS, {"a": {BLOCK: "b1"}, "b": {BLOCK: "b0", RACK: "r1"},
+                           "c": {BLOCK: "b0", RACK: "r0"}, "d": {BLOCK: "b0", RACK: "r0"}})
+    racks = net.domains(LEVELS, 2)
+    assert racks.names == (f"{BLOCK}=b0, {RACK}=r0", f"{BLOCK}=b0, {RACK}=r1")
+    assert racks.members == (frozenset("cd"), frozenset("b"))
+    assert dict(racks.index) == {"c": 0, "d": 0, "b": 1}  # "a" is in no rack
+    assert net.domains(LEVELS, 1).members == (frozenset("bcd"), frozenset("a"))
+    assert net.domains(LEVELS, 2) is racks
+
+
 def test_a_node_without_a_narrower_label_is_still_in_its_rack() -> None:
     nodes, labels = cluster()
     for name in labels:

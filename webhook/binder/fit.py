@@ -169,6 +169,7 @@ class FitCache:
         self._domains: Mapping[str, Mapping[str, str]] | None = None
         self._labels: LabelIndex | None = None
         self._restarting: tuple[NodeInfo, ...] | None = None
+        self._gpuless: tuple[str, ...] | None = None
 
     def clear(self) -> None:
         self._cache.clear()
@@ -176,12 +177,19 @@ class FitCache:
         self._network = None
         self._labels = None
         self._restarting = None
+        self._gpuless = None
 
     def restarting(self, nodes: Mapping[str, NodeInfo]) -> tuple[NodeInfo, ...]:
         """The nodes whose GPU agent restarts (made once per node set)."""
         if self._restarting is None:
             self._restarting = tuple(n for n in nodes.values() if n.agent_wait is not None)
         return self._restarting
+
+    def gpuless(self, nodes: Mapping[str, NodeInfo]) -> tuple[str, ...]:
+        """The nodes without GPU topology (made once per node set)."""
+        if self._gpuless is None:
+            self._gpuless = tuple(n for n, info in nodes.items() if info.topology is None)
+        return self._gpuless
 
     def labels(self, nodes: Mapping[str, NodeInfo]) -> LabelIndex:
         """The nodes by label value, for inter-pod terms (made once per node set)."""

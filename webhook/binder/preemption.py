@@ -22,7 +22,8 @@ The search, cheap before it is exact:
 4. Domains in order of estimate (at equal estimates, in the order of preference): victims
    are added from that prefix on until the gang fits; then every victim with no pod on the
    nodes the placement uses is dropped (it freed nothing the placement takes: no trial
-   needed), and each other one is dropped if the gang still fits without it (a minimal set).
+   needed), and each other one is dropped if the gang still fits without it (a minimal set;
+   tried only where the room left without it could still hold the gang).
    The search stops at the first domain whose set costs no more than the next domain's
    estimate, or after `MAX_DOMAINS` domains were tested. A trial places on the domain's
    nodes with a free GPU once the victims are gone, and its nodes without GPUs (where a
@@ -36,7 +37,6 @@ The cost of a set: (its highest priority, GPU-seconds lost, GPUs, gangs), compar
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -51,7 +51,7 @@ from webhook.binder.pods import PodInfo
 from webhook.binder.queue import GangQueue
 from webhook.binder.reserve import reservation
 from webhook.topology.model import NodeState
-from webhook.topology.network import HOSTNAME, resolved
+from webhook.topology.network import HOSTNAME, Domains, resolved
 
 #: domains whose fit is tested at most, per decision (each costs a few planning trials)
 MAX_DOMAINS = 4
@@ -162,10 +162,15 @@ def plan_preemption(preemptor: Gang, running: Sequence[Running], nodes: Mapping[
                 if victim_problem(preemptor, v, config.scheduler_name, priority) is None]
     if not eligible:
         return None
-    search = _Search(preemptor, nodes, states, config, place, now)
-    search.index(eligible)
-    for domain, members in _domains(preemptor, nodes, config, fit or FitCache()):
-        search.add_domain(domain, members)
+    fit = fit or FitCache()
+    narrow, whole = _domains(preemptor, nodes, config, fit)
+    search = _Search(preemptor, nodes, states, config, place, now, fit.gpuless(nodes))
+    search.index(eligible, narrow)
+    if narrow is not None:
+        for i, (name, members) in enumerate(zip(narrow.names, narrow.members, strict=True)):
+            search.add_domain(name, members, search.room[i], search.touching[i])
+    if whole:
+        search.add_domain("", frozenset(nodes), search.whole_room, search.whole)
     return search.run()
 
 
@@ -199,43 +204,40 @@ def kueue_admitted(gang: Gang) -> bool:
 
 
 def _domains(gang: Gang, nodes: Mapping[str, NodeInfo], config: PlanConfig, fit: FitCache
-             ) -> list[tuple[str, frozenset[str]]]:
-    """(name, nodes) of each domain to try, in the order of preference (module docstring)."""
-    everywhere = [("", frozenset(nodes))]
+             ) -> tuple[Domains | None, bool]:
+    """The narrow domains to try, in the order of preference, and whether the whole cluster
+    is tried after them (module docstring)."""
     topo = gang.topology
     if topo is not None and topo.single_node:
-        each = [(f"{HOSTNAME}={n}", frozenset((n,))) for n in nodes]
-        return each if topo.mode == "required" else [*each, *everywhere]
+        return _hosts(nodes), topo.mode != "required"
     net = topo.network if topo is not None else None
     if net is None or net.unconstrained:
-        return everywhere
+        return None, True
     levels = config.levels_for(net)
     if isinstance(levels, str):
-        return []
+        return None, False
     network = fit.network(nodes, levels, config.domains)
     req = resolved(net, network)
     required = req.level if req.mode == "required" else req.max_level
     label = required or req.level
     if label is None:
-        return everywhere
+        return None, True
     if label == HOSTNAME:
-        return [(f"{HOSTNAME}={n}", frozenset((n,))) for n in nodes]
+        return _hosts(nodes), False
     chain = network.chain(label)
     depth = chain.index(label) + 1 if label in chain else len(chain)
-    grouped: dict[tuple[str, ...], set[str]] = defaultdict(set)
-    for node, path in network.paths(chain).items():
-        if len(path) >= depth:
-            grouped[path[:depth]].add(node)
-    found = [(", ".join(f"{lv}={v}" for lv, v in zip(chain, path, strict=False)),
-              frozenset(members)) for path, members in sorted(grouped.items())]
-    return found if required is not None else [*found, *everywhere]
+    return network.domains(chain, depth), required is None
+
+
+def _hosts(nodes: Mapping[str, NodeInfo]) -> Domains:
+    return Domains.of([(f"{HOSTNAME}={n}", frozenset((n,))) for n in nodes])
 
 
 def _gpus(gang: Gang) -> int:
     return sum(p.gpus for p in gang.members if holding_node(p) is not None)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Victim:
     running: Running  # (what it holds: `running.held`)
     #: (priority, GPU-seconds lost, GPUs) were it evicted
@@ -253,6 +255,8 @@ class _Domain:
     #: how many of `victims`, first, give it GPUs enough, and what they cost
     prefix: int
     estimate: Cost
+    #: its room (in members) before any victim goes
+    room: int
     #: its place in the order of preference (a narrower domain first, at equal cost)
     rank: int
     #: what a trial places on, before victims give back: its nodes with a free GPU, and those
@@ -273,29 +277,36 @@ class _Search:
     config: PlanConfig
     place: PlaceFn
     now: float
+    #: the nodes without GPUs (`FitCache.gpuless`): a trial places on them too
+    gpuless: tuple[str, ...]
     domains: list[_Domain] = field(default_factory=list)
     trials: int = 0
-    #: per node, the victims holding resources there and the GPUs they hold there
-    _on: dict[str, list[tuple[_Victim, int]]] = field(default_factory=dict)
     #: (GPUs of its smallest GPU pod, how many GPU pods it places): a node holds
     #: free // unit of its members (no fewer than any mix of its pods' sizes)
     _members: tuple[int, int] = (1, 0)
-
     #: free GPUs per node that has some
     _free: dict[str, int] = field(default_factory=dict)
-    #: the victims holding resources on some node of `nodes`, and the GPUs they hold there
-    #: (by id): the whole cluster's victims
-    _victims: list[_Victim] = field(default_factory=list)
-    _whole: dict[int, int] = field(default_factory=dict)
+    #: per narrow domain (by index), its room before any victim goes (in members), and the
+    #: victims holding resources there with the GPUs they hold there; the same for the whole
+    #: cluster (`nodes`)
+    room: list[int] = field(default_factory=list)
+    touching: list[dict[_Victim, int]] = field(default_factory=list)
+    whole_room: int = 0
+    whole: dict[_Victim, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         sizes = [p.gpus for p in self.preemptor.pending if p.gpus > 0]
         self._members = (min(sizes, default=1), len(sizes))
         self._free = {n: len(s.free_gpus) for n, s in self.states.items() if s.free_gpus}
 
-    def index(self, eligible: Sequence[Running]) -> None:
-        """Each eligible victim's cost, and the victims by node."""
-        on, now, nodes = self._on, self.now, self.nodes
+    def index(self, eligible: Sequence[Running], narrow: Domains | None) -> None:
+        """Each eligible victim's cost; per domain, its room and the victims touching it (one
+        pass over what the victims hold: the narrow domains are disjoint)."""
+        where = narrow.index if narrow is not None else {}
+        count = len(narrow.names) if narrow is not None else 0
+        touching: list[dict[_Victim, int]] = [{} for _ in range(count)]
+        self.touching = touching
+        now, nodes, whole = self.now, self.nodes, self.whole
         for r in eligible:
             h = r.held
             age = now - h.created if h.created < now else 0.0
@@ -304,25 +315,32 @@ class _Search:
             inside = 0
             for node, gpus in h.gpus_on.items():
                 if node in nodes:
-                    on.setdefault(node, []).append((v, gpus))
                     inside += gpus
+                    d = where.get(node)
+                    if d is not None:
+                        t = touching[d]
+                        t[v] = t.get(v, 0) + gpus
             if inside:
-                self._victims.append(v)
-                self._whole[id(v)] = inside
+                whole[v] = inside
+        unit = self._members[0]
+        self.room = room = [0] * count
+        for node, free in self._free.items():
+            d = where.get(node)
+            if d is not None:
+                room[d] += free // unit
+            if node in nodes:
+                self.whole_room += free // unit
 
-    def add_domain(self, name: str, members: frozenset[str]) -> None:
-        """Keep the domain if all its victims would give it room enough, with its estimate.
-        Room is counted in members, whole pods per node (`_members`): GPUs scattered over
-        nodes, a few per node, hold no pod."""
+    def add_domain(self, name: str, members: frozenset[str], room: int,
+                   freed: dict[_Victim, int]) -> None:
+        """Keep the domain if all its victims (`freed`: each one's GPUs there) would give it
+        room enough (it has `room` before), with its estimate. Room is counted in members,
+        whole pods per node (`_members`): GPUs scattered over nodes, a few per node, hold no
+        pod."""
         unit, need = self._members
-        if len(members) == len(self.nodes):  # the whole cluster: every victim, all it holds
-            room = sum(gpus // unit for n, gpus in self._free.items() if n in members)
-            freed, touching = self._whole, self._victims
-        else:
-            room, freed, touching = self._touching(members)
-        order = sorted(touching, key=lambda v: (v.rank, -freed[id(v)], v.running.gang.key))
+        order = sorted(freed, key=lambda v: (v.rank, -freed[v], v.running.gang.key))
         free: dict[str, int] = {}  # of its nodes the victims so far give back to
-        prefix = 0
+        prefix, before_any = 0, room
         for v in order:
             if room >= need and prefix:
                 break
@@ -337,24 +355,7 @@ class _Search:
         if room < need or not order:
             return
         self.domains.append(_Domain(name, members, order, prefix, _cost(order[:prefix]),
-                                    len(self.domains)))
-
-    def _touching(self, members: frozenset[str]) -> tuple[int, dict[int, int], list[_Victim]]:
-        """The domain's room before any victim goes, the GPUs each victim touching it holds
-        there (by id), and those victims."""
-        unit = self._members[0]
-        room = 0
-        freed: dict[int, int] = defaultdict(int)
-        touching: dict[int, _Victim] = {}
-        free_on, victims_on = self._free.get, self._on.get  # (a loop over every node)
-        for n in members:
-            room += free_on(n, 0) // unit
-            on = victims_on(n)
-            if on:
-                for v, held in on:
-                    freed[id(v)] += held
-                    touching[id(v)] = v
-        return room, freed, list(touching.values())
+                                    before_any, len(self.domains)))
 
     def run(self) -> Preemption | None:
         """The best set of the narrow domains; of the whole cluster when none has one, or
@@ -398,18 +399,31 @@ class _Search:
             if all(c is not v for c in chosen):
                 continue  # (dropped with a placement that no longer used its nodes)
             fewer = [c for c in chosen if c is not v]
+            if self._room(domain, fewer) < self._members[1]:
+                continue  # (too few GPUs there without it: no trial needed)
             again = self._fits(domain, fewer)
             if again is not None:
                 chosen, placed = _on_used(fewer, again), again
         return _cost(chosen), Preemption(tuple(v.running for v in chosen), placed, domain.name)
+
+    def _room(self, domain: _Domain, victims: Sequence[_Victim]) -> int:
+        """The domain's room (in members, as `add_domain` counts it) once `victims` go: at
+        least what a trial could place there."""
+        unit, was = self._members[0], self._free
+        free: dict[str, int] = {}
+        for v in victims:
+            for node, gpus in v.running.held.gpus_on.items():
+                if node in domain.nodes:
+                    free[node] = free.get(node, was.get(node, 0)) + gpus
+        return domain.room + sum(f // unit - was.get(n, 0) // unit for n, f in free.items())
 
     def _fits(self, domain: _Domain, victims: Sequence[_Victim]) -> Place | None:
         """The planning cycle's placement of the preemptor on the domain's nodes, the victims'
         resources given back; None when it does not fit there."""
         self.trials += 1
         if domain.base is None:
-            domain.base = {n: s for n in domain.nodes if (s := self.states.get(n)) is not None
-                           and (s.free_gpus or self.nodes[n].topology is None)}
+            within = [n for n in (*self._free, *self.gpuless) if n in domain.nodes]
+            domain.base = {n: s for n in within if (s := self.states.get(n)) is not None}
         states = dict(domain.base)
         for v in victims:
             for node, pods in v.running.held.on.items():

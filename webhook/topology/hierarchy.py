@@ -689,8 +689,8 @@ class _Decision:
     def _most_free_at(self, level: int) -> int:
         """The most free GPUs on one node the gang may use that has the level's label."""
         eligible = self.gpu[0].eligible_nodes if self.uniform else None
-        return max((len(n.free_gpus) for n in self.nodes if n.topology is not None
-                    and len(self.paths.get(n.name, ())) > level
+        return max((len(n.free_gpus) for n in self.nodes if n.free_gpus
+                    and n.topology is not None and len(self.paths.get(n.name, ())) > level
                     and (eligible is None or n.name in eligible)), default=0)
 
     def _why_not(self, need: int) -> Unplaceable:

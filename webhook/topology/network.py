@@ -335,6 +335,7 @@ class Network:
         self.levels = self.declared.labels
         self._labels = labels
         self._paths: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
+        self._domains: dict[tuple[tuple[str, ...], int], Domains] = {}
 
     def label(self, name: str) -> str:
         """The label a request's level name stands for (`Levels.label`)."""
@@ -366,8 +367,37 @@ class Network:
                     found[node] = tuple(values)
         return found
 
+    def domains(self, chain: tuple[str, ...], depth: int) -> Domains:
+        """The domains of `chain`'s first `depth` levels, in the order of their values: the
+        nodes whose path reaches that deep, grouped by its first `depth` values."""
+        found = self._domains.get((chain, depth))
+        if found is None:
+            grouped: dict[tuple[str, ...], set[str]] = {}
+            for node, path in self.paths(chain).items():
+                if len(path) >= depth:
+                    grouped.setdefault(path[:depth], set()).add(node)
+            found = self._domains[chain, depth] = Domains.of(
+                [(", ".join(f"{lv}={v}" for lv, v in zip(chain, path, strict=False)),
+                  frozenset(members)) for path, members in sorted(grouped.items())])
+        return found
+
     def missing(self, label: str) -> list[str]:
         """The nodes without `label` (`muster analyze`)."""
         if label == HOSTNAME:
             return []
         return sorted(n for n, labels in self._labels.items() if label not in labels)
+
+
+@dataclass(frozen=True, slots=True)
+class Domains:
+    """Disjoint domains of nodes: their names ("<label>=<value>" of each level down), their
+    nodes, and the domain of each node (by index)."""
+
+    names: tuple[str, ...]
+    members: tuple[frozenset[str], ...]
+    index: Mapping[str, int]
+
+    @classmethod
+    def of(cls, found: Sequence[tuple[str, frozenset[str]]]) -> Domains:
+        return cls(tuple(n for n, _ in found), tuple(m for _, m in found),
+                   {node: i for i, (_, m) in enumerate(found) for node in m})
