@@ -76,6 +76,19 @@ def test_a_replaced_member_of_a_required_rack_gang_joins_its_rack() -> None:
     assert p.waits[0].reason.endswith(f"(kept to {RACK}=r0, where its bound members run)")
 
 
+def test_a_replaced_member_joins_no_rack_where_its_bound_ones_are_in_none_or_two() -> None:
+    """Worker 1 runs on a node without the rack label, or worker 1 and the launcher in two
+    racks: no one rack is theirs, so worker 0 goes where the placement puts it, with no note."""
+    unlabelled = racked_nodes()
+    del unlabelled[7]["metadata"]["labels"][RACK]  # b0-r0-n1
+    gang = job("j", workers=2, gpus=8, topology=topo(RACK))
+    gang[1]["spec"]["nodeName"] = gang[2]["spec"]["nodeName"] = "b0-r0-n1"
+    apart = [gang[0], gang[1], {**gang[2], "spec": {**gang[2]["spec"], "nodeName": "b1-r1-n0"}}]
+    for pods, nodes in ((gang, unlabelled), (apart, racked_nodes())):
+        p = run(pods, nodes)
+        assert [a.node for place in p.places for _, a in place.assignments] and not p.waits
+
+
 def test_a_preferred_rack_gang_that_fits_no_rack_spans_the_racks_of_one_block() -> None:
     p = run(job("j", workers=3, gpus=8, topology=topo(RACK, "preferred")), racked_nodes())
     assert len(p.places) == 1 and len({b for b, _ in racks(p)}) == 1 and len(racks(p)) == 2

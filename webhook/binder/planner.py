@@ -328,23 +328,24 @@ def _join_bound(gang: Gang, request: GangRequest, network: Network
     if label not in chain:
         return request, ""
     depth = chain.index(label) + 1
-    paths = network.paths(chain)
-    homes = {paths.get(p.node_name or "", ())[:depth] for p in gang.bound}
+    domains = network.domains(chain, depth)
+    homes = {domains.index.get(p.node_name or "") for p in gang.bound}
     if len(homes) != 1:
         return request, ""
     [home] = homes
-    if len(home) < depth:
+    if home is None:  # (their node lacks the label)
         return request, ""
-    domain = frozenset(n for n, path in paths.items() if path[:depth] == home)
+    domain = domains.members[home]
+    value = network.paths(chain)[next(iter(domain))][depth - 1]
     members = []
     for m in request.members:
         eligible = domain if m.eligible_nodes is None else m.eligible_nodes & domain
         if not eligible:
-            return (f"pod {m.key}: no node of {label}={home[-1]}, where its gang's bound members "
+            return (f"pod {m.key}: no node of {label}={value}, where its gang's bound members "
                     "run (its network level is required), is eligible for it")
         members.append(replace(m, eligible_nodes=eligible))
     return replace(request, members=tuple(members)), \
-        f" (kept to {label}={home[-1]}, where its bound members run)"
+        f" (kept to {label}={value}, where its bound members run)"
 
 
 def _serving_reason(pod: PodInfo, node: NodeInfo) -> str:
