@@ -337,20 +337,14 @@ class _Search:
         room enough (it has `room` before), with its estimate. Room is counted in members,
         whole pods per node (`_members`): GPUs scattered over nodes, a few per node, hold no
         pod."""
-        unit, need = self._members
+        need = self._members[1]
         order = sorted(freed, key=lambda v: (v.rank, -freed[v], v.running.gang.key))
         free: dict[str, int] = {}  # of its nodes the victims so far give back to
         prefix, before_any = 0, room
         for v in order:
             if room >= need and prefix:
                 break
-            for node, gpus in v.running.held.gpus_on.items():
-                if node in members:
-                    before = free.get(node)
-                    if before is None:
-                        before = self._free.get(node, 0)
-                    free[node] = before + gpus
-                    room += (before + gpus) // unit - before // unit
+            room += self._give_back(v, members, free)
             prefix += 1
         if room < need or not order:
             return
@@ -409,13 +403,21 @@ class _Search:
     def _room(self, domain: _Domain, victims: Sequence[_Victim]) -> int:
         """The domain's room (in members, as `add_domain` counts it) once `victims` go: at
         least what a trial could place there."""
-        unit, was = self._members[0], self._free
         free: dict[str, int] = {}
-        for v in victims:
-            for node, gpus in v.running.held.gpus_on.items():
-                if node in domain.nodes:
-                    free[node] = free.get(node, was.get(node, 0)) + gpus
-        return domain.room + sum(f // unit - was.get(n, 0) // unit for n, f in free.items())
+        return domain.room + sum(self._give_back(v, domain.nodes, free) for v in victims)
+
+    def _give_back(self, victim: _Victim, members: frozenset[str], free: dict[str, int]) -> int:
+        """Add the GPUs `victim` holds on `members` to `free` (per node, from what is free
+        now), and return the room in members that gives."""
+        unit, room = self._members[0], 0
+        for node, gpus in victim.running.held.gpus_on.items():
+            if node in members:
+                before = free.get(node)
+                if before is None:
+                    before = self._free.get(node, 0)
+                free[node] = before + gpus
+                room += (before + gpus) // unit - before // unit
+        return room
 
     def _fits(self, domain: _Domain, victims: Sequence[_Victim]) -> Place | None:
         """The planning cycle's placement of the preemptor on the domain's nodes, the victims'
