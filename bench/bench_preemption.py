@@ -32,8 +32,7 @@ minutes), low-priority JCT (mean, p95), GPU-hours lost to preemption (evicted, h
 sum), gangs evicted. Goals (issue 57), reported: Muster's high-priority p95 delay at least 10x
 lower than without preemption; fewer GPU-hours lost than every baseline at the same
 high-priority delay (its p95 no more than 10 % or half a minute over the baseline's). The run
-fails when a policy that
-preempts evicted nothing or a job never ran.
+fails when a policy that preempts evicted nothing or a job never ran.
 """
 
 from __future__ import annotations
