@@ -27,6 +27,7 @@ from webhook.topology import (
     place_gang,
 )
 from webhook.topology.gpu_choice import TableCache
+from webhook.topology.groups import NodeGroups
 from webhook.topology.hierarchy import slice_domains
 from webhook.topology.network import CLIQUE, HOSTNAME, resolve_request
 
@@ -123,6 +124,54 @@ def test_a_required_level_still_needs_its_label_on_the_one_node() -> None:
     assert {m.node for m in p.members} == {"b1-r1-n0"}
     p = ok(place(nodes, labels, gang(1, 2, mode="preferred")))  # in block b0 all the same
     assert {m.node for m in p.members} == {"b0-r0-n0"}
+
+
+def nodes_of(p: GangPlacement) -> set[str]:
+    return {m.node for m in p.members if m.gpus}
+
+
+def placed_alike(nodes: list[NodeState], labels: dict[str, dict[str, str]], g: GangRequest,
+                 levels: tuple[str, ...] = LEVELS) -> GangPlacement:
+    """The placement, the same with the binder's node groups as from the scan of every node."""
+    p = ok(place(nodes, labels, g, levels))
+    assert place_gang(nodes, g, network=Network(levels, labels), tables=TABLES,
+                      groups=NodeGroups(nodes)) == p
+    return p
+
+
+def test_several_members_take_the_holes_of_an_nvlink_clique_before_a_whole_node() -> None:
+    # four 1-GPU members fit no part-used node alone: one node would take the whole b0-r0-n2.
+    # The part-used nodes of a clique take them instead (its NVLink joins them), those of the
+    # fullest clique that holds them: b1r1c0 (2 + 3 free) before b0r0c0 (3 + 3), so b0-r0-n2
+    # stays whole for a gang of whole nodes
+    holes = only({"b0-r0-n0": (0, 1, 2), "b0-r0-n1": (0, 1, 2), "b0-r0-n2": range(8),
+                  "b1-r1-n0": (0, 1), "b1-r1-n1": (0, 1, 2)})
+    nodes, labels = cluster(holes)
+    for mode in ("preferred", "required"):
+        for level in (RACK, BLOCK, CLIQUE):
+            p = placed_alike(nodes, labels, gang(4, 1, level=level, mode=mode))
+            assert nodes_of(p) == {"b1-r1-n0", "b1-r1-n1"}, (mode, level)
+    # one node when the gang must be on one, or when no level is an NVLink domain
+    one = replace(gang(4, 1), single_node=True)
+    assert nodes_of(placed_alike(nodes, labels, one)) == {"b0-r0-n2"}
+    assert nodes_of(placed_alike(nodes, labels, gang(4, 1), (BLOCK, RACK))) == {"b0-r0-n2"}
+    # one member cannot be shared out: a whole node
+    assert nodes_of(placed_alike(nodes, labels, gang(1, 4))) == {"b0-r0-n2"}
+
+
+def test_a_part_used_node_that_holds_the_gang_comes_before_a_cliques_holes() -> None:
+    nodes, labels = cluster(only({"b0-r0-n0": (0, 1), "b0-r0-n1": range(4),
+                                  "b0-r0-n2": range(8)}))
+    assert nodes_of(placed_alike(nodes, labels, gang(4, 1))) == {"b0-r0-n1"}
+
+
+def test_the_holes_of_two_cliques_never_hold_a_gang_a_whole_node_can() -> None:
+    # 2 + 2 free GPUs, in cliques b0r0c0 and b0r0c1: the gang takes the whole node, in one
+    # clique, rather than span two
+    nodes, labels = cluster(only({"b0-r0-n0": (0, 1), "b0-r0-n2": (0, 1),
+                                  "b1-r0-n0": range(8)}))
+    assert nodes_of(placed_alike(nodes, labels, gang(4, 1, level=BLOCK, mode="preferred"))) \
+        == {"b1-r0-n0"}
 
 
 def test_preferred_rack_that_fits_no_rack_spans_the_fewest_racks_of_one_block() -> None:

@@ -5,6 +5,9 @@
    than that level, or it waits), the **fullest domain that still fits**
    (best fit, as Kueue's BestFit and KAI's bin-packing), so that big free domains stay whole
    for big gangs.
+   A gang that fits one node goes to the best node anywhere allowed (the narrowest domain); where
+   the deepest level is an NVLink domain and that node would be wholly free, several members
+   take the part-used nodes of the fullest such domain that holds them instead (`_clique_holes`).
 2. Inside it, level by level down: one child domain when one fits (again best fit), else the
    fewest children, the roomiest first and the last one best fit.
 3. On the nodes of the domains so chosen, today's engine (`placement.place_on_nodes`): the
@@ -43,7 +46,7 @@ from webhook.topology.model import (
     NodeState,
     Unplaceable,
 )
-from webhook.topology.network import HOSTNAME, Network, resolved
+from webhook.topology.network import HOSTNAME, NVLINK_LEVELS, Network, resolved
 from webhook.topology.placement import (
     DEFAULT_INTER_NODE_GBPS,
     capacity,
@@ -514,7 +517,50 @@ class _Decision:
             gang = replace(gang, members=self._within(gang.members, allowed))
         placed = place_on_nodes(nodes, gang, one_node=True, rank=rank, groups=self.groups,
                                 inter_node_gbps=self.inter_gbps, tables=self.tables)
-        return placed if isinstance(placed, GangPlacement) else None
+        if not isinstance(placed, GangPlacement):
+            return None
+        if self._clique_members and self._takes_a_whole_node(placed):
+            return self._clique_holes(allowed) or placed
+        return placed
+
+    @property
+    def _clique_members(self) -> bool:
+        """Several GPU members, free to share out, on a network whose deepest level is an NVLink
+        domain (a GB200 NVL72 rack): there they are as fast on several nodes of one domain as on
+        one node."""
+        return (len(self.gpu) > 1 and not self.pinned and not self.gang.single_node
+                and bool(self.chain) and self.chain[-1] in NVLINK_LEVELS)
+
+    def _takes_a_whole_node(self, placed: GangPlacement) -> bool:
+        nodes = {p.node for p in placed.members if p.gpus}
+        return any(n.name in nodes and n.topology is not None
+                   and len(n.free_gpus) == n.topology.size for n in self.nodes)
+
+    def _clique_holes(self, allowed: list[int]) -> GangPlacement | None:
+        """The gang on the part-used nodes of one NVLink domain, each member where it fits best
+        alone (`_fill_gaps`: its set, then the least loss and best fit), in the fullest domain
+        whose part-used nodes hold it: the whole node it would have taken stays whole for a
+        gang of whole nodes, which needs several in one domain (KAI and Kueue fill a rack's
+        holes too). None: no domain's part-used nodes hold it."""
+        need = self._units(self.gpu)
+        may = set(allowed)
+        fits: list[tuple[tuple[int, int, Key], list[NodeState]]] = []
+        for key, d in self.doms.items():
+            if len(key) != len(self.chain) or not d.own or not _real(key):
+                continue
+            holes = [n for i in d.own if i in may and (n := self.nodes[i]).topology is not None
+                     and len(n.free_gpus) < n.topology.size]
+            room = sum(self._room(self.tables.usable(n.topology, n.free_gpus)[1],
+                                  n.free_cpu_milli, n.free_memory_bytes, n.free_pods)
+                       for n in holes if n.topology is not None)
+            if room >= need:
+                fits.append((self._best_fit(key), holes))
+        for _, holes in sorted(fits, key=lambda f: f[0])[:_TRIES]:
+            got = _fill_gaps(holes + self._spare(), replace(self.gang, network=None),
+                             inter_node_gbps=self.inter_gbps, tables=self.tables)
+            if isinstance(got, GangPlacement):
+                return got
+        return None
 
     def _within(self, members: Sequence[MemberRequest], allowed: list[int]
                 ) -> tuple[MemberRequest, ...]:

@@ -50,6 +50,9 @@ TOPOGRAPH_V0_ACCELERATOR = ("network.topology.nvidia.com/accelerator",)
 TOPOGRAPH_TIER_PREFIX = "fabric.topograph.run/tier-"
 TOPOGRAPH_ACCELERATOR = ("accelerator.topograph.run/domain",
                          "accelerator.topograph.run/sub-domain")
+#: the levels whose domains are multi-node NVLink domains: their nodes reach each other over
+#: NVLink, as fast as a node's own GPUs do on a GB200 tray
+NVLINK_LEVELS = frozenset((CLIQUE, *TOPOGRAPH_V0_ACCELERATOR, *TOPOGRAPH_ACCELERATOR))
 KUEUE_API_VERSIONS = ("kueue.x-k8s.io/v1beta2", "kueue.x-k8s.io/v1beta1",
                       "kueue.x-k8s.io/v1alpha1")
 KAI_API_VERSIONS = ("kai.scheduler/v1", "kai.scheduler/v1alpha1")
