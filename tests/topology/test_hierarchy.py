@@ -157,6 +157,12 @@ def test_several_members_take_the_holes_of_an_nvlink_clique_before_a_whole_node(
     assert nodes_of(placed_alike(nodes, labels, gang(4, 1), (BLOCK, RACK))) == {"b0-r0-n2"}
     # one member cannot be shared out: a whole node
     assert nodes_of(placed_alike(nodes, labels, gang(1, 4))) == {"b0-r0-n2"}
+    # Topograph's NVLink domain label is such a level too
+    domain = "accelerator.topograph.run/domain"
+    relabelled = {n: {(domain if k == CLIQUE else k): v for k, v in lv.items()}
+                  for n, lv in labels.items()}
+    assert nodes_of(placed_alike(nodes, relabelled, gang(4, 1), (BLOCK, RACK, domain))) \
+        == {"b1-r1-n0", "b1-r1-n1"}
 
 
 def test_a_part_used_node_that_holds_the_gang_comes_before_a_cliques_holes() -> None:
