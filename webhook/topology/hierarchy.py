@@ -183,6 +183,10 @@ def joined(parts: Sequence[GangPlacement], inter_node_gbps: float) -> GangPlacem
                          ring_gbps=ring, gang_gbps=gang_gbps(ring.values(), inter_node_gbps))
 
 
+def _wholly_free(n: NodeState) -> bool:
+    return n.topology is not None and len(n.free_gpus) == n.topology.size
+
+
 def _shape(m: MemberRequest) -> tuple[int, int, int, frozenset[str] | None]:
     return (m.gpus, m.cpu_milli, m.memory_bytes, m.eligible_nodes)
 
@@ -532,9 +536,10 @@ class _Decision:
                 and bool(self.chain) and self.chain[-1] in NVLINK_LEVELS)
 
     def _takes_a_whole_node(self, placed: GangPlacement) -> bool:
-        nodes = {p.node for p in placed.members if p.gpus}
-        return any(n.name in nodes and n.topology is not None
-                   and len(n.free_gpus) == n.topology.size for n in self.nodes)
+        """The one node `_one_node` chose is wholly free (looked up among its leaf's nodes)."""
+        (name,) = {p.node for p in placed.members if p.gpus}
+        own = self.doms[self._leaf(self.paths[name])].own
+        return any(_wholly_free(n) for i in own if (n := self.nodes[i]).name == name)
 
     def _clique_holes(self, allowed: list[int]) -> GangPlacement | None:
         """The gang on the part-used nodes of one NVLink domain, each member where it fits best
@@ -548,11 +553,13 @@ class _Decision:
         for key, d in self.doms.items():
             if len(key) != len(self.chain) or not d.own or not _real(key):
                 continue
-            holes = [n for i in d.own if i in may and (n := self.nodes[i]).topology is not None
-                     and len(n.free_gpus) < n.topology.size]
-            room = sum(self._room(self.tables.usable(n.topology, n.free_gpus)[1],
-                                  n.free_cpu_milli, n.free_memory_bytes, n.free_pods)
-                       for n in holes if n.topology is not None)
+            holes, room = [], 0
+            for i in d.own:
+                n = self.nodes[i]
+                if i in may and n.topology is not None and not _wholly_free(n):
+                    holes.append(n)
+                    room += self._room(self.tables.usable(n.topology, n.free_gpus)[1],
+                                       n.free_cpu_milli, n.free_memory_bytes, n.free_pods)
             if room >= need:
                 fits.append((self._best_fit(key), holes))
         for _, holes in sorted(fits, key=lambda f: f[0])[:_TRIES]:
