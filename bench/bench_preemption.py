@@ -2,7 +2,7 @@
 without gang-aware preemption, against Volcano's, KAI's and Kueue's preemption as published.
 
 Run: .venv/bin/python -u bench/bench_preemption.py [--large] [--clusters all|fat|nvl72]
-     [--seed 7] [--seeds 1] [--load 1.5] [--high 0.2] [--jobs N]
+     [--seed 7] [--seeds 1] [--load 1.5] [--high 0.2] [--jobs N] [--swaps]
 
 The clusters, arrivals and placements are bench/topology_sim.py's (fat tree of DGX-1 V100,
 GB200 NVL72 racks; Poisson arrivals of 1-512 GPU gangs, log-normal run times): by default a
@@ -20,6 +20,8 @@ documentation each baseline is written from):
 - Muster: the binder's planner (`webhook.binder.preemption.plan_preemption`, each fit tested
   by the binder's planning cycle) on the pods and Node objects the binder would read
   (bench/preemption_muster.py), Muster's placement otherwise.
+`--swaps` adds Muster's and Kueue TAS's parts crossed, reported and not judged: each one's
+victims with the other's placement of the preemptor ("gang"), or of every other gang ("rest").
 An evicted gang loses the work it did since it started (no checkpoint: its GPUs times that
 time) and waits again, with its submit time kept. Eviction is at once (no termination grace in
 the model). A gang Kueue admitted by quota holds its GPU count while its pods wait for room:
@@ -52,8 +54,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_topology import WINDOW, pct, workload
 from bench.preemption_muster import BinderCycle, MusterPreemption, topology_annotation
-from bench.preemption_sim import HIGH, LOW, Preempt, Running, baselines, never
-from bench.topology_sim import Cluster, ClusterSpec, Job, Placer, fat_tree, muster, nvl72, step
+from bench.preemption_sim import (
+    HIGH,
+    LOW,
+    Preempt,
+    Running,
+    baselines,
+    kueue,
+    never,
+    placed_by,
+)
+from bench.topology_sim import (
+    Cluster,
+    ClusterSpec,
+    Job,
+    Placer,
+    fat_tree,
+    kueue_tas,
+    muster,
+    nvl72,
+    step,
+)
 from webhook.topology.gpu_choice import TableCache
 
 
@@ -219,18 +240,33 @@ def policies(spec: ClusterSpec, seed: int, tables: TableCache
             "Muster": (MusterPreemption(spec, tables), muster(tables))}
 
 
+def swaps(spec: ClusterSpec, tables: TableCache) -> dict[str, tuple[Preempt, Placer]]:
+    """Muster's and Kueue TAS's parts crossed (`--swaps`): whose victims, then whose placement
+    of the preemptor ("gang") or of every other gang ("rest"). Reported, not judged."""
+    mine = muster(tables)
+    return {"Muster, TAS rest": (MusterPreemption(spec, tables), kueue_tas),
+            "Muster, TAS gang": (placed_by(MusterPreemption(spec, tables), kueue_tas), mine),
+            "TAS, Muster rest": (kueue(True), mine),
+            "TAS, Muster gang": (placed_by(kueue(True), mine), mine)}
+
+
 Rows = dict[str, dict[str, float]]  # policy -> metric -> value
+#: the names of the swaps' rows begin with one of these (not baselines: `goals` skips them)
+SWAPPED = ("Muster, ", "TAS, ")
 
 
-def compare(spec: ClusterSpec, count: int, load: float, high: float, seed: int) -> Rows:
-    """Every policy on the same arrivals and priorities: the table."""
+def compare(spec: ClusterSpec, count: int, load: float, high: float, seed: int, *,
+            crossed: bool = False) -> Rows:
+    """Every policy on the same arrivals and priorities (and the swaps, `crossed`): the
+    table."""
     tables, jobs, ideal = workload(spec, count, load, seed)
     prio = priorities(jobs, high, seed)
     print(f"\n== {spec.name}: {spec.nodes * spec.gpus_per_node} GPUs, {count} jobs "
           f"({sum(p == HIGH for p in prio.values())} high priority), offered load {load:.0%}, "
           f"seed {seed}")
     rows: Rows = {}
-    for name, (preempt, placer) in policies(spec, seed, tables).items():
+    every = {**policies(spec, seed, tables), **(swaps(spec, tables) if crossed else {})}
+    for name, (preempt, placer) in every.items():
         out = simulate(_Sim(spec, prio, ideal, tables, Outcome(name)), jobs, placer, preempt)
         if preempt is not never and not out.evicted:
             raise SystemExit(f"{name} evicted no gang: it measured nothing")
@@ -241,9 +277,10 @@ def compare(spec: ClusterSpec, count: int, load: float, high: float, seed: int) 
 
 def show(rows: Rows) -> None:
     cols = list(next(iter(rows.values())))
-    print(f"  {'policy':16}" + "".join(f"{c:>16}" for c in cols))
+    width = max(16, *map(len, rows))
+    print(f"  {'policy':{width}}" + "".join(f"{c:>16}" for c in cols))
     for name, m in rows.items():
-        print(f"  {name:16}" + "".join(f"{m[c]:16.2f}" for c in cols))
+        print(f"  {name:{width}}" + "".join(f"{m[c]:16.2f}" for c in cols))
 
 
 def goals(rows: Rows, mine: str = "Muster") -> bool:
@@ -257,7 +294,7 @@ def goals(rows: Rows, mine: str = "Muster") -> bool:
     print(f"  {mine}: high-priority p95 delay {d:.2f} min against {d0:.2f} without preemption: "
           f"{ratio:.1f}x lower (goal >= 10x): {'met' if ok else 'NOT met'}")
     for name, b in rows.items():
-        if name in (mine, "no preemption"):
+        if name in (mine, "no preemption") or name.startswith(SWAPPED):
             continue
         same = d <= max(b["high delay p95"] * 1.1, b["high delay p95"] + 0.5)
         fewer = m["GPU-h lost"] < b["GPU-h lost"]
@@ -371,6 +408,9 @@ def main() -> int:
     ap.add_argument("--high", type=float, default=0.2, help="share of high-priority jobs")
     ap.add_argument("--jobs", type=int, help="arrivals per cluster")
     ap.add_argument("--only", choices=("sim", "latency"))
+    ap.add_argument("--swaps", action="store_true",
+                    help="sim: also Muster's and Kueue TAS's victims and placements crossed "
+                         "(reported, not judged)")
     ap.add_argument("--reps", type=int, default=100, help="latency: decisions per row")
     args = ap.parse_args()
     ok = True
@@ -382,7 +422,7 @@ def main() -> int:
     named = SIZES[args.large]
     cases = list(named.values()) if args.clusters == "all" else [named[args.clusters]]
     for spec, count in cases:
-        runs = [compare(spec, args.jobs or count, args.load, args.high, seed)
+        runs = [compare(spec, args.jobs or count, args.load, args.high, seed, crossed=args.swaps)
                 for seed in range(args.seed, args.seed + args.seeds)]
         rows = mean(runs)
         if len(runs) > 1:

@@ -101,6 +101,23 @@ def never(c: Cluster, job: Job, lower: Sequence[Running], free: int,
     return None
 
 
+def placed_by(preempt: Preempt, placer: Placer) -> Preempt:
+    """`preempt`'s victims, the gang then placed by `placer` on the cluster without them
+    (`preempt`'s own place where `placer` finds none): the bench's `--swaps`, which part of a
+    policy its figures come from."""
+
+    def decide(c: Cluster, job: Job, lower: Sequence[Running], free: int,
+               now: float) -> Decision | None:
+        got = preempt(c, job, lower, free, now)
+        if got is None or got[0] is None or not got[1]:
+            return got  # nothing evicted, or a gang admitted by quota that waits for room
+        with without(c, got[1]):
+            placement = placer(c, job)
+        return (got[0] if placement is None else placement), got[1]
+
+    return decide
+
+
 # --- Kueue ------------------------------------------------------------------------------------
 
 

@@ -4,12 +4,22 @@ answer can be checked by hand, and the bench's run on a tiny configuration."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
 from bench.bench_preemption import Outcome, _Sim, simulate
-from bench.preemption_sim import HIGH, LOW, Preempt, Running, kai_preempt, kueue, never, volcano
+from bench.preemption_sim import (
+    HIGH,
+    LOW,
+    Preempt,
+    Running,
+    kai_preempt,
+    kueue,
+    never,
+    placed_by,
+    volcano,
+)
 from bench.topology_sim import Cluster, ClusterSpec, Job, Placer, fat_tree, kueue_tas, muster
 from webhook.topology.gpu_choice import TableCache
 
@@ -46,6 +56,37 @@ def test_kueue_evicts_the_newest_first_then_drops_those_it_does_not_need() -> No
     assert sorted(v.job.id for v in victims) == [106, 107]
     assert placement is not None and {i for i, _ in placement} == {6, 7}
     assert c.free == before  # the decision leaves the cluster as it was
+
+
+def test_a_swap_keeps_the_policys_victims_and_places_the_gang_by_another() -> None:
+    c = Cluster(SMALL)
+    lower = full(c)
+    before = list(c.free)
+    seen: list[list[int]] = []
+
+    def backwards(c: Cluster, job: Job) -> list[tuple[int, tuple[int, ...]]] | None:
+        free = [i for i in range(8) if len(c.free[i]) == 8]
+        seen.append(free)
+        return [(i, ALL) for i in reversed(free)][:job.pods] if len(free) >= job.pods else None
+
+    placement, victims = placed_by(kueue(True), backwards)(c, job(1, 16, 8), lower, 0, 10.0) or (
+        None, [])
+    assert sorted(v.job.id for v in victims) == [106, 107]  # Kueue TAS's victims
+    assert seen[-1] == [6, 7]  # the placer saw the cluster without them
+    assert placement == [(7, ALL), (6, ALL)]  # and placed the gang
+    assert c.free == before
+    # where the placer finds no place, the policy's own stands
+    placement, victims = placed_by(kueue(True), lambda c, j: None)(
+        c, job(1, 16, 8), lower, 0, 10.0) or (None, [])
+    assert placement is not None and {i for i, _ in placement} == {6, 7}
+    assert c.free == before
+    # nothing to evict (the gang fits) or nothing to place (quota): the policy's answer as it is
+    assert placed_by(never, backwards)(c, job(1, 16, 8), lower, 0, 10.0) is None
+    def admitted(c: Cluster, job: Job, lower: Sequence[Running], free: int,
+                 now: float) -> tuple[None, list[Running]]:
+        return None, [lower[0]]
+
+    assert placed_by(admitted, backwards)(c, job(1, 16, 8), lower, 0, 10.0) == (None, [lower[0]])
 
 
 def test_topology_aware_kueue_frees_a_whole_node_and_quota_kueue_only_a_count() -> None:
@@ -182,6 +223,8 @@ def test_the_goals_need_a_tenth_of_the_delay_and_fewer_gpu_hours_lost_at_the_sam
     assert not goals({**rows, "no preemption": row(9.0, 0.0)})  # only 9x lower
     # a baseline that waits far longer and loses fewer is not at the same delay: not met
     assert not goals({**rows, "Kueue": row(5.0, 50.0)})
+    # the swaps' rows are Muster's and Kueue TAS's parts crossed, not baselines
+    assert goals({**rows, "TAS, Muster gang": row(1.0, 50.0), "Muster, TAS rest": row(0.1, 1.0)})
 
 
 def test_muster_asks_the_binders_planner_and_frees_one_leaf_of_whole_gangs() -> None:
