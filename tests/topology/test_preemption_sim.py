@@ -257,3 +257,20 @@ def test_the_latency_cluster_is_every_gpu_of_4096_nodes_held_by_2000_gangs() -> 
     # some whole-node gangs straddle two leaves, as a busy cluster's do
     assert any(len({c.leaf_of[i] for i, _ in r.placement}) > 1 for r in lower)
     assert all(r.priority == LOW and r.start <= 0 for r in lower)
+
+
+def test_the_swaps_cross_muster_and_kueue_tas_and_are_not_judged(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.bench_preemption import SWAPPED, compare, goals  # noqa: PLC0415
+
+    rows = compare(fat_tree(32), 300, 2.0, 0.2, 7, crossed=True)
+    crossed = [name for name in rows if name.startswith(SWAPPED)]
+    assert crossed == ["Muster, TAS rest", "Muster, TAS gang", "TAS, Muster rest",
+                       "TAS, Muster gang"]
+    # Kueue TAS's victims and placement everywhere but one part: figures of their own
+    assert all(rows[name]["evicted"] > 0 for name in crossed)
+    assert rows["TAS, Muster rest"] != rows["Kueue TAS"]
+    capsys.readouterr()
+    goals(rows)
+    judged = capsys.readouterr().out
+    assert "against Kueue TAS:" in judged and not any(name in judged for name in crossed)
