@@ -240,19 +240,21 @@ def policies(spec: ClusterSpec, seed: int, tables: TableCache
             "Muster": (MusterPreemption(spec, tables), muster(tables))}
 
 
+#: the swaps' rows, in `swaps`' order (not baselines: `goals` skips them)
+SWAPS = ("Muster, TAS rest", "Muster, TAS gang", "TAS, Muster rest", "TAS, Muster gang")
+
+
 def swaps(spec: ClusterSpec, tables: TableCache) -> dict[str, tuple[Preempt, Placer]]:
     """Muster's and Kueue TAS's parts crossed (`--swaps`): whose victims, then whose placement
     of the preemptor ("gang") or of every other gang ("rest"). Reported, not judged."""
     mine = muster(tables)
-    return {"Muster, TAS rest": (MusterPreemption(spec, tables), kueue_tas),
-            "Muster, TAS gang": (placed_by(MusterPreemption(spec, tables), kueue_tas), mine),
-            "TAS, Muster rest": (kueue(True), mine),
-            "TAS, Muster gang": (placed_by(kueue(True), mine), mine)}
+    return dict(zip(SWAPS, ((MusterPreemption(spec, tables), kueue_tas),
+                            (placed_by(MusterPreemption(spec, tables), kueue_tas), mine),
+                            (kueue(True), mine),
+                            (placed_by(kueue(True), mine), mine)), strict=True))
 
 
 Rows = dict[str, dict[str, float]]  # policy -> metric -> value
-#: the names of the swaps' rows begin with one of these (not baselines: `goals` skips them)
-SWAPPED = ("Muster, ", "TAS, ")
 
 
 def compare(spec: ClusterSpec, count: int, load: float, high: float, seed: int, *,
@@ -294,7 +296,7 @@ def goals(rows: Rows, mine: str = "Muster") -> bool:
     print(f"  {mine}: high-priority p95 delay {d:.2f} min against {d0:.2f} without preemption: "
           f"{ratio:.1f}x lower (goal >= 10x): {'met' if ok else 'NOT met'}")
     for name, b in rows.items():
-        if name in (mine, "no preemption") or name.startswith(SWAPPED):
+        if name in (mine, "no preemption", *SWAPS):
             continue
         same = d <= max(b["high delay p95"] * 1.1, b["high delay p95"] + 0.5)
         fewer = m["GPU-h lost"] < b["GPU-h lost"]
