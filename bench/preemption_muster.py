@@ -57,8 +57,9 @@ def topology_annotation(level: str, mode: str = "preferred") -> str:
 
 
 def pod_object(job: Job, index: int, priority: int, created: float, topology: str, *,
-               bound: tuple[str, str] | None = None) -> dict[str, Any]:
-    """Member `index` of the job's gang: pending, or `bound` (node, assignment) and running."""
+               bound: tuple[str, str] | None = None, started: float = 0.0) -> dict[str, Any]:
+    """Member `index` of the job's gang: pending, or `bound` (node, assignment) and running
+    since `started` (status.startTime, as the kubelet sets it), both in the bench's minutes."""
     ann = {keys.ANN_GANG_NAME: f"j{job.id}", keys.ANN_GANG_MIN_MEMBER: str(job.pods),
            keys.ANN_GPU_TOPOLOGY: topology}
     spec: dict[str, Any] = {
@@ -74,7 +75,8 @@ def pod_object(job: Job, index: int, priority: int, created: float, topology: st
             "metadata": {"name": name, "namespace": NAMESPACE, "uid": f"u-{name}",
                          "resourceVersion": "1", "creationTimestamp": stamp(created),
                          "annotations": ann, "labels": {}},
-            "spec": spec, "status": {"phase": "Running" if bound else "Pending"}}
+            "spec": spec, "status": {"phase": "Running", "startTime": stamp(started)} if bound
+            else {"phase": "Pending"}}
 
 
 def binder_nodes(spec: ClusterSpec) -> dict[str, NodeInfo]:
@@ -100,8 +102,9 @@ class MusterPreemption:
         self._gangs: dict[tuple[int, float], Gang] = {}  # running ones, by (job, start)
 
     def gang(self, job: Job, priority: int, created: float,
-             placement: Placement | None = None) -> Gang:
-        """The job's gang as `gangs.assemble` makes it of its pods: pending, or bound."""
+             placement: Placement | None = None, started: float = 0.0) -> Gang:
+        """The job's gang as `gangs.assemble` makes it of its pods: pending, or bound to
+        `placement` and running since `started`."""
         pods = []
         for k in range(job.pods):
             bound = None
@@ -111,7 +114,8 @@ class MusterPreemption:
                 a = build_assignment(name, self.spec.node_topologies[i], gpus,
                                      [("main", len(gpus))])
                 bound = (name, encode_assignment(a))
-            pods.append(parse_pod(pod_object(job, k, priority, created, self.request, bound=bound)))
+            pods.append(parse_pod(pod_object(job, k, priority, created, self.request, bound=bound,
+                                             started=started)))
         return assemble(pods, self.config.scheduler_name, None)[f"{NAMESPACE}/j{job.id}"]
 
     def running(self, lower: Sequence[SimRunning]) -> list[Running]:
@@ -119,7 +123,10 @@ class MusterPreemption:
         self._gangs = {k: g for k, g in self._gangs.items() if k in keep}
         for k, r in keep.items():
             if k not in self._gangs:
-                self._gangs[k] = self.gang(r.job, r.priority, r.start, r.placement)
+                # created when it was submitted (its queue time is no work lost), started
+                # when it was placed
+                self._gangs[k] = self.gang(r.job, r.priority, r.job.arrival, r.placement,
+                                           r.start)
         return [Running(self._gangs[k]) for k in keep]
 
     def cycle(self, c: Cluster, preemptor: Gang, running: Sequence[Running], now: float

@@ -49,7 +49,7 @@ def pod(name: str, *, ns: str = "team-a", gang: str | None = None, min_member: i
         created: str = "2026-11-21T05:00:00Z", scheduler: str = SCHED,
         topology: str | None = TOPO_REQUIRED, timeout: int | None = None,
         phase: str = "Pending", rv: str = "1", extra_spec: dict[str, Any] | None = None,
-        labels: dict[str, str] | None = None) -> dict[str, Any]:
+        labels: dict[str, str] | None = None, started: str | None = None) -> dict[str, Any]:
     ann: dict[str, str] = {}
     if gang is not None:
         ann[keys.ANN_GANG_NAME] = gang
@@ -80,7 +80,7 @@ def pod(name: str, *, ns: str = "team-a", gang: str | None = None, min_member: i
                      "resourceVersion": rv, "creationTimestamp": created,
                      "annotations": ann, "labels": labels or {}},
         "spec": spec,
-        "status": {"phase": phase},
+        "status": {"phase": phase, **({"startTime": started} if started else {})},
     }
 
 

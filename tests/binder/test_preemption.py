@@ -41,13 +41,20 @@ def topo(level: str, mode: str = "required") -> str:
     return json.dumps({"v": 1, "mode": "preferred", "network": {"level": level, "mode": mode}})
 
 
+#: when every running gang's pod was created: before any started (its time in the queue is no
+#: work lost, so only when it started counts)
+SUBMITTED = "2026-11-20T12:00:00Z"
+
+
 def running(name: str, node_name: str, gpus: Sequence[int], *, priority: int = 0,
-            created: str = "2026-11-21T04:00:00Z") -> list[dict[str, Any]]:
-    """A one-pod gang bound to `node_name`, holding `gpus` there."""
+            started: str = "2026-11-21T04:00:00Z", created: str = SUBMITTED
+            ) -> list[dict[str, Any]]:
+    """A one-pod gang bound to `node_name`, holding `gpus` there, running since `started`
+    (status.startTime; "": the kubelet has not started it)."""
     a = build_assignment(node_name, TOPO, tuple(gpus), [("main", len(gpus))])
     return [pod(f"{name}-0", gang=name, gpus=len(gpus), node_name=node_name,
                 assignment=encode_assignment(a), priority=priority, created=created,
-                phase="Running")]
+                phase="Running", started=started)]
 
 
 def cluster(pods: list[dict[str, Any]]) -> tuple[dict[str, Gang], dict[str, NodeInfo], Any]:
@@ -71,7 +78,7 @@ def full(priority: int = 0, young: str = "") -> list[dict[str, Any]]:
     `young` started last (the least work lost)."""
     return [p for n in racked_nodes() for name in [n["metadata"]["name"]]
             for p in running(f"low-{name}", name, range(8), priority=priority,
-                             created="2026-11-21T04:30:00Z" if young and
+                             started="2026-11-21T04:30:00Z" if young and
                              name.startswith(young) else "2026-11-21T04:00:00Z")]
 
 
@@ -90,6 +97,38 @@ def test_a_required_rack_gang_evicts_exactly_one_racks_gangs_the_youngest() -> N
     assert victims(p) == {"low-b0-r1-n0", "low-b0-r1-n1"}
     assert p is not None and p.domain == f"{BLOCK}=b0, {RACK}=r1" and p.gpus == 16
     assert {a.node for _, a in p.place.assignments if a.containers} == {"b0-r1-n0", "b0-r1-n1"}
+
+
+def rack_since(rack: str, started: str, created: str = SUBMITTED) -> list[dict[str, Any]]:
+    """`full()`, but the gangs of `rack` created at `created` and running since `started`."""
+    return [p for p in full() if not p["spec"]["nodeName"].startswith(rack)] + [
+        p for i in range(2)
+        for p in running(f"low-{rack}-n{i}", f"{rack}-n{i}", range(8), started=started,
+                         created=created)]
+
+
+def test_the_work_a_victim_loses_counts_from_when_it_started_not_from_its_creation() -> None:
+    # b0-r0's gangs were created at 04:40 and started at once; b0-r1's queued since the day
+    # before and started at 04:55: they lose the least work (their time in the queue is none)
+    pods = [p for p in rack_since("b0-r1", "2026-11-21T04:55:00Z")
+            if not p["spec"]["nodeName"].startswith("b0-r0")]
+    pods += [p for i in range(2) for p in running(
+        f"low-b0-r0-n{i}", f"b0-r0-n{i}", range(8), started="2026-11-21T04:41:00Z",
+        created="2026-11-21T04:40:00Z")]
+    assert victims(decide([*pods, *high()], "high")) == {"low-b0-r1-n0", "low-b0-r1-n1"}
+
+
+def test_a_gang_with_a_member_the_kubelet_has_not_started_has_lost_no_work() -> None:
+    # b1-r1: one gang over both nodes, one member started at 04:00 and one not yet (no
+    # status.startTime): it has done no work; b0-r1's gangs started at 04:55
+    pods = [p for p in rack_since("b0-r1", "2026-11-21T04:55:00Z")
+            if not p["spec"]["nodeName"].startswith("b1-r1")]
+    for i, started in enumerate(("2026-11-21T04:00:00Z", "")):
+        a = build_assignment(f"b1-r1-n{i}", TOPO, tuple(range(8)), [("main", 8)])
+        pods.append(pod(f"pair-{i}", gang="pair", min_member=2, gpus=8, node_name=f"b1-r1-n{i}",
+                        assignment=encode_assignment(a), priority=0, created=SUBMITTED,
+                        phase="Running", started=started))
+    assert victims(decide([*pods, *high()], "high")) == {"pair"}
 
 
 def test_no_victim_is_tried_without_when_too_few_gpus_would_be_left(monkeypatch: Any) -> None:
@@ -230,7 +269,7 @@ def gang_per_node(young_since: str) -> list[dict[str, Any]]:
     different racks (b0-r0-n0, b1-r1-n1) since `young_since`."""
     return [p for n in racked_nodes() for name in [n["metadata"]["name"]]
             for p in running(f"low-{name}", name, range(8),
-                             created=young_since if name in ("b0-r0-n0", "b1-r1-n1")
+                             started=young_since if name in ("b0-r0-n0", "b1-r1-n1")
                              else "2026-11-21T04:00:00Z")]
 
 
@@ -246,8 +285,8 @@ def test_a_gang_that_prefers_a_rack_gets_one_freed_though_scattered_gangs_cost_l
     assert victims(decide([*pods, *loose], "high")) == {"low-b0-r0-n0", "low-b1-r1-n1"}
 
 
-def small(name: str, node_name: str, gpus: Sequence[int], created: str) -> list[dict[str, Any]]:
-    return running(name, node_name, gpus, created=created)
+def small(name: str, node_name: str, gpus: Sequence[int], started: str) -> list[dict[str, Any]]:
+    return running(name, node_name, gpus, started=started)
 
 
 OLD, VERY_OLD = "2026-11-21T00:00:00Z", "2026-11-20T20:00:00Z"
@@ -274,7 +313,7 @@ def test_a_domains_room_is_counted_in_whole_pods(monkeypatch: Any) -> None:
     monkeypatch.setattr("webhook.binder.preemption.MAX_TRIALS", 1)
     pods = [p for n in racked_nodes() if n["metadata"]["name"].startswith("b1")
             for p in running(f"low-{n['metadata']['name']}", n["metadata"]["name"], range(8),
-                             created=VERY_OLD)]
+                             started=VERY_OLD)]
     for i in range(2):
         pods += [*small(f"young{i}", f"b0-r0-n{i}", range(2), "2026-11-21T04:50:00Z"),
                  *small(f"old{i}", f"b0-r0-n{i}", range(2, 4), OLD)]

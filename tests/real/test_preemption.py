@@ -13,6 +13,7 @@ other test's pods off them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -102,8 +103,15 @@ async def test_one_racks_gang_is_evicted_whole_for_a_high_gang_and_the_budget_ho
                for g in ("low-a", "low-b")}
     assert len(rack_of["low-a"]) == len(rack_of["low-b"]) == 1 and \
         rack_of["low-a"] != rack_of["low-b"], rack_of
-    # low-b, the younger (the least work lost), would go first: its budget forbids it (its
-    # pods are never Ready here: the disruption controller allows no disruption)
+    # no kubelet runs these nodes: write the start a kubelet would (status.startTime), low-a
+    # an hour ago, low-b now. low-b, the younger (the least work lost), would go first: its
+    # budget forbids it (its pods are never Ready here: the disruption controller allows no
+    # disruption)
+    now = time.time()
+    for gang, since in (("low-a", now - 3600), ("low-b", now)):
+        for i in range(2):
+            await kube.patch(PODS, f"{gang}-{i}", {"status": {"startTime": time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))}}, NS, subresource="status")
     await kube.create(PDBS, {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                              "metadata": {"name": "keep-b", "namespace": NS},
                              "spec": {"minAvailable": 1,

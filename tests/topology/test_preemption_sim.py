@@ -232,7 +232,8 @@ def test_muster_asks_the_binders_planner_and_frees_one_leaf_of_whole_gangs() -> 
     from bench.preemption_muster import MusterPreemption  # noqa: PLC0415
 
     c = Cluster(SMALL)
-    # whole-node gangs; those of leaf 1 (nodes 2, 3) started last: the least work lost
+    # whole-node gangs, all submitted at minute 0; those of leaf 1 (nodes 2, 3) started last:
+    # the least work lost (their pods' status.startTime, not their creation, says so)
     lower = [run(c, 100 + i, 50.0 if i in (2, 3) else 0.0, (i, ALL)) for i in range(8)]
     before = list(c.free)
     got = MusterPreemption(SMALL, TableCache(warm=False))(c, job(1, 16, 8), lower, 0, 60.0)

@@ -149,6 +149,8 @@ class PodInfo:
     problems: tuple[str, ...] = ()
     #: status.phase is Pending (or not set yet): the kubelet has not started the pod
     pending: bool = True
+    #: status.startTime, epoch seconds (0: none yet): when the kubelet took the pod on
+    started: float = 0.0
     #: the node agent served every GPU container (muster.io/gpu-allocated)
     allocated: bool = False
     #: its Ready condition is True (read of the node agents' pods: webhook.binder.agents)
@@ -536,6 +538,7 @@ def parse_pod(obj: Mapping[str, Any],
         placement=placement,
         problems=tuple(problems),
         pending=status.get("phase", "Pending") == "Pending",
+        started=parse_time(status.get("startTime")),
         allocated=keys.ANN_GPU_ALLOCATED in ann,
         ready=any(c.get("type") == "Ready" and c.get("status") == "True"
                   for c in status.get("conditions") or ()),

@@ -10,7 +10,10 @@ placement engine that will place the gang once the victims are gone, not a secon
 The search, cheap before it is exact:
 1. Victims: running gangs of this binder of strictly lower priority whose every member may
    be evicted now (no PodDisruptionBudget forbids it), not admitted by Kueue (Kueue's to
-   preempt), none of their pods being deleted; never part of a gang.
+   preempt), none of their pods being deleted; never part of a gang. The work a victim loses
+   is its GPUs times the time since it started (its members' latest `status.startTime`, which
+   the kubelet sets), not since it was created: a gang that queued for hours and started a
+   minute ago loses a minute.
 2. Domains: where the gang must or should be, one domain at a time: each domain of its
    network level (required: only those; preferred: those, and the whole cluster), each node
    for a single-node gang (preferred: likewise), else the whole cluster.
@@ -73,8 +76,9 @@ class Held:
     on: dict[str, list[PodInfo]]
     gpus_on: dict[str, int]
     gpus: int
-    #: its earliest member's creation time and highest priority (the gang's own)
-    created: float
+    #: when it started (its members' latest status.startTime; 0: a member it holds resources
+    #: for has not started, so the gang has done no work yet) and its highest priority
+    started: float
     priority: int
     #: the schedulers its pods name; whether one of them is being deleted or has ended
     schedulers: frozenset[str]
@@ -85,13 +89,17 @@ def held(gang: Gang) -> Held:
     on: dict[str, list[PodInfo]] = {}
     gpus_on: dict[str, int] = {}
     going = False
+    started: float | None = 0.0
     for pod in gang.members:
         going = going or pod.deleting or pod.terminated
         node = holding_node(pod)
         if node is not None:
             on.setdefault(node, []).append(pod)
             gpus_on[node] = gpus_on.get(node, 0) + pod.gpus
-    return Held(on, gpus_on, sum(gpus_on.values()), gang.created, gang.priority,
+            # a gang works once its last member runs: lost work counts from then (not from
+            # creation, which includes its time in the queue)
+            started = None if started is None or not pod.started else max(started, pod.started)
+    return Held(on, gpus_on, sum(gpus_on.values()), started or 0.0, gang.priority,
                 frozenset(p.scheduler_name for p in gang.members), going)
 
 
@@ -309,7 +317,7 @@ class _Search:
         now, nodes, whole = self.now, self.nodes, self.whole
         for r in eligible:
             h = r.held
-            age = now - h.created if h.created < now else 0.0
+            age = now - h.started if 0 < h.started < now else 0.0
             v = _Victim(r, (h.priority, h.gpus * age, h.gpus),
                         (h.priority, age if h.gpus else 0.0))
             inside = 0
