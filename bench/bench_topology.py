@@ -421,7 +421,7 @@ def occupied(spec: ClusterSpec, seed: int, labels: dict[str, str] | None = None
         used = 8 if r < 0.4 else 0 if r < 0.6 else rng.randint(1, 7)
         free = frozenset(range(8)) - frozenset(rng.sample(range(8), used))
         states[name] = NodeState(name, info.topology, free, info.cpu_milli,
-                                 info.memory_bytes, info.pods)
+                                 info.memory_bytes, info.pods, info.nvlink_domain)
     return nodes, states
 
 

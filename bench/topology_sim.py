@@ -40,7 +40,7 @@ from webhook.topology.model import (
     Topology,
     Unplaceable,
 )
-from webhook.topology.network import Network
+from webhook.topology.network import Network, nvlink_domain
 from webhook.topology.simulate import PRESETS, Links, Model, step_seconds
 from webhook.topology.stepmodel import GangOnFabric, gang_bus_gbps
 
@@ -159,7 +159,8 @@ class Cluster:
             self.where[n] = Where((block, leaf), leaf if s.clique else None)
             self.labels[n] = {SPINE: block, s.leaf_label: leaf}
         self.network = Network(s.levels, self.labels)
-        self.states = [NodeState(n, t, self.free[i], 1 << 30, 1 << 50, 1000)
+        self.states = [NodeState(n, t, self.free[i], 1 << 30, 1 << 50, 1000,
+                                 nvlink_domain(self.labels[n]))
                        for i, (n, t) in enumerate(zip(self.names, s.node_topologies, strict=True))]
 
     def take(self, i: int, gpus: Sequence[int]) -> None:

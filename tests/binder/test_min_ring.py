@@ -24,6 +24,7 @@ from webhook.cli import main
 from webhook.topology import codec
 from webhook.topology.builtin import builtin
 from webhook.topology.hierarchy import place_gang
+from webhook.topology.network import CLIQUE
 
 CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME)
 TOPO = builtin("dgx1-v100")
@@ -90,3 +91,27 @@ def test_a_node_without_uuids_is_assigned_by_index_and_the_reservation_holds() -
         p["metadata"]["annotations"][keys.ANN_GPU_ASSIGNMENT] = encode_assignment(a)
     again = run(pods, [n1])
     assert not again.strips and len(again.finishes) == 1
+
+
+def test_the_nodes_of_one_nvlink_clique_are_held_to_their_nvlink_not_the_network() -> None:
+    """Two HGX H100 nodes of one NVLink clique (GPU feature discovery's label) and one of
+    another: an 8-worker gang of 2-GPU pods needing 450 GB/s (the NVSwitch figure, 18 x 25)
+    takes two nodes of the clique, which their NVLink joins; the Node objects' labels say it."""
+    nodes = [node(n, kind="hgx-h100", labels={CLIQUE: c}) for n, c in
+             (("a0", "uuid.0"), ("a1", "uuid.0"), ("b0", "uuid.1"))]
+    request = {"v": 1, "mode": "required", "singleNode": False, "minRingGBps": 450,
+               "network": {"level": CLIQUE, "mode": "required"}}
+    busy_b0 = build_assignment("b0", builtin("hgx-h100"), (0,), [("main", 1)])
+    pods = [*job("j", workers=8, gpus=2, topology=json.dumps(request)),
+            pod("busy", gpus=1, node_name="b0", assignment=encode_assignment(busy_b0))]
+    at = run(pods, nodes)
+    assert len(at.places) == 1, at.waits
+    placed = at.places[0].placement
+    assert {m.node for m in placed.members if m.gpus} == {"a0", "a1"}
+    assert placed.gang_gbps == 450.0
+    # above it, no clique has it: the gang waits, and says what the nodes offer
+    request["minRingGBps"] = 451
+    over = run([*job("j", workers=8, gpus=2, topology=json.dumps(request))], nodes)
+    assert not over.places
+    wait = next(w for w in over.waits if w.gang.key == "team-a/j")
+    assert "at least 451 GB/s (minRingGBps)" in wait.reason, wait.reason

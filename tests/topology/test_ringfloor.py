@@ -11,13 +11,15 @@ from webhook.topology import (
     GangPlacement,
     GangRequest,
     MemberRequest,
+    NetworkRequest,
     NodeState,
     Unplaceable,
     builtin,
     place_gang,
 )
 from webhook.topology.gpu_choice import choose_gpus, set_score
-from webhook.topology.ringfloor import gang_gbps, meets_min_ring
+from webhook.topology.network import CLIQUE, HOSTNAME, Network, nvlink_domain
+from webhook.topology.ringfloor import gang_gbps, link_gbps, meets_min_ring
 
 
 def above(x: float) -> float:
@@ -100,3 +102,71 @@ def test_a_split_gang_is_held_to_its_slowest_node_set() -> None:
 def test_a_one_gpu_gang_has_no_ring_to_hold_to() -> None:
     placed = place_gang([node("a", (5,))], gang(1, 1000.0))
     assert isinstance(placed, GangPlacement) and placed.gang_gbps == 0.0
+
+
+# --- a multi-node NVLink domain (a GB200 NVL72 rack; here HGX H100 nodes: 18 x 25 GB/s) ------
+
+H100_SWITCH = 18 * 25.0  # the hgx-h100 built-in's NVSwitch figure per GPU
+
+
+def clique_node(name: str, clique: str | None, free: tuple[int, ...] = tuple(range(8)),
+                kind: str = "hgx-h100") -> NodeState:
+    return NodeState(name, builtin(kind), frozenset(free), 64000, 1 << 40,
+                     nvlink_domain=nvlink_domain({CLIQUE: clique} if clique else {}))
+
+
+def test_a_nodes_nvlink_domain_is_every_nvlink_label_it_carries() -> None:
+    assert nvlink_domain({CLIQUE: "uuid.1", HOSTNAME: "n"}) == f"{CLIQUE}=uuid.1"
+    both = nvlink_domain({CLIQUE: "uuid.1", "accelerator.topograph.run/domain": "d1"})
+    assert both == f"{CLIQUE}=uuid.1, accelerator.topograph.run/domain=d1"
+    assert nvlink_domain({HOSTNAME: "n", "example.com/rack": "r1"}) is None
+
+
+def test_between_nodes_of_one_nvlink_domain_the_figure_is_their_switch_links() -> None:
+    a, b = clique_node("a", "c0"), clique_node("b", "c0")
+    assert link_gbps([a, b], 12.5) == H100_SWITCH
+    assert link_gbps([a, clique_node("c", "c1")], 12.5) == 12.5  # two domains: the network
+    assert link_gbps([a, clique_node("c", None)], 12.5) == 12.5  # one in none
+    assert link_gbps([a], 12.5) == 12.5  # one node: nothing between nodes
+    # a node of the domain whose GPUs hang off no NVSwitch: its NICs
+    assert link_gbps([a, clique_node("v", "c0", kind="dgx1-v100")], 12.5) == 12.5
+
+
+def clique_gang(k: int, floor: float | None, per_member: int = 8,
+                level: str = CLIQUE) -> GangRequest:
+    members = tuple(MemberRequest(f"ns/w{i}", per_member) for i in range(k))
+    return GangRequest("g", members, mode="required", min_ring_gbps=floor,
+                       network=NetworkRequest(level, "preferred"))
+
+
+def cliques(free: dict[str, tuple[int, ...]] | None = None
+            ) -> tuple[list[NodeState], Network]:
+    """Two NVLink cliques of two nodes: c0 = n0, n1; c1 = n2, n3."""
+    names = [f"n{i}" for i in range(4)]
+    labels = {n: {CLIQUE: f"c{i // 2}", HOSTNAME: n} for i, n in enumerate(names)}
+    nodes = [clique_node(n, f"c{i // 2}", (free or {}).get(n, tuple(range(8))))
+             for i, n in enumerate(names)]
+    return nodes, Network((CLIQUE,), labels)
+
+
+def test_a_gang_over_the_nodes_of_one_clique_passes_at_their_nvlink_figure() -> None:
+    nodes, net = cliques()
+    placed = place_gang(nodes, clique_gang(2, H100_SWITCH), network=net, inter_node_gbps=12.5)
+    assert isinstance(placed, GangPlacement) and placed.gang_gbps == H100_SWITCH
+    assert {m.node for m in placed.members} in ({"n0", "n1"}, {"n2", "n3"})
+    refused = place_gang(nodes, clique_gang(2, above(H100_SWITCH)), network=net)
+    assert isinstance(refused, Unplaceable) and f"only {H100_SWITCH:g} GB/s" in refused.reason
+    # three nodes span the two cliques: the network's figure
+    over = place_gang(nodes, clique_gang(3, 13.0), network=net, inter_node_gbps=12.5)
+    assert isinstance(over, Unplaceable) and "between nodes only 12.5 GB/s" in over.reason
+    spread = place_gang(nodes, clique_gang(3, None), network=net, inter_node_gbps=12.5)
+    assert isinstance(spread, GangPlacement) and spread.gang_gbps == 12.5
+
+
+def test_members_in_a_cliques_holes_are_joined_by_its_nvlink() -> None:
+    # four 1-GPU members: n0 and n1 have 2 free each (clique c0), n2 is wholly free. The
+    # holes of c0 keep n2 whole, and NVLink joins them: they meet a floor no NIC could
+    nodes, net = cliques({"n0": (0, 1), "n1": (0, 1), "n3": ()})
+    placed = place_gang(nodes, clique_gang(4, 400.0, per_member=1), network=net)
+    assert isinstance(placed, GangPlacement)
+    assert {m.node for m in placed.members} == {"n0", "n1"} and placed.gang_gbps == H100_SWITCH

@@ -156,4 +156,5 @@ class Allocation:
             free_cpu_milli=node.cpu_milli - u.cpu_milli,
             free_memory_bytes=node.memory_bytes - u.memory_bytes,
             free_pods=node.pods - u.pods,
+            nvlink_domain=node.nvlink_domain,
         )

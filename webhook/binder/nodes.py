@@ -13,6 +13,7 @@ from webhook.binder.pods import Toleration
 from webhook.quantity import QuantityError, cpu_milli, whole
 from webhook.topology.codec import decode
 from webhook.topology.model import Topology
+from webhook.topology.network import nvlink_domain
 
 DEFAULT_MAX_PODS = 110
 
@@ -46,6 +47,8 @@ class NodeInfo:
     #: why its GPU pods wait for its agent (webhook.binder.agents; set by the controller from
     #: the pod `agent` names): None when they need not
     agent_wait: str | None = None
+    #: the multi-node NVLink domain its labels put it in (`network.nvlink_domain`)
+    nvlink_domain: str | None = None
 
     @property
     def gpu_capacity(self) -> int:
@@ -93,6 +96,7 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
     return NodeInfo(
         name=str(meta.get("name") or ""),
         labels=dict(meta.get("labels") or {}),
+        nvlink_domain=nvlink_domain(meta.get("labels") or {}),
         taints=tuple(Taint(str(t.get("key") or ""), str(t.get("value") or ""),
                            str(t.get("effect") or "")) for t in spec.get("taints") or ()),
         unschedulable=bool(spec.get("unschedulable", False)),

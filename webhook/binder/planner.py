@@ -232,7 +232,8 @@ def _reservation(pod: PodInfo, nodes: Mapping[str, NodeInfo],
 
 def _empty_state(node: NodeInfo) -> NodeState:
     gpus = frozenset(sorted(node.healthy_gpus)[: node.gpu_capacity])
-    return NodeState(node.name, node.topology, gpus, node.cpu_milli, node.memory_bytes, node.pods)
+    return NodeState(node.name, node.topology, gpus, node.cpu_milli, node.memory_bytes, node.pods,
+                     node.nvlink_domain)
 
 
 def _on_empty(r: _Round, request: GangRequest, network: Network | None, *, apart: bool,
@@ -763,7 +764,7 @@ class _Apart:
             placed.append(got)
             if not anchor and self.near is not None:
                 anchor = self.near.get(mp.node, ())
-        result = joined(placed, DEFAULT_INTER_NODE_GBPS)
+        result = joined(placed, self.states.values(), DEFAULT_INTER_NODE_GBPS)
         total = sum(m.gpus for m in self.request.members)
         floor = self.request.min_ring_gbps
         if self.request.mode == "required" and not meets_min_ring(result.gang_gbps, floor,

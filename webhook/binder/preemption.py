@@ -464,4 +464,4 @@ def _given_back(state: NodeState, pods: Sequence[PodInfo]) -> NodeState:
     return NodeState(state.name, state.topology, frozenset(gpus),
                      state.free_cpu_milli + sum(p.cpu_milli for p in pods),
                      state.free_memory_bytes + sum(p.memory_bytes for p in pods),
-                     state.free_pods + len(pods))
+                     state.free_pods + len(pods), state.nvlink_domain)

@@ -32,7 +32,7 @@ import heapq
 import itertools
 import re
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from webhook.topology.gpu_choice import TableCache
@@ -53,7 +53,7 @@ from webhook.topology.placement import (
     place_on_nodes,
     where_pinned,
 )
-from webhook.topology.ringfloor import gang_gbps, meets_min_ring
+from webhook.topology.ringfloor import gang_gbps, link_gbps, meets_min_ring
 
 #: how many domains that fit are tried in best-fit order when the engine refuses one (a gang
 #: of unlike members, counted in GPUs, or a minRingGBps floor)
@@ -161,7 +161,7 @@ def _fill_gaps(nodes: Sequence[NodeState], gang: GangRequest, *, inter_node_gbps
             if best is not None:
                 best.scored_again(at)
             placed[m.key] = got
-    result = joined([placed[m.key] for m in gang.members], inter_node_gbps)
+    result = joined([placed[m.key] for m in gang.members], states, inter_node_gbps)
     floor = gang.min_ring_gbps if gang.mode == "required" else None
     total = sum(m.gpus for m in gang.members)
     if not meets_min_ring(result.gang_gbps, floor, total):
@@ -171,16 +171,19 @@ def _fill_gaps(nodes: Sequence[NodeState], gang: GangRequest, *, inter_node_gbps
     return result
 
 
-def joined(parts: Sequence[GangPlacement], inter_node_gbps: float) -> GangPlacement:
-    """One gang's placement from its members placed one at a time (`parts`, in member order):
-    a node's ring is the slowest its members got there (members sharing a node)."""
+def joined(parts: Sequence[GangPlacement], nodes: Iterable[NodeState],
+           inter_node_gbps: float) -> GangPlacement:
+    """One gang's placement from its members placed one at a time (`parts`, in member order)
+    on `nodes` (those it uses among them): a node's ring is the slowest its members got there
+    (members sharing a node)."""
     ring: dict[str, float] = {}
     for part in parts:
         for node, gbps in part.ring_gbps.items():
             ring[node] = min(ring.get(node, gbps), gbps)
     members = tuple(mp for part in parts for mp in part.members)
+    between = link_gbps([n for n in nodes if n.name in ring], inter_node_gbps)
     return GangPlacement(members=members, nodes_used=len({p.node for p in members}),
-                         ring_gbps=ring, gang_gbps=gang_gbps(ring.values(), inter_node_gbps))
+                         ring_gbps=ring, gang_gbps=gang_gbps(ring.values(), between))
 
 
 def _wholly_free(n: NodeState) -> bool:
@@ -718,17 +721,21 @@ class _Decision:
             if isinstance(placed, Unplaceable):
                 return placed
             results.append(placed)
-        return self._merge(results)
+        return self._merge(results, [n for nodes_, _ in groups for n in nodes_])
 
     def _engine(self, nodes: list[NodeState], members: list[MemberRequest]
                 ) -> GangPlacement | Unplaceable:
         part = replace(self.gang, members=tuple(members), network=None)
         return place_on_nodes(nodes, part, inter_node_gbps=self.inter_gbps, tables=self.tables)
 
-    def _merge(self, parts: list[GangPlacement]) -> GangPlacement | Unplaceable:
+    def _merge(self, parts: list[GangPlacement], nodes: list[NodeState]
+               ) -> GangPlacement | Unplaceable:
+        """The parts placed on `nodes` as one gang, its figure checked."""
         by_key = {p.key: p for part in parts for p in part.members}
         ring = {node: g for part in parts for node, g in part.ring_gbps.items()}
-        figure = gang_gbps(ring.values(), self.inter_gbps)
+        used = {n.name: n for n in nodes if n.name in ring}  # (slices' groups may share one)
+        between = link_gbps(used.values(), self.inter_gbps)
+        figure = gang_gbps(ring.values(), between)
         floor = self.gang.min_ring_gbps if self.gang.mode == "required" else None
         total = sum(m.gpus for m in self.gpu)
         if not meets_min_ring(figure, floor, total):

@@ -147,13 +147,16 @@ class NodeState:
     free_cpu_milli: int
     free_memory_bytes: int
     free_pods: int = 110
+    #: the multi-node NVLink domain it is in (a GB200 NVL72 rack: `network.nvlink_domain` of
+    #: its labels), None when none: its GPUs reach other nodes' only through its NICs
+    nvlink_domain: str | None = None
 
     def less(self, gpus: Collection[int], cpu_milli: int, memory_bytes: int) -> NodeState:
         """The node once one more pod takes these GPUs, CPU and memory."""
         # every field anew, so the constructor, not `replace` (a member of a 256-pod gang each)
         return NodeState(self.name, self.topology, self.free_gpus.difference(gpus),
                          self.free_cpu_milli - cpu_milli, self.free_memory_bytes - memory_bytes,
-                         self.free_pods - 1)
+                         self.free_pods - 1, self.nvlink_domain)
 
 
 @dataclass(frozen=True, slots=True)

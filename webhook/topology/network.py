@@ -143,6 +143,18 @@ class Levels:
         return self.labels[-tier] if tier <= len(self.labels) else None
 
 
+def nvlink_domain(labels: Mapping[str, str]) -> str | None:
+    """The multi-node NVLink domain a node's labels put it in (GPU feature discovery's
+    clique, Topograph's accelerator domain and sub-domain: every one it carries, so that two
+    nodes share a domain only where all their NVLink labels agree), None when it has none."""
+    found = [f"{k}={labels[k]}" for k in _NVLINK_ORDER if k in labels]
+    return ", ".join(found) if found else None
+
+
+#: (`nvlink_domain`: NVLINK_LEVELS in a fixed order)
+_NVLINK_ORDER = (CLIQUE, *TOPOGRAPH_V0_ACCELERATOR, *TOPOGRAPH_ACCELERATOR)
+
+
 def resolve_request(req: NetworkRequest, levels: Levels) -> NetworkRequest:
     """`req` with its level names as labels (`Levels.resolve`). A tier above the widest level
     is the whole cluster: as the gang's level, no level (nor bound); as its bound, no bound; as

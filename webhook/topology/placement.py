@@ -38,7 +38,7 @@ from webhook.topology.model import (
     NodeState,
     Unplaceable,
 )
-from webhook.topology.ringfloor import gang_gbps, meets_min_ring
+from webhook.topology.ringfloor import gang_gbps, link_gbps, meets_min_ring
 
 #: GB/s between GPUs on different nodes when nothing better is known: one 100 Gb/s NIC
 DEFAULT_INTER_NODE_GBPS = 12.5
@@ -465,9 +465,10 @@ def _place_multi(
     floor = gang.min_ring_gbps if gang.mode == "required" else None
     if floor is None or len(chosen) < 2:  # (the figure is worked out once, in `_result`)
         return chosen
-    figure = gang_gbps([v.gbps() for v in chosen], inter_gbps)
+    between = link_gbps([v.state for v in chosen], inter_gbps)
+    figure = gang_gbps([v.gbps() for v in chosen], between)
     if not meets_min_ring(figure, floor, total):
-        where = "between nodes" if figure == inter_gbps else "on the nodes it would use"
+        where = "between nodes" if figure == between else "on the nodes it would use"
         return Unplaceable(
             f"gang {gang.name} needs {total} GPUs with an allreduce bus bandwidth of at least "
             f"{floor:g} GB/s (minRingGBps); no single node can host it and {where} only "
@@ -700,10 +701,12 @@ def _place_cpu_member(views: _Views, used: list[_Node], m: MemberRequest) -> _No
 def _result(used: list[_Node], gang: GangRequest, inter_gbps: float) -> GangPlacement:
     by_key: dict[str, MemberPlacement] = {}
     ring: dict[str, float] = {}
+    gpu_nodes: list[NodeState] = []
     for v in used:
         gpus = _assign_gpus(v)
         if gpus:
             ring[v.state.name] = v.gbps()
+            gpu_nodes.append(v.state)
         for m in v.members:
             by_key[m.key] = MemberPlacement(key=m.key, node=v.state.name, gpus=gpus.get(m.key, ()))
     placements = [by_key[m.key] for m in gang.members]
@@ -711,5 +714,5 @@ def _result(used: list[_Node], gang: GangRequest, inter_gbps: float) -> GangPlac
         members=tuple(placements),
         nodes_used=len({p.node for p in placements}),
         ring_gbps=ring,
-        gang_gbps=gang_gbps(ring.values(), inter_gbps),
+        gang_gbps=gang_gbps(ring.values(), link_gbps(gpu_nodes, inter_gbps)),
     )
