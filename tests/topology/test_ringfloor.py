@@ -159,6 +159,11 @@ def test_a_gang_over_the_nodes_of_one_clique_passes_at_their_nvlink_figure() -> 
     # three nodes span the two cliques: the network's figure
     over = place_gang(nodes, clique_gang(3, 13.0), network=net, inter_node_gbps=12.5)
     assert isinstance(over, Unplaceable) and "between nodes only 12.5 GB/s" in over.reason
+    assert "its nodes span NVLink domains" in over.reason
+    # without NVLink domains, no such hint
+    plain = [NodeState(n.name, n.topology, n.free_gpus, 64000, 1 << 40) for n in nodes]
+    bare = place_gang(plain, clique_gang(3, 13.0), network=net, inter_node_gbps=12.5)
+    assert isinstance(bare, Unplaceable) and "NVLink domains" not in bare.reason
     spread = place_gang(nodes, clique_gang(3, None), network=net, inter_node_gbps=12.5)
     assert isinstance(spread, GangPlacement) and spread.gang_gbps == 12.5
 

@@ -472,9 +472,19 @@ def _place_multi(
         return Unplaceable(
             f"gang {gang.name} needs {total} GPUs with an allreduce bus bandwidth of at least "
             f"{floor:g} GB/s (minRingGBps); no single node can host it and {where} only "
-            f"{figure:g} GB/s is available"
+            f"{figure:g} GB/s is available{_over_domains(chosen, figure == between)}"
         )
     return chosen
+
+
+def _over_domains(chosen: list[_Node], network_bound: bool) -> str:
+    """A hint when the network bounds a gang whose nodes span NVLink domains, inside one of
+    which NVLink would join them."""
+    domains = {v.state.nvlink_domain for v in chosen}
+    if not network_bound or domains == {None} or len(domains) < 2:
+        return ""
+    return (" (its nodes span NVLink domains, and NVLink joins only the nodes of one: a gang "
+            "requires one with network: {required: nvidia.com/gpu.clique})")
 
 
 def member_capacity(n: NodeState, free: int, m: MemberRequest) -> int:
