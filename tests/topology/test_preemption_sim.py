@@ -20,7 +20,7 @@ from bench.preemption_sim import (
     placed_by,
     volcano,
 )
-from bench.topology_sim import Cluster, ClusterSpec, Job, Placer, fat_tree, kueue_tas, muster
+from bench.topology_sim import Cluster, ClusterSpec, Job, Placer, fat_tree, kueue_tas, muster, step
 from webhook.topology.gpu_choice import TableCache
 
 # 2 blocks x 2 leaves x 2 DGX-1 V100 nodes: nodes 0-1 leaf 0, 2-3 leaf 1 (block 0), 4-7 block 1
@@ -276,3 +276,37 @@ def test_the_swaps_cross_muster_and_kueue_tas_and_are_not_judged(
     goals(rows)
     judged = capsys.readouterr().out
     assert "against Kueue TAS:" in judged and not any(name in judged for name in crossed)
+
+
+def test_with_checkpoints_an_evicted_gang_loses_only_the_work_since_its_last() -> None:
+    tables = TableCache(warm=False)
+    c = Cluster(SMALL)
+    # 8 GPUs since minute 10, 300 minutes of work at its ideal step, which it has here
+    r = Running(Job(1, 8, 8, 0.0, 300.0), LOW, [(0, ALL)], 10.0)
+    ideal = {1: step(c, r.placement, tables)}
+    for every, lost, left in ((0.0, 8 * 150 / 60, 300.0), (60.0, 8 * 30 / 60, 300.0 - 120.0),
+                              (200.0, 8 * 150 / 60, 300.0)):
+        sim = _Sim(SMALL, {1: LOW}, ideal, tables, Outcome("c"), checkpoint=every)
+        sim.c.take(0, ALL)
+        sim.running[1], sim.ends[1] = r, 310.0
+        sim.evict(160.0, [r])  # 150 minutes into its run
+        assert sim.out.evicted_gpu_hours == pytest.approx(lost), every
+        (queued,) = sim.queue
+        # it waits again with its submit time kept, for what its last checkpoint left
+        assert queued[3].arrival == 0.0 and queued[3].work == pytest.approx(left), every
+        assert sim.c.free[0] == frozenset(ALL)
+
+
+def test_paired_differences_say_where_muster_loses_less(capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    from bench.bench_preemption import paired  # noqa: PLC0415
+
+    def rows(mine: float, kai: float) -> dict[str, dict[str, float]]:
+        return {"no preemption": {"GPU-h lost": 0.0}, "Muster": {"GPU-h lost": mine},
+                "KAI": {"GPU-h lost": kai}, "TAS, Muster gang": {"GPU-h lost": 0.0}}
+
+    paired([rows(100, 130), rows(200, 190), rows(50, 90)])
+    out = capsys.readouterr().out
+    assert "paired against KAI: Muster - it = -20 GPU-h lost (standard error 15); Muster " \
+           "loses less on 2 of 3 seeds" in out
+    assert "no preemption" not in out and "TAS, Muster gang" not in out
