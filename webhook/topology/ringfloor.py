@@ -19,12 +19,12 @@ from collections.abc import Collection
 from webhook.topology.model import NodeState
 
 
-def gang_gbps(node_gbps: Collection[float], inter_node_gbps: float) -> float:
+def gang_gbps(node_gbps: Collection[float], between_gbps: float) -> float:
     """The gang's figure from each GPU node's set figure (0 for a node with one GPU) and the
     bandwidth between its nodes (`link_gbps`)."""
     local = [g for g in node_gbps if g > 0]
-    if len(node_gbps) > 1:  # the allreduce crosses the network too
-        return min([inter_node_gbps, *local])
+    if len(node_gbps) > 1:  # the allreduce crosses the links between nodes too
+        return min([between_gbps, *local])
     return max(local, default=0.0)
 
 
