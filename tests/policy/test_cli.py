@@ -31,7 +31,7 @@ def test_readme_command_passes(capsys: pytest.CaptureFixture[str],
                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
     code, out = run(["policy", "check", "policies/"], capsys)
-    assert code == 0 and "14 policies valid" in out
+    assert code == 0 and "15 policies valid" in out
     code, out = run(["policy", "test", "-p", "policies/", "policies/tests/"], capsys)
     assert code == 0, out
     cases = sum(text.count("kind: PolicyTest")
@@ -44,7 +44,7 @@ def test_readme_command_passes(capsys: pytest.CaptureFixture[str],
 def test_check_reports_errors_and_exit_code(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     code, out = run(["policy", "check", str(EXAMPLE_POLICIES)], capsys)
-    assert code == 0 and "14 policies valid" in out
+    assert code == 0 and "15 policies valid" in out
     bad = tmp_path / "mpi.yaml"
     bad.write_text("apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata:\n"
                    "  name: mpi\nspec:\n  gang:\n    backend: volcano\n    minAvailable: 0\n")

@@ -39,10 +39,11 @@ def test_shipped_policies_are_valid() -> None:
                                  "jobset-volcano", "trainjob-coscheduling",
                                  "leaderworkerset-volcano", "pytorchjob-volcano",
                                  "indexed-job-volcano", "network-rack", "network-block",
-                                 "network-nvlink-slices", "network-as-annotated"}
+                                 "network-nvlink-domain", "network-nvlink-slices",
+                                 "network-as-annotated"}
     # highest priority first (network-topology.yaml's are 11, then mpi-topology's 10)
-    assert loaded.names[:5] == ("network-rack", "network-block", "network-nvlink-slices",
-                                "network-as-annotated", "mpi-topology")
+    assert loaded.names[:6] == ("network-rack", "network-block", "network-nvlink-domain",
+                                "network-nvlink-slices", "network-as-annotated", "mpi-topology")
     assert len(loaded.digest) == 64
 
 

@@ -80,7 +80,7 @@ async def fake_nodes(kube: KubeApi) -> AsyncIterator[dict[str, dict[str, str]]]:
 
 
 NAMESPACES = {"rack": "net-rack", "block": "net-block", "nvlink-slices": "net-slices",
-              "as-annotated": "net-kueue", "neighbours": "net-db"}
+              "as-annotated": "net-kueue", "neighbours": "net-db", "nvlink-domain": "net-nvlink"}
 
 
 async def _delete_now(kube: KubeApi, ns: str, pod: dict[str, Any]) -> None:
@@ -282,6 +282,28 @@ async def _neighbour(kube: KubeApi, name: str, node: str) -> None:
                                  "resources": {"requests": {"cpu": "10m",
                                                             "memory": "32Mi"}}}]}},
         namespace=ns)
+
+
+async def test_a_gang_that_needs_nvlink_speed_takes_one_nvlink_clique(
+        kube: KubeApi, fake_nodes: dict[str, dict[str, str]]) -> None:
+    """Policy network-nvlink-domain: the whole gang in one NVLink clique, its allreduce at 400
+    GB/s or more. Its ranks span GB200 trays, which the clique's NVLink joins at 900 GB/s (the
+    network between nodes gives 12.5): it is placed there; a gang bigger than any clique waits,
+    and says so."""
+    labels = fake_nodes
+    pods = await _run(kube, "nvlink-domain", _job("nvlink", 6, 4))  # 6 of a clique's 9 trays
+    request = json.loads(pods[0]["metadata"]["annotations"][keys.ANN_GPU_TOPOLOGY])
+    assert request["minRingGBps"] == 400.0 and request["network"] == {
+        "level": CLIQUE, "mode": "required"}
+    cliques = _at(pods, labels, CLIQUE)
+    assert len(cliques) == 1 and "-" not in cliques, cliques
+    assert len({p["spec"]["nodeName"] for p in pods}) == 6  # a tray each: NVLink between them
+    # 10 trays: more than a clique has (9), so it waits, with the reason in the Event
+    ns = NAMESPACES["nvlink-domain"]
+    await kube.create(JOBS, _job("too-wide", 10, 4), namespace=ns)
+    message = await failed_scheduling(kube, ns, "too-wide")
+    assert f"within one {CLIQUE} domain" in message, message
+    assert not any(p["spec"].get("nodeName") for p in await _pods(kube, ns, "too-wide"))
 
 
 async def test_the_binder_keeps_the_anti_affinity_of_pods_already_placed(
