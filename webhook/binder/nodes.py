@@ -84,6 +84,7 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
         except QuantityError:
             return 0  # an unreadable allocatable offers nothing rather than everything
 
+    labels: dict[str, str] = dict(meta.get("labels") or {})
     topology: Topology | None = None
     error: str | None = None
     text = (meta.get("annotations") or {}).get(keys.ANN_NODE_TOPOLOGY)
@@ -95,8 +96,8 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
             topology = decoded
     return NodeInfo(
         name=str(meta.get("name") or ""),
-        labels=dict(meta.get("labels") or {}),
-        nvlink_domain=nvlink_domain(meta.get("labels") or {}),
+        labels=labels,
+        nvlink_domain=nvlink_domain(labels),
         taints=tuple(Taint(str(t.get("key") or ""), str(t.get("value") or ""),
                            str(t.get("effect") or "")) for t in spec.get("taints") or ()),
         unschedulable=bool(spec.get("unschedulable", False)),
@@ -106,7 +107,7 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
         gpus=quantity(keys.GPU_RESOURCE, 0),
         topology=topology,
         topology_error=error,
-        acks_allocation=(meta.get("labels") or {}).get(keys.LABEL_GPU_ALLOCATION_ACK) == "true",
+        acks_allocation=labels.get(keys.LABEL_GPU_ALLOCATION_ACK) == "true",
         agent=parse_agent((meta.get("annotations") or {}).get(keys.ANN_GPU_AGENT)),
     )
 
