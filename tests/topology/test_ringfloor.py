@@ -4,6 +4,7 @@ the threshold passes and the next float below it does not, on one node and split
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -18,7 +19,7 @@ from webhook.topology import (
     place_gang,
 )
 from webhook.topology.gpu_choice import choose_gpus, set_score
-from webhook.topology.network import CLIQUE, HOSTNAME, Network, nvlink_domain
+from webhook.topology.network import CLIQUE, HOSTNAME, Network, nvlink_domain, nvlink_level
 from webhook.topology.ringfloor import gang_gbps, link_gbps, meets_min_ring
 
 
@@ -109,6 +110,10 @@ def test_a_one_gpu_gang_has_no_ring_to_hold_to() -> None:
 H100_SWITCH = 18 * 25.0  # the hgx-h100 built-in's NVSwitch figure per GPU
 
 
+TG_DOMAIN, TG_SUB = "accelerator.topograph.run/domain", "accelerator.topograph.run/sub-domain"
+TG_V0 = "network.topology.nvidia.com/accelerator"
+
+
 def clique_node(name: str, clique: str | None, free: tuple[int, ...] = tuple(range(8)),
                 kind: str = "hgx-h100") -> NodeState:
     return NodeState(name, builtin(kind), frozenset(free), 64000, 1 << 40,
@@ -120,6 +125,19 @@ def test_a_nodes_nvlink_domain_is_every_nvlink_label_it_carries() -> None:
     both = nvlink_domain({CLIQUE: "uuid.1", "accelerator.topograph.run/domain": "d1"})
     assert both == f"{CLIQUE}=uuid.1, accelerator.topograph.run/domain=d1"
     assert nvlink_domain({HOSTNAME: "n", "example.com/rack": "r1"}) is None
+
+
+@pytest.mark.parametrize(("labels", "level"), [
+    ({CLIQUE: "uuid.1"}, CLIQUE),
+    ({CLIQUE: "uuid.1", TG_DOMAIN: "d1"}, CLIQUE),
+    ({TG_DOMAIN: "d1"}, TG_DOMAIN),
+    ({TG_DOMAIN: "d1", TG_SUB: "s1"}, TG_SUB),  # the sub-domain, not the domain around it
+    ({TG_V0: "a1"}, TG_V0),
+])
+def test_the_label_that_keeps_a_gang_in_one_nvlink_domain(labels: dict[str, str],
+                                                          level: str) -> None:
+    domain = nvlink_domain(labels)
+    assert domain is not None and nvlink_level(domain) == level
 
 
 def test_between_nodes_of_one_nvlink_domain_the_figure_is_their_switch_links() -> None:
@@ -160,6 +178,12 @@ def test_a_gang_over_the_nodes_of_one_clique_passes_at_their_nvlink_figure() -> 
     over = place_gang(nodes, clique_gang(3, 13.0), network=net, inter_node_gbps=12.5)
     assert isinstance(over, Unplaceable) and "between nodes only 12.5 GB/s" in over.reason
     assert "its nodes span NVLink domains" in over.reason
+    assert f"network: {{required: {CLIQUE}}}" in over.reason
+    # nodes that Topograph labels: the hint names its label, the one they carry
+    tg = [replace(n, nvlink_domain=nvlink_domain({TG_DOMAIN: "r0", TG_SUB: f"s{i // 2}"}))
+          for i, n in enumerate(nodes)]
+    over_tg = place_gang(tg, clique_gang(3, 13.0), network=net, inter_node_gbps=12.5)
+    assert isinstance(over_tg, Unplaceable) and f"network: {{required: {TG_SUB}}}" in over_tg.reason
     # without NVLink domains, no such hint
     plain = [NodeState(n.name, n.topology, n.free_gpus, 64000, 1 << 40) for n in nodes]
     bare = place_gang(plain, clique_gang(3, 13.0), network=net, inter_node_gbps=12.5)

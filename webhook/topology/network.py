@@ -153,6 +153,15 @@ def nvlink_domain(labels: Mapping[str, str]) -> str | None:
 
 #: (`nvlink_domain`: NVLINK_LEVELS in a fixed order)
 _NVLINK_ORDER = (CLIQUE, *TOPOGRAPH_V0_ACCELERATOR, *TOPOGRAPH_ACCELERATOR)
+#: the label to require for a gang in one NVLink domain, by the labels a domain was read from:
+#: the narrowest, a clique or Topograph's sub-domain, before the domain around it
+_NVLINK_NARROWEST = (CLIQUE, *reversed(TOPOGRAPH_ACCELERATOR), *TOPOGRAPH_V0_ACCELERATOR)
+
+
+def nvlink_level(domain: str) -> str:
+    """The label a gang requires to stay in one domain like `domain` (`nvlink_domain`'s)."""
+    keys = {part.split("=", 1)[0] for part in domain.split(", ")}
+    return next(k for k in _NVLINK_NARROWEST if k in keys)
 
 
 def resolve_request(req: NetworkRequest, levels: Levels) -> NetworkRequest:

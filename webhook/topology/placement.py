@@ -38,6 +38,7 @@ from webhook.topology.model import (
     NodeState,
     Unplaceable,
 )
+from webhook.topology.network import nvlink_level
 from webhook.topology.ringfloor import gang_gbps, link_gbps, meets_min_ring
 
 #: GB/s between GPUs on different nodes when nothing better is known: one 100 Gb/s NIC
@@ -481,10 +482,11 @@ def _over_domains(chosen: list[_Node], network_bound: bool) -> str:
     """A hint when the network bounds a gang whose nodes span NVLink domains, inside one of
     which NVLink would join them."""
     domains = {v.state.nvlink_domain for v in chosen}
-    if not network_bound or domains == {None} or len(domains) < 2:
+    named = sorted(d for d in domains if d is not None)
+    if not network_bound or not named or len(domains) < 2:
         return ""
     return (" (its nodes span NVLink domains, and NVLink joins only the nodes of one: a gang "
-            "requires one with network: {required: nvidia.com/gpu.clique})")
+            f"requires one with network: {{required: {nvlink_level(named[0])}}})")
 
 
 def member_capacity(n: NodeState, free: int, m: MemberRequest) -> int:
