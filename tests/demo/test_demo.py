@@ -216,7 +216,8 @@ def test_a_step_cancelled_by_ctrl_c_says_interrupted_not_failed() -> None:
     "[4] binder: waiting for gangs ... ok",
     "[6] binder: 2 gangs placed and bound (10 pods) ... ok",
     # then the demo reads what happened and stops what it started (gRPC servers, the webhook)
-    "[7] kubelets start the 8 bound GPU pods: device plugin Allocate ... ok",
+    "[7] kubelets start the 8 bound GPU pods: device plugin Allocate; all 10 bound pods "
+    "Running ... ok",
 ])
 def test_ctrl_c_at_any_point_ends_the_demo_with_one_line(after: str) -> None:
     # after step 7 the demo has about 0.4 s left: a signal sent from a descheduled test can

@@ -33,7 +33,7 @@ from webhook.binder.service import BinderService, ServiceConfig
 from webhook.certs import generate_ca, issue_serving_cert, write_pair
 from webhook.demo import scenario
 from webhook.doubles.emulator import ApiServerEmulator
-from webhook.doubles.fakekubelet import FakeKubelet
+from webhook.doubles.fakekubelet import FakeKubelet, node_io
 from webhook.doubles.fakenvml import FakeNvml
 from webhook.failures import CommandFailed
 from webhook.kube import (
@@ -301,19 +301,24 @@ async def _bind_gangs(demo: _Demo, progress: Progress) -> None:
 
 
 async def _start_gpu_pods(demo: _Demo, progress: Progress) -> None:
-    bound = [p for p in await demo.pods() if p["spec"].get("nodeName") and pod_gpus(p["spec"])]
-    if not bound:
+    bound = {p["metadata"]["name"]: pod_gpus(p["spec"]) for p in await demo.pods()
+             if p["spec"].get("nodeName")}
+    gpus = sum(1 for n in bound.values() if n)
+    if not gpus:
         progress.skip("kubelets", "no GPU pod was bound: only Muster's binder places pods here "
                                   "(Volcano, coscheduling and the default scheduler are not part "
                                   "of the demo)")
         return
 
-    async def all_started() -> bool:
-        return len(demo.handed) >= len(bound)
+    async def all_running() -> bool:
+        # as the API server has it: the kubelets' status, not only their device plugin calls
+        running = {p["metadata"]["name"] for p in await demo.pods()
+                   if (p.get("status") or {}).get("phase") == "Running"}
+        return len(demo.handed) >= gpus and running >= bound.keys()
 
-    async with progress.step(f"kubelets start the {len(bound)} bound GPU pods: device plugin "
-                             "Allocate"):
-        await _until(f"the kubelets to start {len(bound)} GPU pods", all_started, within=60)
+    async with progress.step(f"kubelets start the {gpus} bound GPU pods: device plugin "
+                             f"Allocate; all {len(bound)} bound pods Running"):
+        await _until(f"the kubelets to start {len(bound)} pods", all_running, within=60)
 
 
 STEPS: tuple[Callable[[_Demo, Progress], Awaitable[None]], ...] = (
@@ -398,13 +403,10 @@ def _webhook_configuration(url: str, ca_pem: bytes) -> dict[str, Any]:
 
 async def _kubelet(kube: KubeApi, node: str, kubelet: FakeKubelet,
                    handed: dict[str, tuple[str, ...]]) -> None:
-    """The node's kubelet starts each GPU pod bound to it; what every pod's containers were
-    given is kept per pod name."""
-    async def pods() -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = (await kube.list(
-            PODS, field_selector=f"spec.nodeName={node}"))["items"]
-        return items
-    async for event in kubelet.start_pods(pods, keys.GPU_RESOURCE):
+    """The node's kubelet starts each pod bound to it and reports it Running; what every GPU
+    pod's containers were given is kept per pod name."""
+    pods, write = node_io(kube, node)
+    async for event in kubelet.start_pods(pods, keys.GPU_RESOURCE, write_status=write):
         if event["event"] == "started":
             name = event["pod"].split("/", 1)[1]
             handed[name] = tuple(u for envs in event["envs"]

@@ -16,7 +16,11 @@ kubelet with the KubeletPodResourcesGet gate off) on `pod-resources.sock` beside
 from `pod_resources`, which tests fill: (namespace, name) → container → resource → device IDs.
 
 `start_pods` is the kubelet's pod admission: it starts each pod bound to its node that asks for
-the resource, container by container, once.
+the resource, container by container, once. Given a `StatusWriter`, it is the kubelet's status
+manager too: each pod bound to the node is reported Running with its `status.startTime` (what the
+binder prices a preemption victim by), or Failed with reason UnexpectedAdmissionError where the
+device plugin refused it, as a kubelet reports it; a write the API server did not take is made
+again on the next pass.
 
 Runnable as a process: `python -m webhook.doubles.fakekubelet --dir DIR` serves and prints one JSON
 line per event (registered, devices); `--admit N` (repeatable) admits containers once devices
@@ -34,10 +38,11 @@ import logging
 import re
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -48,12 +53,19 @@ from webhook.agent.podresources import api_pb2 as pr_pb2
 from webhook.agent.podresources import api_pb2_grpc as pr_grpc
 from webhook.quantity import whole
 
+if TYPE_CHECKING:
+    from webhook.kube import KubeApi
+
 log = logging.getLogger(__name__)
 
 # the kubelet's check of extended resource names: <domain>/<name>, not kubernetes.io
 _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 #: the device manager's checkpoint, beside kubelet.sock
 CHECKPOINT = "kubelet_internal_checkpoint"
+#: lists the pods bound to the node
+PodLister = Callable[[], Awaitable[list[dict[str, Any]]]]
+#: writes a pod's status (the pod as listed, the status to merge into it)
+StatusWriter = Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]]
 
 
 @dataclass
@@ -86,6 +98,8 @@ class PodRecord:
 
     admissions: list[Admission] = field(default_factory=list)
     started: bool = False
+    #: why the device manager refused the pod (None: it was admitted)
+    refusal: str | None = None
 
 
 class Checkpoint:
@@ -100,14 +114,16 @@ class Checkpoint:
             data = json.loads(path.read_text())
             self.allocated = {r: set(ids) for r, ids in data["allocated"].items()}
             self.pods = {uid: PodRecord([Admission(**a) for a in rec["admissions"]],
-                                        rec["started"]) for uid, rec in data["pods"].items()}
+                                        rec["started"], rec.get("refusal"))
+                         for uid, rec in data["pods"].items()}
 
     def save(self) -> None:
         data = {"allocated": {r: sorted(ids) for r, ids in self.allocated.items()},
                 "pods": {uid: {"admissions": [{"devices": a.devices, "envs": a.envs,
                                                 "cdi_devices": a.cdi_devices}
                                                for a in rec.admissions],
-                               "started": rec.started} for uid, rec in self.pods.items()}}
+                               "started": rec.started, "refusal": rec.refusal}
+                         for uid, rec in self.pods.items()}}
         atomicfile.write(self.path, json.dumps(data).encode())
 
 
@@ -298,12 +314,15 @@ class FakeKubelet:
         self.checkpoint.save()
         return got
 
-    async def start_pods(self, pods: Callable[[], Awaitable[list[dict[str, Any]]]],
-                         resource: str, poll_s: float = 0.05) -> AsyncIterator[dict[str, Any]]:
+    async def start_pods(self, pods: PodLister,
+                         resource: str, poll_s: float = 0.05,
+                         write_status: StatusWriter | None = None
+                         ) -> AsyncIterator[dict[str, Any]]:
         """Start every pending pod that `pods` lists (those bound to this node) and that asks for
         `resource`: admit its containers in the kubelet's order (init containers, then spec
         order), once. Containers allocated before a restart keep their checkpointed devices.
-        Yields one event per pod."""
+        Yields one event per such pod. With `write_status`, every pod it lists is also reported
+        started (or refused) to the API server (the module's docstring)."""
         while True:
             try:
                 listed = await pods()
@@ -311,34 +330,69 @@ class FakeKubelet:
                 log.warning("listing this node's pods failed", extra={"error": str(exc)})
                 listed = []
             for pod in listed:
-                event = await self._start(pod, resource)
+                event = await self._start(pod, resource, write_status)
                 if event is not None:
                     yield event
             await asyncio.sleep(poll_s)
 
-    async def _start(self, pod: dict[str, Any], resource: str) -> dict[str, Any] | None:
+    async def _start(self, pod: dict[str, Any], resource: str,
+                     write_status: StatusWriter | None) -> dict[str, Any] | None:
         meta = pod["metadata"]
-        record = self.checkpoint.pods.get(meta["uid"])
-        if ((record is not None and record.started) or meta.get("deletionTimestamp")
+        if (meta.get("deletionTimestamp")
                 or (pod.get("status") or {}).get("phase", "Pending") != "Pending"):
             return None
+        record = self.checkpoint.pods.get(meta["uid"])
         counts = [n for n in (_asks(c, resource) for c in [
             *pod["spec"].get("initContainers", ()), *pod["spec"]["containers"]]) if n]
-        if not counts:
-            return None  # nothing for the device manager to do
+        if (record is not None and record.started) or not counts:
+            # started before (its status not taken yet), or nothing for the device manager
+            await _report(write_status, pod, record.refusal if record is not None else None)
+            return None
         name = f"{meta['namespace']}/{meta['name']}"
         done = list(record.admissions) if record is not None else []
+        refusal = None
         try:
             got = done + [await self.admit(resource, n, meta["uid"]) for n in counts[len(done):]]
         except grpc.aio.AioRpcError as exc:
             event = {"event": "refused", "pod": name, "code": exc.code().name,
                      "detail": exc.details()}
+            refusal = exc.details()
         else:
             event = {"event": "started", "pod": name,
                      "envs": [a.envs for a in got], "devices": [a.devices for a in got]}
-        self.checkpoint.pods.setdefault(meta["uid"], PodRecord()).started = True
+        record = self.checkpoint.pods.setdefault(meta["uid"], PodRecord())
+        record.started, record.refusal = True, refusal
         self.checkpoint.save()
+        await _report(write_status, pod, refusal)
         return event
+
+
+def pod_status(pod: dict[str, Any], refusal: str | None, now: float) -> dict[str, Any]:
+    """The status a kubelet reports for `pod` once it has started it (`refusal` None) or once
+    its device manager refused it: Failed, reason UnexpectedAdmissionError, as the kubelet's
+    pod admission rejects a pod whose Allocate failed."""
+    if refusal is not None:
+        return {"phase": "Failed", "reason": "UnexpectedAdmissionError",
+                "message": f"Pod was rejected: Allocate failed due to {refusal}, which is "
+                           "unexpected"}
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    ours = ("Initialized", "ContainersReady", "Ready")
+    kept = [c for c in (pod.get("status") or {}).get("conditions") or ()
+            if c.get("type") not in ours]
+    return {"phase": "Running", "startTime": at, "conditions": [*kept, *(
+        {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": at}
+        for t in ours)]}
+
+
+async def _report(write_status: StatusWriter | None, pod: dict[str, Any],
+                  refusal: str | None) -> None:
+    if write_status is None:
+        return
+    try:
+        await write_status(pod, pod_status(pod, refusal, time.time()))
+    except Exception as exc:  # as the kubelet's status manager: tried again on the next pass
+        log.warning("writing a pod's status failed",
+                    extra={"pod": pod["metadata"]["name"], "error": str(exc)})
 
 
 def _asks(container: dict[str, Any], resource: str) -> int:
@@ -347,19 +401,21 @@ def _asks(container: dict[str, Any], resource: str) -> int:
     return whole(value) if value is not None else 0
 
 
-async def _node_pods(kubeconfig: str, node: str
-                     ) -> tuple[Callable[[], Awaitable[list[dict[str, Any]]]], Any]:
-    from webhook.kube import KubeApi, make_api_client  # noqa: PLC0415
+def node_io(kube: KubeApi, node: str) -> tuple[PodLister, StatusWriter]:
+    """How the node's kubelet reads the pods bound to it and writes their status."""
     from webhook.kube.api import PODS  # noqa: PLC0415
-
-    client = await make_api_client(kubeconfig)
-    kube = KubeApi(client)
 
     async def pods() -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = (await kube.list(
             PODS, field_selector=f"spec.nodeName={node}")).get("items") or []
         return items
-    return pods, client
+
+    async def write(pod: dict[str, Any], status: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        # its uid: never the status of a later pod of the same name
+        await kube.patch(PODS, meta["name"], {"metadata": {"uid": meta["uid"]}, "status": status},
+                         meta["namespace"], subresource="status")
+    return pods, write
 
 
 async def _main(directory: Path, admit: list[int], resource: str,
@@ -381,10 +437,13 @@ async def _main(directory: Path, admit: list[int], resource: str,
                                       "code": exc.code().name, "detail": exc.details()}) + "\n")
             out.flush()
         if kubeconfig and node:
-            pods, client = await _node_pods(kubeconfig, node)
+            from webhook.kube import KubeApi, make_api_client  # noqa: PLC0415
+
+            client = await make_api_client(kubeconfig)
+            pods, write = node_io(KubeApi(client), node)
             try:
                 await kubelet.wait_for(resource, within=60)
-                async for event in kubelet.start_pods(pods, resource):
+                async for event in kubelet.start_pods(pods, resource, write_status=write):
                     out.write(json.dumps(event) + "\n")
                     out.flush()
             finally:
