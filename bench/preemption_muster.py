@@ -57,11 +57,16 @@ def topology_annotation(level: str, mode: str = "preferred") -> str:
 
 
 def pod_object(job: Job, index: int, priority: int, created: float, topology: str, *,
-               bound: tuple[str, str] | None = None, started: float = 0.0) -> dict[str, Any]:
+               bound: tuple[str, str] | None = None, started: float = 0.0,
+               checkpointed: float | None = None) -> dict[str, Any]:
     """Member `index` of the job's gang: pending, or `bound` (node, assignment) and running
-    since `started` (status.startTime, as the kubelet sets it), both in the bench's minutes."""
+    since `started` (status.startTime, as the kubelet sets it), its job's last checkpoint at
+    `checkpointed` (muster.io/last-checkpoint-time, as the job writes it; None: it says
+    none), all in the bench's minutes."""
     ann = {keys.ANN_GANG_NAME: f"j{job.id}", keys.ANN_GANG_MIN_MEMBER: str(job.pods),
            keys.ANN_GPU_TOPOLOGY: topology}
+    if checkpointed is not None:
+        ann[keys.ANN_LAST_CHECKPOINT] = stamp(checkpointed)
     spec: dict[str, Any] = {
         "schedulerName": keys.DEFAULT_BINDER_SCHEDULER_NAME, "priority": priority,
         "containers": [{"name": "main", "image": "train:1", "resources": {
@@ -90,8 +95,11 @@ def binder_nodes(spec: ClusterSpec) -> dict[str, NodeInfo]:
 class MusterPreemption:
     """The `Preempt` of bench/preemption_sim.py that asks the binder's planner."""
 
-    def __init__(self, spec: ClusterSpec, tables: TableCache) -> None:
+    def __init__(self, spec: ClusterSpec, tables: TableCache, checkpoint: float = 0.0) -> None:
         self.spec = spec
+        #: minutes between the checkpoints each job says it made (on its running pods,
+        #: muster.io/last-checkpoint-time); 0: the jobs say none
+        self.checkpoint = checkpoint
         self.nodes = binder_nodes(spec)
         self.index = {n: i for i, n in enumerate(self.nodes)}
         self.config = PlanConfig(keys.DEFAULT_BINDER_SCHEDULER_NAME, levels=Levels(spec.levels),
@@ -99,12 +107,14 @@ class MusterPreemption:
         self.place = functools.partial(place_gang, tables=tables)  # as the controller
         self.fit = FitCache()
         self.request = topology_annotation(spec.leaf_label)
-        self._gangs: dict[tuple[int, float], Gang] = {}  # running ones, by (job, start)
+        #: running ones, by (job, start, last checkpoint said): a new word, new pods
+        self._gangs: dict[tuple[int, float, float | None], Gang] = {}
 
     def gang(self, job: Job, priority: int, created: float,
-             placement: Placement | None = None, started: float = 0.0) -> Gang:
+             placement: Placement | None = None, started: float = 0.0, *,
+             checkpointed: float | None = None) -> Gang:
         """The job's gang as `gangs.assemble` makes it of its pods: pending, or bound to
-        `placement` and running since `started`."""
+        `placement` and running since `started` (its last checkpoint at `checkpointed`)."""
         pods = []
         for k in range(job.pods):
             bound = None
@@ -115,19 +125,26 @@ class MusterPreemption:
                                      [("main", len(gpus))])
                 bound = (name, encode_assignment(a))
             pods.append(parse_pod(pod_object(job, k, priority, created, self.request, bound=bound,
-                                             started=started)))
+                                             started=started, checkpointed=checkpointed)))
         return assemble(pods, self.config.scheduler_name, None)[f"{NAMESPACE}/j{job.id}"]
 
-    def running(self, lower: Sequence[SimRunning]) -> list[Running]:
-        keep = {(r.job.id, r.start): r for r in lower}
+    def running(self, lower: Sequence[SimRunning], now: float = 0.0) -> list[Running]:
+        keep = {(r.job.id, r.start, self.saved(r, now)): r for r in lower}
         self._gangs = {k: g for k, g in self._gangs.items() if k in keep}
         for k, r in keep.items():
             if k not in self._gangs:
                 # created when it was submitted (its queue time is no work lost), started
                 # when it was placed
                 self._gangs[k] = self.gang(r.job, r.priority, r.job.arrival, r.placement,
-                                           r.start)
+                                           r.start, checkpointed=k[2])
         return [Running(self._gangs[k]) for k in keep]
+
+    def saved(self, r: SimRunning, now: float) -> float | None:
+        """When the gang's job last checkpointed by `now`, as it says (None: not yet, or the
+        jobs say nothing): every `checkpoint` minutes of its run, as the sim saves it."""
+        if not self.checkpoint or now - r.start < self.checkpoint:
+            return None
+        return r.start + (now - r.start) // self.checkpoint * self.checkpoint
 
     def cycle(self, c: Cluster, preemptor: Gang, running: Sequence[Running], now: float
               ) -> Plan:
@@ -144,7 +161,7 @@ class MusterPreemption:
 
     def __call__(self, c: Cluster, job: Job, lower: Sequence[SimRunning], free: int,
                  now: float) -> Decision | None:
-        plan = self.cycle(c, self.gang(job, HIGH, job.arrival), self.running(lower), now)
+        plan = self.cycle(c, self.gang(job, HIGH, job.arrival), self.running(lower, now), now)
         if plan.places:  # it fits after all (the sim's placement found none)
             return self.placement(plan.places[0]), []
         if not plan.preempts:

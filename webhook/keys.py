@@ -37,6 +37,13 @@ PREEMPTION_VALUES = ("Never", "LowerPriority")
 #: that a later pass over the same pod (reinvocation) tells the group keys Muster wrote from the
 #: same keys written by a job's own controller (see joined_gang)
 ANN_JOINED_GANG = "muster.io/joined-gang"
+#: when the gang last saved its training state, RFC 3339 (e.g. 2026-12-06T18:00:00Z): its job
+#: writes it on its own running pods after each checkpoint, and the binder prices the gang as a
+#: preemption victim by the work since then, not since its start (it can only lower that price)
+ANN_LAST_CHECKPOINT = "muster.io/last-checkpoint-time"
+#: the muster.io/ annotations a pod's owner may add, change or remove on its running pods (the
+#: chart's ValidatingAdmissionPolicy lists the same; a chart test holds them equal)
+USER_ANNOTATIONS = (ANN_LAST_CHECKPOINT,)
 #: prefix of every pod annotation Muster owns
 ANNOTATION_PREFIX = f"{DOMAIN}/"
 #: the muster.io/ pod annotations the webhook writes on CREATE: the only ones a pod may be

@@ -13,6 +13,7 @@ from binder_objects import BLOCK, RACK, job, pod, racked_nodes
 from webhook import keys
 from webhook.binder.allocation import Allocation
 from webhook.binder.assignment import build_assignment, encode_assignment
+from webhook.binder.evict import preempted_message
 from webhook.binder.fit import FitCache
 from webhook.binder.gangs import Gang, assemble
 from webhook.binder.nodes import NodeInfo, parse_node
@@ -128,6 +129,57 @@ def test_a_gang_with_a_member_the_kubelet_has_not_started_has_lost_no_work() -> 
         pods.append(pod(f"pair-{i}", gang="pair", min_member=2, gpus=8, node_name=f"b1-r1-n{i}",
                         assignment=encode_assignment(a), priority=0, created=SUBMITTED,
                         phase="Running", started=started))
+    assert victims(decide([*pods, *high()], "high")) == {"pair"}
+
+
+def checkpointed(pods: list[dict[str, Any]], rack: str, at: str) -> list[dict[str, Any]]:
+    """`pods`, those on the nodes of `rack` saying their job last saved its state `at`."""
+    for p in pods:
+        if p["spec"].get("nodeName", "").startswith(rack):
+            p["metadata"]["annotations"][keys.ANN_LAST_CHECKPOINT] = at
+    return pods
+
+
+def test_a_gang_that_checkpointed_lately_loses_only_the_work_since_and_goes_first() -> None:
+    # b0-r1's gangs started at 04:30 and never said they saved anything (30 minutes lost each);
+    # b1-r0's started at 04:00 and checkpointed at 04:50 (10 minutes each): they go
+    pods = checkpointed(full(young="b0-r1"), "b1-r0", "2026-11-21T04:50:00Z")
+    p = decide([*pods, *high()], "high")
+    assert victims(p) == {"low-b1-r0-n0", "low-b1-r0-n1"}
+    assert p is not None
+    told = preempted_message(p.victims[0].gang, p.victims[0].gang, "")
+    assert told.endswith(f"its job's last checkpoint ({keys.ANN_LAST_CHECKPOINT}) was at "
+                         "2026-11-21T04:50:00Z")
+
+
+def test_a_gangs_word_on_its_checkpoint_can_only_lower_its_own_price() -> None:
+    # before its start (a checkpoint of an earlier run): the work counts from its start, and
+    # b0-r1, the younger, goes as without it
+    before = checkpointed(full(young="b0-r1"), "b1-r0", "2026-11-21T03:00:00Z")
+    assert victims(decide([*before, *high()], "high")) == {"low-b0-r1-n0", "low-b0-r1-n1"}
+    # unreadable (no zone, or not a time): not read, and never a problem that would hold a
+    # gang back (a worker restarted beside members that carry it is placed as ever)
+    for bad in ("2026-11-21T04:59:00", "just now", ""):
+        pods = checkpointed(full(young="b0-r1"), "b1-r0", bad)
+        assert victims(decide([*pods, *high()], "high")) == {"low-b0-r1-n0", "low-b0-r1-n1"}
+        info = parse_pod(next(p for p in pods if p["spec"]["nodeName"] == "b1-r0-n0"))
+        assert info.checkpointed == 0 and info.problems == ()
+    # to come: no work to lose, so the gang that says so goes first, and only it
+    later = checkpointed(full(young="b0-r1"), "b1-r0-n1", "2026-11-21T06:00:00Z")
+    assert victims(decide([*later, *high(), *job(
+        "solo", workers=1, gpus=8, priority=1000, created="2026-11-21T05:00:00Z")], "solo")
+    ) == {"low-b1-r0-n1"}
+
+
+def test_any_member_of_a_gang_may_say_when_the_gang_checkpointed() -> None:
+    # one gang over both nodes of b1-r1, started at 04:00; its second member says 04:58
+    pods = [p for p in full(young="b0-r1") if not p["spec"]["nodeName"].startswith("b1-r1")]
+    for i in range(2):
+        a = build_assignment(f"b1-r1-n{i}", TOPO, tuple(range(8)), [("main", 8)])
+        pods.append(pod(f"pair-{i}", gang="pair", min_member=2, gpus=8, node_name=f"b1-r1-n{i}",
+                        assignment=encode_assignment(a), priority=0, created=SUBMITTED,
+                        phase="Running", started="2026-11-21T04:00:00Z"))
+    pods[-1]["metadata"]["annotations"][keys.ANN_LAST_CHECKPOINT] = "2026-11-21T04:58:00Z"
     assert victims(decide([*pods, *high()], "high")) == {"pair"}
 
 

@@ -636,6 +636,22 @@ def test_annotation_guard_lets_a_pod_be_created_with_exactly_the_webhooks_keys(
     assert f"'{keys.ANN_GPU_ALLOCATED}'" in text and f"'{keys.ANNOTATION_PREFIX}'" in text
 
 
+def test_annotation_guard_lets_a_pods_owner_change_only_the_user_keys_after_create(
+        helm_template: Render) -> None:
+    pods, _, _, _ = _guard(helm_template())
+    listed = ast.literal_eval(_variables(pods)["userKeys"])
+    assert tuple(listed) == keys.USER_ANNOTATIONS == (keys.ANN_LAST_CHECKPOINT,)
+    # never one Muster's own components or the webhook write
+    assert not set(listed) & {*keys.PROTECTED_ANNOTATIONS, *keys.WEBHOOK_ANNOTATIONS}
+    update = next(v["expression"] for v in pods["spec"]["validations"]
+                  if "variables.isAgent ||" in v["expression"].replace("\n", " "))
+    assert "variables.changed.all(k, k in variables.userKeys)" in update
+    assert "variables.removed.all(k, k in variables.userKeys)" in update
+    # not at CREATE: a pod is created with the webhook's keys only
+    create = pods["spec"]["validations"][0]["expression"]
+    assert "userKeys" not in create and "k in variables.webhookKeys" in create
+
+
 def test_annotation_guard_can_be_turned_off_or_made_to_warn(
         helm_template: Render, helm_template_error: Callable[..., str]) -> None:
     off = helm_template({"annotationGuard": {"enabled": False}})

@@ -224,8 +224,19 @@ async def test_a_pod_owner_cannot_forge_their_way_to_another_pods_gpu(
                                   f"annotate {key} through pods/status")
         _refused_by_the_guard(mallory.run("annotate", "pod", "bound", f"{keys.ANN_GANG_NAME}-"),
                               "remove the gang name")
-        # the pod's other annotations stay its owner's
+        # the pod's other annotations stay its owner's, and so does the one muster.io/ key its
+        # job writes on its running pods (when it last saved its state: it can only make its
+        # own gang the cheaper preemption victim), alone and not beside another muster.io/ key
         out = mallory.annotate("bound", "example.com/note", "mine")
+        assert out.returncode == 0, out.stderr
+        out = mallory.annotate("bound", keys.ANN_LAST_CHECKPOINT, "2026-12-06T18:00:00Z")
+        assert out.returncode == 0, out.stderr
+        both = json.dumps({"metadata": {"annotations": {
+            keys.ANN_LAST_CHECKPOINT: "2026-12-06T19:00:00Z", keys.ANN_GANG_NAME: "other"}}})
+        out = mallory.run("patch", "pod", "bound", "--type", "merge", "-p", both)
+        _refused_by_the_guard(out, "the checkpoint beside a gang key")
+        assert keys.ANN_GANG_NAME in out.stderr and f"{keys.ANN_LAST_CHECKPOINT}):" in out.stderr
+        out = mallory.run("annotate", "pod", "bound", f"{keys.ANN_LAST_CHECKPOINT}-")
         assert out.returncode == 0, out.stderr
 
         # 4. a Binding carrying Muster's keys by anyone but the binder (here the cluster's

@@ -110,8 +110,8 @@ async def test_one_racks_gang_is_evicted_whole_for_a_high_gang_and_the_budget_ho
     now = time.time()
     for gang, since in (("low-a", now - 3600), ("low-b", now)):
         for i in range(2):
-            await kube.patch(PODS, f"{gang}-{i}", {"status": {"startTime": time.strftime(
-                "%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))}}, NS, subresource="status")
+            await kube.patch(PODS, f"{gang}-{i}", {"status": {"startTime": _stamp(since)}}, NS,
+                             subresource="status")
     await kube.create(PDBS, {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                              "metadata": {"name": "keep-b", "namespace": NS},
                              "spec": {"minAvailable": 1,
@@ -138,6 +138,43 @@ async def test_one_racks_gang_is_evicted_whole_for_a_high_gang_and_the_budget_ho
     assert set(preempting) == {"high-0", "high-1"}
     assert f"({NS}/low-a; 16 GPUs)" in preempting["high-0"], preempting
     assert racks.metrics.preempted_gangs._value.get() == 1
+
+
+def _stamp(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+async def test_the_gang_that_checkpointed_last_goes_when_its_job_says_so(
+        kube: KubeApi, racks: Binder) -> None:
+    """low-a started an hour ago and its job saved its state a minute ago; low-b started ten
+    minutes ago and says nothing: low-a loses the least work and is evicted. The job writes
+    muster.io/last-checkpoint-time on its running pods itself (here the cluster's admin, whom
+    the chart's annotation guard checks as anyone but the binder: it lets that key through)."""
+    for gang in ("low-a", "low-b"):
+        for i in range(2):
+            await kube.create(PODS, _pod(f"{gang}-{i}", gang, LOW, app=gang), namespace=NS)
+        await bound_whole(kube, NS, f"{gang}-", 2)
+    now = time.time()
+    for gang, since in (("low-a", now - 3600), ("low-b", now - 600)):
+        for i in range(2):
+            await kube.patch(PODS, f"{gang}-{i}", {"status": {"startTime": _stamp(since)}}, NS,
+                             subresource="status")
+    await kube.patch(PODS, "low-a-1", {"metadata": {"annotations": {
+        keys.ANN_LAST_CHECKPOINT: _stamp(now - 60)}}}, NS)
+    rack_of_a = {(await kube.get(PODS, f"low-a-{i}", NS))["spec"]["nodeName"][:5]
+                 for i in range(2)}
+
+    for i in range(2):
+        await kube.create(PODS, _pod(f"high-{i}", "high", HIGH, app="high", preempts=True),
+                          namespace=NS)
+    where = await bound_whole(kube, NS, "high-", 2)
+    assert {n[:5] for n in where} == rack_of_a, (where, rack_of_a)
+    left = {p["metadata"]["name"] for p in (await kube.list(PODS, namespace=NS))["items"]}
+    assert {"low-b-0", "low-b-1"} <= left and not {"low-a-0", "low-a-1"} & left, left
+    preempted = await eventually(lambda: _told(kube, PREEMPTED, 2), within=30,
+                                 what="GangPreempted Events")
+    assert f"its job's last checkpoint ({keys.ANN_LAST_CHECKPOINT}) was at " \
+        f"{_stamp(now - 60)}" in preempted["low-a-0"], preempted
 
 
 async def _told(kube: KubeApi, reason: str, count: int) -> dict[str, str] | None:

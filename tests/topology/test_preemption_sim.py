@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from bench.bench_preemption import Outcome, _Sim, simulate
+from bench.preemption_muster import EPOCH
 from bench.preemption_sim import (
     HIGH,
     LOW,
@@ -211,7 +212,7 @@ def test_a_run_where_a_preempting_policy_evicted_nothing_fails() -> None:
 
 
 def test_the_goals_need_a_tenth_of_the_delay_and_fewer_gpu_hours_lost_at_the_same_delay() -> None:
-    from bench.bench_preemption import goals  # noqa: PLC0415
+    from bench.bench_preemption import READ, goals  # noqa: PLC0415
 
     def row(delay: float, lost: float) -> dict[str, float]:
         return {"high delay p95": delay, "GPU-h lost": lost, "GPU-h evicted": lost,
@@ -226,6 +227,10 @@ def test_the_goals_need_a_tenth_of_the_delay_and_fewer_gpu_hours_lost_at_the_sam
     assert not goals({**rows, "Kueue": row(5.0, 50.0)})
     # the swaps' rows are Muster's and Kueue TAS's parts crossed, not baselines
     assert goals({**rows, "TAS, Muster gang": row(1.0, 50.0), "Muster, TAS rest": row(0.1, 1.0)})
+    # nor is Muster told the jobs' checkpoints (reported: judged against the baselines alone)
+    assert goals({**rows, READ: row(1.0, 50.0)})
+    assert goals({**rows, READ: row(1.0, 120.0)}, READ)
+    assert not goals({**rows, READ: row(1.0, 160.0)}, READ)
 
 
 def test_muster_asks_the_binders_planner_and_frees_one_leaf_of_whole_gangs() -> None:
@@ -245,6 +250,27 @@ def test_muster_asks_the_binders_planner_and_frees_one_leaf_of_whole_gangs() -> 
     assert c.free == before
     # nothing lower to evict: it waits
     assert MusterPreemption(SMALL, TableCache(warm=False))(c, job(1, 16, 8), [], 0, 60.0) is None
+
+
+def test_muster_reads_the_checkpoints_the_jobs_say_they_made() -> None:
+    from bench.preemption_muster import MusterPreemption  # noqa: PLC0415
+
+    c = Cluster(SMALL)
+    # leaf 0's gangs (nodes 0, 1) started at minute 0, leaf 1's at 50, block 1's at 30. At
+    # minute 130 jobs that checkpoint hourly saved at 120, 110 and 90: leaf 0's would lose
+    # 10 minutes, leaf 1's 20, block 1's 40. Told none, Muster frees leaf 1 (the youngest)
+    starts = {0: 0.0, 1: 0.0, 2: 50.0, 3: 50.0}
+    lower = [run(c, 100 + i, starts.get(i, 30.0), (i, ALL)) for i in range(8)]
+    blind = MusterPreemption(SMALL, TableCache(warm=False))
+    told = MusterPreemption(SMALL, TableCache(warm=False), checkpoint=60.0)
+    assert [told.saved(r, 130.0) for r in lower[:4]] == [120.0, 120.0, 110.0, 110.0]
+    assert told.saved(lower[2], 109.0) is None and blind.saved(lower[0], 130.0) is None
+    for mp, freed in ((blind, [102, 103]), (told, [100, 101])):
+        got = mp(c, job(1, 16, 8), lower, 0, 130.0)
+        assert got is not None and sorted(v.job.id for v in got[1]) == freed
+    # the word is on the running pods, as the job writes it
+    (pod,) = told.running(lower[:1], 130.0)[0].gang.members
+    assert pod.checkpointed == EPOCH + 120.0 * 60
 
 
 def test_the_latency_cluster_is_every_gpu_of_4096_nodes_held_by_2000_gangs() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from webhook import keys
@@ -28,9 +29,15 @@ PREEMPTED, PREEMPTING = "GangPreempted", "GangPreempting"
 
 def preempted_message(victim: Gang, preemptor: Gang, domain: str) -> str:
     where = f" in {domain}" if domain else ""
+    holding = [p for p in victim.members if holding_node(p) is not None]
+    saved = max((p.checkpointed for p in holding), default=0.0)
+    resumes = ""
+    if saved > max((p.started for p in holding), default=0.0):
+        at = datetime.fromtimestamp(saved, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        resumes = f"; its job's last checkpoint ({keys.ANN_LAST_CHECKPOINT}) was at {at}"
     return (f"preempted by gang {preemptor.key} of priority {preemptor.priority}: gang "
             f"{victim.key} (priority {victim.priority}) is evicted whole so that it can be "
-            f"placed{where}")
+            f"placed{where}{resumes}")
 
 
 def preempting_message(pe: Preempt) -> str:

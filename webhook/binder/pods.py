@@ -151,6 +151,9 @@ class PodInfo:
     pending: bool = True
     #: status.startTime, epoch seconds (0: none yet): when the kubelet took the pod on
     started: float = 0.0
+    #: muster.io/last-checkpoint-time, epoch seconds (0: none, or unreadable): when its job
+    #: last saved its state, by its own word
+    checkpointed: float = 0.0
     #: the node agent served every GPU container (muster.io/gpu-allocated)
     allocated: bool = False
     #: its Ready condition is True (read of the node agents' pods: webhook.binder.agents)
@@ -190,6 +193,31 @@ class PodInfo:
     def anti_affinity(self) -> tuple[PodTerm, ...]:
         """Its required podAntiAffinity terms (empty: none)."""
         return self.pod_affinity.anti if self.pod_affinity is not None else ()
+
+
+def _claims(spec: Mapping[str, Any], status: Mapping[str, Any], gpus: int, problems: list[str]
+            ) -> tuple[PodClaims | None, PodClaims | None]:
+    """The pod's claims (its own, else the special claim its status names) and that special
+    claim, if any."""
+    own = parse_pod_claims(spec, status)
+    if own is not None and gpus:
+        problems.append(f"asks for {GPU} and uses ResourceClaims: one or the other")
+    special = status_claims(spec, status)
+    return own or special, special
+
+
+def _checkpoint(ann: Mapping[str, str]) -> float:
+    """When the pod's job says it last saved its state (0: it does not say, or not as an RFC
+    3339 time with its zone). Not a problem of the gang's when unreadable: the word is only
+    ever a discount on its price as a victim, never a reason to hold it back."""
+    value = ann.get(keys.ANN_LAST_CHECKPOINT)
+    if not value:
+        return 0.0
+    try:
+        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return at.timestamp() if at.tzinfo is not None else 0.0
 
 
 def parse_time(value: str | None) -> float:
@@ -485,12 +513,8 @@ def parse_pod(obj: Mapping[str, Any],
     ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     problems: list[str] = []
     cpu, mem, gpus = _pod_requests(spec, problems)
-    claims = parse_pod_claims(spec, status)
-    if claims is not None and gpus:
-        problems.append(f"asks for {GPU} and uses ResourceClaims: one or the other")
-    special = status_claims(spec, status)
+    claims, special = _claims(spec, status, gpus, problems)
     extended_status = special.names[0][1] if special is not None else ""
-    claims = claims or special
     asks = gpu_asks(spec)
     min_member, timeout = _gang_annotations(ann, problems)
     preemption = _preemption(ann, problems)
@@ -539,6 +563,7 @@ def parse_pod(obj: Mapping[str, Any],
         problems=tuple(problems),
         pending=status.get("phase", "Pending") == "Pending",
         started=parse_time(status.get("startTime")),
+        checkpointed=_checkpoint(ann),
         allocated=keys.ANN_GPU_ALLOCATED in ann,
         ready=any(c.get("type") == "Ready" and c.get("status") == "True"
                   for c in status.get("conditions") or ()),

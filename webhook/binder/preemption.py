@@ -13,7 +13,11 @@ The search, cheap before it is exact:
    preempt), none of their pods being deleted; never part of a gang. The work a victim loses
    is its GPUs times the time since it started (its members' latest `status.startTime`, which
    the kubelet sets), not since it was created: a gang that queued for hours and started a
-   minute ago loses a minute.
+   minute ago loses a minute. Where its job says when it last saved its state (the latest
+   `muster.io/last-checkpoint-time` of its members), since then: a gang that checkpointed a
+   minute ago loses a minute too. The job's word can only lower its own gang's price (a time
+   before its start counts as its start, one to come as now), never raise it, nor touch
+   another gang's.
 2. Domains: where the gang must or should be, one domain at a time: each domain of its
    network level (required: only those; preferred: those, and the whole cluster), each node
    for a single-node gang (preferred: likewise), else the whole cluster.
@@ -80,6 +84,8 @@ class Held:
     #: for has not started, so the gang has done no work yet) and its highest priority
     started: float
     priority: int
+    #: when its job last saved its state, by its members' word (0: none says)
+    saved: float
     #: the schedulers its pods name; whether one of them is being deleted or has ended
     schedulers: frozenset[str]
     going: bool
@@ -90,6 +96,7 @@ def held(gang: Gang) -> Held:
     gpus_on: dict[str, int] = {}
     going = False
     started: float | None = 0.0
+    saved = 0.0
     for pod in gang.members:
         going = going or pod.deleting or pod.terminated
         node = holding_node(pod)
@@ -99,8 +106,17 @@ def held(gang: Gang) -> Held:
             # a gang works once its last member runs: lost work counts from then (not from
             # creation, which includes its time in the queue)
             started = None if started is None or not pod.started else max(started, pod.started)
-    return Held(on, gpus_on, sum(gpus_on.values()), started or 0.0, gang.priority,
+            saved = max(saved, pod.checkpointed)
+    return Held(on, gpus_on, sum(gpus_on.values()), started or 0.0, gang.priority, saved,
                 frozenset(p.scheduler_name for p in gang.members), going)
+
+
+def work_since(h: Held, now: float) -> float:
+    """Seconds of work the gang would lose were it evicted `now`: since it started, or since
+    its last checkpoint when it says so (never before its start, never in the future)."""
+    if h.started <= 0:
+        return 0.0  # a member has not started: the gang has done no work yet
+    return max(0.0, now - max(h.started, h.saved))
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +333,7 @@ class _Search:
         now, nodes, whole = self.now, self.nodes, self.whole
         for r in eligible:
             h = r.held
-            age = now - h.started if 0 < h.started < now else 0.0
+            age = work_since(h, now)
             v = _Victim(r, (h.priority, h.gpus * age, h.gpus),
                         (h.priority, age if h.gpus else 0.0))
             inside = 0

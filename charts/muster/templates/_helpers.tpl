@@ -34,6 +34,13 @@ pod may be created with (webhook.keys.WEBHOOK_ANNOTATIONS; a chart test holds th
 ['muster.io/policy', 'muster.io/gpu-topology', 'muster.io/gang-name', 'muster.io/gang-min-member', 'muster.io/gang-timeout-seconds', 'muster.io/gang-preemption', 'muster.io/joined-gang']
 {{- end }}
 
+{{/* the muster.io/ pod annotations a pod's owner may add, change or remove after its CREATE, as
+a CEL list: the job's last checkpoint, which can only make its own gang the cheaper preemption
+victim (webhook.keys.USER_ANNOTATIONS; a chart test holds them equal) */}}
+{{- define "muster.userAnnotationKeys" -}}
+['muster.io/last-checkpoint-time']
+{{- end }}
+
 {{/* Secret holding tls.crt/tls.key (+ca.crt) mounted by the webhook, for every cert mode */}}
 {{- define "muster.tls.secretName" -}}
 {{- if eq .Values.certs.mode "external" -}}
