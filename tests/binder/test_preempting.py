@@ -6,6 +6,7 @@ their Events; one whose policy says Never waits."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -156,3 +157,44 @@ async def test_a_coscheduling_gang_is_told_on_its_podgroup_too(
                                              "gang team-a/pg (priority 0)")
         assert {e["involvedObject"]["name"] for e in events(apiserver, PREEMPTED)} == {
             "pg-0", "pg-1", "pg"}
+
+
+def _stamp(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+async def test_a_checkpoint_said_after_a_decision_prices_the_next_one(
+        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+    """The binder keeps its victim candidates from cycle to cycle: a job that says it saved its
+    state after one preemption is priced by that in the next. b0-r0's gangs are the youngest
+    and go for the first high gang; then b1-r1's, the oldest, say they saved a minute ago, and
+    go for the second (b0-r1's, the next youngest, would have without it)."""
+    now = time.time()
+    ages = {"b0-r0": 600, "b0-r1": 1200}
+    for n in racked_nodes():
+        name = n["metadata"]["name"]
+        apiserver.seed(n)
+        p = low(name)
+        p["status"]["startTime"] = _stamp(now - ages.get(name[:5], 3600))
+        apiserver.seed(p)
+    b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2, network_levels=LEVELS,
+                                  preemption="LowerPriority"))
+
+    def bound_to(gang: str) -> set[str]:
+        return {p["spec"].get("nodeName", "") for p in apiserver.objects("pods", "team-a")
+                if p["metadata"]["name"].startswith(f"{gang}-worker")}
+
+    async with serving(b):
+        for p in high(None):
+            await kube.create(PODS, p)
+        await eventually(lambda: bound_to("high") == {"b0-r0-n0", "b0-r0-n1"}, within=10)
+        for i in range(2):
+            await kube.patch(PODS, f"low-b1-r1-n{i}", {"metadata": {"annotations": {
+                keys.ANN_LAST_CHECKPOINT: _stamp(time.time() - 60)}}}, "team-a")
+        for p in job("again", workers=2, gpus=8, priority=1000, topology=TOPO):
+            await kube.create(PODS, p)
+        await eventually(lambda: bound_to("again") == {"b1-r1-n0", "b1-r1-n1"}, within=10)
+        assert {"low-b0-r1-n0", "low-b0-r1-n1"} <= names(apiserver)
+        told = {e["involvedObject"]["name"]: e["message"] for e in events(apiserver, PREEMPTED)}
+        assert f"its job's last checkpoint ({keys.ANN_LAST_CHECKPOINT}) was at" in \
+            told["low-b1-r1-n0"]
