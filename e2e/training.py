@@ -29,6 +29,25 @@ SSH_DIR = "/root/.ssh"
 PYTORCH_CONTAINER = "pytorch"
 #: each rank says where it runs (the downward API)
 NODE_NAME_ENV = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+#: the pod's own name and namespace (Downward API): where a rank says it checkpointed
+POD_ENV = [{"name": f"POD_{field.upper()}", "valueFrom": {"fieldRef": {
+    "fieldPath": f"metadata.{field}"}}} for field in ("name", "namespace")]
+
+
+def checkpoint_rbac(ns: str, account: str) -> list[dict[str, Any]]:
+    """A ServiceAccount whose pods may say when they checkpointed (docs/binder.md): a Role on
+    the pods of their namespace (get, patch), bound to it."""
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": account, "namespace": ns}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": account, "namespace": ns},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": account, "namespace": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}]},
+    ]
 
 
 @dataclass(frozen=True)
@@ -93,16 +112,22 @@ def mpijob(name: str, ns: str, *, workers: int, gpus_per_worker: int = 1,
 
 
 def pytorchjob(name: str, ns: str, *, workers: int, gpus_per_worker: int = 1, steps: int = 5,
-               nameserver: str | None = None) -> dict[str, Any]:
+               nameserver: str | None = None, service_account: str | None = None
+               ) -> dict[str, Any]:
     """A PyTorchJob of a master and `workers` workers, `gpus_per_worker` GPUs each (the master
     too: it is rank 0), each running `steps` DDP steps with gloo; the training operator gives
-    each MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE."""
+    each MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE. Rank 0 then checkpoints and says so on
+    its pod, as `service_account` (`checkpoint_rbac`'s; None: the namespace's default, which
+    may not)."""
     def replicas(count: int) -> dict[str, Any]:
         rank = _container(PYTORCH_CONTAINER, ["python3", RANK, "ddp", str(steps)],
                           gpus_per_worker, {"GLOO_SOCKET_IFNAME": "eth0"})
+        rank["env"] += POD_ENV
+        template = _pod_spec(rank, nameserver, ns)
+        if service_account:
+            template["spec"]["serviceAccountName"] = service_account
         # the master's Service resolves only once its pod runs: a worker tries again
-        return {"replicas": count, "restartPolicy": "OnFailure",
-                "template": _pod_spec(rank, nameserver, ns)}
+        return {"replicas": count, "restartPolicy": "OnFailure", "template": template}
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
             "metadata": {"name": name, "namespace": ns},
             "spec": {"runPolicy": {"cleanPodPolicy": "None"},

@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import http.server
+import json
+import ssl
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +16,7 @@ import yaml
 from e2e import training
 from e2e.train import rank
 from webhook import keys
+from webhook.certs import generate_ca, issue_serving_cert, write_pair
 from webhook.demo import EXAMPLE_POLICIES
 
 
@@ -129,3 +135,83 @@ def test_the_pytorch_init_container_waits_for_the_master_with_the_training_image
     assert "getent hosts ddp-master-0 && exit 0" in container["command"][2]
     flags = training.pytorch_operator_flags(tmp_path / "t.yaml")
     assert f"--pytorch-init-container-image={training.TRAIN_IMAGE}" in flags
+
+
+class _ApiServer:
+    """An HTTPS server on loopback that answers a pod PATCH as the API server would (`code`),
+    and keeps what it was sent."""
+
+    def __init__(self, tmp: Path, code: int) -> None:
+        ca = generate_ca("test-ca", 1)
+        pair = issue_serving_cert(ca, ["localhost"], ["127.0.0.1"], 1)
+        write_pair(pair, tmp / "tls.crt", tmp / "tls.key")
+        (tmp / "ca.crt").write_bytes(ca.cert_pem)
+        (tmp / "token").write_text("the-token\n")
+        self.account, self.got = tmp, []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_PATCH(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                server.got.append((self.path, dict(self.headers), json.loads(body)))
+                self.send_response(code)
+                self.end_headers()
+                self.wfile.write(b'{"kind":"Status","message":"denied by the guard"}')
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(tmp / "tls.crt", tmp / "tls.key")
+        self.http.socket = tls.wrap_socket(self.http.socket, server_side=True)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def env(self) -> dict[str, str]:
+        return {"KUBERNETES_SERVICE_HOST": "127.0.0.1",
+                "KUBERNETES_SERVICE_PORT": str(self.http.server_address[1]),
+                "POD_NAME": "ddp-master-0", "POD_NAMESPACE": "train"}
+
+
+def test_rank_0_says_when_it_checkpointed_on_its_own_pod_as_its_service_account(
+        tmp_path: Path) -> None:
+    api = _ApiServer(tmp_path, 200)
+    try:
+        said = rank.say_checkpointed(1796583600.0, api.env(), tmp_path)
+    finally:
+        api.http.shutdown()
+    assert said == "2026-12-06T19:00:00Z"
+    ((path, headers, body),) = api.got
+    assert path == "/api/v1/namespaces/train/pods/ddp-master-0"
+    assert headers["Authorization"] == "Bearer the-token"
+    assert headers["Content-Type"] == "application/merge-patch+json"
+    assert body == {"metadata": {"annotations": {keys.ANN_LAST_CHECKPOINT: said}}}
+    assert rank.LAST_CHECKPOINT == keys.ANN_LAST_CHECKPOINT  # the image has no Muster code
+
+
+def test_a_rank_that_may_not_say_it_reports_why(tmp_path: Path) -> None:
+    api = _ApiServer(tmp_path, 403)
+    try:
+        refused = rank.say_checkpointed(1796583600.0, api.env(), tmp_path)
+    finally:
+        api.http.shutdown()
+    assert refused.startswith("error: ") and "403" in refused and "denied by the guard" in refused
+    # no Downward API: said so, nothing sent
+    assert rank.say_checkpointed(0.0, {}, tmp_path).startswith("error: KeyError")
+
+
+def test_the_pytorchjob_runs_as_the_account_that_may_say_it() -> None:
+    job = training.pytorchjob("p", "ns", workers=1, service_account="trainer")
+    for spec in job["spec"]["pytorchReplicaSpecs"].values():
+        pod = spec["template"]["spec"]
+        assert pod["serviceAccountName"] == "trainer"
+        env = {e["name"]: e.get("valueFrom") for e in pod["containers"][0]["env"]}
+        assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    sa, role, binding = training.checkpoint_rbac("ns", "trainer")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                              "verbs": ["get", "patch"]}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": "ns"}]
+    assert "serviceAccountName" not in training.pytorchjob("p", "ns", workers=1)[
+        "spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]

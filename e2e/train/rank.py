@@ -1,7 +1,8 @@
 """One rank of a real training job, in the training image (`e2e.node.train_image`).
 
     python3 rank.py mpi            # under mpirun: an MPI allreduce (mpi4py, TCP)
-    python3 rank.py ddp [STEPS]    # a PyTorchJob's pod: DDP steps with gloo (env:// rendezvous)
+    python3 rank.py ddp [STEPS]    # a PyTorchJob's pod: DDP steps with gloo (env:// rendezvous);
+                                   # rank 0 then saves the model and says so on its pod
     python3 rank.py launch ARGS    # the MPI launcher: waits for the hostfile's workers, execs
                                    # `mpirun ARGS`
 
@@ -10,6 +11,11 @@ Each rank contributes a vector of (rank + 1) to an allreduce (sum), checks every
 given (NVIDIA_VISIBLE_DEVICES; the CDI devices' own MUSTER_GPU_* entries under DRA), the sum,
 and the time from its start to the first allreduce done. A wrong sum exits 1, so a job that
 ends Succeeded summed right.
+
+A DDP job's rank 0 saves the model when its steps are done, then says when on its own pod,
+as docs/binder.md asks of a job that checkpoints: `muster.io/last-checkpoint-time`, patched
+through the API server as the pod's ServiceAccount (its line's `checkpoint_said`: the time
+said, or why it could not be).
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -126,7 +134,37 @@ def ddp(steps: int) -> dict[str, Any]:
     in_sync = all(torch.equal(p, params) for p in everyone)
     out.update(steps=steps, loss=round(float(loss), 6), in_sync=in_sync,
                ok=out["ok"] and in_sync)
+    if rank == 0:  # the model is the same on every rank: one saves it, and says so
+        torch.save(model.module.state_dict(), "/tmp/checkpoint.pt")
+        out["checkpoint_said"] = say_checkpointed(time.time())
     return out
+
+
+#: the annotation a job that checkpoints writes on its pods (webhook.keys.ANN_LAST_CHECKPOINT:
+#: the image holds no Muster code)
+LAST_CHECKPOINT = "muster.io/last-checkpoint-time"
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def say_checkpointed(at: float, env: Mapping[str, str] = os.environ,
+                     account: Path = SERVICE_ACCOUNT) -> str:
+    """Write `at` (epoch seconds) as LAST_CHECKPOINT on this pod (POD_NAME, POD_NAMESPACE from
+    the Downward API) through the API server, as the pod's ServiceAccount: the time written,
+    or "error: ..." when it could not be."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+    try:
+        url = (f"https://{env['KUBERNETES_SERVICE_HOST']}:{env['KUBERNETES_SERVICE_PORT']}"
+               f"/api/v1/namespaces/{env['POD_NAMESPACE']}/pods/{env['POD_NAME']}")
+        body = json.dumps({"metadata": {"annotations": {LAST_CHECKPOINT: stamp}}}).encode()
+        request = urllib.request.Request(url, data=body, method="PATCH", headers={
+            "Authorization": f"Bearer {(account / 'token').read_text().strip()}",
+            "Content-Type": "application/merge-patch+json"})
+        tls = ssl.create_default_context(cafile=str(account / "ca.crt"))
+        with urllib.request.urlopen(request, context=tls, timeout=10):
+            return stamp
+    except (KeyError, OSError) as exc:  # urllib's HTTPError and URLError are OSErrors
+        detail = exc.read().decode(errors="replace")[:300] if hasattr(exc, "read") else ""
+        return f"error: {exc!r} {detail}".strip()
 
 
 def hostfile_hosts(text: str) -> list[str]:

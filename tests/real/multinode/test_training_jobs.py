@@ -163,17 +163,32 @@ async def test_the_same_mpijob_under_coscheduling(
     own_gpus_each(seen)
 
 
+#: the ServiceAccount the PyTorchJob's pods run as: they may patch their own namespace's pods
+TRAINER = "trainer"
+_RBAC = (Resource("", "v1", "serviceaccounts", True, "ServiceAccount"),
+         Resource("rbac.authorization.k8s.io", "v1", "roles", True, "Role"),
+         Resource("rbac.authorization.k8s.io", "v1", "rolebindings", True, "RoleBinding"))
+
+
 async def run_pytorchjob(kube: KubeApi, cluster: NodeCluster, ns: str, name: str,
                          operator_dir: Path) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
     """A master and a worker, 8 GPUs each, DDP with gloo to Succeeded: the pods and the GPUs
-    each rank saw."""
+    each rank saw. Rank 0 then saved the model and said so on its pod, as its ServiceAccount
+    (a user's Role on their pods), through the chart's annotation guard."""
     await delete_all(kube, PYTORCHJOBS, ns)
+    for resource, obj in zip(_RBAC, training.checkpoint_rbac(ns, TRAINER), strict=True):
+        try:
+            await kube.create(resource, obj, namespace=ns)
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
     template = operator_dir / "init-container.yaml"
     template.write_text(training.PYTORCH_INIT_TEMPLATE)
     with training_operator_running(cluster, operator_dir, f"--namespace={ns}",
                                    *training.pytorch_operator_flags(template)):
         await kube.create(PYTORCHJOBS, training.pytorchjob(
-            name, ns, workers=1, gpus_per_worker=GPUS_PER_NODE), namespace=ns)
+            name, ns, workers=1, gpus_per_worker=GPUS_PER_NODE, service_account=TRAINER),
+            namespace=ns)
         try:
             ended = await finished(kube, PYTORCHJOBS, name, ns)
             pods = await pods_of(kube, ns, name)
@@ -185,6 +200,10 @@ async def run_pytorchjob(kube: KubeApi, cluster: NodeCluster, ns: str, name: str
     for pod in pods:
         (line,) = lines[pod["metadata"]["name"]]
         assert line["in_sync"] and line["node"] == pod["spec"]["nodeName"], line
+        said = (pod["metadata"].get("annotations") or {}).get(keys.ANN_LAST_CHECKPOINT)
+        # rank 0 checkpointed and said when on its own pod; no other rank said anything
+        assert said == line.get("checkpoint_said") and (said is None) == (line["rank"] != 0), \
+            (line, said)
     assert len({p["spec"]["nodeName"] for p in pods}) == 2, "two nodes"
     return pods, {n: visible(got[0]) for n, got in lines.items()}
 
