@@ -210,23 +210,23 @@ def _checkpoint(ann: Mapping[str, str]) -> float:
     """When the pod's job says it last saved its state (0: it does not say, or not as an RFC
     3339 time with its zone). Not a problem of the gang's when unreadable: the word is only
     ever a discount on its price as a victim, never a reason to hold it back."""
-    value = ann.get(keys.ANN_LAST_CHECKPOINT)
-    if not value:
-        return 0.0
-    try:
-        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return 0.0
-    return at.timestamp() if at.tzinfo is not None else 0.0
+    at = _instant(ann.get(keys.ANN_LAST_CHECKPOINT))
+    return at.timestamp() if at is not None and at.tzinfo is not None else 0.0
 
 
 def parse_time(value: str | None) -> float:
+    at = _instant(value)
+    return at.timestamp() if at is not None else 0.0
+
+
+def _instant(value: str | None) -> datetime | None:
+    """An RFC 3339 time as the API server writes it (None: none, or unreadable)."""
     if not value:
-        return 0.0
+        return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        return 0.0
+        return None
 
 
 def _requirements(items: Any) -> tuple[Requirement, ...]:
