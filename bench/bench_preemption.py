@@ -70,6 +70,7 @@ from bench.preemption_sim import (
     kueue,
     never,
     placed_by,
+    saved_minutes,
 )
 from bench.topology_sim import (
     Cluster,
@@ -184,7 +185,7 @@ class _Sim:
             for i, g in v.placement:
                 self.c.give(i, g)
             ran = t - v.start
-            saved = ran // self.checkpoint * self.checkpoint if self.checkpoint else 0.0
+            saved = saved_minutes(ran, self.checkpoint)
             self.out.evicted_gpu_hours += v.job.gpus * (ran - saved) / 60
             self.out.evicted += 1
             # again, from its last checkpoint (the work it got done by then, at its step there)

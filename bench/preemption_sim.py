@@ -89,6 +89,12 @@ def without(c: Cluster, victims: Sequence[Running]) -> Iterator[None]:
                 c.take(i, g)
 
 
+def saved_minutes(ran: float, every: float) -> float:
+    """Minutes of a run of `ran` minutes its last checkpoint holds, for a job that saves its
+    state every `every` minutes (0: never)."""
+    return ran // every * every if every else 0.0
+
+
 def candidates(lower: Sequence[Running]) -> list[Running]:
     """Lowest priority first, then the most recently started (Kueue's order; our reading of
     KAI's)."""
