@@ -41,6 +41,11 @@ ANN_JOINED_GANG = "muster.io/joined-gang"
 #: writes it on its own running pods after each checkpoint, and the binder prices the gang as a
 #: preemption victim by the work since then, not since its start (it can only lower that price)
 ANN_LAST_CHECKPOINT = "muster.io/last-checkpoint-time"
+#: the form of that time: RFC 3339 with its zone (the chart's annotation guard refuses any other
+#: with the same pattern, `muster.checkpointTimePattern`; a chart test holds them equal)
+CHECKPOINT_TIME = re.compile(
+    "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+    "([.][0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$")
 #: the muster.io/ annotations a pod's owner may add, change or remove on its running pods (the
 #: chart's ValidatingAdmissionPolicy lists the same; a chart test holds them equal)
 USER_ANNOTATIONS = (ANN_LAST_CHECKPOINT,)

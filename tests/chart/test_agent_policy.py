@@ -1,7 +1,7 @@
 """The chart's ValidatingAdmissionPolicies that confine the node agent to its own Node and to the
 pods bound to it, evaluated as kube-apiserver evaluates them: matchConditions, then the variables,
 then every validation (an error refuses: failurePolicy Fail), on AdmissionRequests shaped as the
-API server builds them. The CEL is run by cel-python (the expressions use only standard CEL);
+API server builds them (tests/chart/cel_policy.py);
 tests/real/test_agent_scope.py makes the same writes against a real API server."""
 
 from __future__ import annotations
@@ -9,16 +9,15 @@ from __future__ import annotations
 import copy
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import celpy
 import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from cel_policy import Policy, Verdict
 from chart_helpers import CHART, NAMESPACE, Obj, find, one, run_helm
 
 from webhook import keys
@@ -32,81 +31,6 @@ POD_UID_CLAIM = "authentication.kubernetes.io/pod-uid"
 #: the record the agent of the token `_request` makes writes on its Node: its own pod
 OWN_RECORD = keys.gpu_agent(NAMESPACE, "muster-agent-x", "u1")
 OWN, OTHER = "gpu-a", "gpu-b"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    allowed: bool
-    message: str = ""
-
-
-def _equal(a: Any, b: Any) -> Any:
-    """CEL's heterogeneous equality, as cel-go (kube-apiserver) has it: `object != null` is
-    true for an object, where cel-python finds no overload for a map and null."""
-    if a is None or b is None:
-        return celpy.celtypes.BoolType(a is None and b is None)
-    return celpy.evaluation.bool_eq(a, b)
-
-
-def _not_equal(a: Any, b: Any) -> Any:
-    same = _equal(a, b)
-    return same if isinstance(same, celpy.CELEvalError) else celpy.celtypes.BoolType(not same)
-
-
-class Policy:
-    """One rendered ValidatingAdmissionPolicy."""
-
-    def __init__(self, vap: Obj) -> None:
-        self.spec = vap["spec"]
-        self._env = celpy.Environment()
-
-    def _eval(self, expr: str, activation: dict[str, Any]) -> Any:
-        program = self._env.program(self._env.compile(expr),
-                                    functions={"_==_": _equal, "_!=_": _not_equal})
-        return program.evaluate(activation)
-
-    def matches(self, request: Obj) -> bool:
-        for rule in self.spec["matchConstraints"]["resourceRules"]:
-            resource = request["resource"]["resource"]
-            if request.get("subResource"):
-                resource += "/" + request["subResource"]
-            if resource in rule["resources"] and request["operation"] in rule["operations"]:
-                return True
-        return False
-
-    def admit(self, request: Obj, obj: Obj | None, old: Obj | None) -> Verdict:
-        if not self.matches(request):
-            return Verdict(True, "not matched")
-        base = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(obj),
-                "oldObject": celpy.json_to_cel(old)}
-        for cond in self.spec.get("matchConditions", []):
-            if not bool(self._eval(cond["expression"], base)):
-                return Verdict(True, "not matched")
-        variables: dict[str, Any] = {}
-        for var in self.spec.get("variables", []):
-            activation = {**base, "variables": celpy.celtypes.MapType(
-                {celpy.celtypes.StringType(k): v for k, v in variables.items()})}
-            variables[var["name"]] = self._eval(var["expression"], activation)
-        activation = {**base, "variables": celpy.celtypes.MapType(
-            {celpy.celtypes.StringType(k): v for k, v in variables.items()})}
-        for rule in self.spec["validations"]:
-            try:
-                ok = self._eval(rule["expression"], activation)
-            except celpy.CELEvalError as exc:
-                assert self.spec["failurePolicy"] == "Fail"
-                return Verdict(False, f"error: {exc}")
-            if isinstance(ok, celpy.CELEvalError):
-                assert self.spec["failurePolicy"] == "Fail"
-                return Verdict(False, f"error: {ok}")
-            if not bool(ok):
-                assert rule["reason"] == "Forbidden"
-                message = rule["message"]
-                if "messageExpression" in rule:
-                    said = self._eval(rule["messageExpression"], activation)
-                    if isinstance(said, str):
-                        message = str(said)
-                return Verdict(False, message)
-        return Verdict(True)
 
 
 def _request(op: str, resource: str, name: str, *, namespace: str = "",

@@ -231,6 +231,18 @@ async def test_a_pod_owner_cannot_forge_their_way_to_another_pods_gpu(
         assert out.returncode == 0, out.stderr
         out = mallory.annotate("bound", keys.ANN_LAST_CHECKPOINT, "2026-12-06T18:00:00Z")
         assert out.returncode == 0, out.stderr
+        # as a time the binder reads, or the job hears the form to write (never ignored unsaid)
+        for when in ("yesterday", "2026-12-06 19:00:00", "2026-12-06T19:00:00"):
+            out = mallory.run("annotate", "pod", "bound", "--overwrite",
+                              f"{keys.ANN_LAST_CHECKPOINT}={when}")
+            _refused_by_the_guard(out, f"the checkpoint {when!r}")
+            assert "is an RFC 3339 time with its zone, such as 2026-12-06T18:00:00Z" in \
+                out.stderr, out.stderr
+        # a day no month has passes the pattern and fails timestamp(): refused as an error
+        _refused_by_the_guard(mallory.annotate("bound", keys.ANN_LAST_CHECKPOINT,
+                                               "2026-02-30T19:00:00Z"), "February 30")
+        pod = await kube.get(PODS, "bound", namespace=ATTACKER_NS)
+        assert pod["metadata"]["annotations"][keys.ANN_LAST_CHECKPOINT] == "2026-12-06T18:00:00Z"
         both = json.dumps({"metadata": {"annotations": {
             keys.ANN_LAST_CHECKPOINT: "2026-12-06T19:00:00Z", keys.ANN_GANG_NAME: "other"}}})
         out = mallory.run("patch", "pod", "bound", "--type", "merge", "-p", both)

@@ -208,10 +208,12 @@ def _claims(spec: Mapping[str, Any], status: Mapping[str, Any], gpus: int, probl
 
 def _checkpoint(ann: Mapping[str, str]) -> float:
     """When the pod's job says it last saved its state (0: it does not say, or not as an RFC
-    3339 time with its zone). Not a problem of the gang's when unreadable: the word is only
-    ever a discount on its price as a victim, never a reason to hold it back."""
-    at = _instant(ann.get(keys.ANN_LAST_CHECKPOINT))
-    return at.timestamp() if at is not None and at.tzinfo is not None else 0.0
+    3339 time with its zone: what the chart's guard lets a job write). Not a problem of the
+    gang's when unreadable: the word is only ever a discount on its price as a victim, never a
+    reason to hold it back."""
+    value = ann.get(keys.ANN_LAST_CHECKPOINT)
+    at = _instant(value) if value and keys.CHECKPOINT_TIME.fullmatch(value) else None
+    return at.timestamp() if at is not None else 0.0
 
 
 def parse_time(value: str | None) -> float:

@@ -41,6 +41,18 @@ victim (webhook.keys.USER_ANNOTATIONS; a chart test holds them equal) */}}
 ['muster.io/last-checkpoint-time']
 {{- end }}
 
+{{/* the pod annotation in which a job says when it last saved its state
+(webhook.keys.ANN_LAST_CHECKPOINT) */}}
+{{- define "muster.checkpointKey" -}}
+muster.io/last-checkpoint-time
+{{- end }}
+
+{{/* the form of that time, RFC 3339 with its zone: the binder reads no other
+(webhook.keys.CHECKPOINT_TIME; a chart test holds them equal) */}}
+{{- define "muster.checkpointTimePattern" -}}
+^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]([.][0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$
+{{- end }}
+
 {{/* Secret holding tls.crt/tls.key (+ca.crt) mounted by the webhook, for every cert mode */}}
 {{- define "muster.tls.secretName" -}}
 {{- if eq .Values.certs.mode "external" -}}
