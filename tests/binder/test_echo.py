@@ -10,7 +10,7 @@ from binder_objects import job, node, pod
 from e2e.probes import eventually
 from webhook import keys
 from webhook.binder.controller import Binder
-from webhook.binder.pods import parse_pod
+from webhook.binder.pods import parse_pod, parse_time
 from webhook.binder.snapshot import Snapshot
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi
@@ -23,7 +23,16 @@ def test_put_says_whether_a_plan_can_see_the_change() -> None:
     assert snap.put(first)  # new
     assert not snap.put(first)  # the same object
     assert not snap.put(parse_pod(pod("a", gang="g", gpus=1, rv="7")))  # only its version
-    assert snap.put(parse_pod(pod("a", gang="g", gpus=1, rv="8", node_name="dgx-a")))
+    bound = pod("a", gang="g", gpus=1, rv="8", node_name="dgx-a", phase="Running",
+                started="2026-11-21T05:00:00Z")
+    assert snap.put(parse_pod(bound))
+    # its job says when it last saved: the gang's price as a victim, read at the next cycle
+    # that something else starts, never a cycle of its own
+    bound["metadata"]["annotations"][keys.ANN_LAST_CHECKPOINT] = "2026-11-21T06:00:00Z"
+    bound["metadata"]["resourceVersion"] = "9"
+    assert not snap.put(parse_pod(bound))
+    (gang,) = snap.running_gangs(None, 0).values()
+    assert [m.checkpointed for m in gang.members] == [parse_time("2026-11-21T06:00:00Z")]
 
 
 async def test_an_update_the_planner_cannot_use_starts_no_cycle(
@@ -40,6 +49,8 @@ async def test_an_update_the_planner_cannot_use_starts_no_cycle(
         before = _count(b)
         await kube.patch(PODS, "j1-launcher", {"metadata": {"annotations": {"note": "x"}}},
                          "team-a")
+        await kube.patch(PODS, "j1-worker-0", {"metadata": {"annotations": {
+            keys.ANN_LAST_CHECKPOINT: "2026-11-21T06:00:00Z"}}}, "team-a")
         await asyncio.sleep(0.3)
         assert _count(b) == before
         await kube.patch(PODS, "j1-launcher", {"metadata": {"labels": {  # a gang field

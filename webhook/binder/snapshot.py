@@ -51,11 +51,14 @@ class Snapshot:
     def put(self, pod: PodInfo) -> bool:
         """The pod as the planner is to see it now (added or replaced). False when a plan
         cannot differ for it: the same pod, or only its resourceVersion is new (the informer
-        showing a write we had assumed)."""
+        showing a write we had assumed), or only when its job last checkpointed: that prices
+        its gang as a victim when some change makes a gang preempt, and never makes one
+        preempt (its job may say it every few minutes)."""
         old = self._pods.get(pod.key)
         if old is pod:
             return False
-        changed = old is None or replace(old, resource_version=pod.resource_version) != pod
+        changed = old is None or replace(old, resource_version=pod.resource_version,
+                                         checkpointed=pod.checkpointed) != pod
         if old is not None:
             self._drop(old)
         self._pods[pod.key] = pod
