@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ from webhook.binder.pods import PodInfo
 from webhook.binder.queue import GangQueue
 from webhook.kube.api import PODS, ApiError, KubeApi
 from webhook.kube.events import EventRecorder
+from webhook.kube.times import rfc3339
 from webhook.topology.model import GpuAssignment
 
 log = logging.getLogger(__name__)
@@ -206,8 +206,7 @@ class Reporter:
                       if c.get("type") != "PodScheduled"]
         conditions.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                            "message": message[:1024],
-                           "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                               time.gmtime(self._clock()))})
+                           "lastTransitionTime": rfc3339(self._clock())})
         try:
             await self._api.patch(PODS, pod.name, {"status": {"conditions": conditions}},
                                   pod.namespace, subresource="status")

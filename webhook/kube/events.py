@@ -3,7 +3,6 @@ recorder: a repeat of the same event bumps `count` and `lastTimestamp` instead o
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import time
 from collections import OrderedDict
@@ -11,14 +10,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from .api import EVENTS, ApiError, KubeApi
+from .times import rfc3339
 
 log = logging.getLogger(__name__)
 
 _CACHE_SIZE = 4096
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def involved_object(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -62,7 +58,7 @@ class EventRecorder:
         namespace = ref.get("namespace") or "default"
         key = (ref.get("kind", ""), namespace, ref.get("name", ""), ref.get("uid", ""),
                type_, reason, message)
-        now = _now()
+        now = rfc3339()
         seen = self._seen.get(key)
         if seen is not None:
             ev_ns, ev_name, count = seen
@@ -81,7 +77,7 @@ class EventRecorder:
     async def _create(self, ref: Mapping[str, Any], name: str, type_: str, reason: str,
                       message: str) -> None:
         namespace = ref.get("namespace") or "default"
-        now = _now()
+        now = rfc3339()
         await self.api.create(EVENTS, {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"name": name, "namespace": namespace},

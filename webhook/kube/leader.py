@@ -18,20 +18,14 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from webhook.kube.api import LEASES, ApiError, KubeApi
+from webhook.kube.times import micro_time
 
 log = logging.getLogger(__name__)
 
 Work = Callable[[], Coroutine[Any, Any, None]]
-
-
-def micro_time(t: float | None = None) -> str:
-    """metav1.MicroTime as the API server writes it: RFC 3339 with microseconds, UTC."""
-    moment = datetime.fromtimestamp(time.time() if t is None else t, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True, slots=True)
