@@ -171,6 +171,24 @@ def test_a_gangs_word_on_its_checkpoint_can_only_lower_its_own_price() -> None:
     ) == {"low-b1-r0-n1"}
 
 
+def test_the_victims_event_names_the_checkpoint_its_price_counted_from() -> None:
+    """And only that: a gang whose member has not started has done no work (its price is 0),
+    so it resumes from no checkpoint that this eviction made it give up work since."""
+    def pair(second_started: str) -> Any:
+        pods = [p for p in full(young="b0-r1") if not p["spec"]["nodeName"].startswith("b1-r1")]
+        for i, started in enumerate(("2026-11-21T04:00:00Z", second_started)):
+            a = build_assignment(f"b1-r1-n{i}", TOPO, tuple(range(8)), [("main", 8)])
+            pods.append(pod(f"pair-{i}", gang="pair", min_member=2, gpus=8,
+                            node_name=f"b1-r1-n{i}", assignment=encode_assignment(a),
+                            priority=0, created=SUBMITTED, phase="Running", started=started))
+        pods[-2]["metadata"]["annotations"][keys.ANN_LAST_CHECKPOINT] = "2026-11-21T04:58:00Z"
+        p = decide([*pods, *high()], "high")
+        assert p is not None and victims(p) == {"pair"}
+        return preempted_message(p.victims[0].gang, p.victims[0].gang, "")
+    assert pair("2026-11-21T04:00:00Z").endswith("was at 2026-11-21T04:58:00Z")
+    assert keys.ANN_LAST_CHECKPOINT not in pair("")
+
+
 def test_any_member_of_a_gang_may_say_when_the_gang_checkpointed() -> None:
     # one gang over both nodes of b1-r1, started at 04:00; its second member says 04:58
     pods = [p for p in full(young="b0-r1") if not p["spec"]["nodeName"].startswith("b1-r1")]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from webhook import keys
@@ -18,8 +17,10 @@ from webhook.binder.gangs import Gang
 from webhook.binder.metrics import Metrics
 from webhook.binder.planner import Preempt
 from webhook.binder.pods import PodInfo
+from webhook.binder.preemption import held
 from webhook.kube.api import PODS, ApiError, KubeApi
 from webhook.kube.events import EventRecorder
+from webhook.kube.times import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +30,12 @@ PREEMPTED, PREEMPTING = "GangPreempted", "GangPreempting"
 
 def preempted_message(victim: Gang, preemptor: Gang, domain: str) -> str:
     where = f" in {domain}" if domain else ""
-    holding = [p for p in victim.members if holding_node(p) is not None]
-    saved = max((p.checkpointed for p in holding), default=0.0)
+    # the checkpoint its price counted from (`work_since`), where it did
+    h = held(victim)
     resumes = ""
-    if saved > max((p.started for p in holding), default=0.0):
-        at = datetime.fromtimestamp(saved, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        resumes = f"; its job's last checkpoint ({keys.ANN_LAST_CHECKPOINT}) was at {at}"
+    if 0 < h.started < h.saved:
+        resumes = (f"; its job's last checkpoint ({keys.ANN_LAST_CHECKPOINT}) was at "
+                   f"{rfc3339(h.saved)}")
     return (f"preempted by gang {preemptor.key} of priority {preemptor.priority}: gang "
             f"{victim.key} (priority {victim.priority}) is evicted whole so that it can be "
             f"placed{where}{resumes}")
