@@ -262,12 +262,16 @@ def test_no_running_gangs_no_preemption() -> None:
 
 
 def cycle(pods: list[dict[str, Any]], *, default: str = "Never", inflight: tuple[str, ...] = (),
-          reserved: Mapping[str, Reservation] | None = None) -> Plan:
-    """One planning cycle, with the preemption planner, as the binder runs it."""
+          reserved: Mapping[str, Reservation] | None = None,
+          budgets: Sequence[dict[str, Any]] = ()) -> Plan:
+    """One planning cycle, with the preemption planner, as the binder runs it (the gangs of
+    the pods `budgets` a PodDisruptionBudget protects)."""
     infos = [parse_pod(p) for p in pods]
     nodes = {n["metadata"]["name"]: parse_node(n) for n in racked_nodes()}
     config = replace(CFG, preemption=default)
-    running = [Running(g) for g in assemble(infos, CFG.scheduler_name, None).values()
+    protected = {p["metadata"]["annotations"].get(keys.ANN_GANG_NAME) for p in budgets}
+    running = [Running(g, evictable=g.name not in protected)
+               for g in assemble(infos, CFG.scheduler_name, None).values()
                if all(p.node_name for p in g.members)]
     fit = FitCache()
     alloc = Allocation.from_pods(infos)
@@ -299,6 +303,33 @@ def test_the_policy_the_binders_default_and_the_priority_class_decide_who_preemp
     never = said(said(high(), keys.ANN_GANG_PREEMPTION, "LowerPriority"), "preemptionPolicy",
                  "Never")
     assert not cycle([*full(), *never], default="LowerPriority").preempts
+
+
+def wait_of(plan: Plan, key: str) -> str:
+    return next(w.reason for w in plan.waits if w.gang.key == key)
+
+
+def test_a_gang_that_may_preempt_and_does_not_says_why_in_its_wait() -> None:
+    """"Why is my job pending while gangs of lower priority run?": the wait says how many
+    running gangs it could have evicted, and why the others may not go."""
+    preempts = said(high(), keys.ANN_GANG_PREEMPTION, "LowerPriority")
+    # every running gang of its priority or more, or protected
+    kept = [*full(priority=1000)[:-2], *full()[-2:]]
+    protected = cycle([*kept, *preempts], budgets=kept[-2:])
+    assert not protected.preempts
+    assert wait_of(protected, "team-a/high").endswith(
+        "; it preempts nothing: no running gang may be evicted for it (6 of priority 1000 or "
+        "more, 2 that a PodDisruptionBudget protects now)")
+    # some may go, but no set of them makes room for a gang a rack cannot hold
+    big = said(job("big", workers=3, gpus=8, priority=1000, topology=topo(RACK)),
+               keys.ANN_GANG_PREEMPTION, "LowerPriority")
+    mixed = [*full(priority=1000)[:4], *full()[4:]]
+    assert wait_of(cycle([*mixed, *big]), "team-a/big").endswith(
+        "; it preempts nothing: no set of the 4 running gang(s) of lower priority that may be "
+        "evicted lets it be placed (of the others, 4 of priority 1000 or more)")
+    # a gang that may not preempt says nothing of it
+    assert "preempts nothing" not in wait_of(cycle([*full(priority=1000), *high()]),
+                                             "team-a/high")
 
 
 def test_a_preemption_reserves_what_the_gang_will_use_from_the_gangs_after_it() -> None:

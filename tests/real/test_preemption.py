@@ -139,6 +139,29 @@ async def test_one_racks_gang_is_evicted_whole_for_a_high_gang_and_the_budget_ho
     assert f"({NS}/low-a; 16 GPUs)" in preempting["high-0"], preempting
     assert racks.metrics.preempted_gangs._value.get() == 1
 
+    # a second high gang finds only low-b in its way, which its budget protects: it preempts
+    # nothing, and its pods say why
+    for i in range(2):
+        await kube.create(PODS, _pod(f"again-{i}", "again", HIGH, app="again", preempts=True),
+                          namespace=NS)
+    wait = await eventually(lambda: _scheduled_message(kube, "again-0", "preempts nothing"),
+                            within=30, what="the second high gang's wait")
+    assert "it preempts nothing: no running gang may be evicted for it (" in wait, wait
+    assert "1 that a PodDisruptionBudget protects now" in wait, wait
+    assert "1 of priority 100000 or more" in wait, wait  # the first high gang
+    assert racks.metrics.preempted_gangs._value.get() == 1
+    left = {p["metadata"]["name"] for p in (await kube.list(PODS, namespace=NS))["items"]}
+    assert {"low-b-0", "low-b-1"} <= left, left
+
+
+async def _scheduled_message(kube: KubeApi, name: str, words: str) -> str | None:
+    """The pod's PodScheduled message, once it holds `words`."""
+    pod = await kube.get(PODS, name, namespace=NS)
+    for c in (pod.get("status") or {}).get("conditions") or ():
+        if c.get("type") == "PodScheduled" and words in c.get("message", ""):
+            return str(c["message"])
+    return None
+
 
 def _stamp(at: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))

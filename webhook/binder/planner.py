@@ -147,9 +147,10 @@ class Preempt:
 
 class PreemptFn(Protocol):
     """The preemption planner (`webhook.binder.preemption.preempter`): for a gang that does
-    not fit on `states` (what is free now), its victims and where it then goes, or None."""
+    not fit on `states` (what is free now), its victims and where it then goes, or why it
+    preempts nothing (words its wait ends with)."""
 
-    def __call__(self, gang: Gang, states: Mapping[str, NodeState]) -> Preempt | None: ...
+    def __call__(self, gang: Gang, states: Mapping[str, NodeState]) -> Preempt | str: ...
 
 
 @dataclass(slots=True)
@@ -582,25 +583,26 @@ def _hold(r: _Round, key: str) -> None:
             r.groups.put(state)
 
 
-def _preempting(r: _Round, gang: Gang, why: str) -> bool:
-    """For a gang that does not fit (`why`): True when it waits for the gangs it preempted
-    to go, or preempts some now (`Plan.preempts`; its reservation is held after its turn)."""
+def _preempting(r: _Round, gang: Gang, why: str) -> str | None:
+    """For a gang that does not fit (`why`): None when it waits for the gangs it preempted
+    to go, or preempts some now (`Plan.preempts`; its reservation is held after its turn);
+    else what its wait adds (why it preempts nothing, where it may preempt)."""
     held = r.reserved.get(gang.key)
     if held is not None:
         r.wait(gang, "unplaceable", f"{why}; {PREEMPTING_WAIT} it preempted "
                f"({', '.join(held.victims)}) to go")
-        return True
+        return None
     if r.preempt is None or not gang.may_preempt(r.config.preemption):
-        return False
+        return ""
     found = r.preempt(gang, r.states)
-    if found is None:
-        return False
+    if isinstance(found, str):
+        return found
     r.out.preempts.append(found)
     r.reserved[gang.key] = found.reservation
     where = f" in {found.domain}" if found.domain else ""
     r.wait(gang, "unplaceable", f"{why}; {PREEMPTING_WAIT} of lower priority "
            f"({', '.join(v.key for v in found.victims)}) to go: it fits{where} without them")
-    return True
+    return None
 
 
 def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: PlaceFn
@@ -634,8 +636,10 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
         result = place(list(r.states.values()), request, network=network, groups=r.groups)
     if isinstance(result, Unplaceable):
         note += agent_note(pending, fit.restarting(r.nodes))
-        if _preempting(r, gang, result.reason + note):
+        declined = _preempting(r, gang, result.reason + note)
+        if declined is None:
             return
+        note += declined
         since = queue.waiting_since(gang.key)
         starving = since is not None and r.now - since >= r.config.starvation_seconds
         reserves = starving and isinstance(_on_empty(r, request, network, apart=apart, place=place),

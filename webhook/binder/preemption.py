@@ -44,8 +44,10 @@ The cost of a set: (its highest priority, GPU-seconds lost, GPUs, gangs), compar
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from webhook import keys
 from webhook.binder.allocation import Allocation, holding_node
@@ -152,25 +154,61 @@ class Preemption:
         return sum(_gpus(v.gang) for v in self.victims)
 
 
+#: why a running gang may not be a victim: each kind, as its wait counts such gangs
+Problem = Literal["preemptor", "priority", "kueue", "budget", "foreign", "going", "empty"]
+_COUNTED: dict[Problem, str] = {
+    "priority": "of priority {p} or more", "kueue": "admitted by Kueue (Kueue preempts them)",
+    "budget": "that a PodDisruptionBudget protects now",
+    "foreign": "with pods of another scheduler", "going": "going already"}
+
+
 def victim_problem(preemptor: Gang, candidate: Running, scheduler_name: str,
                    priority: int | None = None) -> str | None:
     """Why `candidate` may not be evicted for `preemptor` (of `priority`: its own when None),
     or None when it may."""
-    gang, facts = candidate.gang, candidate.held
     above = preemptor.priority if priority is None else priority
-    if gang.key == preemptor.key:
-        return "it is the preemptor"
+    kind = _problem(preemptor, candidate, scheduler_name, above)
+    return None if kind is None else {
+        "preemptor": "it is the preemptor",
+        "priority": f"its priority {candidate.held.priority} is not lower than {above}",
+        "kueue": "Kueue admitted it (Kueue preempts its workloads)",
+        "budget": "a PodDisruptionBudget forbids evicting it now",
+        "foreign": "some of its pods are another scheduler's",
+        "going": "it is already going",
+        "empty": "it holds nothing"}[kind]
+
+
+def _problem(preemptor: Gang, candidate: Running, scheduler_name: str, above: int
+             ) -> Problem | None:
+    facts = candidate.held
+    if candidate.gang.key == preemptor.key:
+        return "preemptor"
     if facts.priority >= above:
-        return f"its priority {facts.priority} is not lower than {above}"
+        return "priority"
     if candidate.kueue_admitted:
-        return "Kueue admitted it (Kueue preempts its workloads)"
+        return "kueue"
     if not candidate.evictable:
-        return "a PodDisruptionBudget forbids evicting it now"
+        return "budget"
     if facts.schedulers - {scheduler_name}:
-        return "some of its pods are another scheduler's"
+        return "foreign"
     if facts.going:
-        return "it is already going"
-    return None if facts.on else "it holds nothing"
+        return "going"
+    return None if facts.on else "empty"
+
+
+def declined(preemptor: Gang, running: Sequence[Running], scheduler_name: str) -> str:
+    """Why `preemptor` preempts nothing (`plan_preemption` found no set), for its wait: how
+    many running gangs it could evict, and why the others may not go."""
+    kinds = Counter(_problem(preemptor, v, scheduler_name, preemptor.priority) for v in running)
+    eligible = kinds.pop(None, 0)
+    kept = [f"{n} {_COUNTED[k].format(p=preemptor.priority)}" for k, n in kinds.items()
+            if k in _COUNTED]
+    if not eligible:
+        return "; it preempts nothing: no running gang may be evicted for it" + (
+            f" ({', '.join(kept)})" if kept else "")
+    return (f"; it preempts nothing: no set of the {eligible} running gang(s) of lower priority "
+            "that may be evicted lets it be placed" + (
+                f" (of the others, {', '.join(kept)})" if kept else ""))
 
 
 def plan_preemption(preemptor: Gang, running: Sequence[Running], nodes: Mapping[str, NodeInfo],
@@ -206,13 +244,14 @@ def preempter(running: Callable[[], Sequence[Running]], nodes: Mapping[str, Node
     known: list[Running] = []
     taken: set[str] = set()
 
-    def decide(gang: Gang, states: Mapping[str, NodeState]) -> Preempt | None:
+    def decide(gang: Gang, states: Mapping[str, NodeState]) -> Preempt | str:
         if not known:
             known.extend(running())
-        found = plan_preemption(gang, [r for r in known if r.gang.key not in taken], nodes,
-                                states, config=config, place=place, now=now, fit=fit)
+        candidates = [r for r in known if r.gang.key not in taken]
+        found = plan_preemption(gang, candidates, nodes, states, config=config, place=place,
+                                now=now, fit=fit)
         if found is None:
-            return None
+            return declined(gang, candidates, config.scheduler_name)
         victims = tuple(v.gang for v in found.victims)
         taken.update(v.key for v in victims)
         held = [(v.key, [p for p in v.members if holding_node(p) is not None]) for v in victims]
