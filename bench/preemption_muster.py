@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from bench.bench_topology import node_object
-from bench.preemption_sim import HIGH, Decision, saved_minutes
+from bench.preemption_sim import HIGH, Decision, saved_work
 from bench.preemption_sim import Running as SimRunning
 from bench.topology_sim import Cluster, ClusterSpec, Job, Placement, node_name
 from webhook import keys
@@ -142,8 +142,8 @@ class MusterPreemption:
     def saved(self, r: SimRunning, now: float) -> float | None:
         """When the gang's job last checkpointed by `now`, as it says (None: not yet, or the
         jobs say nothing): every `checkpoint` minutes of its run, as the sim saves it."""
-        done = saved_minutes(now - r.start, self.checkpoint)
-        return r.start + done if done > 0 else None
+        done = saved_work(r, now, self.checkpoint)
+        return r.start + r.overhead + done if done > 0 else None
 
     def cycle(self, c: Cluster, preemptor: Gang, running: Sequence[Running], now: float
               ) -> Plan:

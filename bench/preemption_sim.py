@@ -63,6 +63,9 @@ class Running:
     priority: int
     placement: Placement
     start: float
+    #: minutes it spends starting again before it works (a run after an eviction: images,
+    #: the checkpoint, the collectives set up; `--restart`)
+    overhead: float = 0.0
 
 
 #: where the gang goes, and its victims; no placement: the gang holds the GPUs it was admitted
@@ -93,6 +96,12 @@ def saved_minutes(ran: float, every: float) -> float:
     """Minutes of a run of `ran` minutes its last checkpoint holds, for a job that saves its
     state every `every` minutes (0: never)."""
     return ran // every * every if every else 0.0
+
+
+def saved_work(r: Running, now: float, every: float) -> float:
+    """Minutes of work of `r`'s run that its last checkpoint by `now` holds (its restart
+    overhead is no work)."""
+    return saved_minutes(max(0.0, now - r.start - r.overhead), every)
 
 
 def candidates(lower: Sequence[Running]) -> list[Running]:

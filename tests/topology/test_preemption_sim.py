@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from bench.bench_preemption import Outcome, _Sim, simulate
-from bench.preemption_muster import EPOCH
+from bench.preemption_muster import EPOCH, MusterPreemption
 from bench.preemption_sim import (
     HIGH,
     LOW,
@@ -234,7 +234,6 @@ def test_the_goals_need_a_tenth_of_the_delay_and_fewer_gpu_hours_lost_at_the_sam
 
 
 def test_muster_asks_the_binders_planner_and_frees_one_leaf_of_whole_gangs() -> None:
-    from bench.preemption_muster import MusterPreemption  # noqa: PLC0415
 
     c = Cluster(SMALL)
     # whole-node gangs, all submitted at minute 0; those of leaf 1 (nodes 2, 3) started last:
@@ -253,7 +252,6 @@ def test_muster_asks_the_binders_planner_and_frees_one_leaf_of_whole_gangs() -> 
 
 
 def test_muster_reads_the_checkpoints_the_jobs_say_they_made() -> None:
-    from bench.preemption_muster import MusterPreemption  # noqa: PLC0415
 
     c = Cluster(SMALL)
     # leaf 0's gangs (nodes 0, 1) started at minute 0, leaf 1's at 50, block 1's at 30. At
@@ -321,6 +319,38 @@ def test_with_checkpoints_an_evicted_gang_loses_only_the_work_since_its_last() -
         # it waits again with its submit time kept, for what its last checkpoint left
         assert queued[3].arrival == 0.0 and queued[3].work == pytest.approx(left), every
         assert sim.c.free[0] == frozenset(ALL)
+
+
+def test_a_gang_evicted_spends_its_restart_starting_again_which_is_lost_too() -> None:
+    tables = TableCache(warm=False)
+    c = Cluster(SMALL)
+    job = Job(1, 8, 8, 0.0, 300.0)  # 300 minutes of work at its ideal step, which it has here
+    ideal = {1: step(c, [(0, ALL)], tables)}
+    sim = _Sim(SMALL, {1: LOW}, ideal, tables, Outcome("r"), checkpoint=60.0, restart=10.0)
+    sim.start(10.0, job, [(0, ALL)])
+    assert sim.ends[1] == pytest.approx(310.0) and sim.running[1].overhead == 0  # its first run
+    sim.evict(160.0, [sim.running[1]])  # saved at 120 minutes: 30 lost
+    assert sim.out.evicted_gpu_hours == pytest.approx(8 * 30 / 60)
+    assert sim.out.evicted == 1 and sim.out.again == 0
+    (queued,) = sim.queue
+    sim.queue.clear()
+    # again: 10 minutes starting, then the 180 its checkpoint left
+    sim.start(200.0, queued[3], [(0, ALL)])
+    again = sim.running[1]
+    assert again.overhead == 10.0 and sim.ends[1] == pytest.approx(200.0 + 10.0 + 180.0)
+    # evicted 75 minutes in: 10 starting, 65 of work of which its checkpoint at 60 holds 60
+    # (what the job says on its pods too: the binder is told 270)
+    assert MusterPreemption(SMALL, tables, checkpoint=60.0).saved(again, 275.0) == 270.0
+    sim.evict(275.0, [again])
+    assert sim.out.evicted_gpu_hours == pytest.approx(8 * (30 + 15) / 60)
+    assert sim.out.again == 1
+    (queued,) = sim.queue
+    sim.queue.clear()
+    assert queued[3].work == pytest.approx(120.0)
+    # the run that finishes spent its 10 minutes starting: lost to the evictions too
+    sim.start(300.0, queued[3], [(0, ALL)])
+    sim.finish(430.0, 1)
+    assert sim.out.evicted_gpu_hours == pytest.approx(8 * (30 + 15 + 10) / 60)
 
 
 def test_paired_differences_say_where_muster_loses_less(capsys: pytest.CaptureFixture[str]
