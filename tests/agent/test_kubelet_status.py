@@ -109,3 +109,32 @@ async def test_a_status_is_never_written_onto_a_later_pod_of_the_same_name(
     with pytest.raises(ApiError):
         await write(listed, pod_status(listed, None, time.time()))
     assert (await statuses(kube))["worker"].get("phase", "Pending") == "Pending"
+
+
+async def test_the_devices_of_a_pod_that_left_the_node_or_ended_are_let_go(
+        kubelet: FakeKubelet, kube: KubeApi) -> None:
+    """As the device manager does once a pod's containers stopped: an evicted pod's GPUs are
+    the next pod's. An API outage (no listing) lets nothing go."""
+    made = {name: await kube.create(PODS, pod(name, 1), namespace="team-a")
+            for name in ("stays", "evicted", "ended")}
+    for i, name in enumerate(made):
+        kubelet.checkpoint.pods[made[name]["metadata"]["uid"]] = PodRecord(
+            [Admission([f"GPU-{i}"], {}, [])], started=True)
+    kubelet.checkpoint.allocated[keys.GPU_RESOURCE] = {"GPU-0", "GPU-1", "GPU-2"}
+    await kube.patch(PODS, "ended", {"status": {"phase": "Succeeded"}}, "team-a",
+                     subresource="status")
+    await kube.delete(PODS, "evicted", "team-a")
+    await run_until(kubelet, kube, lambda s: s["stays"].get("phase") == "Running")
+    assert kubelet.checkpoint.allocated[keys.GPU_RESOURCE] == {"GPU-0"}
+    assert set(kubelet.checkpoint.pods) == {made["stays"]["metadata"]["uid"]}
+
+    async def down() -> list[dict[str, Any]]:
+        raise ApiError(503, "ServiceUnavailable", "the API server is restarting")
+
+    async def one_pass() -> None:
+        async for _ in kubelet.start_pods(down, keys.GPU_RESOURCE, poll_s=0.01):
+            pass
+    task = asyncio.create_task(one_pass())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    assert kubelet.checkpoint.allocated[keys.GPU_RESOURCE] == {"GPU-0"}

@@ -16,11 +16,12 @@ kubelet with the KubeletPodResourcesGet gate off) on `pod-resources.sock` beside
 from `pod_resources`, which tests fill: (namespace, name) → container → resource → device IDs.
 
 `start_pods` is the kubelet's pod admission: it starts each pod bound to its node that asks for
-the resource, container by container, once. Given a `StatusWriter`, it is the kubelet's status
-manager too: each pod bound to the node is reported Running with its `status.startTime` (what the
-binder prices a preemption victim by), or Failed with reason UnexpectedAdmissionError where the
-device plugin refused it, as a kubelet reports it; a write the API server did not take is made
-again on the next pass.
+the resource, container by container, once, and lets go of the devices of the pods that left
+the node or ended (an evicted pod's GPUs are the next pod's). Given a `StatusWriter`, it is
+the kubelet's status manager too: each pod bound to the node is reported Running with its
+`status.startTime` (what the binder prices a preemption victim by), or Failed with reason
+UnexpectedAdmissionError where the device plugin refused it, as a kubelet reports it; a write
+the API server did not take is made again on the next pass.
 
 Runnable as a process: `python -m webhook.doubles.fakekubelet --dir DIR` serves and prints one JSON
 line per event (registered, devices); `--admit N` (repeatable) admits containers once devices
@@ -329,11 +330,28 @@ class FakeKubelet:
             except Exception as exc:  # the kubelet keeps going through an API outage
                 log.warning("listing this node's pods failed", extra={"error": str(exc)})
                 listed = []
+            else:
+                self._release(listed, resource)
             for pod in listed:
                 event = await self._start(pod, resource, write_status)
                 if event is not None:
                     yield event
             await asyncio.sleep(poll_s)
+
+    def _release(self, listed: list[dict[str, Any]], resource: str) -> None:
+        """Let go of the devices of the pods no longer on the node (deleted, evicted) or ended,
+        as the device manager does once their containers stopped (this kubelet runs none): the
+        next pod may be given them."""
+        alive = {p["metadata"]["uid"] for p in listed if not p["metadata"].get("deletionTimestamp")
+                 and (p.get("status") or {}).get("phase", "Pending") in ("Pending", "Running")}
+        gone = [uid for uid in self.checkpoint.pods if uid not in alive]
+        if not gone:
+            return
+        held = self.checkpoint.allocated.setdefault(resource, set())
+        for uid in gone:
+            for admission in self.checkpoint.pods.pop(uid).admissions:
+                held.difference_update(admission.devices)
+        self.checkpoint.save()
 
     async def _start(self, pod: dict[str, Any], resource: str,
                      write_status: StatusWriter | None) -> dict[str, Any] | None:
