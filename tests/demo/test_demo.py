@@ -52,7 +52,7 @@ def volcano_only() -> Run:
 
 
 def test_topology_gangs_bound_whole_on_one_node_with_the_best_ring(default: Run) -> None:
-    assert len([line for line in default.steps if " ok (" in line]) == 7, default.steps
+    assert len([line for line in default.steps if " ok (" in line]) == 9, default.steps
     result = default.result
     dgx1 = builtin("dgx1-v100")
     best_4 = max(set_score(dgx1, c).allreduce_gbps for c in itertools.combinations(range(8), 4))
@@ -140,12 +140,39 @@ def test_a_policy_that_loses_a_field_says_to_whom(default: Run) -> None:
     assert "warning" not in text
 
 
+def test_an_urgent_job_preempts_the_gang_that_loses_least_and_gets_its_gpus(
+        default: Run) -> None:
+    """After the reference scenario: the filler takes the free node; the urgent job, which only
+    a whole node holds, has it evicted whole (one young gang, not the two older reference jobs
+    on the other node) and is handed exactly the GPUs the binder assigned, a moment before the
+    filler's."""
+    pe = default.result.preemption
+    assert pe is not None
+    assert pe.evicted == ["filler"] and pe.urgent_node == pe.filler_node
+    assert pe.urgent_gpus == tuple(range(8)) and pe.exact
+    assert pe.preempting.startswith("gang team-a/urgent of priority 100000 preempts 1 gang(s) "
+                                    "of lower priority (team-a/filler; 8 GPUs)")
+    assert pe.preempted.startswith("preempted by gang team-a/urgent of priority 100000: gang "
+                                   "team-a/filler (priority 0) is evicted whole")
+    steps = "".join(default.steps)
+    assert "[9] an urgent MPIJob of 8 workers (priority 100000): the binder evicts a gang " \
+        "whole and binds it in its place ... ok" in steps
+    text = default.text
+    assert "  Priority and preemption (the binder's --preemption LowerPriority):" in text
+    assert "    evicted whole: team-a/filler\n" in text
+    assert f"placed on {pe.urgent_node}, GPUs 0,1,2,3,4,5,6,7; device plugin: exactly these " \
+        "GPUs" in text
+
+
 def test_a_policy_set_without_topology_skips_the_binder_and_shows_volcano(
         volcano_only: Run) -> None:
     steps = "".join(volcano_only.steps)
     assert "[6] binder: skipped — no policy asks for GPU topology" in steps
     assert "[7] kubelets: skipped — no GPU pod was bound" in steps
+    assert "[8] preemption: skipped — no gang is the binder's" in steps
     assert "FAILED" not in steps and steps.count(" ok (") == 5
+    assert volcano_only.result.preemption is None
+    assert "Priority and preemption" not in volcano_only.text
     result = volcano_only.result
     assert result.seconds < 15
     assert result.skipped[0].startswith("binder: no policy asks for GPU topology")
@@ -170,6 +197,7 @@ def test_cli_prints_json_and_exits_zero_outside_the_repository(tmp_path: Path) -
     assert [j["name"] for j in doc["jobs"]] == ["vgg16-a", "vgg16-b", "vgg16-c", "vgg16-d"]
     assert doc["jobs"][3]["podGroup"]["spec"]["queue"] == "training"
     assert "[7] kubelets start the 8 bound GPU pods" in proc.stderr
+    assert doc["preemption"]["evicted"] == ["filler"] and doc["preemption"]["devicePluginExact"]
 
 
 @pytest.mark.parametrize(("policy", "message"), [

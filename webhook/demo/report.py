@@ -6,7 +6,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from webhook.demo.run import DemoResult, JobOutcome, PodOutcome
+from webhook.binder.evict import PREEMPTED, PREEMPTING
+from webhook.demo import scenario
+from webhook.demo.run import DemoResult, JobOutcome, PodOutcome, PreemptionOutcome
 from webhook.topology.simulate import REFERENCE, reference_scenario
 
 
@@ -138,8 +140,27 @@ def format_result(result: DemoResult) -> str:
         lines.append("    the model's error against it: " + "; ".join(
             f"{n} Muster {_error(best[n], REFERENCE[n][0])}, regular "
             f"{_error(regular[n], REFERENCE[n][1])}" for n in names if n in REFERENCE))
+    if result.preemption is not None:
+        lines += ["", *_preemption(result.preemption)]
     lines.append(f"\n  done in {result.seconds:.1f} s")
     return "\n".join(lines)
+
+
+def _preemption(pe: PreemptionOutcome) -> list[str]:
+    filler, urgent = scenario.FILLER, scenario.URGENT
+    gpus = ",".join(map(str, pe.urgent_gpus))
+    return [
+        "  Priority and preemption (the binder's --preemption LowerPriority):",
+        f"    {filler.namespace}/{filler.name} ({filler.workers} workers x 1 GPU) ran on "
+        f"{pe.filler_node}; {urgent.namespace}/{urgent.name} ({urgent.workers} workers, priority "
+        f"{scenario.URGENT_PRIORITY}) then found no node with {urgent.workers} free GPUs",
+        "    evicted whole: " + (", ".join(f"{urgent.namespace}/{n}" for n in pe.evicted)
+                                 or "nothing"),
+        f"    {urgent.namespace}/{urgent.name} placed on {pe.urgent_node}, GPUs {gpus}; device "
+        "plugin: " + ("exactly these GPUs" if pe.exact else "NOT the GPUs assigned"),
+        f"    Event {PREEMPTING}: {pe.preempting}",
+        f"    Event {PREEMPTED}: {pe.preempted}",
+        "    (the MPI operator would create the evicted job's pods again: they wait for room)"]
 
 
 def as_json(result: DemoResult) -> str:
@@ -157,6 +178,14 @@ def as_json(result: DemoResult) -> str:
                  for j in result.jobs],
         "regular": {"placement": result.regular_placement,
                     "modelledImagesPerSecond": result.regular_images_per_s},
+        "preemption": None if result.preemption is None else {
+            "fillerNode": result.preemption.filler_node,
+            "urgentNode": result.preemption.urgent_node,
+            "urgentGpus": list(result.preemption.urgent_gpus),
+            "evicted": result.preemption.evicted,
+            "devicePluginExact": result.preemption.exact,
+            "events": {PREEMPTING: result.preemption.preempting,
+                       PREEMPTED: result.preemption.preempted}},
         "skipped": result.skipped,
         "seconds": result.seconds,
     }, indent=2)

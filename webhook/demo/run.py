@@ -29,6 +29,7 @@ from webhook.admission import ServeOptions, WebhookServer
 from webhook.agent.deviceplugin.plugin import PluginConfig
 from webhook.agent.runner import Agent, AgentConfig, nvml_discoverer
 from webhook.binder.controller import BinderConfig
+from webhook.binder.evict import PREEMPTED, PREEMPTING
 from webhook.binder.service import BinderService, ServiceConfig
 from webhook.certs import generate_ca, issue_serving_cert, write_pair
 from webhook.demo import scenario
@@ -38,11 +39,13 @@ from webhook.doubles.fakenvml import FakeNvml
 from webhook.failures import CommandFailed
 from webhook.kube import (
     COSCHEDULING_PODGROUPS,
+    EVENTS,
     JOBS,
     MPIJOBS,
     MUTATING_WEBHOOKS,
     PODS,
     VOLCANO_PODGROUPS,
+    ApiError,
     KubeApi,
     make_api_client,
 )
@@ -55,7 +58,8 @@ WEBHOOK_CONFIGURATION = "0-muster-demo"
 TOPOLOGY = builtin("dgx1-v100")
 #: the webhook's gang annotations (backend muster), shown per job
 _GANG_KEYS = (keys.ANN_GANG_NAME, keys.ANN_GANG_MIN_MEMBER, keys.ANN_GANG_TIMEOUT)
-_BINDER = BinderConfig()
+#: the binder, as the chart runs it but that a gang whose policy does not say may preempt
+_BINDER = BinderConfig(preemption="LowerPriority")
 
 
 @dataclass
@@ -87,6 +91,23 @@ class JobOutcome:
 
 
 @dataclass
+class PreemptionOutcome:
+    """The preemption scene: where the filler ran, what the binder evicted for the urgent job,
+    where that went, and the Events that said so."""
+
+    filler_node: str
+    urgent_node: str
+    urgent_gpus: tuple[int, ...]
+    evicted: list[str]
+    #: the binder's Events: GangPreempted on a victim's pod, GangPreempting on the urgent's
+    preempted: str
+    preempting: str
+    #: each urgent worker's container was handed exactly its assigned GPUs, some of them the
+    #: evicted gang's a moment before
+    exact: bool = False
+
+
+@dataclass
 class DemoResult:
     jobs: list[JobOutcome]
     regular_images_per_s: dict[str, float]
@@ -94,6 +115,7 @@ class DemoResult:
     seconds: float
     #: the steps skipped, each with why
     skipped: list[str] = field(default_factory=list)
+    preemption: PreemptionOutcome | None = None
 
 
 class Progress:
@@ -175,7 +197,7 @@ class _Demo:
 def _emulator() -> ApiServerEmulator:
     api = ApiServerEmulator(crds=list(scenario.CRDS))
     for obj in [*scenario.namespaces(), *map(scenario.node, scenario.NODES),
-                *map(scenario.volcano_queue, scenario.QUEUES), scenario.priority_class(),
+                *map(scenario.volcano_queue, scenario.QUEUES), *scenario.priority_classes(),
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "muster-system"}}]:
         api.seed(obj)
     return api
@@ -291,13 +313,8 @@ async def _bind_gangs(demo: _Demo, progress: Progress) -> None:
 
     async with progress.step(f"binder: {len(gangs)} gang{'s' * (len(gangs) > 1)} "
                              f"placed and bound ({len(pods)} pods)"):
-        try:
-            await _until(f"the binder to bind {len(pods)} pods", all_bound)
-        except CommandFailed as exc:  # a gang the policies make unplaceable: the binder's why
-            why = next((c.get("message") for p in await demo.pods()
-                        for c in (p.get("status") or {}).get("conditions") or ()
-                        if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
-            raise CommandFailed(f"{exc}" + (f"; the binder says: {why}" if why else "")) from None
+        # a gang the policies make unplaceable fails with the binder's why
+        await _unless_waiting(demo, f"the binder to bind {len(pods)} pods", all_bound)
 
 
 async def _start_gpu_pods(demo: _Demo, progress: Progress) -> None:
@@ -321,6 +338,74 @@ async def _start_gpu_pods(demo: _Demo, progress: Progress) -> None:
         await _until(f"the kubelets to start {len(bound)} pods", all_running, within=60)
 
 
+async def _preempt(demo: _Demo, progress: Progress) -> PreemptionOutcome | None:
+    """Priority and preemption, after the reference scenario: the filler takes the free node,
+    then the urgent job, which only a whole node holds, arrives; the binder evicts the gang
+    that loses the least work, whole, and binds the urgent one on what it freed."""
+    filler, urgent = scenario.FILLER, scenario.URGENT
+    if not any(p["spec"].get("schedulerName") == _BINDER.scheduler_name
+               for p in await demo.pods()):
+        progress.skip("preemption", "no gang is the binder's (no policy asks for GPU topology)")
+        return None
+    async with progress.step(f"an MPIJob of {filler.workers} workers x 1 GPU takes the free "
+                             "node"):
+        made = demo.submitted[filler.name] = await _submit(demo.kube, filler)
+        await _unless_waiting(demo, f"{filler.name} to run", lambda: _all_running(demo, made))
+        filler_node = (await _pod(demo, filler, made[0].name))["spec"]["nodeName"]
+    async with progress.step(f"an urgent MPIJob of {urgent.workers} workers (priority "
+                             f"{scenario.URGENT_PRIORITY}): the binder evicts a gang whole and "
+                             "binds it in its place"):
+        made = demo.submitted[urgent.name] = await _submit(demo.kube, urgent)
+        said: dict[str, str] = {}
+
+        async def started() -> bool:
+            said.update({e["reason"]: e["message"] for e in (await demo.kube.list(
+                EVENTS, namespace=urgent.namespace))["items"]
+                if e.get("reason") in (PREEMPTED, PREEMPTING)})
+            return len(said) == 2 and await _all_running(demo, made)
+        await _unless_waiting(demo, f"{urgent.name} to run", started)
+        gone = [job.name for job in (*scenario.JOBS, filler) if job.name in demo.submitted
+                and not await _exists(demo, job, demo.submitted[job.name][0].name)]
+        workers = [(m, await _pod(demo, urgent, m.name)) for m in made if m.role == "worker"]
+    outcomes = [_pod_outcome(m, pod, _Answer([], [], []), demo.handed) for m, pod in workers]
+    return PreemptionOutcome(
+        filler_node, workers[0][1]["spec"]["nodeName"],
+        tuple(sorted(g for o in outcomes for g in o.gpus)), gone, said[PREEMPTED],
+        said[PREEMPTING], all(o.visible_devices == o.uuids for o in outcomes))
+
+
+async def _all_running(demo: _Demo, made: list[_Submitted]) -> bool:
+    names = {m.name for m in made}
+    running = {p["metadata"]["name"] for p in await demo.pods()
+               if (p.get("status") or {}).get("phase") == "Running"}
+    return names <= running
+
+
+async def _unless_waiting(demo: _Demo, what: str, check: Callable[[], Awaitable[bool]]) -> None:
+    """`_until`, and where it times out, what the binder said of the pods that wait."""
+    try:
+        await _until(what, check)
+    except CommandFailed as exc:
+        why = next((c.get("message") for p in await demo.pods()
+                    for c in (p.get("status") or {}).get("conditions") or ()
+                    if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
+        raise CommandFailed(f"{exc}" + (f"; the binder says: {why}" if why else "")) from None
+
+
+async def _pod(demo: _Demo, job: scenario.Job, name: str) -> dict[str, Any]:
+    return await demo.kube.get(PODS, name, namespace=job.namespace)
+
+
+async def _exists(demo: _Demo, job: scenario.Job, name: str) -> bool:
+    try:
+        await _pod(demo, job, name)
+    except ApiError as exc:
+        if exc.not_found:
+            return False
+        raise
+    return True
+
+
 STEPS: tuple[Callable[[_Demo, Progress], Awaitable[None]], ...] = (
     _start_emulator, _start_agents, _start_webhook, _start_binder, _submit_jobs, _bind_gangs,
     _start_gpu_pods)
@@ -334,12 +419,13 @@ async def run_demo(policies: list[Path], progress: Progress) -> DemoResult:
             for step in STEPS:
                 await step(demo, progress)
             jobs = [await _collect(demo, job) for job in scenario.JOBS]
+            preemption = await _preempt(demo, progress)
     for job in jobs:
         _model(job)
     regular = predict(reference_scenario()).regular
     where = " + ".join(f"{node}:{','.join(map(str, g))}" for node, g in regular.gpus.items())
     return DemoResult(jobs, dict(regular.images_per_s), where, time.monotonic() - started,
-                      progress.skipped)
+                      progress.skipped, preemption)
 
 
 def _model(job: JobOutcome) -> None:
@@ -419,7 +505,7 @@ async def _submit(kube: KubeApi, job: scenario.Job) -> list[_Submitted]:
         made = await kube.create(JOBS, scenario.indexed_job(job.name, job.namespace),
                                  namespace=job.namespace)
         return [await _create_pod(kube, pod, "rank") for pod in operators.job_pods(made)]
-    mpijob = await kube.create(MPIJOBS, scenario.mpijob(job.name, job.namespace),
+    mpijob = await kube.create(MPIJOBS, scenario.mpijob(job),
                                namespace=job.namespace)
     launcher_job = await kube.create(JOBS, operators.mpi_launcher_job(mpijob),
                                      namespace=job.namespace)

@@ -6,6 +6,10 @@ topology-aware placement and once in a namespace whose policy uses the coschedul
 an Indexed Job of 4 ranks in a namespace whose policy puts it on Volcano (the shipped examples
 in webhook/demo/policies/). The cluster has Volcano's Queues and a PriorityClass, as one with
 Volcano installed would.
+
+Then priority and preemption: an MPIJob of 8 workers takes the node the reference jobs left
+free, and an urgent one of 8 workers (a PriorityClass of its own) arrives, which only a whole
+node can hold.
 """
 
 from __future__ import annotations
@@ -28,12 +32,18 @@ class Job:
     name: str
     namespace: str
     kind: Literal["MPIJob", "Indexed Job"]
+    workers: int = 4
+    priority_class: str = ""
 
 
 JOBS = (Job("vgg16-a", TOPOLOGY_NAMESPACE, "MPIJob"), Job("vgg16-b", TOPOLOGY_NAMESPACE, "MPIJob"),
         Job("vgg16-c", GANG_NAMESPACE, "MPIJob"), Job("vgg16-d", VOLCANO_NAMESPACE, "Indexed Job"))
 #: what the MPI operator and the Job controller create for JOBS
 SUBMITTED = "3 MPIJobs and an Indexed Job, 19 pods"
+#: the preemption scene: a job of the default priority fills the free node, then an urgent one
+URGENT_CLASS, URGENT_PRIORITY = "urgent", 100000
+FILLER = Job("filler", TOPOLOGY_NAMESPACE, "MPIJob", workers=8)
+URGENT = Job("urgent", TOPOLOGY_NAMESPACE, "MPIJob", workers=8, priority_class=URGENT_CLASS)
 
 NODE_ALLOCATABLE = {"cpu": "80", "memory": "512Gi", keys.GPU_RESOURCE: "8", "pods": "110"}
 
@@ -70,9 +80,10 @@ def namespaces() -> list[dict[str, Any]]:
     ]
 
 
-def priority_class() -> dict[str, Any]:
-    return {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-            "metadata": {"name": PRIORITY_CLASS}, "value": 1000}
+def priority_classes() -> list[dict[str, Any]]:
+    return [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+             "metadata": {"name": name}, "value": value}
+            for name, value in ((PRIORITY_CLASS, 1000), (URGENT_CLASS, URGENT_PRIORITY))]
 
 
 # The reference job, as `arena submit mpi --gpus=1 --workers=4` creates it
@@ -102,9 +113,16 @@ _MPIJOB: dict[str, Any] = {
 }
 
 
-def mpijob(name: str, namespace: str) -> dict[str, Any]:
+def mpijob(spec: Job) -> dict[str, Any]:
     job = copy.deepcopy(_MPIJOB)
-    job["metadata"].update(name=name, namespace=namespace)
+    job["metadata"].update(name=spec.name, namespace=spec.namespace)
+    replicas = job["spec"]["mpiReplicaSpecs"]
+    replicas["Worker"]["replicas"] = spec.workers
+    command = replicas["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    command[command.index("-np") + 1] = str(spec.workers)
+    for role in replicas.values():
+        if spec.priority_class:
+            role["template"]["spec"]["priorityClassName"] = spec.priority_class
     return job
 
 
