@@ -17,8 +17,10 @@ import pytest
 import yaml
 
 from webhook.demo import EXAMPLE_POLICIES
+from webhook.demo.outcome import DemoResult, JobOutcome, PodOutcome
+from webhook.demo.progress import Progress
 from webhook.demo.report import format_result
-from webhook.demo.run import DemoResult, JobOutcome, PodOutcome, Progress, run_demo
+from webhook.demo.run import run_demo
 from webhook.topology import builtin, set_score
 from webhook.topology.simulate import images_per_second, predict, reference_scenario
 

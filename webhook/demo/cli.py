@@ -13,7 +13,7 @@ from webhook.failures import CommandFailed, UsageError
 from webhook.signals import run_interruptible
 
 if TYPE_CHECKING:
-    from webhook.demo.run import Progress
+    from webhook.demo.progress import Progress
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,8 +46,9 @@ def _run(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace, steps: list[Progress]) -> int:
     """Runs the demo; the Progress that reports its steps is added to `steps`."""
     try:
+        from webhook.demo.progress import Progress  # noqa: PLC0415
         from webhook.demo.report import as_json, format_result  # noqa: PLC0415 (CLI kept light)
-        from webhook.demo.run import Progress, run_demo  # noqa: PLC0415
+        from webhook.demo.run import run_demo  # noqa: PLC0415
     except ModuleNotFoundError as exc:
         if not (exc.name or "").startswith("webhook.doubles"):
             raise

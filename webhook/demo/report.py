@@ -8,7 +8,7 @@ from typing import Any
 
 from webhook.binder.evict import PREEMPTED, PREEMPTING
 from webhook.demo import scenario
-from webhook.demo.run import DemoResult, JobOutcome, PodOutcome, PreemptionOutcome
+from webhook.demo.outcome import DemoResult, JobOutcome, PodOutcome, PreemptionOutcome
 from webhook.topology.simulate import REFERENCE, reference_scenario
 
 
