@@ -20,6 +20,12 @@ class PodOutcome:
     uuids: tuple[str, ...] = ()
     visible_devices: tuple[str, ...] | None = None  # what the device plugin gave the container
 
+    @property
+    def handed_exactly(self) -> bool:
+        """The device plugin gave the container exactly the GPUs the binder wrote on the pod."""
+        return self.visible_devices is not None and \
+            sorted(self.visible_devices) == sorted(self.uuids)
+
 
 @dataclass
 class JobOutcome:

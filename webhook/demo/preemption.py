@@ -45,7 +45,7 @@ async def preempt(demo: Demo, progress: Progress) -> PreemptionOutcome | None:
     return PreemptionOutcome(
         filler_node, workers[0][1]["spec"]["nodeName"],
         tuple(sorted(g for o in outcomes for g in o.gpus)), gone, said[PREEMPTED],
-        said[PREEMPTING], all(o.visible_devices == o.uuids for o in outcomes))
+        said[PREEMPTING], all(o.handed_exactly for o in outcomes))
 
 
 async def _all_running(demo: Demo, made: list[Submitted]) -> bool:

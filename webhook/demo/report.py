@@ -45,7 +45,7 @@ def _pod_row(pod: PodOutcome) -> str:
     if pod.uuids:  # what this pod's container was given, against what the binder wrote on it
         if pod.visible_devices is None:
             plugin = "device plugin: not started"
-        elif sorted(pod.visible_devices) == sorted(pod.uuids):
+        elif pod.handed_exactly:
             plugin = "device plugin: exactly these GPUs"
         else:
             plugin = f"device plugin: MISMATCH (got {','.join(pod.visible_devices)})"
