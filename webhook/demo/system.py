@@ -22,22 +22,12 @@ from webhook.demo.outcome import PodOutcome
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.doubles.fakekubelet import FakeKubelet
 from webhook.failures import CommandFailed
-from webhook.kube import (
-    JOBS,
-    MPIJOBS,
-    PODS,
-    KubeApi,
-    make_api_client,
-)
+from webhook.kube import JOBS, MPIJOBS, PODS, KubeApi, make_api_client
 from webhook.policy import operators
 from webhook.topology import builtin
 
 WEBHOOK_CONFIGURATION = "0-muster-demo"
-
-
 TOPOLOGY = builtin("dgx1-v100")
-
-
 #: the binder, as the chart runs it but that a gang whose policy does not say may preempt
 BINDER = BinderConfig(preemption="LowerPriority")
 
@@ -86,7 +76,7 @@ def emulator() -> ApiServerEmulator:
 
 @contextlib.asynccontextmanager
 async def running(api: ApiServerEmulator, tmp: Path, policies: list[Path]
-                   ) -> AsyncIterator[Demo]:
+                  ) -> AsyncIterator[Demo]:
     """The demo's system on the started emulator; whatever the steps started stops after."""
     client = await make_api_client(str(api.write_kubeconfig(tmp / "kubeconfig")))
     demo = Demo(tmp, policies, api, KubeApi(client))
@@ -164,7 +154,7 @@ def answer(api: ApiServerEmulator, namespace: str, requested_as: str) -> Answer:
             patch = json.loads(base64.b64decode(resp["patch"])) if resp.get("patch") else []
             audit = (resp.get("auditAnnotations") or {}).get("overridden")
             return Answer(patch, list(resp.get("warnings") or []),
-                           audit.split("; ") if audit else [])
+                          audit.split("; ") if audit else [])
     return Answer([], [], [])
 
 
@@ -174,8 +164,7 @@ async def submit(kube: KubeApi, job: scenario.Job) -> list[Submitted]:
         made = await kube.create(JOBS, scenario.indexed_job(job.name, job.namespace),
                                  namespace=job.namespace)
         return [await _create_pod(kube, pod, "rank") for pod in operators.job_pods(made)]
-    mpijob = await kube.create(MPIJOBS, scenario.mpijob(job),
-                               namespace=job.namespace)
+    mpijob = await kube.create(MPIJOBS, scenario.mpijob(job), namespace=job.namespace)
     launcher_job = await kube.create(JOBS, operators.mpi_launcher_job(mpijob),
                                      namespace=job.namespace)
     workers = [await _create_pod(kube, pod, "worker")
@@ -190,10 +179,10 @@ async def _create_pod(kube: KubeApi, pod: dict[str, Any], role: str) -> Submitte
     return Submitted(made["metadata"]["name"], role, meta.get("name") or meta["generateName"])
 
 
-def pod_outcome(submitted: Submitted, pod: dict[str, Any], answer: Answer,
-                 handed: dict[str, tuple[str, ...]]) -> PodOutcome:
-    outcome = PodOutcome(name=submitted.name, role=submitted.role, patch=answer.patch,
-                         warnings=answer.warnings, overridden=answer.overridden,
+def pod_outcome(submitted: Submitted, pod: dict[str, Any], said: Answer,
+                handed: dict[str, tuple[str, ...]]) -> PodOutcome:
+    outcome = PodOutcome(name=submitted.name, role=submitted.role, patch=said.patch,
+                         warnings=said.warnings, overridden=said.overridden,
                          node=pod["spec"].get("nodeName"))
     assignment = (pod["metadata"].get("annotations") or {}).get(keys.ANN_GPU_ASSIGNMENT)
     if assignment:
