@@ -5,7 +5,6 @@ tests/real/test_forgery.py makes the same writes against a real API server."""
 
 from __future__ import annotations
 
-import copy
 import sys
 from pathlib import Path
 
@@ -118,7 +117,7 @@ def test_beside_another_muster_key_the_checkpoint_is_still_refused(guard: Policy
     verdict = _update(guard, {}, new)
     assert not verdict.allowed and verdict.reason == "Forbidden"
     assert verdict.message.startswith("only the Muster binder and node agent")
-    assert _update(guard, {}, copy.deepcopy({keys.ANN_LAST_CHECKPOINT: GOOD})).allowed
+    assert _update(guard, {}, {keys.ANN_LAST_CHECKPOINT: GOOD}).allowed
 
 
 def test_the_guard_and_the_binder_read_one_form(guard: Policy) -> None:

@@ -120,8 +120,8 @@ def mpijob(spec: Job) -> dict[str, Any]:
     replicas["Worker"]["replicas"] = spec.workers
     command = replicas["Launcher"]["template"]["spec"]["containers"][0]["command"]
     command[command.index("-np") + 1] = str(spec.workers)
-    for role in replicas.values():
-        if spec.priority_class:
+    if spec.priority_class:
+        for role in replicas.values():
             role["template"]["spec"]["priorityClassName"] = spec.priority_class
     return job
 
