@@ -42,11 +42,10 @@ minutes), low-priority JCT (mean, p95), GPU-hours lost to preemption (evicted, h
 sum), gangs evicted, and of them those evicted before ("evicted again"). Goals (issue 57),
 reported: Muster's high-priority p95 delay at least 10x lower than without preemption; fewer
 GPU-hours lost than every baseline at the same high-priority delay (its p95 no more than 10 %
-or half a minute over the baseline's). Over
-several seeds the mean decides, and each baseline's GPU-hours lost are compared with Muster's
-seed by seed too (the mean of the paired differences, its standard error, the seeds where
-Muster loses less): reported, not judged. The run fails when a policy that preempts evicted
-nothing or a job never ran.
+or half a minute over the baseline's). Over several seeds the mean decides, and each
+baseline's GPU-hours lost are compared with Muster's seed by seed too (the mean of the paired
+differences, its standard error, the seeds where Muster loses less): reported, not judged.
+The run fails when a policy that preempts evicted nothing or a job never ran.
 """
 
 from __future__ import annotations
