@@ -138,3 +138,33 @@ async def test_the_devices_of_a_pod_that_left_the_node_or_ended_are_let_go(
     await asyncio.sleep(0.05)
     task.cancel()
     assert kubelet.checkpoint.allocated[keys.GPU_RESOURCE] == {"GPU-0"}
+
+
+async def test_a_kubelet_stopped_while_reporting_a_start_has_printed_it(
+        kubelet: FakeKubelet, kube: KubeApi) -> None:
+    """The started line is out before the status write: a kubelet stopped at that write (a
+    restart) has printed it. (The restarted one reads `started` in the checkpoint and prints
+    none: the e2e flow's restart counted the line of neither, and timed out.)"""
+    made = await kube.create(PODS, pod("worker", 1), namespace="team-a")
+    # allocated before the restart, not yet started: no plugin needed to start it
+    kubelet.checkpoint.pods[made["metadata"]["uid"]] = PodRecord(
+        [Admission(["GPU-1"], {"NVIDIA_VISIBLE_DEVICES": "GPU-1"}, [])])
+    pods, _ = node_io(kube, NODE)
+    writing = asyncio.Event()
+
+    async def hangs(p: dict[str, Any], status: dict[str, Any]) -> None:
+        writing.set()
+        await asyncio.Event().wait()
+    printed: list[dict[str, Any]] = []
+
+    async def loop() -> None:
+        async for event in kubelet.start_pods(pods, keys.GPU_RESOURCE, poll_s=0.01,
+                                              write_status=hangs):
+            printed.append(event)
+    task = asyncio.create_task(loop())
+    await asyncio.wait_for(writing.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [(e["event"], e["pod"], e["devices"]) for e in printed] == [
+        ("started", "team-a/worker", [["GPU-1"]])]

@@ -333,9 +333,15 @@ class FakeKubelet:
             else:
                 self._release(listed, resource)
             for pod in listed:
-                event = await self._start(pod, resource, write_status)
+                started = await self._start(pod, resource)
+                if started is None:
+                    continue
+                event, refusal = started
                 if event is not None:
+                    # out before the status write: a stop at that write's await loses no line
+                    # (the checkpoint already says started, so a restarted kubelet prints none)
                     yield event
+                await _report(write_status, pod, refusal)
             await asyncio.sleep(poll_s)
 
     def _release(self, listed: list[dict[str, Any]], resource: str) -> None:
@@ -353,8 +359,10 @@ class FakeKubelet:
                 held.difference_update(admission.devices)
         self.checkpoint.save()
 
-    async def _start(self, pod: dict[str, Any], resource: str,
-                     write_status: StatusWriter | None) -> dict[str, Any] | None:
+    async def _start(self, pod: dict[str, Any], resource: str
+                     ) -> tuple[dict[str, Any] | None, str | None] | None:
+        """Start `pod` unless it is no longer pending: the event to print (None when it was
+        started before or asks the device manager for nothing) and its refusal, if any."""
         meta = pod["metadata"]
         if (meta.get("deletionTimestamp")
                 or (pod.get("status") or {}).get("phase", "Pending") != "Pending"):
@@ -364,8 +372,7 @@ class FakeKubelet:
             *pod["spec"].get("initContainers", ()), *pod["spec"]["containers"]]) if n]
         if (record is not None and record.started) or not counts:
             # started before (its status not taken yet), or nothing for the device manager
-            await _report(write_status, pod, record.refusal if record is not None else None)
-            return None
+            return None, record.refusal if record is not None else None
         name = f"{meta['namespace']}/{meta['name']}"
         done = list(record.admissions) if record is not None else []
         refusal = None
@@ -381,8 +388,7 @@ class FakeKubelet:
         record = self.checkpoint.pods.setdefault(meta["uid"], PodRecord())
         record.started, record.refusal = True, refusal
         self.checkpoint.save()
-        await _report(write_status, pod, refusal)
-        return event
+        return event, refusal
 
 
 def pod_status(pod: dict[str, Any], refusal: str | None, now: float) -> dict[str, Any]:
