@@ -112,20 +112,30 @@ def mpijob(name: str, ns: str, *, workers: int, gpus_per_worker: int = 1,
 
 
 def pytorchjob(name: str, ns: str, *, workers: int, gpus_per_worker: int = 1, steps: int = 5,
-               nameserver: str | None = None, service_account: str | None = None
+               step_seconds: float = 0.0, save_every: int = 0, nameserver: str | None = None,
+               service_account: str | None = None, priority_class: str | None = None
                ) -> dict[str, Any]:
     """A PyTorchJob of a master and `workers` workers, `gpus_per_worker` GPUs each (the master
-    too: it is rank 0), each running `steps` DDP steps with gloo; the training operator gives
-    each MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE. Rank 0 then checkpoints and says so on
-    its pod, as `service_account` (`checkpoint_rbac`'s; None: the namespace's default, which
-    may not)."""
+    too: it is rank 0), each running `steps` DDP steps with gloo, one each `step_seconds` at
+    most; the training operator gives each MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE.
+    Rank 0 checkpoints and says so on its pod every `save_every` steps and at the end, as
+    `service_account` (`checkpoint_rbac`'s; None: the namespace's default, which may not).
+    `priority_class`: every pod's PriorityClass."""
+    command = ["python3", RANK, "ddp", str(steps)]
+    if step_seconds:
+        command += ["--step-seconds", str(step_seconds)]
+    if save_every:
+        command += ["--save-every", str(save_every)]
+
     def replicas(count: int) -> dict[str, Any]:
-        rank = _container(PYTORCH_CONTAINER, ["python3", RANK, "ddp", str(steps)],
-                          gpus_per_worker, {"GLOO_SOCKET_IFNAME": "eth0"})
+        rank = _container(PYTORCH_CONTAINER, command, gpus_per_worker,
+                          {"GLOO_SOCKET_IFNAME": "eth0"})
         rank["env"] += POD_ENV
         template = _pod_spec(rank, nameserver, ns)
         if service_account:
             template["spec"]["serviceAccountName"] = service_account
+        if priority_class:
+            template["spec"]["priorityClassName"] = priority_class
         # the master's Service resolves only once its pod runs: a worker tries again
         return {"replicas": count, "restartPolicy": "OnFailure", "template": template}
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",

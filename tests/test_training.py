@@ -64,6 +64,16 @@ def test_a_rank_with_no_mode_is_a_usage_error() -> None:
         rank.main(["train"])
 
 
+def test_a_ddp_rank_is_paced_and_saves_every_n_steps_and_at_its_end() -> None:
+    assert rank.ddp_args([]) == {"steps": 5, "step_seconds": 0.0, "save_every": 0}
+    assert rank.ddp_args(["7", "--step-seconds", "0.5", "--save-every", "3"]) == {
+        "steps": 7, "step_seconds": 0.5, "save_every": 3}
+    assert [s for s in range(1, 8) if rank.saves_after(s, 7, 3)] == [3, 6, 7]
+    assert [s for s in range(1, 8) if rank.saves_after(s, 7, 0)] == [7]  # at its end only
+    with pytest.raises(SystemExit):
+        rank.ddp_args(["--save-every", "often"])
+
+
 def _container(spec: dict[str, Any]) -> dict[str, Any]:
     (container,) = spec["template"]["spec"]["containers"]
     return container  # type: ignore[no-any-return]
@@ -95,6 +105,14 @@ def test_pytorchjob_master_is_a_rank_with_gpus_like_each_worker() -> None:
         assert container["name"] == training.PYTORCH_CONTAINER  # the operator's env goes here
         assert container["command"][-2:] == ["ddp", "3"]
         assert container["resources"]["limits"] == {keys.GPU_RESOURCE: "1"}
+        assert "priorityClassName" not in spec["template"]["spec"]
+    paced = training.pytorchjob("p", "ns", workers=1, steps=10**6, step_seconds=1,
+                                save_every=2, priority_class="low")
+    for spec in paced["spec"]["pytorchReplicaSpecs"].values():
+        command = _container(spec)["command"]
+        assert rank.ddp_args(command[command.index("ddp") + 1:]) == {
+            "steps": 10**6, "step_seconds": 1.0, "save_every": 2}
+        assert spec["template"]["spec"]["priorityClassName"] == "low"
 
 
 def _shipped_gangs() -> list[dict[str, Any]]:

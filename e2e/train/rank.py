@@ -1,8 +1,10 @@
 """One rank of a real training job, in the training image (`e2e.node.train_image`).
 
     python3 rank.py mpi            # under mpirun: an MPI allreduce (mpi4py, TCP)
-    python3 rank.py ddp [STEPS]    # a PyTorchJob's pod: DDP steps with gloo (env:// rendezvous);
-                                   # rank 0 then saves the model and says so on its pod
+    python3 rank.py ddp [STEPS] [--step-seconds S] [--save-every N]
+                                   # a PyTorchJob's pod: DDP steps with gloo (env:// rendezvous),
+                                   # one each S seconds at most; rank 0 saves the model and
+                                   # says so on its pod every N steps, and when its steps are done
     python3 rank.py launch ARGS    # the MPI launcher: waits for the hostfile's workers, execs
                                    # `mpirun ARGS`
 
@@ -12,14 +14,17 @@ given (NVIDIA_VISIBLE_DEVICES; the CDI devices' own MUSTER_GPU_* entries under D
 and the time from its start to the first allreduce done. A wrong sum exits 1, so a job that
 ends Succeeded summed right.
 
-A DDP job's rank 0 saves the model when its steps are done, then says when on its own pod,
-as docs/binder.md asks of a job that checkpoints: `muster.io/last-checkpoint-time`, patched
-through the API server as the pod's ServiceAccount (its line's `checkpoint_said`: the time
-said, or why it could not be).
+A DDP job's rank 0 saves the model when its steps are done (and every N steps with
+`--save-every N`), then says when on its own pod, as docs/binder.md asks of a job that
+checkpoints: `muster.io/last-checkpoint-time`, patched through the API server as the pod's
+ServiceAccount (its line's `checkpoint_said`: the last time said, or why it could not be).
+A job paced by `--step-seconds` trains for as long as it is let run, as a long job does, at
+a CPU cost a test cluster can bear.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -105,7 +110,12 @@ def mpi() -> dict[str, Any]:
     return line(rank, world, [float(v) for v in total], time.monotonic() - STARTED, _env())
 
 
-def ddp(steps: int) -> dict[str, Any]:
+def saves_after(step: int, steps: int, save_every: int) -> bool:
+    """Whether rank 0 saves the model after `step` (1-based) of `steps`."""
+    return step == steps or (save_every > 0 and step % save_every == 0)
+
+
+def ddp(steps: int, step_seconds: float = 0.0, save_every: int = 0) -> dict[str, Any]:
     import torch  # noqa: PLC0415 - in the image only
     import torch.distributed as dist  # noqa: PLC0415 - in the image only
     from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415 - in the image only
@@ -120,12 +130,19 @@ def ddp(steps: int) -> dict[str, Any]:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = torch.Generator().manual_seed(rank)  # each rank its own batches
     loss = torch.zeros(())
-    for _ in range(steps):
+    said = None
+    for step in range(1, steps + 1):
+        began = time.monotonic()
         x = torch.randn(32, 16, generator=data)
         opt.zero_grad()
         loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
         loss.backward()  # DDP averages the gradients over the ranks (gloo allreduce)
         opt.step()
+        # the model is the same on every rank: one saves it, and says so
+        if rank == 0 and saves_after(step, steps, save_every):
+            torch.save(model.module.state_dict(), "/tmp/checkpoint.pt")
+            said = say_checkpointed(time.time())
+        time.sleep(max(0.0, step_seconds - (time.monotonic() - began)))
     # averaged gradients keep the replicas equal: every rank ends with the same parameters
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     everyone = [torch.empty_like(params) for _ in range(world)]
@@ -134,9 +151,8 @@ def ddp(steps: int) -> dict[str, Any]:
     in_sync = all(torch.equal(p, params) for p in everyone)
     out.update(steps=steps, loss=round(float(loss), 6), in_sync=in_sync,
                ok=out["ok"] and in_sync)
-    if rank == 0:  # the model is the same on every rank: one saves it, and says so
-        torch.save(model.module.state_dict(), "/tmp/checkpoint.pt")
-        out["checkpoint_said"] = say_checkpointed(time.time())
+    if said is not None:
+        out["checkpoint_said"] = said
     return out
 
 
@@ -194,14 +210,23 @@ def launch(args: list[str], within: float = 300) -> None:
     os.execvp("mpirun", ["mpirun", *args])
 
 
+def ddp_args(argv: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="rank.py ddp")
+    parser.add_argument("steps", type=int, nargs="?", default=5)
+    parser.add_argument("--step-seconds", type=float, default=0.0)
+    parser.add_argument("--save-every", type=int, default=0)
+    return vars(parser.parse_args(argv))
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["launch"]:
         launch(argv[1:])
     if argv[:1] == ["sshd"]:
         sshd()
     if argv[:1] not in (["mpi"], ["ddp"]):
-        sys.exit("usage: rank.py mpi | ddp [STEPS] | launch MPIRUN-ARGS... | sshd")
-    out = mpi() if argv[0] == "mpi" else ddp(int(argv[1]) if len(argv) > 1 else 5)
+        sys.exit("usage: rank.py mpi | ddp [STEPS] [--step-seconds S] [--save-every N]"
+                 " | launch MPIRUN-ARGS... | sshd")
+    out = mpi() if argv[0] == "mpi" else ddp(**ddp_args(argv[1:]))
     print(json.dumps(out, sort_keys=True), flush=True)
     return 0 if out["ok"] else 1
 
