@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jobruns import TRAINER, ensure_trainer, finished, made, role
 from jobs import ensure_namespace
 from layout import GPUS_PER_NODE, RACKS, TRAINING_LABEL
 from operator_runs import delete_all, delete_and_wait, training_operator_running
@@ -31,68 +32,12 @@ from e2e import training
 from e2e.jobkind_scenarios import PYTORCHJOBS
 from e2e.node import schedulers
 from e2e.node.cluster import NodeCluster
-from e2e.probes import eventually, pods_of
+from e2e.probes import pods_of
 from webhook import keys
-from webhook.kube import (
-    COSCHEDULING_PODGROUPS,
-    MPIJOBS,
-    VOLCANO_PODGROUPS,
-    ApiError,
-    KubeApi,
-    Resource,
-)
-from webhook.policy.operators import JOB_ROLE_LABEL
+from webhook.kube import COSCHEDULING_PODGROUPS, MPIJOBS, VOLCANO_PODGROUPS, KubeApi, Resource
 
 TRAIN_NS = "train-rack"
 WORKERS = 2
-
-
-#: a pod in one of these states will not run by itself: its job fails at once, saying why
-HOPELESS = {"UnexpectedAdmissionError", "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"}
-
-
-def waiting_reasons(pod: dict[str, Any]) -> list[str]:
-    status = pod.get("status") or {}
-    return [status.get("reason", "")] + [
-        (c.get("state") or {}).get("waiting", {}).get("reason", "")
-        for c in status.get("initContainerStatuses", []) + status.get("containerStatuses", [])]
-
-
-async def finished(kube: KubeApi, resource: Resource, name: str, ns: str,
-                   within: float = 600) -> str:
-    """The job's end: "Succeeded" or "Failed"."""
-    async def ended() -> str | None:
-        stuck = [(p["metadata"]["name"], why) for p in await pods_of(kube, ns, name)
-                 for why in waiting_reasons(p) if why in HOPELESS]
-        assert not stuck, f"a pod of {ns}/{name} cannot run: {stuck}"
-        job = await kube.get(resource, name, namespace=ns)
-        for cond in (job.get("status") or {}).get("conditions") or []:
-            if cond.get("type") in ("Succeeded", "Failed") and cond.get("status") == "True":
-                return str(cond["type"])
-        return None
-    found: str = await eventually(ended, within=within, interval=1,
-                                  what=f"{resource.kind} {ns}/{name} to finish")
-    return found
-
-
-def role(pods: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return sorted((p for p in pods if p["metadata"]["labels"].get(JOB_ROLE_LABEL) == name),
-                  key=lambda p: p["metadata"]["name"])
-
-
-async def made(kube: KubeApi, resource: Resource, name: str, ns: str) -> dict[str, Any]:
-    """The object once it exists (the webhook makes a PodGroup before it answers the first pod)."""
-    async def get() -> dict[str, Any] | None:
-        try:
-            found: dict[str, Any] = await kube.get(resource, name, namespace=ns)
-        except ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return found
-    got: dict[str, Any] = await eventually(get, within=120, interval=0.5,
-                                           what=f"{resource.kind} {ns}/{name}")
-    return got
 
 
 async def run_mpijob(kube: KubeApi, cluster: NodeCluster, ns: str, name: str,
@@ -163,25 +108,13 @@ async def test_the_same_mpijob_under_coscheduling(
     own_gpus_each(seen)
 
 
-#: the ServiceAccount the PyTorchJob's pods run as: they may patch their own namespace's pods
-TRAINER = "trainer"
-_RBAC = (Resource("", "v1", "serviceaccounts", True, "ServiceAccount"),
-         Resource("rbac.authorization.k8s.io", "v1", "roles", True, "Role"),
-         Resource("rbac.authorization.k8s.io", "v1", "rolebindings", True, "RoleBinding"))
-
-
 async def run_pytorchjob(kube: KubeApi, cluster: NodeCluster, ns: str, name: str,
                          operator_dir: Path) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
     """A master and a worker, 8 GPUs each, DDP with gloo to Succeeded: the pods and the GPUs
     each rank saw. Rank 0 then saved the model and said so on its pod, as its ServiceAccount
     (a user's Role on their pods), through the chart's annotation guard."""
     await delete_all(kube, PYTORCHJOBS, ns)
-    for resource, obj in zip(_RBAC, training.checkpoint_rbac(ns, TRAINER), strict=True):
-        try:
-            await kube.create(resource, obj, namespace=ns)
-        except ApiError as exc:
-            if not exc.conflict:
-                raise
+    await ensure_trainer(kube, ns)
     template = operator_dir / "init-container.yaml"
     template.write_text(training.PYTORCH_INIT_TEMPLATE)
     with training_operator_running(cluster, operator_dir, f"--namespace={ns}",
