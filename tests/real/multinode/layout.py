@@ -10,7 +10,8 @@ RACKS = {"muster-a1": "rack-a", "muster-a2": "rack-a", "muster-b1": "rack-b",
          "muster-b2": "rack-b"}
 GPUS_PER_NODE = 8  # the dgx1-v100 profile
 #: namespaces labelled so, MPIJobs, PyTorchJobs and JobSets are gangs of Muster's binder
-#: within one rack (an admin's own policy, shipped beside the examples: `TRAINING_POLICY`)
+#: within one rack, which may preempt jobs of lower priority (an admin's own policy, shipped
+#: beside the examples: `TRAINING_POLICY`)
 TRAINING_LABEL = {"muster.io/training": "rack"}
 TRAINING_POLICY = {
     "apiVersion": "muster.io/v1alpha1", "kind": "SchedulingPolicy",
@@ -20,7 +21,9 @@ TRAINING_POLICY = {
         "match": {"namespaceSelector": {"matchLabels": TRAINING_LABEL},
                   "ownerKinds": ["kubeflow.org/MPIJob", "kubeflow.org/PyTorchJob",
                                  "jobset.x-k8s.io/JobSet"]},
-        "gang": {"backend": "muster", "minAvailable": "auto", "scheduleTimeoutSeconds": 600},
+        # a job of higher priority may have whole jobs of lower priority evicted to fit
+        "gang": {"backend": "muster", "minAvailable": "auto", "scheduleTimeoutSeconds": 600,
+                 "preemption": "LowerPriority"},
         "topology": {"mode": "required", "network": {"required": LEAF}}}}
 
 
