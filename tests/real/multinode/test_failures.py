@@ -165,8 +165,11 @@ async def test_a_dead_kubelet_restarts_the_gang_whole_in_a_healthy_rack(
             again = await eventually(restarted, within=300, interval=2,
                                      what="JobSet to restart the gang and the binder to place it")
             racks = {RACKS[p["spec"]["nodeName"]] for p in again}
-            assert len(racks) == 1 and racks != first_rack, \
-                f"placed on {[p['spec']['nodeName'] for p in again]}"
+            # who placed each pod, and whether the webhook made it a gang member, when not
+            assert len(racks) == 1 and racks != first_rack, [
+                (p["spec"]["nodeName"], p["spec"].get("schedulerName"),
+                 (p["metadata"].get("annotations") or {}).get(keys.ANN_GANG_NAME))
+                for p in again]
             check_assignments(again, await seen_by_ranks(node_cluster, again))
             evicted = (await kube.list(EVENTS, namespace=ns, field_selector=(
                 f"involvedObject.name={victim['metadata']['name']}")))["items"]
