@@ -7,11 +7,27 @@ from typing import Any
 
 from e2e import training
 from e2e.probes import eventually, pods_of
-from webhook.kube import ApiError, KubeApi, Resource
+from webhook.kube import PODS, ApiError, KubeApi, Resource
 from webhook.policy.operators import JOB_ROLE_LABEL
 
 #: a pod in one of these states will not run by itself: its job fails at once, saying why
 HOPELESS = {"UnexpectedAdmissionError", "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"}
+
+
+def live(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+async def running(kube: KubeApi, ns: str, selector: str, count: int, within: float = 300
+                  ) -> list[dict[str, Any]]:
+    """The `count` live pods of `selector`, once every one runs."""
+    async def up() -> list[dict[str, Any]] | None:
+        pods = live((await kube.list(PODS, namespace=ns, label_selector=selector))["items"])
+        return pods if len(pods) == count and all(
+            p["status"].get("phase") == "Running" for p in pods) else None
+    found: list[dict[str, Any]] = await eventually(up, within=within, interval=1,
+                                                   what=f"{count} pods of {selector} running")
+    return found
 
 
 def waiting_reasons(pod: dict[str, Any]) -> list[str]:

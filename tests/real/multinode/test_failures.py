@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobruns import live, running
 from jobs import ensure_namespace
 from layout import GPUS_PER_NODE, RACKS, TRAINING_LABEL
 from ranks import check_assignments, printed, visible
@@ -33,22 +34,6 @@ from webhook import keys
 from webhook.kube import EVENTS, JOBS, LEASES, NODES, PODS, SERVICES, ApiError, KubeApi
 
 RACK_NS = "failure-rack"  # the shipped network-rack policy: Indexed Jobs, required rack
-
-
-def live(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-
-
-async def running(kube: KubeApi, ns: str, selector: str, count: int, within: float = 300
-                  ) -> list[dict[str, Any]]:
-    """The `count` live pods of `selector`, once every one runs."""
-    async def up() -> list[dict[str, Any]] | None:
-        pods = live((await kube.list(PODS, namespace=ns, label_selector=selector))["items"])
-        return pods if len(pods) == count and all(
-            p["status"].get("phase") == "Running" for p in pods) else None
-    found: list[dict[str, Any]] = await eventually(up, within=within, interval=1,
-                                                   what=f"{count} pods of {selector} running")
-    return found
 
 
 async def seen_by_ranks(cluster: NodeCluster, pods: list[dict[str, Any]]

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobruns import TRAINER, ensure_trainer, finished
+from jobruns import TRAINER, ensure_trainer, finished, live, running
 from jobs import ensure_namespace
 from layout import GPUS_PER_NODE, RACKS, TRAINING_LABEL
 from operator_runs import delete_all, delete_and_wait, training_operator_running
@@ -48,15 +48,12 @@ from webhook import keys
 from webhook.binder.evict import PREEMPTED, PREEMPTING
 from webhook.cli import main
 from webhook.kube import EVENTS, KubeApi, Resource
+from webhook.policy.workload import JOB_NAME_LABEL
 
 NS = "train-preempt"
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", False, "PriorityClass")
 LOW, URGENT = "muster-test-train-low", "muster-test-train-urgent"
 JOBS = ("saver", "runner", "urgent")
-
-
-def live(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
 def rack(pods: list[dict[str, Any]]) -> str:
@@ -68,14 +65,9 @@ def epoch(stamp: str) -> int:
     return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
 
 
-async def running_whole(kube: KubeApi, name: str, within: float = 300) -> list[dict[str, Any]]:
+async def running_whole(kube: KubeApi, name: str) -> list[dict[str, Any]]:
     """The job's 2 live pods once both run, on two nodes."""
-    async def up() -> list[dict[str, Any]] | None:
-        pods = live(await pods_of(kube, NS, name))
-        return pods if len(pods) == 2 and all(
-            (p.get("status") or {}).get("phase") == "Running" for p in pods) else None
-    found: list[dict[str, Any]] = await eventually(up, within=within, interval=1,
-                                                   what=f"{NS}/{name} running whole")
+    found = await running(kube, NS, f"{JOB_NAME_LABEL}={name}", 2)
     assert len({p["spec"]["nodeName"] for p in found}) == 2, "two nodes"
     return found
 
