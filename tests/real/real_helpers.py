@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import re
 import subprocess
@@ -21,6 +22,7 @@ from e2e.node.kubectl import crd_documents, kubectl, wait_established, write_lis
 from e2e.probes import eventually, open_volcano_queues
 from webhook import keys
 from webhook.binder.controller import Binder, BinderConfig
+from webhook.cli import main
 from webhook.demo import EXAMPLE_POLICIES
 from webhook.kube import EVENTS, PODS, ApiError, KubeApi, Resource, make_api_client
 from webhook.topology import codec
@@ -28,9 +30,10 @@ from webhook.topology.model import Topology
 
 __all__ = ["NETWORK_LEVELS", "agent_dra_state", "agent_pod", "assigned_indices", "assigned_uuids",
            "binder_as_chart", "bound_whole", "chart_binder_grant", "crd_documents", "delete_now",
-           "diagnostics", "failed_scheduling", "fake_node", "gpu_pod", "kubectl", "pod_ready",
-           "policies_everywhere", "policy_digests", "release_values", "run_helm",
-           "upgrade_release", "wait_established", "wait_webhook_pods", "webhook_pods", "with_api"]
+           "diagnostics", "failed_scheduling", "fake_node", "gpu_pod", "kubectl", "muster_json",
+           "pod_events", "pod_ready", "policies_everywhere", "policy_digests", "release_values",
+           "run_helm", "upgrade_release", "wait_established", "wait_webhook_pods", "webhook_pods",
+           "with_api"]
 
 #: the binder's network levels (docs/topology.md): Topograph's spine (a block) and leaf (a
 #: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
@@ -366,6 +369,26 @@ async def delete_now(kube: KubeApi, path: str) -> None:
     except ApiError as exc:
         if not exc.not_found:
             raise
+
+
+async def muster_json(kubeconfig: Path, *argv: str) -> Any:
+    """`muster ARGV --kubeconfig K -o json` against the cluster, in this process (the CLI an
+    admin runs): its JSON output, once it exits 0."""
+    def run() -> tuple[int, str]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main([*argv, "--kubeconfig", str(kubeconfig), "-o", "json"])
+        return code, out.getvalue()
+    code, out = await asyncio.to_thread(run)
+    assert code == 0, out
+    return json.loads(out)
+
+
+async def pod_events(kube: KubeApi, ns: str, reason: str) -> dict[str, str]:
+    """Pod name -> the message of the `reason` Event about it."""
+    items = (await kube.list(EVENTS, namespace=ns, field_selector=f"reason={reason}"))["items"]
+    return {e["involvedObject"]["name"]: e["message"] for e in items
+            if e["involvedObject"].get("kind") == "Pod"}
 
 
 def gpu_pod(name: str, ns: str, scheduler: str, gpus: int, *, gang: str | None = None,

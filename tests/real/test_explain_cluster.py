@@ -6,9 +6,6 @@ scheduler-plugins, which the shipped mpi-coscheduling policy names)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,13 +13,12 @@ from typing import Any
 
 import pytest
 from jobs import delete_jobs, ensure_namespace, mpijob, submit
-from real_helpers import kubectl, with_api
+from real_helpers import kubectl, muster_json, with_api
 
 from e2e.node.cluster import NodeCluster
 from e2e.node.kubectl import write_list
 from e2e.probes import eventually
 from webhook import keys
-from webhook.cli import main
 from webhook.kube import MPIJOBS, PODS, KubeApi
 from webhook.policy import operators
 
@@ -73,34 +69,13 @@ def reader(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
         kubectl(node_cluster, "delete", "--ignore-not-found", "-f", str(work / "rbac.json"))
 
 
-def _muster(*argv: str) -> tuple[int, Any]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(list(argv))
-    return code, json.loads(out.getvalue() or "null")
-
-
-async def _explain(kubeconfig: Path, what: str, target: str) -> dict[str, Any]:
-    code, found = await asyncio.to_thread(_muster, "explain", what, target, "--kubeconfig",
-                                          str(kubeconfig), "-o", "json")
-    assert code == 0, found
-    return dict(found)
-
-
-async def _gangs(kubeconfig: Path, *argv: str) -> list[dict[str, Any]]:
-    code, found = await asyncio.to_thread(_muster, "gangs", "--kubeconfig", str(kubeconfig),
-                                          "-o", "json", *argv)
-    assert code == 0
-    return list(found)
-
-
 async def test_a_binder_gang_short_of_members_waits_for_them(kube: KubeApi, reader: Path
                                                              ) -> None:
     ns = await ensure_namespace(kube, TOPO, {
         keys.LABEL_GPU_TOPOLOGY: keys.LABEL_GPU_TOPOLOGY_ENABLED})
     made = await kube.create(MPIJOBS, mpijob("short", ns, workers=2), namespace=ns)
     await kube.create(PODS, operators.mpi_worker_pods(made)[0], namespace=ns)  # 1 pod of 3
-    found = await _explain(reader, "job", f"{ns}/short")
+    found = await muster_json(reader, "explain", "job", f"{ns}/short")
     assert found["job"] == "kubeflow.org/MPIJob short" and found["pods"] == 1
     verdicts = {v["policy"]: v for v in found["policies"]}
     assert verdicts["mpi-topology"]["matched"] == 1
@@ -112,7 +87,7 @@ async def test_a_binder_gang_short_of_members_waits_for_them(kube: KubeApi, read
             gang["waiting_kind"]) == ("muster", 1, 0, 3, "Pending", "members"), gang
     assert "1 of minMember 3" in gang["waiting"]
     assert "its other pods do not exist" in report["advice"]
-    listed = await _gangs(reader, "-n", ns, "--state", "pending")
+    listed = await muster_json(reader, "gangs", "-n", ns, "--state", "pending")
     assert [(g["job"], g["waiting_kind"]) for g in listed] == [("MPIJob/short", "members")]
 
 
@@ -123,7 +98,7 @@ async def test_a_binder_gang_bound_whole_runs_with_the_binders_events(
     await submit(kube, mpijob("whole", ns, workers=1))
 
     async def running() -> dict[str, Any] | None:
-        found = await _explain(reader, "job", f"{ns}/whole")
+        found = await muster_json(reader, "explain", "job", f"{ns}/whole")
         gangs = [r["gang"] for r in found["gangs"]]
         return found if found["pods"] == 2 and gangs and gangs[0]["state"] == "Running" \
             else None
@@ -133,10 +108,10 @@ async def test_a_binder_gang_bound_whole_runs_with_the_binders_events(
     assert found["gangs"][0]["object"] == ""  # backend muster: no gang object
     scheduled = [e for e in found["events"] if e["reason"] == "Scheduled"]
     assert scheduled and all("as part of gang" in e["message"] for e in scheduled), found
-    one = await _explain(reader, "pod", f"{ns}/whole-worker-0")
+    one = await muster_json(reader, "explain", "pod", f"{ns}/whole-worker-0")
     assert one["job"] == "kubeflow.org/MPIJob whole" and one["pods"] == 1
     assert [r["gang"]["name"] for r in one["gangs"]] == [gang["name"]]
-    running_gangs = await _gangs(reader, "-A", "--state", "Running")
+    running_gangs = await muster_json(reader, "gangs", "-A", "--state", "Running")
     assert any(g["namespace"] == ns and g["job"] == "MPIJob/whole" for g in running_gangs)
     assert not [g for g in running_gangs if g["job"] == "MPIJob/short"]
 
@@ -147,7 +122,7 @@ async def test_a_coscheduling_podgroup_no_scheduler_looks_at(kube: KubeApi, read
     await submit(kube, mpijob("idle", ns, workers=1))
 
     async def both() -> dict[str, Any] | None:
-        found = await _explain(reader, "job", f"{ns}/idle")
+        found = await muster_json(reader, "explain", "job", f"{ns}/idle")
         return found if found["pods"] == 2 and found["gangs"] else None
     found = await eventually(both, within=120, interval=2, what="idle's two pods")
     [report] = found["gangs"]

@@ -27,6 +27,7 @@ from real_helpers import (
     delete_now,
     fake_node,
     gpu_pod,
+    pod_events,
 )
 
 from e2e.node.cluster import NodeCluster
@@ -34,7 +35,7 @@ from e2e.probes import eventually
 from webhook import keys
 from webhook.binder.controller import Binder, BinderConfig
 from webhook.binder.evict import PREEMPTED, PREEMPTING
-from webhook.kube import EVENTS, NODES, PDBS, PODS, KubeApi, Resource
+from webhook.kube import NODES, PDBS, PODS, KubeApi, Resource
 from webhook.topology import builtin
 from webhook.topology.network import Levels
 
@@ -84,11 +85,6 @@ async def racks(kube: KubeApi, node_cluster: NodeCluster, tmp_path: Path
         await delete_now(kube, PDBS.path(NS, "keep-b"))
         for name in (LOW, HIGH):
             await delete_now(kube, PRIORITY_CLASSES.path(None, name))
-
-
-async def _reasons(kube: KubeApi, reason: str) -> dict[str, str]:
-    events = (await kube.list(EVENTS, namespace=NS, field_selector=f"reason={reason}"))["items"]
-    return {e["involvedObject"]["name"]: e["message"] for e in events}
 
 
 async def test_one_racks_gang_is_evicted_whole_for_a_high_gang_and_the_budget_holds(
@@ -201,5 +197,5 @@ async def test_the_gang_that_checkpointed_last_goes_when_its_job_says_so(
 
 
 async def _told(kube: KubeApi, reason: str, count: int) -> dict[str, str] | None:
-    found = await _reasons(kube, reason)
+    found = await pod_events(kube, NS, reason)
     return found if len(found) >= count else None

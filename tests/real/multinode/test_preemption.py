@@ -22,11 +22,7 @@ Then, through the real Eviction API, kubelets and training operator:
 
 from __future__ import annotations
 
-import asyncio
 import calendar
-import contextlib
-import io
-import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -38,7 +34,7 @@ from jobs import ensure_namespace
 from layout import GPUS_PER_NODE, RACKS, TRAINING_LABEL
 from operator_runs import delete_all, delete_and_wait, training_operator_running
 from ranks import check_assignments, check_sums, printed, visible
-from real_helpers import delete_now
+from real_helpers import delete_now, muster_json, pod_events
 
 from e2e import training
 from e2e.jobkind_scenarios import PYTORCHJOBS
@@ -46,8 +42,7 @@ from e2e.node.cluster import NodeCluster
 from e2e.probes import eventually, pods_of
 from webhook import keys
 from webhook.binder.evict import PREEMPTED, PREEMPTING
-from webhook.cli import main
-from webhook.kube import EVENTS, KubeApi, Resource
+from webhook.kube import KubeApi, Resource
 from webhook.policy.workload import JOB_NAME_LABEL
 
 NS = "train-preempt"
@@ -70,27 +65,6 @@ async def running_whole(kube: KubeApi, name: str) -> list[dict[str, Any]]:
     found = await running(kube, NS, f"{JOB_NAME_LABEL}={name}", 2)
     assert len({p["spec"]["nodeName"] for p in found}) == 2, "two nodes"
     return found
-
-
-async def explain(cluster: NodeCluster, job: str) -> dict[str, Any]:
-    """`muster explain job JOB -o json` against the cluster."""
-    def run() -> tuple[int, str]:
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            code = main(["explain", "job", job, "--kubeconfig", str(cluster.kubeconfig),
-                         "-o", "json"])
-        return code, out.getvalue()
-    code, out = await asyncio.to_thread(run)
-    assert code == 0, out
-    found: dict[str, Any] = json.loads(out)
-    return found
-
-
-async def events(kube: KubeApi, reason: str) -> dict[str, str]:
-    """Pod name -> the message of the `reason` Event about it."""
-    items = (await kube.list(EVENTS, namespace=NS, field_selector=f"reason={reason}"))["items"]
-    return {e["involvedObject"]["name"]: e["message"] for e in items
-            if e["involvedObject"].get("kind") == "Pod"}
 
 
 @pytest.fixture
@@ -162,18 +136,18 @@ async def test_the_job_that_saved_last_is_preempted_whole_and_comes_back_whole(
         p["metadata"]["uid"] for p in runner}
     assert not {p["metadata"]["uid"] for p in saver} & {
         p["metadata"]["uid"] for p in await pods_of(kube, NS, "saver")}
-    preempted = await events(kube, PREEMPTED)
+    preempted = await pod_events(kube, NS, PREEMPTED)
     assert set(preempted) == {p["metadata"]["name"] for p in saver}, preempted
     told = preempted[saver[0]["metadata"]["name"]]
     assert told.startswith(f"preempted by gang {NS}/urgent of priority 100000: gang {NS}/saver "
                            "(priority 100) is evicted whole"), told
     assert f"its job's last checkpoint ({keys.ANN_LAST_CHECKPOINT}) was at " in told, told
-    preempting = await events(kube, PREEMPTING)
+    preempting = await pod_events(kube, NS, PREEMPTING)
     assert set(preempting) == {p["metadata"]["name"] for p in urgent}, preempting
     assert f"({NS}/saver; 16 GPUs)" in next(iter(preempting.values())), preempting
 
     # its owner asks the cluster what happened to saver: `muster explain` says it
-    found = await explain(node_cluster, f"{NS}/saver")
+    found = await muster_json(node_cluster.kubeconfig, "explain", "job", f"{NS}/saver")
     said = {(e["reason"], e["object"]) for e in found["events"]}
     assert {(PREEMPTED, f"pod/{p['metadata']['name']}") for p in saver} <= said, found["events"]
 
