@@ -32,7 +32,7 @@ from webhook.binder.pods import parse_pod
 from webhook.binder.queue import GangQueue
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.kube import KubeApi
-from webhook.kube.api import PODS, VOLCANO_HYPERNODES
+from webhook.kube.api import CRDS, PODS, VOLCANO_HYPERNODES
 from webhook.topology.hierarchy import place_gang
 from webhook.topology.network import HOSTNAME, Levels
 
@@ -222,18 +222,25 @@ def test_a_volcano_gang_is_placed_within_the_hypernodes() -> None:
     assert len(p.places) == 1
 
 
+@pytest.mark.parametrize("crd_later", [False, True], ids=["crd-installed", "crd-installed-later"])
 async def test_the_binder_reads_hypernodes_as_they_change(
-        apiserver: ApiServerEmulator, kube: KubeApi) -> None:
+        apiserver: ApiServerEmulator, kube: KubeApi, shared_crds: list[dict[str, Any]],
+        crd_later: bool) -> None:
     """Through the emulator: a leaf-bound gang of two whole nodes waits while no HyperNode
     holds the nodes (each node is then its own narrowest domain), and is bound within the one
-    leaf with room once the HyperNodes are created."""
+    leaf with room once the HyperNodes are created; also where Volcano's HyperNode CRD is
+    installed only after the binder started (webhook.binder.sources)."""
+    [crd] = [c for c in shared_crds if c["spec"]["names"]["plural"] == "hypernodes"]
+    if crd_later:
+        await kube.delete(CRDS, crd["metadata"]["name"])
     for n in spread_nodes():
         apiserver.seed(n)
     # half of a-0 taken: leaf a has 12 free GPUs, b 16; the fewest nodes by name would be a-1
     # and b-0, across the leaves
     apiserver.seed(pod("busy", gpus=4, node_name="a-0", topology=None))
     b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
-                                  network_levels=network_levels("volcano")))
+                                  network_levels=network_levels("volcano"),
+                                  crd_probe_seconds=0.1))
     async with serving(b):
         for p in job("j", workers=2, gpus=8, topology=topo(level="tier:1")):
             await kube.create(PODS, p)
@@ -245,6 +252,8 @@ async def test_the_binder_reads_hypernodes_as_they_change(
         assert "needs 16 GPUs (2 members x 8 GPUs) on one node" in reason
         assert not any(p["spec"].get("nodeName") for p in apiserver.objects("pods", "team-a")
                        if p["metadata"]["name"].startswith("j-"))
+        if crd_later:
+            await kube.create(CRDS, crd)
         for obj in fabric():
             await kube.create(VOLCANO_HYPERNODES, obj)
 

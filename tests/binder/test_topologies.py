@@ -25,7 +25,7 @@ from webhook.binder.topologies import Read, TopologyView, listed
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.failures import UsageError
 from webhook.kube import KubeApi
-from webhook.kube.api import PODS, TOPOLOGIES
+from webhook.kube.api import CRDS, PODS, TOPOLOGIES
 from webhook.topology.hierarchy import place_gang
 from webhook.topology.network import Levels, TopologyRef
 
@@ -103,16 +103,25 @@ def _topo(level: str) -> str:
                        "network": {"level": level, "mode": "required"}})
 
 
+@pytest.mark.parametrize("crd_later", [False, True], ids=["crd-installed", "crd-installed-later"])
 async def test_the_binder_follows_a_kai_topology_as_it_changes(
-        apiserver: ApiServerEmulator, kube: KubeApi, caplog: pytest.LogCaptureFixture) -> None:
+        apiserver: ApiServerEmulator, kube: KubeApi, caplog: pytest.LogCaptureFixture,
+        shared_crds: list[dict[str, Any]], crd_later: bool) -> None:
     """Through the emulator: a gang that requires the `rack` alias waits while no Topology
     says what it is (no node has a label `rack`), and lands in one rack once the KAI Topology
-    is created; a bad edit and the deletion are logged, and the levels stay."""
+    is created; a bad edit and the deletion are logged, and the levels stay. Also where KAI's
+    Topology CRD is installed only after the binder started (webhook.binder.sources)."""
+    kai = TOPOLOGIES["kai"][-1]  # (the shared CRD serves v1alpha1)
+    [crd] = [c for c in shared_crds if c["spec"]["group"] == kai.group
+             and c["spec"]["names"]["plural"] == kai.plural]
+    if crd_later:
+        await kube.delete(CRDS, crd["metadata"]["name"])
     for n in racked_nodes():
         apiserver.seed(n)
     caplog.set_level("INFO", logger="webhook.binder.controller")
     b = Binder(kube, BinderConfig(backoff_initial=0.05, backoff_max=0.2,
-                                  network_levels=network_levels("kai:cluster")))
+                                  network_levels=network_levels("kai:cluster"),
+                                  crd_probe_seconds=0.1))
     async with serving(b):
         assert any(r.getMessage().startswith("KAI Topology cluster not found")
                    for r in caplog.records)
@@ -124,7 +133,8 @@ async def test_the_binder_follows_a_kai_topology_as_it_changes(
                 if b.last_plan else []
         [reason] = await eventually(waits, within=5)
         assert "no node has the label rack" in reason, reason
-        kai = TOPOLOGIES["kai"][-1]  # (the shared CRD serves v1alpha1)
+        if crd_later:
+            await kube.create(CRDS, crd)
         await kube.create(kai, topology())
 
         def racks() -> set[tuple[str, ...]]:

@@ -5,6 +5,7 @@ against the API server, as the chart's binder service account (impersonated) wit
 rule of the chart's binder ClusterRole rendered for `binder.networkLevels: kai:NAME` (so a chart
 that grants too little fails here). A gang that names another KAI Topology (KAI's
 `kai.scheduler/topology`, as the webhook writes it into the request) is placed by that one.
+The CRD installed only after the binder started is read with no restart of the binder.
 
 No kubelet runs the nodes (their pods are bound and stay Pending); a taint only these pods
 tolerate keeps every other test's pods off them."""
@@ -12,6 +13,8 @@ tolerate keeps every other test's pods off them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +26,7 @@ from real_helpers import (
     binder_as_chart,
     bound_whole,
     chart_binder_grant,
+    crd_documents,
     delete_now,
     fake_node,
     gpu_pod,
@@ -32,7 +36,7 @@ from e2e.node.cluster import NodeCluster
 from e2e.probes import eventually
 from webhook.binder.cli import network_levels
 from webhook.binder.controller import Binder, BinderConfig
-from webhook.kube import NODES, PODS, ApiError, KubeApi
+from webhook.kube import CRDS, NODES, PODS, ApiError, KubeApi
 from webhook.kube.api import TOPOLOGIES
 from webhook.topology import builtin
 from webhook.topology.network import Levels
@@ -66,25 +70,31 @@ def _pod(name: str, gpus: int, *, level: str | None = None, topology: str | None
     return gpu_pod(name, NS, SCHEDULER, gpus, network=network, **kw)
 
 
-@pytest.fixture
-async def fabric(kube: KubeApi, node_cluster: NodeCluster, tmp_path: Path
-                 ) -> AsyncIterator[Binder]:
+@contextlib.asynccontextmanager
+async def _fabric(kube: KubeApi, node_cluster: NodeCluster, tmp_path: Path, **config: Any
+                  ) -> AsyncIterator[Binder]:
     """One block of two racks of two nodes, and a binder reading KAI's Topologies (its own not
     there yet) as the chart's binder service account; all gone after, the Topologies too."""
     nodes = [fake_node(f"kt-r{r}-{i}", builtin("hgx-h100"), {BLOCK: "b0", RACK: f"r{r}"},
                        TAINT) for r in range(2) for i in range(2)]
     await ensure_namespace(kube, NS)
-    config = BinderConfig(scheduler_name=SCHEDULER, backoff_initial=0.2, backoff_max=2.0,
-                          event_interval=5, network_levels=network_levels(FLAG),
-                          starvation_seconds=3600)
     grant = chart_binder_grant(tmp_path, FLAG, "kai.scheduler", GRANT)
     try:
-        async with binder_as_chart(kube, node_cluster, config, grant=grant,
-                                   objects=[(NODES, n) for n in nodes], ns=NS) as binder:
+        async with binder_as_chart(kube, node_cluster, BinderConfig(
+                scheduler_name=SCHEDULER, backoff_initial=0.2, backoff_max=2.0, event_interval=5,
+                network_levels=network_levels(FLAG), starvation_seconds=3600, **config),
+                grant=grant, objects=[(NODES, n) for n in nodes], ns=NS) as binder:
             yield binder
     finally:
         for name in (TOPOLOGY, f"{TOPOLOGY}-wide"):
             await delete_now(kube, KAI.path(None, name))
+
+
+@pytest.fixture
+async def fabric(kube: KubeApi, node_cluster: NodeCluster, tmp_path: Path
+                 ) -> AsyncIterator[Binder]:
+    async with _fabric(kube, node_cluster, tmp_path) as binder:
+        yield binder
 
 
 async def _racks_of(kube: KubeApi, prefix: str, count: int) -> set[str]:
@@ -153,3 +163,55 @@ async def test_a_gang_follows_the_kai_topology_as_the_admin_edits_it(
         await kube.create(PODS, _pod(f"in-unit-{i}", 8, gang="in-unit", members=3, level="unit",
                                      topology=f"kai:{TOPOLOGY}-wide"), namespace=NS)
     assert await _racks_of(kube, "in-unit-", 3) == {"kt-r0", "kt-r1"}
+
+
+async def _crd_gone(kube: KubeApi, name: str) -> bool:
+    try:
+        await kube.get(CRDS, name)
+    except ApiError as exc:
+        if exc.not_found:
+            return True
+        raise
+    return False
+
+
+async def _established(kube: KubeApi, name: str) -> bool:
+    conditions = (await kube.get(CRDS, name)).get("status", {}).get("conditions") or []
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+
+async def test_kais_topology_crd_installed_after_the_binder_started_is_read_without_a_restart(
+        kube: KubeApi, node_cluster: NodeCluster, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """KAI's Topology CRD deleted from the API server, then a binder started: it says the CRD
+    is missing. The admin installs it (../shared/crds, as the cluster had it) and creates the
+    Topology: the binder reads its levels within its probe interval, and a gang that requires
+    the `rack` alias is bound in one rack. The CRD is back whatever the outcome."""
+    [crd] = [d for d in crd_documents() if d["spec"]["group"] == KAI.group
+             and d["spec"]["names"]["plural"] == KAI.plural]
+    name = crd["metadata"]["name"]
+    caplog.set_level(logging.INFO, logger="webhook.binder")
+    await kube.delete(CRDS, name)
+    try:
+        await eventually(lambda: _crd_gone(kube, name), within=60, what=f"CRD {name} deleted")
+        async with _fabric(kube, node_cluster, tmp_path, crd_probe_seconds=1.0) as binder:
+            said = [r.getMessage() for r in caplog.records]
+            assert f"KAI Topology {TOPOLOGY}: the Topology CRD is not installed: no network " \
+                "levels until it is" in said, said
+            await kube.create(CRDS, copy.deepcopy(crd))
+            await eventually(lambda: _established(kube, name), within=60,
+                             what=f"CRD {name} Established")
+            await kube.create(KAI, _topology("rack"))
+            aliased = Levels((BLOCK, RACK), (("block", BLOCK), ("rack", RACK)))
+            await eventually(lambda: binder.plan_config.levels == aliased, within=30,
+                             what="the binder's levels from the Topology of the late CRD")
+            assert "resource now served: reading it" in [r.getMessage() for r in caplog.records]
+            for i in range(2):
+                await kube.create(PODS, _pod(f"late-{i}", 8, gang="late", members=2,
+                                             level="rack"), namespace=NS)
+            assert len(await _racks_of(kube, "late-", 2)) == 1
+    finally:
+        if await _crd_gone(kube, name):
+            await kube.create(CRDS, copy.deepcopy(crd))
+        await eventually(lambda: _established(kube, name), within=60,
+                         what=f"CRD {name} back")

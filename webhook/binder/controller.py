@@ -38,6 +38,7 @@ from webhook.binder.preempting import Preemptions
 from webhook.binder.queue import GangQueue
 from webhook.binder.reports import Reporter, Timeline
 from webhook.binder.snapshot import Snapshot
+from webhook.binder.sources import Source, Sources
 from webhook.binder.topologies import TopologyView, listed
 from webhook.binder.writes import Writer, fence_check
 from webhook.kube.api import (
@@ -50,9 +51,7 @@ from webhook.kube.api import (
     RESOURCE_SLICES,
     TOPOLOGIES,
     VOLCANO_HYPERNODES,
-    ApiError,
     KubeApi,
-    Resource,
 )
 from webhook.kube.events import EventRecorder
 from webhook.kube.informer import Informer
@@ -88,6 +87,8 @@ class BinderConfig:
     #: whether a gang whose policy does not say may preempt gangs of lower priority
     #: (`--preemption`: "Never" or "LowerPriority")
     preemption: str = "Never"
+    #: how often a CRD not served is looked for again (webhook.binder.sources)
+    crd_probe_seconds: float = 60.0
 
 
 class Binder:
@@ -148,6 +149,7 @@ class Binder:
                               pods=self._pods, dra=self._dra, reports=self._reports,
                               metrics=self.metrics, queue=self.queue, check_fence=check_fence,
                               acks_allocation=self._acks_allocation, freed=self._freed)
+        self.sources = Sources(api, self.config.crd_probe_seconds)
         self.preemptions = Preemptions(
             Evictor(api, self.recorder, self.metrics, self._pods.raw, check_fence),
             self.snapshot)
@@ -348,10 +350,15 @@ class Binder:
         informers = await self._informers()
         tasks = [asyncio.create_task(i.run(), name=f"informer:{i.resource.plural}")
                  for i in informers]
+
+        def start(informer: Informer) -> None:  # a CRD installed since
+            tasks.append(asyncio.create_task(informer.run(),
+                                             name=f"informer:{informer.resource.plural}"))
         try:
             for informer in informers:
                 await informer.synced.wait()
             self.synced.set()
+            tasks.append(asyncio.create_task(self.sources.await_late(start), name="late-crds"))
             if self._topology is not None and not self._topology.seen:
                 log.warning("%s not found: no network levels until it is created (a gang that "
                             "names a level is placed by that label alone)",
@@ -369,57 +376,34 @@ class Binder:
             self._inflight.clear()
 
     async def _informers(self) -> list[Informer]:
-        """An informer, with its handler, for each resource the binder reads and is served."""
+        """An informer, with its handler, for each resource the binder reads and is served (the
+        CRDs that are not are awaited: webhook.binder.sources)."""
         informers = [Informer(self.api, PODS), Informer(self.api, NODES),
                      Informer(self.api, PDBS)]
         informers[0].add_handler(self._on_pod)
         informers[1].add_handler(self._on_node)
         informers[2].add_handler(self.preemptions.on_pdb)
         dra = "resource not served: no DRA claims are allocated"
-        optional: list[tuple[Resource, Callable[..., None], str, int]] = [
-            (RESOURCE_SLICES, self._on_slice, dra, logging.INFO),
-            (RESOURCE_CLAIMS, self.claims.on_event, dra, logging.INFO),
-            (DEVICE_CLASSES, self._on_device_class, dra, logging.INFO),
-            (COSCHEDULING_PODGROUPS, self._on_pod_group,
-             "coscheduling PodGroup CRD not installed: only muster.io gang annotations",
-             logging.INFO)]
+        optional = [
+            Source((RESOURCE_SLICES,), self._on_slice, dra, late=False),
+            Source((RESOURCE_CLAIMS,), self.claims.on_event, dra, late=False),
+            Source((DEVICE_CLASSES,), self._on_device_class, dra, late=False),
+            Source((COSCHEDULING_PODGROUPS,), self._on_pod_group,
+                   "coscheduling PodGroup CRD not installed: only muster.io gang annotations "
+                   "until it is", found=self._pod_groups_served)]
         if self._hypernodes is not None:  # (asked for: its absence is worth a warning)
-            optional.append((VOLCANO_HYPERNODES, self._on_hypernode,
-                             "Volcano's HyperNode CRD not installed: no network levels",
-                             logging.WARNING))
+            optional.append(Source((VOLCANO_HYPERNODES,), self._on_hypernode,
+                                   "Volcano's HyperNode CRD not installed: no network levels "
+                                   "until it is", logging.WARNING))
         if self._topology is not None:
-            served = await self._first_served(TOPOLOGIES[self._topology.ref.api])
-            if served is None:
-                log.warning("%s: the Topology CRD is not installed: no network levels",
-                            self._topology.ref.says)
-            else:
-                informers.append(Informer(self.api, served))
-                informers[-1].add_handler(self._on_topology)
-        for resource, handler, missing, level in optional:
-            if await self._served(resource, missing, level):
-                if resource is COSCHEDULING_PODGROUPS:
-                    self._pod_groups = {}
-                informers.append(Informer(self.api, resource))
-                informers[-1].add_handler(handler)
-        return informers
+            optional.append(Source(TOPOLOGIES[self._topology.ref.api], self._on_topology,
+                                   f"{self._topology.ref.says}: the Topology CRD is not "
+                                   "installed: no network levels until it is", logging.WARNING))
+        return informers + await self.sources.informers(optional)
 
-    async def _first_served(self, versions: tuple[Resource, ...]) -> Resource | None:
-        """The first of a resource's versions the API server serves."""
-        for resource in versions:
-            try:
-                await self.api.list(resource, limit=1)
-            except ApiError as exc:
-                if not exc.not_found:
-                    raise
-                continue
-            return resource
-        return None
-
-    async def _served(self, resource: Resource, missing: str, level: int) -> bool:
-        if await self._first_served((resource,)) is None:
-            log.log(level, missing, extra={"resource": resource.plural})
-            return False
-        return True
+    def _pod_groups_served(self) -> None:
+        if self._pod_groups is None:
+            self._pod_groups = {}
 
     async def _loop(self) -> None:
         while True:
