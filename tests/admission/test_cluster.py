@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import ssl
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 from admission_helpers import (
     JOB,
@@ -176,8 +178,10 @@ def _mpijobs() -> Any:
 
 async def test_podgroup_api_error_fails_open(
         tls: Tls, tmp_path: Path, apiserver: ApiServerEmulator, kubeconfig: Path,
-        shared_dir: Path) -> None:
-    """Coscheduling is not installed: the PodGroup create fails, the pod is still admitted."""
+        shared_dir: Path, *, caplog: pytest.LogCaptureFixture) -> None:
+    """Coscheduling is not installed: the PodGroup create fails, the pod is still admitted,
+    and the webhook's log says which pod of which job, and why."""
+    caplog.set_level(logging.INFO, logger="webhook.admission")
     await apiserver.delete("customresourcedefinitions", "podgroups.scheduling.x-k8s.io")
     job = await mpijob_in(apiserver, shared_dir)
     (tmp_path / "p").mkdir()
@@ -195,6 +199,10 @@ async def test_podgroup_api_error_fails_open(
         resp["warnings"]
     assert metric(srv, "muster_podgroup_writes_total", result="error") == 1
     assert metric(srv, "muster_admission_fail_open_total", reason="podgroup") == 1
+    [said] = [r for r in caplog.records if r.getMessage() == "pod admitted failing open"]
+    assert (said.levelno, said.reason, said.namespace, said.owner) == (  # type: ignore[attr-defined]
+        logging.WARNING, "podgroup", worker["request"]["namespace"], f"MPIJob/{JOB}")
+    assert any("could not be written" in w for w in said.warnings)  # type: ignore[attr-defined]
 
 
 async def test_deadline_fails_open_in_time(tls: Tls, policy_dir: Path, tmp_path: Path,

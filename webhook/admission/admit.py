@@ -36,6 +36,7 @@ from typing import Any, Literal, Protocol, TypeGuard
 
 from webhook import jsonpatch
 from webhook.admission.metrics import Metrics
+from webhook.admission.outcomes import OutcomeLog
 from webhook.admission.podgroups import Ensured
 from webhook.admission.reload import PolicyStore
 from webhook.admission.review import AdmissionReview, response
@@ -229,6 +230,7 @@ class Admitter:
         self.audit_events = Once()
         #: set at shutdown: /readyz reports not ready while in-flight requests finish
         self.draining = False
+        self.outcomes = OutcomeLog()
 
     def ready(self) -> bool:
         return not self.draining and self.policies.current is not None and (
@@ -239,6 +241,10 @@ class Admitter:
         result = await self._mutate(review, budget)
         if result.fail_open:
             self.metrics.fail_open.labels(result.fail_open).inc()
+        if result.allowed and (result.fail_open or result.warnings):
+            req = review.request
+            self.outcomes.admitted(req.uid, req.namespace or "", req.object if isinstance(
+                req.object, dict) else {}, fail_open=result.fail_open, warnings=result.warnings)
         for name in result.policies:
             self.metrics.count_decision(name)
         audit = {"policy": ",".join(result.policies)} if result.policies else None
