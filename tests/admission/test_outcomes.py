@@ -21,14 +21,23 @@ class Clock:
 def test_one_line_per_key_per_interval_says_how_many_were_left_out() -> None:
     clock = Clock()
     sampled = Sampled(10.0, clock)
-    assert sampled.allow("owner") == 0
-    assert [sampled.allow("owner") for _ in range(3)] == [None, None, None]
-    assert sampled.allow("deadline") == 0  # another reason has its own interval
+    assert sampled.allow("owner", "team-a") == 0
+    assert [sampled.allow("owner", "team-a") for _ in range(3)] == [None, None, None]
+    assert sampled.allow("deadline", "team-a") == 0  # another reason has its own interval
+    assert sampled.allow("owner", "team-b") == 0  # and another namespace
     clock.now += 9.9
-    assert sampled.allow("owner") is None
+    assert sampled.allow("owner", "team-a") is None
     clock.now += 0.1
-    assert sampled.allow("owner") == 4  # the 4 left out since the last line
-    assert sampled.allow("owner") is None
+    assert sampled.allow("owner", "team-a") == 4  # the 4 left out since the last line
+    assert sampled.allow("owner", "team-a") is None
+
+
+def test_the_keys_remembered_are_bounded() -> None:
+    """A namespace flood (many namespaces) keeps `size` keys; one forgotten is said again."""
+    sampled = Sampled(10.0, Clock(), size=2)
+    assert [sampled.allow("warned", ns) for ns in ("a", "b", "c")] == [0, 0, 0]
+    assert sampled.allow("warned", "c") is None
+    assert sampled.allow("warned", "a") == 0  # forgotten: said again
 
 
 def test_a_pod_admitted_failing_open_is_a_warning_and_one_with_warnings_is_info(

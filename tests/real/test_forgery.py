@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from jobs import PRINT_GPUS, delete_jobs, ensure_namespace, mpijob, submit
-from real_helpers import agent_pod, assigned_uuids, kubectl, wait_webhook_pods
+from real_helpers import agent_pod, assigned_uuids, kubectl, wait_webhook_pods, webhook_pods
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node import image
@@ -167,6 +167,23 @@ async def _mallory(kube: KubeApi, cluster: NodeCluster, tmp_path: Path) -> Mallo
     return Mallory(cluster, tmp_path)
 
 
+async def _webhook_logged(kube: KubeApi, cluster: NodeCluster, pod: str
+                          ) -> dict[str, Any] | None:
+    """The line "pod admitted with warnings" about `pod` in the log of whichever webhook
+    replica answered its create."""
+    for replica in await webhook_pods(kube):
+        out = await asyncio.to_thread(kubectl, cluster, "logs", "-n", NAMESPACE,
+                                      replica["metadata"]["name"], check=False)
+        for line in out.stdout.splitlines():
+            try:
+                said = json.loads(line)
+            except ValueError:
+                continue
+            if said.get("msg") == "pod admitted with warnings" and said.get("pod") == pod:
+                return dict(said)
+    return None
+
+
 async def test_a_pod_owner_cannot_forge_their_way_to_another_pods_gpu(
         kube: KubeApi, node_cluster: NodeCluster, tmp_path: Path) -> None:
     mallory = await _mallory(kube, node_cluster, tmp_path)
@@ -186,6 +203,11 @@ async def test_a_pod_owner_cannot_forge_their_way_to_another_pods_gpu(
         made = await kube.get(PODS, "forged-create", namespace=ATTACKER_NS)
         assert not set(made["metadata"].get("annotations") or {}) & set(
             keys.PROTECTED_ANNOTATIONS)
+        #    and the webhook's log tells the admin who tried (webhook.admission.outcomes)
+        said = await eventually(lambda: _webhook_logged(kube, node_cluster, "forged-create"),
+                                within=30, what="the webhook's line about the forged pod")
+        assert said["namespace"] == ATTACKER_NS and any(
+            f"removed {keys.ANN_GPU_ASSIGNMENT}" in w for w in said["warnings"]), said
         await _never_gets(kube, node_cluster, "forged-create", victim)
 
         # 2. a scheduling gate, then annotate, then remove the gate (the reported attack): the

@@ -2,8 +2,9 @@
 
 Such a pod may run without its gang (another scheduler places it), and its creator, a job
 controller, rarely shows the AdmissionResponse's warnings to anyone. A line in the webhook's log
-names the pod, its job and why; at most one line per reason each `interval` seconds, with the
-count left out since, so that a flood of bad pods costs a line every few seconds.
+names the pod, its job and why; at most one line per reason and namespace each `interval`
+seconds, with the count left out since, so that a flood of bad pods costs a line every few
+seconds, and one team's flood does not hide another's pod.
 """
 
 from __future__ import annotations
@@ -14,28 +15,29 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from webhook.kube.owners import controller_ref
+from webhook.lru import Lru
 
 log = logging.getLogger(__name__)
 
 
 class Sampled:
-    """At most one of each key per `interval` seconds."""
+    """At most one of each key per `interval` seconds (the `size` keys said last remembered)."""
 
-    def __init__(self, interval: float = 10.0, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
+    def __init__(self, interval: float = 10.0, clock: Callable[[], float] = time.monotonic,
+                 size: int = 1024) -> None:
         self.interval = interval
         self._clock = clock
-        #: key -> (when last said, how many left out since); keys are a handful of reasons
-        self._last: dict[str, tuple[float, int]] = {}
+        #: key -> (when last said, how many left out since)
+        self._last: Lru[tuple[str, ...], tuple[float, int]] = Lru(size)
 
-    def allow(self, key: str) -> int | None:
+    def allow(self, *key: str) -> int | None:
         """None: leave this one out; else how many of the key were left out before it."""
         now = self._clock()
-        said, left_out = self._last.get(key, (float("-inf"), 0))
+        said, left_out = self._last.get(key) or (float("-inf"), 0)
         if now - said < self.interval:
-            self._last[key] = (said, left_out + 1)
+            self._last.put(key, (said, left_out + 1))
             return None
-        self._last[key] = (now, 0)
+        self._last.put(key, (now, 0))
         return left_out
 
 
@@ -46,8 +48,7 @@ class OutcomeLog:
     def admitted(self, uid: str, namespace: str, pod: Mapping[str, Any], *,
                  fail_open: str | None, warnings: Sequence[str]) -> None:
         """A pod admitted failing open (a warning) or with warnings (info)."""
-        key = fail_open or "warned"
-        left_out = self.sampled.allow(key)
+        left_out = self.sampled.allow(fail_open or "warned", namespace)
         if left_out is None:
             return
         meta = pod.get("metadata")
