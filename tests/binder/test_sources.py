@@ -141,3 +141,12 @@ async def test_a_resource_built_into_the_api_server_is_not_asked_for_again() -> 
                                            late=False)]) == []
     await asyncio.wait_for(sources.await_late(lambda _: None), timeout=5)
     assert (api.asked, sources.awaited) == (1, [])
+
+
+async def test_asked_again_the_sources_await_each_missing_crd_once() -> None:
+    api = Answers(*[ApiError(404, "NotFound", "")] * 2)
+    sources = Sources(cast(KubeApi, api), interval=0.01)
+    missing = Source((COSCHEDULING_PODGROUPS,), lambda *_: None, "absent")
+    for _ in range(2):
+        assert await sources.informers([missing]) == []
+    assert sources.awaited == [missing]

@@ -58,8 +58,10 @@ class Sources:
         self.awaited: list[Source] = []
 
     async def informers(self, sources: list[Source]) -> list[Informer]:
-        """An informer for each source served now; the CRDs that are not are awaited."""
+        """An informer for each source served now; the CRDs that are not are awaited (in place
+        of those awaited before)."""
         informers: list[Informer] = []
+        self.awaited = []
         for source in sources:
             served = await first_served(self.api, source.versions)
             if served is None:
