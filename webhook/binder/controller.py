@@ -348,12 +348,13 @@ class Binder:
     async def run(self) -> None:
         """Watch and bind until cancelled; cancels its own writes on the way out."""
         informers = await self._informers()
-        tasks = [asyncio.create_task(i.run(), name=f"informer:{i.resource.plural}")
-                 for i in informers]
+        tasks: list[asyncio.Task[None]] = []
 
-        def start(informer: Informer) -> None:  # a CRD installed since
+        def start(informer: Informer) -> None:  # also for a CRD installed since
             tasks.append(asyncio.create_task(informer.run(),
                                              name=f"informer:{informer.resource.plural}"))
+        for informer in informers:
+            start(informer)
         try:
             for informer in informers:
                 await informer.synced.wait()
