@@ -242,9 +242,9 @@ class Admitter:
         if result.fail_open:
             self.metrics.fail_open.labels(result.fail_open).inc()
         if result.allowed and (result.fail_open or result.warnings):
-            req = review.request
-            self.outcomes.admitted(req.uid, req.namespace or "", req.object if isinstance(
-                req.object, dict) else {}, fail_open=result.fail_open, warnings=result.warnings)
+            pod = review.request.object if isinstance(review.request.object, dict) else {}
+            self.outcomes.admitted(review.request.uid, _pod_namespace(review, pod), pod,
+                                   fail_open=result.fail_open, warnings=result.warnings)
         for name in result.policies:
             self.metrics.count_decision(name)
         audit = {"policy": ",".join(result.policies)} if result.policies else None
