@@ -30,6 +30,7 @@ from real_helpers import (
     delete_now,
     fake_node,
     gpu_pod,
+    wait_established,
 )
 
 from e2e.node.cluster import NodeCluster
@@ -175,11 +176,6 @@ async def _crd_gone(kube: KubeApi, name: str) -> bool:
     return False
 
 
-async def _established(kube: KubeApi, name: str) -> bool:
-    conditions = (await kube.get(CRDS, name)).get("status", {}).get("conditions") or []
-    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-
 async def test_kais_topology_crd_installed_after_the_binder_started_is_read_without_a_restart(
         kube: KubeApi, node_cluster: NodeCluster, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -199,8 +195,7 @@ async def test_kais_topology_crd_installed_after_the_binder_started_is_read_with
             assert f"KAI Topology {TOPOLOGY}: the Topology CRD is not installed: no network " \
                 "levels until it is" in said, said
             await kube.create(CRDS, copy.deepcopy(crd))
-            await eventually(lambda: _established(kube, name), within=60,
-                             what=f"CRD {name} Established")
+            await asyncio.to_thread(wait_established, node_cluster)
             await kube.create(KAI, _topology("rack"))
             aliased = Levels((BLOCK, RACK), (("block", BLOCK), ("rack", RACK)))
             await eventually(lambda: binder.plan_config.levels == aliased, within=30,
@@ -213,5 +208,4 @@ async def test_kais_topology_crd_installed_after_the_binder_started_is_read_with
     finally:
         if await _crd_gone(kube, name):
             await kube.create(CRDS, copy.deepcopy(crd))
-        await eventually(lambda: _established(kube, name), within=60,
-                         what=f"CRD {name} back")
+        await asyncio.to_thread(wait_established, node_cluster)
