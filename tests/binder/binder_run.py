@@ -1,4 +1,4 @@
-"""Running a Binder against the emulator for the length of a test body."""
+"""Running a Binder against the emulator for the length of a test body, and what it bound."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from webhook.binder.controller import Binder
+from webhook.doubles.emulator import ApiServerEmulator
 
 
 @asynccontextmanager
@@ -28,3 +29,10 @@ async def serving(binder: Binder, within: float = 5.0) -> AsyncIterator[Binder]:
         synced.cancel()
         task.cancel()
         await asyncio.gather(task, synced, return_exceptions=True)
+
+
+def bound(apiserver: ApiServerEmulator, prefix: str, ns: str = "team-a") -> set[str]:
+    """The nodes of the pods named `prefix...` in `ns`, once every one is bound (else none)."""
+    found = {p["spec"].get("nodeName") for p in apiserver.objects("pods", ns)
+             if p["metadata"]["name"].startswith(prefix)}
+    return found if found and None not in found else set()

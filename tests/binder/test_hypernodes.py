@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from binder_objects import job, node, pod
-from binder_run import serving
+from binder_run import bound, serving
 
 from e2e.probes import eventually
 from webhook import keys
@@ -256,12 +256,7 @@ async def test_the_binder_reads_hypernodes_as_they_change(
             await kube.create(CRDS, crd)
         for obj in fabric():
             await kube.create(VOLCANO_HYPERNODES, obj)
-
-        def bound() -> set[str]:
-            found = {p["spec"].get("nodeName") for p in apiserver.objects("pods", "team-a")
-                     if p["metadata"]["name"].startswith("j-")}
-            return found if None not in found else set()
-        where = await eventually(bound, within=5)
+        where = await eventually(lambda: bound(apiserver, "j-"), within=5)
         assert where == {"b-0", "b-1"}
 
 

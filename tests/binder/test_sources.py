@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import pytest
 from binder_objects import SCHED, node, pod
-from binder_run import serving
+from binder_run import bound, serving
 
 from e2e.probes import eventually
 from webhook import keys
@@ -36,13 +36,6 @@ API = "/".join(keys.COSCHEDULING_API[:2])
 def crd(shared_crds: list[dict[str, Any]], name: str) -> dict[str, Any]:
     [found] = [c for c in shared_crds if c["metadata"]["name"] == name]
     return copy.deepcopy(found)
-
-
-def bound(apiserver: ApiServerEmulator, prefix: str) -> set[str]:
-    """The nodes of the pods named `prefix...`, once every one is bound."""
-    found = {p["spec"].get("nodeName") for p in apiserver.objects("pods", "team-a")
-             if p["metadata"]["name"].startswith(prefix)}
-    return found if found and None not in found else set()
 
 
 async def test_a_podgroup_crd_installed_after_the_binder_started_is_read(
