@@ -48,7 +48,7 @@ def _matches(req: Requirement, labels: Mapping[str, str]) -> bool:
     return False  # unknown operator: the API server would have refused it; match nothing
 
 
-def _term_matches(term: Term, node: NodeInfo) -> bool:
+def term_matches(term: Term, node: NodeInfo) -> bool:
     if not term.expressions and not term.fields:
         return False  # an empty term matches no objects (k8s NodeSelectorTerm semantics)
     fields = {"metadata.name": node.name}
@@ -71,7 +71,7 @@ def _affinity_unmet(c: Constraints, node: NodeInfo) -> str | None:
     for key, value in c.node_selector:
         if node.labels.get(key) != value:
             return f"nodeSelector {key}={value} does not match"
-    if c.terms is not None and not any(_term_matches(t, node) for t in c.terms):
+    if c.terms is not None and not any(term_matches(t, node) for t in c.terms):
         return "required node affinity does not match"
     return None
 

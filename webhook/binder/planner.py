@@ -55,6 +55,7 @@ from webhook.binder.gangs import Gang, PodGroupInfo, assemble
 from webhook.binder.interpod import Neighbours, one_per_node, rules, violation
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo
+from webhook.binder.prefer import Scores, preferred
 from webhook.binder.queue import GangQueue
 from webhook.binder.reserve import Reservation
 from webhook.binder.spread import Spread, keys_of
@@ -611,42 +612,28 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
     the cluster: the gangs behind it wait), or preempts."""
     pending = gang.pending  # (read once: a list made from the members)
     terms = r.neighbours if r.neighbours.active(pending) else None
-    asked = _request(gang, pending, r.nodes, fit, terms)
+    asked = _asked(r, gang, pending, fit, terms)
     if isinstance(asked, str):
         r.wait(gang, "unplaceable", asked)
         return
-    request, note = asked
-    network = None
-    if request.network is not None:
-        levels = r.config.levels_for(request.network)
-        if isinstance(levels, str):
-            r.wait(gang, "unplaceable", f"gang {gang.name}: {levels}")
-            return
-        network = fit.network(r.nodes, levels, r.config.domains)
-        home = _join_bound(gang, request, network)
-        if isinstance(home, str):
-            r.wait(gang, "unplaceable", home)
-            return
-        request, kept_to = home
-        note += kept_to
+    request, note, network = asked
     apart = terms is not None and one_per_node(pending)
-    if apart:
-        result = place(_one_slot(r.states.values()), request, network=network)
-    else:
-        result = place(list(r.states.values()), request, network=network, groups=r.groups)
+
+    def engine(req: GangRequest) -> GangPlacement | Unplaceable:
+        if apart:
+            return place(_one_slot(r.states.values()), req, network=network)
+        return place(list(r.states.values()), req, network=network, groups=r.groups)
+
+    result = engine(request)
     if isinstance(result, Unplaceable):
         note += agent_note(pending, fit.restarting(r.nodes))
-        declined = _preempting(r, gang, result.reason + note)
-        if declined is None:
-            return
-        note += declined
-        since = queue.waiting_since(gang.key)
-        starving = since is not None and r.now - since >= r.config.starvation_seconds
-        reserves = starving and isinstance(_on_empty(r, request, network, apart=apart, place=place),
-                                           GangPlacement)
-        r.wait(gang, "unplaceable", result.reason + note, reserves)
+        _unplaced(r, gang, queue, request, result.reason + note, network=network, apart=apart,
+                  place=place)
         return
     by_key = {p.key: p for p in pending}
+    if any(p.preferences for p in pending):
+        result = preferred(request, result, by_key, Scores(r.nodes, r.states, r.neighbours),
+                           engine=engine, paths=_near(gang, network))
     spread = any(p.spread for p in pending)
     if terms is not None or spread:
         kept = _kept(r, gang, request, result, by_key, place=place, terms=terms,
@@ -656,6 +643,52 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
             return
         result = kept
     _commit(r, gang, request, result, by_key)
+
+
+def _asked(r: _Round, gang: Gang, pending: list[PodInfo], fit: FitCache,
+           terms: Neighbours | None) -> tuple[GangRequest, str, Network | None] | str:
+    """The gang as the engine takes it, a note for its wait, and the network its levels make
+    (None: it asks for none); or why it cannot be placed."""
+    asked = _request(gang, pending, r.nodes, fit, terms)
+    if isinstance(asked, str):
+        return asked
+    request, note = asked
+    if request.network is None:
+        return request, note, None
+    levels = r.config.levels_for(request.network)
+    if isinstance(levels, str):
+        return f"gang {gang.name}: {levels}"
+    network = fit.network(r.nodes, levels, r.config.domains)
+    home = _join_bound(gang, request, network)
+    if isinstance(home, str):
+        return home
+    request, kept_to = home
+    return request, note + kept_to, network
+
+
+def _unplaced(r: _Round, gang: Gang, queue: GangQueue, request: GangRequest, why: str, *,
+              network: Network | None, apart: bool, place: PlaceFn) -> None:
+    """A gang the engine cannot place preempts, or waits (and, starving, reserves the cluster
+    when it would fit on it empty)."""
+    declined = _preempting(r, gang, why)
+    if declined is None:
+        return
+    since = queue.waiting_since(gang.key)
+    starving = since is not None and r.now - since >= r.config.starvation_seconds
+    reserves = starving and isinstance(_on_empty(r, request, network, apart=apart, place=place),
+                                       GangPlacement)
+    r.wait(gang, "unplaceable", why + declined, reserves)
+
+
+def _near(gang: Gang, network: Network | None) -> Mapping[str, tuple[str, ...]] | None:
+    """Each node's domains of the levels the gang asks for, widest first (None: it asks for
+    no level, or the levels are not known)."""
+    topo = gang.topology
+    net = topo.network if topo is not None else None
+    if net is None or network is None or net.unconstrained:
+        return None
+    net = resolved(net, network)  # (aliases and tiers as labels, as the placement reads them)
+    return network.paths(network.chain(net.max_level, net.level))
 
 
 def _commit(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement,
@@ -694,9 +727,7 @@ def _kept(r: _Round, gang: Gang, request: GangRequest, result: GangPlacement,
             (net.level is not None and net.mode == "required") or net.slice_level is not None)):
         return broken
     # (an unconstrained gang's members go where each fits best, not near each other)
-    near = None if net is None or network is None or net.unconstrained else \
-        network.paths(network.chain(net.max_level, net.level))
-    apart = _Apart(r, request, by_key, place, terms, near, dict(r.states)).run()
+    apart = _Apart(r, request, by_key, place, terms, _near(gang, network), dict(r.states)).run()
     if isinstance(apart, Unplaceable):
         return f"{broken}; one member at a time, {apart.reason}"
     again = _broken(apart, by_key, r.neighbours, terms, spread)  # (by construction, none)

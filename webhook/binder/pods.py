@@ -98,6 +98,20 @@ class SpreadTerm:
 
 
 @dataclass(frozen=True, slots=True)
+class Preferences:
+    """The pod's scores (kube-scheduler's NodeAffinity, InterPodAffinity and PodTopologySpread
+    scores read the same): the binder weighs them among placements its topology finds as good
+    (`webhook.binder.prefer`). Hashable: pods of one job share it."""
+
+    #: preferredDuringScheduling node affinity: (weight, term)
+    nodes: tuple[tuple[int, Term], ...] = ()
+    #: preferredDuringScheduling podAffinity (weight > 0) and podAntiAffinity (weight < 0)
+    pods: tuple[tuple[int, PodTerm], ...] = ()
+    #: topologySpreadConstraints with whenUnsatisfiable ScheduleAnyway
+    spread: tuple[SpreadTerm, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class PodInfo:
     key: str  # "namespace/name"
     namespace: str
@@ -184,6 +198,8 @@ class PodInfo:
     pod_affinity: PodAffinity | None = None
     #: its topologySpreadConstraints with whenUnsatisfiable DoNotSchedule
     spread: tuple[SpreadTerm, ...] = ()
+    #: its preferred node and pod affinity and ScheduleAnyway spread (None: none)
+    preferences: Preferences | None = None
 
     @property
     def bound(self) -> bool:
@@ -239,16 +255,17 @@ def _requirements(items: Any) -> tuple[Requirement, ...]:
     )
 
 
+def _term(t: Mapping[str, Any]) -> Term:
+    return Term(_requirements(t.get("matchExpressions")), _requirements(t.get("matchFields")))
+
+
 def parse_constraints(spec: Mapping[str, Any]) -> Constraints:
     selector = spec.get("nodeSelector") or {}
     required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
                 .get("requiredDuringSchedulingIgnoredDuringExecution"))
     terms: tuple[Term, ...] | None = None
     if required is not None:
-        terms = tuple(
-            Term(_requirements(t.get("matchExpressions")), _requirements(t.get("matchFields")))
-            for t in required.get("nodeSelectorTerms") or ()
-        )
+        terms = tuple(_term(t) for t in required.get("nodeSelectorTerms") or ())
     tolerations = tuple(
         Toleration(str(t.get("key") or ""), str(t.get("operator") or "Equal"),
                    str(t.get("value") or ""), str(t.get("effect") or ""))
@@ -302,6 +319,38 @@ def parse_pod_affinity(spec: Mapping[str, Any], namespace: str, problems: list[s
     return found if found.affinity or found.anti else None
 
 
+def _weighted(items: Any, what: str, problems: list[str]) -> list[tuple[int, Any]]:
+    """The (weight, term) of preferredDuringScheduling entries whose weight is 1-100, as the
+    API server requires (the others are said in `problems`)."""
+    out = []
+    for item in items or ():
+        weight = item.get("weight") if isinstance(item, Mapping) else None
+        if not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= 100:
+            problems.append(f"{what}: each preferred term needs a weight of 1-100")
+            continue
+        out.append((weight, item))
+    return out
+
+
+def parse_preferences(spec: Mapping[str, Any], labels: Mapping[str, str], namespace: str,
+                      problems: list[str]) -> Preferences | None:
+    """The pod's preferred node and pod affinity and ScheduleAnyway spread (None: none)."""
+    affinity = spec.get("affinity") or {}
+    preferred = "preferredDuringSchedulingIgnoredDuringExecution"
+    nodes = tuple((w, _term(t.get("preference") or {})) for w, t in _weighted(
+        (affinity.get("nodeAffinity") or {}).get(preferred), "nodeAffinity", problems))
+    pods: list[tuple[int, PodTerm]] = []
+    for sign, kind in ((1, "podAffinity"), (-1, "podAntiAffinity")):
+        for w, t in _weighted((affinity.get(kind) or {}).get(preferred), kind, problems):
+            # (a preferred podAffinity term whose namespaceSelector has labels is not weighed:
+            # a score never keeps a pod from its nodes, so that is not a problem to say)
+            terms = _pod_terms([t.get("podAffinityTerm") or {}], namespace, sign < 0, [])
+            pods += [(sign * w, term) for term in terms]
+    found = Preferences(nodes, tuple(pods),
+                        parse_spread(spec, labels, problems, "ScheduleAnyway"))
+    return found if found.nodes or found.pods or found.spread else None
+
+
 def pod_rank(labels: Mapping[str, str]) -> tuple[int, ...]:
     """A pod's rank in its job, as its operator's labels say it: a JobSet's job index then the
     completion index; an Indexed Job's completion index; Kubeflow's replica index after its
@@ -321,13 +370,14 @@ def pod_rank(labels: Mapping[str, str]) -> tuple[int, ...]:
     return next(((i,) for i in found if i is not None), ())
 
 
-def parse_spread(spec: Mapping[str, Any], labels: Mapping[str, str], problems: list[str]
-                 ) -> tuple[SpreadTerm, ...]:
-    """The pod's DoNotSchedule topologySpreadConstraints, each matchLabelKeys merged into its
-    selector as kube-scheduler merges them (a key the pod lacks is left out)."""
+def parse_spread(spec: Mapping[str, Any], labels: Mapping[str, str], problems: list[str],
+                 when: str = "DoNotSchedule") -> tuple[SpreadTerm, ...]:
+    """The pod's topologySpreadConstraints whose whenUnsatisfiable is `when`, each
+    matchLabelKeys merged into its selector as kube-scheduler merges them (a key the pod lacks
+    is left out)."""
     out = []
     for c in spec.get("topologySpreadConstraints") or ():
-        if not isinstance(c, Mapping) or c.get("whenUnsatisfiable") != "DoNotSchedule":
+        if not isinstance(c, Mapping) or c.get("whenUnsatisfiable") != when:
             continue
         skew, key, floor = c.get("maxSkew"), c.get("topologyKey"), c.get("minDomains")
         if not isinstance(skew, int) or skew < 1 or not isinstance(key, str) or not key or (
@@ -526,6 +576,7 @@ def parse_pod(obj: Mapping[str, Any],
         assignment, raw = None, None  # its claims are the record (webhook.binder.dra)
     pod_affinity = parse_pod_affinity(spec, ns, problems)
     spread = parse_spread(spec, labels, problems)
+    preferences = parse_preferences(spec, labels, ns, problems)
     priority = spec.get("priority")
     grace = spec.get("terminationGracePeriodSeconds")
     return PodInfo(
@@ -577,4 +628,5 @@ def parse_pod(obj: Mapping[str, Any],
         rank=pod_rank(labels),
         pod_affinity=pod_affinity,
         spread=spread,
+        preferences=preferences,
     )

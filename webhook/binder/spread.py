@@ -119,8 +119,16 @@ class Spread:
         for d in self._domains.values():
             d.add(pod, node)
 
-    def _of(self, pod: PodInfo, term: SpreadTerm) -> _Domains:
-        keys = keys_of(pod)
+    def domains(self, pod: PodInfo, term: SpreadTerm, keys: tuple[str, ...]
+                ) -> tuple[dict[str, str], Counter[str]]:
+        """A constraint's domains, over the nodes that carry every one of `keys`: each
+        admitted node's domain, and how many pods each domain counts."""
+        d = self._of(pod, term, keys)
+        return d.domain_of, d.count
+
+    def _of(self, pod: PodInfo, term: SpreadTerm, keys: tuple[str, ...] | None = None
+            ) -> _Domains:
+        keys = keys_of(pod) if keys is None else keys
         policy = pod.constraints if term.honour_affinity or term.honour_taints else None
         key = (term, pod.namespace, keys, policy)
         found = self._domains.get(key)

@@ -1,0 +1,188 @@
+"""Preferred scheduling terms of the binder's gangs (pure): preferred node affinity, preferred
+podAffinity and podAntiAffinity, and topologySpreadConstraints with whenUnsatisfiable
+ScheduleAnyway. A member's nodes are scored as kube-scheduler's NodeAffinity, InterPodAffinity
+and PodTopologySpread score plugins score them, each normalised to 0-100 over the nodes the
+member may use, and summed (their default weights are equal).
+
+They are weighed after the gang's topology, which comes first (docs/topology.md: the best GPU
+set first). The engine is asked again with each member's nodes narrowed to those it scores
+highest, then to those it scores above its lowest; the first placement as good as the one
+without preferences (no more nodes, no less allreduce bandwidth, no wider network domain) is
+kept. The pods on nodes are counted, the gang's own members not: the gang is placed whole.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from webhook.binder.fit import term_matches
+from webhook.binder.interpod import Neighbours
+from webhook.binder.nodes import NodeInfo
+from webhook.binder.pods import PodInfo, Preferences
+from webhook.binder.spread import Spread
+from webhook.topology.gpu_choice import usable_mask
+from webhook.topology.model import (
+    GangPlacement,
+    GangRequest,
+    MemberRequest,
+    NodeState,
+    Unplaceable,
+)
+from webhook.topology.placement import member_capacity
+
+#: kube-scheduler's MaxNodeScore
+MAX_SCORE = 100.0
+
+#: the engine on the round's nodes, asked for a gang
+Engine = Callable[[GangRequest], GangPlacement | Unplaceable]
+
+
+def _node_affinity(prefs: Preferences, nodes: Sequence[NodeInfo]) -> list[float]:
+    """The weights of the terms each node matches, the highest made 100."""
+    raw = [sum(w for w, t in prefs.nodes if term_matches(t, n)) for n in nodes]
+    top = max(raw, default=0)
+    return [MAX_SCORE * s / top if top else 0.0 for s in raw]
+
+
+def _inter_pod(prefs: Preferences, nodes: Sequence[NodeInfo], nb: Neighbours) -> list[float]:
+    """Per term, its weight (negative for podAntiAffinity) times the pods it counts in the
+    node's domain; the lowest sum made 0 and the highest 100."""
+    raw = [0.0] * len(nodes)
+    for w, term in prefs.pods:
+        counted = nb.domains(term)
+        if not counted:
+            continue
+        for i, n in enumerate(nodes):
+            value = n.labels.get(term.topology_key)
+            if value is not None:
+                raw[i] += w * counted.get(value, 0)
+    lo, hi = min(raw, default=0.0), max(raw, default=0.0)
+    return [MAX_SCORE * (s - lo) / (hi - lo) if hi > lo else 0.0 for s in raw]
+
+
+def _spread(pod: PodInfo, prefs: Preferences, nodes: Sequence[NodeInfo], spread: Spread
+            ) -> list[float]:
+    """Per constraint, the pods its domain of the node counts, weighed by log(domains + 2), plus
+    maxSkew - 1; the fewest made 100, more pods less. A node without every key scores 0."""
+    keys = tuple(dict.fromkeys(t.topology_key for t in prefs.spread))
+    raw: list[float | None] = [
+        0.0 if all(k in n.labels for k in keys) else None for n in nodes]
+    for term in prefs.spread:
+        _, count = spread.domains(pod, term, keys)
+        weight = math.log(len(count) + 2)
+        for i, n in enumerate(nodes):
+            s = raw[i]
+            if s is not None:
+                raw[i] = s + count.get(n.labels[term.topology_key], 0) * weight + \
+                    term.max_skew - 1
+    scored = [s for s in raw if s is not None]
+    lo, hi = min(scored, default=0.0), max(scored, default=0.0)
+    return [0.0 if s is None else MAX_SCORE if hi == 0 else MAX_SCORE * (hi + lo - s) / hi
+            for s in raw]
+
+
+def _fits(n: NodeState, m: MemberRequest) -> bool:
+    """The member fits on the node alone, now (kube-scheduler scores only such nodes)."""
+    if m.gpus == 0:
+        return n.free_pods >= 1 and n.free_cpu_milli >= m.cpu_milli and \
+            n.free_memory_bytes >= m.memory_bytes
+    return n.topology is not None and \
+        member_capacity(n, usable_mask(n.topology, n.free_gpus), m) > 0
+
+
+class Scores:
+    """The members' scores of the nodes they may use and fit on, for one gang's placement (the
+    pods on nodes and what is free change as the round places gangs). Keyed on what a score
+    reads: a job's pods share their preferences, namespace, constraints, requests and nodes,
+    and are scored once."""
+
+    def __init__(self, nodes: Mapping[str, NodeInfo], states: Mapping[str, NodeState],
+                 nb: Neighbours) -> None:
+        self.nodes = nodes
+        self.states = states
+        self.nb = nb
+        self.spread = Spread(nb)
+        self._memo: dict[tuple[object, ...], dict[str, float]] = {}
+
+    def of(self, pod: PodInfo, prefs: Preferences, m: MemberRequest) -> dict[str, float]:
+        """node -> the pod's score there, over the nodes it may use and fits on now."""
+        key = (prefs, pod.namespace, pod.constraints, m.eligible_nodes, m.gpus, m.cpu_milli,
+               m.memory_bytes)
+        found = self._memo.get(key)
+        if found is None:
+            names = self.nodes if m.eligible_nodes is None else sorted(m.eligible_nodes)
+            nodes = [self.nodes[n] for n in names
+                     if n in self.states and _fits(self.states[n], m)]
+            total = [0.0] * len(nodes)
+            parts = [_node_affinity(prefs, nodes) if prefs.nodes else None,
+                     _inter_pod(prefs, nodes, self.nb) if prefs.pods else None,
+                     _spread(pod, prefs, nodes, self.spread) if prefs.spread else None]
+            for part in parts:
+                for i, s in enumerate(part or ()):
+                    total[i] += s
+            found = self._memo[key] = {n.name: s for n, s in zip(nodes, total, strict=True)}
+        return found
+
+
+#: the most narrowed requests the engine is asked for, best scores first
+MOST_TIERS = 3
+
+
+def tiers(request: GangRequest, pods: Mapping[str, PodInfo], scores: Scores
+          ) -> list[GangRequest]:
+    """The gang with each member's nodes narrowed to those it scores highest, then to those
+    of its next score or better, and so on (at most `MOST_TIERS`; its lowest score is the
+    placement without preferences). Empty when no member prefers any node to another."""
+    narrowed: list[list[MemberRequest]] = []  # per member: its requests, tier by tier
+    for m in request.members:
+        prefs = pods[m.key].preferences
+        scored = scores.of(pods[m.key], prefs, m) if prefs is not None else {}
+        floors = sorted(set(scored.values()), reverse=True)[:-1][:MOST_TIERS]
+        narrowed.append([replace(m, eligible_nodes=frozenset(
+            n for n, s in scored.items() if s >= floor)) for floor in floors])
+    depth = max(map(len, narrowed), default=0)
+    return [replace(request, members=tuple(
+        tiers[min(t, len(tiers) - 1)] if tiers else m
+        for tiers, m in zip(narrowed, request.members, strict=True)))
+        for t in range(depth)]
+
+
+def _within(placement: GangPlacement, request: GangRequest) -> bool:
+    """Every member on a node the request lets it use."""
+    nodes = {mp.key: mp.node for mp in placement.members}
+    return all(m.eligible_nodes is None or nodes[m.key] in m.eligible_nodes
+               for m in request.members)
+
+
+def _span(placement: GangPlacement, paths: Mapping[str, tuple[str, ...]]) -> int:
+    """How deep the narrowest network domain holding every node of the placement is."""
+    found = [paths.get(mp.node, ()) for mp in placement.members]
+    depth = 0
+    while found and all(len(p) > depth and p[depth] == found[0][depth] for p in found):
+        depth += 1
+    return depth
+
+
+def as_good(placement: GangPlacement, base: GangPlacement,
+            paths: Mapping[str, tuple[str, ...]] | None) -> bool:
+    """No more nodes than `base`, no less allreduce bandwidth, and (`paths`: each node's
+    network domains, widest first, when the gang asks for a level) no wider a domain."""
+    return (placement.nodes_used <= base.nodes_used
+            and placement.gang_gbps >= base.gang_gbps
+            and (paths is None or _span(placement, paths) >= _span(base, paths)))
+
+
+def preferred(request: GangRequest, base: GangPlacement, pods: Mapping[str, PodInfo],
+              scores: Scores, *, engine: Engine,
+              paths: Mapping[str, tuple[str, ...]] | None) -> GangPlacement:
+    """The placement on the nodes the members prefer most, where the engine finds one as good
+    as `base` (its placement without preferences); else `base`."""
+    for narrowed in tiers(request, pods, scores):
+        if _within(base, narrowed):
+            return base
+        got = engine(narrowed)
+        if isinstance(got, GangPlacement) and as_good(got, base, paths):
+            return got
+    return base
