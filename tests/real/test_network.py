@@ -385,3 +385,38 @@ async def test_ranks_kept_apart_by_spread_or_anti_affinity_are_placed_one_at_a_t
     assert f"its topologySpreadConstraint (topologyKey {LEAF}, maxSkew 1) would make a skew " \
         "of 2 there" in message, message
     assert not any(p["spec"].get("nodeName") for p in await _pods(kube, ns, "torn"))
+
+
+def _prefer(weight: int, **term: Any) -> dict[str, Any]:
+    """Preferred node affinity: one term of `weight`."""
+    return {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": weight, "preference": term}]}}
+
+
+async def test_preferred_node_affinity_is_weighed_after_the_network(
+        kube: KubeApi, fake_nodes: dict[str, dict[str, str]]) -> None:
+    labels = fake_nodes
+    # the control: best fit and the names put a required-rack gang of 2 x 8 GPUs in some leaf,
+    # which it half fills; the fullest leaf is then the best fit for the next such gang ...
+    control = await _run(kube, "rack", _job("control", 2, 8))
+    (fullest,) = _at(control, labels, LEAF)
+    other = next(lb[LEAF] for lb in labels.values()
+                 if lb[LEAF] not in (fullest,) and not lb[LEAF].endswith("nvl"))
+    # ... unless it prefers another leaf, where it fits as well: it goes there
+    to_other = _prefer(80, matchExpressions=[{"key": LEAF, "operator": "In",
+                                              "values": [other]}])
+    chosen = await _run(kube, "rack", _job("chosen", 2, 8, affinity=to_other))
+    assert _at(chosen, labels, LEAF) == {other}
+    # a preference never widens the gang: two preferred nodes in two leaves of one spine, and
+    # a gang that prefers one spine, and within it the fewest leaves, stays in one leaf
+    spine = labels[next(iter(control))["spec"]["nodeName"]][SPINE]
+    split = sorted({lb[LEAF]: n for n, lb in labels.items() if lb.get(SPINE) == spine
+                    and lb[LEAF] not in (fullest, other)}.values())
+    if len(split) < 2:  # (the other leaf was in another spine: take two of this spine's)
+        split = sorted({lb[LEAF]: n for n, lb in labels.items()
+                        if lb.get(SPINE) == spine}.values())
+    # (a node field selector names one node: the hostname label names both)
+    apart = _prefer(100, matchExpressions=[{"key": "kubernetes.io/hostname", "operator": "In",
+                                            "values": split}])
+    kept = await _run(kube, "block", _job("kept", 2, 8, affinity=apart))
+    assert len(_at(kept, labels, LEAF)) == 1, [p["spec"]["nodeName"] for p in kept]
