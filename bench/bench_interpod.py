@@ -48,7 +48,14 @@ from webhook.binder.heap import HeapFreezer
 from webhook.binder.interpod import Neighbours
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.planner import PlaceFn, PlanConfig, plan_gangs
-from webhook.binder.pods import PodInfo, SpreadTerm, parse_pod
+from webhook.binder.pods import (
+    PodInfo,
+    Preferences,
+    Requirement,
+    SpreadTerm,
+    Term,
+    parse_pod,
+)
 from webhook.binder.queue import GangQueue
 from webhook.topology.gpu_choice import TableCache
 from webhook.topology.groups import NodeGroups
@@ -150,8 +157,11 @@ def measure(freezer: HeapFreezer) -> int:
               f"terms p50 {t50:6.2f} p99 {t99:6.2f}  ratio p50 {t50 / b50:.2f} "
               f"p99 {t99 / b99:.2f}  workers on a database's node {beside[False]} / "
               f"{beside[True]}")
-    return spread_rows(args.reps, spec.leaf_label, nodes, states, config=config, place=place,
-                       fit=fit, tables=tables, freezer=freezer)
+    failed = spread_rows(args.reps, spec.leaf_label, nodes, states, config=config,
+                         place=place, fit=fit, tables=tables, freezer=freezer)
+    return failed or preferred_rows(args.reps, args.seed, spec.leaf_label, nodes, states,
+                                    config=config, place=place, tables=tables,
+                                    freezer=freezer)
 
 
 def spread_rows(reps: int, leaf: str, nodes: Mapping[str, NodeInfo],
@@ -197,6 +207,61 @@ def spread_rows(reps: int, leaf: str, nodes: Mapping[str, NodeInfo],
         print(f"  {size:3} pods x 8 GPUs: baseline p50 {b50:6.2f} p99 {b99:6.2f}  "
               f"spread p50 {t50:6.2f} p99 {t99:6.2f}  ratio p50 {t50 / b50:.2f} "
               f"p99 {t99 / b99:.2f}  leaves used {leaves[False]} / {leaves[True]}")
+    return 0
+
+
+POOL = "example.com/pool"
+
+
+def preferred_rows(reps: int, seed: int, leaf: str, nodes: Mapping[str, NodeInfo],
+                   states: dict[str, NodeState], *, config: PlanConfig, place: PlaceFn,
+                   tables: TableCache, freezer: HeapFreezer) -> int:
+    rng = random.Random(seed)
+    pool = set(rng.sample(sorted(nodes), len(nodes) // 4))
+    pooled = {n: replace(info, labels={**info.labels, POOL: "on-demand"}) if n in pool
+              else info for n, info in nodes.items()}
+    fit = FitCache()
+    prefs = Preferences(nodes=((50, Term((Requirement(POOL, "In", ("on-demand",)),))),))
+    print("== preferred node affinity (a quarter of the nodes, weight 50): one planning "
+          "cycle, ms")
+    for size in (1, 16, 64):
+        row = {}
+        on_pool = {}
+        for prefer in (False, True):
+            pods = gang_pods(size, leaf)
+            if prefer:
+                pods = [replace(p, preferences=prefs) for p in pods]
+            gangs = assemble(pods, config.scheduler_name, None)
+            groups = NodeGroups()  # kept across cycles, as the controller keeps them
+            times = []
+            gc.collect()
+            gc.freeze()
+            fresh = dict(states)
+            for _ in range(reps + 1):
+                nb = Neighbours((), (), pooled, fit.labels(pooled))
+                t0 = time.perf_counter()
+                plan = plan_gangs(gangs, Allocation({}), fresh, pooled, config=config,
+                                  queue=GangQueue(), fit=fit, place=place, now=1e9,
+                                  neighbours=nb, groups=groups)
+                times.append((time.perf_counter() - t0) * 1e3)
+                fresh = next_cycle(states, fresh, groups, tables, freezer)
+                if len(plan.places) != 1 or len(plan.places[0].assignments) != size:
+                    print(f"  {size} pods, prefer={prefer}: not placed whole: "
+                          f"{[w.reason for w in plan.waits]}")
+                    return 1
+            gc.unfreeze()
+            times = times[1:]  # (the first builds the FitCache's network: once)
+            on_pool[prefer] = sum(a.node in pool for _, a in plan.places[0].assignments)
+            row[prefer] = (statistics.median(times), pct(times, 99))
+        if on_pool[True] < on_pool[False] or (size == 1 and on_pool[True] != 1):
+            print(f"  {size} pods: {on_pool[True]} on the preferred nodes, "
+                  f"{on_pool[False]} without the preference")
+            return 1
+        (b50, b99), (t50, t99) = row[False], row[True]
+        print(f"  {size:3} pods x 8 GPUs: baseline p50 {b50:6.2f} p99 {b99:6.2f}  "
+              f"preferred p50 {t50:6.2f} p99 {t99:6.2f}  ratio p50 {t50 / b50:.2f} "
+              f"p99 {t99 / b99:.2f}  workers on the preferred nodes {on_pool[False]} / "
+              f"{on_pool[True]}")
     return 0
 
 

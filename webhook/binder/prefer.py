@@ -83,15 +83,6 @@ def _spread(pod: PodInfo, prefs: Preferences, nodes: Sequence[NodeInfo], spread:
             for s in raw]
 
 
-def _fits(n: NodeState, m: MemberRequest) -> bool:
-    """The member fits on the node alone, now (kube-scheduler scores only such nodes)."""
-    if m.gpus == 0:
-        return n.free_pods >= 1 and n.free_cpu_milli >= m.cpu_milli and \
-            n.free_memory_bytes >= m.memory_bytes
-    return n.topology is not None and \
-        member_capacity(n, usable_mask(n.topology, n.free_gpus), m) > 0
-
-
 class Scores:
     """The members' scores of the nodes they may use and fit on, for one gang's placement (the
     pods on nodes and what is free change as the round places gangs). Keyed on what a score
@@ -105,6 +96,24 @@ class Scores:
         self.nb = nb
         self.spread = Spread(nb)
         self._memo: dict[tuple[object, ...], dict[str, float]] = {}
+        #: (its topology, its free GPUs) -> a node's usable free GPUs: nodes alike share it
+        self._usable: dict[tuple[int, frozenset[int]], int] = {}
+
+    def _fits(self, n: NodeState, m: MemberRequest) -> bool:
+        """The member fits on the node alone, now (kube-scheduler scores only such nodes)."""
+        if n.free_pods < 1 or n.free_cpu_milli < m.cpu_milli or \
+                n.free_memory_bytes < m.memory_bytes:
+            return False
+        if m.gpus == 0:
+            return True
+        # (most nodes of a busy cluster are ruled out by their count of free GPUs alone)
+        if n.topology is None or len(n.free_gpus) < m.gpus:
+            return False
+        key = (id(n.topology), n.free_gpus)  # (the states, and so the topologies, outlive it)
+        usable = self._usable.get(key)
+        if usable is None:
+            usable = self._usable[key] = usable_mask(n.topology, n.free_gpus)
+        return member_capacity(n, usable, m) > 0
 
     def of(self, pod: PodInfo, prefs: Preferences, m: MemberRequest) -> dict[str, float]:
         """node -> the pod's score there, over the nodes it may use and fits on now."""
@@ -114,7 +123,7 @@ class Scores:
         if found is None:
             names = self.nodes if m.eligible_nodes is None else sorted(m.eligible_nodes)
             nodes = [self.nodes[n] for n in names
-                     if n in self.states and _fits(self.states[n], m)]
+                     if n in self.states and self._fits(self.states[n], m)]
             total = [0.0] * len(nodes)
             parts = [_node_affinity(prefs, nodes) if prefs.nodes else None,
                      _inter_pod(prefs, nodes, self.nb) if prefs.pods else None,
