@@ -31,8 +31,8 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ from webhook.binder.gangs import assemble
 from webhook.binder.heap import HeapFreezer
 from webhook.binder.interpod import Neighbours
 from webhook.binder.nodes import NodeInfo
-from webhook.binder.planner import PlaceFn, PlanConfig, plan_gangs
+from webhook.binder.planner import PlaceFn, Plan, PlanConfig, plan_gangs
 from webhook.binder.pods import (
     PodInfo,
     Preferences,
@@ -157,111 +157,127 @@ def measure(freezer: HeapFreezer) -> int:
               f"terms p50 {t50:6.2f} p99 {t99:6.2f}  ratio p50 {t50 / b50:.2f} "
               f"p99 {t99 / b99:.2f}  workers on a database's node {beside[False]} / "
               f"{beside[True]}")
-    failed = spread_rows(args.reps, spec.leaf_label, nodes, states, config=config,
-                         place=place, fit=fit, tables=tables, freezer=freezer)
-    return failed or preferred_rows(args.reps, args.seed, spec.leaf_label, nodes, states,
-                                    config=config, place=place, tables=tables,
-                                    freezer=freezer)
+    cluster = _Cluster(nodes, states, config, place, fit, tables, freezer)
+    return spread_rows(args.reps, spec.leaf_label, cluster) or \
+        preferred_rows(args.reps, args.seed, spec.leaf_label, cluster)
 
 
-def spread_rows(reps: int, leaf: str, nodes: Mapping[str, NodeInfo],
-                states: dict[str, NodeState], *, config: PlanConfig, place: PlaceFn,
-                fit: FitCache, tables: TableCache, freezer: HeapFreezer) -> int:
+def _cycles(pods: list[PodInfo], nodes: Mapping[str, NodeInfo], states: dict[str, NodeState],
+            reps: int, *, config: PlanConfig, place: PlaceFn, fit: FitCache,
+            tables: TableCache, freezer: HeapFreezer) -> tuple[list[float], Plan] | str:
+    """The gang's planning cycle `reps` times, as the binder runs it (no pod placed before it
+    but the cluster's occupancy): the wall ms of each but the first (which groups the nodes and
+    builds the FitCache's network, once) and the last plan; or why it was not placed whole."""
+    gangs = assemble(pods, config.scheduler_name, None)
+    groups = NodeGroups()  # kept across cycles, as the controller keeps them
+    times = []
+    gc.collect()
+    gc.freeze()  # the cluster's objects, made once, are no garbage to scan each cycle
+    fresh = dict(states)
+    try:
+        for _ in range(reps + 1):
+            nb = Neighbours((), (), nodes, fit.labels(nodes))
+            t0 = time.perf_counter()
+            plan = plan_gangs(gangs, Allocation({}), fresh, nodes, config=config,
+                              queue=GangQueue(), fit=fit, place=place, now=1e9,
+                              neighbours=nb, groups=groups)
+            times.append((time.perf_counter() - t0) * 1e3)
+            fresh = next_cycle(states, fresh, groups, tables, freezer)
+            if len(plan.places) != 1 or len(plan.places[0].assignments) != len(pods):
+                return f"not placed whole: {[w.reason for w in plan.waits]}"
+    finally:
+        gc.unfreeze()
+    return times[1:], plan
+
+
+@dataclass(frozen=True, slots=True)
+class _Cluster:
+    """What every cycle of a row reads: the nodes, their states, and the binder's parts."""
+
+    nodes: Mapping[str, NodeInfo]
+    states: dict[str, NodeState]
+    config: PlanConfig
+    place: PlaceFn
+    fit: FitCache
+    tables: TableCache
+    freezer: HeapFreezer
+
+
+def _pair(c: _Cluster, reps: int, pods_of: Callable[[bool], list[PodInfo]],
+          counted: Callable[[Plan], int]) -> tuple[dict[bool, tuple[float, float]],
+                                                  dict[bool, int]] | str:
+    """The gang without (False) and with (True) what a row measures: p50 and p99 ms of each,
+    and what `counted` reads of its last plan; or why one was not placed whole."""
+    row, count = {}, {}
+    for variant in (False, True):
+        timed = _cycles(pods_of(variant), c.nodes, c.states, reps, config=c.config,
+                        place=c.place, fit=c.fit, tables=c.tables, freezer=c.freezer)
+        if isinstance(timed, str):
+            return f"{variant}: {timed}"
+        times, plan = timed
+        row[variant] = (statistics.median(times), pct(times, 99))
+        count[variant] = counted(plan)
+    return row, count
+
+
+def _line(size: int, name: str, row: dict[bool, tuple[float, float]], what: str,
+          count: dict[bool, int]) -> str:
+    (b50, b99), (t50, t99) = row[False], row[True]
+    return (f"  {size:3} pods x 8 GPUs: baseline p50 {b50:6.2f} p99 {b99:6.2f}  "
+            f"{name} p50 {t50:6.2f} p99 {t99:6.2f}  ratio p50 {t50 / b50:.2f} "
+            f"p99 {t99 / b99:.2f}  {what} {count[False]} / {count[True]}")
+
+
+def spread_rows(reps: int, leaf: str, c: _Cluster) -> int:
     print(f"== topology spread (DoNotSchedule by {leaf}, maxSkew 1): one planning cycle, ms")
     term = SpreadTerm(1, leaf, (("In", "job", frozenset({"big"})),))
     for size in (1, 16, 64):
-        row = {}
-        leaves = {}
-        for spread in (False, True):
+        def pods_of(spread: bool, size: int = size) -> list[PodInfo]:
             pods = gang_pods(size, None, labels={"job": "big"})
-            if spread:
-                pods = [replace(p, spread=(term,)) for p in pods]
-            gangs = assemble(pods, config.scheduler_name, None)
-            groups = NodeGroups()  # kept across cycles, as the controller keeps them
-            times = []
-            gc.collect()
-            gc.freeze()
-            fresh = dict(states)
-            for _ in range(reps + 1):
-                nb = Neighbours((), (), nodes, fit.labels(nodes))
-                t0 = time.perf_counter()
-                plan = plan_gangs(gangs, Allocation({}), fresh, nodes, config=config,
-                                  queue=GangQueue(), fit=fit, place=place, now=1e9,
-                                  neighbours=nb, groups=groups)
-                times.append((time.perf_counter() - t0) * 1e3)
-                fresh = next_cycle(states, fresh, groups, tables, freezer)
-                if len(plan.places) != 1 or len(plan.places[0].assignments) != size:
-                    print(f"  {size} pods, spread={spread}: not placed whole: "
-                          f"{[w.reason for w in plan.waits]}")
-                    return 1
-            gc.unfreeze()
-            times = times[1:]  # (the first works out the members' eligible nodes and groups
-            # the nodes: once)
-            leaves[spread] = len({nodes[a.node].labels[leaf]
-                                  for _, a in plan.places[0].assignments})
-            row[spread] = (statistics.median(times), pct(times, 99))
-        if leaves[True] != size:
-            print(f"  {size} pods: spread over {leaves[True]} leaves, not one each")
+            return [replace(p, spread=(term,)) for p in pods] if spread else pods
+
+        def leaves(plan: Plan) -> int:
+            return len({c.nodes[a.node].labels[leaf] for _, a in plan.places[0].assignments})
+        got = _pair(c, reps, pods_of, leaves)
+        if isinstance(got, str):
+            print(f"  {size} pods, spread={got}")
             return 1
-        (b50, b99), (t50, t99) = row[False], row[True]
-        print(f"  {size:3} pods x 8 GPUs: baseline p50 {b50:6.2f} p99 {b99:6.2f}  "
-              f"spread p50 {t50:6.2f} p99 {t99:6.2f}  ratio p50 {t50 / b50:.2f} "
-              f"p99 {t99 / b99:.2f}  leaves used {leaves[False]} / {leaves[True]}")
+        row, used = got
+        if used[True] != size:
+            print(f"  {size} pods: spread over {used[True]} leaves, not one each")
+            return 1
+        print(_line(size, "spread", row, "leaves used", used))
     return 0
 
 
 POOL = "example.com/pool"
 
 
-def preferred_rows(reps: int, seed: int, leaf: str, nodes: Mapping[str, NodeInfo],
-                   states: dict[str, NodeState], *, config: PlanConfig, place: PlaceFn,
-                   tables: TableCache, freezer: HeapFreezer) -> int:
-    rng = random.Random(seed)
-    pool = set(rng.sample(sorted(nodes), len(nodes) // 4))
+def preferred_rows(reps: int, seed: int, leaf: str, c: _Cluster) -> int:
+    pool = set(random.Random(seed).sample(sorted(c.nodes), len(c.nodes) // 4))
     pooled = {n: replace(info, labels={**info.labels, POOL: "on-demand"}) if n in pool
-              else info for n, info in nodes.items()}
-    fit = FitCache()
+              else info for n, info in c.nodes.items()}
+    c = replace(c, nodes=pooled, fit=FitCache())
     prefs = Preferences(nodes=((50, Term((Requirement(POOL, "In", ("on-demand",)),))),))
     print("== preferred node affinity (a quarter of the nodes, weight 50): one planning "
           "cycle, ms")
     for size in (1, 16, 64):
-        row = {}
-        on_pool = {}
-        for prefer in (False, True):
+        def pods_of(prefer: bool, size: int = size) -> list[PodInfo]:
             pods = gang_pods(size, leaf)
-            if prefer:
-                pods = [replace(p, preferences=prefs) for p in pods]
-            gangs = assemble(pods, config.scheduler_name, None)
-            groups = NodeGroups()  # kept across cycles, as the controller keeps them
-            times = []
-            gc.collect()
-            gc.freeze()
-            fresh = dict(states)
-            for _ in range(reps + 1):
-                nb = Neighbours((), (), pooled, fit.labels(pooled))
-                t0 = time.perf_counter()
-                plan = plan_gangs(gangs, Allocation({}), fresh, pooled, config=config,
-                                  queue=GangQueue(), fit=fit, place=place, now=1e9,
-                                  neighbours=nb, groups=groups)
-                times.append((time.perf_counter() - t0) * 1e3)
-                fresh = next_cycle(states, fresh, groups, tables, freezer)
-                if len(plan.places) != 1 or len(plan.places[0].assignments) != size:
-                    print(f"  {size} pods, prefer={prefer}: not placed whole: "
-                          f"{[w.reason for w in plan.waits]}")
-                    return 1
-            gc.unfreeze()
-            times = times[1:]  # (the first builds the FitCache's network: once)
-            on_pool[prefer] = sum(a.node in pool for _, a in plan.places[0].assignments)
-            row[prefer] = (statistics.median(times), pct(times, 99))
-        if on_pool[True] < on_pool[False] or (size == 1 and on_pool[True] != 1):
-            print(f"  {size} pods: {on_pool[True]} on the preferred nodes, "
-                  f"{on_pool[False]} without the preference")
+            return [replace(p, preferences=prefs) for p in pods] if prefer else pods
+
+        def on_pool(plan: Plan) -> int:
+            return sum(a.node in pool for _, a in plan.places[0].assignments)
+        got = _pair(c, reps, pods_of, on_pool)
+        if isinstance(got, str):
+            print(f"  {size} pods, prefer={got}")
             return 1
-        (b50, b99), (t50, t99) = row[False], row[True]
-        print(f"  {size:3} pods x 8 GPUs: baseline p50 {b50:6.2f} p99 {b99:6.2f}  "
-              f"preferred p50 {t50:6.2f} p99 {t99:6.2f}  ratio p50 {t50 / b50:.2f} "
-              f"p99 {t99 / b99:.2f}  workers on the preferred nodes {on_pool[False]} / "
-              f"{on_pool[True]}")
+        row, placed = got
+        if placed[True] < placed[False] or (size == 1 and placed[True] != 1):
+            print(f"  {size} pods: {placed[True]} on the preferred nodes, "
+                  f"{placed[False]} without the preference")
+            return 1
+        print(_line(size, "preferred", row, "workers on the preferred nodes", placed))
     return 0
 
 

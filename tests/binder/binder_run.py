@@ -1,13 +1,38 @@
-"""Running a Binder against the emulator for the length of a test body, and what it bound."""
+"""Running a Binder against the emulator for the length of a test body, and what it bound;
+or one planning cycle over raw objects, and where it put each pod."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
+from webhook import keys
 from webhook.binder.controller import Binder
+from webhook.binder.fit import FitCache
+from webhook.binder.nodes import parse_node
+from webhook.binder.planner import Plan, PlanConfig, plan
+from webhook.binder.pods import parse_pod
+from webhook.binder.queue import GangQueue
 from webhook.doubles.emulator import ApiServerEmulator
+from webhook.topology.hierarchy import place_gang
+
+#: the planning cycle's config when a test names none
+CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME)
+
+
+def planned(pods: list[dict[str, Any]], objs: list[dict[str, Any]],
+            config: PlanConfig = CFG) -> Plan:
+    """One planning cycle from scratch over the pods and nodes, as raw objects."""
+    return plan([parse_pod(p) for p in pods],
+                {n["metadata"]["name"]: parse_node(n) for n in objs}, None, config=config,
+                queue=GangQueue(), fit=FitCache(), place=place_gang, now=1795237200.0)
+
+
+def where(p: Plan) -> dict[str, str]:
+    """pod name -> the node the plan puts it on."""
+    return {pd.name: a.node for place in p.places for pd, a in place.assignments}
 
 
 @asynccontextmanager

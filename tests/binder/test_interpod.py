@@ -8,18 +8,14 @@ import json
 from typing import Any
 
 from binder_objects import node, pod
+from binder_run import planned, where
 
-from webhook import keys
-from webhook.binder.fit import FitCache
 from webhook.binder.interpod import Neighbours, violation
 from webhook.binder.nodes import parse_node
-from webhook.binder.planner import Plan, PlanConfig, plan
+from webhook.binder.planner import Plan
 from webhook.binder.pods import parse_pod
-from webhook.binder.queue import GangQueue
-from webhook.topology.hierarchy import place_gang
 
 BLOCK, RACK, HOST = "example.com/block", "example.com/rack", "kubernetes.io/hostname"
-CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME)
 #: members may span nodes
 SPANS = json.dumps({"v": 1, "mode": "preferred"})
 
@@ -59,14 +55,7 @@ def placed(name: str, at: str, gpus: int, labels: dict[str, str],
 
 
 def run(pods: list[dict[str, Any]]) -> Plan:
-    objs = nodes()
-    return plan([parse_pod(p) for p in pods],
-                {n["metadata"]["name"]: parse_node(n) for n in objs}, None, config=CFG,
-                queue=GangQueue(), fit=FitCache(), place=place_gang, now=1795237200.0)
-
-
-def where(p: Plan) -> dict[str, str]:
-    return {pd.name: a.node for place in p.places for pd, a in place.assignments}
+    return planned(pods, nodes())
 
 
 def test_a_placed_pods_anti_affinity_keeps_the_gang_off_its_node() -> None:

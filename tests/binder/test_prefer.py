@@ -9,25 +9,21 @@ import json
 from typing import Any
 
 from binder_objects import node, pod
+from binder_run import CFG, planned, where
 
-from webhook import keys
 from webhook.binder.allocation import Allocation
 from webhook.binder.assignment import build_assignment, encode_assignment
-from webhook.binder.fit import FitCache
 from webhook.binder.interpod import Neighbours
 from webhook.binder.nodes import parse_node
-from webhook.binder.planner import Plan, PlanConfig, plan
+from webhook.binder.planner import Plan, PlanConfig
 from webhook.binder.pods import PodTerm, Preferences, Requirement, Term, parse_pod
 from webhook.binder.prefer import Scores, as_good
-from webhook.binder.queue import GangQueue
 from webhook.topology.builtin import builtin
-from webhook.topology.hierarchy import place_gang
 from webhook.topology.model import GangPlacement, MemberPlacement, MemberRequest
 from webhook.topology.network import Levels
 
 BLOCK, RACK, HOST = "example.com/block", "example.com/rack", "kubernetes.io/hostname"
 POOL = "example.com/pool"
-CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME)
 #: members may span nodes
 SPANS = json.dumps({"v": 1, "mode": "preferred"})
 TOPO = builtin("dgx1-v100")
@@ -70,16 +66,9 @@ def placed(name: str, where: str, labels: dict[str, str], gpus: int = 0) -> dict
 
 def run(pods: list[dict[str, Any]], objs: list[dict[str, Any]] | None = None,
         levels: Levels | None = None) -> Plan:
-    objs = objs or nodes()
     config = CFG if levels is None else PlanConfig(scheduler_name=CFG.scheduler_name,
                                                    levels=levels)
-    return plan([parse_pod(p) for p in pods],
-                {n["metadata"]["name"]: parse_node(n) for n in objs}, None, config=config,
-                queue=GangQueue(), fit=FitCache(), place=place_gang, now=1795237200.0)
-
-
-def where(p: Plan) -> dict[str, str]:
-    return {pd.name: a.node for place in p.places for pd, a in place.assignments}
+    return planned(pods, objs or nodes(), config)
 
 
 def test_the_preferred_terms_are_read_with_their_weights() -> None:

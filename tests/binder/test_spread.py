@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from binder_objects import node, pod
+from binder_run import planned, where
 
 from webhook import keys
 from webhook.binder.fit import FitCache
@@ -21,7 +22,6 @@ from webhook.topology.hierarchy import place_gang
 from webhook.topology.network import Levels
 
 BLOCK, RACK, HOST = "example.com/block", "example.com/rack", "kubernetes.io/hostname"
-CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME)
 #: members may span nodes
 SPANS = json.dumps({"v": 1, "mode": "preferred"})
 
@@ -49,14 +49,7 @@ def gang(n: int, gpus: int, constraints: list[dict[str, Any]] | None = None, *,
 
 
 def run(pods: list[dict[str, Any]], objs: list[dict[str, Any]] | None = None) -> Plan:
-    objs = objs or nodes()
-    return plan([parse_pod(p) for p in pods],
-                {n["metadata"]["name"]: parse_node(n) for n in objs}, None, config=CFG,
-                queue=GangQueue(), fit=FitCache(), place=place_gang, now=1795237200.0)
-
-
-def where(p: Plan) -> dict[str, str]:
-    return {pd.name: a.node for place in p.places for pd, a in place.assignments}
+    return planned(pods, objs or nodes())
 
 
 def why(p: Plan) -> str:
