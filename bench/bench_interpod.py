@@ -20,6 +20,15 @@ without a constraint (baseline) and with a DoNotSchedule one by leaf (maxSkew 1,
 pods), which the engine's packing breaks, so that its members are placed one at a time. Printed
 likewise, with the leaves each used; the run fails when the spread gang does not use a leaf per
 worker.
+
+Then preferred node affinity: a quarter of the nodes, at random, labelled `example.com/pool:
+on-demand`; a gang of 1 / 16 / 64 whole-node workers that prefers one leaf, planned without a
+preference (baseline) and with preferred node affinity for that pool (weight 50), which the
+binder weighs after the network (`webhook.binder.prefer`: the engine asked again on the
+preferred nodes). Printed likewise, with how many workers each put on the pool's nodes; the run
+fails when the preference puts fewer there than the baseline, or the lone worker off them.
+And the same with the workers kept one per leaf (DoNotSchedule spread), so that they are placed
+one at a time, each by its preference, in both variants.
 """
 
 from __future__ import annotations
@@ -159,7 +168,8 @@ def measure(freezer: HeapFreezer) -> int:
               f"{beside[True]}")
     cluster = _Cluster(nodes, states, config, place, fit, tables, freezer)
     return spread_rows(args.reps, spec.leaf_label, cluster) or \
-        preferred_rows(args.reps, args.seed, spec.leaf_label, cluster)
+        preferred_rows(args.reps, args.seed, spec.leaf_label, cluster) or \
+        preferred_rows(args.reps, args.seed, spec.leaf_label, cluster, apart=True)
 
 
 def _cycles(pods: list[PodInfo], nodes: Mapping[str, NodeInfo], states: dict[str, NodeState],
@@ -253,18 +263,23 @@ def spread_rows(reps: int, leaf: str, c: _Cluster) -> int:
 POOL = "example.com/pool"
 
 
-def preferred_rows(reps: int, seed: int, leaf: str, c: _Cluster) -> int:
+def preferred_rows(reps: int, seed: int, leaf: str, c: _Cluster, apart: bool = False) -> int:
+    """`apart`: the workers kept one per leaf (DoNotSchedule spread), so placed one at a time,
+    in both variants."""
     pool = set(random.Random(seed).sample(sorted(c.nodes), len(c.nodes) // 4))
     pooled = {n: replace(info, labels={**info.labels, POOL: "on-demand"}) if n in pool
               else info for n, info in c.nodes.items()}
     c = replace(c, nodes=pooled, fit=FitCache())
     prefs = Preferences(nodes=((50, Term((Requirement(POOL, "In", ("on-demand",)),))),))
-    print("== preferred node affinity (a quarter of the nodes, weight 50): one planning "
-          "cycle, ms")
+    term = SpreadTerm(1, leaf, (("In", "job", frozenset({"big"})),))
+    print(f"== preferred node affinity (a quarter of the nodes, weight 50)"
+          f"{', the workers one per leaf' if apart else ''}: one planning cycle, ms")
     for size in (1, 16, 64):
         def pods_of(prefer: bool, size: int = size) -> list[PodInfo]:
-            pods = gang_pods(size, leaf)
-            return [replace(p, preferences=prefs) for p in pods] if prefer else pods
+            pods = gang_pods(size, None, labels={"job": "big"}) if apart else \
+                gang_pods(size, leaf)
+            return [replace(p, preferences=prefs if prefer else None,
+                            spread=(term,) if apart else ()) for p in pods]
 
         def on_pool(plan: Plan) -> int:
             return sum(a.node in pool for _, a in plan.places[0].assignments)

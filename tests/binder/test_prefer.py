@@ -214,3 +214,18 @@ def test_as_good_reads_nodes_bandwidth_and_domain() -> None:
     assert as_good(placement("a", "c"), base, None)
     assert not as_good(placement("a", "b", gbps=9.0), base, paths)
     assert not as_good(placement("a", "b", "c"), placement("a", "a", "b"), None)
+
+
+def test_members_placed_one_at_a_time_go_to_the_nodes_they_prefer() -> None:
+    # four 1-GPU members kept one per node: the engine packs them, so they are placed one at
+    # a time, each by its preference among the nodes the spread leaves it
+    one_each = {"topologySpreadConstraints": [{
+        "maxSkew": 1, "topologyKey": HOST, "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"job": "j"}}}]}
+    pools = {n: "on-demand" for n in ("b1-r0-n0", "b1-r0-n1", "b1-r1-n0", "b1-r1-n1")}
+    control = where(run(gang(4, 1, one_each), nodes(pools)))
+    assert len(set(control.values())) == 4 and not set(control.values()) <= set(pools)
+    spec = {**one_each, **affinity(nodeAffinity={
+        "preferredDuringSchedulingIgnoredDuringExecution": [prefer_pool(60, "on-demand")]})}
+    got = where(run(gang(4, 1, spec), nodes(pools)))
+    assert set(got.values()) == set(pools)

@@ -767,10 +767,15 @@ class _Apart:
     everywhere: frozenset[str] = field(init=False)
     #: the nodes within a domain (its path, widest first), made on first use
     within: dict[tuple[str, ...], frozenset[str]] = field(init=False, default_factory=dict)
+    #: the members' preferences, each job's scored once, over the nodes it fits on as the
+    #: first of its members is placed (a node the members before it filled is passed over by
+    #: the engine, and the next best tried)
+    scores: Scores = field(init=False)
 
     def __post_init__(self) -> None:
         self.spread = Spread(self.r.neighbours)
         self.everywhere = frozenset(self.r.nodes)
+        self.scores = Scores(self.r.nodes, self.states, self.r.neighbours)
 
     def run(self) -> GangPlacement | Unplaceable:
         mark = self.r.neighbours.mark()
@@ -827,11 +832,17 @@ class _Apart:
         for nodes in itertools.chain((t for t in tries if t and len(t) < len(may)), (may,)):
             one = replace(self.request, members=(replace(m, eligible_nodes=nodes),),
                           network=None, single_node=False, min_ring_gbps=None)
-            got = self.place(list(self.states.values()), one, network=None,
-                             groups=self.r.groups)
+            got = self._engine(one)
             if isinstance(got, GangPlacement):
+                if self.by_key[m.key].preferences is not None:
+                    got = preferred(one, got, self.by_key, self.scores, engine=self._engine,
+                                    paths=None, scored_as={m.key: m})
                 break
         return got
+
+    def _engine(self, one: GangRequest) -> GangPlacement | Unplaceable:
+        """The engine's choice for one member on what is free now."""
+        return self.place(list(self.states.values()), one, network=None, groups=self.r.groups)
 
     def _within(self, domain: tuple[str, ...]) -> frozenset[str]:
         """The nodes within a domain, named by its path (widest first)."""

@@ -139,15 +139,20 @@ class Scores:
 MOST_TIERS = 3
 
 
-def tiers(request: GangRequest, pods: Mapping[str, PodInfo], scores: Scores
-          ) -> list[GangRequest]:
+def tiers(request: GangRequest, pods: Mapping[str, PodInfo], scores: Scores,
+          scored_as: Mapping[str, MemberRequest] | None = None) -> list[GangRequest]:
     """The gang with each member's nodes narrowed to those it scores highest, then to those
     of its next score or better, and so on (at most `MOST_TIERS`; its lowest score is the
-    placement without preferences). Empty when no member prefers any node to another."""
+    placement without preferences). Empty when no member prefers any node to another.
+    `scored_as`: a member scored as this request of it (over its nodes), its nodes narrowed
+    after (a member placed alone within a domain: its job's members share one score)."""
     narrowed: list[list[MemberRequest]] = []  # per member: its requests, tier by tier
     for m in request.members:
         prefs = pods[m.key].preferences
-        scored = scores.of(pods[m.key], prefs, m) if prefs is not None else {}
+        asked = (scored_as or {}).get(m.key, m)
+        scored = scores.of(pods[m.key], prefs, asked) if prefs is not None else {}
+        if asked is not m and m.eligible_nodes is not None:
+            scored = {n: s for n, s in scored.items() if n in m.eligible_nodes}
         floors = sorted(set(scored.values()), reverse=True)[:-1][:MOST_TIERS]
         narrowed.append([replace(m, eligible_nodes=frozenset(
             n for n, s in scored.items() if s >= floor)) for floor in floors])
@@ -185,10 +190,11 @@ def as_good(placement: GangPlacement, base: GangPlacement,
 
 def preferred(request: GangRequest, base: GangPlacement, pods: Mapping[str, PodInfo],
               scores: Scores, *, engine: Engine,
-              paths: Mapping[str, tuple[str, ...]] | None) -> GangPlacement:
+              paths: Mapping[str, tuple[str, ...]] | None,
+              scored_as: Mapping[str, MemberRequest] | None = None) -> GangPlacement:
     """The placement on the nodes the members prefer most, where the engine finds one as good
-    as `base` (its placement without preferences); else `base`."""
-    for narrowed in tiers(request, pods, scores):
+    as `base` (its placement without preferences); else `base`. `scored_as`: as `tiers`."""
+    for narrowed in tiers(request, pods, scores, scored_as):
         if _within(base, narrowed):
             return base
         got = engine(narrowed)
