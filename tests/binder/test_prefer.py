@@ -6,6 +6,7 @@ the nodes its members prefer."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from binder_objects import node, pod
@@ -190,16 +191,16 @@ def test_scores_normalise_each_plugin_and_sum_them() -> None:
             for n in nodes({"b0-r0-n0": "a", "b0-r0-n1": "b"})}
     prefs = Preferences(nodes=((30, Term((Requirement(POOL, "In", ("a",)),))),
                                (10, Term((Requirement(POOL, "In", ("b",)),)))))
-    info = parse_pod(gang(1, 8)[0])
+    info = replace(parse_pod(gang(1, 8)[0]), preferences=prefs)
     states = {name: Allocation({}).node_state(n) for name, n in objs.items()}
     scores = Scores(objs, states, Neighbours((), (), objs))
-    got = scores.of(info, prefs, MemberRequest(info.key, gpus=8))
+    got = scores.of(info, MemberRequest(info.key, gpus=8))
     assert got["b0-r0-n0"] == 100 and round(got["b0-r0-n1"], 3) == 33.333
     assert {v for n, v in got.items() if n not in ("b0-r0-n0", "b0-r0-n1")} == {0}
     # only the nodes the member fits on are scored: the highest is made 100 among them
     states["b0-r0-n0"] = states["b0-r0-n0"].less(range(8), 0, 0)
     got = Scores(objs, states, Neighbours((), (), objs)).of(
-        info, prefs, MemberRequest(info.key, gpus=8))
+        info, MemberRequest(info.key, gpus=8))
     assert "b0-r0-n0" not in got and got["b0-r0-n1"] == 100
 
 
@@ -229,3 +230,24 @@ def test_members_placed_one_at_a_time_go_to_the_nodes_they_prefer() -> None:
         "preferredDuringSchedulingIgnoredDuringExecution": [prefer_pool(60, "on-demand")]})}
     got = where(run(gang(4, 1, spec), nodes(pools)))
     assert set(got.values()) == set(pools)
+
+
+def test_the_terms_of_pods_already_placed_that_select_the_gang_are_weighed() -> None:
+    # a database that prefers training pods away from its node, and one whose required
+    # podAffinity selects them (kube-scheduler's hardPodAffinityWeight): the gang, which has
+    # no preference of its own, avoids the first and joins the second
+    def term(weight: int) -> dict[str, Any]:
+        return {"weight": weight, "podAffinityTerm": {
+            "labelSelector": {"matchLabels": {"job": "j"}}, "topologyKey": HOST}}
+    avoid = placed("db", "b0-r0-n0", {"app": "db"})
+    avoid["spec"]["affinity"] = {
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term(100)]}}
+    assert where(run([placed("x", "b0-r0-n0", {}), *gang(1, 4)])) == {"j-0": "b0-r0-n0"}
+    assert where(run([avoid, *gang(1, 4)]))["j-0"] != "b0-r0-n0"
+    join = placed("cache", "b1-r1-n1", {"app": "cache"})
+    join["spec"]["affinity"] = {"podAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [term(1)["podAffinityTerm"]]}}
+    assert where(run([join, *gang(1, 4)])) == {"j-0": "b1-r1-n1"}
+    # another namespace's pending pod is not selected by the database's term
+    other = [{**p, "metadata": {**p["metadata"], "namespace": "team-b"}} for p in gang(1, 4)]
+    assert where(run([avoid, *other])) == {"j-0": "b0-r0-n0"}

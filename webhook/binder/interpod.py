@@ -35,6 +35,18 @@ def counts(term: PodTerm, pod: PodInfo) -> bool:
     return selector_matches(term.selector, dict(pod.labels))
 
 
+#: what a placed pod's required podAffinity term that selects a pending pod adds to its score
+#: in the term's domain (kube-scheduler's hardPodAffinityWeight, default 1)
+HARD_AFFINITY_WEIGHT = 1
+
+
+def holds_terms(pod: PodInfo) -> bool:
+    """Whether the pod has inter-pod terms that concern other pods once it is placed: required
+    podAntiAffinity (a filter), or required podAffinity or preferred terms (scores)."""
+    prefs = pod.preferences
+    return bool(pod.pod_affinity) or (prefs is not None and bool(prefs.pods))
+
+
 class LabelIndex:
     """The nodes by the value of a label, per label key, made on first use (the binder's
     FitCache keeps one until the node set changes)."""
@@ -70,9 +82,10 @@ class LabelIndex:
 
 class Neighbours:
     """The pods on nodes that the terms count: bound (or assumed bound) and not terminated, and
-    those placed earlier in the same planning round. `holders` are those of `pods` with
-    anti-affinity terms (the snapshot keeps them apart, so that a round where no term applies
-    never reads every pod). Per term, the domains holding counted pods are worked out once."""
+    those placed earlier in the same planning round. `holders` are those of `pods` with terms
+    of their own (`holds_terms`: the snapshot keeps them apart, so that a round where no term
+    applies never reads every pod). Per term, the domains holding counted pods are worked out
+    once."""
 
     def __init__(self, pods: Collection[PodInfo], holders: Iterable[PodInfo],
                  nodes: Mapping[str, NodeInfo], index: LabelIndex | None = None) -> None:
@@ -86,6 +99,8 @@ class Neighbours:
         self._round: list[tuple[PodInfo, str]] = []
         self._domains: dict[PodTerm, Counter[str]] = {}
         self._anti: dict[PodTerm, dict[str, str]] | None = None
+        self._soft: dict[PodTerm, Counter[str]] | None = None
+        self._selects: dict[tuple[str, tuple[tuple[str, str], ...]], bool] = {}
         self._allowed: dict[tuple[tuple[PodTerm, ...], tuple[PodTerm, ...],
                                   tuple[PodTerm, ...], tuple[str, ...]], frozenset[str]] = {}
 
@@ -94,9 +109,9 @@ class Neighbours:
         self._round.append((pod, node))
         if self._pods is not None:
             self._pods.setdefault(pod.namespace, {})[pod.key] = (pod, node)
-        if pod.anti_affinity:
+        if holds_terms(pod):
             self._holders[pod.key] = (pod, node)
-            self._anti = None
+            self._anti = self._soft = None
         self._domains.clear()
         self._allowed.clear()  # (what the placed pods allow has changed)
 
@@ -110,7 +125,7 @@ class Neighbours:
             if self._pods is not None:
                 self._pods.get(pod.namespace, {}).pop(pod.key, None)
             if self._holders.pop(pod.key, None) is not None:
-                self._anti = None
+                self._anti = self._soft = None
         del self._round[mark:]
         self._domains.clear()
         self._allowed.clear()
@@ -126,6 +141,34 @@ class Neighbours:
                     if value is not None:
                         self._anti.setdefault(term, {}).setdefault(value, holder.key)
         return self._anti
+
+    def soft_domains(self) -> dict[PodTerm, Counter[str]]:
+        """Each distinct scoring term of the placed pods (their preferred terms, and their
+        required podAffinity at `HARD_AFFINITY_WEIGHT`): the weight it adds, summed, in each
+        domain of its key, to a pending pod it selects (negative for podAntiAffinity)."""
+        if self._soft is None:
+            self._soft = {}
+            self._selects.clear()
+            for holder, node in self._holders.values():
+                hard = holder.pod_affinity.affinity if holder.pod_affinity is not None else ()
+                prefs = holder.preferences
+                weighed = [*((HARD_AFFINITY_WEIGHT, t) for t in hard),
+                           *(prefs.pods if prefs is not None else ())]
+                for weight, term in weighed:
+                    value = self.domain(node, term.topology_key)
+                    if value is not None:
+                        self._soft.setdefault(term, Counter())[value] += weight
+        return self._soft
+
+    def selects(self, pod: PodInfo) -> bool:
+        """Whether a placed pod's scoring term selects the pending pod (asked once per
+        namespace and labels: a job's pods share them)."""
+        soft = self.soft_domains()
+        key = (pod.namespace, pod.labels)
+        found = self._selects.get(key)
+        if found is None:
+            found = self._selects[key] = any(counts(term, pod) for term in soft)
+        return found
 
     def allowed(self, guards: tuple[PodTerm, ...], anti: tuple[PodTerm, ...],
                 affinity: tuple[PodTerm, ...], anywhere: tuple[str, ...]) -> frozenset[str]:

@@ -52,7 +52,7 @@ from webhook.binder.fit import (
     why_not,
 )
 from webhook.binder.gangs import Gang, PodGroupInfo, assemble
-from webhook.binder.interpod import Neighbours, one_per_node, rules, violation
+from webhook.binder.interpod import Neighbours, holds_terms, one_per_node, rules, violation
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo
 from webhook.binder.prefer import Scores, preferred
@@ -402,7 +402,7 @@ def plan(pods: Sequence[PodInfo], nodes: Mapping[str, NodeInfo],
     allocation and node states made from scratch."""
     allocation = Allocation.from_pods(pods, claims)
     gangs = assemble(pods, config.scheduler_name, pod_groups, config.podgroup_default_timeout)
-    holders = [p for p in pods if p.anti_affinity]
+    holders = [p for p in pods if holds_terms(p)]
     return plan_gangs(gangs, allocation,
                       {name: allocation.node_state(node) for name, node in nodes.items()},
                       nodes, config=config, queue=queue, fit=fit, place=place, now=now,
@@ -631,7 +631,7 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
                   place=place)
         return
     by_key = {p.key: p for p in pending}
-    if any(p.preferences for p in pending):
+    if any(p.preferences for p in pending) or any(map(r.neighbours.selects, pending)):
         result = preferred(request, result, by_key, Scores(r.nodes, r.states, r.neighbours),
                            engine=engine, paths=_near(gang, network))
     spread = any(p.spread for p in pending)
@@ -834,7 +834,7 @@ class _Apart:
                           network=None, single_node=False, min_ring_gbps=None)
             got = self._engine(one)
             if isinstance(got, GangPlacement):
-                if self.by_key[m.key].preferences is not None:
+                if self.scores.weighs(self.by_key[m.key]):
                     got = preferred(one, got, self.by_key, self.scores, engine=self._engine,
                                     paths=None, scored_as={m.key: m})
                 break

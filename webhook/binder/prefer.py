@@ -1,8 +1,9 @@
 """Preferred scheduling terms of the binder's gangs (pure): preferred node affinity, preferred
 podAffinity and podAntiAffinity, and topologySpreadConstraints with whenUnsatisfiable
-ScheduleAnyway. A member's nodes are scored as kube-scheduler's NodeAffinity, InterPodAffinity
-and PodTopologySpread score plugins score them, each normalised to 0-100 over the nodes the
-member may use, and summed (their default weights are equal).
+ScheduleAnyway; and the placed pods' preferred terms (and required podAffinity) that select a
+member. A member's nodes are scored as kube-scheduler's NodeAffinity, InterPodAffinity and
+PodTopologySpread score plugins score them, each normalised to 0-100 over the nodes the member
+may use and fits on, and summed (their default weights are equal).
 
 They are weighed after the gang's topology, which comes first (docs/topology.md: the best GPU
 set first). The engine is asked again with each member's nodes narrowed to those it scores
@@ -14,11 +15,12 @@ kept. The pods on nodes are counted, the gang's own members not: the gang is pla
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from webhook.binder.fit import term_matches
-from webhook.binder.interpod import Neighbours
+from webhook.binder.interpod import Neighbours, counts
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo, Preferences
 from webhook.binder.spread import Spread
@@ -46,18 +48,23 @@ def _node_affinity(prefs: Preferences, nodes: Sequence[NodeInfo]) -> list[float]
     return [MAX_SCORE * s / top if top else 0.0 for s in raw]
 
 
-def _inter_pod(prefs: Preferences, nodes: Sequence[NodeInfo], nb: Neighbours) -> list[float]:
-    """Per term, its weight (negative for podAntiAffinity) times the pods it counts in the
-    node's domain; the lowest sum made 0 and the highest 100."""
+def _inter_pod(pod: PodInfo, prefs: Preferences, nodes: Sequence[NodeInfo], nb: Neighbours
+               ) -> list[float]:
+    """Per term of the pod's, its weight (negative for podAntiAffinity) times the pods it
+    counts in the node's domain; per scoring term of a placed pod that selects the pod, its
+    weight in that pod's domain; the lowest sum made 0 and the highest 100."""
+    weighed = [(term, Counter({v: w * n for v, n in nb.domains(term).items()}))
+               for w, term in prefs.pods]
+    weighed += [(term, by_value) for term, by_value in nb.soft_domains().items()
+                if counts(term, pod)]
     raw = [0.0] * len(nodes)
-    for w, term in prefs.pods:
-        counted = nb.domains(term)
-        if not counted:
+    for term, by_value in weighed:
+        if not by_value:
             continue
         for i, n in enumerate(nodes):
             value = n.labels.get(term.topology_key)
             if value is not None:
-                raw[i] += w * counted.get(value, 0)
+                raw[i] += by_value.get(value, 0)
     lo, hi = min(raw, default=0.0), max(raw, default=0.0)
     return [MAX_SCORE * (s - lo) / (hi - lo) if hi > lo else 0.0 for s in raw]
 
@@ -115,10 +122,16 @@ class Scores:
             usable = self._usable[key] = usable_mask(n.topology, n.free_gpus)
         return member_capacity(n, usable, m) > 0
 
-    def of(self, pod: PodInfo, prefs: Preferences, m: MemberRequest) -> dict[str, float]:
+    def weighs(self, pod: PodInfo) -> bool:
+        """Whether the pod has preferences, or a placed pod's scoring term selects it."""
+        return pod.preferences is not None or self.nb.selects(pod)
+
+    def of(self, pod: PodInfo, m: MemberRequest) -> dict[str, float]:
         """node -> the pod's score there, over the nodes it may use and fits on now."""
-        key = (prefs, pod.namespace, pod.constraints, m.eligible_nodes, m.gpus, m.cpu_milli,
-               m.memory_bytes)
+        prefs = pod.preferences or Preferences()
+        selected = self.nb.selects(pod)  # (then its labels are read)
+        key = (prefs, pod.namespace, pod.labels if selected else (), pod.constraints,
+               m.eligible_nodes, m.gpus, m.cpu_milli, m.memory_bytes)
         found = self._memo.get(key)
         if found is None:
             names = self.nodes if m.eligible_nodes is None else sorted(m.eligible_nodes)
@@ -126,7 +139,8 @@ class Scores:
                      if n in self.states and self._fits(self.states[n], m)]
             total = [0.0] * len(nodes)
             parts = [_node_affinity(prefs, nodes) if prefs.nodes else None,
-                     _inter_pod(prefs, nodes, self.nb) if prefs.pods else None,
+                     _inter_pod(pod, prefs, nodes, self.nb) if prefs.pods or selected
+                     else None,
                      _spread(pod, prefs, nodes, self.spread) if prefs.spread else None]
             for part in parts:
                 for i, s in enumerate(part or ()):
@@ -148,9 +162,8 @@ def tiers(request: GangRequest, pods: Mapping[str, PodInfo], scores: Scores,
     after (a member placed alone within a domain: its job's members share one score)."""
     narrowed: list[list[MemberRequest]] = []  # per member: its requests, tier by tier
     for m in request.members:
-        prefs = pods[m.key].preferences
         asked = (scored_as or {}).get(m.key, m)
-        scored = scores.of(pods[m.key], prefs, asked) if prefs is not None else {}
+        scored = scores.of(pods[m.key], asked) if scores.weighs(pods[m.key]) else {}
         if asked is not m and m.eligible_nodes is not None:
             scored = {n: s for n, s in scored.items() if n in m.eligible_nodes}
         floors = sorted(set(scored.values()), reverse=True)[:-1][:MOST_TIERS]

@@ -22,7 +22,7 @@ from dataclasses import replace
 from webhook.binder.allocation import Allocation, holding_node
 from webhook.binder.claims import ClaimInfo
 from webhook.binder.gangs import Gang, PodGroupInfo, assemble, gang_key, is_member
-from webhook.binder.interpod import LabelIndex, Neighbours
+from webhook.binder.interpod import LabelIndex, Neighbours, holds_terms
 from webhook.binder.nodes import NodeInfo
 from webhook.binder.pods import PodInfo
 from webhook.topology.model import NodeState
@@ -43,7 +43,7 @@ class Snapshot:
         self._unbound: dict[str, set[str]] = {}  # gang key -> keys of its unbound members
         self._states: dict[str, tuple[NodeInfo, NodeState]] = {}
         self._stale: set[str] = set()  # nodes whose usage changed since their state was made
-        self._holders: dict[str, PodInfo] = {}  # pods with podAntiAffinity terms
+        self._holders: dict[str, PodInfo] = {}  # pods with inter-pod terms (holds_terms)
         #: gang key -> (its PodGroup as read: None when the CRD is absent, False when there is
         #: no such PodGroup; the default timeout; the gang assembled from them)
         self._running: dict[str, tuple[PodGroupInfo | bool | None, int, Gang]] = {}
@@ -62,7 +62,7 @@ class Snapshot:
         if old is not None:
             self._drop(old)
         self._pods[pod.key] = pod
-        if pod.anti_affinity:
+        if holds_terms(pod):
             self._holders[pod.key] = pod
         self._touch(self.allocation.add(pod))
         gang = _member_of(pod, self.scheduler_name)
