@@ -267,14 +267,23 @@ NO_TRAINING_IN_MY_LEAF = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDu
      "topologyKey": LEAF}]}}
 
 
-async def _neighbour(kube: KubeApi, name: str, node: str) -> None:
+#: the same as a preference
+TRAINING_BETTER_AWAY = {"podAntiAffinity": {
+    "preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100,
+         "podAffinityTerm": NO_TRAINING_IN_MY_LEAF["podAntiAffinity"][
+             "requiredDuringSchedulingIgnoredDuringExecution"][0]}]}}
+
+
+async def _neighbour(kube: KubeApi, name: str, node: str,
+                     affinity: dict[str, Any] = NO_TRAINING_IN_MY_LEAF) -> None:
     """A CPU-only pod on `node`, bound by its own nodeName (no scheduler), that keeps training
-    pods out of the node's leaf."""
+    pods out of the node's leaf (by default; else by `affinity`)."""
     ns = await ensure_namespace(kube, NAMESPACES["neighbours"])
     await kube.create(PODS, {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": {"app": "db"}},
-        "spec": {"nodeName": node, "affinity": NO_TRAINING_IN_MY_LEAF,
+        "spec": {"nodeName": node, "affinity": affinity,
                  "terminationGracePeriodSeconds": 0, "tolerations": [{"operator": "Exists"}],
                  "containers": [{"name": "db", "image": f"{image.IMAGE_REPOSITORY}:"
                                  f"{image.IMAGE_TAG}", "imagePullPolicy": "Never",
@@ -407,6 +416,14 @@ async def test_preferred_node_affinity_is_weighed_after_the_network(
                                               "values": [other]}])
     chosen = await _run(kube, "rack", _job("chosen", 2, 8, affinity=to_other))
     assert _at(chosen, labels, LEAF) == {other}
+    # two half-full leaves now, which best fit takes first; a placed pod in each that prefers
+    # training pods out of its leaf: a training gang, with no preference of its own, goes to
+    # an empty leaf, which holds it as well
+    for i, pod in enumerate((control[0], chosen[0])):
+        await _neighbour(kube, f"quiet-db-{i}", pod["spec"]["nodeName"], TRAINING_BETTER_AWAY)
+    away = await _run(kube, "rack", _job("away", 2, 8, labels={"app": "train"}))
+    assert len(_at(away, labels, LEAF)) == 1
+    assert not _at(away, labels, LEAF) & {fullest, other}, _at(away, labels, LEAF)
     # a preference never widens the gang: two preferred nodes in two leaves of one spine, and
     # a gang that prefers one spine, and within it the fewest leaves, stays in one leaf
     spine = labels[next(iter(control))["spec"]["nodeName"]][SPINE]
