@@ -631,9 +631,10 @@ def _try_place(r: _Round, gang: Gang, queue: GangQueue, fit: FitCache, place: Pl
                   place=place)
         return
     by_key = {p.key: p for p in pending}
-    if any(p.preferences for p in pending) or any(map(r.neighbours.selects, pending)):
-        result = preferred(request, result, by_key, Scores(r.nodes, r.states, r.neighbours),
-                           engine=engine, paths=_near(gang, network))
+    scores = Scores(r.nodes, r.states, r.neighbours)
+    if any(map(scores.weighs, pending)):
+        result = preferred(request, result, by_key, scores, engine=engine,
+                           paths=_near(gang, network))
     spread = any(p.spread for p in pending)
     if terms is not None or spread:
         kept = _kept(r, gang, request, result, by_key, place=place, terms=terms,
