@@ -7,9 +7,10 @@ may use and fits on, and summed (their default weights are equal).
 
 They are weighed after the gang's topology, which comes first (docs/topology.md: the best GPU
 set first). The engine is asked again with each member's nodes narrowed to those it scores
-highest, then to those it scores above its lowest; the first placement as good as the one
-without preferences (no more nodes, no less allreduce bandwidth, no wider network domain) is
-kept. The pods on nodes are counted, the gang's own members not: the gang is placed whole.
+highest, then to those of its next score or better (`MOST_TIERS` tries at most); the first
+placement as good as the one without preferences (no more nodes, no less allreduce bandwidth,
+no wider network domain) is kept. The pods on nodes are counted, the gang's own members not:
+the gang is placed whole (or, one member at a time, its job scored once).
 """
 
 from __future__ import annotations
