@@ -251,3 +251,19 @@ def test_the_terms_of_pods_already_placed_that_select_the_gang_are_weighed() -> 
     # another namespace's pending pod is not selected by the database's term
     other = [{**p, "metadata": {**p["metadata"], "namespace": "team-b"}} for p in gang(1, 4)]
     assert where(run([avoid, *other])) == {"j-0": "b0-r0-n0"}
+
+
+def test_a_preference_never_costs_the_gang_its_slices() -> None:
+    # slices of 2 ranks within a rack, preferred; racks of 3 nodes; the preferred nodes, 3 in
+    # r0 and 1 in r1, would hold the 4 ranks only with a slice over both racks
+    objs = [node(f"r{r}-n{i}", labels={HOST: f"r{r}-n{i}", BLOCK: "b0", RACK: f"r{r}",
+                                       POOL: "on-demand" if r == 0 or i == 0 else "spot"})
+            for r in (0, 1) for i in range(3)]
+    topology = json.dumps({"v": 1, "mode": "preferred", "network": {
+        "level": BLOCK, "mode": "preferred", "sliceLevel": RACK, "sliceSize": 2,
+        "sliceMode": "preferred"}})
+    spec = affinity(nodeAffinity={"preferredDuringSchedulingIgnoredDuringExecution": [
+        prefer_pool(100, "on-demand")]})
+    got = where(run(gang(4, 8, spec, topology=topology), objs, Levels((BLOCK, RACK))))
+    rack = {name: n.split("-")[0] for name, n in got.items()}
+    assert rack["j-0"] == rack["j-1"] and rack["j-2"] == rack["j-3"], got

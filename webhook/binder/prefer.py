@@ -202,13 +202,23 @@ def as_good(placement: GangPlacement, base: GangPlacement,
             and (paths is None or _span(placement, paths) >= _span(base, paths)))
 
 
+def _slices_kept(request: GangRequest) -> GangRequest:
+    """The request with its preferred slices required: on the preferred nodes the gang keeps
+    the slices `base` may have (a placement without them can look as good by nodes, bandwidth
+    and domain)."""
+    net = request.network
+    if net is None or net.slice_level is None or net.slice_mode != "preferred":
+        return request
+    return replace(request, network=replace(net, slice_mode="required"))
+
+
 def preferred(request: GangRequest, base: GangPlacement, pods: Mapping[str, PodInfo],
               scores: Scores, *, engine: Engine,
               paths: Mapping[str, tuple[str, ...]] | None,
               scored_as: Mapping[str, MemberRequest] | None = None) -> GangPlacement:
     """The placement on the nodes the members prefer most, where the engine finds one as good
     as `base` (its placement without preferences); else `base`. `scored_as`: as `tiers`."""
-    for narrowed in tiers(request, pods, scores, scored_as):
+    for narrowed in tiers(_slices_kept(request), pods, scores, scored_as):
         if _within(base, narrowed):
             return base
         got = engine(narrowed)
