@@ -199,8 +199,8 @@ def installed(cluster: NodeCluster, values: dict[str, Any], work: Path, *, withi
 def diagnostics(cluster: NodeCluster) -> str:
     """What a person debugging a red run needs first: every pod, the warnings, the logs of each
     container that is not ready and of Muster's own (a ready agent that publishes nothing says
-    why only there), and the tokens the API server refused (call it inside the cluster's
-    network)."""
+    why only there), the tokens the API server refused and the webhook calls that failed (call
+    it inside the cluster's network)."""
     out = [kubectl(cluster, "get", "pods", "-A", "-o", "wide", check=False).stdout,
            kubectl(cluster, "get", "events", "-A", "--field-selector", "type=Warning",
                    check=False).stdout]
@@ -217,10 +217,14 @@ def diagnostics(cluster: NodeCluster) -> str:
             out.append(f"--- logs {meta['namespace']}/{meta['name']} {c['name']}\n"
                        f"{logs.stdout}{logs.stderr}")
     log = cluster.dir / "logs" / "kube-apiserver.log"
-    refused = [line for line in (log.read_text(errors="replace") if log.exists() else ""
-                                 ).splitlines() if "Unable to authenticate" in line]
+    lines = (log.read_text(errors="replace") if log.exists() else "").splitlines()
+    refused = [line for line in lines if "Unable to authenticate" in line]
     out.append("--- kube-apiserver: the last requests it could not authenticate\n"
                + "\n".join(refused[-10:]))
+    # (a pod admitted without the webhook, failurePolicy Ignore, is said only here)
+    unanswered = [line for line in lines if "calling webhook" in line]
+    out.append("--- kube-apiserver: the last webhook calls that failed\n"
+               + "\n".join(unanswered[-10:]))
     return "\n".join(out)
 
 

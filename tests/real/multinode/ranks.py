@@ -43,7 +43,10 @@ def check_assignments(pods: list[dict[str, Any]], seen: dict[str, list[str]]) ->
     for pod in pods:
         name = pod["metadata"]["name"]
         want = sorted(assigned_uuids(pod))
-        assert want, f"{name} has no assignment of the binder"
+        # (whose scheduler, and whether the webhook made it a gang member, say why not)
+        assert want, (f"{name} has no assignment of the binder: schedulerName "
+                      f"{pod['spec'].get('schedulerName')}, annotations "
+                      f"{sorted((pod['metadata'].get('annotations') or {}).items())}")
         assert sorted(seen[name]) == want, f"{name} saw {seen[name]}, the binder assigned {want}"
     held = Counter(u for uuids in seen.values() for u in uuids)
     assert not [u for u, n in held.items() if n > 1], f"GPUs held twice: {held}"
