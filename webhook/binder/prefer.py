@@ -78,7 +78,7 @@ def _spread(pod: PodInfo, prefs: Preferences, nodes: Sequence[NodeInfo], spread:
     raw: list[float | None] = [
         0.0 if all(k in n.labels for k in keys) else None for n in nodes]
     for term in prefs.spread:
-        _, count = spread.domains(pod, term, keys)
+        count = spread.domains(pod, term, keys)
         weight = math.log(len(count) + 2)
         for i, n in enumerate(nodes):
             s = raw[i]

@@ -119,12 +119,10 @@ class Spread:
         for d in self._domains.values():
             d.add(pod, node)
 
-    def domains(self, pod: PodInfo, term: SpreadTerm, keys: tuple[str, ...]
-                ) -> tuple[dict[str, str], Counter[str]]:
-        """A constraint's domains, over the nodes that carry every one of `keys`: each
-        admitted node's domain, and how many pods each domain counts."""
-        d = self._of(pod, term, keys)
-        return d.domain_of, d.count
+    def domains(self, pod: PodInfo, term: SpreadTerm, keys: tuple[str, ...]) -> Counter[str]:
+        """How many pods each of a constraint's domains counts, over the admitted nodes that
+        carry every one of `keys`."""
+        return self._of(pod, term, keys).count
 
     def _of(self, pod: PodInfo, term: SpreadTerm, keys: tuple[str, ...] | None = None
             ) -> _Domains:
