@@ -146,6 +146,69 @@ async def test_tolerations_are_validated(api: tuple[str, KubeApi], toleration: d
     assert err.status == 422 and message in err.message
 
 
+_TERMS = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+_PREFERRED = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def _on_nodes(*reqs: dict[str, Any], fields: bool = False) -> dict[str, Any]:
+    kind = "matchFields" if fields else "matchExpressions"
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{kind: list(reqs)}]}}}
+
+
+@pytest.mark.parametrize(("affinity", "messages"), [
+    # what a test of the binder first wrote, and only the real server refused
+    (_on_nodes({"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]},
+               fields=True),
+     [f"{_TERMS}.nodeSelectorTerms[0].matchFields[0].values: Required value: must be only one "
+      "value when `operator` is 'In' or 'NotIn' for node field selector"]),
+    (_on_nodes({"key": "metadata.labels", "operator": "Exists"}, fields=True),
+     [f'{_TERMS}.nodeSelectorTerms[0].matchFields[0].operator: Invalid value: "Exists": not a '
+      "valid selector operator",
+      f'{_TERMS}.nodeSelectorTerms[0].matchFields[0].key: Invalid value: "metadata.labels": '
+      "not a valid field selector key"]),
+    (_on_nodes({"key": "zone", "operator": "In", "values": []},
+               {"key": "spot", "operator": "DoesNotExist", "values": ["x"]},
+               {"key": "gen", "operator": "Gt", "values": ["1", "2"]},
+               {"key": "rack", "operator": "Near", "values": ["r1"]}),
+     [f"{_TERMS}.nodeSelectorTerms[0].matchExpressions[0].values: Required value: must be "
+      "specified when `operator` is 'In' or 'NotIn'",
+      f"{_TERMS}.nodeSelectorTerms[0].matchExpressions[1].values: Forbidden: may not be "
+      "specified when `operator` is 'Exists' or 'DoesNotExist'",
+      f"{_TERMS}.nodeSelectorTerms[0].matchExpressions[2].values: Required value: must be "
+      "specified single value when `operator` is 'Lt' or 'Gt'",
+      f'{_TERMS}.nodeSelectorTerms[0].matchExpressions[3].operator: Invalid value: "Near": not '
+      "a valid selector operator"]),
+    ({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": []}}},
+     [f"{_TERMS}.nodeSelectorTerms: Required value: must have at least one node selector "
+      "term"]),
+    ({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 0, "preference": {"matchFields": [
+            {"key": "metadata.name", "operator": "NotIn", "values": ["a", "b"]}]}}]},
+      "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+          {"weight": 101, "podAffinityTerm": {"topologyKey": "rack"}}]}},
+     [f"{_PREFERRED}[0].weight: Invalid value: 0: must be in the range 1-100",
+      f"{_PREFERRED}[0].preference.matchFields[0].values: Required value: must be only one "
+      "value when `operator` is 'In' or 'NotIn' for node field selector",
+      "spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight:"
+      " Invalid value: 101: must be in the range 1-100"]),
+])
+async def test_node_affinity_and_weights_are_validated(
+        api: tuple[str, KubeApi], affinity: dict[str, Any], messages: list[str]) -> None:
+    """Each message the real server gives, and no other: the binder parses only terms it
+    accepted, and a test must not pass on the emulator with a term the real server refuses."""
+    _, kube = api
+    err = await refused(kube.create(PODS, pod("aff", affinity=affinity), NS, dry_run=True))
+    assert err.status == 422
+    causes = [f"{c['field']}: {c['message']}" for c in err.body["details"]["causes"]]
+    assert causes == messages
+    one_name = _on_nodes({"key": "metadata.name", "operator": "In", "values": ["n1"]},
+                         fields=True)
+    made = await kube.create(PODS, pod("aff", affinity=one_name), NS, dry_run=True)
+    assert made["spec"]["affinity"] == one_name
+
+
 @pytest.mark.parametrize(("resources", "message"), [
     ({"requests": {"nvidia.com/gpu": "1"}},
      "Limit must be set for non overcommitable resources"),

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from . import errors
+from .affinity import affinity_errors
 from .resources import ResourceType
 
 _META_STRINGS = ("name", "generateName", "namespace", "resourceVersion", "uid")
@@ -95,7 +96,7 @@ def validate_pod(pod: dict[str, Any]) -> None:
                 isinstance(r, dict) and isinstance(r.get("name"), str) for r in claims)):
             raise _undecodable(f"spec.containers[{i}].resources.claims", "a list of named "
                                "claim references")
-    causes = [*_toleration_errors(pod), *_extended_resource_errors(pod)]
+    causes = [*_toleration_errors(pod), *_extended_resource_errors(pod), *affinity_errors(pod)]
     spec = pod.get("spec") or {}
     if spec.get("nodeName") and spec.get("schedulingGates"):
         causes.append(("spec.nodeName", "FieldValueForbidden",
