@@ -87,6 +87,9 @@ ANN_GPU_AGENT = "muster.io/gpu-agent"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 # --- defaults ---------------------------------------------------------------------------------
+#: the pod webhook's path for the namespaces whose pods are refused, not admitted unmutated,
+#: when their policies cannot be applied (the chart's webhook.failClosedNamespaceLabel)
+FAIL_CLOSED_PATH = "/mutate/pods/fail-closed"
 DEFAULT_BINDER_SCHEDULER_NAME = "muster-binder"
 GPU_RESOURCE = "nvidia.com/gpu"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import logging
 import ssl
 import time
@@ -40,6 +41,7 @@ from webhook.doubles.emulator import ApiServerEmulator
 from webhook.keys import (
     ANN_POLICY,
     COSCHEDULING_GROUP_LABEL,
+    FAIL_CLOSED_PATH,
     ISTIO_INJECT,
     VOLCANO_GROUP_ANNOTATION,
 )
@@ -203,6 +205,59 @@ async def test_podgroup_api_error_fails_open(
     assert (said.levelno, said.reason, said.namespace, said.owner) == (  # type: ignore[attr-defined]
         logging.WARNING, "podgroup", worker["request"]["namespace"], f"MPIJob/{JOB}")
     assert any("could not be written" in w for w in said.warnings)  # type: ignore[attr-defined]
+
+
+async def test_a_fail_closed_namespace_refuses_what_others_admit_failing_open(
+        tls: Tls, tmp_path: Path, apiserver: ApiServerEmulator, kubeconfig: Path,
+        shared_dir: Path, *, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart sends the namespaces labelled fail-closed to /mutate/pods/fail-closed: a pod
+    whose PodGroup cannot be written, or whose decision fails, is refused there (503, its
+    controller creates it again), where /mutate/pods admits it without its gang. A pod whose
+    policies apply is admitted the same on both."""
+    caplog.set_level(logging.INFO, logger="webhook.admission")
+    job = await mpijob_in(apiserver, shared_dir)
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "co.yaml").write_text(POLICIES.replace("backend: volcano",
+                                                             "backend: coscheduling"))
+    worker = owned_by(load_fixture(shared_dir, "pod-create-worker.json"), job)
+    async with running(tls, [tmp_path / "p"], kubeconfig=str(kubeconfig)) as srv, \
+            client(tls) as s:
+        await eventually(srv.admitter.ready)
+        fine = [await review(s, f"{srv.url}{path}", worker)
+                for path in ("/mutate/pods", FAIL_CLOSED_PATH)]
+        assert fine[0] == fine[1] and fine[0]["allowed"] and "warnings" not in fine[0]
+        await apiserver.delete("customresourcedefinitions", "podgroups.scheduling.x-k8s.io")
+        other = copy.deepcopy(job)
+        other["metadata"] = {"name": "another-job", "namespace": "team-a"}
+        worker = owned_by(worker, await apiserver.create("mpijobs.kubeflow.org", other,
+                                                         namespace="team-a"))
+        opened = await review(s, f"{srv.url}/mutate/pods", worker)
+        closed = await review(s, f"{srv.url}{FAIL_CLOSED_PATH}", worker)
+        assert opened["allowed"] is True and "patch" in opened
+        assert closed["allowed"] is False and "patch" not in closed
+        assert closed["status"]["code"] == 503
+        assert closed["status"]["message"] == (
+            f"muster: namespace {worker['request']['namespace']} admits no pod without its "
+            "policies (fail-closed), and they could not be applied: the gang's PodGroup could "
+            "not be written; retry")
+        assert metric(srv, "muster_admission_fail_open_total", reason="podgroup") == 1
+        assert metric(srv, "muster_admission_fail_closed_total", reason="podgroup") == 1
+
+        async def broken(*_: Any, **__: Any) -> None:
+            raise RuntimeError("a bug")
+        monkeypatch.setattr(srv.admitter, "_decide", broken)
+        assert (await review(s, f"{srv.url}/mutate/pods", worker))["allowed"] is True
+        closed = await review(s, f"{srv.url}{FAIL_CLOSED_PATH}", worker)
+        assert (closed["allowed"], closed["status"]["code"]) == (False, 503)
+        assert "an internal error" in closed["status"]["message"]
+        assert metric(srv, "muster_admission_fail_closed_total", reason="error") == 1
+    said = [(r.getMessage(), r.reason) for r in caplog.records  # type: ignore[attr-defined]
+            if r.getMessage().startswith("pod ")]
+    assert said == [("pod admitted failing open", "podgroup"),
+                    ("pod refused failing closed", "podgroup"),
+                    ("pod admitted failing open", "error"),
+                    ("pod refused failing closed", "error")]
 
 
 async def test_deadline_fails_open_in_time(tls: Tls, policy_dir: Path, tmp_path: Path,

@@ -211,6 +211,19 @@ def _short_ca(s: Snapshot) -> Snapshot:
                                serving_cert=serving.cert_pem)
 
 
+def _fail_closed_namespaces(s: Snapshot) -> Snapshot:
+    """The chart's entry for namespaces labelled fail-closed beside the default one: said, not
+    warned of as a configuration that fails closed."""
+    config = configuration()
+    closed = copy.deepcopy(config["webhooks"][0])
+    closed.update(name="pods-fail-closed.muster.io", failurePolicy="Fail")
+    closed["clientConfig"]["service"]["path"] = keys.FAIL_CLOSED_PATH
+    closed["namespaceSelector"]["matchExpressions"].append(
+        {"key": "muster.io/admission", "operator": "In", "values": ["required"]})
+    config["webhooks"].append(closed)
+    return dataclasses.replace(s, mutating=[config])
+
+
 CASES: list[tuple[str, Callable[[Snapshot], Snapshot], str, str]] = [
     ("backend", _set(crds=frozenset()), "BackendNotInstalled", "error"),
     ("queue missing", _set(queues={"default": scenario.volcano_queue("default")}),
@@ -224,6 +237,7 @@ CASES: list[tuple[str, Callable[[Snapshot], Snapshot], str, str]] = [
     ("no configuration", _set(mutating=[]), "WebhookNotInstalled", "error"),
     ("fails closed", _set(mutating=[configuration(failure="Fail")]), "WebhookFailsClosed",
      "warning"),
+    ("fail-closed namespaces", _fail_closed_namespaces, "FailClosedNamespaces", "info"),
     ("system namespaces", _set(mutating=[configuration(excluded=("muster-system",))]),
      "SystemNamespacesNotExcluded", "warning"),
     ("no endpoints", _set(endpoints={"subsets": []}), "WebhookNotReady", "error"),

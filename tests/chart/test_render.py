@@ -180,6 +180,31 @@ def test_admin_listed_exclusions_and_selectors(helm_template: Render) -> None:
     assert "--exclude-namespace=monitoring" in args["args"]
 
 
+def test_fail_closed_namespaces_get_an_entry_of_their_own(helm_template: Render) -> None:
+    """The namespaces labelled fail-closed go to /mutate/pods/fail-closed with failurePolicy
+    Fail, and only there: the two entries' selectors split every namespace between them, so no
+    pod is sent twice, and the rest keep the fail-open default."""
+    objs = helm_template({"webhook": {"failClosedNamespaceLabel": {"muster.io/admission":
+                                                                   "required"}}})
+    opened, closed = one(objs, "MutatingWebhookConfiguration")["webhooks"]
+    assert (opened["name"], opened["failurePolicy"],
+            opened["clientConfig"]["service"]["path"]) == ("pods.muster.io", "Ignore",
+                                                           "/mutate/pods")
+    assert (closed["name"], closed["failurePolicy"],
+            closed["clientConfig"]["service"]["path"]) == ("pods-fail-closed.muster.io", "Fail",
+                                                           keys.FAIL_CLOSED_PATH)
+    label = {"key": "muster.io/admission", "values": ["required"]}
+    assert opened["namespaceSelector"]["matchExpressions"][1] == {**label, "operator": "NotIn"}
+    assert closed["namespaceSelector"]["matchExpressions"][1] == {**label, "operator": "In"}
+    excluded = ["kube-system", NAMESPACE, "kube-public", "kube-node-lease"]
+    for wh in (opened, closed):
+        assert wh["namespaceSelector"]["matchExpressions"][0]["values"] == excluded
+        assert {k: v for k, v in wh.items() if k not in (
+            "name", "failurePolicy", "clientConfig", "namespaceSelector")} == {
+            k: v for k, v in opened.items() if k not in (
+                "name", "failurePolicy", "clientConfig", "namespaceSelector")}
+
+
 def test_release_namespace_is_always_excluded(helm_template: Render) -> None:
     objs = helm_template({"webhook": {"excludeNamespaces": []}}, namespace="gpu-infra")
     (wh,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]

@@ -34,6 +34,12 @@ Obj = dict[str, Any]
     ({"webhook": {"excludeNamespaces": ["Not_A_Name"]}}, "at '/webhook/excludeNamespaces/0'",
      "pattern"),
     ({"binder": {"enabled": "yes"}}, "at '/binder/enabled'", "want boolean"),
+    # one label, a label's key and value: else no namespace could carry it
+    ({"webhook": {"failClosedNamespaceLabel": {"a": "b", "c": "d"}}},
+     "at '/webhook/failClosedNamespaceLabel'", "maxProperties"),
+    ({"webhook": {"failClosedNamespaceLabel": {"muster.io/admission": "not ok!"}}},
+     "at '/webhook/failClosedNamespaceLabel/muster.io~1admission'", "pattern"),
+    ({"webhook": {"failClosedNamespaceLabel": {"-bad": "x"}}}, "invalid propertyName", "-bad"),
     # a misspelt NetworkPolicy peer would admit or block the wrong sources
     ({"webhook": {"networkPolicy": {"enabled": True, "from": [{"ipblock": {"cidr": "x"}}]}}},
      "at '/webhook/networkPolicy/from/0'", "'ipblock' not allowed"),

@@ -40,6 +40,9 @@ __all__ = ["NETWORK_LEVELS", "agent_dra_state", "agent_pod", "assigned_indices",
 NETWORK_LEVELS = ["network.topology.nvidia.com/spine", "network.topology.nvidia.com/leaf",
                   "nvidia.com/gpu.clique"]
 #: the aliases KAI manifests may name them by (KAI's Topology `alias`)
+ENDPOINTS = Resource("", "v1", "endpoints", True, "Endpoints")
+#: the namespace label the tier's release makes fail-closed (webhook.failClosedNamespaceLabel)
+FAIL_CLOSED_LABEL = {"muster.io/admission": "required"}
 _NETWORK_ALIASES = {"network.topology.nvidia.com/spine": "block",
                     "network.topology.nvidia.com/leaf": "rack"}
 
@@ -163,6 +166,7 @@ def release_values(cluster: NodeCluster) -> dict[str, Any]:
     values["binder"] = {"networkLevels": [
         {"nodeLabel": label, "alias": _NETWORK_ALIASES[label]} if label in _NETWORK_ALIASES
         else label for label in NETWORK_LEVELS]}
+    values["webhook"] = {"failClosedNamespaceLabel": dict(FAIL_CLOSED_LABEL)}
     return values
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from real_helpers import kubectl, pod_ready, run_helm
+from real_helpers import ENDPOINTS, kubectl, pod_ready, run_helm
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node.cluster import NodeCluster
@@ -23,7 +23,6 @@ from webhook.kube import (
 
 DAEMONSETS = Resource("apps", "v1", "daemonsets", True, "DaemonSet")
 DEPLOYMENTS_ = Resource("apps", "v1", "deployments", True, "Deployment")
-ENDPOINTS = Resource("", "v1", "endpoints", True, "Endpoints")
 
 
 async def test_certificate_hook_ran_as_a_pod_and_patched_the_ca_bundle(kube: KubeApi) -> None:

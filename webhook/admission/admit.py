@@ -102,6 +102,16 @@ class AdmissionConfig:
     owner_retry_seconds: float = 60.0
 
 
+#: what a fail_open reason says went wrong, in a fail-closed namespace's refusal
+_FAILED = {
+    "not_ready": "no valid policies are loaded",
+    "deadline": "the decision or the gang's PodGroup was not done before the webhook's deadline",
+    "error": "an internal error (the webhook's log has it)",
+    "owner": "the pod's job could not be read to size its gang",
+    "podgroup": "the gang's PodGroup could not be written",
+}
+
+
 @dataclass
 class _Result:
     allowed: bool = True
@@ -236,9 +246,14 @@ class Admitter:
         return not self.draining and self.policies.current is not None and (
             self.context is None or self.context.ready())
 
-    async def mutate(self, review: AdmissionReview, budget: float) -> tuple[dict[str, Any], str]:
-        """The response body and its outcome label for /mutate/pods."""
+    async def mutate(self, review: AdmissionReview, budget: float, *, fail_closed: bool = False
+                     ) -> tuple[dict[str, Any], str]:
+        """The response body and its outcome label for /mutate/pods, or for
+        /mutate/pods/fail-closed (`fail_closed`: the namespaces whose pods must not run without
+        their policies, which the chart sends there with failurePolicy Fail)."""
         result = await self._mutate(review, budget)
+        if fail_closed and result.fail_open:
+            self._refuse_failing_closed(review, result)
         if result.fail_open:
             self.metrics.fail_open.labels(result.fail_open).inc()
         if result.allowed and (result.fail_open or result.warnings):
@@ -260,6 +275,21 @@ class Admitter:
         else:
             outcome = "patched" if result.patch else "allowed"
         return body, outcome
+
+    def _refuse_failing_closed(self, review: AdmissionReview, result: _Result) -> None:
+        """What would be admitted failing open is refused, as the API server refuses the pod
+        when the webhook is unreachable: its controller creates it again (503: retry)."""
+        reason = result.fail_open or "error"
+        self.metrics.fail_closed.labels(reason).inc()
+        pod = review.request.object if isinstance(review.request.object, dict) else {}
+        namespace = _pod_namespace(review, pod)
+        self.outcomes.refused_closed(review.request.uid, namespace, pod, reason=reason,
+                                     warnings=result.warnings)
+        why = _FAILED.get(reason, reason)
+        result.allowed, result.status_code, result.fail_open = False, 503, None
+        result.patch, result.patch_json, result.policies, result.overrides = [], None, (), ()
+        result.message = (f"muster: namespace {namespace} admits no pod without its policies "
+                          f"(fail-closed), and they could not be applied: {why}; retry")
 
     async def _mutate(self, review: AdmissionReview, budget: float) -> _Result:
         req = review.request

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -13,6 +14,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from webhook import keys
 from webhook.admission.admit import Admitter
 from webhook.admission.deadline import budget_for_query
 from webhook.admission.limits import BodyBudget, Handler
@@ -82,11 +84,13 @@ def build_app(admitter: Admitter, metrics: Metrics, limits: BodyLimits, *,
                           middlewares=[track, _errors_as_json])
     bodies = _Bodies(limits, BodyBudget(limits.in_flight))
 
-    def review_route(endpoint: str, parse: ParseFn, decide: ReviewFn) -> Handler:
+    def review_route(endpoint: str, parse: ParseFn, decide: ReviewFn, *,
+                     fail_closed: bool = False) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
             start = time.perf_counter()
             resp, outcome = await _review(request, parse, decide, bodies=bodies,
-                                          margin=admitter.config.deadline_margin, metrics=metrics)
+                                          margin=admitter.config.deadline_margin, metrics=metrics,
+                                          fail_closed=fail_closed)
             metrics.observe_request(endpoint, outcome, time.perf_counter() - start)
             return resp
         return handle
@@ -109,6 +113,9 @@ def build_app(admitter: Admitter, metrics: Metrics, limits: BodyLimits, *,
         return web.Response(status=503, text="; ".join(reasons) + "\n")
 
     app.router.add_post("/mutate/pods", review_route("mutate", parse_pod_review, admitter.mutate))
+    app.router.add_post(keys.FAIL_CLOSED_PATH, review_route(
+        "mutate", parse_pod_review, functools.partial(admitter.mutate, fail_closed=True),
+        fail_closed=True))
     app.router.add_post("/validate/policies", review_route("validate", parse_review, validate))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -165,7 +172,7 @@ class _Bodies:
 
 async def _review(
     request: web.Request, parse: ParseFn, decide: ReviewFn, *, bodies: _Bodies,
-    margin: float, metrics: Metrics,
+    margin: float, metrics: Metrics, fail_closed: bool = False,
 ) -> tuple[web.Response, str]:
     content_type = request.headers.get("Content-Type", "")
     if content_type.partition(";")[0].strip().lower() != "application/json":
@@ -186,10 +193,18 @@ async def _review(
     try:
         answer, outcome = await decide(review, budget_for_query(request.query_string, margin))
     except Exception:
-        log.exception("admission handler failed; admitting unchanged",
-                      extra={"uid": review.request.uid})
-        answer = response(review, allowed=True, warnings=[
-            "muster: internal error; pod admitted unchanged"])
-        outcome = "fail_open"
-        metrics.fail_open.labels("error").inc()
+        log.exception("admission handler failed; " + (
+            "refusing the pod (fail-closed)" if fail_closed else "admitting unchanged"),
+            extra={"uid": review.request.uid})
+        if fail_closed:
+            answer = response(review, allowed=False, status_code=503, message=(
+                "muster: internal error, and this namespace admits no pod without its policies "
+                "(fail-closed); retry"))
+            outcome = "denied"
+            metrics.fail_closed.labels("error").inc()
+        else:
+            answer = response(review, allowed=True, warnings=[
+                "muster: internal error; pod admitted unchanged"])
+            outcome = "fail_open"
+            metrics.fail_open.labels("error").inc()
     return _json(200, answer), outcome

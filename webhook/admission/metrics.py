@@ -91,6 +91,9 @@ class Metrics:
             "muster_admission_fail_open", "Requests admitted without the full decision, by reason "
             "(deadline, error, podgroup, owner: the job's object not read, not_ready)",
             ["reason"], registry=r)
+        self.fail_closed = Counter(
+            "muster_admission_fail_closed", "Pods of fail-closed namespaces refused where others "
+            "are admitted failing open, by the same reasons", ["reason"], registry=r)
         self.bad_requests = Counter(
             "muster_admission_bad_requests", "Requests refused with HTTP 400 (outcome "
             "bad_request), by reason (invalid_json, not_utf8, too_deep, invalid_review, "

@@ -51,14 +51,29 @@ class OutcomeLog:
         left_out = self.sampled.allow(fail_open or "warned", namespace)
         if left_out is None:
             return
-        meta = pod.get("metadata")
-        meta = meta if isinstance(meta, Mapping) else {}
-        ref = controller_ref(pod)
-        extra = {"uid": uid, "namespace": namespace,
-                 "pod": meta.get("name") or meta.get("generateName"),
-                 "owner": f"{ref.get('kind')}/{ref.get('name')}" if ref else None,
-                 "warnings": [w[:300] for w in warnings[:5]], "left_out": left_out}
+        extra = _named(uid, namespace, pod, warnings, left_out)
         if fail_open:
             log.warning("pod admitted failing open", extra={**extra, "reason": fail_open})
         else:
             log.info("pod admitted with warnings", extra=extra)
+
+    def refused_closed(self, uid: str, namespace: str, pod: Mapping[str, Any], *, reason: str,
+                       warnings: Sequence[str]) -> None:
+        """A pod of a fail-closed namespace refused where it would have been admitted failing
+        open: its controller creates it again."""
+        left_out = self.sampled.allow("closed:" + reason, namespace)
+        if left_out is not None:
+            log.warning("pod refused failing closed", extra={
+                **_named(uid, namespace, pod, warnings, left_out), "reason": reason})
+
+
+def _named(uid: str, namespace: str, pod: Mapping[str, Any], warnings: Sequence[str],
+           left_out: int) -> dict[str, Any]:
+    """The log fields that name a pod, its job and what was said."""
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    ref = controller_ref(pod)
+    return {"uid": uid, "namespace": namespace,
+            "pod": meta.get("name") or meta.get("generateName"),
+            "owner": f"{ref.get('kind')}/{ref.get('name')}" if ref else None,
+            "warnings": [w[:300] for w in warnings[:5]], "left_out": left_out}

@@ -202,7 +202,10 @@ def _webhook_safety(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
                       "helm upgrade --install the chart (or check --release)")
         return
     for hook in ours.get("webhooks") or ():
-        if hook.get("failurePolicy", "Fail") != "Ignore":
+        if ((hook.get("clientConfig") or {}).get("service") or {}).get("path") == \
+                keys.FAIL_CLOSED_PATH:
+            yield _fail_closed(ours, hook)
+        elif hook.get("failurePolicy", "Fail") != "Ignore":
             yield Finding("warning", "WebhookFailsClosed", _name(ours),
                           f"webhook {hook.get('name')}: failurePolicy "
                           f"{hook.get('failurePolicy', 'Fail')}: when Muster is down, no pod in "
@@ -219,6 +222,20 @@ def _webhook_safety(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
                           f"webhook {hook.get('name')} also intercepts {', '.join(missing)}: "
                           "the cluster's own pods then depend on Muster",
                           "restore the chart's namespaceSelector exclusions")
+
+
+def _fail_closed(ours: Obj, hook: Obj) -> Finding:
+    """The chart's entry for namespaces that chose to be refused rather than admitted
+    unmutated: said, not warned of."""
+    labels = [f"{e.get('key')}={','.join(e.get('values') or ())}"
+              for e in (hook.get("namespaceSelector") or {}).get("matchExpressions") or ()
+              if e.get("operator") == "In"]
+    return Finding("info", "FailClosedNamespaces", _name(ours),
+                   f"webhook {hook.get('name')}: pods of namespaces labelled "
+                   f"{' and '.join(labels) or '(any)'} are refused while Muster cannot apply "
+                   f"their policies (failurePolicy {hook.get('failurePolicy', 'Fail')})",
+                   "label a namespace so to add it; chart value "
+                   "webhook.failClosedNamespaceLabel")
 
 
 def _endpoints(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:

@@ -278,3 +278,55 @@ spec:
   istio:
     optOut: true
 {{- end }}
+
+{{/*
+The pod webhook entry: name, path, failurePolicy; closedLabel, the fail-closed namespace label
+as a matchExpression (NotIn on the fail-open entry, In on the fail-closed one), if any.
+*/}}
+{{- define "muster.podsWebhook" -}}
+{{- $v := .ctx.Values.webhook -}}
+- name: {{ .name }}
+  admissionReviewVersions: [v1]
+  clientConfig:
+    service:
+      name: {{ include "muster.webhook.fullname" .ctx }}
+      namespace: {{ .ctx.Release.Namespace }}
+      path: {{ .path }}
+      port: 443
+    {{- with .caBundle }}
+    caBundle: {{ . }}
+    {{- end }}
+  rules:
+    - operations: [CREATE]
+      apiGroups: [""]
+      apiVersions: [v1]
+      resources: [pods]
+      scope: Namespaced
+  failurePolicy: {{ .failurePolicy }}
+  matchPolicy: Equivalent
+  sideEffects: NoneOnDryRun
+  timeoutSeconds: {{ $v.timeoutSeconds }}
+  reinvocationPolicy: IfNeeded
+  namespaceSelector:
+    matchExpressions:
+      - key: kubernetes.io/metadata.name
+        operator: NotIn
+        values:
+          {{- toYaml .excluded | nindent 10 }}
+      {{- with .closedLabel }}
+      - key: {{ .key | quote }}
+        operator: {{ .operator }}
+        values: [{{ .value | quote }}]
+      {{- end }}
+      {{- with $v.namespaceSelectorExpressions }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+  {{- with $v.objectSelector }}
+  objectSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.matchConditions }}
+  matchConditions:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}

@@ -35,7 +35,7 @@ from e2e.node.cluster import NodeCluster
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from layout import RACKS, TRAINING_POLICY, node_labels
+from layout import RACKS, TRAINING_LABEL, TRAINING_POLICY, node_labels
 
 
 def multinode_values(cluster: NodeCluster) -> dict[str, Any]:
@@ -43,6 +43,10 @@ def multinode_values(cluster: NodeCluster) -> dict[str, Any]:
     node's agent with GPUs of its own, serving other schedulers' pods too."""
     values = release_values(cluster)
     values["policies"]["training.yaml"] = yaml.safe_dump(TRAINING_POLICY)
+    # a training pod is refused, for its controller to create again, rather than run without
+    # its gang (placed by another scheduler) while the webhook cannot be reached: a node's
+    # death takes a replica with it
+    values["webhook"]["failClosedNamespaceLabel"] = dict(TRAINING_LABEL)
     # Volcano and coscheduling place GPU pods on these nodes too: each gets the kubelet's own
     # GPUs (never while a binder grant waits beside it); the default refuses them
     values["agent"] = {"extraArgs": ["--fake-nvml=dgx1-v100@$(NODE_NAME)",
