@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import ssl
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import pytest
@@ -27,7 +28,7 @@ from chart_helpers import NAMESPACE, Obj, hook, one, run_cert_hook
 from webhook.admission.server import ServeOptions, WebhookServer
 from webhook.certs import pki
 from webhook.doubles.emulator import ApiServerEmulator
-from webhook.kube import NAMESPACES, SECRETS, KubeApi, make_api_client
+from webhook.kube import NAMESPACES, PODS, SECRETS, ApiError, KubeApi, make_api_client
 
 Render = Callable[..., list[Obj]]
 SA = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -65,19 +66,25 @@ async def _wait_ready(port: int) -> None:
     raise AssertionError("the webhook server never became ready")
 
 
-@pytest.mark.parametrize("selftest", [True, False])
-async def test_helm_test_passes_only_when_the_webhook_applies_a_policy(
-    helm_template: Render, shared_crds: list[dict[str, Any]], tmp_path: Path, selftest: bool
-) -> None:
-    shipped = {p.name: p.read_text() for p in sorted(EXAMPLE_POLICIES.glob("*.yaml"))}
-    objs = helm_template({"policies": shipped, "tests": {"selftestPolicy": selftest}})
+class _Install(NamedTuple):
+    api: ApiServerEmulator
+    kube: KubeApi
+    server: WebhookServer
+    ca_pem: bytes  # the emulator's CA, which a pod's service account trusts
 
+
+@contextlib.asynccontextmanager
+async def _installed(objs: list[Obj], crds: list[dict[str, Any]], tmp_path: Path
+                     ) -> AsyncIterator[_Install]:
+    """The rendered chart on the API server emulator (TLS): its webhook configurations, its
+    certificate hook run, and the real admission server serving the Secret and the policies as
+    the Deployment mounts them, behind the webhook Service."""
     api_ca = pki.generate_ca("emulator-ca", 1)
     api_tls = pki.issue_serving_cert(api_ca, ["localhost"], ["127.0.0.1"], 1)
     pki.write_pair(api_tls, tmp_path / "api.crt", tmp_path / "api.key")
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(tmp_path / "api.crt", tmp_path / "api.key")
-    api = ApiServerEmulator(ssl_context=ctx, ca_pem=api_ca.cert_pem, crds=shared_crds)
+    api = ApiServerEmulator(ssl_context=ctx, ca_pem=api_ca.cert_pem, crds=crds)
     async with api:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         client = await make_api_client(str(kubeconfig))
@@ -110,21 +117,57 @@ async def test_helm_test_passes_only_when_the_webhook_applies_a_policy(
             await server.start()
             api.service_hosts[(NAMESPACE, "muster-webhook")] = f"127.0.0.1:{server.port}"
             await _wait_ready(server.port)
-
-            (test_pod,) = [o for o in objs if o["kind"] == "Pod" and hook(o) == "test"]
-            rc, out = await _run_test_pod(test_pod, api, api_ca.cert_pem, tmp_path)
+            yield _Install(api, kube, server, api_ca.cert_pem)
         finally:
             if server is not None:
                 await server.stop()
             await client.close()
 
-        calls = [c for c in api.webhook_calls if c.webhook == "pods.muster.io"]
-        assert calls and all(c.error is None for c in calls), [c.error for c in calls]
-        assert calls[-1].request["request"]["dryRun"] is True
-        assert api.objects("pods", "default") == []  # dry run: nothing persisted
-        if selftest:
-            assert rc == 0, out
-            assert "OK: policy muster-selftest applied by the webhook" in out
-        else:
-            assert rc != 0, out
-            assert "FAIL: the dry-run pod has no muster.io/policy annotation" in out
+
+@pytest.mark.parametrize("selftest", [True, False])
+async def test_helm_test_passes_only_when_the_webhook_applies_a_policy(
+    helm_template: Render, shared_crds: list[dict[str, Any]], tmp_path: Path, selftest: bool
+) -> None:
+    shipped = {p.name: p.read_text() for p in sorted(EXAMPLE_POLICIES.glob("*.yaml"))}
+    objs = helm_template({"policies": shipped, "tests": {"selftestPolicy": selftest}})
+    async with _installed(objs, shared_crds, tmp_path) as (api, _, _, ca_pem):
+        (test_pod,) = [o for o in objs if o["kind"] == "Pod" and hook(o) == "test"]
+        rc, out = await _run_test_pod(test_pod, api, ca_pem, tmp_path)
+
+    calls = [c for c in api.webhook_calls if c.webhook == "pods.muster.io"]
+    assert calls and all(c.error is None for c in calls), [c.error for c in calls]
+    assert calls[-1].request["request"]["dryRun"] is True
+    assert api.objects("pods", "default") == []  # dry run: nothing persisted
+    if selftest:
+        assert rc == 0, out
+        assert "OK: policy muster-selftest applied by the webhook" in out
+    else:
+        assert rc != 0, out
+        assert "FAIL: the dry-run pod has no muster.io/policy annotation" in out
+
+
+async def test_a_fail_closed_namespace_goes_to_its_own_entry_and_waits_for_the_webhook(
+    helm_template: Render, shared_crds: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """With webhook.failClosedNamespaceLabel, the labelled namespace's pods are sent to the
+    fail-closed entry only, the others' to the default one only; with the webhook stopped the
+    labelled namespace's pod is refused and the other's admitted unmutated."""
+    label = {"muster.io/admission": "required"}
+    objs = helm_template({"webhook": {"failClosedNamespaceLabel": label}})
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "p-"},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    async with _installed(objs, shared_crds, tmp_path) as (api, kube, server, _):
+        for ns, labels in (("closed", label), ("opened", {})):
+            await kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                           "metadata": {"name": ns, "labels": labels}})
+            await kube.create(PODS, pod, ns)
+        served = [(c.webhook, c.request["request"]["namespace"], c.error)
+                  for c in api.webhook_calls if c.request["request"]["kind"]["kind"] == "Pod"]
+        assert served == [("pods-fail-closed.muster.io", "closed", None),
+                          ("pods.muster.io", "opened", None)]
+        await server.stop()
+        with pytest.raises(ApiError) as err:
+            await kube.create(PODS, pod, "closed")
+        assert 'failed calling webhook "pods-fail-closed.muster.io"' in err.value.message
+        await kube.create(PODS, pod, "opened")
+    assert len(api.objects("pods", "closed")) == 1 and len(api.objects("pods", "opened")) == 2
