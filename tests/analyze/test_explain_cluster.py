@@ -247,6 +247,51 @@ async def test_both_commands_read_the_cluster_with_get_and_list_only(
         listed.pods, listed.groups)) == [("team-a", "muster"), ("team-v", "volcano")]
 
 
+def test_a_job_controller_s_failed_creates_that_name_muster_s_webhook_are_shown() -> None:
+    """A job in a fail-closed namespace whose pods Muster refused, or could not be asked about,
+    has no pod to lead to it: its controller's FailedCreate Events, in the API server's words,
+    say why. Its other Events are not Muster's and are not shown."""
+    job = {"kind": "Job", "metadata": {"name": "train", "namespace": "team-a", "uid": "u-j"}}
+    unreachable = event(job, "FailedCreate", 'Error creating: Internal error occurred: failed '
+                        'calling webhook "pods-fail-closed.muster.io": failed to call webhook: '
+                        "no endpoints available", component="job-controller")
+    refused = event(job, "FailedCreate", 'Error creating: admission webhook "pods-fail-closed.'
+                    'muster.io" denied the request: muster: namespace team-a admits no pod '
+                    "without its policies (fail-closed), and they could not be applied: the "
+                    "gang's PodGroup could not be written; retry", component="job-controller",
+                    at="2026-11-23T11:59:00Z")
+    quota = event(job, "FailedCreate", "Error creating: exceeded quota", component="job-controller")
+    other = event(dict(job, metadata={**job["metadata"], "name": "other"}), "FailedCreate",
+                  unreachable["message"], component="job-controller")
+    shown = events_of([unreachable, refused, quota, other], set(), (), NOW, job_name="train")
+    assert [(e.reason, e.object) for e in shown] == [("FailedCreate", "job/train")] * 2
+    assert "admits no pod without its policies" in shown[-1].message
+    assert events_of([unreachable, refused], set(), (), NOW) == ()
+
+
+async def test_a_job_without_pods_is_explained_by_the_refusals(
+        shared_crds: list[dict[str, Any]], tmp_path: Path) -> None:
+    api = ApiServerEmulator(crds=shared_crds)
+    _seed(api)
+    job = api.seed({"apiVersion": "batch/v1", "kind": "Job",
+                    "metadata": {"name": "refused", "namespace": "team-a"},
+                    "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}})
+    api.seed(event(job, "FailedCreate", 'Error creating: Internal error occurred: failed '
+                   'calling webhook "pods-fail-closed.muster.io": no endpoints available',
+                   component="job-controller"))
+    async with api:
+        client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
+        try:
+            found = await explain_job(Reads(KubeApi(client)), "team-a", "refused",
+                                      release_namespace="muster-system", release="muster",
+                                      now=NOW)
+        finally:
+            await client.close()
+    assert (found.pods, found.gangs) == (0, ())
+    assert [(e.reason, e.object) for e in found.events] == [("FailedCreate", "job/refused")]
+    assert any("pods-fail-closed.muster.io" in line for line in render(found))
+
+
 async def _cli(api: ApiServerEmulator, tmp_path: Path, *argv: str) -> int:
     kubeconfig = str(api.write_kubeconfig(tmp_path / "kc"))
     # the CLI runs its own event loop: from a thread, beside the emulator's

@@ -30,6 +30,9 @@ from webhook.policy.engine import evaluate, explain
 
 #: the Events shown: Muster's components name themselves muster-webhook, -binder, -agent
 _OURS = "muster"
+#: and a job controller's FailedCreate that names Muster's webhook: the API server's words for
+#: a pod Muster refused, or could not be asked about in a fail-closed namespace
+_OUR_WEBHOOK = re.compile(r'webhook "[a-z0-9.-]+\.muster\.io"')
 EVENTS_SHOWN = 10
 
 
@@ -127,7 +130,7 @@ def explain_pods(scope: Scope, pods: Sequence[Obj], chains: Mapping[str, Sequenc
         target=target, job=_kind_name(job) if job is not None else "", pods=len(pods),
         policy_source=scope.policy_source, policies=verdicts,
         applied=tuple(sorted({n for p in pods for n in _applied(p)})), notes=tuple(notes),
-        gangs=reports, events=events_of(scope.events, related, keys_, now))
+        gangs=reports, events=events_of(scope.events, related, keys_, now, job_name=job_name))
 
 
 def _owned_by(g: GangObjects, job: Obj | None, name: str) -> bool:
@@ -199,14 +202,16 @@ def _report(g: GangObjects, release_namespace: str) -> GangReport:
 
 
 def events_of(events: Iterable[Obj], objects: set[tuple[str, str]], gangs: Iterable[str],
-              now: dt.datetime) -> tuple[EventLine, ...]:
+              now: dt.datetime, *, job_name: str = "") -> tuple[EventLine, ...]:
     """Muster's latest Events, oldest first, of one namespace: about `objects` ((kind, name):
-    the binder names a PodGroup without its uid, and a pod made again keeps its name), or
+    the binder names a PodGroup without its uid, and a pod made again keeps its name), about
+    the object named `job_name` (a job whose pods Muster refused has none to lead to it), or
     about one of `gangs` ("namespace/name") in the binder's words, on pods that may be gone
     (a preempted gang's)."""
     about = _about(gangs)
-    ours = [e for e in events if _component(e).startswith(_OURS) and (
+    ours = [e for e in events if _by_muster(e) and (
         _ref(e.get("involvedObject") or {}, nested=False) in objects
+        or (job_name and (e.get("involvedObject") or {}).get("name") == job_name)
         or (about is not None and about.search(str(e.get("message") or ""))))]
     ours.sort(key=_when)
     return tuple(EventLine(age(_when(e), now) if _when(e) else "?", str(e.get("type") or ""),
@@ -225,6 +230,11 @@ def _about(gangs: Iterable[str]) -> re.Pattern[str] | None:
     gang that preempted it ("preempted by gang NS/NAME")."""
     names = "|".join(re.escape(g) for g in sorted(gangs))
     return re.compile(rf"(?<!preempted by )gang (?:{names})(?![\w.-])") if names else None
+
+
+def _by_muster(event: Obj) -> bool:
+    return _component(event).startswith(_OURS) or bool(
+        _OUR_WEBHOOK.search(str(event.get("message") or "")))
 
 
 def _component(event: Obj) -> str:

@@ -97,7 +97,7 @@ def explain(args: argparse.Namespace) -> int:
 async def explain_job(api: Reader, ns: str, name: str, *, release_namespace: str, release: str,
                       now: dt.datetime) -> Explanation:
     """The pods with an owner `name`, and their gangs (or the gang objects of the job when it
-    has no pods yet)."""
+    has no pods yet, and the Events that say why it has none)."""
     scope = await read_namespace(api, ns, release_namespace, release)
     candidates = [p for p in scope.pods if named_after(p, name)]
     chains = await owner_chains(api, candidates)
@@ -105,7 +105,7 @@ async def explain_job(api: Reader, ns: str, name: str, *, release_namespace: str
     found = explain_pods(scope, pods, chains, target=f"job {ns}/{name}",
                          job=job_owner(chains, pods, name), job_name=name,
                          release_namespace=release_namespace, now=now)
-    if not pods and not found.gangs:
+    if not pods and not found.gangs and not found.events:
         raise CommandFailed(f"no pod and no gang of a job named {name} in namespace {ns}")
     return found
 
