@@ -178,6 +178,14 @@ def _mpijobs() -> Any:
     return MPIJOBS
 
 
+def _coscheduling(tmp_path: Path) -> list[Path]:
+    """The test policies with the coscheduling backend, as the server's policy directories."""
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "co.yaml").write_text(POLICIES.replace("backend: volcano",
+                                                             "backend: coscheduling"))
+    return [tmp_path / "p"]
+
+
 async def test_podgroup_api_error_fails_open(
         tls: Tls, tmp_path: Path, apiserver: ApiServerEmulator, kubeconfig: Path,
         shared_dir: Path, *, caplog: pytest.LogCaptureFixture) -> None:
@@ -186,11 +194,8 @@ async def test_podgroup_api_error_fails_open(
     caplog.set_level(logging.INFO, logger="webhook.admission")
     await apiserver.delete("customresourcedefinitions", "podgroups.scheduling.x-k8s.io")
     job = await mpijob_in(apiserver, shared_dir)
-    (tmp_path / "p").mkdir()
-    (tmp_path / "p" / "co.yaml").write_text(POLICIES.replace("backend: volcano",
-                                                             "backend: coscheduling"))
     worker = owned_by(load_fixture(shared_dir, "pod-create-worker.json"), job)
-    async with running(tls, [tmp_path / "p"], kubeconfig=str(kubeconfig)) as srv, \
+    async with running(tls, _coscheduling(tmp_path), kubeconfig=str(kubeconfig)) as srv, \
             client(tls) as s:
         await eventually(srv.admitter.ready)
         resp = await review(s, f"{srv.url}/mutate/pods", worker)
@@ -217,11 +222,8 @@ async def test_a_fail_closed_namespace_refuses_what_others_admit_failing_open(
     policies apply is admitted the same on both."""
     caplog.set_level(logging.INFO, logger="webhook.admission")
     job = await mpijob_in(apiserver, shared_dir)
-    (tmp_path / "p").mkdir()
-    (tmp_path / "p" / "co.yaml").write_text(POLICIES.replace("backend: volcano",
-                                                             "backend: coscheduling"))
     worker = owned_by(load_fixture(shared_dir, "pod-create-worker.json"), job)
-    async with running(tls, [tmp_path / "p"], kubeconfig=str(kubeconfig)) as srv, \
+    async with running(tls, _coscheduling(tmp_path), kubeconfig=str(kubeconfig)) as srv, \
             client(tls) as s:
         await eventually(srv.admitter.ready)
         fine = [await review(s, f"{srv.url}{path}", worker)
