@@ -254,12 +254,28 @@ async def test_a_fail_closed_namespace_refuses_what_others_admit_failing_open(
         assert (closed["allowed"], closed["status"]["code"]) == (False, 503)
         assert "an internal error" in closed["status"]["message"]
         assert metric(srv, "muster_admission_fail_closed_total", reason="error") == 1
+        monkeypatch.undo()
+
+        # a namespace the webhook's cache does not hold (yet): decided without its labels
+        elsewhere = copy.deepcopy(worker)
+        elsewhere["request"]["namespace"] = "not-cached"
+        elsewhere["request"]["object"]["metadata"].update(namespace="not-cached",
+                                                          ownerReferences=[])
+        opened = await review(s, f"{srv.url}/mutate/pods", elsewhere)
+        closed = await review(s, f"{srv.url}{FAIL_CLOSED_PATH}", elsewhere)
+        assert opened["allowed"] is True
+        assert any("labels of namespace not-cached unknown" in w for w in opened["warnings"])
+        assert (closed["allowed"], closed["status"]["code"]) == (False, 503)
+        assert "the namespace's labels are not known" in closed["status"]["message"]
+        assert metric(srv, "muster_admission_fail_closed_total", reason="namespace") == 1
     said = [(r.getMessage(), r.reason) for r in caplog.records  # type: ignore[attr-defined]
             if r.getMessage().startswith("pod ")]
     assert said == [("pod admitted failing open", "podgroup"),
                     ("pod refused failing closed", "podgroup"),
                     ("pod admitted failing open", "error"),
-                    ("pod refused failing closed", "error")]
+                    ("pod refused failing closed", "error"),
+                    ("pod admitted failing open", "namespace"),
+                    ("pod refused failing closed", "namespace")]
 
 
 async def test_deadline_fails_open_in_time(tls: Tls, policy_dir: Path, tmp_path: Path,

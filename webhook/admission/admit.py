@@ -105,6 +105,7 @@ class AdmissionConfig:
 #: what a fail_open reason says went wrong, in a fail-closed namespace's refusal
 _FAILED = {
     "not_ready": "no valid policies are loaded",
+    "namespace": "the namespace's labels are not known to the webhook yet",
     "deadline": "the decision or the gang's PodGroup was not done before the webhook's deadline",
     "error": "an internal error (the webhook's log has it)",
     "owner": "the pod's job could not be read to size its gang",
@@ -388,6 +389,7 @@ class Admitter:
         if ns_labels is None:
             result.warnings.append(f"muster: labels of namespace {namespace} unknown; "
                                    "namespaceSelector policies may not apply")
+            result.fail_open = "namespace"
             ns_labels = {"kubernetes.io/metadata.name": namespace}
         cached = self.context.cached_owners(pod, namespace)
         if cached is not None:

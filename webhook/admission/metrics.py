@@ -89,7 +89,8 @@ class Metrics:
         r.register(self._stats)
         self.fail_open = Counter(
             "muster_admission_fail_open", "Requests admitted without the full decision, by reason "
-            "(deadline, error, podgroup, owner: the job's object not read, not_ready)",
+            "(deadline, error, podgroup, owner: the job's object not read, namespace: its "
+            "labels not known, not_ready)",
             ["reason"], registry=r)
         self.fail_closed = Counter(
             "muster_admission_fail_closed", "Pods of fail-closed namespaces refused where others "
