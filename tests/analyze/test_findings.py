@@ -285,6 +285,18 @@ CASES: list[tuple[str, Callable[[Snapshot], Snapshot], str, str]] = [
 ]
 
 
+def test_the_fail_closed_entry_names_the_namespaces_that_carry_its_label() -> None:
+    [unlabelled] = analyze(_fail_closed_namespaces(healthy()), NOW)
+    assert unlabelled.message.endswith(
+        "pods of namespaces labelled muster.io/admission=required are refused while Muster "
+        "cannot apply their policies (failurePolicy Fail): no namespace carries it yet")
+    labelled = dataclasses.replace(_fail_closed_namespaces(healthy()), namespaces=[
+        {"metadata": {"name": n, "labels": {"muster.io/admission": value}}}
+        for n, value in [*((f"team-{i}", "required") for i in range(7)), ("other", "no")]])
+    [found] = [f for f in analyze(labelled, NOW) if f.code == "FailClosedNamespaces"]
+    assert found.message.endswith(": team-0, team-1, team-2, team-3, team-4 and 2 more")
+
+
 @pytest.mark.parametrize(("what", "breaks", "code", "severity"), CASES,
                          ids=[c[0] for c in CASES])
 def test_each_misconfiguration_makes_its_own_finding(

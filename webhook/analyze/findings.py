@@ -204,7 +204,7 @@ def _webhook_safety(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
     for hook in ours.get("webhooks") or ():
         if ((hook.get("clientConfig") or {}).get("service") or {}).get("path") == \
                 keys.FAIL_CLOSED_PATH:
-            yield _fail_closed(ours, hook)
+            yield _fail_closed(s, ours, hook)
         elif hook.get("failurePolicy", "Fail") != "Ignore":
             yield Finding("warning", "WebhookFailsClosed", _name(ours),
                           f"webhook {hook.get('name')}: failurePolicy "
@@ -224,16 +224,22 @@ def _webhook_safety(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
                           "restore the chart's namespaceSelector exclusions")
 
 
-def _fail_closed(ours: Obj, hook: Obj) -> Finding:
+def _fail_closed(s: Snapshot, ours: Obj, hook: Obj) -> Finding:
     """The chart's entry for namespaces that chose to be refused rather than admitted
-    unmutated: said, not warned of."""
-    labels = [f"{e.get('key')}={','.join(e.get('values') or ())}"
-              for e in (hook.get("namespaceSelector") or {}).get("matchExpressions") or ()
+    unmutated: said, not warned of, with the namespaces that carry its label."""
+    wanted = [e for e in (hook.get("namespaceSelector") or {}).get("matchExpressions") or ()
               if e.get("operator") == "In"]
-    return Finding("info", "FailClosedNamespaces", _name(ours),
-                   f"webhook {hook.get('name')}: pods of namespaces labelled "
-                   f"{' and '.join(labels) or '(any)'} are refused while Muster cannot apply "
-                   f"their policies (failurePolicy {hook.get('failurePolicy', 'Fail')})",
+    labels = " and ".join(f"{e.get('key')}={','.join(e.get('values') or ())}" for e in wanted)
+    message = (f"webhook {hook.get('name')}: pods of namespaces labelled {labels or '(any)'} "
+               f"are refused while Muster cannot apply their policies (failurePolicy "
+               f"{hook.get('failurePolicy', 'Fail')})")
+    if s.namespaces is not None:
+        named = sorted(n for n, labels in _namespace_labels(s).items() if all(
+            labels.get(e.get("key")) in (e.get("values") or ()) for e in wanted))
+        message += (f": {', '.join(named[:5])}" + (f" and {len(named) - 5} more"
+                                                    if len(named) > 5 else "")
+                    if named else ": no namespace carries it yet")
+    return Finding("info", "FailClosedNamespaces", _name(ours), message,
                    "label a namespace so to add it; chart value "
                    "webhook.failClosedNamespaceLabel")
 
