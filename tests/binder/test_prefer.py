@@ -12,6 +12,7 @@ from typing import Any
 from binder_objects import node, pod
 from binder_run import CFG, planned, where
 
+from webhook import keys
 from webhook.binder.allocation import Allocation
 from webhook.binder.assignment import build_assignment, encode_assignment
 from webhook.binder.interpod import Neighbours
@@ -19,6 +20,10 @@ from webhook.binder.nodes import parse_node
 from webhook.binder.planner import Plan, PlanConfig
 from webhook.binder.pods import PodTerm, Preferences, Requirement, Term, parse_pod
 from webhook.binder.prefer import Scores, as_good
+from webhook.jsonpatch import apply_patch
+from webhook.policy.engine import evaluate
+from webhook.policy.loader import load_policy_texts
+from webhook.policy.patch import render_patch
 from webhook.topology.builtin import builtin
 from webhook.topology.model import GangPlacement, MemberPlacement, MemberRequest
 from webhook.topology.network import Levels
@@ -113,6 +118,31 @@ def test_a_gang_goes_to_the_nodes_its_members_prefer() -> None:
         prefer_pool(50, "on-demand")]})
     assert where(run(gang(2, 8, spec), nodes(pools))) == {"j-0": "b1-r1-n0",
                                                           "j-1": "b1-r1-n1"}
+
+
+def test_a_policy_s_preferred_models_steer_the_gang_as_the_webhook_writes_them() -> None:
+    """`topology.preferredModels` end to end: the policy engine's patch on the pod, the
+    binder's parse of it, the plan. H100 first, then A100; V100 is allowed, not preferred."""
+    ps = load_policy_texts({"p.yaml": (
+        "apiVersion: muster.io/v1alpha1\nkind: SchedulingPolicy\nmetadata: {name: models}\n"
+        "spec:\n  gang: {backend: muster}\n  topology:\n    mode: preferred\n"
+        "    allowedModels: [NVIDIA H100 80GB HBM3, NVIDIA A100-SXM4-80GB, Tesla V100]\n"
+        "    preferredModels: [NVIDIA H100 80GB HBM3, NVIDIA A100-SXM4-80GB]\n")})
+    models = {"b1-r1-n1": "NVIDIA-H100-80GB-HBM3", "b1-r0-n1": "NVIDIA-A100-SXM4-80GB"}
+    cluster = nodes()
+    for n in cluster:
+        n["metadata"]["labels"][keys.LABEL_GPU_MODEL] = models.get(n["metadata"]["name"],
+                                                                   "Tesla-V100")
+
+    def admitted(*placed_pods: dict[str, Any]) -> dict[str, str]:
+        p = pod("j-0", gpus=8, topology=None)  # as its job made it: a gang of one, here
+        decision = evaluate(p, namespace_labels={}, owners=[], policies=ps)
+        assert decision.node_preferences and not decision.warnings, decision.warnings
+        return where(run([*placed_pods, apply_patch(p, render_patch(p, decision))], cluster))
+    assert admitted() == {"j-0": "b1-r1-n1"}
+    assert admitted(placed("x", "b1-r1-n1", {}, gpus=8)) == {"j-0": "b1-r0-n1"}
+    # a gang without the preference: best fit, by name
+    assert where(run(gang(1, 8), cluster)) == {"j-0": "b0-r0-n0"}
 
 
 def test_weights_add_up_and_the_best_scored_node_wins() -> None:

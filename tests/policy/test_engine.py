@@ -377,6 +377,60 @@ def test_affinity_is_anded_into_every_existing_term(worker_pod: dict[str, Any],
     assert terms[0]["matchExpressions"][0]["key"] == "zone"
 
 
+PREFERRING = ("gang:\n  backend: muster\ntopology:\n  mode: required\n"
+              "  allowedModels: [NVIDIA H100 80GB HBM3, NVIDIA A100-SXM4-80GB, Tesla V100]\n"
+              "  preferredModels: [NVIDIA H100 80GB HBM3, NVIDIA A100-SXM4-80GB]")
+
+
+def _prefers(model: str, weight: int) -> dict[str, Any]:
+    return {"weight": weight, "preference": {"matchExpressions": [
+        {"key": keys.LABEL_GPU_MODEL, "operator": "In", "values": [model]}]}}
+
+
+def test_preferred_models_become_preferred_node_affinity_first_weighing_most(
+        worker_pod: dict[str, Any], policies: Policies) -> None:
+    """Beside the required models, one preferred term per preferred model, 100 then 90: the
+    binder weighs them as kube-scheduler's NodeAffinity score does, after the topology."""
+    del worker_pod["metadata"]["ownerReferences"]
+    d, pod = run(worker_pod, [], policies(policy("t", PREFERRING)))
+    node = pod["spec"]["affinity"]["nodeAffinity"]
+    assert node["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        _prefers("NVIDIA-H100-80GB-HBM3", 100), _prefers("NVIDIA-A100-SXM4-80GB", 90)]
+    assert node["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+        "matchExpressions"][0]["values"] == [
+        "NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "Tesla-V100"]
+    assert d.warnings == ()
+
+
+def test_preferred_models_go_beside_the_pod_s_own_preferences_once(
+        worker_pod: dict[str, Any], policies: Policies) -> None:
+    own = {"weight": 5, "preference": {"matchExpressions": [
+        {"key": "zone", "operator": "In", "values": ["a"]}]}}
+    worker_pod["spec"]["affinity"] = {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [own]}}
+    del worker_pod["metadata"]["ownerReferences"]
+    _, pod = run(worker_pod, [], policies(policy("t", PREFERRING)))  # run: idempotent
+    node = pod["spec"]["affinity"]["nodeAffinity"]
+    assert node["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        own, _prefers("NVIDIA-H100-80GB-HBM3", 100), _prefers("NVIDIA-A100-SXM4-80GB", 90)]
+    assert "nodeSelectorTerms" in node["requiredDuringSchedulingIgnoredDuringExecution"]
+
+
+def test_a_preferred_model_another_policy_does_not_allow_is_dropped_and_said(
+        worker_pod: dict[str, Any], policies: Policies) -> None:
+    del worker_pod["metadata"]["ownerReferences"]
+    allows = policy("allows", "priority: 5\ngang:\n  backend: muster\ntopology:\n"
+                              "  mode: required\n  allowedModels: [NVIDIA A100-SXM4-80GB]")
+    prefers = policy("prefers", "gang:\n  backend: muster\ntopology:\n  mode: required\n"
+                                "  preferredModels: [NVIDIA H100 80GB HBM3, NVIDIA A100-SXM4-80GB]")
+    d, pod = run(worker_pod, [], policies(allows, prefers))
+    assert pod["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"] == [
+        _prefers("NVIDIA-A100-SXM4-80GB", 100)]
+    assert "preferredModels of policy prefers: NVIDIA-H100-80GB-HBM3 not in allowedModels, " \
+        "not preferred" in d.warnings
+
+
 def test_custom_scheduler_replaced_with_warning(worker_pod: dict[str, Any],
                                                 mpijob: dict[str, Any],
                                                 policies: Policies) -> None:

@@ -92,6 +92,14 @@ def test_bad_min_available_names_exact_place() -> None:
      "got backend volcano"),
     ("gang: {backend: muster}\ntopology: {mode: 'off', singleNode: true}",
      ":7:20: spec.topology.mode:", "mode off turns topology placement off"),
+    ("gang: {backend: muster}\ntopology: {mode: 'off', preferredModels: [H100]}",
+     ":7:20: spec.topology.mode:", "allowedModels, preferredModels and network"),
+    ("gang: {backend: muster}\ntopology:\n  mode: required\n  allowedModels: [A100]\n"
+     "  preferredModels: [H100, A100]", ":10:22: spec.topology.preferredModels:",
+     "H100 not in allowedModels: never preferred"),
+    ("gang: {backend: muster}\ntopology:\n  mode: required\n"
+     "  preferredModels: [NVIDIA H100, NVIDIA-H100]", ":9:22: spec.topology.preferredModels:",
+     "NVIDIA H100, NVIDIA-H100 named twice"),
     ("gang: {backend: coscheduling, queue: q}", ":6:40: spec.gang.queue:",
      "backend coscheduling has no queues"),
     ("gang: {backend: volcano, scheduleTimeoutSeconds: 60}",

@@ -103,7 +103,9 @@ ANNOTATION_KEYS = [
 AFFINITIES = [
     None, {}, {"nodeAffinity": {}},
     {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchFields": []}, {"matchExpressions": []}]}}}]
+        "nodeSelectorTerms": [{"matchFields": []}, {"matchExpressions": []}]}}},
+    {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": []}}]}}]
 TOLERATIONS = [None, [], [dict(TOPOLOGY_TOLERATION)],
                [{"key": "x", "operator": "Exists", "effect": "NoSchedule"}]]
 SCHEDULERS = [None, "default-scheduler", "volcano", keys.DEFAULT_BINDER_SCHEDULER_NAME, "other"]
@@ -166,6 +168,10 @@ def mutate(  # noqa: PLR0917 (one call site, arguments named by position)
             choices.append({"nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                     {"matchExpressions": [dict(e) for e in wanted.node_affinity]}]}}})
+        if wanted.node_preferences:
+            choices.append({"nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    dict(t) for t in wanted.node_preferences[:1]]}})
         _set(spec_, "affinity", copy.deepcopy(data.draw(st.sampled_from(choices))))
     elif field == "owner_version":
         workers = data.draw(st.integers(0, 9))

@@ -62,10 +62,14 @@ def spec(draw: st.DrawFn, priority: int) -> dict[str, Any]:
             gang["minResources"] = draw(st.sampled_from(["auto", "none", {"cpu": "2"}]))
         out["gang"] = gang
         if backend == "muster" and draw(st.booleans()):
+            allowed = draw(st.lists(st.sampled_from(["Tesla V100-SXM2-16GB", "NVIDIA A100"]),
+                                    max_size=2))
             out["topology"] = {"mode": draw(st.sampled_from(["required", "preferred"])),
-                               "singleNode": draw(st.booleans()),
-                               "allowedModels": draw(st.lists(st.sampled_from(
-                                   ["Tesla V100-SXM2-16GB", "NVIDIA A100"]), max_size=2))}
+                               "singleNode": draw(st.booleans()), "allowedModels": allowed,
+                               # a subset of the allowed ones (any other is an error)
+                               "preferredModels": draw(st.lists(st.sampled_from(
+                                   allowed or ["NVIDIA H100", "NVIDIA A100"]), max_size=2,
+                                   unique=True))}
     if draw(st.booleans()):
         out["istio"] = {"optOut": draw(st.sampled_from(
             [True, False, "none", "sidecar", "ambient", "both"]))}
@@ -113,7 +117,9 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         spec["affinity"] = draw(st.sampled_from([
             {}, {"nodeAffinity": {}},
             {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchFields": []}, {"matchExpressions": []}]}}}]))
+                "nodeSelectorTerms": [{"matchFields": []}, {"matchExpressions": []}]}}},
+            {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 1, "preference": {"matchExpressions": []}}]}}]))
     spec["containers"][0]["resources"] = {"limits": {keys.GPU_RESOURCE: str(draw(
         st.integers(0, 8)))}}
     return pod

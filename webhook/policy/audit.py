@@ -54,6 +54,12 @@ def audit_of(policy: str, mode: Literal["warn", "audit"], actual: Decision, woul
         changes.append(("topology", ", ".join(
             f"node affinity {e.get('key')} in {e.get('values')}" for e in would.node_affinity)
             or f"no node affinity on {keys.LABEL_GPU_MODEL}"))
+    if would.node_preferences != actual.node_preferences:
+        changes.append(("topology", ", ".join(
+            f"preferred node affinity {e.get('key')} in {e.get('values')} (weight "
+            f"{t.get('weight')})" for t in would.node_preferences
+            for e in t["preference"]["matchExpressions"])
+            or f"no preferred node affinity on {keys.LABEL_GPU_MODEL}"))
     for kind, wanted, before, current in (
             ("label", would.labels, actual.labels, shape.label),
             ("annotation", would.annotations, actual.annotations, shape.annotation)):

@@ -135,6 +135,8 @@ class Decision:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     #: nodeSelectorTerms' matchExpressions to AND into required node affinity
     node_affinity: tuple[Mapping[str, Any], ...] = ()
+    #: preferred node affinity terms (weight, preference) to add beside the pod's own
+    node_preferences: tuple[Mapping[str, Any], ...] = ()
     warnings: tuple[str, ...] = ()
     #: a gang policy matched but the job's object was not available to size or own the gang:
     #: why (admission then denies the pod for a while, so that no member joins half a gang)
@@ -154,6 +156,6 @@ class Decision:
     def changes_pod(self) -> bool:
         return bool(
             self.labels or self.annotations or self.scheduler_name or self.tolerations
-            or self.node_affinity
+            or self.node_affinity or self.node_preferences
             or (self.pod_group is not None and self.pod_group.backend == "kubernetes")
         )

@@ -36,6 +36,8 @@ _DEFAULT_SCHEDULER: dict[str, str | None] = {
     # coscheduling usually runs inside the default scheduler: leave schedulerName alone
     "volcano": "volcano", "coscheduling": None, "muster": keys.DEFAULT_BINDER_SCHEDULER_NAME,
     "kubernetes": None}
+#: preferred node affinity weights of `topology.preferredModels`, first model first
+MAX_MODEL_WEIGHT, MODEL_WEIGHT_STEP, MIN_MODEL_WEIGHT = 100, 10, 10
 _GROUP_KEYS = (  # (where, key, backend) of every key that puts a pod into a gang
     ("annotation", keys.VOLCANO_GROUP_ANNOTATION, "volcano"),
     ("label", keys.COSCHEDULING_GROUP_LABEL, "coscheduling"),
@@ -179,7 +181,8 @@ def _apply(view: PodView, policies: PolicySet, matches: tuple[PolicyMatch, ...],
         matches=matches, policies=writes.names, pod_group=draft.pod_group,
         labels=draft.labels, annotations=draft.annotations, scheduler_name=draft.scheduler_name,
         tolerations=tuple(draft.tolerations), node_affinity=tuple(draft.node_affinity),
-        warnings=tuple(draft.warnings), gang_blocked=draft.gang_blocked,
+        node_preferences=tuple(draft.node_preferences), warnings=tuple(draft.warnings),
+        gang_blocked=draft.gang_blocked,
         overrides=writes.overrides, network=draft.network, withdrawn=draft.withdrawn)
 
 
@@ -209,6 +212,7 @@ class _Draft:
     scheduler_name: str | None = None
     tolerations: list[Mapping[str, Any]] = field(default_factory=list)
     node_affinity: list[Mapping[str, Any]] = field(default_factory=list)
+    node_preferences: list[Mapping[str, Any]] = field(default_factory=list)
     pod_group: PodGroupSpec | None = None
     gang_blocked: str | None = None
     network: str | None = None
@@ -316,10 +320,29 @@ def _topology_request(draft: _Draft, writes: _Writes, view: PodView) -> None:
         draft.network = ask.why
     draft.annotations[keys.ANN_GPU_TOPOLOGY] = json.dumps(request, separators=(",", ":"))
     models = value.get("topology.allowedModels") or []
+    allowed = sorted({keys.gpu_model_label_value(m) for m in models})
     if models:
         draft.node_affinity.append({
-            "key": keys.LABEL_GPU_MODEL, "operator": "In",
-            "values": sorted({keys.gpu_model_label_value(m) for m in models})})
+            "key": keys.LABEL_GPU_MODEL, "operator": "In", "values": allowed})
+    _preferred_models(draft, value.get("topology.preferredModels") or [], allowed,
+                      by=writes.merged.get("topology.preferredModels", ("", ""))[1])
+
+
+def _preferred_models(draft: _Draft, models: list[str], allowed: list[str], *, by: str) -> None:
+    """Preferred node affinity, one term per model: the first weighs most (100, then 10 less
+    each, at least 10). A model the allowed ones exclude is dropped, and said (two policies
+    may write the two lists)."""
+    values = list(dict.fromkeys(keys.gpu_model_label_value(m) for m in models))
+    kept = [v for v in values if not allowed or v in allowed]
+    if len(kept) < len(values):
+        draft.warnings.append(f"preferredModels of policy {by}: "
+                              f"{', '.join(v for v in values if v not in kept)} not in "
+                              "allowedModels, not preferred")
+    draft.node_preferences.extend(
+        {"weight": max(MIN_MODEL_WEIGHT, MAX_MODEL_WEIGHT - MODEL_WEIGHT_STEP * i),
+         "preference": {"matchExpressions": [
+             {"key": keys.LABEL_GPU_MODEL, "operator": "In", "values": [v]}]}}
+        for i, v in enumerate(kept))
 
 
 def _istio_opt_out(draft: _Draft, writes: _Writes) -> None:

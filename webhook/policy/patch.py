@@ -16,6 +16,8 @@ from webhook.policy.jsonshape import as_map
 from webhook.policy.podview import PodShape, shape_of
 
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+_NODE = "/spec/affinity/nodeAffinity"
 
 
 def _map_ops(present: bool, current: Callable[[str], Any], wanted: Mapping[str, str | None],
@@ -35,23 +37,35 @@ def _map_ops(present: bool, current: Callable[[str], Any], wanted: Mapping[str, 
     return ops
 
 
-def _affinity_ops(affinity: Any, exprs: tuple[Mapping[str, Any], ...]) -> list[dict[str, Any]]:
-    if not exprs:
+def _affinity_ops(affinity: Any, exprs: tuple[Mapping[str, Any], ...],
+                  preferences: tuple[Mapping[str, Any], ...]) -> list[dict[str, Any]]:
+    """Required node affinity ANDed into each of the pod's terms, and preferred terms added
+    beside the pod's own (each once); one `add` where the pod has no node affinity yet."""
+    if not exprs and not preferences:
         return []
     wanted = [dict(e) for e in exprs]
-    term = {"matchExpressions": wanted}
+    fresh: dict[str, Any] = {}
+    if wanted:
+        fresh[_REQUIRED] = {"nodeSelectorTerms": [{"matchExpressions": wanted}]}
+    if preferences:
+        fresh[_PREFERRED] = [dict(t) for t in preferences]
     if not isinstance(affinity, Mapping):
-        return [{"op": "add", "path": "/spec/affinity",
-                 "value": {"nodeAffinity": {_REQUIRED: {"nodeSelectorTerms": [term]}}}}]
+        return [{"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": fresh}}]
     node = affinity.get("nodeAffinity")
     if not isinstance(node, Mapping):
-        return [{"op": "add", "path": "/spec/affinity/nodeAffinity",
-                 "value": {_REQUIRED: {"nodeSelectorTerms": [term]}}}]
-    required = node.get(_REQUIRED)
-    base = f"/spec/affinity/nodeAffinity/{_REQUIRED}"
-    terms = as_map(required).get("nodeSelectorTerms")
+        return [{"op": "add", "path": "/spec/affinity/nodeAffinity", "value": fresh}]
+    return [*_required_ops(node, wanted), *_preferred_ops(node, fresh.get(_PREFERRED, []))]
+
+
+def _required_ops(node: Mapping[str, Any], wanted: list[dict[str, Any]]
+                  ) -> list[dict[str, Any]]:
+    if not wanted:
+        return []
+    base = f"{_NODE}/{_REQUIRED}"
+    terms = as_map(node.get(_REQUIRED)).get("nodeSelectorTerms")
     if not isinstance(terms, list) or not terms:
-        return [{"op": "add", "path": base, "value": {"nodeSelectorTerms": [term]}}]
+        return [{"op": "add", "path": base,
+                 "value": {"nodeSelectorTerms": [{"matchExpressions": wanted}]}}]
     # Terms are ORed: the requirement must hold in each of them.
     ops: list[dict[str, Any]] = []
     for i, t in enumerate(terms):
@@ -63,6 +77,17 @@ def _affinity_ops(affinity: Any, exprs: tuple[Mapping[str, Any], ...]) -> list[d
         ops.extend({"op": "add", "path": f"{base}/nodeSelectorTerms/{i}/matchExpressions/-",
                     "value": e} for e in wanted if e not in have)
     return ops
+
+
+def _preferred_ops(node: Mapping[str, Any], wanted: list[dict[str, Any]]
+                   ) -> list[dict[str, Any]]:
+    if not wanted:
+        return []
+    have = node.get(_PREFERRED)
+    if not isinstance(have, list):
+        return [{"op": "add", "path": f"{_NODE}/{_PREFERRED}", "value": wanted}]
+    return [{"op": "add", "path": f"{_NODE}/{_PREFERRED}/-", "value": t}
+            for t in wanted if t not in have]
 
 
 def render(shape: PodShape, decision: Decision) -> list[dict[str, Any]]:
@@ -79,7 +104,7 @@ def render(shape: PodShape, decision: Decision) -> list[dict[str, Any]]:
             ops.append({"op": "add", "path": "/spec/tolerations", "value": missing})
         else:
             ops.extend({"op": "add", "path": "/spec/tolerations/-", "value": t} for t in missing)
-    ops += _affinity_ops(shape.affinity, decision.node_affinity)
+    ops += _affinity_ops(shape.affinity, decision.node_affinity, decision.node_preferences)
     group = decision.pod_group
     if group is not None and group.backend == "kubernetes":
         name, value = native.pod_reference(group)

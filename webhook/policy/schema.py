@@ -255,6 +255,9 @@ class Topology(_Model):
     singleNode: bool = False
     minRingGBps: float | None = Field(default=None, gt=0)
     allowedModels: list[GpuModel] = Field(default_factory=list)
+    #: the models the gang's pods prefer, first the most (preferred node affinity, weighed by
+    #: the binder after the topology)
+    preferredModels: list[GpuModel] = Field(default_factory=list)
     network: Network | None = None
 
     @field_validator("minRingGBps", mode="before")
@@ -366,6 +369,23 @@ def _valid(adapter: TypeAdapter[_M], raw: Any) -> _M | None:
     return None
 
 
+def _preferred_models_problems(topo: Topology) -> list[tuple[Path, str]]:
+    """A preferred model named twice, or one the policy's allowedModels keep the pod off."""
+    at: Path = ("spec", "topology", "preferredModels")
+    values = [keys.gpu_model_label_value(m) for m in topo.preferredModels]
+    twice = sorted({m for m, v in zip(topo.preferredModels, values, strict=True)
+                    if values.count(v) > 1})
+    out = [(at, f"{', '.join(twice)} named twice (as the node label: the same model)")] \
+        if twice else []
+    allowed = {keys.gpu_model_label_value(m) for m in topo.allowedModels}
+    never = [m for m, v in zip(topo.preferredModels, values, strict=True)
+             if allowed and v not in allowed]
+    if never:
+        out.append((at, f"{', '.join(never)} not in allowedModels: never preferred, since "
+                        "the pod may not run there"))
+    return out
+
+
 def contradictions(parts: Parts) -> list[tuple[Path, str]]:
     """Combinations of individually valid fields that cannot work together, with exact paths."""
     out: list[tuple[Path, str]] = []
@@ -409,10 +429,13 @@ def contradictions(parts: Parts) -> list[tuple[Path, str]]:
     topo = parts.topology
     if topo is not None and topo.mode == "off" and (
             topo.singleNode or topo.minRingGBps is not None or topo.allowedModels
-            or topo.network is not None):
+            or topo.preferredModels or topo.network is not None):
         out.append((("spec", "topology", "mode"),
                     "mode off turns topology placement off: singleNode, minRingGBps, "
-                    "allowedModels and network would have no effect, remove them"))
+                    "allowedModels, preferredModels and network would have no effect, remove "
+                    "them"))
+    if topo is not None:
+        out.extend(_preferred_models_problems(topo))
     backend_known = gang is not None or not parts.has_gang  # (not that of an invalid gang)
     if topo is not None and topo.mode != "off" and backend_known and (
             gang is None or gang.backend != "muster"):
