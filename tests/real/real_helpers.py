@@ -28,23 +28,23 @@ from webhook.kube import EVENTS, PODS, ApiError, KubeApi, Resource, make_api_cli
 from webhook.topology import codec
 from webhook.topology.model import Topology
 
-__all__ = ["NETWORK_LEVELS", "agent_dra_state", "agent_pod", "assigned_indices", "assigned_uuids",
-           "binder_as_chart", "bound_whole", "chart_binder_grant", "crd_documents", "delete_now",
-           "diagnostics", "failed_scheduling", "fake_node", "gpu_pod", "kubectl", "muster_json",
-           "pod_events", "pod_ready", "policies_everywhere", "policy_digests", "release_values",
-           "run_helm", "upgrade_release", "wait_established", "wait_webhook_pods", "webhook_pods",
-           "with_api"]
+__all__ = ["ENDPOINTS", "FAIL_CLOSED_LABEL", "NETWORK_LEVELS", "agent_dra_state", "agent_pod",
+           "assigned_indices", "assigned_uuids", "binder_as_chart", "bound_whole",
+           "chart_binder_grant", "crd_documents", "delete_now", "diagnostics", "failed_scheduling",
+           "fake_node", "gpu_pod", "kubectl", "muster_json", "pod_events", "pod_ready",
+           "policies_everywhere", "policy_digests", "release_values", "run_helm", "upgrade_release",
+           "wait_established", "wait_webhook_pods", "webhook_pods", "with_api"]
 
 #: the binder's network levels (docs/topology.md): Topograph's spine (a block) and leaf (a
 #: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
 NETWORK_LEVELS = ["network.topology.nvidia.com/spine", "network.topology.nvidia.com/leaf",
                   "nvidia.com/gpu.clique"]
 #: the aliases KAI manifests may name them by (KAI's Topology `alias`)
-ENDPOINTS = Resource("", "v1", "endpoints", True, "Endpoints")
-#: the namespace label the tier's release makes fail-closed (webhook.failClosedNamespaceLabel)
-FAIL_CLOSED_LABEL = {"muster.io/admission": "required"}
 _NETWORK_ALIASES = {"network.topology.nvidia.com/spine": "block",
                     "network.topology.nvidia.com/leaf": "rack"}
+#: the namespace label the tier's release makes fail-closed (webhook.failClosedNamespaceLabel)
+FAIL_CLOSED_LABEL = {"muster.io/admission": "required"}
+ENDPOINTS = Resource("", "v1", "endpoints", True, "Endpoints")
 
 
 def pod_ready(pod: dict[str, Any]) -> bool:
