@@ -234,8 +234,8 @@ def _fail_closed(s: Snapshot, ours: Obj, hook: Obj) -> Finding:
                f"are refused while Muster cannot apply their policies (failurePolicy "
                f"{hook.get('failurePolicy', 'Fail')})")
     if s.namespaces is not None:
-        named = sorted(n for n, labels in _namespace_labels(s).items() if all(
-            labels.get(e.get("key")) in (e.get("values") or ()) for e in wanted))
+        named = sorted(n for n, has in _namespace_labels(s).items() if all(
+            has.get(e.get("key")) in (e.get("values") or ()) for e in wanted))
         message += (f": {', '.join(named[:5])}" + (f" and {len(named) - 5} more"
                                                     if len(named) > 5 else "")
                     if named else ": no namespace carries it yet")
