@@ -32,8 +32,8 @@ __all__ = ["ENDPOINTS", "FAIL_CLOSED_LABEL", "NETWORK_LEVELS", "agent_dra_state"
            "assigned_indices", "assigned_uuids", "binder_as_chart", "bound_whole",
            "chart_binder_grant", "crd_documents", "delete_now", "diagnostics", "failed_scheduling",
            "fake_node", "gpu_pod", "kubectl", "muster_json", "pod_events", "pod_ready",
-           "policies_everywhere", "policy_digests", "release_values", "run_helm", "upgrade_release",
-           "wait_established", "wait_webhook_pods", "webhook_pods", "with_api"]
+           "policies_everywhere", "policy_digests", "release_values", "run_helm", "scale_webhook",
+           "upgrade_release", "wait_established", "wait_webhook_pods", "webhook_pods", "with_api"]
 
 #: the binder's network levels (docs/topology.md): Topograph's spine (a block) and leaf (a
 #: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
@@ -70,6 +70,14 @@ async def wait_webhook_pods(kube: KubeApi, replicas: int, within: float = 180) -
         live = await webhook_pods(kube)
         return len(live) == replicas and all(pod_ready(p) for p in live)
     await eventually(settled, within=within, what=f"{replicas} ready webhook pods")
+
+
+async def scale_webhook(kube: KubeApi, cluster: NodeCluster, replicas: int) -> None:
+    """Scale the webhook Deployment and wait until exactly `replicas` pods are ready (for 0,
+    until every pod is gone: only then has the API server no kept-alive connection to one)."""
+    kubectl(cluster, "scale", "deployment", "-n", NAMESPACE, "-l",
+            "app.kubernetes.io/component=webhook", f"--replicas={replicas}")
+    await wait_webhook_pods(kube, replicas)
 
 
 def with_api(cluster: NodeCluster, use: Callable[[KubeApi], Awaitable[None]]) -> None:

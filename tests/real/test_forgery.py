@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from jobs import PRINT_GPUS, delete_jobs, ensure_namespace, mpijob, submit
-from real_helpers import agent_pod, assigned_uuids, kubectl, wait_webhook_pods, webhook_pods
+from real_helpers import agent_pod, assigned_uuids, kubectl, scale_webhook, webhook_pods
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node import image
@@ -298,7 +298,7 @@ async def test_a_pod_owner_cannot_forge_their_way_to_another_pods_gpu(
         # 5. the webhook down (failurePolicy Ignore: pods are admitted unmutated): the policy
         #    inside the API server refuses what the webhook would have stripped, bound at
         #    create (spec.nodeName) or not
-        await _webhook_replicas(kube, node_cluster, 0)
+        await scale_webhook(kube, node_cluster, 0)
         for name, key, value, node in (
                 ("down-assignment", keys.ANN_GPU_ASSIGNMENT, _assignment(stolen), None),
                 ("down-bound", keys.ANN_GPU_ASSIGNMENT, _assignment(stolen), NODE_NAME),
@@ -313,7 +313,7 @@ async def test_a_pod_owner_cannot_forge_their_way_to_another_pods_gpu(
             assert pod["status"]["phase"] == "Running" and assigned_uuids(pod) == gpus, name
             assert await _printed(node_cluster, "gpu-team", name) == gpus, name
     finally:
-        await _webhook_replicas(kube, node_cluster, 2)
+        await scale_webhook(kube, node_cluster, 2)
         kubectl(node_cluster, "delete", "pods", "--all", "-n", ATTACKER_NS, "--wait=false",
                 check=False)
         await delete_jobs(kube, "gpu-team", [VICTIM])
@@ -352,10 +352,3 @@ async def test_a_pod_bound_with_node_name_gets_no_gpu_of_a_binder_pod_waiting_th
         kubectl(node_cluster, "delete", "pods", "--all", "-n", ATTACKER_NS, "--wait=false",
                 check=False)
         await delete_jobs(kube, "gpu-team", [VICTIM])
-
-
-async def _webhook_replicas(kube: KubeApi, cluster: NodeCluster, replicas: int) -> None:
-    """Scale the webhook Deployment and wait until exactly `replicas` pods are ready."""
-    kubectl(cluster, "scale", "deployment", "-n", NAMESPACE, "-l",
-            "app.kubernetes.io/component=webhook", f"--replicas={replicas}")
-    await wait_webhook_pods(kube, replicas)
