@@ -40,8 +40,9 @@ def event(about: dict[str, Any], reason: str, message: str, *, at: str = "2026-1
     return {"apiVersion": "v1", "kind": "Event",
             "metadata": {"name": f"{meta['name']}.{abs(hash((reason, message, at))):x}",
                          "namespace": meta["namespace"]},
-            "involvedObject": {"kind": about["kind"], "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "involvedObject": {"apiVersion": about.get("apiVersion", "v1"), "kind": about["kind"],
+                               "name": meta["name"], "namespace": meta["namespace"],
+                               "uid": meta["uid"]},
             "reason": reason, "message": message, "type": type_, "count": 1,
             "source": {"component": component}, "firstTimestamp": at, "lastTimestamp": at}
 
@@ -290,6 +291,45 @@ async def test_a_job_without_pods_is_explained_by_the_refusals(
     assert (found.pods, found.gangs) == (0, ())
     assert [(e.reason, e.object) for e in found.events] == [("FailedCreate", "job/refused")]
     assert any("pods-fail-closed.muster.io" in line for line in render(found))
+
+
+async def test_a_jobset_without_pods_is_explained_by_its_jobs_refusals(
+        shared_crds: list[dict[str, Any]], tmp_path: Path) -> None:
+    """A JobSet's pods come from its Jobs, so the refusals are on those Jobs (NAME-RJOB-I), not
+    on the JobSet. A Job named alike that the JobSet does not control is not its."""
+    api = ApiServerEmulator(crds=shared_crds)
+    _seed(api)
+    jobset = api.seed({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                       "metadata": {"name": "sweep", "namespace": "team-a"},
+                       "spec": {"replicatedJobs": []}})
+
+    def job(name: str, owner: dict[str, Any] | None) -> dict[str, Any]:
+        refs = [{"apiVersion": owner["apiVersion"], "kind": owner["kind"], "controller": True,
+                 "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}] \
+            if owner else []
+        made = api.seed({"apiVersion": "batch/v1", "kind": "Job",
+                         "metadata": {"name": name, "namespace": "team-a",
+                                      "ownerReferences": refs},
+                         "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}})
+        api.seed(event(made, "FailedCreate", 'Error creating: Internal error occurred: failed '
+                       'calling webhook "pods-fail-closed.muster.io": no endpoints available',
+                       component="job-controller"))
+        return made
+
+    job("sweep-workers-0", jobset)
+    job("sweep-workers-1", jobset)
+    job("sweep-other-0", None)  # named alike, not the JobSet's
+    async with api:
+        client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
+        try:
+            found = await explain_job(Reads(KubeApi(client)), "team-a", "sweep",
+                                      release_namespace="muster-system", release="muster",
+                                      now=NOW)
+        finally:
+            await client.close()
+    assert found.pods == 0
+    assert sorted(e.object for e in found.events) == ["job/sweep-workers-0",
+                                                      "job/sweep-workers-1"]
 
 
 async def _cli(api: ApiServerEmulator, tmp_path: Path, *argv: str) -> int:

@@ -159,5 +159,17 @@ async def owner_chains(api: Reader, pods: Iterable[Obj]) -> dict[str, list[Obj]]
     return out
 
 
+async def below(api: Reader, refs: Iterable[Obj], namespace: str, name: str
+                ) -> set[tuple[str, str]]:
+    """(kind, name) of the objects `refs` names in `namespace` whose controller chain reaches
+    an object named `name`; those gone, or owned by another, are left out."""
+    found = [o for r in refs
+             if (o := await _get(api, owner_resource(r), str(r.get("name")), namespace))]
+    chains = await owner_chains(api, found)
+    return {(str(o.get("kind")), str(o["metadata"].get("name"))) for o in found
+            if any((c.get("metadata") or {}).get("name") == name
+                   for c in chains.get(str(o["metadata"].get("uid")), ()))}
+
+
 async def read_pod(api: Reader, namespace: str, name: str) -> Obj | None:
     return await _get(api, PODS, name, namespace)

@@ -101,6 +101,19 @@ def _kind_name(obj: Obj) -> str:
     return f"{kind} {_meta(obj).get('name')}"
 
 
+def refused_creators(events: Iterable[Obj], name: str) -> list[Obj]:
+    """The object references of Events that name Muster's webhook on an object named after the
+    job `name` (NAME-...): a JobSet's Jobs, whose pods were refused, have these Events where
+    the JobSet has none. Whether each is the job's is for its controller chain to say."""
+    refs: dict[tuple[str, str], Obj] = {}
+    for e in events:
+        ref = e.get("involvedObject") or {}
+        if str(ref.get("name") or "").startswith(f"{name}-") and _OUR_WEBHOOK.search(
+                str(e.get("message") or "")):
+            refs[_ref(ref, nested=False)] = ref
+    return list(refs.values())
+
+
 def job_owner(chains: Mapping[str, Sequence[Obj]], pods: Sequence[Obj], name: str | None
               ) -> Obj | None:
     """The job: the owner named `name`, or (None) the root of the first pod's chain."""
@@ -114,10 +127,10 @@ def job_owner(chains: Mapping[str, Sequence[Obj]], pods: Sequence[Obj], name: st
 
 def explain_pods(scope: Scope, pods: Sequence[Obj], chains: Mapping[str, Sequence[Obj]], *,
                  target: str, job: Obj | None, job_name: str, release_namespace: str,
-                 now: dt.datetime) -> Explanation:
+                 now: dt.datetime, children: Iterable[tuple[str, str]] = ()) -> Explanation:
     """The explanation of `pods` (a job's, or one pod) and the gangs they join or their job
     (`job`; when it cannot be read, the gang objects whose controller is named `job_name`)
-    owns."""
+    owns; the Events of the job's `children` ((kind, name)) are shown too."""
     verdicts, notes = _policies(scope, pods, chains)
     uids = {_uid(p) for p in pods}
     gangs = [g for g in assemble(scope.pods, scope.groups)
@@ -125,6 +138,7 @@ def explain_pods(scope: Scope, pods: Sequence[Obj], chains: Mapping[str, Sequenc
     reports = tuple(_report(g, release_namespace) for g in gangs)
     related = {_ref(o) for o in [*pods, *(g.group for g in gangs if g.group is not None),
                                  *(o for p in pods for o in chains.get(_uid(p), ()))]}
+    related |= set(children)
     keys_ = {f"{g.ref.namespace}/{g.ref.name}" for g in gangs}
     return Explanation(
         target=target, job=_kind_name(job) if job is not None else "", pods=len(pods),

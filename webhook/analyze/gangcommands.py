@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from webhook.analyze.clusterread import (
     Reader,
+    below,
     owner_chains,
     read_gangs,
     read_namespace,
@@ -25,6 +26,7 @@ from webhook.analyze.explaining import (
     job_owner,
     job_pods,
     named_after,
+    refused_creators,
     render,
 )
 from webhook.analyze.gangstate import GangState, age, assemble, decide
@@ -97,14 +99,16 @@ def explain(args: argparse.Namespace) -> int:
 async def explain_job(api: Reader, ns: str, name: str, *, release_namespace: str, release: str,
                       now: dt.datetime) -> Explanation:
     """The pods with an owner `name`, and their gangs (or the gang objects of the job when it
-    has no pods yet, and the Events that say why it has none)."""
+    has no pods yet, and the Events that say why it has none: on the job, or on the objects
+    under it that create its pods)."""
     scope = await read_namespace(api, ns, release_namespace, release)
     candidates = [p for p in scope.pods if named_after(p, name)]
     chains = await owner_chains(api, candidates)
     pods = job_pods(candidates, chains, name)
+    children = await below(api, refused_creators(scope.events, name), ns, name)
     found = explain_pods(scope, pods, chains, target=f"job {ns}/{name}",
                          job=job_owner(chains, pods, name), job_name=name,
-                         release_namespace=release_namespace, now=now)
+                         release_namespace=release_namespace, now=now, children=children)
     if not pods and not found.gangs and not found.events:
         raise CommandFailed(f"no pod and no gang of a job named {name} in namespace {ns}")
     return found
