@@ -297,6 +297,29 @@ def test_the_fail_closed_entry_names_the_namespaces_that_carry_its_label() -> No
     assert found.message.endswith(": team-0, team-1, team-2, team-3, team-4 and 2 more")
 
 
+def test_an_unreachable_webhook_is_said_to_refuse_where_its_entry_fails_closed() -> None:
+    """Without endpoints (or with a caBundle that fails TLS) the API server admits the default
+    entry's pods unchanged and refuses the fail-closed entry's: each finding says both."""
+    down = dataclasses.replace(_fail_closed_namespaces(healthy()), endpoints={"subsets": []})
+    [found] = [f for f in analyze(down, NOW) if f.code == "WebhookNotReady"]
+    assert found.message == (
+        "no Ready webhook endpoint: after the webhook's timeout, pods are admitted unchanged "
+        "(failurePolicy Ignore); pods in namespaces labelled muster.io/admission=required are "
+        "refused (failurePolicy Fail)")
+    [only] = [f for f in analyze(dataclasses.replace(healthy(), endpoints={"subsets": []}), NOW)
+              if f.code == "WebhookNotReady"]
+    assert only.message.endswith("pods are admitted unchanged (failurePolicy Ignore)")
+    config = _fail_closed_namespaces(healthy()).mutating[0]
+    for hook in config["webhooks"]:
+        hook["clientConfig"]["caBundle"] = base64.b64encode(OTHER_CA.cert_pem).decode()
+    tls = dataclasses.replace(healthy(), mutating=[config])
+    assert [f.message.rpartition(": ")[2] for f in analyze(tls, NOW)
+            if f.code == "CaBundleMismatch"] == [
+        "every call fails TLS and pods are admitted unchanged (failurePolicy Ignore)",
+        "every call fails TLS and pods in namespaces labelled muster.io/admission=required are "
+        "refused (failurePolicy Fail)"]
+
+
 @pytest.mark.parametrize(("what", "breaks", "code", "severity"), CASES,
                          ids=[c[0] for c in CASES])
 def test_each_misconfiguration_makes_its_own_finding(

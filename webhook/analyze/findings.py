@@ -227,15 +227,13 @@ def _webhook_safety(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
 def _fail_closed(s: Snapshot, ours: Obj, hook: Obj) -> Finding:
     """The chart's entry for namespaces that chose to be refused rather than admitted
     unmutated: said, not warned of, with the namespaces that carry its label."""
-    wanted = [e for e in (hook.get("namespaceSelector") or {}).get("matchExpressions") or ()
-              if e.get("operator") == "In"]
-    labels = " and ".join(f"{e.get('key')}={','.join(e.get('values') or ())}" for e in wanted)
-    message = (f"webhook {hook.get('name')}: pods of namespaces labelled {labels or '(any)'} "
+    wanted = _wanted_labels(hook)
+    message = (f"webhook {hook.get('name')}: pods of namespaces labelled {_labels(wanted)} "
                f"are refused while Muster cannot apply their policies (failurePolicy "
                f"{hook.get('failurePolicy', 'Fail')})")
     if s.namespaces is not None:
         named = sorted(n for n, has in _namespace_labels(s).items() if all(
-            has.get(e.get("key")) in (e.get("values") or ()) for e in wanted))
+            has.get(str(e.get("key"))) in (e.get("values") or ()) for e in wanted))
         message += (f": {', '.join(named[:5])}" + (f" and {len(named) - 5} more"
                                                     if len(named) > 5 else "")
                     if named else ": no namespace carries it yet")
@@ -244,14 +242,36 @@ def _fail_closed(s: Snapshot, ours: Obj, hook: Obj) -> Finding:
                    "webhook.failClosedNamespaceLabel")
 
 
+def _wanted_labels(hook: Obj) -> list[Obj]:
+    return [e for e in (hook.get("namespaceSelector") or {}).get("matchExpressions") or ()
+            if e.get("operator") == "In"]
+
+
+def _labels(wanted: list[Obj]) -> str:
+    return " and ".join(f"{e.get('key')}={','.join(e.get('values') or ())}"
+                        for e in wanted) or "(any)"
+
+
+def _when_unanswered(hook: Obj) -> str:
+    """What the API server does with an entry's pods when the webhook cannot answer."""
+    policy = hook.get("failurePolicy", "Fail")
+    if policy == "Ignore":
+        return f"pods are admitted unchanged (failurePolicy {policy})"
+    wanted = _wanted_labels(hook)
+    where = f" in namespaces labelled {_labels(wanted)}" if wanted else ""
+    return f"pods{where} are refused (failurePolicy {policy})"
+
+
 def _endpoints(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
     ready = [a for subset in (s.endpoints or {}).get("subsets") or ()
              for a in subset.get("addresses") or ()]
     if not ready:
+        ours = _ours(s)
+        said = [_when_unanswered(h) for h in (ours or {}).get("webhooks") or ()]
         yield Finding("error", "WebhookNotReady", f"Service/{s.namespace}/{s.service}",
-                      "no Ready webhook endpoint: pods are admitted unchanged (failurePolicy "
-                      "Ignore) after the webhook's timeout", f"kubectl -n {s.namespace} get pods,"
-                      " and the webhook's logs")
+                      f"no Ready webhook endpoint: after the webhook's timeout, "
+                      f"{'; '.join(said) or 'no policy applies'}",
+                      f"kubectl -n {s.namespace} get pods, and the webhook's logs")
 
 
 def _ca_bundle(s: Snapshot, now: dt.datetime) -> Iterator[Finding]:
@@ -272,7 +292,7 @@ def _ca_bundle(s: Snapshot, now: dt.datetime) -> Iterator[Finding]:
         if not issuers:
             yield Finding("error", "CaBundleMismatch", _name(ours),
                           f"webhook {hook.get('name')}: the caBundle does not verify the serving "
-                          "certificate: every call fails TLS and pods are admitted unchanged",
+                          f"certificate: every call fails TLS and {_when_unanswered(hook)}",
                           "run the chart's certificate hook again (helm upgrade)")
         elif all(ca.not_valid_after_utc - now < dt.timedelta(days=30) for ca in issuers):
             days = max(0, min((ca.not_valid_after_utc - now).days for ca in issuers))
