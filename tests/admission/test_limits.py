@@ -48,10 +48,10 @@ def held_decisions(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
     release = asyncio.Event()
     original = Admitter.mutate
 
-    async def mutate(self: Admitter, review: AdmissionReview,
-                     budget: float) -> tuple[dict[str, Any], str]:
+    async def mutate(self: Admitter, review: AdmissionReview, budget: float, *,
+                     fail_closed: bool = False) -> tuple[dict[str, Any], str]:
         await release.wait()
-        return await original(self, review, budget)
+        return await original(self, review, budget, fail_closed=fail_closed)
 
     monkeypatch.setattr(Admitter, "mutate", mutate)
     return release

@@ -112,10 +112,14 @@ def build_app(admitter: Admitter, metrics: Metrics, limits: BodyLimits, *,
             reasons.append("cluster caches not synced")
         return web.Response(status=503, text="; ".join(reasons) + "\n")
 
-    app.router.add_post("/mutate/pods", review_route("mutate", parse_pod_review, admitter.mutate))
-    app.router.add_post(keys.FAIL_CLOSED_PATH, review_route(
-        "mutate", parse_pod_review, functools.partial(admitter.mutate, fail_closed=True),
-        fail_closed=True))
+    def mutate_route(fail_closed: bool) -> Handler:
+        """The pods' path: its decisions and its last-resort answer both fail open, or both
+        closed (the namespaces of `webhook.failClosedNamespaceLabel`)."""
+        return review_route("mutate", parse_pod_review, functools.partial(
+            admitter.mutate, fail_closed=fail_closed), fail_closed=fail_closed)
+
+    app.router.add_post("/mutate/pods", mutate_route(fail_closed=False))
+    app.router.add_post(keys.FAIL_CLOSED_PATH, mutate_route(fail_closed=True))
     app.router.add_post("/validate/policies", review_route("validate", parse_review, validate))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
