@@ -209,6 +209,133 @@ async def test_node_affinity_and_weights_are_validated(
     assert made["spec"]["affinity"] == one_name
 
 
+_POD_TERM = "spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0]"
+_NAME_SHAPE = ("must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
+               "with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', "
+               "regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')")
+_VALUE_SHAPE = ("a valid label must be an empty string or consist of alphanumeric characters, "
+                "'-', '_' or '.', and must start and end with an alphanumeric character (e.g. "
+                "'MyValue',  or 'my_value',  or '12345', regex used for validation is "
+                "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')")
+_NS_SHAPE = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or "
+             "'-', and must start and end with an alphanumeric character (e.g. 'my-name',  or "
+             "'123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
+_NO_TOPOLOGY_KEY = ["topologyKey: Required value: can not be empty",
+                    'topologyKey: Invalid value: "": name part must be non-empty',
+                    f'topologyKey: Invalid value: "": name part {_NAME_SHAPE}']
+
+
+def _three_parts(key: str, newest: bool) -> str:
+    """A key with two '/': "a valid label key" since 1.37, "a qualified name" before."""
+    what = "a valid label key" if newest else "a qualified name"
+    return (f'Invalid value: "{key}": {what} {_NAME_SHAPE} with an optional DNS subdomain prefix '
+            "and '/' (e.g. 'example.com/MyName')")
+
+
+def _pod_term(**term: Any) -> dict[str, Any]:
+    return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+
+
+@pytest.mark.parametrize("case", ["selector operators", "names", "label keys", "no selector"])
+async def test_pod_affinity_terms_are_validated(api: tuple[str, KubeApi], case: str) -> None:
+    """Each pod (anti-)affinity term's selectors, namespaces, matchLabelKeys and topologyKey,
+    with every cause the real server gives, in order (the binder reads these terms). Two
+    answers changed in 1.37: a key with two '/' is named "a valid label key", and a cause found
+    twice is given once."""
+    backend, kube = api
+    newest = backend == "emulator" or versions.kubernetes() == versions.KUBERNETES
+    affinity, messages = {
+        "selector operators": (
+            {**_pod_term(labelSelector={"matchExpressions": [
+                {"key": "app", "operator": "In", "values": []},
+                {"key": "tier", "operator": "Exists", "values": ["x"]},
+                {"key": "zone", "operator": "Gt", "values": ["1"]}]}, topologyKey=""),
+             "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                 {"weight": 10, "podAffinityTerm": {"labelSelector": {
+                     "matchLabels": {"app": "x"}}}}]}},
+            [f"{_POD_TERM}.labelSelector.matchExpressions[0].values: Required value: must be "
+             "specified when `operator` is 'In' or 'NotIn'",
+             f"{_POD_TERM}.labelSelector.matchExpressions[1].values: Forbidden: may not be "
+             "specified when `operator` is 'Exists' or 'DoesNotExist'",
+             f'{_POD_TERM}.labelSelector.matchExpressions[2].operator: Invalid value: "Gt": not '
+             "a valid selector operator",
+             *(f"{_POD_TERM}.{m}" for m in _NO_TOPOLOGY_KEY),
+             *("spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+               f"[0].podAffinityTerm.{m}" for m in _NO_TOPOLOGY_KEY)]),
+        "names": (
+            _pod_term(labelSelector={"matchLabels": {"bad key!": "v", "ok": "bad value!"},
+                                     "matchExpressions": [{"key": "a/b/c", "operator": "In",
+                                                           "values": ["-x"]}]},
+                      namespaceSelector={"matchExpressions": [{"key": "",
+                                                               "operator": "Exists"}]},
+                      namespaces=["Bad_NS"], topologyKey="Example.com/rack"),
+            [f'{_POD_TERM}.labelSelector.matchLabels: Invalid value: "bad key!": name part '
+             f"{_NAME_SHAPE}",
+             f'{_POD_TERM}.labelSelector.matchLabels: Invalid value: "bad value!": '
+             f"{_VALUE_SHAPE}",
+             f"{_POD_TERM}.labelSelector.matchExpressions[0].key: "
+             f"{_three_parts('a/b/c', newest)}",
+             f'{_POD_TERM}.labelSelector.matchExpressions[0].values[0]: Invalid value: "-x": '
+             f"{_VALUE_SHAPE}",
+             f'{_POD_TERM}.namespaceSelector.matchExpressions[0].key: Invalid value: "": name '
+             "part must be non-empty",
+             f'{_POD_TERM}.namespaceSelector.matchExpressions[0].key: Invalid value: "": name '
+             f"part {_NAME_SHAPE}",
+             f'{_POD_TERM}.namespace: Invalid value: "Bad_NS": {_NS_SHAPE}',
+             f'{_POD_TERM}.topologyKey: Invalid value: "Example.com/rack": prefix part a '
+             "lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
+             "'-' or '.', and must start and end with an alphanumeric character (e.g. "
+             "'example.com', regex used for validation is "
+             r"'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"]),
+        # `job` ends up in the selector three times: the user's, and merged from both lists
+        "label keys": (
+            _pod_term(labelSelector={"matchExpressions": [
+                {"key": "job", "operator": "In", "values": ["a"]}]},
+                matchLabelKeys=["job", "a/b/c"], mismatchLabelKeys=["job"], topologyKey="rack"),
+            [f"{_POD_TERM}.matchLabelKeys[1]: {_three_parts('a/b/c', newest)}",
+             *[f'{_POD_TERM}[0]: Invalid value: "job": exists in both matchLabelKeys and '
+               "labelSelector"] * (1 if newest else 2),
+             f'{_POD_TERM}.matchLabelKeys[0]: Invalid value: "job": exists in both '
+             "matchLabelKeys and mismatchLabelKeys"]),
+        "no selector": (
+            _pod_term(matchLabelKeys=["job"], topologyKey="rack"),
+            [f"{_POD_TERM}.matchLabelKeys: Forbidden: must not be specified when labelSelector "
+             "is not set"]),
+    }[case]
+    labelled = pod("aff", affinity=affinity)
+    labelled["metadata"]["labels"] = {"job": "a"}
+    err = await refused(kube.create(PODS, labelled, NS, dry_run=True))
+    assert err.status == 422
+    assert [f"{c['field']}: {c['message']}" for c in err.body["details"]["causes"]] == messages
+
+
+async def test_match_label_keys_are_merged_into_the_selector(api: tuple[str, KubeApi]) -> None:
+    """On create, after the webhooks, each pod term's matchLabelKeys become `In` the pod's
+    value and its mismatchLabelKeys `NotIn`, in its labelSelector (an empty one too); keys the
+    pod lacks are left out. The binder reads the merged selector, as kube-scheduler does."""
+    _, kube = api
+    affinity = {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "rack",
+             "matchLabelKeys": ["job"], "mismatchLabelKeys": ["team"]}]},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 5, "podAffinityTerm": {"labelSelector": {}, "topologyKey": "rack",
+                                              "matchLabelKeys": ["job", "absent"]}}]}}
+    labelled = pod("merged", affinity=affinity)
+    labelled["metadata"]["labels"] = {"job": "a", "team": "t"}
+    made = await kube.create(PODS, labelled, NS, dry_run=True)
+    required = made["spec"]["affinity"]["podAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert required["labelSelector"] == {"matchLabels": {"app": "x"}, "matchExpressions": [
+        {"key": "job", "operator": "In", "values": ["a"]},
+        {"key": "team", "operator": "NotIn", "values": ["t"]}]}
+    assert required["matchLabelKeys"] == ["job"]  # kept beside the merged selector
+    preferred = made["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert preferred["labelSelector"] == {"matchExpressions": [
+        {"key": "job", "operator": "In", "values": ["a"]}]}
+
+
 @pytest.mark.parametrize(("resources", "message"), [
     ({"requests": {"nvidia.com/gpu": "1"}},
      "Limit must be set for non overcommitable resources"),

@@ -64,7 +64,9 @@ def conflict(group: str, plural: str, name: str,
 
 def invalid(group: str, kind: str, name: str,
             causes: list[tuple[str, str, str]]) -> ApiStatusError:
-    """causes: (field, reason e.g. FieldValueRequired, message e.g. 'Required value: ...')."""
+    """causes: (field, reason e.g. FieldValueRequired, message e.g. 'Required value: ...');
+    one of each, as 1.37 gives them (1.34 repeated a cause found twice)."""
+    causes = list(dict.fromkeys(causes))
     text = ", ".join(f"{field}: {msg}" for field, _, msg in causes)
     if len(causes) > 1:
         text = f"[{text}]"

@@ -30,6 +30,7 @@ from .admission import (
     WebhookCall,
     configuration_errors,
 )
+from .affinity import merge_label_keys
 from .errors import ApiStatusError
 from .patch import apply_patch_body
 from .protobuf import ProtobufError, decode_body
@@ -740,7 +741,7 @@ class ApiServerEmulator:
             meta.pop(key, None)
         meta["creationTimestamp"] = None
         if rt.key == PODS.key:
-            shapes.validate_pod(obj)
+            shapes.check_pod_decodable(obj)
             defaults.default_pod(obj)
             self._resolve_priority(obj)
         elif rt.key == NAMESPACES.key:
@@ -752,6 +753,8 @@ class ApiServerEmulator:
         mutated = await self.admission.mutate(attrs, obj, warnings)
         obj = mutated if mutated is not None else obj
         meta = obj.setdefault("metadata", {})
+        if rt.key == PODS.key:
+            merge_label_keys(obj)
         if not meta.get("name"):
             if not meta.get("generateName"):
                 raise errors.invalid(rt.group, rt.kind, "", [(

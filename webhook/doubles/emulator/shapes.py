@@ -4,11 +4,11 @@ them a malformed object would be stored and break every later reader."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from . import errors
 from .affinity import affinity_errors
+from .names import label_key_errors, label_value_errors
 from .resources import ResourceType
 
 _META_STRINGS = ("name", "generateName", "namespace", "resourceVersion", "uid")
@@ -67,21 +67,15 @@ def check_decodable(rt: ResourceType, obj: dict[str, Any]) -> None:
             raise _undecodable(key, "a map of strings")
 
 
-def validate_pod(pod: dict[str, Any]) -> None:
-    """422 for a pod without well-formed containers (each with a name), or with both a node
-    and scheduling gates. The real server also requires an image; that is left out so that
-    image-less test pods keep working."""
-    name = str(pod["metadata"].get("name") or pod["metadata"].get("generateName") or "")
+def check_pod_decodable(pod: dict[str, Any]) -> None:
+    """400 for containers the real server could not decode into its structs: before the
+    webhooks, as decoding is."""
     containers = (pod.get("spec") or {}).get("containers")
-    if not isinstance(containers, list) or not containers:
-        raise errors.invalid("", "Pod", name, [("spec.containers", "FieldValueRequired",
-                                                "Required value")])
-    for i, c in enumerate(containers):
+    if containers is not None and not isinstance(containers, list):
+        raise _undecodable("spec.containers", "a list")
+    for i, c in enumerate(containers or ()):
         if not isinstance(c, dict):
             raise _undecodable(f"spec.containers[{i}]", "an object")
-        if not isinstance(c.get("name"), str) or not c["name"]:
-            raise errors.invalid("", "Pod", name, [(
-                f"spec.containers[{i}].name", "FieldValueRequired", "Required value")])
         if c.get("image") is not None and not isinstance(c["image"], str):
             raise _undecodable(f"spec.containers[{i}].image", "a string")
         res = c.get("resources")
@@ -96,6 +90,23 @@ def validate_pod(pod: dict[str, Any]) -> None:
                 isinstance(r, dict) and isinstance(r.get("name"), str) for r in claims)):
             raise _undecodable(f"spec.containers[{i}].resources.claims", "a list of named "
                                "claim references")
+
+
+def validate_pod(pod: dict[str, Any]) -> None:
+    """422 for a pod without well-formed containers (each with a name), with both a node and
+    scheduling gates, or with tolerations, extended resources or affinity the real server
+    refuses: after the webhooks, as validation is. The real server also requires an image;
+    that is left out so that image-less test pods keep working."""
+    check_pod_decodable(pod)
+    name = str(pod["metadata"].get("name") or pod["metadata"].get("generateName") or "")
+    containers = (pod.get("spec") or {}).get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise errors.invalid("", "Pod", name, [("spec.containers", "FieldValueRequired",
+                                                "Required value")])
+    for i, c in enumerate(containers):
+        if not isinstance(c.get("name"), str) or not c["name"]:
+            raise errors.invalid("", "Pod", name, [(
+                f"spec.containers[{i}].name", "FieldValueRequired", "Required value")])
     causes = [*_toleration_errors(pod), *_extended_resource_errors(pod), *affinity_errors(pod)]
     spec = pod.get("spec") or {}
     if spec.get("nodeName") and spec.get("schedulingGates"):
@@ -151,27 +162,7 @@ def _extended_resource_errors(pod: dict[str, Any]) -> list[tuple[str, str, str]]
     return causes
 
 
-_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_VALUE_MSG = ("a valid label must be an empty string or consist of alphanumeric characters, "
-              "'-', '_' or '.', and must start and end with an alphanumeric character (e.g. "
-              "'MyValue',  or 'my_value',  or '12345', regex used for validation is "
-              "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')")
-_KEY_MSG = ("name part must consist of alphanumeric characters, '-', '_' or '.', and must "
-            "start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or "
-            "'123-abc', regex used for validation is "
-            "'([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')")
 _ANNOTATIONS_MAX = 256 * 1024
-
-
-def _key_error(key: str) -> str | None:
-    prefix, _, name = key.rpartition("/")
-    if "/" in key and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
-        return "prefix part must be a lowercase RFC 1123 subdomain"
-    if not name or len(name) > 63:
-        return "name part must be no more than 63 characters" if name else \
-            "name part must be non-empty"
-    return None if _NAME_PART.match(name) else _KEY_MSG
 
 
 def meta_errors(obj: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -179,22 +170,14 @@ def meta_errors(obj: dict[str, Any]) -> list[tuple[str, str, str]]:
     meta = obj["metadata"]
     causes: list[tuple[str, str, str]] = []
     for key, value in (meta.get("labels") or {}).items():
-        why = _key_error(key)
-        if why:
-            causes.append(("metadata.labels", "FieldValueInvalid",
-                           f'Invalid value: "{key}": {why}'))
-        if len(value) > 63:
-            causes.append(("metadata.labels", "FieldValueInvalid",
-                           f'Invalid value: "{value}": must be no more than 63 characters'))
-        elif value and not _NAME_PART.match(value):
-            causes.append(("metadata.labels", "FieldValueInvalid",
-                           f'Invalid value: "{value}": {_VALUE_MSG}'))
+        causes += [("metadata.labels", "FieldValueInvalid", f'Invalid value: "{key}": {why}')
+                   for why in label_key_errors(key)]
+        causes += [("metadata.labels", "FieldValueInvalid", f'Invalid value: "{value}": {why}')
+                   for why in label_value_errors(value)]
     annotations = meta.get("annotations") or {}
     for key in annotations:
-        why = _key_error(key.lower())
-        if why:
-            causes.append(("metadata.annotations", "FieldValueInvalid",
-                           f'Invalid value: "{key}": {why}'))
+        causes += [("metadata.annotations", "FieldValueInvalid", f'Invalid value: "{key}": {why}')
+                   for why in label_key_errors(key.lower())]
     size = sum(len(k) + len(v) for k, v in annotations.items())
     if size > _ANNOTATIONS_MAX:
         causes.append(("metadata.annotations", "FieldValueTooLong",
