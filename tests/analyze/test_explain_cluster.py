@@ -17,6 +17,7 @@ from gang_objects import MPI_POLICY, mpijob, owned, pod, podgroup
 from webhook.analyze.clusterread import Scope, Served, read_gangs, read_policies
 from webhook.analyze.explaining import (
     EVENTS_SHOWN,
+    Explanation,
     events_of,
     explain_pods,
     job_pods,
@@ -270,6 +271,18 @@ def test_a_job_controller_s_failed_creates_that_name_muster_s_webhook_are_shown(
     assert events_of([unreachable, refused], set(), (), NOW) == ()
 
 
+async def _explain_job(api: ApiServerEmulator, tmp_path: Path, name: str) -> Explanation:
+    """`explain job team-a/NAME` against the emulator, through a reader that only reads."""
+    async with api:
+        client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
+        try:
+            return await explain_job(Reads(KubeApi(client)), "team-a", name,
+                                     release_namespace="muster-system", release="muster",
+                                     now=NOW)
+        finally:
+            await client.close()
+
+
 async def test_a_job_without_pods_is_explained_by_the_refusals(
         shared_crds: list[dict[str, Any]], tmp_path: Path) -> None:
     api = ApiServerEmulator(crds=shared_crds)
@@ -280,14 +293,7 @@ async def test_a_job_without_pods_is_explained_by_the_refusals(
     api.seed(event(job, "FailedCreate", 'Error creating: Internal error occurred: failed '
                    'calling webhook "pods-fail-closed.muster.io": no endpoints available',
                    component="job-controller"))
-    async with api:
-        client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
-        try:
-            found = await explain_job(Reads(KubeApi(client)), "team-a", "refused",
-                                      release_namespace="muster-system", release="muster",
-                                      now=NOW)
-        finally:
-            await client.close()
+    found = await _explain_job(api, tmp_path, "refused")
     assert (found.pods, found.gangs) == (0, ())
     assert [(e.reason, e.object) for e in found.events] == [("FailedCreate", "job/refused")]
     assert any("pods-fail-closed.muster.io" in line for line in render(found))
@@ -319,14 +325,7 @@ async def test_a_jobset_without_pods_is_explained_by_its_jobs_refusals(
     job("sweep-workers-0", jobset)
     job("sweep-workers-1", jobset)
     job("sweep-other-0", None)  # named alike, not the JobSet's
-    async with api:
-        client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
-        try:
-            found = await explain_job(Reads(KubeApi(client)), "team-a", "sweep",
-                                      release_namespace="muster-system", release="muster",
-                                      now=NOW)
-        finally:
-            await client.close()
+    found = await _explain_job(api, tmp_path, "sweep")
     assert found.pods == 0
     assert sorted(e.object for e in found.events) == ["job/sweep-workers-0",
                                                       "job/sweep-workers-1"]

@@ -263,7 +263,8 @@ async def test_pod_affinity_terms_are_validated(api: tuple[str, KubeApi], case: 
              *("spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution"
                f"[0].podAffinityTerm.{m}" for m in _NO_TOPOLOGY_KEY)]),
         "names": (
-            _pod_term(labelSelector={"matchLabels": {"bad key!": "v", "ok": "bad value!"},
+            # one matchLabels entry: Go walks a map in random order
+            _pod_term(labelSelector={"matchLabels": {"bad key!": "bad value!"},
                                      "matchExpressions": [{"key": "a/b/c", "operator": "In",
                                                            "values": ["-x"]}]},
                       namespaceSelector={"matchExpressions": [{"key": "",

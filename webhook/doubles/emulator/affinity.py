@@ -6,6 +6,7 @@ nodes, a pod term without a topologyKey) would prove nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .names import dns1123_label_errors, label_key_errors, label_value_errors
@@ -81,11 +82,17 @@ def _node(na: dict[str, Any]) -> list[Cause]:
                            "Required value: must have at least one node selector term"))
         for i, term in enumerate(terms):
             causes += _term(term, f"{req_at}[{i}]")
-    pref_at = f"{at}.preferredDuringSchedulingIgnoredDuringExecution"
-    for i, term in enumerate(na.get("preferredDuringSchedulingIgnoredDuringExecution") or ()):
+    return causes + _preferred(na, at, "preference", _term)
+
+
+def _preferred(terms: dict[str, Any], at: str, inner: str,
+               check: Callable[[Any, str], list[Cause]]) -> list[Cause]:
+    """Each preferred term's weight, then the term it weighs (its `inner` field)."""
+    at = f"{at}.preferredDuringSchedulingIgnoredDuringExecution"
+    causes = []
+    for i, term in enumerate(terms.get("preferredDuringSchedulingIgnoredDuringExecution") or ()):
         if isinstance(term, dict):
-            causes += _weight(term, f"{pref_at}[{i}]")
-            causes += _term(term.get("preference"), f"{pref_at}[{i}].preference")
+            causes += _weight(term, f"{at}[{i}]") + check(term.get(inner), f"{at}[{i}].{inner}")
     return causes
 
 
@@ -174,12 +181,7 @@ def _pod(kind: str, terms: dict[str, Any]) -> list[Cause]:
     causes = []
     for i, term in enumerate(terms.get("requiredDuringSchedulingIgnoredDuringExecution") or ()):
         causes += _pod_term(term, f"{req_at}[{i}]")
-    pref_at = f"{at}.preferredDuringSchedulingIgnoredDuringExecution"
-    for i, term in enumerate(terms.get("preferredDuringSchedulingIgnoredDuringExecution") or ()):
-        if isinstance(term, dict):
-            causes += _weight(term, f"{pref_at}[{i}]")
-            causes += _pod_term(term.get("podAffinityTerm"), f"{pref_at}[{i}].podAffinityTerm")
-    return causes
+    return causes + _preferred(terms, at, "podAffinityTerm", _pod_term)
 
 
 def affinity_errors(pod: dict[str, Any]) -> list[Cause]:
