@@ -22,8 +22,10 @@ def _invalid(field: str, value: Any, why: str) -> Cause:
     return field, "FieldValueInvalid", f"Invalid value: {shown}: {why}"
 
 
-def _expression(req: dict[str, Any], at: str) -> list[Cause]:
-    """A label requirement of a node selector term (ValidateNodeSelectorRequirement)."""
+def _expression(req: dict[str, Any], at: str, *, numeric: bool = True) -> list[Cause]:
+    """A label requirement's operator and values: of a node selector term
+    (ValidateNodeSelectorRequirement), or without `numeric` (Gt, Lt) of a label selector
+    (ValidateLabelSelectorRequirement), whose messages are the same."""
     op, values = req.get("operator"), req.get("values") or []
     if op in ("In", "NotIn"):
         return [] if values else [(f"{at}.values", "FieldValueRequired", "Required value: must "
@@ -32,7 +34,7 @@ def _expression(req: dict[str, Any], at: str) -> list[Cause]:
         return [] if not values else [(f"{at}.values", "FieldValueForbidden", "Forbidden: may "
                                        "not be specified when `operator` is 'Exists' or "
                                        "'DoesNotExist'")]
-    if op in ("Gt", "Lt"):
+    if numeric and op in ("Gt", "Lt"):
         return [] if len(values) == 1 else [(f"{at}.values", "FieldValueRequired", "Required "
                                              "value: must be specified single value when "
                                              "`operator` is 'Lt' or 'Gt'")]
@@ -113,20 +115,11 @@ def _selector(sel: Any, at: str) -> list[Cause]:
         if not isinstance(req, dict):
             continue
         req_at = f"{at}.matchExpressions[{j}]"
-        op, values = req.get("operator"), req.get("values") or []
-        if op in ("In", "NotIn"):
-            if not values:
-                causes.append((f"{req_at}.values", "FieldValueRequired", "Required value: must "
-                               "be specified when `operator` is 'In' or 'NotIn'"))
-        elif op in ("Exists", "DoesNotExist"):
-            if values:
-                causes.append((f"{req_at}.values", "FieldValueForbidden", "Forbidden: may not "
-                               "be specified when `operator` is 'Exists' or 'DoesNotExist'"))
-        else:
-            causes.append(_invalid(f"{req_at}.operator", op, "not a valid selector operator"))
+        causes += _expression(req, req_at, numeric=False)
         causes += _label_name(req.get("key"), f"{req_at}.key")
         causes += [_invalid(f"{req_at}.values[{k}]", v, m)
-                   for k, v in enumerate(values) for m in label_value_errors(str(v))]
+                   for k, v in enumerate(req.get("values") or [])
+                   for m in label_value_errors(str(v))]
     return causes
 
 
