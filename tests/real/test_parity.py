@@ -146,6 +146,26 @@ async def test_tolerations_are_validated(api: tuple[str, KubeApi], toleration: d
     assert err.status == 422 and message in err.message
 
 
+async def test_a_name_is_checked_with_the_rest_of_the_object(api: tuple[str, KubeApi]
+                                                           ) -> None:
+    """A name must be a DNS subdomain, a Namespace's a DNS label. Its causes come first in one
+    answer with the labels' and the pod spec's, as ValidatePodCreate gives them."""
+    _, kube = api
+    bad = pod("Bad_Name.x", tolerations=[{"key": "k", "operator": "Bogus"}])
+    bad["metadata"]["labels"] = {"app": "bad value!"}
+    err = await refused(kube.create(PODS, bad, NS, dry_run=True))
+    assert err.status == 422
+    causes = [f"{c['field']}: {c['message']}" for c in err.body["details"]["causes"]]
+    assert causes[:2] == [f'metadata.name: Invalid value: "Bad_Name.x": {_SUBDOMAIN_SHAPE}',
+                          f'metadata.labels: Invalid value: "bad value!": {_VALUE_SHAPE}']
+    assert causes[2].startswith('spec.tolerations[0].operator: Unsupported value: "Bogus"')
+    assert len(causes) == 3
+    err = await refused(kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                                 "metadata": {"name": "a.b"}}, dry_run=True))
+    assert [f"{c['field']}: {c['message']}" for c in err.body["details"]["causes"]] == [
+        f'metadata.name: Invalid value: "a.b": {_NS_SHAPE}']
+
+
 _TERMS = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
 _PREFERRED = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
 
@@ -220,6 +240,10 @@ _VALUE_SHAPE = ("a valid label must be an empty string or consist of alphanumeri
 _NS_SHAPE = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or "
              "'-', and must start and end with an alphanumeric character (e.g. 'my-name',  or "
              "'123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
+_SUBDOMAIN_SHAPE = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
+                    "characters, '-' or '.', and must start and end with an alphanumeric "
+                    "character (e.g. 'example.com', regex used for validation is "
+                    r"'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
 _NO_TOPOLOGY_KEY = ["topologyKey: Required value: can not be empty",
                     'topologyKey: Invalid value: "": name part must be non-empty',
                     f'topologyKey: Invalid value: "": name part {_NAME_SHAPE}']
@@ -283,11 +307,8 @@ async def test_pod_affinity_terms_are_validated(api: tuple[str, KubeApi], case: 
              f'{_POD_TERM}.namespaceSelector.matchExpressions[0].key: Invalid value: "": name '
              f"part {_NAME_SHAPE}",
              f'{_POD_TERM}.namespace: Invalid value: "Bad_NS": {_NS_SHAPE}',
-             f'{_POD_TERM}.topologyKey: Invalid value: "Example.com/rack": prefix part a '
-             "lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
-             "'-' or '.', and must start and end with an alphanumeric character (e.g. "
-             "'example.com', regex used for validation is "
-             r"'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"]),
+             f'{_POD_TERM}.topologyKey: Invalid value: "Example.com/rack": prefix part '
+             f"{_SUBDOMAIN_SHAPE}"]),
         # `job` ends up in the selector three times: the user's, and merged from both lists
         "label keys": (
             _pod_term(labelSelector={"matchExpressions": [

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-import string
 from typing import Any
 
 NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # apimachinery's utilrand alphabet
@@ -126,9 +125,3 @@ def default_namespace(ns: dict[str, Any]) -> None:
 def generated_name(prefix: str) -> str:
     return prefix[:58] + random_suffix()
 
-
-def valid_dns_subdomain(name: str) -> bool:
-    if not name or len(name) > 253:
-        return False
-    allowed = set(string.ascii_lowercase + string.digits + "-.")
-    return (set(name) <= allowed and name[0].isalnum() and name[-1].isalnum())

@@ -799,19 +799,12 @@ class ApiServerEmulator:
         """Name, CRD schema (pruning unknown fields: an error under fieldValidation=Strict, a
         warning under Warn, the default), and that a CRD is well formed."""
         shapes.check_decodable(rt, obj)  # again: a webhook's patch may have broken it
-        if rt.key == PODS.key:
-            shapes.validate_pod(obj)
-        meta = obj["metadata"]
-        name = meta.get("name", "")
-        causes = shapes.meta_errors(obj)
+        name = obj["metadata"]["name"]
+        causes = shapes.meta_errors(obj, name_is_label=rt.key == NAMESPACES.key)
+        if rt.key == PODS.key:  # ValidatePodCreate: the metadata's causes, then the spec's
+            causes += shapes.pod_errors(obj)
         if causes:
             raise errors.invalid(rt.group, rt.kind, name, causes)
-        if not defaults.valid_dns_subdomain(name):
-            raise errors.invalid(rt.group, rt.kind, name, [(
-                "metadata.name", "FieldValueInvalid",
-                f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower '
-                "case alphanumeric characters, '-' or '.', and must start and end with an "
-                "alphanumeric character")])
         if rt.schema is not None:
             unknown = validate_custom(rt, obj)
             mode = query.get("fieldValidation", "Warn")

@@ -8,7 +8,12 @@ from typing import Any
 
 from . import errors
 from .affinity import affinity_errors
-from .names import label_key_errors, label_value_errors
+from .names import (
+    dns1123_label_errors,
+    dns1123_subdomain_errors,
+    label_key_errors,
+    label_value_errors,
+)
 from .resources import ResourceType
 
 _META_STRINGS = ("name", "generateName", "namespace", "resourceVersion", "uid")
@@ -92,28 +97,25 @@ def check_pod_decodable(pod: dict[str, Any]) -> None:
                                "claim references")
 
 
-def validate_pod(pod: dict[str, Any]) -> None:
-    """422 for a pod without well-formed containers (each with a name), with both a node and
-    scheduling gates, or with tolerations, extended resources or affinity the real server
-    refuses: after the webhooks, as validation is. The real server also requires an image;
-    that is left out so that image-less test pods keep working."""
+def pod_errors(pod: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """ValidatePodSpec's causes for containers without a name, both a node and scheduling
+    gates, or tolerations, extended resources or affinity the real server refuses. The real
+    server also requires an image; that is left out so that image-less test pods keep working."""
     check_pod_decodable(pod)
-    name = str(pod["metadata"].get("name") or pod["metadata"].get("generateName") or "")
     containers = (pod.get("spec") or {}).get("containers")
     if not isinstance(containers, list) or not containers:
-        raise errors.invalid("", "Pod", name, [("spec.containers", "FieldValueRequired",
-                                                "Required value")])
-    for i, c in enumerate(containers):
-        if not isinstance(c.get("name"), str) or not c["name"]:
-            raise errors.invalid("", "Pod", name, [(
-                f"spec.containers[{i}].name", "FieldValueRequired", "Required value")])
-    causes = [*_toleration_errors(pod), *_extended_resource_errors(pod), *affinity_errors(pod)]
+        return [("spec.containers", "FieldValueRequired", "Required value")]
+    causes = [(f"spec.containers[{i}].name", "FieldValueRequired", "Required value")
+              for i, c in enumerate(containers) if not isinstance(c.get("name"), str)
+              or not c["name"]]
+    if causes:
+        return causes
+    causes += [*_toleration_errors(pod), *_extended_resource_errors(pod), *affinity_errors(pod)]
     spec = pod.get("spec") or {}
     if spec.get("nodeName") and spec.get("schedulingGates"):
         causes.append(("spec.nodeName", "FieldValueForbidden",
                        "Forbidden: cannot be set until all schedulingGates have been cleared"))
-    if causes:
-        raise errors.invalid("", "Pod", name, causes)
+    return causes
 
 
 def _toleration_errors(pod: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -165,10 +167,15 @@ def _extended_resource_errors(pod: dict[str, Any]) -> list[tuple[str, str, str]]
 _ANNOTATIONS_MAX = 256 * 1024
 
 
-def meta_errors(obj: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """ValidateObjectMeta's label and annotation rules, as (field, reason, message) causes."""
+def meta_errors(obj: dict[str, Any], *, name_is_label: bool = False
+                ) -> list[tuple[str, str, str]]:
+    """ValidateObjectMeta's name, label and annotation rules, in its order, as (field, reason,
+    message) causes. A name is a DNS subdomain, a Namespace's a DNS label."""
     meta = obj["metadata"]
-    causes: list[tuple[str, str, str]] = []
+    name = meta["name"]
+    name_check = dns1123_label_errors if name_is_label else dns1123_subdomain_errors
+    causes = [("metadata.name", "FieldValueInvalid", f'Invalid value: "{name}": {why}')
+              for why in name_check(name)]
     for key, value in (meta.get("labels") or {}).items():
         causes += [("metadata.labels", "FieldValueInvalid", f'Invalid value: "{key}": {why}')
                    for why in label_key_errors(key)]
