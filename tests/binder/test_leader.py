@@ -17,10 +17,14 @@ from webhook.kube.api import LEASES, PODS
 from webhook.kube.leader import LeaderElector, LeaseConfig
 
 DURATION, DEADLINE, RETRY = 1.0, 0.6, 0.1
+#: a Lease a successor could not take before it expires in a test's time: a handover within
+#: it is the release's doing, however slow the machine
+LONG = 60.0
 
 
-def lease(identity: str, release: bool = True) -> LeaseConfig:
-    return LeaseConfig("muster-binder", "default", identity, DURATION, DEADLINE, RETRY, release)
+def lease(identity: str, release: bool = True, duration: float = DURATION) -> LeaseConfig:
+    return LeaseConfig("muster-binder", "default", identity, duration, DEADLINE * duration,
+                       RETRY, release)
 
 
 def holder(api: ApiServerEmulator) -> str | None:
@@ -43,21 +47,21 @@ async def test_one_leader_then_graceful_release_hands_over_at_once(
             await asyncio.Event().wait()
         return run
 
-    a, b = LeaderElector(kube, lease("a")), LeaderElector(kube, lease("b"))
+    a = LeaderElector(kube, lease("a", duration=LONG))
+    b = LeaderElector(kube, lease("b", duration=LONG))
     ta = asyncio.create_task(a.run(work("a")))  # type: ignore[arg-type]
     await eventually(lambda: a.is_leader)
     tb = asyncio.create_task(b.run(work("b")))  # type: ignore[arg-type]
-    await asyncio.sleep(DURATION * 1.5)  # well past a lease duration: a keeps renewing
+    await asyncio.sleep(10 * RETRY)  # b has asked ten times
     assert a.is_leader and not b.is_leader and led == {"a": 1, "b": 0}
     spec = apiserver.get("leases", "muster-binder", "default")["spec"]  # type: ignore[index]
-    assert spec["holderIdentity"] == "a" and spec["leaseDurationSeconds"] == 1
+    assert spec["holderIdentity"] == "a" and spec["leaseDurationSeconds"] == LONG
     assert spec["leaseTransitions"] == 0 and spec["renewTime"].endswith("Z")
 
-    started = time.monotonic()
     ta.cancel()
     await asyncio.gather(ta, return_exceptions=True)
-    await eventually(lambda: b.is_leader, within=DURATION)
-    assert time.monotonic() - started < DURATION  # released: no need to wait for expiry
+    # released: b need not wait the minute until the Lease expires
+    await eventually(lambda: b.is_leader, within=LONG / 4)
     assert holder(apiserver) == "b" and led["b"] == 1
     assert apiserver.get("leases", "muster-binder", "default")["spec"][  # type: ignore[index]
         "leaseTransitions"] == 1
@@ -81,11 +85,12 @@ async def test_crashed_leader_is_replaced_after_the_lease_expires(
     ta.cancel()  # no release: as if the process died
     await asyncio.gather(ta, return_exceptions=True)
     assert holder(apiserver) == "a"
-    await eventually(lambda: b.is_leader, within=DURATION + 4 * RETRY)
+    await eventually(lambda: b.is_leader, within=10 * DURATION)
     waited = time.monotonic() - started
-    # b measures expiry from when it last saw a renewal (client-go semantics): at most one
-    # retry period before the crash, plus one retry period to notice
-    assert DURATION - 2 * RETRY <= waited <= DURATION + 4 * RETRY
+    # not before the Lease expired: b measures expiry from when it last saw a renewal
+    # (client-go semantics), at most one retry period before the crash (a slow machine only
+    # makes b later)
+    assert waited >= DURATION - 2 * RETRY
     tb.cancel()
     await asyncio.gather(tb, return_exceptions=True)
 
@@ -112,9 +117,8 @@ async def test_work_stops_when_the_lease_is_taken_away(apiserver: ApiServerEmula
             break
         except Exception:  # a renewal raced us: read again
             await asyncio.sleep(0.01)
-    started = time.monotonic()
-    await asyncio.wait_for(stopped.wait(), DEADLINE + 2 * RETRY)
-    assert time.monotonic() - started <= DEADLINE + 2 * RETRY
+    # its next renewal sees the intruder, and the work stops
+    await asyncio.wait_for(stopped.wait(), 10 * DURATION)
     assert not a.is_leader
     ta.cancel()
     await asyncio.gather(ta, return_exceptions=True)
@@ -125,8 +129,8 @@ async def test_two_binder_replicas_only_the_leader_binds(apiserver: ApiServerEmu
     apiserver.seed(node("dgx-a"))
     apiserver.seed(node("dgx-b"))
     cfg = BinderConfig(backoff_initial=0.05)
-    one = BinderService(kube, ServiceConfig(cfg, lease("one")))
-    two = BinderService(kube, ServiceConfig(cfg, lease("two")))
+    one = BinderService(kube, ServiceConfig(cfg, lease("one", duration=LONG)))
+    two = BinderService(kube, ServiceConfig(cfg, lease("two", duration=LONG)))
     t1 = asyncio.create_task(one.run())
     await eventually(lambda: holder(apiserver) == "one")
     t2 = asyncio.create_task(two.run())
@@ -136,12 +140,10 @@ async def test_two_binder_replicas_only_the_leader_binds(apiserver: ApiServerEmu
     await eventually(lambda: bindings(one) == 5)  # the counter follows the last response
     assert one.terms == 1 and two.terms == 0 and two.binder is None and bindings(two) == 0
 
-    started = time.monotonic()
-    t1.cancel()  # graceful stop: releases the Lease
+    t1.cancel()  # graceful stop: releases the Lease, so two need not wait the minute
     await asyncio.gather(t1, return_exceptions=True)
     await eventually(lambda: two.binder is not None and two.binder.synced.is_set(),
-                     within=DURATION)
-    assert time.monotonic() - started < DURATION
+                     within=LONG / 4)
     for p in job("j2"):
         await kube.create(PODS, p)
     await eventually(lambda: all(p["spec"].get("nodeName") for p in apiserver.objects("pods")))
