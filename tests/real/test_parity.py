@@ -148,8 +148,9 @@ async def test_tolerations_are_validated(api: tuple[str, KubeApi], toleration: d
 
 async def test_a_name_is_checked_with_the_rest_of_the_object(api: tuple[str, KubeApi]
                                                            ) -> None:
-    """A name must be a DNS subdomain, a Namespace's a DNS label. Its causes come first in one
-    answer with the labels' and the pod spec's, as ValidatePodCreate gives them."""
+    """A name must be a DNS subdomain, a Namespace's a DNS label (of a name that would be a
+    subdomain, the dots are named). Its causes come first in one answer with the labels' and
+    the pod spec's, as ValidatePodCreate gives them."""
     _, kube = api
     bad = pod("Bad_Name.x", tolerations=[{"key": "k", "operator": "Bogus"}])
     bad["metadata"]["labels"] = {"app": "bad value!"}
@@ -163,7 +164,7 @@ async def test_a_name_is_checked_with_the_rest_of_the_object(api: tuple[str, Kub
     err = await refused(kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
                                                  "metadata": {"name": "a.b"}}, dry_run=True))
     assert [f"{c['field']}: {c['message']}" for c in err.body["details"]["causes"]] == [
-        f'metadata.name: Invalid value: "a.b": {_NS_SHAPE}']
+        'metadata.name: Invalid value: "a.b": must not contain dots']
 
 
 _TERMS = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
