@@ -24,12 +24,12 @@ def _full(pattern: str, value: str) -> bool:
 
 def dns1123_label_errors(value: str) -> list[str]:
     errs = ["must be no more than 63 characters"] if len(value) > 63 else []
-    if not _full(_LABEL, value) and _full(_SUBDOMAIN, value):
-        errs.append("must not contain dots")  # the one way a subdomain fails to be a label
-    elif not _full(_LABEL, value):
-        errs.append(_regex_error("a lowercase RFC 1123 label must consist of lower case "
-                                 "alphanumeric characters or '-', and must start and end with "
-                                 "an alphanumeric character", _LABEL, "my-name", "123-abc"))
+    if not _full(_LABEL, value):
+        # a subdomain that is no label has dots, and is told so
+        errs.append("must not contain dots" if _full(_SUBDOMAIN, value) else _regex_error(
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or "
+            "'-', and must start and end with an alphanumeric character", _LABEL, "my-name",
+            "123-abc"))
     return errs
 
 

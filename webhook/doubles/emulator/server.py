@@ -799,7 +799,7 @@ class ApiServerEmulator:
         """Name, CRD schema (pruning unknown fields: an error under fieldValidation=Strict, a
         warning under Warn, the default), and that a CRD is well formed."""
         shapes.check_decodable(rt, obj)  # again: a webhook's patch may have broken it
-        name = str(obj["metadata"].get("name") or "")
+        name = obj["metadata"].get("name", "")  # a string: check_decodable
         causes = shapes.meta_errors(obj, name_is_label=rt.key == NAMESPACES.key)
         if rt.key == PODS.key:  # ValidatePodCreate: the metadata's causes, then the spec's
             causes += shapes.pod_errors(obj)

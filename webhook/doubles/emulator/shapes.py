@@ -172,7 +172,7 @@ def meta_errors(obj: dict[str, Any], *, name_is_label: bool = False
     """ValidateObjectMeta's name, label and annotation rules, in its order, as (field, reason,
     message) causes. A name is a DNS subdomain, a Namespace's a DNS label."""
     meta = obj["metadata"]
-    name = str(meta.get("name") or "")
+    name = meta.get("name", "")
     name_check = dns1123_label_errors if name_is_label else dns1123_subdomain_errors
     causes = [("metadata.name", "FieldValueInvalid", f'Invalid value: "{name}": {why}')
               for why in name_check(name)]
