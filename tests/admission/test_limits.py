@@ -29,16 +29,29 @@ async def _tls(tls: Tls, port: int) -> Stream:
                                          server_hostname="localhost")
 
 
-async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> float:
-    """Seconds until the server closes the connection (read to EOF, or reset)."""
+#: how long a test waits for the server to close a connection: far past every timeout it
+#: tests, so a slow machine passes and a server that never closes fails
+GIVE_UP = 10.0
+
+
+async def _closed_after(reader: asyncio.StreamReader) -> float | None:
+    """Seconds until the server closes the connection (read to EOF, or reset); None if it is
+    still open after GIVE_UP."""
     started = time.perf_counter()
     try:
-        async with asyncio.timeout(seconds):
+        async with asyncio.timeout(GIVE_UP):
             while await reader.read(65536):
                 pass
     except (ConnectionError, ssl.SSLError):
         pass
+    except TimeoutError:
+        return None
     return time.perf_counter() - started
+
+
+def _after_timeout(closed: float | None, timeout: float) -> bool:
+    """Closed, and not before its timeout (less a margin for the clocks)."""
+    return closed is not None and closed > timeout * 0.6
 
 
 @pytest.fixture
@@ -76,10 +89,9 @@ async def test_a_slow_header_client_is_cut_off_after_the_timeout(
                 await asyncio.sleep(0.1)
 
         trickling = asyncio.create_task(trickle())
-        closed = await asyncio.gather(_closed_within(slow_reader, 3.0),
-                                      _closed_within(silent_reader, 3.0))
+        closed = await asyncio.gather(_closed_after(slow_reader), _closed_after(silent_reader))
         trickling.cancel()
-        assert all(0.3 < t < 1.5 for t in closed), closed
+        assert all(_after_timeout(t, 0.5) for t in closed), closed
         assert metric(srv, "muster_admission_connections_closed_total", listener="admission",
                       reason="header_timeout") == 2
         # a client that sends its request at once is served, on a connection kept alive
@@ -99,7 +111,8 @@ async def test_an_idle_kept_alive_connection_is_closed(
         writer.write(_headers(len(body)) + body)
         head = await reader.readuntil(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200")
-        assert 0.3 < await _closed_within(reader, 3.0) < 1.5
+        closed = await _closed_after(reader)
+        assert _after_timeout(closed, 0.5), closed
         writer.close()
 
 
@@ -119,11 +132,11 @@ async def test_connections_over_the_cap_are_closed_before_any_tls(
         try:
             before = tracemalloc.get_traced_memory()[0]
             refused = [await asyncio.open_connection("127.0.0.1", srv.port) for _ in range(100)]
-            closed = await asyncio.gather(*(_closed_within(r, 2.0) for r, _ in refused))
+            closed = await asyncio.gather(*(_closed_after(r) for r, _ in refused))
             grown = tracemalloc.get_traced_memory()[0] - before
         finally:
             tracemalloc.stop()
-        assert all(t < 1.0 for t in closed), max(closed)
+        assert None not in closed  # the header timeout (30 s) would have kept them open
         # an accepted TLS connection costs asyncio 256 KiB at once: a refused one nothing
         assert grown < 2 * 1024 * 1024, grown
         assert metric(srv, "muster_admission_connections_closed_total", listener="admission",
@@ -143,13 +156,11 @@ async def test_an_oversize_body_gets_413_at_once_unread(tls: Tls, policy_dir: Pa
     """4 MiB: over the 3 MiB default (kube-apiserver's own limit), under the old 8 MiB."""
     async with running(tls, [policy_dir]) as srv:
         reader, writer = await _tls(tls, srv.port)
-        started = time.perf_counter()
         writer.write(_headers(4 * 1024 * 1024) + b"{" + b" " * 65536)
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2.0)
-        assert time.perf_counter() - started < 1.0
-        assert head.startswith(b"HTTP/1.1 413")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), GIVE_UP)
+        assert head.startswith(b"HTTP/1.1 413")  # the rest never comes: answered unread
         # what the client still sends is dropped, then the connection is closed
-        assert await _closed_within(reader, 5.0) < 3.0
+        assert await _closed_after(reader) is not None
         writer.close()
 
 

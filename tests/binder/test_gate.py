@@ -110,9 +110,10 @@ async def test_a_pod_never_served_holds_its_node_only_until_the_timeout() -> Non
     log = Bindings()
     await gate.bind("n1", "team-a/stuck", log.bind("stuck"))
     start = asyncio.get_running_loop().time()
-    await gate.bind("n1", "team-a/next", log.bind("next"))
+    # a gate that never times out fails here, however slow the machine
+    await asyncio.wait_for(gate.bind("n1", "team-a/next", log.bind("next")), 10.0)
     waited = asyncio.get_running_loop().time() - start
-    assert log.done == ["stuck", "next"] and 0.15 <= waited < 2.0
+    assert log.done == ["stuck", "next"] and waited >= 0.15
     assert timeouts == [("n1", "team-a/stuck")]
 
 
