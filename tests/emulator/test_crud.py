@@ -22,6 +22,7 @@ from webhook.kube import (
     NODES,
     PDBS,
     PODS,
+    SERVICES,
     VOLCANO_PODGROUPS,
     ApiError,
     KubeApi,
@@ -120,6 +121,34 @@ async def test_generate_name(kube: KubeApi) -> None:
         assert len(suffix) == 5 and suffix.isalnum()
         names.add(obj["metadata"]["name"])
     assert len(names) == 5
+
+
+async def test_a_generate_name_is_checked_before_the_name_made_from_it(kube: KubeApi) -> None:
+    """As ValidateObjectMeta (tests/real/test_parity.py runs the real server's messages): a
+    trailing '-' is taken as a letter, a bad prefix is named even beside a good name, and its
+    cause comes before the generated name's."""
+    assert (await kube.create(PODS, pod(generate="a-"), "team-a", dry_run=True)
+            )["metadata"]["name"].startswith("a-")
+    for meta, fields in (({"generateName": "-"}, ["metadata.generateName", "metadata.name"]),
+                         ({"generateName": "A.", "name": "ok"}, ["metadata.generateName"])):
+        with pytest.raises(ApiError) as err:
+            await kube.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap",
+                                           "metadata": meta}, "team-a", dry_run=True)
+        assert [c["field"] for c in err.value.body["details"]["causes"]] == fields
+
+
+async def test_a_service_is_named_by_a_dns_label(kube: KubeApi) -> None:
+    """1.37's RelaxedServiceNameValidation: a leading digit is fine, a dot is not."""
+    def service(name: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+                "spec": {"ports": [{"port": 80}]}}
+
+    await kube.create(SERVICES, service("1abc"), "team-a", dry_run=True)
+    with pytest.raises(ApiError) as err:
+        await kube.create(SERVICES, service("a.b"), "team-a", dry_run=True)
+    assert err.value.body["details"]["causes"] == [{
+        "reason": "FieldValueInvalid", "field": "metadata.name",
+        "message": 'Invalid value: "a.b": must not contain dots'}]
 
 
 async def test_optimistic_concurrency_on_replace(kube: KubeApi) -> None:

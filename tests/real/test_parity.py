@@ -49,8 +49,10 @@ from webhook.binder.pods import parse_pod
 from webhook.doubles.emulator import ApiServerEmulator
 from webhook.doubles.fakenvml import FakeNvml
 from webhook.kube import (
+    CONFIGMAPS,
     NAMESPACES,
     PODS,
+    SERVICES,
     VOLCANO_PODGROUPS,
     ApiError,
     KubeApi,
@@ -146,6 +148,10 @@ async def test_tolerations_are_validated(api: tuple[str, KubeApi], toleration: d
     assert err.status == 422 and message in err.message
 
 
+def _causes(err: ApiError) -> list[str]:
+    return [f"{c['field']}: {c['message']}" for c in err.body["details"]["causes"]]
+
+
 async def test_a_name_is_checked_with_the_rest_of_the_object(api: tuple[str, KubeApi]
                                                            ) -> None:
     """A name must be a DNS subdomain, a Namespace's a DNS label (of a name that would be a
@@ -156,15 +162,55 @@ async def test_a_name_is_checked_with_the_rest_of_the_object(api: tuple[str, Kub
     bad["metadata"]["labels"] = {"app": "bad value!"}
     err = await refused(kube.create(PODS, bad, NS, dry_run=True))
     assert err.status == 422
-    causes = [f"{c['field']}: {c['message']}" for c in err.body["details"]["causes"]]
+    causes = _causes(err)
     assert causes[:2] == [f'metadata.name: Invalid value: "Bad_Name.x": {_SUBDOMAIN_SHAPE}',
                           f'metadata.labels: Invalid value: "bad value!": {_VALUE_SHAPE}']
     assert causes[2].startswith('spec.tolerations[0].operator: Unsupported value: "Bogus"')
     assert len(causes) == 3
     err = await refused(kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
                                                  "metadata": {"name": "a.b"}}, dry_run=True))
-    assert [f"{c['field']}: {c['message']}" for c in err.body["details"]["causes"]] == [
-        'metadata.name: Invalid value: "a.b": must not contain dots']
+    assert _causes(err) == ['metadata.name: Invalid value: "a.b": must not contain dots']
+
+
+async def test_a_generate_name_is_checked_as_the_name_it_starts(api: tuple[str, KubeApi]
+                                                                ) -> None:
+    """generateName is checked by the kind's name rule, its trailing '-' taken as a letter, and
+    before the name made from it (a name given beside it does not spare it)."""
+    _, kube = api
+    made = await kube.create(PODS, {**pod(""), "metadata": {"generateName": "ok-"}}, NS,
+                             dry_run=True)
+    assert made["metadata"]["name"].startswith("ok-") and len(made["metadata"]["name"]) == 8
+    err = await refused(kube.create(PODS, {**pod(""), "metadata": {"generateName": "Bad_"}}, NS,
+                                    dry_run=True))
+    [prefix, name] = _causes(err)
+    assert prefix == f'metadata.generateName: Invalid value: "Bad_": {_SUBDOMAIN_SHAPE}'
+    assert name.startswith('metadata.name: Invalid value: "Bad_') and \
+        name.endswith(f'": {_SUBDOMAIN_SHAPE}')
+    both = {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "ok", "generateName": "A."}}
+    err = await refused(kube.create(CONFIGMAPS, both, NS, dry_run=True))
+    assert _causes(err) == [f'metadata.generateName: Invalid value: "A.": {_SUBDOMAIN_SHAPE}']
+
+
+async def test_a_services_name_is_a_dns_label(api: tuple[str, KubeApi]) -> None:
+    """RelaxedServiceNameValidation (on in 1.37): a Service's name is an RFC 1123 label, so it
+    may start with a digit and may not contain dots. 1.34 wants a DNS-1035 label."""
+    backend, kube = api
+    newest = backend == "emulator" or versions.kubernetes() == versions.KUBERNETES
+
+    def service(name: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+                "spec": {"ports": [{"port": 80}]}}
+
+    if newest:
+        made = await kube.create(SERVICES, service("1abc"), NS, dry_run=True)
+        assert made["metadata"]["name"] == "1abc"
+        err = await refused(kube.create(SERVICES, service("a.b"), NS, dry_run=True))
+        assert _causes(err) == ['metadata.name: Invalid value: "a.b": must not contain dots']
+        return
+    for name in ("1abc", "a.b"):
+        err = await refused(kube.create(SERVICES, service(name), NS, dry_run=True))
+        assert _causes(err) == [f'metadata.name: Invalid value: "{name}": {_DNS1035_SHAPE}']
 
 
 _TERMS = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
@@ -222,8 +268,7 @@ async def test_node_affinity_and_weights_are_validated(
     _, kube = api
     err = await refused(kube.create(PODS, pod("aff", affinity=affinity), NS, dry_run=True))
     assert err.status == 422
-    causes = [f"{c['field']}: {c['message']}" for c in err.body["details"]["causes"]]
-    assert causes == messages
+    assert _causes(err) == messages
     one_name = _on_nodes({"key": "metadata.name", "operator": "In", "values": ["n1"]},
                          fields=True)
     made = await kube.create(PODS, pod("aff", affinity=one_name), NS, dry_run=True)
@@ -241,6 +286,10 @@ _VALUE_SHAPE = ("a valid label must be an empty string or consist of alphanumeri
 _NS_SHAPE = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or "
              "'-', and must start and end with an alphanumeric character (e.g. 'my-name',  or "
              "'123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
+_DNS1035_SHAPE = ("a DNS-1035 label must consist of lower case alphanumeric characters or '-', "
+                  "start with an alphabetic character, and end with an alphanumeric character "
+                  "(e.g. 'my-name',  or 'abc-123', regex used for validation is "
+                  "'[a-z]([-a-z0-9]*[a-z0-9])?')")
 _SUBDOMAIN_SHAPE = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
                     "characters, '-' or '.', and must start and end with an alphanumeric "
                     "character (e.g. 'example.com', regex used for validation is "
@@ -329,7 +378,7 @@ async def test_pod_affinity_terms_are_validated(api: tuple[str, KubeApi], case: 
     labelled["metadata"]["labels"] = {"job": "a"}
     err = await refused(kube.create(PODS, labelled, NS, dry_run=True))
     assert err.status == 422
-    assert [f"{c['field']}: {c['message']}" for c in err.body["details"]["causes"]] == messages
+    assert _causes(err) == messages
 
 
 async def test_match_label_keys_are_merged_into_the_selector(api: tuple[str, KubeApi]) -> None:

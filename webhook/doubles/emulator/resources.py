@@ -105,6 +105,9 @@ CRDS = BUILTINS[-1]
 MUTATING = BUILTINS[-3]
 VALIDATING = BUILTINS[-2]
 PRIORITY_CLASSES = next(rt for rt in BUILTINS if rt.plural == "priorityclasses")
+#: kinds named by a DNS label, not a subdomain: a Service's since RelaxedServiceNameValidation
+#: (on in 1.37; 1.34 wants a DNS-1035 label, which starts with a letter)
+LABEL_NAMED = frozenset({NAMESPACES.key, ("", "services")})
 
 #: in-tree kinds whose DELETE answers with the deleted object rather than a Status
 RETURNS_DELETED_OBJECT = frozenset({("", "pods"), ("", "namespaces"), ("", "nodes"),

@@ -36,6 +36,7 @@ from .patch import apply_patch_body
 from .protobuf import ProtobufError, decode_body
 from .resources import (
     CRDS,
+    LABEL_NAMED,
     MUTATING,
     NAMESPACES,
     PODS,
@@ -800,7 +801,7 @@ class ApiServerEmulator:
         warning under Warn, the default), and that a CRD is well formed."""
         shapes.check_decodable(rt, obj)  # again: a webhook's patch may have broken it
         name = obj["metadata"].get("name", "")  # a string: check_decodable
-        causes = shapes.meta_errors(obj, name_is_label=rt.key == NAMESPACES.key)
+        causes = shapes.meta_errors(obj, name_is_label=rt.key in LABEL_NAMED)
         if rt.key == PODS.key:  # ValidatePodCreate: the metadata's causes, then the spec's
             causes += shapes.pod_errors(obj)
         if causes:

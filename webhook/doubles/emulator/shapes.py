@@ -169,13 +169,21 @@ _ANNOTATIONS_MAX = 256 * 1024
 
 def meta_errors(obj: dict[str, Any], *, name_is_label: bool = False
                 ) -> list[tuple[str, str, str]]:
-    """ValidateObjectMeta's name, label and annotation rules, in its order, as (field, reason,
-    message) causes. A name is a DNS subdomain, a Namespace's a DNS label."""
+    """ValidateObjectMeta's generateName, name, label and annotation rules, in its order, as
+    (field, reason, message) causes. A name is a DNS subdomain, a Namespace's or a Service's
+    a DNS label; a generateName is checked the same way, its trailing '-' taken as a
+    letter."""
     meta = obj["metadata"]
-    name = meta.get("name", "")
     name_check = dns1123_label_errors if name_is_label else dns1123_subdomain_errors
-    causes = [("metadata.name", "FieldValueInvalid", f'Invalid value: "{name}": {why}')
-              for why in name_check(name)]
+    causes = []
+    prefix = meta.get("generateName", "")
+    if prefix:
+        masked = prefix[:-1] + "a" if len(prefix) > 1 and prefix.endswith("-") else prefix
+        causes += [("metadata.generateName", "FieldValueInvalid",
+                    f'Invalid value: "{prefix}": {why}') for why in name_check(masked)]
+    name = meta.get("name", "")
+    causes += [("metadata.name", "FieldValueInvalid", f'Invalid value: "{name}": {why}')
+               for why in name_check(name)]
     for key, value in (meta.get("labels") or {}).items():
         causes += [("metadata.labels", "FieldValueInvalid", f'Invalid value: "{key}": {why}')
                    for why in label_key_errors(key)]
