@@ -23,11 +23,12 @@ CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME)
 
 
 def planned(pods: list[dict[str, Any]], objs: list[dict[str, Any]],
-            config: PlanConfig = CFG) -> Plan:
-    """One planning cycle from scratch over the pods and nodes, as raw objects."""
+            config: PlanConfig = CFG, fit: FitCache | None = None) -> Plan:
+    """One planning cycle from scratch over the pods and nodes, as raw objects (with `fit`:
+    that cache, to see what it kept)."""
     return plan([parse_pod(p) for p in pods],
                 {n["metadata"]["name"]: parse_node(n) for n in objs}, None, config=config,
-                queue=GangQueue(), fit=FitCache(), place=place_gang, now=1795237200.0)
+                queue=GangQueue(), fit=fit or FitCache(), place=place_gang, now=1795237200.0)
 
 
 def where(p: Plan) -> dict[str, str]:

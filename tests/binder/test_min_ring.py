@@ -12,28 +12,16 @@ from typing import Any
 
 import pytest
 from binder_objects import job, node, pod
+from binder_run import planned as run
 
 from webhook import keys
 from webhook.binder.assignment import build_assignment, encode_assignment
-from webhook.binder.fit import FitCache
-from webhook.binder.nodes import parse_node
-from webhook.binder.planner import Plan, PlanConfig, plan
-from webhook.binder.pods import parse_pod
-from webhook.binder.queue import GangQueue
 from webhook.cli import main
 from webhook.topology import codec
 from webhook.topology.builtin import builtin
-from webhook.topology.hierarchy import place_gang
 from webhook.topology.network import CLIQUE
 
-CFG = PlanConfig(scheduler_name=keys.DEFAULT_BINDER_SCHEDULER_NAME)
 TOPO = builtin("dgx1-v100")
-
-
-def run(pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> Plan:
-    return plan([parse_pod(p) for p in pods],
-                {n["metadata"]["name"]: parse_node(n) for n in nodes}, None, config=CFG,
-                queue=GangQueue(), fit=FitCache(), place=place_gang, now=1795237200.0)
 
 
 def busy(taken: tuple[int, ...]) -> list[dict[str, Any]]:

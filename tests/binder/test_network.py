@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from binder_objects import BLOCK, RACK, job, node, pod, racked_nodes
-from binder_run import serving
+from binder_run import planned, serving
 
 from e2e.probes import eventually
 from webhook import keys
@@ -40,10 +40,7 @@ def topo(level: str, mode: str = "required", **more: Any) -> str:
 
 def run(pods: list[dict[str, Any]], objs: list[dict[str, Any]], fit: FitCache | None = None
         ) -> Plan:
-    return plan([parse_pod(p) for p in pods], {n["metadata"]["name"]: parse_node(n)
-                                               for n in objs},
-                None, config=CFG, queue=GangQueue(), fit=fit or FitCache(), place=place_gang,
-                now=1795237200.0)
+    return planned(pods, objs, CFG, fit)
 
 
 def racks(p: Plan) -> set[tuple[str, str]]:
