@@ -1,14 +1,17 @@
-"""make_api_client: the session kubernetes-asyncio builds, without per-request netrc lookups."""
+"""make_api_client: the session kubernetes-asyncio builds, without per-request netrc lookups;
+KubeApi: what the API server says beside its answers."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
 from webhook.doubles.emulator import ApiServerEmulator
-from webhook.kube import NAMESPACES, KubeApi, make_api_client
+from webhook.kube import NAMESPACES, ApiError, KubeApi, Resource, make_api_client
+from webhook.kube.api import warning_text
 
 
 async def test_requests_never_read_netrc(
@@ -62,3 +65,36 @@ async def test_listed_objects_carry_their_kind_as_watched_ones_do(tmp_path: Path
     assert listed["items"] == [{"apiVersion": "v1", "kind": "Namespace",
                                 "metadata": {"name": "n1", "resourceVersion": "5"}}]
 
+
+
+async def test_the_api_servers_warnings_are_logged_once_each(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A deprecated API's warning (and an admission webhook's) reaches the log as client-go's
+    does, once per text however many calls draw it, with the call that drew it first."""
+    endpoints = Resource("", "v1", "endpoints", True, "Endpoints")
+    said = "v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice"
+    async with ApiServerEmulator() as api:
+        client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
+        try:
+            kube = KubeApi(client)
+            with caplog.at_level(logging.WARNING, logger="webhook.kube.api"):
+                await kube.get(NAMESPACES, "default")
+                assert len(kube.warnings) == 0 and not caplog.records
+                for _ in range(3):
+                    await kube.list(endpoints, "default")
+                with pytest.raises(ApiError):
+                    await kube.get(endpoints, "missing", namespace="default")
+        finally:
+            await client.close()
+    assert [r.getMessage() for r in caplog.records] == [f"API server warning: {said}"]
+    assert kube.warnings.get(said) == "GET /api/v1/namespaces/default/endpoints"
+
+
+@pytest.mark.parametrize(("header", "text"), [
+    ('299 - "v1 Endpoints is deprecated"', "v1 Endpoints is deprecated"),
+    ('299 - "a \\"quoted\\" word, a \\\\ backslash"', 'a "quoted" word, a \\ backslash'),
+    ('299 - "dated" "Sat, 05 Dec 2026 10:00:00 GMT"', "dated"),
+    ("not the RFC's form", "not the RFC's form"),
+])
+def test_a_warning_header_is_read_as_rfc_9111_writes_it(header: str, text: str) -> None:
+    assert warning_text(header) == text

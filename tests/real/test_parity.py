@@ -50,6 +50,7 @@ from webhook.doubles.emulator import ApiServerEmulator
 from webhook.doubles.fakenvml import FakeNvml
 from webhook.kube import (
     CONFIGMAPS,
+    ENDPOINT_SLICES,
     NAMESPACES,
     PODS,
     SERVICES,
@@ -63,6 +64,7 @@ from webhook.kube.api import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES
 from webhook.topology.model import ContainerGpus, GpuAssignment
 
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", False, "PriorityClass")
+ENDPOINTS = Resource("", "v1", "endpoints", True, "Endpoints")
 NS = "parity"
 
 
@@ -120,6 +122,19 @@ async def test_version_is_the_one_built(api: tuple[str, KubeApi]) -> None:
     major, minor = expected.removeprefix("v").split(".")[:2]
     assert (version["major"], version["minor"]) == (major, minor)
     assert version["gitVersion"].startswith(expected)
+
+
+async def test_a_deprecated_api_is_answered_with_its_warning(api: tuple[str, KubeApi]) -> None:
+    """Every answer about v1 Endpoints carries the server's deprecation warning (KEP-4974,
+    since 1.33), which KubeApi logs; the EndpointSlices that replace them, which `muster
+    analyze` reads, carry none."""
+    _, kube = api
+    await kube.list(ENDPOINT_SLICES, NS)
+    assert len(kube.warnings) == 0
+    await kube.list(ENDPOINTS, NS)
+    said = "v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice"
+    assert len(kube.warnings) == 1
+    assert kube.warnings.get(said) == f"GET /api/v1/namespaces/{NS}/endpoints"
 
 
 async def test_dry_run_persists_nothing_and_only_all_is_accepted(api: tuple[str, KubeApi]

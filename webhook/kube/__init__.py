@@ -6,6 +6,7 @@ from .api import (
     COSCHEDULING_PODGROUPS,
     CRDS,
     DEPLOYMENTS,
+    ENDPOINT_SLICES,
     EVENTS,
     JOBS,
     LEASES,
@@ -31,9 +32,9 @@ from .events import EventRecorder
 from .informer import Informer
 
 __all__ = [
-    "CONFIGMAPS", "COSCHEDULING_PODGROUPS", "CRDS", "DEPLOYMENTS", "EVENTS", "JOBS", "LEASES",
-    "MPIJOBS", "MUTATING_WEBHOOKS", "NAMESPACES", "NODES", "PDBS", "PODS", "PRIORITY_CLASSES",
-    "SECRETS", "SERVICES",
+    "CONFIGMAPS", "COSCHEDULING_PODGROUPS", "CRDS", "DEPLOYMENTS", "ENDPOINT_SLICES", "EVENTS",
+    "JOBS", "LEASES", "MPIJOBS", "MUTATING_WEBHOOKS", "NAMESPACES", "NODES", "PDBS", "PODS",
+    "PRIORITY_CLASSES", "SECRETS", "SERVICES",
     "VALIDATING_WEBHOOKS", "VOLCANO_PODGROUPS", "VOLCANO_QUEUES", "ApiError", "EventRecorder",
     "Informer", "KubeApi", "Resource", "make_api_client", "object_key",
 ]

@@ -6,6 +6,8 @@ faster for large lists and watches."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +16,9 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
 from webhook import keys
+from webhook.lru import Lru
+
+log = logging.getLogger(__name__)
 
 PATCH_TYPES = {"merge": "application/merge-patch+json",
                "json": "application/json-patch+json",
@@ -57,6 +62,7 @@ EVENTS = Resource("", "v1", "events", True, "Event")
 LEASES = Resource("coordination.k8s.io", "v1", "leases", True, "Lease")
 JOBS = Resource("batch", "v1", "jobs", True, "Job")
 DEPLOYMENTS = Resource("apps", "v1", "deployments", True, "Deployment")
+ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", True, "EndpointSlice")
 VOLCANO_PODGROUPS = Resource(*keys.VOLCANO_API, namespaced=True, kind="PodGroup")
 COSCHEDULING_PODGROUPS = Resource(*keys.COSCHEDULING_API, namespaced=True, kind="PodGroup")
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses", False, "PriorityClass")
@@ -133,6 +139,19 @@ def _said(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+#: distinct API server warnings remembered, each logged once while it is
+WARNINGS_KEPT = 256
+#: RFC 9111 warn-code, warn-agent and quoted warn-text, as kube-apiserver writes them
+_WARNING = re.compile(r'\s*\d{3}\s+\S+\s+"((?:[^"\\]|\\.)*)"')
+
+
+def warning_text(header: str) -> str:
+    """The text of one Warning header (`299 - "v1 Endpoints is deprecated ..."`), the header
+    itself where it is not of that form."""
+    found = _WARNING.match(header)
+    return re.sub(r"\\(.)", r"\1", found.group(1)) if found else header.strip()
+
+
 def _query(**params: Any) -> list[tuple[str, str]]:
     out = []
     for key, value in params.items():
@@ -144,10 +163,15 @@ def _query(**params: Any) -> list[tuple[str, str]]:
 
 class KubeApi:
     """get / list / create / replace / patch / delete / create_subresource / watch on raw
-    dicts. Every failure raises ApiError."""
+    dicts. Every failure raises ApiError.
+
+    The API server's warnings (a deprecated API, an admission webhook's or policy's warning)
+    are logged, each text once while it is among the last WARNINGS_KEPT, as client-go logs
+    them; `warnings` maps each to the first call that drew it."""
 
     def __init__(self, api_client: ApiClient) -> None:
         self.client = api_client
+        self.warnings: Lru[str, str] = Lru(WARNINGS_KEPT)
 
     async def _open(self, method: str, path: str, query: list[tuple[str, str]], *,
                     body: Any = None, content_type: str = "application/json",
@@ -160,6 +184,8 @@ class KubeApi:
                 _request_timeout=request_timeout)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise ApiError(0, "ConnectionError", f"{method} {path}: {_said(exc)}") from exc
+        for header in resp.headers.getall("Warning", ()):
+            self._warned(warning_text(header), f"{method} {path}")
         if not 200 <= resp.status < 300:
             try:
                 raw = await resp.read()
@@ -167,6 +193,11 @@ class KubeApi:
                 resp.release()
             raise ApiError.from_body(resp.status, raw)
         return resp
+
+    def _warned(self, text: str, call: str) -> None:
+        if self.warnings.get(text) is None:
+            self.warnings.put(text, call)
+            log.warning("API server warning: %s", text, extra={"call": call})
 
     async def request(self, method: str, path: str, query: list[tuple[str, str]] | None = None,
                       *, body: Any = None, content_type: str = "application/json",

@@ -55,6 +55,7 @@ BUILTINS: tuple[ResourceType, ...] = (
     _core("secrets", "Secret"),
     _core("services", "Service", True, short=("svc",), sub=("status",), categories=("all",)),
     _core("endpoints", "Endpoints", True, short=("ep",)),
+    _core("endpointslices", "EndpointSlice", True, group="discovery.k8s.io"),
     _core("serviceaccounts", "ServiceAccount", True, short=("sa",)),
     _core("events", "Event", True, short=("ev",)),
     _core("events", "Event", True, short=("ev",), group="events.k8s.io"),
@@ -108,6 +109,11 @@ PRIORITY_CLASSES = next(rt for rt in BUILTINS if rt.plural == "priorityclasses")
 #: kinds named by a DNS label, not a subdomain: a Service's since RelaxedServiceNameValidation
 #: (on in 1.37; 1.34 wants a DNS-1035 label, which starts with a letter)
 LABEL_NAMED = frozenset({NAMESPACES.key, ("", "services")})
+
+#: the warning kube-apiserver adds to every answer about a deprecated API, by (group, version,
+#: plural), in its words (KEP-4974: Endpoints since 1.33)
+DEPRECATED = {("", "v1", "endpoints"):
+              "v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice"}
 
 #: in-tree kinds whose DELETE answers with the deleted object rather than a Status
 RETURNS_DELETED_OBJECT = frozenset({("", "pods"), ("", "namespaces"), ("", "nodes"),

@@ -36,6 +36,7 @@ from .patch import apply_patch_body
 from .protobuf import ProtobufError, decode_body
 from .resources import (
     CRDS,
+    DEPRECATED,
     LABEL_NAMED,
     MUTATING,
     NAMESPACES,
@@ -88,6 +89,14 @@ def _json(body: Any, status: int = 200, warnings: Iterable[str] = ()) -> web.Res
         text = w.replace("\\", "\\\\").replace('"', '\\"')
         resp.headers.add("Warning", f'299 - "{text}"')
     return resp
+
+
+async def _deprecation_warning(request: web.Request, response: web.StreamResponse) -> None:
+    """A deprecated API's warning on every answer about it, as kube-apiserver adds it."""
+    m = request.match_info
+    text = DEPRECATED.get((m.get("group", ""), m.get("version", ""), m.get("resource", "")))
+    if text is not None:
+        response.headers.add("Warning", f'299 - "{text}"')
 
 
 def _watch_list(q: Mapping[str, str]) -> bool:
@@ -204,6 +213,7 @@ class ApiServerEmulator:
 
     async def start(self) -> None:
         app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[_as_status])
+        app.on_response_prepare.append(_deprecation_warning)
         for path, handler in self._routes():
             # a trailing slash is the same path (client-go asks for /apis/)
             app.router.add_route("*", path + "{slash:/?}", handler)
