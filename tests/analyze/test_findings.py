@@ -149,6 +149,17 @@ WOULD = ("policy mpi-volcano (audit) would set PodGroup team-a/{job} (volcano, m
          "queue training); schedulerName volcano (first seen on pod {job}-worker-0)")
 
 
+def endpoint_slice(*ready: bool | None, service: str = "muster-webhook") -> dict[str, Any]:
+    """An EndpointSlice of `service` with an endpoint per `ready` (None: no ready condition)."""
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"{service}-abcde", "namespace": "muster-system",
+                         "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4", "ports": [{"port": 8443}],
+            "endpoints": [{"addresses": [f"10.0.0.{i + 1}"],
+                           "conditions": {} if r is None else {"ready": r}}
+                          for i, r in enumerate(ready)]}
+
+
 def healthy() -> Snapshot:
     running = mpijob("running", "uid-running")
     return Snapshot(
@@ -157,7 +168,7 @@ def healthy() -> Snapshot:
         crds=frozenset({"podgroups.scheduling.volcano.sh"}),
         queues={q: scenario.volcano_queue(q) for q in scenario.QUEUES},
         mutating=[configuration()],
-        endpoints={"subsets": [{"addresses": [{"ip": "10.0.0.1"}]}]},
+        endpoint_slices=[endpoint_slice(True)],
         serving_cert=SERVING.cert_pem, nodes=[gpu_node("gpu-1", agent="agent-a")],
         agent_pods=[agent_pod("agent-a", "gpu-1")],
         podgroups=[("kubeflow.org/MPIJob", podgroup(running))],
@@ -240,7 +251,9 @@ CASES: list[tuple[str, Callable[[Snapshot], Snapshot], str, str]] = [
     ("fail-closed namespaces", _fail_closed_namespaces, "FailClosedNamespaces", "info"),
     ("system namespaces", _set(mutating=[configuration(excluded=("muster-system",))]),
      "SystemNamespacesNotExcluded", "warning"),
-    ("no endpoints", _set(endpoints={"subsets": []}), "WebhookNotReady", "error"),
+    ("no endpoints", _set(endpoint_slices=[]), "WebhookNotReady", "error"),
+    ("no ready endpoint", _set(endpoint_slices=[endpoint_slice(False), endpoint_slice()]),
+     "WebhookNotReady", "error"),
     ("wrong caBundle", _set(mutating=[configuration(ca_pem=OTHER_CA.cert_pem)]),
      "CaBundleMismatch", "error"),
     ("expiring", _set(serving_cert=issue_serving_cert(
@@ -300,13 +313,13 @@ def test_the_fail_closed_entry_names_the_namespaces_that_carry_its_label() -> No
 def test_an_unreachable_webhook_is_said_to_refuse_where_its_entry_fails_closed() -> None:
     """Without endpoints (or with a caBundle that fails TLS) the API server admits the default
     entry's pods unchanged and refuses the fail-closed entry's: each finding says both."""
-    down = dataclasses.replace(_fail_closed_namespaces(healthy()), endpoints={"subsets": []})
+    down = dataclasses.replace(_fail_closed_namespaces(healthy()), endpoint_slices=[])
     [found] = [f for f in analyze(down, NOW) if f.code == "WebhookNotReady"]
     assert found.message == (
         "no Ready webhook endpoint: after the webhook's timeout, pods are admitted unchanged "
         "(failurePolicy Ignore); pods in namespaces labelled muster.io/admission=required are "
         "refused (failurePolicy Fail)")
-    [only] = [f for f in analyze(dataclasses.replace(healthy(), endpoints={"subsets": []}), NOW)
+    [only] = [f for f in analyze(dataclasses.replace(healthy(), endpoint_slices=[]), NOW)
               if f.code == "WebhookNotReady"]
     assert only.message.endswith("pods are admitted unchanged (failurePolicy Ignore)")
     config = _fail_closed_namespaces(healthy()).mutating[0]
@@ -328,6 +341,12 @@ def test_each_misconfiguration_makes_its_own_finding(
     assert [(f.code, f.severity) for f in findings] == [(c, severity) for c in code.split("+")], \
         what
     assert findings[0].fix and findings[0].object
+
+
+def test_an_endpoint_of_unknown_readiness_counts_as_ready() -> None:
+    """The EndpointSlice API says a missing ready condition is to be read as ready."""
+    either = dataclasses.replace(healthy(), endpoint_slices=[endpoint_slice(False, None)])
+    assert [f.code for f in analyze(either, NOW)] == []
 
 
 async def test_the_command_reads_a_cluster_and_gates_on_errors(
@@ -452,9 +471,7 @@ def cluster_objects(ca: Any = None, serving: Any = None) -> list[dict[str, Any]]
          "data": {"p.yaml": POLICY}},
         *(scenario.volcano_queue(q) for q in scenario.QUEUES),
         configuration(ca_pem=ca.cert_pem),
-        {"apiVersion": "v1", "kind": "Endpoints",
-         "metadata": {"name": "muster-webhook", "namespace": "muster-system"},
-         "subsets": [{"addresses": [{"ip": "10.0.0.1"}], "ports": [{"port": 8443}]}]},
+        endpoint_slice(True),
         {"apiVersion": "v1", "kind": "Secret",
          "metadata": {"name": "muster-webhook-tls", "namespace": "muster-system"},
          "data": {"tls.crt": base64.b64encode(serving.cert_pem).decode()}},
@@ -595,7 +612,10 @@ LIVE: list[tuple[str, Callable[[list[dict[str, Any]]], list[dict[str, Any]]], st
      "WebhookNotInstalled"),
     ("fails closed", _config(failure="Fail"), "WebhookFailsClosed"),
     ("system namespaces", _config(excluded=("muster-system",)), "SystemNamespacesNotExcluded"),
-    ("no endpoints", _replace("Endpoints", "muster-webhook", None), "WebhookNotReady"),
+    ("no endpoints", _replace("EndpointSlice", "muster-webhook-abcde", None), "WebhookNotReady"),
+    ("only another Service's endpoints", _replace("EndpointSlice", "muster-webhook-abcde",
+                                                  endpoint_slice(True, service="other")),
+     "WebhookNotReady"),
     ("wrong caBundle", _config(ca_pem=OTHER_CA.cert_pem), "CaBundleMismatch"),
     ("expiring", _expiring, "CaBundleExpiring+CertificateExpiring"),
     ("no topology", _replace("Node", "gpu-1", gpu_node("gpu-1", published=False)),

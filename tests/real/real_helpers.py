@@ -28,7 +28,7 @@ from webhook.kube import EVENTS, PODS, ApiError, KubeApi, Resource, make_api_cli
 from webhook.topology import codec
 from webhook.topology.model import Topology
 
-__all__ = ["ENDPOINTS", "FAIL_CLOSED_LABEL", "NETWORK_LEVELS", "agent_dra_state", "agent_pod",
+__all__ = ["FAIL_CLOSED_LABEL", "NETWORK_LEVELS", "agent_dra_state", "agent_pod",
            "assigned_indices", "assigned_uuids", "binder_as_chart", "bound_whole",
            "chart_binder_grant", "crd_documents", "delete_now", "diagnostics", "failed_scheduling",
            "fake_node", "gpu_pod", "kubectl", "muster_json", "pod_events", "pod_ready",
@@ -44,7 +44,6 @@ _NETWORK_ALIASES = {"network.topology.nvidia.com/spine": "block",
                     "network.topology.nvidia.com/leaf": "rack"}
 #: the namespace label the tier's release makes fail-closed (webhook.failClosedNamespaceLabel)
 FAIL_CLOSED_LABEL = {"muster.io/admission": "required"}
-ENDPOINTS = Resource("", "v1", "endpoints", True, "Endpoints")
 
 
 def pod_ready(pod: dict[str, Any]) -> bool:

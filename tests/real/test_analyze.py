@@ -14,8 +14,9 @@ from jobs import ensure_namespace, mpijob
 
 from e2e.node.cluster import NODE_NAME, NodeCluster
 from e2e.probes import eventually
+from webhook.analyze.collect import collect
 from webhook.cli import main
-from webhook.kube import MPIJOBS, PODS, KubeApi
+from webhook.kube import MPIJOBS, PODS, KubeApi, make_api_client
 from webhook.policy import operators
 
 
@@ -53,3 +54,18 @@ async def test_analyze_names_what_is_wrong_on_the_real_node_and_nothing_else(
                "WebhookFailsClosed", "SystemNamespacesNotExcluded", "WebhookAfterIstio",
                "GpuAgentGone", "GpuAgentNotServing"}
     assert not healthy & {c for c, _ in codes}, found
+
+
+async def test_analyze_reads_nothing_the_api_server_warns_about(node_cluster: NodeCluster
+                                                               ) -> None:
+    """No deprecated API: the webhook's endpoints are read from its EndpointSlices (v1
+    Endpoints draw a deprecation warning since 1.33, which would reach the admin's screen)."""
+    client = await make_api_client(str(node_cluster.kubeconfig))
+    try:
+        read = KubeApi(client)
+        snapshot = await collect(read, "muster-system", "muster")
+    finally:
+        await client.close()
+    assert len(read.warnings) == 0
+    assert any(e.get("addresses") for es in snapshot.endpoint_slices
+               for e in es.get("endpoints") or ())

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import base64
 
-from real_helpers import ENDPOINTS, kubectl, pod_ready, run_helm
+from real_helpers import kubectl, pod_ready, run_helm
 
 from e2e.cluster import NAMESPACE, RELEASE
 from e2e.node.cluster import NodeCluster
 from e2e.probes import eventually
 from webhook.certs.manager import CA_CERT_KEY
 from webhook.kube import (
+    DEPLOYMENTS,
+    ENDPOINT_SLICES,
     EVENTS,
     LEASES,
     MUTATING_WEBHOOKS,
@@ -22,7 +24,6 @@ from webhook.kube import (
 )
 
 DAEMONSETS = Resource("apps", "v1", "daemonsets", True, "DaemonSet")
-DEPLOYMENTS_ = Resource("apps", "v1", "deployments", True, "Deployment")
 
 
 async def test_certificate_hook_ran_as_a_pod_and_patched_the_ca_bundle(kube: KubeApi) -> None:
@@ -48,15 +49,17 @@ async def test_certificate_hook_ran_as_a_pod_and_patched_the_ca_bundle(kube: Kub
 
 
 async def test_two_webhook_replicas_are_ready_behind_the_service(kube: KubeApi) -> None:
-    deployment = await kube.get(DEPLOYMENTS_, f"{RELEASE}-webhook", namespace=NAMESPACE)
+    deployment = await kube.get(DEPLOYMENTS, f"{RELEASE}-webhook", namespace=NAMESPACE)
     assert deployment["status"].get("readyReplicas") == 2
-    endpoints = await kube.get(ENDPOINTS, f"{RELEASE}-webhook", namespace=NAMESPACE)
-    addresses = [a for s in endpoints.get("subsets", []) for a in s.get("addresses", [])]
+    slices = (await kube.list(ENDPOINT_SLICES, NAMESPACE, label_selector=(
+        f"kubernetes.io/service-name={RELEASE}-webhook")))["items"]
+    addresses = [a for es in slices for e in es.get("endpoints") or ()
+                 if (e.get("conditions") or {}).get("ready") for a in e["addresses"]]
     assert len(addresses) == 2
     pods = (await kube.list(PODS, namespace=NAMESPACE,
                             label_selector="app.kubernetes.io/component=webhook"))["items"]
     assert sorted(p["status"]["podIP"] for p in pods if pod_ready(p)) == sorted(
-        a["ip"] for a in addresses)
+        addresses)
 
 
 async def test_binder_holds_its_lease_and_agent_runs_on_the_node(kube: KubeApi) -> None:

@@ -18,9 +18,11 @@ from webhook.analyze.findings import (
 from webhook.binder.agents import AgentPod, parse_agent
 from webhook.binder.evict import PREEMPTED, PREEMPTING
 from webhook.kube import (
+    CONFIGMAPS,
     COSCHEDULING_PODGROUPS,
     CRDS,
     DEPLOYMENTS,
+    ENDPOINT_SLICES,
     EVENTS,
     LEASES,
     MUTATING_WEBHOOKS,
@@ -42,8 +44,8 @@ from webhook.policy.errors import PolicyError
 from webhook.policy.loader import load_policy_texts
 from webhook.topology.network import Levels, LevelsError, TopologyRef, parse_levels_flag
 
-ENDPOINTS = Resource("", "v1", "endpoints", True, "Endpoints")
-CONFIGMAPS = Resource("", "v1", "configmaps", True, "ConfigMap")
+#: the label that ties an EndpointSlice to its Service
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
 
 async def _listed(api: KubeApi, resource: Resource, namespace: str | None = None
@@ -148,7 +150,8 @@ async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float
         s.queues = {q["metadata"]["name"]: q for q in await _items(api, VOLCANO_QUEUES)}
     s.native_api = native.pick_api(await api.served(native.GROUP))
     s.mutating = await _items(api, MUTATING_WEBHOOKS)
-    s.endpoints = await _get(api, ENDPOINTS, webhook, namespace)
+    s.endpoint_slices = (await api.list(ENDPOINT_SLICES, namespace, label_selector=(
+        f"{SERVICE_NAME_LABEL}={webhook}")))["items"]
     secret = await _get(api, SECRETS, f"{webhook}-tls", namespace)
     if secret is not None and (secret.get("data") or {}).get("tls.crt"):
         s.serving_cert = base64.b64decode(secret["data"]["tls.crt"])

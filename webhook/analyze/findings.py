@@ -66,7 +66,8 @@ class Snapshot:
     crds: frozenset[str] = frozenset()
     queues: Mapping[str, Obj] = field(default_factory=dict)
     mutating: Sequence[Obj] = ()
-    endpoints: Obj | None = None
+    #: the webhook Service's EndpointSlices (v1 Endpoints are deprecated since 1.33)
+    endpoint_slices: Sequence[Obj] = ()
     serving_cert: bytes | None = None  # PEM of the webhook's serving certificate
     nodes: Sequence[Obj] = ()
     podgroups: Sequence[tuple[str, Obj]] = ()  # (group/Kind of the owner, PodGroup)
@@ -263,8 +264,9 @@ def _when_unanswered(hook: Obj) -> str:
 
 
 def _endpoints(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
-    ready = [a for subset in (s.endpoints or {}).get("subsets") or ()
-             for a in subset.get("addresses") or ()]
+    # an endpoint whose readiness is not known counts as ready, as the API documents
+    ready = [e for es in s.endpoint_slices for e in es.get("endpoints") or ()
+             if e.get("addresses") and (e.get("conditions") or {}).get("ready") is not False]
     if not ready:
         ours = _ours(s)
         said = [_when_unanswered(h) for h in (ours or {}).get("webhooks") or ()]
