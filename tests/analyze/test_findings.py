@@ -365,16 +365,39 @@ async def test_the_command_reads_a_cluster_and_gates_on_errors(
     api.seed(podgroup(gone))  # its job was never there
     async with api:
         kubeconfig = api.write_kubeconfig(tmp_path / "kc")
-        # the CLI runs its own event loop: from a thread, beside the emulator's
-        code = await asyncio.to_thread(main, ["analyze", "--kubeconfig", str(kubeconfig),
-                                              "--output", "json"])
-    found = {(f["code"], f["object"]) for f in json.loads(capsys.readouterr().out)}
-    assert code == 1  # errors found
-    assert ("QueueUnavailable", "SchedulingPolicy/mpi-volcano") in found  # no queues at all
-    assert ("WebhookNotReady", "Service/muster-system/muster-webhook") in found
-    assert ("TopologyNodeNotTainted", "Node/gpu-1") in found
-    assert ("PodGroupOrphaned", "PodGroup/team-a/gone") in found
-    assert not any(c == "BinderNotLeading" for c, _ in found)  # no binder Deployment here
+
+        async def run(*flags: str) -> tuple[int, str, str]:
+            # the CLI runs its own event loop: from a thread, beside the emulator's
+            code = await asyncio.to_thread(main, ["analyze", "--kubeconfig", str(kubeconfig),
+                                                  *flags])
+            out, err = capsys.readouterr()
+            return code, out, err
+
+        code, out, _ = await run("--output", "json")
+        listed = json.loads(out)
+        found = {(f["code"], f["object"]) for f in listed}
+        assert code == 1  # errors found
+        assert ("QueueUnavailable", "SchedulingPolicy/mpi-volcano") in found  # no queues at all
+        assert ("WebhookNotReady", "Service/muster-system/muster-webhook") in found
+        assert ("TopologyNodeNotTainted", "Node/gpu-1") in found
+        assert ("PodGroupOrphaned", "PodGroup/team-a/gone") in found
+        assert not any(c == "BinderNotLeading" for c, _ in found)  # no binder Deployment here
+        # the errors accepted on purpose: the warnings are left, and pass the default gate
+        accepted = ("-S", "QueueUnavailable", "--suppress",
+                    "WebhookNotReady=Service/muster-system/*")
+        code, out, err = await run(*accepted)
+        assert code == 0 and "ERROR" not in out and "TopologyNodeNotTainted" in out
+        accepted_errors = sum(f["code"] in ("QueueUnavailable", "WebhookNotReady")
+                              for f in listed)
+        assert err.endswith(f"{len(listed) - accepted_errors} finding(s), {accepted_errors} "
+                            "suppressed\n")
+        code, _, _ = await run(*accepted, "--failure-threshold", "warning")
+        assert code == 1
+        code, out, err = await run("--output-threshold", "error")
+        assert code == 1 and "WARNING" not in out
+        assert "below --output-threshold error" in err
+        code, _, err = await run("--suppress", "=Node/gpu-1")
+        assert code == 2 and "give CODE or CODE=OBJECT" in err
 
 
 def test_a_waiting_gang_carries_the_binders_reason() -> None:

@@ -15,8 +15,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "analyze", help="name what is misconfigured in a cluster (read-only)",
         description="Reads the cluster with get and list only, and reports each finding with a "
-                    "severity, the object and the fix. Exits 1 when an error is found, so a "
-                    "pipeline can gate on it.")
+                    "severity, the object and the fix. Exits 1 when a finding at or above "
+                    "--failure-threshold (an error) is found, so a pipeline can gate on it.")
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
     p.add_argument("--namespace", default="muster-system", help="Muster's release namespace")
     p.add_argument("--release", default="muster", help="the Helm release name")
@@ -24,6 +24,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--stuck-after", type=float, default=120.0, metavar="SECONDS",
                    help="a coscheduling pod unbound this long with no PodScheduled condition "
                         "means its scheduler is not running (default 120)")
+    p.add_argument("-S", "--suppress", action="append", default=[], metavar="CODE[=OBJECT]",
+                   help="leave out the findings of CODE (on OBJECT, e.g. Node/gpu-*; shell "
+                        "patterns) from the output and the exit code; repeatable")
+    levels = ["info", "warning", "error"]
+    p.add_argument("--failure-threshold", choices=levels, default="error",
+                   help="exit 1 when a finding at or above this severity is found (default "
+                        "error)")
+    p.add_argument("--output-threshold", choices=levels, default="info",
+                   help="print only the findings at or above this severity (default info)")
     p.set_defaults(func=_run)
     _register_gangs(subparsers)
     _register_explain(subparsers)
@@ -83,7 +92,10 @@ def _explain(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from webhook.analyze.collect import collect  # noqa: PLC0415 (keep the CLI light)
     from webhook.analyze.findings import Finding, analyze  # noqa: PLC0415
+    from webhook.analyze.selection import Suppression, select  # noqa: PLC0415
     from webhook.kube import KubeApi, make_api_client  # noqa: PLC0415
+
+    suppressions = [Suppression.parse(text) for text in args.suppress]
 
     async def read() -> list[Finding]:
         client = await make_api_client(args.kubeconfig)
@@ -94,12 +106,16 @@ def _run(args: argparse.Namespace) -> int:
             await client.close()
         return list(analyze(snapshot, dt.datetime.now(dt.UTC)))
 
-    findings = asyncio.run(read())
+    chosen = select(asyncio.run(read()), suppressions, args.output_threshold)
     if args.output == "json":
-        print(json.dumps([dataclasses.asdict(f) for f in findings], indent=2))
+        print(json.dumps([dataclasses.asdict(f) for f in chosen.shown], indent=2))
     else:
-        for f in findings:
+        for f in chosen.shown:
             print(f"{f.severity.upper():7} {f.code:28} {f.object}\n"
                   f"        {f.message}\n        fix: {f.fix}")
-        print(f"{len(findings)} finding(s)", file=sys.stderr)
-    return 1 if any(f.severity == "error" for f in findings) else 0
+        hidden = len(chosen.kept) - len(chosen.shown)
+        print(f"{len(chosen.shown)} finding(s)"
+              + (f", {hidden} below --output-threshold {args.output_threshold}" if hidden else "")
+              + (f", {chosen.suppressed} suppressed" if chosen.suppressed else ""),
+              file=sys.stderr)
+    return 1 if chosen.failed(args.failure_threshold) else 0
