@@ -44,7 +44,11 @@ def test_kueue_webhooks_keep_our_integrations_and_call_its_service() -> None:
     secret, service, endpoints = schedulers.kueue_service("10.255.0.1", 9643)
     assert secret["metadata"]["name"] == "kueue-webhook-server-cert"
     assert service["spec"]["ports"][0]["targetPort"] == 9643 and "selector" not in service["spec"]
-    assert endpoints["subsets"][0]["addresses"] == [{"ip": "10.255.0.1"}]
+    # the API server routes by the slice whose port has the Service port's name
+    assert endpoints["metadata"]["labels"]["kubernetes.io/service-name"] == "kueue-webhook-service"
+    assert endpoints["ports"] == [{"name": service["spec"]["ports"][0]["name"], "port": 9643,
+                                   "protocol": "TCP"}]
+    assert endpoints["endpoints"] == [{"addresses": ["10.255.0.1"], "conditions": {"ready": True}}]
 
 
 def test_kueues_converted_crds_call_its_webhook() -> None:

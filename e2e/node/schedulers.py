@@ -201,22 +201,32 @@ def kueue_crd(crd: dict[str, Any]) -> dict[str, Any]:
         "conversionReviewVersions": ["v1"]}}}}
 
 
+def endpoint_slice(namespace: str, service: str, port_name: str, address: str, port: int
+                   ) -> dict[str, Any]:
+    """The EndpointSlice of a Service without a selector: one Ready endpoint at `address:port`
+    (a program beside the cluster). The API server's endpoint routing reads it (1.34 and 1.37
+    resolve a webhook's Service by its slices, matching the Service port's name); written
+    directly rather than as v1 Endpoints, deprecated since 1.33, for the mirroring controller."""
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": service, "namespace": namespace,
+                         "labels": {"kubernetes.io/service-name": service,
+                                    "endpointslice.kubernetes.io/managed-by": "muster-tests"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+            "ports": [{"name": port_name, "port": port, "protocol": "TCP"}]}
+
+
 def webhook_service(namespace: str, name: str, address: str, port: int
                     ) -> list[dict[str, Any]]:
-    """A webhook's Service without a selector, and its Endpoints at `address:port` (the program
-    beside the cluster; the API server's endpoint routing reads them, and the mirroring
-    controller makes the EndpointSlice)."""
+    """A webhook's Service without a selector, and its EndpointSlice at `address:port`."""
     return [{"apiVersion": "v1", "kind": "Service",
              "metadata": {"name": name, "namespace": namespace},
              "spec": {"ports": [{"name": "https", "port": 443, "targetPort": port}]}},
-            {"apiVersion": "v1", "kind": "Endpoints",
-             "metadata": {"name": name, "namespace": namespace},
-             "subsets": [{"addresses": [{"ip": address}],
-                          "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}]}]
+            endpoint_slice(namespace, name, "https", address, port)]
 
 
 def kueue_service(address: str, port: int) -> list[dict[str, Any]]:
-    """Kueue's webhook Service and Endpoints (`webhook_service`), and the empty Secret Kueue's
+    """Kueue's webhook Service and EndpointSlice (`webhook_service`), and the empty Secret Kueue's
     certificate manager fills (config/components/internalcert: it updates the Secret, never
     creates it)."""
     return [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
@@ -266,7 +276,7 @@ def volcano_commands(bin_dir: Path, chart: Path, kubeconfig: Path, certs: Path, 
                      address: str, port: int) -> dict[str, list[str]]:
     """Binary -> argv of Volcano's three programs as its chart's Deployments run them, outside
     the cluster: leader election off, health endpoints on loopback, and the webhook server on
-    `address:port` (the Endpoints of `VOLCANO_SERVICE`) with the `certs` directory's
+    `address:port` (the EndpointSlice of `VOLCANO_SERVICE`) with the `certs` directory's
     ca.crt / tls.crt / tls.key. `chart` is `VOLCANO_CHART` in the module."""
     common = [f"--kubeconfig={kubeconfig}", "--logtostderr", "-v=4"]
     return {

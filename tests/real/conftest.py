@@ -241,7 +241,7 @@ def kueue(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[schedulers.Neighbour]:
     """Kueue's manager (its controllers, webhooks and certificate manager) beside the cluster,
     with its own CRDs and webhook configurations read from the module cache; its webhook Service
-    has Endpoints at the node's address, where the manager listens. The webhook
+    has an EndpointSlice at the node's address, where the manager listens. The webhook
     configurations go again after the module: its Job webhook fails closed."""
     started = time.monotonic()
     binary = schedulers.build_kueue()
@@ -329,7 +329,7 @@ def volcano(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
     """Volcano's scheduler, controller-manager and webhook-manager beside the cluster, as its
     Helm chart (read from the module cache) configures them: the chart's CRDs the cluster lacks,
     its webhook configurations (`helm template`), calling a selector-less Service whose
-    Endpoints are the node's address, where the webhook-manager listens. Binary name ->
+    EndpointSlice is the node's address, where the webhook-manager listens. Binary name ->
     process. The webhook configurations go again after the module: they fail closed."""
     started = time.monotonic()
     bin_dir = schedulers.build_volcano()

@@ -15,7 +15,7 @@ import yaml
 from real_helpers import kubectl
 
 from e2e import jobkind_scenarios as scenarios
-from e2e.node import operators
+from e2e.node import operators, schedulers
 from e2e.node.cluster import NodeCluster
 from e2e.node.kubectl import write_list
 from e2e.node.launcher import NODE_IP
@@ -153,9 +153,8 @@ def _training_objects(ns: str) -> list[dict[str, Any]]:
         {"apiVersion": "v1", "kind": "Service", "metadata": meta,
          "spec": {"ports": [{"name": "webhook-server", "port": 443,
                              "targetPort": TRAINING_WEBHOOK_PORT}]}},
-        {"apiVersion": "v1", "kind": "Endpoints", "metadata": meta,
-         "subsets": [{"addresses": [{"ip": NODE_IP}],
-                      "ports": [{"name": "webhook-server", "port": TRAINING_WEBHOOK_PORT}]}]}]
+        schedulers.endpoint_slice(ns, meta["name"], "webhook-server", NODE_IP,
+                                  TRAINING_WEBHOOK_PORT)]
 
 
 def _mount_certs(cluster: NodeCluster, certs: Path, ns: str) -> None:
