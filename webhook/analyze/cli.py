@@ -10,6 +10,8 @@ import datetime as dt
 import json
 import sys
 
+from webhook.analyze.selection import SEVERITIES, Suppression, select
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
@@ -27,11 +29,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("-S", "--suppress", action="append", default=[], metavar="CODE[=OBJECT]",
                    help="leave out the findings of CODE (on OBJECT, e.g. Node/gpu-*; shell "
                         "patterns) from the output and the exit code; repeatable")
-    levels = ["info", "warning", "error"]
-    p.add_argument("--failure-threshold", choices=levels, default="error",
+    p.add_argument("--failure-threshold", choices=SEVERITIES, default="error",
                    help="exit 1 when a finding at or above this severity is found (default "
                         "error)")
-    p.add_argument("--output-threshold", choices=levels, default="info",
+    p.add_argument("--output-threshold", choices=SEVERITIES, default="info",
                    help="print only the findings at or above this severity (default info)")
     p.set_defaults(func=_run)
     _register_gangs(subparsers)
@@ -92,7 +93,6 @@ def _explain(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from webhook.analyze.collect import collect  # noqa: PLC0415 (keep the CLI light)
     from webhook.analyze.findings import Finding, analyze  # noqa: PLC0415
-    from webhook.analyze.selection import Suppression, select  # noqa: PLC0415
     from webhook.kube import KubeApi, make_api_client  # noqa: PLC0415
 
     suppressions = [Suppression.parse(text) for text in args.suppress]

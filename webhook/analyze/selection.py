@@ -8,9 +8,12 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from webhook.analyze.findings import Finding, Severity
 from webhook.failures import UsageError
+
+if TYPE_CHECKING:  # the CLI reads SEVERITIES at start; the checks load only when they run
+    from webhook.analyze.findings import Finding, Severity
 
 #: from the least to the most severe
 SEVERITIES: tuple[Severity, ...] = ("info", "warning", "error")
