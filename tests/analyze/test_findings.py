@@ -704,6 +704,34 @@ async def test_each_finding_on_a_cluster_set_up_to_have_it(
     assert found == sorted(filter(None, codes.split("+"))), what
 
 
+async def test_the_certificate_checked_is_the_one_the_webhook_mounts(
+        shared_crds: list[dict[str, Any]], tmp_path: Path) -> None:
+    """certs.mode external: the webhook's Deployment mounts the admin's Secret; its certificate
+    is the one checked, not a stale `-tls` Secret beside it."""
+    ca = generate_ca("analyze-live-ca", days=365)
+    objs = cluster_objects(ca)  # its `muster-webhook-tls` is good for a year
+    short = issue_serving_cert(ca, ["muster-webhook.muster-system.svc"], days=20)
+    objs += [{"apiVersion": "v1", "kind": "Secret",
+              "metadata": {"name": "admin-tls", "namespace": "muster-system"},
+              "data": {"tls.crt": base64.b64encode(short.cert_pem).decode()}},
+             {"apiVersion": "apps/v1", "kind": "Deployment",
+              "metadata": {"name": "muster-webhook", "namespace": "muster-system"},
+              "spec": {"selector": {"matchLabels": {"a": "w"}}, "template": {
+                  "metadata": {"labels": {"a": "w"}},
+                  "spec": {"containers": [{
+                      "name": "webhook", "args": ["serve", "--tls-cert-file=/etc/tls/tls.crt"],
+                      "volumeMounts": [{"name": "policies", "mountPath": "/etc/policies"},
+                                       {"name": "certs", "mountPath": "/etc/tls"}]}],
+                      "volumes": [{"name": "policies", "configMap": {"name": "p"}},
+                                  {"name": "certs", "secret": {"secretName": "admin-tls"}}]}}}}]
+    api = ApiServerEmulator(crds=shared_crds)
+    for obj in (o for o in objs if o["kind"] != "PodGroup"):
+        api.seed(obj)
+    [finding] = await findings_of(api, tmp_path)
+    assert (finding.code, finding.object) == ("CertificateExpiring",
+                                              "Secret/muster-system/admin-tls")
+
+
 async def test_a_policy_not_enforced_on_a_cluster_with_its_events(
         shared_crds: list[dict[str, Any]], tmp_path: Path) -> None:
     api = ApiServerEmulator(crds=shared_crds)

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from chart_helpers import CHART, NAMESPACE, Obj, find, hook, one, pod_specs, run_helm
 
 from webhook import keys
+from webhook.analyze.collect import serving_secret
 from webhook.cli import main
 from webhook.policy.errors import PolicyError
 from webhook.policy.loader import load_policies
@@ -336,6 +337,10 @@ def test_cert_manager_mode(helm_template: Render, mode: str) -> None:
 def test_external_mode_uses_admin_secret_and_bundle(helm_template: Render) -> None:
     objs = helm_template(EXTERNAL)
     assert _tls_volume_secret(objs) == "admin-tls"
+    # `muster analyze` checks the certificate of the Secret the webhook mounts
+    assert serving_secret(one(objs, "Deployment", "muster-webhook")) == "admin-tls"
+    assert serving_secret(one(helm_template({}), "Deployment", "muster-webhook")) == \
+        "muster-webhook-tls"
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         for wh in one(objs, kind)["webhooks"]:
             assert wh["clientConfig"]["caBundle"] == CA_B64

@@ -120,6 +120,22 @@ async def _served(api: KubeApi, versions: tuple[Resource, ...]) -> list[dict[str
     return []
 
 
+def serving_secret(deployment: Mapping[str, Any] | None) -> str | None:
+    """The Secret the webhook's certificate comes from: the volume mounted where its
+    `--tls-cert-file=` is (the chart's `certs.external.secretName`, or its own `-tls`)."""
+    template = (((deployment or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+    volumes = {v.get("name"): v for v in template.get("volumes") or ()}
+    for container in template.get("containers") or ():
+        cert = next((str(a).partition("=")[2] for a in container.get("args") or ()
+                     if str(a).startswith("--tls-cert-file=")), "")
+        for mount in container.get("volumeMounts") or () if cert else ():
+            path = str(mount.get("mountPath") or "").rstrip("/")
+            if path and cert.startswith(f"{path}/"):
+                name = (volumes.get(mount.get("name")) or {}).get("secret", {}).get("secretName")
+                return str(name) if name else None
+    return None
+
+
 def binder_levels(deployment: Mapping[str, Any]) -> Levels:
     """The levels the binder's `--network-levels=` declares (none when it is absent, a file,
     or cannot be read: the binder refuses to start on those)."""
@@ -152,7 +168,9 @@ async def collect(api: KubeApi, namespace: str, release: str, stuck_after: float
     s.mutating = await _items(api, MUTATING_WEBHOOKS)
     s.endpoint_slices = (await api.list(ENDPOINT_SLICES, namespace, label_selector=(
         f"{SERVICE_NAME_LABEL}={webhook}")))["items"]
-    secret = await _get(api, SECRETS, f"{webhook}-tls", namespace)
+    s.serving_secret = serving_secret(await _get(api, DEPLOYMENTS, webhook, namespace)) \
+        or f"{webhook}-tls"
+    secret = await _get(api, SECRETS, s.serving_secret, namespace)
     if secret is not None and (secret.get("data") or {}).get("tls.crt"):
         s.serving_cert = base64.b64decode(secret["data"]["tls.crt"])
     s.nodes = await _items(api, NODES)

@@ -69,6 +69,8 @@ class Snapshot:
     #: the webhook Service's EndpointSlices (v1 Endpoints are deprecated since 1.33)
     endpoint_slices: Sequence[Obj] = ()
     serving_cert: bytes | None = None  # PEM of the webhook's serving certificate
+    #: the Secret it came from (its Deployment's; `<service>-tls` where that cannot be read)
+    serving_secret: str = ""
     nodes: Sequence[Obj] = ()
     podgroups: Sequence[tuple[str, Obj]] = ()  # (group/Kind of the owner, PodGroup)
     #: the native Workload API's apiVersion the cluster serves (`native.pick_api`), or None
@@ -284,7 +286,7 @@ def _ca_bundle(s: Snapshot, now: dt.datetime) -> Iterator[Finding]:
     left = serving.not_valid_after_utc - now
     if left < dt.timedelta(days=30):
         yield Finding("warning" if left.total_seconds() > 0 else "error", "CertificateExpiring",
-                      f"Secret/{s.namespace}/{s.service}-tls",
+                      f"Secret/{s.namespace}/{s.serving_secret or s.service + '-tls'}",
                       f"the serving certificate expires in {max(0, left.days)} days",
                       "check the certificate manager (self mode: the certs sidecar's logs)")
     for hook in ours.get("webhooks") or ():
