@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from gang_objects import MPI_POLICY, mpijob, owned, pod, podgroup
+from reader_role import Requests, reader_rules
 
 from webhook.analyze.clusterread import Scope, Served, read_gangs, read_policies
 from webhook.analyze.explaining import (
@@ -228,7 +229,9 @@ async def test_both_commands_read_the_cluster_with_get_and_list_only(
     async with api:
         client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
         try:
-            reads = Reads(KubeApi(client))
+            kube = KubeApi(client)
+            requests = Requests(kube)
+            reads = Reads(kube)
             job = await explain_job(reads, "team-a", "train", release_namespace="muster-system",
                                     release="muster", now=NOW)
             one = await explain_pod(reads, "team-v", "train-worker-0",
@@ -238,6 +241,7 @@ async def test_both_commands_read_the_cluster_with_get_and_list_only(
         finally:
             await client.close()
     assert reads.methods and set(reads.methods) == {"GET"}
+    assert requests.refused_by(reader_rules()) == []  # the chart's role for these commands
     assert job.job.startswith("kubeflow.org/MPIJob train") and job.pods == 2
     assert [e.reason for e in job.events] == ["FailedScheduling"] * 2
     assert [(r.gang.backend, r.gang.waiting_kind) for r in job.gangs] == [("muster", "members")]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reader_role import Requests, reader_rules
 
 from webhook import keys
 from webhook.analyze.collect import binder_levels, collect
@@ -702,6 +703,41 @@ async def test_each_finding_on_a_cluster_set_up_to_have_it(
         await asyncio.sleep(1.2)  # past the pod's gang timeout
     found = sorted(f.code for f in await findings_of(api, tmp_path))
     assert found == sorted(filter(None, codes.split("+"))), what
+
+
+READER_CASES = {"healthy": lambda objs: objs,
+                "volcano levels": _hypernode_binder([]),
+                "kai levels": _levels_binder("kai:cluster", []),
+                "kueue levels and queues": lambda objs: _levels_binder("kueue:cluster", [])(
+                    _kueue_tas("racks")(objs)),
+                "audit mode": _replace("ConfigMap", "muster-policies", {
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "muster-policies", "namespace": "muster-system"},
+                    "data": {"p.yaml": AUDITED}})}
+
+
+@pytest.mark.parametrize("case", READER_CASES)
+async def test_the_charts_reader_role_allows_every_read_analyze_makes(
+        case: str, shared_crds: list[dict[str, Any]], tmp_path: Path) -> None:
+    """What `muster analyze` reads, on each path its checks take, is what the chart's reader
+    ClusterRole allows (held to its rules as RBAC would; the real tier runs the command as a
+    ServiceAccount bound to it)."""
+    api = ApiServerEmulator(crds=shared_crds)
+    for obj in (o for o in READER_CASES[case](cluster_objects()) if o["kind"] != "PodGroup"):
+        api.seed(obj)
+    async with api:
+        client = await make_api_client(str(api.write_kubeconfig(tmp_path / "kc")))
+        try:
+            kube = KubeApi(client)
+            requests = Requests(kube)
+            await collect(kube, "muster-system", "muster")
+        finally:
+            await client.close()
+    rules = reader_rules()
+    assert len(requests.made) > 20 and requests.refused_by(rules) == []
+    # the check can fail: without its rule for the webhook's endpoints, a read is refused
+    narrowed = [r for r in rules if "endpointslices" not in r["resources"]]
+    assert requests.refused_by(narrowed) == ["list discovery.k8s.io/endpointslices"]
 
 
 async def test_the_certificate_checked_is_the_one_the_webhook_mounts(

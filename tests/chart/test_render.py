@@ -775,6 +775,17 @@ def test_rbac_is_exactly_what_each_component_needs(helm_template: Render) -> Non
         ("", "pods"): "list,patch",  # its node's pods; the mark on each pod it served
         ("", "events"): "create,patch",  # a pod refused: the kubelet allocated other GPUs
     })
+    # the read-only commands' role: get and list only, never a Secret but the serving one,
+    # bound to nobody (the admin binds it); the job kinds the webhook reads too
+    reader = one(objs, "ClusterRole", "muster-reader")
+    assert {v for r in reader["rules"] for v in r["verbs"]} == {"get", "list"}
+    assert [r.get("resourceNames") for r in reader["rules"] if "secrets" in r["resources"]] == [
+        ["muster-webhook-tls"]]
+    assert not [b for b in find(objs, "ClusterRoleBinding")
+                if b["roleRef"]["name"] == "muster-reader"]
+    assert ("ray.io", "rayjobs", "list") in _grants(extra, "ClusterRole", "muster-reader")
+    assert not find(helm_template({"reader": {"clusterRole": False}}), "ClusterRole",
+                    "muster-reader")
     # hooks: the uninstall Job may only delete Muster's two configurations
     name = one(objs, "MutatingWebhookConfiguration")["metadata"]["name"]
     (rule,) = one(objs, "ClusterRole", "muster-uninstall")["rules"]

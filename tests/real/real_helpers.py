@@ -30,10 +30,11 @@ from webhook.topology.model import Topology
 
 __all__ = ["FAIL_CLOSED_LABEL", "NETWORK_LEVELS", "agent_dra_state", "agent_pod",
            "assigned_indices", "assigned_uuids", "binder_as_chart", "bound_whole",
-           "chart_binder_grant", "crd_documents", "delete_now", "diagnostics", "failed_scheduling",
-           "fake_node", "gpu_pod", "kubectl", "muster_json", "pod_events", "pod_ready",
-           "policies_everywhere", "policy_digests", "release_values", "run_helm", "scale_webhook",
-           "upgrade_release", "wait_established", "wait_webhook_pods", "webhook_pods", "with_api"]
+           "chart_binder_grant", "chart_reader", "crd_documents", "delete_now", "diagnostics",
+           "failed_scheduling", "fake_node", "gpu_pod", "kubectl", "muster_json", "pod_events",
+           "pod_ready", "policies_everywhere", "policy_digests", "release_values", "run_helm",
+           "scale_webhook", "upgrade_release", "wait_established", "wait_webhook_pods",
+           "webhook_pods", "with_api"]
 
 #: the binder's network levels (docs/topology.md): Topograph's spine (a block) and leaf (a
 #: rack), then GPU Feature Discovery's NVLink clique; the shipped network-topology.yaml names them
@@ -384,6 +385,35 @@ async def delete_now(kube: KubeApi, path: str) -> None:
     except ApiError as exc:
         if not exc.not_found:
             raise
+
+
+def chart_reader(cluster: NodeCluster, work: Path, name: str) -> tuple[Path, Path]:
+    """A ServiceAccount `name` (namespace default) bound to the chart's reader ClusterRole
+    (`reader.clusterRole`: what analyze, gangs and explain read), with the verbs it must not
+    have checked by the API server: (its kubeconfig, the RBAC objects to delete after)."""
+    objs = [{"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": name, "namespace": "default"}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": {"name": name},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                         "name": f"{RELEASE}-reader"},
+             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}]}]
+    rbac = write_list(work / f"{name}-rbac.json", objs)
+    with cluster.netns():
+        kubectl(cluster, "apply", "-f", str(rbac))
+        token = kubectl(cluster, "create", "token", name, "-n", "default", "--duration",
+                        "1h").stdout.strip()
+        for verb, resource in (("create", "pods/binding"), ("patch", "pods/status"),
+                               ("create", "events"), ("delete", "podgroups.scheduling.x-k8s.io"),
+                               ("watch", "pods"), ("get", "secrets")):
+            said = kubectl(cluster, "auth", "can-i", verb, resource, "-A",
+                           f"--as=system:serviceaccount:default:{name}", check=False)
+            assert said.stdout.strip() == "no", (verb, resource, said.stdout)
+    config = json.loads(cluster.kubeconfig.read_text())
+    config["users"] = [{"name": "admin", "user": {"token": token}}]
+    path = work / f"{name}.kubeconfig"
+    path.write_text(json.dumps(config))
+    return path, rbac
 
 
 async def muster_json(kubeconfig: Path, *argv: str) -> Any:

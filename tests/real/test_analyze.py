@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 from jobs import ensure_namespace, mpijob
+from real_helpers import chart_reader, kubectl
 
 from e2e.node.cluster import NODE_NAME, NodeCluster
 from e2e.probes import eventually
 from webhook.analyze.collect import collect
+from webhook.analyze.findings import analyze
 from webhook.cli import main
 from webhook.kube import MPIJOBS, PODS, KubeApi, make_api_client
 from webhook.policy import operators
@@ -56,16 +60,27 @@ async def test_analyze_names_what_is_wrong_on_the_real_node_and_nothing_else(
     assert not healthy & {c for c, _ in codes}, found
 
 
-async def test_analyze_reads_nothing_the_api_server_warns_about(node_cluster: NodeCluster
-                                                               ) -> None:
-    """No deprecated API: the webhook's endpoints are read from its EndpointSlices (v1
-    Endpoints draw a deprecation warning since 1.33, which would reach the admin's screen)."""
-    client = await make_api_client(str(node_cluster.kubeconfig))
+async def test_analyze_reads_as_the_charts_reader_and_nothing_the_server_warns_about(
+        node_cluster: NodeCluster, tmp_path: Path) -> None:
+    """Run as a ServiceAccount bound to the chart's reader ClusterRole, analyze reads all it
+    reads (a read the role lacked would be refused and fail it) and finds what the admin finds;
+    no read draws a warning (the webhook's endpoints come from its EndpointSlices: v1 Endpoints
+    draw a deprecation warning since 1.33, which would reach the admin's screen)."""
+    kubeconfig, rbac = chart_reader(node_cluster, tmp_path, "muster-analyze-reader")
     try:
-        read = KubeApi(client)
-        snapshot = await collect(read, "muster-system", "muster")
+        client = await make_api_client(str(kubeconfig))
+        try:
+            read = KubeApi(client)
+            snapshot = await collect(read, "muster-system", "muster", stuck_after=5)
+        finally:
+            await client.close()
+        assert len(read.warnings) == 0
+        assert any(e.get("addresses") for es in snapshot.endpoint_slices
+                   for e in es.get("endpoints") or ())
+        assert snapshot.serving_cert is not None and snapshot.leases and snapshot.nodes
+        _, as_admin = await asyncio.to_thread(_analyze, node_cluster)
+        found = analyze(snapshot, dt.datetime.now(dt.UTC))
+        assert {f.code for f in found} == {f["code"] for f in as_admin}
     finally:
-        await client.close()
-    assert len(read.warnings) == 0
-    assert any(e.get("addresses") for es in snapshot.endpoint_slices
-               for e in es.get("endpoints") or ())
+        with node_cluster.netns():
+            kubectl(node_cluster, "delete", "--ignore-not-found", "-f", str(rbac))

@@ -1,22 +1,21 @@
 """`muster gangs` and `muster explain job|pod` on the real node, run as a user who may only read:
-a ServiceAccount bound to a ClusterRole of get, list and watch, so that any write the commands
-made would be refused and fail them. Three gangs: a binder gang short of members, a binder gang
+a ServiceAccount bound to the chart's reader ClusterRole (get and list of what these commands
+read), so that any write the commands made, or any read the role lacks, would be refused and
+fail them. Three gangs: a binder gang short of members, a binder gang
 bound whole, and a coscheduling PodGroup no scheduler looks at (this node runs no
 scheduler-plugins, which the shipped mpi-coscheduling policy names)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from jobs import delete_jobs, ensure_namespace, mpijob, submit
-from real_helpers import kubectl, muster_json, with_api
+from real_helpers import chart_reader, kubectl, muster_json, with_api
 
 from e2e.node.cluster import NodeCluster
-from e2e.node.kubectl import write_list
 from e2e.probes import eventually
 from webhook import keys
 from webhook.kube import MPIJOBS, PODS, KubeApi
@@ -24,49 +23,20 @@ from webhook.policy import operators
 
 TOPO = "explain-topo"  # labelled for topology placement: policy mpi-topology (backend muster)
 COSCHED = "team-b"  # policy mpi-coscheduling
-READER = "muster-reader"
-READ_VERBS = ["get", "list", "watch"]
-
-
-def _rbac() -> list[dict[str, Any]]:
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": READER, "namespace": "default"}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": READER},
-         "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": READ_VERBS}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": READER},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": READER},
-         "subjects": [{"kind": "ServiceAccount", "name": READER, "namespace": "default"}]},
-    ]
+READER = "muster-explain-reader"
 
 
 @pytest.fixture(scope="module")
 def reader(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[Path]:
-    """A kubeconfig of the read-only ServiceAccount; the module's jobs go after it."""
-    work = tmp_path_factory.mktemp("reader")
-    with node_cluster.netns():
-        kubectl(node_cluster, "apply", "-f", str(write_list(work / "rbac.json", _rbac())))
-        token = kubectl(node_cluster, "create", "token", READER, "-n", "default",
-                        "--duration", "1h").stdout.strip()
-        for verb, resource in (("create", "pods/binding"), ("patch", "pods/status"),
-                               ("create", "events"), ("delete", "podgroups.scheduling.x-k8s.io")):
-            said = kubectl(node_cluster, "auth", "can-i", verb, resource, "-A",
-                           f"--as=system:serviceaccount:default:{READER}", check=False)
-            assert said.stdout.strip() == "no", (verb, resource, said.stdout)
-    config = json.loads(node_cluster.kubeconfig.read_text())
-    config["users"] = [{"name": "admin", "user": {"token": token}}]
-    path = work / "reader.kubeconfig"
-    path.write_text(json.dumps(config))
-    yield path
+    """A kubeconfig of a ServiceAccount bound to the chart's reader ClusterRole; the module's
+    jobs go after it."""
+    kubeconfig, rbac = chart_reader(node_cluster, tmp_path_factory.mktemp("reader"), READER)
+    yield kubeconfig
     with node_cluster.netns():
         with_api(node_cluster, lambda kube: delete_jobs(kube, TOPO, ["short", "whole"]))
         with_api(node_cluster, lambda kube: delete_jobs(kube, COSCHED, ["idle"]))
-        # Cluster-wide and named muster-*: left, they read as the chart's after its uninstall.
-        kubectl(node_cluster, "delete", "--ignore-not-found", "-f", str(work / "rbac.json"))
+        kubectl(node_cluster, "delete", "--ignore-not-found", "-f", str(rbac))
 
 
 async def test_a_binder_gang_short_of_members_waits_for_them(kube: KubeApi, reader: Path

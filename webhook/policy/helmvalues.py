@@ -17,7 +17,7 @@ from webhook.yamlpos import Document, Path
 VALUE_KEYS = frozenset({
     "agent", "annotationGuard", "binder", "certs", "fullnameOverride", "image",
     "imagePullSecrets", "log", "metrics", "nameOverride", "podSecurityContext", "policies",
-    "policyCheck", "tests", "uninstall", "webhook"})
+    "policyCheck", "reader", "tests", "uninstall", "webhook"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -330,3 +330,22 @@ as a matchExpression (NotIn on the fail-open entry, In on the fail-closed one), 
     {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end }}
+
+{{/* The training job kinds whose objects own gang pods (get: the owner chain; list: the
+PodGroup janitor, and `muster analyze` reading the jobs of the PodGroups): Kubeflow's, JobSet
+(pod -> Job -> JobSet), Kubeflow Trainer v2 (-> JobSet -> TrainJob) and LeaderWorkerSet (a worker
+-> StatefulSet -> leader Pod -> StatefulSet -> LeaderWorkerSet). The webhook's and the reader's. */}}
+{{- define "muster.jobKindRules" -}}
+- apiGroups: [kubeflow.org]
+  resources: [mpijobs, pytorchjobs, tfjobs, xgboostjobs, paddlejobs]
+  verbs: [get, list]
+- apiGroups: [jobset.x-k8s.io]
+  resources: [jobsets]
+  verbs: [get, list]
+- apiGroups: [trainer.kubeflow.org]
+  resources: [trainjobs]
+  verbs: [get, list]
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, list]
+{{- end }}
