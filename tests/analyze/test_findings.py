@@ -57,6 +57,14 @@ def configuration(ca_pem: bytes = CA.cert_pem, failure: str = "Ignore",
                     "values": list(excluded)}]}}]}
 
 
+def _calling(service: str, name: str = "a-muster") -> dict[str, Any]:
+    """Muster's configuration, named `name`, its webhook calling Service `service`."""
+    config = copy.deepcopy(configuration())
+    config["metadata"]["name"] = name
+    config["webhooks"][0]["clientConfig"]["service"]["name"] = service
+    return config
+
+
 def gpu_node(name: str, *, published: bool = True, tainted: bool = True,
              agent: str | None = None) -> dict[str, Any]:
     """A GPU node; `agent`: the agent pod (in muster-system, uid `uid-NAME`) its record names."""
@@ -246,6 +254,13 @@ CASES: list[tuple[str, Callable[[Snapshot], Snapshot], str, str]] = [
         {**configuration(), "metadata": {"name": "zz-muster"}},
         {"metadata": {"name": "istio-sidecar-injector"}, "webhooks": []}]),
      "WebhookAfterIstio", "warning"),
+    # named by the admin's webhook.configurationNamePrefix: found by the Service it calls
+    ("after istio, named by the admin", _set(mutating=[
+        {**configuration(), "metadata": {"name": "zz-muster"}},
+        {"metadata": {"name": "istio-sidecar-injector"}, "webhooks": []}]),
+     "WebhookAfterIstio", "warning"),
+    ("another Service's configuration", _set(mutating=[_calling("other")]),
+     "WebhookNotInstalled", "error"),
     ("no configuration", _set(mutating=[]), "WebhookNotInstalled", "error"),
     ("fails closed", _set(mutating=[configuration(failure="Fail")]), "WebhookFailsClosed",
      "warning"),
@@ -342,6 +357,13 @@ def test_each_misconfiguration_makes_its_own_finding(
     assert [(f.code, f.severity) for f in findings] == [(c, severity) for c in code.split("+")], \
         what
     assert findings[0].fix and findings[0].object
+
+
+def test_a_configuration_named_by_the_admin_is_muster_s_by_the_service_it_calls() -> None:
+    """`webhook.configurationNamePrefix` is the admin's to set: the configuration is found by
+    the Service its webhooks call, not only by the name the chart gives it by default."""
+    assert analyze(dataclasses.replace(healthy(), mutating=[_calling("muster-webhook")]),
+                   NOW) == []
 
 
 def test_an_endpoint_of_unknown_readiness_counts_as_ready() -> None:

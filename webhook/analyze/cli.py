@@ -12,6 +12,10 @@ import sys
 
 from webhook.analyze.selection import SEVERITIES, Suppression, select
 
+RELEASE_HELP = ("the prefix of the release's objects, the chart's fullname: the Helm release "
+                "name where it contains 'muster', else <release>-muster (the chart's NOTES "
+                "print it; default muster)")
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
@@ -21,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "--failure-threshold (an error) is found, so a pipeline can gate on it.")
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
     p.add_argument("--namespace", default="muster-system", help="Muster's release namespace")
-    p.add_argument("--release", default="muster", help="the Helm release name")
+    p.add_argument("--release", default="muster", help=RELEASE_HELP)
     p.add_argument("--output", choices=["text", "json"], default="text")
     p.add_argument("--stuck-after", type=float, default=120.0, metavar="SECONDS",
                    help="a coscheduling pod unbound this long with no PodScheduled condition "
@@ -74,7 +78,7 @@ def _register_explain(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     _cluster(p)
     p.add_argument("--release-namespace", default="muster-system",
                    help="Muster's release namespace, where its policies ConfigMap is")
-    p.add_argument("--release", default="muster", help="the Helm release name")
+    p.add_argument("--release", default="muster", help=RELEASE_HELP)
     p.set_defaults(func=_explain)
 
 

@@ -59,7 +59,7 @@ class Snapshot:
     """What the checks read, as the API server returned it (plain dicts)."""
 
     namespace: str  # Muster's release namespace
-    webhook_configuration: str  # the name of Muster's webhook configurations
+    webhook_configuration: str  # the name the chart gives Muster's webhook configurations
     service: str  # the webhook Service
     binder_lease: str
     policies: PolicySet | None = None
@@ -180,16 +180,24 @@ def _queues(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
                           f"job's {keys.VOLCANO_QUEUE_ANNOTATION}")
 
 
+def _calls(hook: Obj, s: Snapshot) -> bool:
+    service = (hook.get("clientConfig") or {}).get("service") or {}
+    return bool(service.get("name") == s.service and service.get("namespace") == s.namespace)
+
+
 def _ours(s: Snapshot) -> Obj | None:
-    return next((c for c in s.mutating
-                 if c.get("metadata", {}).get("name") == s.webhook_configuration), None)
+    """Muster's mutating configuration: the one named as the chart names it, else one whose
+    webhooks call Muster's Service (a `webhook.configurationNamePrefix` of the admin's)."""
+    named = [c for c in s.mutating if c.get("metadata", {}).get("name") == s.webhook_configuration]
+    return next(iter(named), None) or next(
+        (c for c in s.mutating if any(_calls(h, s) for h in c.get("webhooks") or ())), None)
 
 
 def _webhook_order(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
     ours = _ours(s)
     names = [c.get("metadata", {}).get("name", "") for c in s.mutating]
     if ours is not None and ISTIO_INJECTOR in names and \
-            s.webhook_configuration > ISTIO_INJECTOR:
+            str(ours.get("metadata", {}).get("name", "")) > ISTIO_INJECTOR:
         yield Finding("warning", "WebhookAfterIstio", _name(ours),
                       "mutating webhooks run in name order: Muster's runs after Istio's "
                       "injector, so its sidecar opt-out comes too late for the first pass",
