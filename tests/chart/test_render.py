@@ -969,12 +969,21 @@ def test_every_flag_the_chart_passes_parses(helm_template: Render, container: st
 
 
 def test_install_dry_run_renders_notes() -> None:
+    from webhook.cli import build_parser  # noqa: PLC0415
+
     proc = run_helm("install", "muster", str(CHART), "--namespace", NAMESPACE,
                     "--dry-run=client", "--set", "webhook.excludeNamespaces={monitoring}")
     assert proc.returncode == 0, proc.stderr
     notes = proc.stdout.split("NOTES:", 1)[1]
     assert "Mutating webhook: 0-muster (failurePolicy Ignore, timeout 5s)" in notes
     assert f"Never sent to the webhook: kube-system, {NAMESPACE}, monitoring." in notes
+    # the analyze command the notes print is one the CLI takes, naming the release's objects
+    other = run_helm("install", "team", str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
+    [line] = [ln.strip() for ln in other.stdout.split("NOTES:", 1)[1].splitlines()
+              if ln.strip().startswith("muster analyze")]
+    ns = build_parser().parse_args(line.split()[1:])
+    assert (ns.namespace, ns.release) == (NAMESPACE, "team-muster")
+    assert "--clusterrole team-muster-reader" in other.stdout
 
 
 def test_webhook_limits_are_serve_flags_with_the_servers_defaults(helm_template: Render) -> None:
