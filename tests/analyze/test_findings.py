@@ -777,7 +777,7 @@ async def test_the_certificate_checked_is_the_one_the_webhook_mounts(
               "spec": {"selector": {"matchLabels": {"a": "w"}}, "template": {
                   "metadata": {"labels": {"a": "w"}},
                   "spec": {"containers": [{
-                      "name": "webhook", "args": ["serve", "--tls-cert-file=/etc/tls/tls.crt"],
+                      "name": "webhook", "args": ["serve", "--tls-cert-file", "/etc/tls/tls.crt"],
                       "volumeMounts": [{"name": "policies", "mountPath": "/etc/policies"},
                                        {"name": "certs", "mountPath": "/etc/tls"}]}],
                       "volumes": [{"name": "policies", "configMap": {"name": "p"}},
@@ -938,6 +938,9 @@ def test_hypernode_levels_checked_as_the_binder_reads_them() -> None:
     s.levels = binder_levels({"spec": {"template": {"spec": {"containers": [{"args": [
         "bind", "--network-levels=volcano"]}]}}}})
     assert s.levels.hypernodes
+    # the flag's value as the next argument reads the same
+    assert binder_levels({"spec": {"template": {"spec": {"containers": [{"args": [
+        "bind", "--network-levels", "volcano"]}]}}}}) == s.levels
     # the CRD missing: a gang that names a tier gets one node
     [missing] = [f for f in analyze(s, NOW) if f.code.startswith("HyperNode")]
     assert (missing.severity, missing.code) == ("error", "HyperNodeCRDMissing")

@@ -120,14 +120,24 @@ async def _served(api: KubeApi, versions: tuple[Resource, ...]) -> list[dict[str
     return []
 
 
+def _flag(container: Mapping[str, Any], flag: str) -> str:
+    """The value a container's args give `flag`, as `--flag=value` or `--flag value` ("" when
+    they do not)."""
+    args = [str(a) for a in container.get("args") or ()]
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name == flag:
+            return value if eq else (args[i + 1] if i + 1 < len(args) else "")
+    return ""
+
+
 def serving_secret(deployment: Mapping[str, Any] | None) -> str | None:
     """The Secret the webhook's certificate comes from: the volume mounted where its
     `--tls-cert-file=` is (the chart's `certs.external.secretName`, or its own `-tls`)."""
     template = (((deployment or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
     volumes = {v.get("name"): v for v in template.get("volumes") or ()}
     for container in template.get("containers") or ():
-        cert = next((str(a).partition("=")[2] for a in container.get("args") or ()
-                     if str(a).startswith("--tls-cert-file=")), "")
+        cert = _flag(container, "--tls-cert-file")
         for mount in container.get("volumeMounts") or () if cert else ():
             path = str(mount.get("mountPath") or "").rstrip("/")
             if path and cert.startswith(f"{path}/"):
@@ -137,16 +147,15 @@ def serving_secret(deployment: Mapping[str, Any] | None) -> str | None:
 
 
 def binder_levels(deployment: Mapping[str, Any]) -> Levels:
-    """The levels the binder's `--network-levels=` declares (none when it is absent, a file,
+    """The levels the binder's `--network-levels` declares (none when it is absent, a file,
     or cannot be read: the binder refuses to start on those)."""
     template = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
     for container in template.get("containers") or ():
-        for arg in container.get("args") or ():
-            if isinstance(arg, str) and arg.startswith("--network-levels="):
-                try:
-                    return parse_levels_flag(arg.partition("=")[2])
-                except LevelsError:
-                    return Levels()
+        if declared := _flag(container, "--network-levels"):
+            try:
+                return parse_levels_flag(declared)
+            except LevelsError:
+                return Levels()
     return Levels()
 
 
