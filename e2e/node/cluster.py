@@ -54,6 +54,22 @@ def _setns(fd: int) -> None:
         raise OSError(err, f"setns: {os.strerror(err)}")
 
 
+@contextlib.contextmanager
+def entered(netns_fd: int) -> Iterator[None]:
+    """The calling thread inside the network namespace `netns_fd`, and back after to the one it
+    was in: a helper's use inside a test (which the tier's fixture already put there) leaves
+    the test there, not in the host's network, where the cluster's addresses are not."""
+    back = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        _setns(netns_fd)
+        try:
+            yield
+        finally:
+            _setns(back)
+    finally:
+        os.close(back)
+
+
 def die_with_parent() -> None:
     """In the child before exec: if the test process dies, unshare (and so the cluster) too."""
     # SIGKILL: unshare --fork ignores SIGTERM; its --kill-child then TERMs the launcher
@@ -118,7 +134,6 @@ class NodeCluster:
         self.token = secrets.token_hex(16)
         self._proc: subprocess.Popen[bytes] | None = None
         self._netns_fd: int | None = None
-        self._host_netns_fd: int | None = None
 
     def _write_plan(self) -> Path:
         write_pki(self.dir / "pki")
@@ -173,17 +188,11 @@ class NodeCluster:
                                    f"{self.logs()}")
             time.sleep(0.2)
         self._netns_fd = os.open(f"/proc/{self._proc.pid}/ns/net", os.O_RDONLY)
-        self._host_netns_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
 
-    @contextlib.contextmanager
-    def netns(self) -> Iterator[None]:
+    def netns(self) -> contextlib.AbstractContextManager[None]:
         """The calling thread inside the cluster's network namespace, and back after."""
-        assert self._netns_fd is not None and self._host_netns_fd is not None
-        _setns(self._netns_fd)
-        try:
-            yield
-        finally:
-            _setns(self._host_netns_fd)
+        assert self._netns_fd is not None
+        return entered(self._netns_fd)
 
     def alive(self) -> str | None:
         """Why the cluster is gone, or None while it runs."""
@@ -205,10 +214,9 @@ class NodeCluster:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait(10)
-        for fd in (self._netns_fd, self._host_netns_fd):
-            if fd is not None:
-                os.close(fd)
-        self._netns_fd = self._host_netns_fd = None
+        if self._netns_fd is not None:
+            os.close(self._netns_fd)
+        self._netns_fd = None
         if os.environ.get("MUSTER_KEEP_CLUSTER_DIR"):
             return
         remove_in_background(self.dir)
