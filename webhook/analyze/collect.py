@@ -133,7 +133,7 @@ def _flag(container: Mapping[str, Any], flag: str) -> str:
 
 def serving_secret(deployment: Mapping[str, Any] | None) -> str | None:
     """The Secret the webhook's certificate comes from: the volume mounted where its
-    `--tls-cert-file=` is (the chart's `certs.external.secretName`, or its own `-tls`)."""
+    `--tls-cert-file` is (the chart's `certs.external.secretName`, or its own `-tls`)."""
     template = (((deployment or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
     volumes = {v.get("name"): v for v in template.get("volumes") or ()}
     for container in template.get("containers") or ():

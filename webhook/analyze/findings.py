@@ -188,9 +188,10 @@ def _calls(hook: Obj, s: Snapshot) -> bool:
 def _ours(s: Snapshot) -> Obj | None:
     """Muster's mutating configuration: the one named as the chart names it, else one whose
     webhooks call Muster's Service (a `webhook.configurationNamePrefix` of the admin's)."""
-    named = [c for c in s.mutating if c.get("metadata", {}).get("name") == s.webhook_configuration]
-    return next(iter(named), None) or next(
-        (c for c in s.mutating if any(_calls(h, s) for h in c.get("webhooks") or ())), None)
+    return next((c for c in s.mutating
+                 if c.get("metadata", {}).get("name") == s.webhook_configuration), None) \
+        or next((c for c in s.mutating if any(_calls(h, s) for h in c.get("webhooks") or ())),
+                None)
 
 
 def _webhook_order(s: Snapshot, _now: dt.datetime) -> Iterator[Finding]:
