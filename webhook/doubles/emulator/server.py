@@ -81,13 +81,17 @@ def now_rfc3339() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _warn(response: web.StreamResponse, text: str) -> None:
+    # RFC 7234 warn-text is a quoted-string, escaped as the apiserver's NewWarningHeader
+    quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+    response.headers.add("Warning", f'299 - "{quoted}"')
+
+
 def _json(body: Any, status: int = 200, warnings: Iterable[str] = ()) -> web.Response:
     raw = body if isinstance(body, bytes) else dumps(body)
     resp = web.Response(body=raw, status=status, content_type="application/json")
     for w in warnings:
-        # RFC 7234 warn-text is a quoted-string, escaped as the apiserver's NewWarningHeader
-        text = w.replace("\\", "\\\\").replace('"', '\\"')
-        resp.headers.add("Warning", f'299 - "{text}"')
+        _warn(resp, w)
     return resp
 
 
@@ -96,7 +100,7 @@ async def _deprecation_warning(request: web.Request, response: web.StreamRespons
     m = request.match_info
     text = DEPRECATED.get((m.get("group", ""), m.get("version", ""), m.get("resource", "")))
     if text is not None:
-        response.headers.add("Warning", f'299 - "{text}"')
+        _warn(response, text)
 
 
 def _watch_list(q: Mapping[str, str]) -> bool:
